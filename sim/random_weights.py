@@ -3,7 +3,7 @@
 The value ranges follow ``../shared/oracle/hf_gemma3n_tiny.py`` (and for the same reason): norm gains and
 ``correct_output_scale`` in U(0.5, 1.5) so that no path is switched off (transformers' own init leaves
 ``correct_output_scale`` at 0, which disables PLE), a strong AltUp router, ``[out, in]`` linear weights
-with std 1/sqrt(fan_in), N(0, 1) embeddings so that logits are O(10) and the soft-cap matters.
+with std 1/sqrt(fan_in), embeddings scaled so that logits are O(10) and the soft-cap matters.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ def _draw(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.nda
     if name.endswith("correct_output_scale") or (name.endswith("norm.weight") and len(shape) == 1):
         return rng.uniform(0.5, 1.5, shape)
     if name == "embed_tokens.weight":
-        return rng.normal(0.0, 1.0, shape)
+        # std 8 / sqrt(D) keeps logits O(10) at any width (N(0, 1) at D = 64, as in the oracle), so the
+        # 30 tanh(x / 30) soft-cap matters without saturating.
+        return rng.normal(0.0, 8.0 / np.sqrt(shape[1]), shape)
     if name == "embed_tokens_per_layer.weight":
         return rng.normal(0.0, 0.5, shape)
     if name.endswith("altup.modality_router.weight"):

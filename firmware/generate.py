@@ -1,0 +1,307 @@
+"""Autoregressive text generation on a Gemma 3n backend, and its command line.
+
+``python -m firmware.generate`` runs the model token by token and samples on the host (`firmware.sampling`).
+Without ``--checkpoint`` it uses the built-in tiny random model (``sim.config.PRESETS["tiny"]`` with
+``sim.random_weights.random_tensors``), so the whole path runs in a second without any download::
+
+    python -m firmware.generate --max-new-tokens 16 --temperature 0
+    python -m firmware.generate --checkpoint ~/gemma-3n-E4B --prompt "The capital of France is"
+
+stdout gets the generated ids on one line and, when a tokenizer is known, their text on the next; per-token
+progress and a final summary go to stderr.
+
+A *backend* is any object with ``reset()`` (forget the sequence: empty KV cache, position 0) and
+``step(token_id) -> logits`` (append one token and return the float logits over the vocabulary that predict
+the next one); optionally ``config`` with ``vocab_size``, ``bos_token_id`` and ``eos_token_id``. The golden
+model ``sim.gemma3n.Model`` is one; an NPU driver is another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import operator
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .sampling import Sampler, SamplingParams
+from .tokenizer import Tokenizer
+
+__all__ = ["generate", "load_model", "main"]
+
+Progress = Callable[[int, int, float], object]
+
+
+def _config_attr(model, name: str):
+    return getattr(getattr(model, "config", None), name, None)
+
+
+def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, sampler: Callable, *,
+             stop_at_eos: bool = True, eos_id: int | None = None,
+             progress: Progress | None = None) -> list[int]:
+    """Continue `prompt_ids` by up to `max_new_tokens` sampled tokens; returns only the new ids.
+
+    Parameters
+    ----------
+    model
+        The backend (see the module docstring). It is `reset` first, then fed the prompt one token at a
+        time with ``step``; every sampled token except the last is fed back the same way.
+    prompt_ids : sequence of int
+        At least one id (Gemma prompts start with BOS); checked against ``model.config.vocab_size``
+        when the backend has one.
+    max_new_tokens : int
+        Upper bound on the number of new ids, ``>= 0``.
+    sampler : callable
+        ``sampler(logits, context_ids) -> int``, e.g. a `firmware.sampling.Sampler`. `context_ids` is
+        the full context, prompt + generated so far, which is what the repetition penalty looks at.
+    stop_at_eos : bool
+        Stop after the first sampled `eos_id` (which is included in the result).
+    eos_id : int or None
+        Defaults to ``model.config.eos_token_id``; with neither, generation never stops early.
+    progress : callable or None
+        ``progress(done, total, elapsed_seconds)`` is called after every generation step, i.e. once per
+        new token, with ``done`` new tokens out of ``total = max_new_tokens`` and the wall time since
+        the call started (so the first step includes the prompt).
+    """
+    prompt = [operator.index(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("prompt_ids must contain at least one token (a Gemma prompt starts with BOS)")
+    vocab_size = _config_attr(model, "vocab_size")
+    if vocab_size is not None:
+        for t in prompt:
+            if not 0 <= t < vocab_size:
+                raise ValueError(f"prompt id {t} is outside the model's vocabulary [0, {vocab_size})")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise TypeError(f"max_new_tokens must be an integer, not {max_new_tokens!r}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, not {max_new_tokens!r}")
+    if eos_id is None:
+        eos_id = _config_attr(model, "eos_token_id")
+    if max_new_tokens == 0:
+        return []
+
+    start = time.perf_counter()
+    model.reset()
+    for t in prompt:
+        logits = model.step(t)
+    context = list(prompt)
+    new: list[int] = []
+    while True:
+        token = operator.index(sampler(logits, context))
+        new.append(token)
+        context.append(token)
+        if progress is not None:
+            progress(len(new), max_new_tokens, time.perf_counter() - start)
+        if len(new) == max_new_tokens or (stop_at_eos and eos_id is not None and token == eos_id):
+            return new
+        logits = model.step(token)
+
+
+def load_model(checkpoint: str | os.PathLike | None, *, dtype=np.float32, model_seed: int = 0):
+    """The golden model ``sim.gemma3n.Model``: from a Hugging Face checkpoint directory, or, when
+    `checkpoint` is None, the built-in tiny model with random weights drawn from `model_seed`."""
+    from sim.gemma3n import Model  # imported here: the sampling and tokenizer code must not need sim
+
+    if checkpoint is not None:
+        return Model.from_pretrained(checkpoint, dtype=dtype)
+    from sim.config import PRESETS
+    from sim.random_weights import random_tensors
+
+    tiny = PRESETS["tiny"]
+    return Model.from_hf(tiny, random_tensors(tiny, model_seed), dtype=dtype)
+
+
+# --- command line -----------------------------------------------------------------------------------
+
+
+def _arg_type(name: str, convert, check, requirement: str):
+    """An argparse ``type=`` that converts, checks and reports ``must be <requirement>, not <text>``."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {requirement}, not {text!r}") from None
+        if not check(value):
+            raise argparse.ArgumentTypeError(f"must be {requirement}, not {text!r}")
+        return value
+    parse.__name__ = name
+    return parse
+
+
+def _parse_ids(text: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        ids = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated token ids such as '2,105,2364', not {text!r}") from None
+    bad = [i for i in ids if i < 0]
+    if bad:
+        raise argparse.ArgumentTypeError(f"token ids must be >= 0, not {bad[0]}")
+    return ids
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m firmware.generate",
+        description="Generate tokens with the Gemma 3n golden model and host-side sampling "
+                    "(repetition penalty, temperature, top-p).")
+    model = p.add_argument_group("model")
+    model.add_argument("--checkpoint", metavar="DIR",
+                       help="Hugging Face checkpoint directory (config.json + *.safetensors); "
+                            "default: the built-in tiny random model")
+    model.add_argument("--model-seed", metavar="N", default=None,
+                       type=_arg_type("model_seed", int, lambda v: v >= 0, "an integer >= 0"),
+                       help="seed of the built-in random tiny model's weights (default: 0)")
+    model.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                       help="floating-point type the model computes in (default: float32)")
+    model.add_argument("--tokenizer", metavar="PATH",
+                       help="SentencePiece tokenizer.model (default: DIR/tokenizer.model if present)")
+    prompt = p.add_argument_group("prompt").add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", metavar="TEXT", help="prompt text; needs a tokenizer (BOS is prepended)")
+    prompt.add_argument("--prompt-ids", metavar="IDS", type=_parse_ids,
+                        help="prompt as comma-separated token ids, e.g. 2,105,2364 (default: just BOS)")
+    sampling = p.add_argument_group("sampling")
+    sampling.add_argument("--max-new-tokens", metavar="N", default=32,
+                          type=_arg_type("max_new_tokens", int, lambda v: v >= 1, "a positive integer"),
+                          help="maximum number of tokens to generate (default: 32)")
+    sampling.add_argument("--temperature", metavar="T", default=1.0,
+                          type=_arg_type("temperature", float, lambda v: math.isfinite(v) and v >= 0,
+                                         "a finite number >= 0"),
+                          help="softmax temperature; 0 means greedy decoding (default: 1.0)")
+    sampling.add_argument("--top-p", metavar="P", default=0.9,
+                          type=_arg_type("top_p", float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+                          help="nucleus mass; 1 disables top-p (default: 0.9)")
+    sampling.add_argument("--repetition-penalty", metavar="R", default=1.15,
+                          type=_arg_type("repetition_penalty", float, lambda v: math.isfinite(v) and v > 0,
+                                         "a finite number > 0"),
+                          help="penalty on tokens already in the context; 1 disables it (default: 1.15)")
+    sampling.add_argument("--seed", metavar="N", default=0,
+                          type=_arg_type("seed", int, lambda v: v >= 0, "an integer >= 0"),
+                          help="seed of the sampling random generator (default: 0)")
+    sampling.add_argument("--ignore-eos", action="store_true",
+                          help="keep generating after an end-of-sequence token")
+    return p
+
+
+class _ProgressPrinter:
+    """Per-token progress on a stream: rewritten in place (``\\r``) on a terminal, one line each otherwise."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._tty = bool(getattr(stream, "isatty", lambda: False)())
+        self._width = 0  # length of the last in-place line, to blank it out when the next one is shorter
+
+    def __call__(self, done: int, total: int, elapsed: float) -> None:
+        rate = done / elapsed if elapsed > 0 else math.inf
+        line = f"[{done:>{max(3, len(str(total)))}}/{total}] {rate:.1f} tok/s"
+        if self._tty:
+            self._stream.write("\r" + line.ljust(self._width))
+            self._width = len(line)
+        else:
+            self._stream.write(line + "\n")
+        self._stream.flush()
+
+    def finish(self, n_new: int, n_prompt: int, elapsed: float) -> None:
+        if self._tty and self._width:
+            self._stream.write("\n")
+        rate = n_new / elapsed if elapsed > 0 else math.inf
+        self._stream.write(f"generated {n_new} tokens after a {n_prompt}-token prompt in {elapsed:.2f} s "
+                           f"({rate:.2f} tok/s)\n")
+        self._stream.flush()
+
+
+def _decode(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
+    """Text of `ids`; ids the tokenizer does not know (a model vocabulary can be larger, as E4B's 262400
+    rows are against the tokenizer's 262144 pieces) appear as ``<id N>``."""
+    parts, run = [], []
+    for i in ids:
+        if i < tokenizer.vocab_size:
+            run.append(i)
+            continue
+        parts.append(tokenizer.decode(run))
+        parts.append(f"<id {i}>")
+        run = []
+    parts.append(tokenizer.decode(run))
+    return "".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+
+    # Everything that can be checked without the model is checked before the (possibly slow) load.
+    if args.checkpoint is not None:
+        if not os.path.isdir(args.checkpoint):
+            parser.error(f"--checkpoint {args.checkpoint!r} is not a directory")
+        if args.model_seed is not None:
+            parser.error("--model-seed only applies to the built-in random model, not to --checkpoint")
+    tokenizer_path = args.tokenizer
+    if tokenizer_path is None and args.checkpoint is not None:
+        candidate = os.path.join(args.checkpoint, "tokenizer.model")
+        if os.path.isfile(candidate):
+            tokenizer_path = candidate
+    tokenizer = None
+    if tokenizer_path is not None:
+        try:
+            tokenizer = Tokenizer.from_file(tokenizer_path)
+        except (OSError, ValueError) as e:
+            parser.error(f"--tokenizer: {e}")
+    if args.prompt is not None and tokenizer is None:
+        parser.error("--prompt needs a tokenizer: pass --tokenizer PATH, or a --checkpoint directory that "
+                     "contains tokenizer.model, or give the prompt as --prompt-ids")
+
+    dtype = {"float32": np.float32, "float64": np.float64}[args.dtype]
+    if args.checkpoint is None:
+        model = load_model(None, dtype=dtype, model_seed=0 if args.model_seed is None else args.model_seed)
+    else:
+        try:
+            model = load_model(args.checkpoint, dtype=dtype, model_seed=0)
+        except (OSError, ValueError, KeyError) as e:
+            parser.error(f"cannot load --checkpoint {args.checkpoint!r}: {e}")
+
+    if args.prompt is not None:
+        prompt_ids = tokenizer.encode(args.prompt, add_bos=True)
+    elif args.prompt_ids is not None:
+        prompt_ids = args.prompt_ids
+    else:
+        bos = _config_attr(model, "bos_token_id")
+        if bos is None and tokenizer is not None and tokenizer.bos_id >= 0:
+            bos = tokenizer.bos_id
+        if bos is None:
+            parser.error("the model defines no BOS id; give the prompt with --prompt-ids")
+        prompt_ids = [bos]
+    vocab_size = _config_attr(model, "vocab_size")
+    if vocab_size is not None:
+        for t in prompt_ids:
+            if t >= vocab_size:
+                parser.error(f"prompt id {t} is outside the model's vocabulary [0, {vocab_size})")
+    max_positions = _config_attr(model, "max_position_embeddings")
+    # The last sampled token is never fed back, so the model sees prompt + new - 1 positions.
+    if max_positions is not None and len(prompt_ids) + args.max_new_tokens - 1 > max_positions:
+        parser.error(f"a {len(prompt_ids)}-token prompt plus --max-new-tokens {args.max_new_tokens} needs "
+                     f"more than the model's {max_positions} positions (max_position_embeddings)")
+    eos_id = _config_attr(model, "eos_token_id")
+    if eos_id is None and tokenizer is not None and tokenizer.eos_id >= 0:
+        eos_id = tokenizer.eos_id
+
+    sampler = Sampler(SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                                     repetition_penalty=args.repetition_penalty), seed=args.seed)
+    printer = _ProgressPrinter(sys.stderr)
+    start = time.perf_counter()
+    ids = generate(model, prompt_ids, args.max_new_tokens, sampler, stop_at_eos=not args.ignore_eos,
+                   eos_id=eos_id, progress=printer)
+    printer.finish(len(ids), len(prompt_ids), time.perf_counter() - start)
+
+    print(" ".join(str(i) for i in ids))
+    if tokenizer is not None:
+        print(_decode(tokenizer, ids))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

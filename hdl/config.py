@@ -1,0 +1,185 @@
+"""Hardware parameters of the NPU: the single source of truth for every hardware-shaped number.
+
+`HardwareConfig` is a frozen, self-validating dataclass; `PRESETS` holds ``kv260`` (the target: the
+Kria KV260's XCK26 with four 128-bit HP ports at 300 MHz) and ``tiny`` (small enough for full-chip
+simulation in CI). RTL, golden block models, firmware and benches all read it; derived quantities
+(weights per cycle, lanes, bytes per beat) are properties, never re-typed.
+
+This module imports only the standard library: the NumPy golden models in ``sim/`` use it without
+Amaranth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["HardwareConfig", "DeviceBudget", "PRESETS", "XCK26"]
+
+
+@dataclass(frozen=True)
+class DeviceBudget:
+    """Fabric resources of an FPGA device, for utilisation reports."""
+
+    name: str
+    lut: int
+    ff: int
+    dsp: int
+    bram36: int
+    uram: int
+
+
+# Zynq UltraScale+ XCK26 (K26 SOM), DS987: 117,120 CLB LUTs, 234,240 CLB flip-flops, 1,248 DSP48E2,
+# 144 36 Kb block RAMs (5.1 Mb), 64 UltraRAMs (18 Mb).
+XCK26 = DeviceBudget("xck26-sfvc784-2LV-c", lut=117_120, ff=234_240, dsp=1_248, bram36=144, uram=64)
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    """Parameters of one NPU build.
+
+    Parameters
+    ----------
+    name : preset name, for reports.
+    clock_hz : fabric clock the design is built and modelled for.
+    axi_ports : number of AXI4 HP master ports streaming weights (the KV260 PS has HP0..HP3).
+    axi_data_bits : data width of each HP port (128 on Zynq UltraScale+).
+    axi_addr_bits : address width of the masters (the PS decodes 40 bits on HP ports).
+    axi_id_bits : AXI ID width of each master.
+    axi_max_burst_beats : longest burst the DMA issues (AXI4 INCR allows 256; 16 suits the HP ports).
+    axi_max_outstanding : read bursts in flight per port, enough to cover the DDR latency.
+    act_bits : width of activation integers fed to the MAC arrays.
+    acc_bits : width of the exact integer accumulators.
+    act_block : activations sharing one scale (a power of two).
+    weight_group : weights of one output row sharing one scale along the input dimension (a power of
+        two; 0 means one scale per output row).
+    systolic_rows, systolic_cols : systolic array size (GEMM engine).
+    l2_bytes : on-chip scratchpad size (URAM).
+    constant_cache_bytes : on-chip constant cache size (BRAM).
+    device : the FPGA whose budget the utilisation report compares against.
+    """
+
+    name: str
+    clock_hz: int
+    axi_ports: int
+    axi_data_bits: int
+    axi_addr_bits: int
+    axi_id_bits: int
+    axi_max_burst_beats: int
+    axi_max_outstanding: int
+    act_bits: int
+    acc_bits: int
+    act_block: int
+    weight_group: int
+    systolic_rows: int
+    systolic_cols: int
+    l2_bytes: int
+    constant_cache_bytes: int
+    device: DeviceBudget = XCK26
+
+    # The weight format is part of the architecture, not a knob: INT4, two per byte, low nibble first.
+    WEIGHT_BITS = 4
+
+    def __post_init__(self):
+        def integer(field, minimum=1):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{field} must be an integer, not {v!r}")
+            if v < minimum:
+                raise ValueError(f"{field} must be at least {minimum}, not {v!r}")
+            return v
+
+        for field in ("clock_hz", "axi_ports", "axi_addr_bits", "axi_id_bits", "axi_max_outstanding",
+                      "systolic_rows", "systolic_cols"):
+            integer(field)
+        integer("weight_group", minimum=0)
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"name must be a non-empty string, not {self.name!r}")
+        if not _is_pow2(integer("axi_data_bits", 32)) or self.axi_data_bits > 1024:
+            raise ValueError(f"axi_data_bits must be a power of two from 32 to 1024, not {self.axi_data_bits!r}")
+        if not 1 <= integer("axi_max_burst_beats") <= 256:
+            raise ValueError(f"axi_max_burst_beats must be 1..256 (AXI4 INCR), not {self.axi_max_burst_beats!r}")
+        if self.axi_max_burst_beats * self.bytes_per_beat > 4096:
+            raise ValueError(f"axi_max_burst_beats ({self.axi_max_burst_beats}) x {self.bytes_per_beat} bytes "
+                             f"exceeds the 4 KB an AXI burst may span")
+        if not 12 < self.axi_addr_bits <= 64:
+            raise ValueError(f"axi_addr_bits must be 13..64, not {self.axi_addr_bits!r}")
+        if integer("act_bits", 2) > 16:
+            raise ValueError(f"act_bits must be 2..16, not {self.act_bits!r}")
+        if integer("acc_bits", 8) > 64:
+            raise ValueError(f"acc_bits must be 8..64, not {self.acc_bits!r}")
+        if not _is_pow2(integer("act_block")):
+            raise ValueError(f"act_block must be a power of two, not {self.act_block!r}")
+        if self.weight_group and not _is_pow2(self.weight_group):
+            raise ValueError(f"weight_group must be 0 (per row) or a power of two, not {self.weight_group!r}")
+        if not _is_pow2(integer("l2_bytes")) or self.l2_bytes < self.bytes_per_beat:
+            raise ValueError(f"l2_bytes must be a power of two of at least one beat "
+                             f"({self.bytes_per_beat} bytes), not {self.l2_bytes!r}")
+        if not _is_pow2(integer("constant_cache_bytes")):
+            raise ValueError(f"constant_cache_bytes must be a power of two, not {self.constant_cache_bytes!r}")
+        # The widest dot product an accumulator must hold exactly: one weight group (or act block) of
+        # INT4 x INT(act_bits) products. Checked so that no configuration silently overflows.
+        span = max(self.weight_group or 1, self.act_block)
+        need = self.WEIGHT_BITS + self.act_bits - 1 + max(1, (span - 1).bit_length())
+        if self.acc_bits < need:
+            raise ValueError(f"acc_bits ({self.acc_bits}) cannot hold a sum of {span} INT4 x INT{self.act_bits} "
+                             f"products exactly; need at least {need}")
+
+    # --- derived --------------------------------------------------------------------------------
+
+    @property
+    def bytes_per_beat(self) -> int:
+        return self.axi_data_bits // 8
+
+    @property
+    def weights_per_beat(self) -> int:
+        """INT4 weights in one beat of one port."""
+        return self.axi_data_bits // self.WEIGHT_BITS
+
+    @property
+    def gemv_lanes(self) -> int:
+        """INT4 multiply lanes of the GEMV engine: one per weight arriving per cycle on all ports."""
+        return self.axi_ports * self.weights_per_beat
+
+    @property
+    def peak_weight_bytes_per_second(self) -> float:
+        return self.axi_ports * self.bytes_per_beat * self.clock_hz
+
+    @classmethod
+    def preset(cls, name: str) -> "HardwareConfig":
+        try:
+            return PRESETS[name]
+        except KeyError:
+            raise ValueError(f"unknown hardware preset {name!r}; choose one of: {', '.join(sorted(PRESETS))}") \
+                from None
+
+    def replace(self, **changes) -> "HardwareConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["device"] = self.device.name
+        d.update(bytes_per_beat=self.bytes_per_beat, weights_per_beat=self.weights_per_beat,
+                 gemv_lanes=self.gemv_lanes)
+        return d
+
+
+PRESETS: dict[str, HardwareConfig] = {
+    # The target. Four HP ports x 128 bit at 300 MHz = 19.2 GB/s, the DDR4-2400 x64 peak: 128 INT4
+    # weights per cycle. Block sizes and memories are provisional until the numerics contract measures them.
+    "kv260": HardwareConfig(
+        name="kv260", clock_hz=300_000_000, axi_ports=4, axi_data_bits=128, axi_addr_bits=40,
+        axi_id_bits=6, axi_max_burst_beats=16, axi_max_outstanding=8, act_bits=8, acc_bits=32,
+        act_block=64, weight_group=128, systolic_rows=32, systolic_cols=32,
+        l2_bytes=1 << 20, constant_cache_bytes=64 << 10),
+    # Small enough that the full chip simulates in seconds in Verilator; same structure.
+    "tiny": HardwareConfig(
+        name="tiny", clock_hz=100_000_000, axi_ports=2, axi_data_bits=64, axi_addr_bits=32,
+        axi_id_bits=4, axi_max_burst_beats=16, axi_max_outstanding=4, act_bits=8, acc_bits=32,
+        act_block=16, weight_group=32, systolic_rows=4, systolic_cols=4,
+        l2_bytes=64 << 10, constant_cache_bytes=4 << 10),
+}
