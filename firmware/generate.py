@@ -107,7 +107,7 @@ def load_model(checkpoint: str | os.PathLike | None, *, dtype=np.float32, model_
     from sim.gemma3n import Model  # imported here: the sampling and tokenizer code must not need sim
 
     if checkpoint is not None:
-        return Model.from_pretrained(checkpoint, dtype=dtype)
+        return Model.from_pretrained(checkpoint, dtype=dtype, progress=_LoadProgress(sys.stderr))
     from sim.config import PRESETS
     from sim.random_weights import random_tensors
 
@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                        help="floating-point type the model computes in (default: float32)")
     model.add_argument("--tokenizer", metavar="PATH",
-                       help="SentencePiece tokenizer.model (default: DIR/tokenizer.model if present)")
+                       help="SentencePiece tokenizer.model (default: DIR/tokenizer.model if present; the "
+                            "built-in tiny model has a built-in tiny tokenizer)")
     prompt = p.add_argument_group("prompt").add_mutually_exclusive_group()
     prompt.add_argument("--prompt", metavar="TEXT", help="prompt text; needs a tokenizer (BOS is prepended)")
     prompt.add_argument("--prompt-ids", metavar="IDS", type=_parse_ids,
@@ -215,6 +216,23 @@ class _ProgressPrinter:
         self._stream.flush()
 
 
+class _LoadProgress:
+    """Checkpoint loading progress on stderr: one line per tenth of the tensors."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._start = time.perf_counter()
+        self._shown = -1
+
+    def __call__(self, done: int, total: int, name: str) -> None:
+        tenth = 10 * done // max(total, 1)
+        if tenth != self._shown:
+            self._shown = tenth
+            self._stream.write(f"loading checkpoint: {done}/{total} tensors "
+                               f"({time.perf_counter() - self._start:.1f} s)\n")
+            self._stream.flush()
+
+
 def _decode(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
     """Text of `ids`; ids the tokenizer does not know (a model vocabulary can be larger, as E4B's 262400
     rows are against the tokenizer's 262144 pieces) appear as ``<id N>``."""
@@ -251,6 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             tokenizer = Tokenizer.from_file(tokenizer_path)
         except (OSError, ValueError) as e:
             parser.error(f"--tokenizer: {e}")
+    elif args.checkpoint is None:
+        # The built-in tiny model comes with a built-in tiny tokenizer, so the default run prints text.
+        tokenizer = Tokenizer.builtin_tiny()
     if args.prompt is not None and tokenizer is None:
         parser.error("--prompt needs a tokenizer: pass --tokenizer PATH, or a --checkpoint directory that "
                      "contains tokenizer.model, or give the prompt as --prompt-ids")

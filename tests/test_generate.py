@@ -5,6 +5,7 @@ ids follow from the construction; the CLI runs once more end to end on the built
 """
 
 import io
+import os
 import re
 import sys
 from types import SimpleNamespace
@@ -218,7 +219,9 @@ def run(argv, capsys):
 def test_cli_greedy_ids(fake_model, capsys):
     code, out, err = run(["--temperature", "0", "--prompt-ids", "5", "--max-new-tokens", "6"], capsys)
     assert code == 0
-    assert out == ["6 7 0 1"]  # stops at the fake's EOS (1); no tokenizer, so no text line
+    assert out[0] == "6 7 0 1"  # stops at the fake's EOS (1)
+    # The built-in tiny model's tokenizer decodes the ids (control ids 0..3 decode to nothing).
+    assert out[1:] == [Tokenizer.builtin_tiny().decode([6, 7, 0, 1])] and len(out) == 2
     assert fake_model.calls == [(None, np.float32, 0)]
     lines = err.splitlines()
     # Not a terminal: one plain progress line per token, then the summary.
@@ -235,14 +238,14 @@ def test_cli_defaults(fake_model, capsys):
     code, out, _ = run([], capsys)
     assert code == 0
     assert fake_model.model.fed[0] == 2
-    assert out == ["3 4 5 6 7 0 1"]
+    assert out[0] == "3 4 5 6 7 0 1"
 
 
 def test_cli_ignore_eos_and_options(fake_model, capsys):
     code, out, _ = run(["--temperature", "0", "--prompt-ids", "2, 3", "--max-new-tokens", "10", "--ignore-eos",
                         "--dtype", "float64", "--model-seed", "7"], capsys)
     assert code == 0
-    assert out == ["4 5 6 7 0 1 2 3 4 5"]
+    assert out[0] == "4 5 6 7 0 1 2 3 4 5"
     assert fake_model.model.fed[:2] == [2, 3]
     assert fake_model.calls == [(None, np.float64, 7)]
 
@@ -311,7 +314,8 @@ def test_cli_checkpoint_tokenizer_is_found(fake_model, tokenizer_path, tmp_path,
     (["--prompt-ids", "2,x"], r"argument --prompt-ids: must be comma-separated token ids"),
     (["--prompt-ids", "2,-1"], r"argument --prompt-ids: token ids must be >= 0, not -1"),
     (["--prompt-ids", "2", "--prompt", "hi"], r"argument --prompt: not allowed with argument --prompt-ids"),
-    (["--prompt", "hi"], r"--prompt needs a tokenizer: pass --tokenizer PATH"),
+    (["--checkpoint", os.path.dirname(__file__), "--prompt", "hi"],  # a directory without tokenizer.model
+     r"--prompt needs a tokenizer: pass --tokenizer PATH"),
     (["--prompt-ids", "2,8"], r"prompt id 8 is outside the model's vocabulary \[0, 8\)"),
     (["--max-new-tokens", "513"], r"a 1-token prompt plus --max-new-tokens 513 needs more than the "
                                   r"model's 512 positions"),
@@ -375,3 +379,21 @@ def test_cli_tiny_model_sampling_is_seeded(tokenizer_path, capsys):
     ids = [int(i) for i in first[0].split()]
     assert len(ids) == 5 and all(0 <= i < 320 for i in ids)
     assert len(first) == 2  # ids, then the text (ids past the tokenizer's 100 pieces marked <id N>)
+
+
+def test_builtin_tiny_tokenizer():
+    # The tiny model's tokenizer: Gemma's special ids, deterministic training, fits the tiny vocabulary.
+    a, b = Tokenizer.builtin_tiny(), Tokenizer.builtin_tiny()
+    text = "The weights stream from memory."
+    assert (a.bos_id, a.eos_id, a.vocab_size) == (2, 1, 256)
+    assert a.encode(text) == b.encode(text) and a.encode(text)[0] == 2
+    assert a.decode(a.encode(text)) == text
+
+
+def test_cli_default_run_prints_ids_and_text(capsys):
+    # The README's main job: the real built-in tiny model, no options.
+    code, out, _ = run(["--max-new-tokens", "5"], capsys)
+    assert code == 0 and len(out) == 2
+    ids = [int(t) for t in out[0].split()]
+    assert len(ids) == 5 and all(0 <= i < 320 for i in ids)
+    assert out[1] == fg._decode(Tokenizer.builtin_tiny(), ids)
