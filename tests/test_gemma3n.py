@@ -1,5 +1,7 @@
 """The golden model against Hugging Face transformers (the oracle fixtures) and its input checks."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -88,17 +90,21 @@ def test_missing_tensor_names_tensor_and_shape():
     case = load_case(fixture_paths("f64_s0")[0])
     tensors = dict(case.tensors)
     del tensors["model.layers.2.mlp.down_proj.weight"]
-    with pytest.raises(ValueError, match=r"missing tensor 'layers\.2\.mlp\.down_proj\.weight' "
-                                         r"\(expected shape \(64, 128\)\)"):
+    cfg = ModelConfig.from_hf(case.config)
+    shape = re.escape(str((cfg.hidden_size, cfg.intermediate_size[2])))
+    with pytest.raises(ValueError, match=rf"missing tensor 'layers\.2\.mlp\.down_proj\.weight' "
+                                         rf"\(expected shape {shape}\)"):
         Model.from_hf(case.config, tensors)
 
 
 def test_wrong_shape_names_tensor_and_expected_shape():
     case = load_case(fixture_paths("f64_s0")[0])
     tensors = dict(case.tensors)
-    tensors["model.layers.0.self_attn.q_proj.weight"] = tensors["model.layers.0.self_attn.q_proj.weight"].T[:32]
+    cfg = ModelConfig.from_hf(case.config)
+    q = tensors["model.layers.0.self_attn.q_proj.weight"]
+    tensors["model.layers.0.self_attn.q_proj.weight"] = q.T  # [in, out]: the wrong orientation
     with pytest.raises(ValueError, match=r"tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' has shape "
-                                         r"\(32, 128\); expected \(128, 64\)"):
+                                         + re.escape(f"{q.T.shape}; expected {(cfg.q_dim, cfg.hidden_size)}")):
         Model.from_hf(case.config, tensors)
 
 
@@ -121,7 +127,8 @@ def test_non_text_components_are_skipped():
 def test_token_and_position_limits():
     cfg = PRESETS["tiny"].replace(max_position_embeddings=3)
     model = Model.from_hf(cfg, random_tensors(cfg, 0), dtype=np.float32)
-    with pytest.raises(ValueError, match=r"token id 320 is outside the vocabulary \[0, 320\)"):
+    with pytest.raises(ValueError, match=rf"token id {cfg.vocab_size} is outside the vocabulary "
+                                         rf"\[0, {cfg.vocab_size}\)"):
         model.step(cfg.vocab_size)
     with pytest.raises(ValueError, match=r"token id -1 is outside"):
         model.step(-1)

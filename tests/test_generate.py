@@ -18,6 +18,7 @@ import firmware.generate as fg
 from firmware.generate import generate, main
 from firmware.sampling import Sampler, SamplingParams
 from firmware.tokenizer import Tokenizer
+from sim.config import PRESETS
 
 GREEDY = Sampler(SamplingParams(temperature=0.0, repetition_penalty=1.0))
 
@@ -377,7 +378,7 @@ def test_cli_tiny_model_sampling_is_seeded(tokenizer_path, capsys):
     assert first == again
     assert first[0] != other_weights[0]
     ids = [int(i) for i in first[0].split()]
-    assert len(ids) == 5 and all(0 <= i < 320 for i in ids)
+    assert len(ids) == 5 and all(0 <= i < PRESETS["tiny"].vocab_size for i in ids)
     assert len(first) == 2  # ids, then the text (ids past the tokenizer's 100 pieces marked <id N>)
 
 
@@ -395,5 +396,5 @@ def test_cli_default_run_prints_ids_and_text(capsys):
     code, out, _ = run(["--max-new-tokens", "5"], capsys)
     assert code == 0 and len(out) == 2
     ids = [int(t) for t in out[0].split()]
-    assert len(ids) == 5 and all(0 <= i < 320 for i in ids)
+    assert len(ids) == 5 and all(0 <= i < PRESETS["tiny"].vocab_size for i in ids)
     assert out[1] == fg._decode(Tokenizer.builtin_tiny(), ids)
