@@ -176,3 +176,17 @@ def test_e4b_dimensions_run_the_same_code():
         a, b = m32.step(token), m64.step(token)
         assert a.shape == (cfg.vocab_size,) and np.all(np.abs(b) <= cfg.final_logit_softcapping)
         assert np.max(np.abs(a - b)) < 5e-3
+
+
+def test_sliding_window_of_one_follows_the_mask():
+    # transformers' decode path is wrong for a window of 1 (tests/fixtures/README.md); its prefill pass
+    # applies the sliding mask as specified, and the golden model must agree with that one.
+    path = fixture_paths()[0].parent / "hf_decode_bug" / "f64_s11_w1.npz"
+    case = load_case(path)
+    assert case.config["sliding_window"] == 1
+    with np.load(path) as d:
+        prefill = d["logits_prefill"].astype(np.float64)
+    model = Model.from_hf(case.config, case.tensors)
+    got = np.stack([model.step(t) for t in case.input_ids])
+    assert np.max(np.abs(got - prefill)) <= TOL[np.float64]
+    assert np.max(np.abs(got - case.logits)) > 1.0  # the decode path's bug, documented
