@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -402,14 +403,8 @@ class ModelConfig:
         return tuple(names)
 
     def parameter_count(self) -> int:
-        count = 1
-        total = 0
-        for shape in self.tensor_shapes().values():
-            count = 1
-            for s in shape:
-                count *= s
-            total += count
-        return total
+        """Number of weights the decoder reads (dead and tied tensors not counted)."""
+        return sum(math.prod(shape) for shape in self.tensor_shapes().values())
 
 
 def _rope_thetas(config: Mapping) -> dict[str, float]:

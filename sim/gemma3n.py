@@ -126,7 +126,7 @@ class Weights:
 
     def _convert(self, name: str, value) -> np.ndarray:
         arr = np.asarray(value)
-        if arr.dtype.kind not in "fV" and str(arr.dtype) != "bfloat16":
+        if arr.dtype.kind in "biuOSUc":  # bool, integers, objects, strings, complex; bf16 (ml_dtypes) is 'V'
             raise TypeError(f"tensor {name!r} has dtype {arr.dtype}; expected a floating-point tensor")
         return np.ascontiguousarray(arr, dtype=self.dtype)
 

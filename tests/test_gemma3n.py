@@ -190,3 +190,11 @@ def test_sliding_window_of_one_follows_the_mask():
     got = np.stack([model.step(t) for t in case.input_ids])
     assert np.max(np.abs(got - prefill)) <= TOL[np.float64]
     assert np.max(np.abs(got - case.logits)) > 1.0  # the decode path's bug, documented
+
+
+def test_integer_tensor_is_rejected():
+    cfg = PRESETS["tiny"]
+    tensors = random_tensors(cfg, 0)
+    tensors["norm.weight"] = np.ones(cfg.hidden_size, dtype=np.int32)
+    with pytest.raises(TypeError, match="tensor 'norm.weight' has dtype int32; expected a floating-point tensor"):
+        Model.from_hf(cfg, tensors)
