@@ -77,6 +77,8 @@ class VecFunc(enum.Enum, shape=5):
     RELU_SUBS = 7     # d = max(a - S[s], 0)        (Gaussian top-k cutoff)
     GELU_MUL = 8      # d = gelu_tanh(a) * b        (FFN gate x up, PLE gate x per-layer input)
     ROPE = 9          # d = rotate_half RoPE of a, heads of HD elements, cos at b, sin at b + HD/2 elements
+    RMSNORM = 10      # per HD-element segment: d = a * (mean(a * a) + S[s])^-1/2 * b   (b: HD gains)
+    RMSNORM_NG = 11   # per HD-element segment: d = a * (mean(a * a) + S[s])^-1/2       (no gain: V-norm)
     SUMSQ = 16        # S[s] = sum(a * a)           (RMSNorm)
     SUM = 17          # S[s] = sum(a)
     MAX = 18          # S[s] = max(a)
@@ -95,6 +97,10 @@ class ScalarFunc(enum.Enum, shape=4):
     LDPOS = 8         # S[d] = float(POS)
     TANH = 9          # S[d] = tanh(S[a])
     SUB = 10          # S[d] = S[a] - S[b]
+    MAXI = 11         # S[d] = max(S[a], imm)
+    LD = 12           # S[d] = L2 element imm (binary32 element index)
+    MAX = 13          # S[d] = max(S[a], S[b])
+    ST = 14           # L2 element imm = S[a]
 
 
 class CtrlFunc(enum.Enum, shape=4):

@@ -1,0 +1,408 @@
+"""Token compiler: model config + packed image (manifest) -> the instruction program for one decode token.
+
+The program is position independent: the token id and the position are CSRs that GATHER, KVST, ATTN and
+the RoPE functions read, so one program serves every token of a sequence. `compile_token` returns the
+words and a listing that maps every instruction to the step of the Gemma 3n pipeline it implements
+(docs/architecture.md, "Dataflow of one token").
+
+L2 is allocated statically (`L2Map`): every buffer the token needs gets a fixed word address, checked
+against the configured L2 size. Scalar registers: S7 holds the RMSNorm epsilon, S5 holds 1/D, S6 the
+AltUp magnitude target; S0-S4 are temporaries.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from hdl.config import HardwareConfig
+from hdl.isa import CtrlFunc, CvoFunc, DdrRegion, DmaDir, Opcode, ScalarFunc, ShapeCache, VecFunc, encode
+from sim.config import ModelConfig
+
+from .pack import Image, Layout, logit_chunk_rows
+
+__all__ = ["compile_token", "Program", "L2Map"]
+
+EPS, TARGET, INV_D = 7, 6, 5
+SHAPE_SLIDING, SHAPE_FULL = 0, 1
+
+
+@dataclass
+class Program:
+    words: list[int] = field(default_factory=list)
+    steps: list[str] = field(default_factory=list)      # the pipeline step of each word
+
+    def listing(self) -> str:
+        from .asm import disassemble
+        width = len(str(len(self.words)))
+        return "\n".join(f"{n:>{width}}  {w:016x}  {disassemble(w):<72} # {s}"
+                         for n, (w, s) in enumerate(zip(self.words, self.steps)))
+
+
+class L2Map:
+    """Static allocation of L2 buffers in 16-byte words."""
+
+    def __init__(self, words: int):
+        self.words = words
+        self.top = 0
+        self.buffers: dict[str, tuple[int, int]] = {}
+
+    def alloc(self, name: str, elements: int) -> int:
+        if name in self.buffers:
+            raise ValueError(f"L2 buffer {name!r} allocated twice")
+        size = -(-elements // 4)
+        if self.top + size > self.words:
+            raise ValueError(f"L2 is too small: buffer {name!r} ({elements} elements) does not fit in "
+                             f"{self.words} words ({self.top} used)")
+        self.buffers[name] = (self.top, elements)
+        self.top += size
+        return self.buffers[name][0]
+
+    def __getitem__(self, name: str) -> int:
+        return self.buffers[name][0]
+
+
+def _f32_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+class _Emitter:
+    def __init__(self, cfg: ModelConfig, image: Image, hw: HardwareConfig):
+        self.cfg, self.image, self.hw = cfg, image, hw
+        self.prog = Program()
+        self.step = ""
+        self.vl = None
+        self.hd = None
+        self.l2 = L2Map(hw.l2_bytes // 16)
+
+    def emit(self, op: Opcode, **fields):
+        self.prog.words.append(encode(op, l2_words=self.l2.words, **fields))
+        self.prog.steps.append(self.step)
+
+    # --- small building blocks ----------------------------------------------------------------------
+
+    def setvl(self, n: int):
+        if n != self.vl:
+            self.emit(Opcode.CTRL, func=CtrlFunc.SETVL, imm=n)
+            self.vl = n
+
+    def sethd(self, n: int):
+        if n != self.hd:
+            self.emit(Opcode.CTRL, func=CtrlFunc.SETHD, imm=n)
+            self.hd = n
+
+    def vec(self, func: VecFunc, dst=0, a=0, b=0, s=0):
+        self.emit(Opcode.VEC, func=func, dst=dst, a=a, b=b, s=s, async_=0)
+
+    def scalar(self, func: ScalarFunc, d=0, a=0, b=0, imm=0):
+        self.emit(Opcode.SCALAR, func=func, d=d, a=a, b=b, imm=imm)
+
+    def const(self, reg: int, name: str):
+        """S[reg] = scalar constant `name` (from the scalars vector loaded into L2 at start)."""
+        self.scalar(ScalarFunc.LD, d=reg, imm=self.l2["scalars"] * 4 + self.image.scalar_index[name])
+
+    def dma_in(self, name: str, dst: int):
+        e = self.image.tensors[name]
+        n = e.nbytes // 4
+        if e.offset % 16:
+            raise ValueError(f"constant {name!r} is not 16-byte aligned in CONST")
+        self.setvl(n)
+        self.emit(Opcode.DMA, dir=DmaDir.DDR_TO_L2, region=DdrRegion.CONST, l2=dst, offset=e.offset // 16, async_=0)
+
+    def wgemv(self, name: str, dst: int, src: int, *, accm=0, sparse=0, row_start=0, rows=None):
+        d = self.image.descriptor(name, row_start, rows)
+        self.emit(Opcode.WGEMV, dst=dst, src=src, desc=d.index, accm=accm, findemax=0, sparse=sparse, async_=0)
+
+    def rmsnorm(self, dst: int, src: int, n: int, seg: int, gain: str | None):
+        self.setvl(n)
+        self.sethd(seg)
+        if gain is None:
+            self.vec(VecFunc.RMSNORM_NG, dst=dst, a=src, s=EPS)
+        else:
+            self.dma_in(gain, self.l2["gain"])
+            self.setvl(n)
+            self.vec(VecFunc.RMSNORM, dst=dst, a=src, b=self.l2["gain"], s=EPS)
+
+    def sub(self, i: int, name: str) -> str:
+        return f"layers.{i}.{name}"
+
+
+def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) -> Program:
+    """The instruction program that computes one decode token of `config` on the NPU: from the token id
+    (CSR) to the soft-capped logits in the LOGITS region."""
+    cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
+    if cfg.head_dim % 8:
+        raise ValueError(f"head_dim must be a multiple of 8 (RoPE tables in whole L2 words), not {cfg.head_dim}")
+    e = _Emitter(cfg, image, hw)
+    D, n, P, L = cfg.hidden_size, cfg.altup_num_inputs, cfg.hidden_size_per_layer_input, cfg.num_hidden_layers
+    hd, F = cfg.head_dim, max(cfg.intermediate_size)
+    a = cfg.altup_active_idx
+    m = e.l2
+    # --- L2 map ---------------------------------------------------------------------------------------
+    m.alloc("scalars", image.tensors["scalars"].nbytes // 4)
+    for k in range(n):
+        m.alloc(f"xs{k}", D)
+        m.alloc(f"pred{k}", D)
+    for name, size in (("x0", D), ("pli", L * P), ("ple", L * P), ("gain", max(D, F, hd)), ("t", D), ("xn", D),
+                       ("lt", cfg.laurel_rank), ("lr", D), ("laurel", D), ("q", cfg.q_dim), ("k", cfg.kv_dim),
+                       ("v", cfg.kv_dim), ("attn", cfg.q_dim), ("o", D), ("xa", D), ("h", D), ("gate", F),
+                       ("up", F), ("dn", D), ("out", D), ("innov", D), ("gi", D), ("pg", P), ("pp", D),
+                       ("router", n * D), ("coefs", n * n * n), ("mvec", n), ("u", D), ("acc", D),
+                       ("rope.sliding", hd), ("rope.full", hd), ("cs.sliding", hd), ("cs.full", hd),
+                       ("logits", logit_chunk_rows(cfg, hw))):
+        m.alloc(name, size)
+
+    # --- 0. constants and per-token tables --------------------------------------------------------------
+    e.step = "setup: scalar constants"
+    e.dma_in("scalars", m["scalars"])
+    e.const(EPS, "eps")
+    e.const(INV_D, "inv_hidden")
+    e.emit(Opcode.MEMSET, cache=ShapeCache.FMAP, slot=SHAPE_SLIDING, a=cfg.num_attention_heads // cfg.num_key_value_heads,
+           b=hd, c=cfg.sliding_window)
+    e.emit(Opcode.MEMSET, cache=ShapeCache.FMAP, slot=SHAPE_FULL, a=cfg.num_attention_heads // cfg.num_key_value_heads,
+           b=hd, c=0)
+    for kind in ("sliding", "full"):
+        e.step = f"setup: RoPE cos/sin at this position ({kind} theta)"
+        e.dma_in(f"rope.{kind}", m[f"rope.{kind}"])
+        e.emit(Opcode.CVO, func=CvoFunc.ROPE_COS, src=m[f"rope.{kind}"], dst=m[f"cs.{kind}"], length=hd // 2,
+               sub_emax=0, recip_scale=0, accm=0, async_=0)
+        e.emit(Opcode.CVO, func=CvoFunc.ROPE_SIN, src=m[f"rope.{kind}"], dst=m[f"cs.{kind}"] + hd // 8,
+               length=hd // 2, sub_emax=0, recip_scale=0, accm=0, async_=0)
+
+    # --- 1. embedding -----------------------------------------------------------------------------------
+    e.step = "1 embedding x0 = E[id] * sqrt(D)"
+    embed = image.descriptor("embed_tokens.weight", 0, cfg.vocab_size)
+    e.emit(Opcode.GATHER, dst=m["x0"], desc=embed.index, remap=0, async_=0)
+    e.const(0, "embed_scale")
+    e.setvl(D)
+    e.vec(VecFunc.MULS, dst=m["xs0"] if a == 0 else m["x0"], a=m["x0"], s=0)
+    x0 = m["xs0"] if a == 0 else m["x0"]
+
+    # --- 3. per-layer inputs ----------------------------------------------------------------------------
+    e.step = "3 PLE projection x0 W^T * D^-1/2, RMSNorm per layer"
+    e.wgemv("per_layer_model_projection.weight", m["pli"], x0)
+    e.const(0, "ple_proj_scale")
+    e.setvl(L * P)
+    e.vec(VecFunc.MULS, dst=m["pli"], a=m["pli"], s=0)
+    e.rmsnorm(m["pli"], m["pli"], L * P, P, "per_layer_projection_norm.weight")
+    e.step = "3 PLE table row (id outside the PLE vocab -> row 0) * sqrt(P), sum, * 1/sqrt(2)"
+    e.emit(Opcode.GATHER, dst=m["ple"], desc=image.descriptor("embed_tokens_per_layer.weight").index, remap=1,
+           async_=0)
+    e.const(0, "ple_embed_scale")
+    e.setvl(L * P)
+    e.vec(VecFunc.MULS, dst=m["ple"], a=m["ple"], s=0)
+    e.vec(VecFunc.ADD, dst=m["pli"], a=m["pli"], b=m["ple"])
+    e.const(0, "inv_sqrt2")
+    e.vec(VecFunc.MULS, dst=m["pli"], a=m["pli"], s=0)
+
+    # --- 2. AltUp init ----------------------------------------------------------------------------------
+    e.step = "2 AltUp init: target = rms(x0)"
+    e.setvl(D)
+    e.vec(VecFunc.SUMSQ, a=x0, s=TARGET)
+    e.scalar(ScalarFunc.MUL, d=TARGET, a=TARGET, b=INV_D)
+    e.scalar(ScalarFunc.SQRT, d=TARGET, a=TARGET)
+    for k in range(n - 1):
+        e.step = f"2 AltUp init: xs[{k + 1}] = x0 P_{k}^T rescaled to rms(x0)"
+        dst = m[f"xs{k + 1}"]
+        e.wgemv(f"altup_projections.{k}.weight", dst, x0)
+        _magnitude_match(e, dst)
+    if a != 0:
+        e.setvl(D)
+        e.vec(VecFunc.COPY, dst=m["xs0"], a=m["x0"])
+
+    # --- 4. layers --------------------------------------------------------------------------------------
+    for i in range(L):
+        _layer(e, cfg, i)
+
+    # --- 5. output --------------------------------------------------------------------------------------
+    e.step = "5 unembed: target = rms(xs[0])"
+    e.setvl(D)
+    e.vec(VecFunc.SUMSQ, a=m["xs0"], s=TARGET)
+    e.scalar(ScalarFunc.MUL, d=TARGET, a=TARGET, b=INV_D)
+    e.scalar(ScalarFunc.SQRT, d=TARGET, a=TARGET)
+    e.vec(VecFunc.COPY, dst=m["acc"], a=m["xs0"])
+    for k in range(n - 1):
+        e.step = f"5 unembed: xs[{k + 1}] U_{k}^T rescaled, summed"
+        e.wgemv(f"altup_unembed_projections.{k}.weight", m["u"], m[f"xs{k + 1}"])
+        _magnitude_match(e, m["u"])
+        e.setvl(D)
+        e.vec(VecFunc.ADD, dst=m["acc"], a=m["acc"], b=m["u"])
+    e.step = "5 mean of the streams, final norm"
+    e.const(0, "inv_streams")
+    e.vec(VecFunc.MULS, dst=m["acc"], a=m["acc"], s=0)
+    e.rmsnorm(m["acc"], m["acc"], D, D, "norm.weight")
+    head = "embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+    chunk = logit_chunk_rows(cfg, hw)
+    for r0 in range(0, cfg.vocab_size, chunk):
+        rows = min(chunk, cfg.vocab_size - r0)
+        e.step = f"5 LM head rows {r0}..{r0 + rows - 1}, soft-cap, store logits"
+        e.wgemv(head, m["logits"], m["acc"], row_start=r0, rows=rows)
+        if cfg.final_logit_softcapping is not None:
+            e.const(0, "softcap")
+            e.emit(Opcode.CVO, func=CvoFunc.SOFTCAP, src=m["logits"], dst=m["logits"], length=rows, sub_emax=0,
+                   recip_scale=0, accm=0, async_=0)
+        e.setvl(rows)
+        e.emit(Opcode.DMA, dir=DmaDir.L2_TO_DDR, region=DdrRegion.LOGITS, l2=m["logits"], offset=r0 * 4 // 16,
+               async_=0)
+    e.step = "end"
+    e.emit(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)
+    return e.prog
+
+
+def _magnitude_match(e: _Emitter, buf: int):
+    """buf *= target / sqrt(max(mean(buf^2), 1e-5)), target in S6."""
+    e.setvl(e.cfg.hidden_size)
+    e.vec(VecFunc.SUMSQ, a=buf, s=1)
+    e.scalar(ScalarFunc.MUL, d=1, a=1, b=INV_D)
+    e.const(2, "mag_floor")
+    e.scalar(ScalarFunc.MAX, d=1, a=1, b=2)
+    e.scalar(ScalarFunc.SQRT, d=1, a=1)
+    e.vec(VecFunc.MULS, dst=buf, a=buf, s=TARGET)
+    e.scalar(ScalarFunc.RECIP, d=1, a=1)
+    e.vec(VecFunc.MULS, dst=buf, a=buf, s=1)
+
+
+def _router(e: _Emitter, i: int, src: int):
+    """mvec = tanh(W_router (rmsnorm(src) / D)), n values."""
+    cfg, m = e.cfg, e.l2
+    D, n = cfg.hidden_size, cfg.altup_num_inputs
+    e.rmsnorm(m["t"], src, D, D, e.sub(i, "altup.router_norm.weight"))
+    e.setvl(D)
+    e.vec(VecFunc.MULS, dst=m["t"], a=m["t"], s=INV_D)
+    e.dma_in(e.sub(i, "altup.modality_router.weight"), m["router"])
+    e.setvl(D)
+    for j in range(n):
+        e.vec(VecFunc.DOT, a=m["router"] + j * D // 4, b=m["t"], s=0)
+        e.scalar(ScalarFunc.TANH, d=0, a=0)
+        e.scalar(ScalarFunc.ST, a=0, imm=m["mvec"] * 4 + j)
+
+
+def _layer(e: _Emitter, cfg: ModelConfig, i: int):
+    m = e.l2
+    D, n, hd = cfg.hidden_size, cfg.altup_num_inputs, cfg.head_dim
+    a = cfg.altup_active_idx
+    F = cfg.intermediate_size[i]
+    L = f"layer {i}: "
+    if D % 4 or n * n % 4 and n > 4:
+        raise ValueError("hidden size must be a multiple of 4")
+    # 4.A AltUp predict
+    e.step = L + "4.A AltUp router on xs[active]"
+    _router(e, i, m[f"xs{a}"])
+    e.step = L + "4.A AltUp predict: pred[r] = xs[r] + sum_c C[r][c] xs[c]"
+    e.dma_in(e.sub(i, "altup.prediction_coefs.weight"), m["coefs"])
+    for r in range(n):
+        e.setvl(n)
+        for c in range(n):
+            e.vec(VecFunc.DOT, a=m["coefs"] + (r * n + c) * n // 4 if n % 4 == 0 else _row(e, i, r * n + c),
+                  b=m["mvec"], s=c)
+        e.setvl(D)
+        e.vec(VecFunc.COPY, dst=m[f"pred{r}"], a=m[f"xs{r}"])
+        for c in range(n):
+            e.vec(VecFunc.FMAS, dst=m[f"pred{r}"], a=m[f"xs{c}"], b=m[f"pred{r}"], s=c)
+    x_in = m[f"pred{a}"]
+    e.step = L + "4.B input norm"
+    e.rmsnorm(m["xn"], x_in, D, D, e.sub(i, "input_layernorm.weight"))
+    e.step = L + "4.C LAuReL: xn + norm(R(L(xn)))"
+    e.wgemv(e.sub(i, "laurel.linear_left.weight"), m["lt"], m["xn"])
+    e.wgemv(e.sub(i, "laurel.linear_right.weight"), m["lr"], m["lt"])
+    e.rmsnorm(m["lr"], m["lr"], D, D, e.sub(i, "laurel.post_laurel_norm.weight"))
+    e.setvl(D)
+    e.vec(VecFunc.ADD, dst=m["laurel"], a=m["xn"], b=m["lr"])
+    kind = "sliding" if cfg.is_sliding(i) else "full"
+    e.step = L + f"4.B Q projection, QK-norm, RoPE ({kind})"
+    e.wgemv(e.sub(i, "self_attn.q_proj.weight"), m["q"], m["xn"])
+    e.rmsnorm(m["q"], m["q"], cfg.q_dim, hd, e.sub(i, "self_attn.q_norm.weight"))
+    e.setvl(cfg.q_dim)
+    e.sethd(hd)
+    e.vec(VecFunc.ROPE, dst=m["q"], a=m["q"], b=m[f"cs.{kind}"])
+    if not cfg.is_kv_shared(i):
+        e.step = L + "4.B K projection, K-norm, RoPE; V projection, V-norm; store to the KV cache"
+        e.wgemv(e.sub(i, "self_attn.k_proj.weight"), m["k"], m["xn"])
+        e.rmsnorm(m["k"], m["k"], cfg.kv_dim, hd, e.sub(i, "self_attn.k_norm.weight"))
+        e.setvl(cfg.kv_dim)
+        e.sethd(hd)
+        e.vec(VecFunc.ROPE, dst=m["k"], a=m["k"], b=m[f"cs.{kind}"])
+        e.wgemv(e.sub(i, "self_attn.v_proj.weight"), m["v"], m["xn"])
+        e.rmsnorm(m["v"], m["v"], cfg.kv_dim, hd, None)
+        e.emit(Opcode.KVST, k=m["k"], v=m["v"], slot=e.image.kv_slots[i], shape_ptr=0, async_=0)
+    src = cfg.kv_source(i)
+    e.step = L + f"4.B-5 attention over the KV cache of layer {src} ({kind}" + \
+        (f", window {cfg.sliding_window})" if cfg.is_sliding(i) else ")")
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    for g in range(cfg.num_key_value_heads):
+        off = g * group * hd // 4
+        e.emit(Opcode.ATTN, dst=m["attn"] + off, q=m["q"] + off, slot=e.image.kv_slots[src], kv_head=g,
+               shape_ptr=SHAPE_SLIDING if cfg.is_sliding(i) else SHAPE_FULL, async_=0)
+    e.step = L + "4.B-5 o_proj, 4.C post-attention norm, residual, LAuReL merge / sqrt(2)"
+    e.wgemv(e.sub(i, "self_attn.o_proj.weight"), m["o"], m["attn"])
+    e.rmsnorm(m["o"], m["o"], D, D, e.sub(i, "post_attention_layernorm.weight"))
+    e.setvl(D)
+    e.vec(VecFunc.ADD, dst=m["xa"], a=x_in, b=m["o"])
+    e.vec(VecFunc.ADD, dst=m["xa"], a=m["xa"], b=m["laurel"])
+    e.const(0, "inv_sqrt2")
+    e.vec(VecFunc.MULS, dst=m["xa"], a=m["xa"], s=0)
+    e.step = L + "4.D FFN: pre-norm, gate"
+    e.rmsnorm(m["h"], m["xa"], D, D, e.sub(i, "pre_feedforward_layernorm.weight"))
+    e.wgemv(e.sub(i, "mlp.gate_proj.weight"), m["gate"], m["h"])
+    sparse = cfg.activation_sparsity_pattern[i] > 0
+    if sparse:
+        e.step = L + "4.D Gaussian top-k: cutoff = mean + z * std (population)"
+        e.setvl(F)
+        e.vec(VecFunc.SUM, a=m["gate"], s=0)
+        e.const(1, f"inv_ffn.{i}")
+        e.scalar(ScalarFunc.MUL, d=0, a=0, b=1)                  # S0 = mean
+        e.const(2, "minus_one")
+        e.scalar(ScalarFunc.MUL, d=2, a=0, b=2)                  # S2 = -mean
+        e.vec(VecFunc.ADDS, dst=m["up"], a=m["gate"], s=2)       # centred (up is free until its GEMV)
+        e.vec(VecFunc.SUMSQ, a=m["up"], s=3)
+        e.scalar(ScalarFunc.MUL, d=3, a=3, b=1)
+        e.scalar(ScalarFunc.SQRT, d=3, a=3)                      # S3 = std
+        e.const(4, f"std_mult.{i}")
+        e.scalar(ScalarFunc.MUL, d=3, a=3, b=4)
+        e.scalar(ScalarFunc.ADD, d=3, a=0, b=3)                  # cutoff
+        e.vec(VecFunc.RELU_SUBS, dst=m["gate"], a=m["gate"], s=3)
+    e.step = L + "4.D FFN: up, GELU(gate) * up, down" + (" (sparse: zero columns skipped)" if sparse else "")
+    e.wgemv(e.sub(i, "mlp.up_proj.weight"), m["up"], m["h"])
+    e.setvl(F)
+    e.vec(VecFunc.GELU_MUL, dst=m["gate"], a=m["gate"], b=m["up"])
+    down = e.sub(i, "mlp.down_proj.weight")
+    e.wgemv(down, m["dn"], m["gate"], sparse=int(sparse and e.image.tensors[down].layout == Layout.COL))
+    e.rmsnorm(m["dn"], m["dn"], D, D, e.sub(i, "post_feedforward_layernorm.weight"))
+    e.setvl(D)
+    e.vec(VecFunc.ADD, dst=m["out"], a=m["xa"], b=m["dn"])
+    e.step = L + "4.E AltUp correct (router on the unscaled output)"
+    _router(e, i, m["out"])
+    e.dma_in(e.sub(i, "altup.correction_coefs.weight"), m["coefs"])
+    e.setvl(D)
+    e.vec(VecFunc.SUB, dst=m["innov"], a=m["out"], b=x_in)
+    e.const(4, "one")
+    for r in range(n):
+        e.setvl(n)
+        e.vec(VecFunc.DOT, a=m["coefs"] + r * n // 4 if n % 4 == 0 else _row(e, i, r), b=m["mvec"], s=0)
+        e.scalar(ScalarFunc.ADD, d=0, a=0, b=4)
+        e.setvl(D)
+        e.vec(VecFunc.FMAS, dst=m[f"xs{r}"], a=m["innov"], b=m[f"pred{r}"], s=0)
+    e.step = L + "4.E PLE: gate(xs[active] * correct_output_scale) * pli, project, norm, add to xs[1:]"
+    if cfg.altup_correct_scale:
+        e.dma_in(e.sub(i, "altup.correct_output_scale"), m["gain"])
+        e.setvl(D)
+        e.vec(VecFunc.MUL, dst=m["gi"], a=m[f"xs{a}"], b=m["gain"])
+    else:
+        e.setvl(D)
+        e.vec(VecFunc.COPY, dst=m["gi"], a=m[f"xs{a}"])
+    P = cfg.hidden_size_per_layer_input
+    e.wgemv(e.sub(i, "per_layer_input_gate.weight"), m["pg"], m["gi"])
+    if P % 4:
+        raise ValueError(f"hidden_size_per_layer_input must be a multiple of 4, not {P}")
+    e.setvl(P)
+    e.vec(VecFunc.GELU_MUL, dst=m["pg"], a=m["pg"], b=m["pli"] + i * P // 4)
+    e.wgemv(e.sub(i, "per_layer_projection.weight"), m["pp"], m["pg"])
+    e.rmsnorm(m["pp"], m["pp"], D, D, e.sub(i, "post_per_layer_input_norm.weight"))
+    e.setvl(D)
+    for r in range(1, n):
+        e.vec(VecFunc.ADD, dst=m[f"xs{r}"], a=m[f"xs{r}"], b=m["pp"])
+
+
+def _row(e, i, r):
+    raise ValueError(f"altup_num_inputs = {e.cfg.altup_num_inputs}: coefficient rows must be whole L2 words "
+                     f"(a multiple of 4 inputs)")
