@@ -1,0 +1,175 @@
+"""The compiled token program on the instruction-set simulator.
+
+Reference arithmetic (float64, unquantised weights) must reproduce the golden model: that proves the
+program, the ISA and the packer compute Gemma 3n. Hardware arithmetic is exercised for determinism,
+counters and error handling here; its accuracy is measured in docs/numerics.md.
+"""
+
+import numpy as np
+import pytest
+
+from firmware.asm import disassemble
+from firmware.compiler import compile_token
+from firmware.pack import pack
+from firmware.runtime import Runtime
+from hdl.config import PRESETS as HW
+from hdl.isa import CtrlFunc, ErrorCode, Opcode, encode
+from sim.config import PRESETS, ModelConfig
+from sim.gemma3n import Model
+from sim.iss import ExecutionError, Machine
+from sim.random_weights import random_tensors
+from tests.oracle import fixture_paths, load_case
+
+REFERENCE_TOL = 1e-6
+
+
+@pytest.mark.parametrize("hw", ["tiny", "kv260"])
+@pytest.mark.parametrize("path", fixture_paths("f64"), ids=lambda p: p.stem)
+def test_reference_program_reproduces_golden_model(path, hw):
+    case = load_case(path)
+    rt = Runtime.from_hf(case.config, case.tensors, backend="iss", arithmetic="reference", hw=hw)
+    golden = Model.from_hf(case.config, case.tensors)
+    for step, token in enumerate(case.input_ids):
+        got, want = rt.step(token), golden.step(token)
+        assert np.max(np.abs(got - want)) <= REFERENCE_TOL, f"{case.name} step {step}"
+    # ... and therefore transformers itself (the fixture), within the golden model's own bound.
+    rt.reset()
+    got = np.stack([rt.step(t) for t in case.input_ids])
+    assert np.max(np.abs(got - case.logits)) <= 1e-9
+
+
+def test_e4b_shaped_program_beyond_the_window():
+    # E4B's dimensions (D 2048, 8/2 heads of 256, FFN 16384, PLE 256, LAuReL 64, 4 AltUp streams) in three
+    # layers: sliding (sparse), full, and a KV-shared sliding layer that reads layer 0's cache; a window of
+    # 4 so that positions 4..9 lie beyond it.
+    e4b = PRESETS["e4b"]
+    cfg = e4b.replace(num_hidden_layers=3, intermediate_size=e4b.intermediate_size[:3],
+                      activation_sparsity_pattern=(0.95, 0.0, 0.0), layer_types=("sliding_attention",
+                      "full_attention", "sliding_attention"), num_kv_shared_layers=1, vocab_size=512,
+                      vocab_size_per_layer_input=256, sliding_window=4)
+    assert cfg.kv_source(2) == 0
+    tensors = random_tensors(cfg, seed=11, dtype=np.float64)
+    rt = Runtime.from_hf(cfg, tensors, arithmetic="reference", hw="kv260", max_positions=16)
+    golden = Model.from_hf(cfg, tensors)
+    for pos, token in enumerate([2, 300, 17, 5, 9, 44, 301, 3, 1, 8]):
+        assert np.max(np.abs(rt.step(token) - golden.step(token))) <= REFERENCE_TOL, pos
+
+
+def test_listing_maps_every_instruction_to_a_step():
+    cfg = PRESETS["tiny"]
+    image = pack(cfg, random_tensors(cfg, 0), HW["tiny"])
+    prog = compile_token(cfg, image, HW["tiny"])
+    lines = prog.listing().splitlines()
+    assert len(lines) == len(prog.words) == len(prog.steps)
+    assert all(step for step in prog.steps)
+    for i in range(cfg.num_hidden_layers):
+        assert any(s.startswith(f"layer {i}: 4.B-5 attention") for s in prog.steps)
+    assert prog.steps[-1] == "end" and disassemble(prog.words[-1]) == "ctrl.halt imm=0x0"
+    # KV-shared layers store nothing; cache layers store once each.
+    stores = [s for w, s in zip(prog.words, prog.steps) if w >> 60 == Opcode.KVST.value]
+    assert len(stores) == len(cfg.kv_cache_layers)
+
+
+def test_hardware_arithmetic_is_deterministic_and_counts_bytes():
+    cfg = PRESETS["tiny"]
+    tensors = random_tensors(cfg, 0)
+    a = Runtime.from_hf(cfg, tensors, arithmetic="hardware", hw="tiny")
+    b = Runtime.from_hf(cfg, tensors, arithmetic="hardware", hw="tiny")
+    tokens = (2, 7, 300)
+    for token in tokens:
+        la, lb = a.step(token), b.step(token)
+        np.testing.assert_array_equal(la, lb)
+        assert la.dtype == np.float32 and np.all(np.abs(la) <= cfg.final_logit_softcapping)
+    c = a.machine.counters
+    # WGEMVs per token, counted from the model: LAuReL 2, Q, O, gate, up, down, PLE gate and projection,
+    # plus K and V on cache layers; the PLE projection, AltUp projections and unprojections; LM-head chunks.
+    n = cfg.altup_num_inputs
+    per_token = sum(9 + (0 if cfg.is_kv_shared(i) else 2) for i in range(cfg.num_hidden_layers)) + 1 + 2 * (n - 1)
+    per_token += -(-cfg.vocab_size // min(cfg.vocab_size, HW["tiny"].l2_bytes // 16, 1 << 15))
+    assert c.instructions["WGEMV"] == len(tokens) * per_token
+    # Bytes: every INT4 matrix once per token (the PLE table only as one gathered row, the embedding as the
+    # LM head plus one gathered row), minus the columns the sparse down projections skipped.
+    e = a.image.tensors
+    row = {name: (e[name].shape[1] + 1) // 2 + -(-e[name].shape[1] // e[name].group) * 2
+           for name in ("embed_tokens.weight", "embed_tokens_per_layer.weight")}
+    dense = sum(t.nbytes + t.scale_nbytes for t in e.values()
+                if t.format == "int4" and t.name != "embed_tokens_per_layer.weight")
+    assert c.bytes_read["WEIGHTS"] + c.weight_bytes_skipped == len(tokens) * (dense + sum(row.values()))
+    assert c.weight_bytes_skipped > 0
+    assert c.bytes_written["LOGITS"] == len(tokens) * cfg.vocab_size * 4
+    assert c.bytes_written["KV"] == len(tokens) * len(cfg.kv_cache_layers) * 2 * cfg.kv_dim * 2
+
+
+def machine_for(cfg=None, hw="tiny"):
+    cfg = cfg or PRESETS["tiny"]
+    image = pack(cfg, random_tensors(cfg, 0), HW[hw])
+    return Machine(image, HW[hw], "hardware"), image
+
+
+def test_malformed_word_stops_with_the_error_code():
+    m, _ = machine_for()
+    halt = encode(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)
+    with pytest.raises(ExecutionError, match=r"instruction 1: field 'opcode': 0xe is reserved") as e:
+        m.run([encode(Opcode.CTRL, func=CtrlFunc.NOP, imm=0), 0xE << 60, halt], token=0, pos=0)
+    assert e.value.code is ErrorCode.BAD_OPCODE and e.value.pc == 1
+    with pytest.raises(ExecutionError, match="reserved field 'rsvd' of CTRL") as e:
+        m.run([encode(Opcode.CTRL, func=CtrlFunc.NOP, imm=0) | 1, halt], token=0, pos=0)
+    assert e.value.code is ErrorCode.RESERVED_BITS
+    with pytest.raises(ExecutionError, match="ended without HALT"):
+        m.run([encode(Opcode.CTRL, func=CtrlFunc.NOP, imm=0)], token=0, pos=0)
+
+
+def test_out_of_range_accesses_stop_with_the_error_code():
+    m, image = machine_for()
+    halt = encode(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)
+    l2_words = HW["tiny"].l2_bytes // 16
+    # An L2 address beyond the configured L2 is a decode error.
+    bad = encode(Opcode.VEC, func=0, dst=l2_words, a=0, b=0, s=0, async_=0)
+    with pytest.raises(ExecutionError) as e:
+        m.run([bad, halt], token=0, pos=0)
+    assert e.value.code is ErrorCode.ADDRESS_RANGE
+    # A vector that starts inside L2 but runs past its end.
+    setvl = encode(Opcode.CTRL, func=CtrlFunc.SETVL, imm=64)
+    bad = encode(Opcode.VEC, func=0, dst=l2_words - 1, a=0, b=0, s=0, async_=0)
+    with pytest.raises(ExecutionError, match=r"instruction 1: L2 range .* exceeds L2") as e:
+        m.run([setvl, bad, halt], token=0, pos=0)
+    assert e.value.code is ErrorCode.ADDRESS_RANGE
+    # A descriptor that does not exist.
+    bad = encode(Opcode.WGEMV, dst=0, src=0, desc=len(image.descriptors), accm=0, findemax=0, sparse=0, async_=0)
+    with pytest.raises(ExecutionError, match="descriptor .* does not exist") as e:
+        m.run([bad, halt], token=0, pos=0)
+    assert e.value.code is ErrorCode.BAD_DESCRIPTOR
+    # A token outside a table that is not remapped.
+    embed = image.descriptor("embed_tokens.weight")
+    bad = encode(Opcode.GATHER, dst=0, desc=embed.index, remap=0, async_=0)
+    with pytest.raises(ExecutionError, match="token 999 is outside table") as e:
+        m.run([bad, halt], token=999, pos=0)
+    assert e.value.code is ErrorCode.ADDRESS_RANGE
+
+
+def test_full_attention_beyond_the_kv_capacity_is_an_error():
+    cfg = PRESETS["tiny"]
+    rt = Runtime.from_hf(cfg, random_tensors(cfg, 0), arithmetic="hardware", hw="tiny", max_positions=6)
+    for t in range(6):
+        rt.step(t + 2)
+    with pytest.raises(ExecutionError, match=r"position 6 exceeds the KV slot \(6\)") as e:
+        rt.step(3)
+    assert e.value.code is ErrorCode.ADDRESS_RANGE
+
+
+def test_runtime_argument_errors():
+    cfg = PRESETS["tiny"]
+    t = random_tensors(cfg, 0)
+    with pytest.raises(ValueError, match="backend 'rtl' is not available yet"):
+        Runtime.from_hf(cfg, t, backend="rtl")
+    with pytest.raises(ValueError, match="arithmetic must be 'reference' or 'hardware'"):
+        Runtime.from_hf(cfg, t, arithmetic="exact")
+    rt = Runtime.from_hf(cfg, t)
+    with pytest.raises(ValueError, match=r"token id 320 is outside the vocabulary \[0, 320\)"):
+        rt.step(cfg.vocab_size)
+
+
+def test_compiler_rejects_unsupported_shapes():
+    cfg = ModelConfig.from_hf({**PRESETS["tiny"].to_hf(), "head_dim": 12})
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 8"):
+        compile_token(cfg, None, HW["tiny"])
