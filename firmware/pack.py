@@ -221,12 +221,19 @@ class _Allocator:
         return off
 
 
-def pack(config: Mapping | ModelConfig, tensors: Mapping, hw: HardwareConfig, *, max_positions: int | None = None,
-         program_bytes: int = 1 << 20, out: str | os.PathLike | None = None, progress=None) -> Image:
+def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareConfig, *,
+         max_positions: int | None = None, program_bytes: int = 1 << 20, out: str | os.PathLike | None = None,
+         progress=None, fill: bool = True) -> Image:
     """Pack `tensors` (Hugging Face names, any prefix, ``[out, in]``; arrays or lazy tensors) for
     hardware `hw`. `max_positions` bounds the KV cache of full-attention layers (default: the model's
-    ``max_position_embeddings``). With `out`, the image is a memory-mapped file at that path."""
+    ``max_position_embeddings``). With `out`, the image is a memory-mapped file at that path. With
+    ``fill=False`` (and `tensors` None) only the layout is planned: regions, descriptors and manifest,
+    over an image of zeros that the OS does not back until written (for byte counts of E4B)."""
     cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
+    if tensors is None:
+        if fill:
+            raise ValueError("pack needs tensors unless fill=False")
+        tensors = {name: _Shape(shape) for name, shape in cfg.tensor_shapes().items()}
     max_positions = cfg.max_position_embeddings if max_positions is None else max_positions
     expected = cfg.tensor_shapes()
     by_name = {}
@@ -308,6 +315,8 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping, hw: HardwareConfig, *,
     # --- fill ----------------------------------------------------------------------------------------
     for i, d in enumerate(descs):
         image.view("DESC", i * DESC_BYTES, DESC_BYTES)[:] = np.frombuffer(d.to_bytes(), np.uint8)
+    if not fill:
+        return image
     names = list(entries)
     for n_done, name in enumerate(names):
         e = entries[name]
@@ -327,6 +336,13 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping, hw: HardwareConfig, *,
     if progress is not None:
         progress(len(names), len(names), "")
     return image
+
+
+class _Shape:
+    """A stand-in tensor that only has a shape (layout planning without weights)."""
+
+    def __init__(self, shape):
+        self.shape = tuple(shape)
 
 
 def _load(value):

@@ -5,6 +5,9 @@ Two arithmetics run the same program on the same image:
 - ``reference``: float64 everywhere, unquantised weights (the checkpoint's values, found through the
   manifest), exact transcendental functions. A compiled token program run this way must reproduce
   `sim.gemma3n.Model` (to 1e-6): this proves that the program computes Gemma 3n.
+- ``count``: no arithmetic at all, only the counters, on an image that may hold no weights (a plan
+  from ``pack(..., fill=False)``). Sparse layers count the columns of their target density, and
+  attention the positions a full cache would hold: bytes per token for E4B without its 15 GB.
 - ``hardware``: the NPU's arithmetic. L2 holds binary32; WGEMV and GATHER read the INT4 weights and
   binary16 scales from the image and compute with `sim.numerics` (bit-exact); activations are quantised
   to block-floating-point INT8 on the way into the GEMV; the KV cache holds binary16. Element-wise
@@ -27,10 +30,11 @@ from hdl.isa import (
     CtrlFunc, CvoFunc, DdrRegion, DecodeError, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache, VecFunc, decode,
 )
 
-__all__ = ["Machine", "Counters", "ExecutionError", "REFERENCE", "HARDWARE"]
+__all__ = ["Machine", "Counters", "ExecutionError", "REFERENCE", "HARDWARE", "COUNT"]
 
 REFERENCE = "reference"
 HARDWARE = "hardware"
+COUNT = "count"      # no arithmetic: instructions and bytes only (E4B without its weights)
 N_SREGS = 8
 
 
@@ -74,8 +78,8 @@ class Machine:
     """
 
     def __init__(self, image, hw, arithmetic: str = HARDWARE, source=None):
-        if arithmetic not in (REFERENCE, HARDWARE):
-            raise ValueError(f"arithmetic must be {REFERENCE!r} or {HARDWARE!r}, not {arithmetic!r}")
+        if arithmetic not in (REFERENCE, HARDWARE, COUNT):
+            raise ValueError(f"arithmetic must be {REFERENCE!r}, {HARDWARE!r} or {COUNT!r}, not {arithmetic!r}")
         if arithmetic == REFERENCE and source is None:
             raise ValueError("reference arithmetic needs the unquantised source tensors")
         self.image = image
@@ -85,6 +89,8 @@ class Machine:
         self.dtype = np.float64 if arithmetic == REFERENCE else np.float32
         self.l2_words = hw.l2_bytes // 16
         self.l2 = np.zeros(self.l2_words * 4, dtype=self.dtype)
+        from .config import ModelConfig
+        self.model = ModelConfig.from_hf(image.config)
         self.s = np.zeros(N_SREGS, dtype=self.dtype)
         self.shape_cache = {ShapeCache.FMAP: np.zeros((64, 3), np.int64), ShapeCache.WEIGHT: np.zeros((64, 3), np.int64)}
         self.vl = 0
@@ -103,6 +109,9 @@ class Machine:
 
     def reset_kv(self) -> None:
         kv = {}
+        if self.arithmetic == COUNT:
+            self._kv = kv
+            return
         for d in self.image.descriptors:
             if d.kind == 2:
                 shape = (d.capacity, d.heads, d.head_dim)
@@ -164,7 +173,9 @@ class Machine:
             self._err(ErrorCode.BAD_DESCRIPTOR, f"sparse WGEMV needs a column-major matrix ({d.tensor})")
         entry = self.image.tensors[d.tensor]
         ngroups = -(-d.cols // d.group)
-        if self.arithmetic == REFERENCE:
+        if self.arithmetic == COUNT:
+            y = None
+        elif self.arithmetic == REFERENCE:
             w = np.asarray(self.source[d.tensor][d.row_start:d.row_start + d.rows], dtype=np.float64)
             y = w @ x
         else:
@@ -175,18 +186,24 @@ class Machine:
         # Bytes: dense reads every row; sparse reads the columns of non-zero activations only.
         pcols = d.cols + d.cols % 2
         if i.sparse:
-            nz = np.count_nonzero(x)
+            nz = self._density_columns(d) if y is None else np.count_nonzero(x)
             read = nz * d.rows // 2
             self.counters.weight_bytes_skipped += (d.cols - nz) * d.rows // 2
         else:
             read = d.rows * pcols // 2
         self.counters.bytes_read["WEIGHTS"] += read + d.rows * ngroups * 2
         out = self._vec(i.dst, d.rows)
+        if y is None:
+            return
         if i.accm:
             y = self.l2[out] + y
         self.l2[out] = y
         if i.findemax:
             self.emax = self.dtype(np.max(y))
+
+    def _density_columns(self, d) -> int:
+        layer = int(d.tensor.split(".")[1])
+        return round(d.cols * (1.0 - self.model.activation_sparsity_pattern[layer]))
 
     def _int4_rows(self, entry, r0, n):
         from .numerics import unpack_int4
@@ -212,14 +229,16 @@ class Machine:
                 self._err(ErrorCode.ADDRESS_RANGE, f"token {row} is outside table {d.tensor} ({d.rows} rows)")
             row = 0
         entry = self.image.tensors[d.tensor]
+        ngroups = -(-d.cols // d.group)
+        self.counters.bytes_read["WEIGHTS"] += (d.cols + d.cols % 2) // 2 + ngroups * 2
+        if self.arithmetic == COUNT:
+            return
         if self.arithmetic == REFERENCE:
             v = np.asarray(self.source[d.tensor][d.row_start + row], dtype=np.float64)
         else:
             q, s = self._int4_rows(entry, d.row_start + row, 1)
             scale = np.repeat(s.astype(np.float32), entry.group, axis=1)[:, :d.cols]
             v = (q.astype(np.float32) * scale)[0]          # exact: 4-bit x 11-bit significands
-        ngroups = -(-d.cols // d.group)
-        self.counters.bytes_read["WEIGHTS"] += (d.cols + d.cols % 2) // 2 + ngroups * 2
         self.l2[self._vec(i.dst, d.cols)] = v
 
     def _x_dma(self, i):
@@ -235,6 +254,8 @@ class Machine:
                 self._err(ErrorCode.BAD_FUNCTION, f"DMA reads CONST or SCRATCH, not {region}")
             raw = self.image.view(region, offset, nbytes)
             self.counters.bytes_read[region] += nbytes
+            if self.arithmetic == COUNT:
+                return
             if self.arithmetic == REFERENCE and i.region is DdrRegion.CONST:
                 self.l2[sl] = self._const64(offset, n)
             else:
@@ -242,8 +263,10 @@ class Machine:
         else:
             if i.region is not DdrRegion.LOGITS and i.region is not DdrRegion.SCRATCH:
                 self._err(ErrorCode.BAD_FUNCTION, f"DMA writes LOGITS or SCRATCH, not {region}")
-            self.image.view(region, offset, nbytes)[:] = self.l2[sl].astype("<f4").view(np.uint8)
             self.counters.bytes_written[region] += nbytes
+            if self.arithmetic == COUNT:
+                return
+            self.image.view(region, offset, nbytes)[:] = self.l2[sl].astype("<f4").view(np.uint8)
             if i.region is DdrRegion.LOGITS:
                 self.logits[offset // 4: offset // 4 + n] = self.l2[sl]
 
@@ -257,6 +280,8 @@ class Machine:
         self._err(ErrorCode.ADDRESS_RANGE, f"CONST range at {offset} spans no single constant")
 
     def _x_vec(self, i):
+        if self.arithmetic == COUNT:
+            return
         f = i.func
         n = self.vl
         a = self.l2[self._vec(i.a, n)]
@@ -314,6 +339,8 @@ class Machine:
         self.l2[self._vec(i.dst, n)] = d
 
     def _x_scalar(self, i):
+        if self.arithmetic == COUNT:
+            return
         f, s = i.func, self.s
         imm = self._imm(i.imm)
         if f is ScalarFunc.LI:
@@ -371,13 +398,15 @@ class Machine:
         d = self._desc(i.slot)
         if d.kind != 2:
             self._err(ErrorCode.BAD_DESCRIPTOR, f"descriptor {i.slot} is not a KV slot")
-        k_store, v_store, positions = self._kv[d.index]
         w = d.heads * d.head_dim
+        self.counters.bytes_written["KV"] += 2 * w * 2
+        if self.arithmetic == COUNT:
+            return
+        k_store, v_store, positions = self._kv[d.index]
         slot = self.pos % d.capacity
         k_store[slot] = self.l2[self._vec(i.k, w)].reshape(d.heads, d.head_dim)
         v_store[slot] = self.l2[self._vec(i.v, w)].reshape(d.heads, d.head_dim)
         positions[slot] = self.pos
-        self.counters.bytes_written["KV"] += 2 * w * 2
 
     def _x_attn(self, i):
         d = self._desc(i.slot)
@@ -386,13 +415,17 @@ class Machine:
         heads, head_dim, window = (int(v) for v in self.shape_cache[ShapeCache.FMAP][i.shape_ptr])
         if head_dim != d.head_dim or i.kv_head >= d.heads or heads <= 0:
             self._err(ErrorCode.BAD_LENGTH, f"ATTN shape ({heads} heads of {head_dim}) does not match the slot")
-        k_store, v_store, positions = self._kv[d.index]
-        lo = self.pos - window + 1 if window else 0
-        visible = (positions >= max(lo, 0)) & (positions <= self.pos)
         if window and window > d.capacity:
             self._err(ErrorCode.BAD_LENGTH, f"window {window} exceeds the slot's {d.capacity} positions")
         if not window and self.pos >= d.capacity:
             self._err(ErrorCode.ADDRESS_RANGE, f"position {self.pos} exceeds the KV slot ({d.capacity})")
+        if self.arithmetic == COUNT:
+            seen = min(self.pos + 1, window) if window else self.pos + 1
+            self.counters.bytes_read["KV"] += 2 * seen * head_dim * 2
+            return
+        k_store, v_store, positions = self._kv[d.index]
+        lo = self.pos - window + 1 if window else 0
+        visible = (positions >= max(lo, 0)) & (positions <= self.pos)
         k = k_store[visible, i.kv_head].astype(self.dtype)
         v = v_store[visible, i.kv_head].astype(self.dtype)
         self.counters.bytes_read["KV"] += 2 * int(visible.sum()) * head_dim * 2
@@ -403,6 +436,8 @@ class Machine:
         self.l2[self._vec(i.dst, heads * head_dim)] = (p @ v).reshape(-1)
 
     def _x_cvo(self, i):
+        if self.arithmetic == COUNT:
+            return
         f, n = i.func, i.length
         x = self.l2[self._vec(i.src, n * (2 if f in (CvoFunc.ROPE_COS, CvoFunc.ROPE_SIN) else 1))]
         dt = self.dtype
