@@ -1,0 +1,40 @@
+"""Bytes per token of E4B, counted by the ISS on the compiled program, against a hand count."""
+
+import pytest
+
+from firmware.traffic import token_traffic
+from hdl.config import PRESETS as HW
+from sim.config import PRESETS
+
+
+def int4_bytes(rows, cols, group=128):
+    # INT4 two per byte plus one binary16 scale per (row, group of 128 columns).
+    return rows * cols // 2 + rows * -(-cols // group) * 2
+
+
+def test_e4b_weight_and_kv_bytes_match_a_hand_count():
+    # E4B, written out from ../shared/reference/perf-anchors.md section 3 (not from the config module).
+    D, F, L, q, kv, P, r, V = 2048, 16384, 35, 2048, 512, 256, 64, 262400
+    per_layer = (int4_bytes(q, D) + int4_bytes(D, q) + int4_bytes(F, D) * 2 + int4_bytes(D, F)
+                 + int4_bytes(r, D) + int4_bytes(D, r, group=64) + int4_bytes(P, D) + int4_bytes(D, P))
+    kv_proj = 2 * int4_bytes(kv, D)
+    weights = L * per_layer + 20 * kv_proj                      # layers 20..34 reuse layers 18/19's K/V
+    weights += int4_bytes(V, D) + int4_bytes(35 * P, D) + 6 * int4_bytes(D, D)   # LM head, PLE proj, AltUp
+    weights += D // 2 + D // 128 * 2 + 35 * P // 2 + 35 * P // 128 * 2          # gathered rows
+    # Sparse layers 0..9 fetch only the W_down columns of the 5 % surviving activations.
+    kept = round(F * 0.05)
+    skipped = 10 * (F - kept) * D // 2
+    res = token_traffic(PRESETS["e4b"], HW["kv260"], [128, 1024, 4096])
+    for pos, c in res.items():
+        assert c.weight_bytes_skipped == skipped
+        assert c.bytes_read["WEIGHTS"] == weights - skipped
+        # Window-aware KV reads: 7 full layers see pos + 1 positions, 28 sliding layers min(pos + 1, 512);
+        # K and V of 2 heads x 256 in binary16.
+        seen = 7 * (pos + 1) + 28 * min(pos + 1, 512)
+        assert c.bytes_read["KV"] == seen * 2 * kv * 2
+        assert c.bytes_written["KV"] == 20 * 2 * kv * 2
+        assert c.bytes_written["LOGITS"] == V * 4
+    # perf-anchors: INT4 AltUp with the W_down skip streams 2,108 MB at L = 128 with per-row scales;
+    # group-128 scales add 1/64 of a byte per weight.
+    total = res[128].total_read() + sum(res[128].bytes_written.values())
+    assert total / 1e6 == pytest.approx(2108 + 0.031 * 1971, rel=0.01)
