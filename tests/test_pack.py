@@ -1,0 +1,101 @@
+"""The weight packer on a synthetic bf16 checkpoint in the released format, read back byte by byte."""
+
+import json
+import struct
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from firmware.pack import DESC_BYTES, Layout, pack, rope_turn_table
+from hdl.config import PRESETS as HW
+from sim.checkpoint import Checkpoint, write_checkpoint
+from sim.config import PRESETS
+from sim.numerics import quantize_weights, unpack_int4
+from sim.random_weights import random_tensors
+
+CFG = PRESETS["tiny"]
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt")
+    tensors = random_tensors(CFG, seed=4)
+    write_checkpoint(path, {"model_type": "gemma3n", "text_config": CFG.to_hf()}, tensors, max_shard_bytes=50_000)
+    ckpt = Checkpoint(path)
+    image = pack(CFG, ckpt, HW["tiny"], out=path / "image.npy")
+    bf16 = {k: v.astype(ml_dtypes.bfloat16).astype(np.float64) for k, v in tensors.items()}
+    return image, bf16, path
+
+
+def test_int4_matrices_read_back(packed):
+    image, bf16, _ = packed
+    for name, e in image.tensors.items():
+        if e.format != "int4":
+            continue
+        rows, cols = e.shape
+        q_ref, s_ref = quantize_weights(bf16[name], e.group)
+        raw = image.view("WEIGHTS", e.offset, e.nbytes)
+        if e.layout == Layout.ROW:
+            q = unpack_int4(raw.reshape(rows, -1))[:, :cols]
+        else:
+            q = unpack_int4(raw.reshape(cols, rows // 2)).T
+        np.testing.assert_array_equal(q, q_ref, err_msg=name)
+        s = image.view("WEIGHTS", e.scale_offset, e.scale_nbytes).view("<f2").reshape(rows, -1)
+        np.testing.assert_array_equal(s, s_ref, err_msg=name)
+
+
+def test_sparse_down_projections_are_column_major(packed):
+    image, _, _ = packed
+    for i in range(CFG.num_hidden_layers):
+        layout = image.tensors[f"layers.{i}.mlp.down_proj.weight"].layout
+        assert layout == (Layout.COL if i in CFG.sparse_layers else Layout.ROW)
+
+
+def test_constants_and_descriptors_read_back(packed):
+    image, bf16, _ = packed
+    e = image.tensors["layers.3.altup.prediction_coefs.weight"]
+    got = image.view("CONST", e.offset, e.nbytes).view("<f4").reshape(e.shape)
+    np.testing.assert_array_equal(got, bf16["layers.3.altup.prediction_coefs.weight"].astype(np.float32))
+    e = image.tensors["rope.full"]
+    np.testing.assert_array_equal(image.view("CONST", e.offset, e.nbytes).view("<u4"),
+                                  rope_turn_table(CFG.rope_theta_full, CFG.head_dim))
+    for d in image.descriptors:
+        raw = bytes(image.view("DESC", d.index * DESC_BYTES, DESC_BYTES))
+        woff, soff, rows, cols, kind, layout, glog, heads, hd, _ = struct.unpack("<QQIIBBBBHH", raw)
+        assert (woff, kind, layout) == (d.weight_offset, d.kind, d.layout)
+        if kind == 2:
+            assert (rows, cols, heads, hd) == (d.capacity, CFG.kv_dim, CFG.num_key_value_heads, CFG.head_dim)
+        else:
+            assert (soff, rows, cols, 1 << glog) == (d.scale_offset, d.rows, d.cols, d.group)
+    # KV slots come first so that ATTN/KVST's 8-bit slot field reaches them.
+    assert sorted(image.kv_slots.values()) == list(range(len(CFG.kv_cache_layers)))
+
+
+def test_regions_and_manifest(packed):
+    image, _, path = packed
+    manifest = json.loads(json.dumps(image.manifest()))
+    bases = sorted((r["base"], r["size"], k) for k, r in manifest["regions"].items())
+    for (b0, s0, _), (b1, _, _) in zip(bases, bases[1:]):
+        assert b0 % 4096 == 0 and b0 + s0 == b1
+    used = manifest["region_bytes_used"]
+    for name, r in manifest["regions"].items():
+        assert used.get(name, 0) <= r["size"], name
+    assert set(manifest["tensors"]) >= set(CFG.tensor_shapes())
+    # The image is a memory-mapped .npy file of exactly the planned size.
+    on_disk = np.load(path / "image.npy", mmap_mode="r")
+    assert on_disk.shape == image.ddr.shape
+
+
+def test_pack_errors():
+    tensors = random_tensors(CFG, 0)
+    del tensors["layers.0.mlp.up_proj.weight"]
+    with pytest.raises(ValueError, match=r"missing tensor 'layers\.0\.mlp\.up_proj\.weight' \(expected shape"):
+        pack(CFG, tensors, HW["tiny"])
+    tensors = random_tensors(CFG, 0)
+    tensors["norm.weight"] = tensors["norm.weight"][:-1]
+    with pytest.raises(ValueError, match=rf"tensor 'norm\.weight' has shape \({CFG.hidden_size - 1},\); "
+                                         rf"expected \({CFG.hidden_size},\)"):
+        pack(CFG, tensors, HW["tiny"])
+    with pytest.raises(ValueError, match="pack needs tensors unless fill=False"):
+        pack(CFG, None, HW["tiny"])
