@@ -31,6 +31,7 @@ SHAPE_SLIDING, SHAPE_FULL = 0, 1
 class Program:
     words: list[int] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)      # the pipeline step of each word
+    l2_map: dict[str, tuple[int, int]] = field(default_factory=dict)   # buffer -> (word address, elements)
 
     def listing(self) -> str:
         from .asm import disassemble
@@ -143,7 +144,7 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
     for k in range(n):
         m.alloc(f"xs{k}", D)
         m.alloc(f"pred{k}", D)
-    for name, size in (("x0", D), ("pli", L * P), ("ple", L * P), ("gain", max(D, F, hd)), ("t", D), ("xn", D),
+    for name, size in (("x0", D), ("pli", L * P), ("ple", L * P), ("gain", max(D, hd)), ("t", D), ("xn", D),
                        ("lt", cfg.laurel_rank), ("lr", D), ("laurel", D), ("q", cfg.q_dim), ("k", cfg.kv_dim),
                        ("v", cfg.kv_dim), ("attn", cfg.q_dim), ("o", D), ("xa", D), ("h", D), ("gate", F),
                        ("up", F), ("dn", D), ("out", D), ("innov", D), ("gi", D), ("pg", P), ("pp", D),
@@ -246,6 +247,7 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
                async_=0)
     e.step = "end"
     e.emit(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)
+    e.prog.l2_map = dict(m.buffers)
     return e.prog
 
 
@@ -283,8 +285,8 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     a = cfg.altup_active_idx
     F = cfg.intermediate_size[i]
     L = f"layer {i}: "
-    if D % 4 or n * n % 4 and n > 4:
-        raise ValueError("hidden size must be a multiple of 4")
+    if D % 4:
+        raise ValueError(f"hidden_size must be a multiple of 4 (whole L2 words), not {D}")
     # 4.A AltUp predict
     e.step = L + "4.A AltUp router on xs[active]"
     _router(e, i, m[f"xs{a}"])

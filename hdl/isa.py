@@ -298,3 +298,16 @@ def decode(word: int, *, l2_words: int | None = None) -> Instruction:
         raise DecodeError(ErrorCode.BAD_FUNCTION, "fields 'from_device' and 'to_device' of MEMCPY are both 1 "
                                                   "(host to host is undefined)")
     return Instruction(op, fields)
+
+
+def field_table(op: Opcode) -> str:
+    """The markdown field table of one format (word bits, width, field), as docs/isa.md shows it."""
+    rows = [f"| 63:60 | 4 | opcode = {op.value:#x} |"]
+    pos = BODY_BITS
+    for f in FORMATS[op]:
+        hi, lo = pos - 1, pos - f.width
+        pos = lo
+        bits = f"{hi}" if hi == lo else f"{hi}:{lo}"
+        what = f.name + (f" ({f.kind.__name__})" if f.kind is not None else "") + (" L2 word address" if f.l2_addr else "")
+        rows.append(f"| {bits} | {f.width} | {what} |")
+    return "\n".join(["| word bits | width | field |", "|---|---|---|"] + rows)

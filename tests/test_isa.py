@@ -170,3 +170,16 @@ def test_program_errors_name_the_line():
         assemble("ctrl.nop imm=0\n# comment\nnop\n")
     assert assemble("ctrl.setvl imm=2048 ; comment\n\n  ctrl.halt imm=0") == [
         encode(Opcode.CTRL, func=1, imm=2048), encode(Opcode.CTRL, func=4, imm=0)]
+
+
+def test_docs_field_tables_match_the_code():
+    import re
+    from pathlib import Path
+
+    from hdl.isa import field_table
+
+    doc = (Path(__file__).parent.parent / "docs" / "isa.md").read_text()
+    for op in Opcode:
+        m = re.search(rf"<!-- fields:{op.name} -->\n(.*?)\n<!-- /fields -->", doc, re.S)
+        assert m, f"docs/isa.md has no field table for {op.name}"
+        assert m.group(1) == field_table(op), f"docs/isa.md's {op.name} table is out of date"
