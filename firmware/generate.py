@@ -101,18 +101,33 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, sampler: Cal
         logits = model.step(token)
 
 
-def load_model(checkpoint: str | os.PathLike | None, *, dtype=np.float32, model_seed: int = 0):
-    """The golden model ``sim.gemma3n.Model``: from a Hugging Face checkpoint directory, or, when
-    `checkpoint` is None, the built-in tiny model with random weights drawn from `model_seed`."""
+def load_model(checkpoint: str | os.PathLike | None, *, dtype=np.float32, model_seed: int = 0,
+               backend: str = "golden", arithmetic: str = "reference", hw: str = "kv260"):
+    """A backend for `generate`: the golden model ``sim.gemma3n.Model`` (``backend="golden"``) or the
+    NPU's token program on the instruction-set simulator (``backend="iss"``, `firmware.runtime.Runtime`,
+    in ``reference`` or ``hardware`` arithmetic on hardware preset `hw`). From a Hugging Face checkpoint
+    directory, or, when `checkpoint` is None, the built-in tiny model with random weights drawn from
+    `model_seed`."""
     from sim.gemma3n import Model  # imported here: the sampling and tokenizer code must not need sim
 
     if checkpoint is not None:
-        return Model.from_pretrained(checkpoint, dtype=dtype, progress=_LoadProgress(sys.stderr))
-    from sim.config import PRESETS
-    from sim.random_weights import random_tensors
+        if backend == "golden":
+            return Model.from_pretrained(checkpoint, dtype=dtype, progress=_LoadProgress(sys.stderr))
+        from sim.checkpoint import Checkpoint
 
-    tiny = PRESETS["tiny"]
-    return Model.from_hf(tiny, random_tensors(tiny, model_seed), dtype=dtype)
+        ckpt = Checkpoint(checkpoint)
+        config, tensors = ckpt.config, ckpt
+    else:
+        from sim.config import PRESETS
+        from sim.random_weights import random_tensors
+
+        config = PRESETS["tiny"]
+        tensors = random_tensors(config, model_seed)
+        if backend == "golden":
+            return Model.from_hf(config, tensors, dtype=dtype)
+    from .runtime import Runtime
+
+    return Runtime.from_hf(config, tensors, backend="iss", arithmetic=arithmetic, hw=hw)
 
 
 # --- command line -----------------------------------------------------------------------------------
@@ -157,6 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--model-seed", metavar="N", default=None,
                        type=_arg_type("model_seed", int, lambda v: v >= 0, "an integer >= 0"),
                        help="seed of the built-in random tiny model's weights (default: 0)")
+    model.add_argument("--backend", choices=("golden", "iss"), default="golden",
+                       help="golden: the NumPy golden model; iss: the NPU's compiled token program on the "
+                            "instruction-set simulator (default: golden)")
+    model.add_argument("--arithmetic", choices=("reference", "hardware"), default="reference",
+                       help="with --backend iss: float64 reference arithmetic or the NPU's INT4/INT8/binary32 "
+                            "arithmetic (default: reference)")
+    model.add_argument("--hw", default="kv260", help="with --backend iss: hardware preset (default: kv260)")
     model.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                        help="floating-point type the model computes in (default: float32)")
     model.add_argument("--tokenizer", metavar="PATH",
@@ -277,11 +299,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "contains tokenizer.model, or give the prompt as --prompt-ids")
 
     dtype = {"float32": np.float32, "float64": np.float64}[args.dtype]
+    backend = {} if args.backend == "golden" else {"backend": "iss", "arithmetic": args.arithmetic, "hw": args.hw}
+    if args.backend == "golden" and (args.arithmetic != "reference" or args.hw != "kv260"):
+        parser.error("--arithmetic and --hw apply to --backend iss only")
     if args.checkpoint is None:
-        model = load_model(None, dtype=dtype, model_seed=0 if args.model_seed is None else args.model_seed)
+        model = load_model(None, dtype=dtype, model_seed=0 if args.model_seed is None else args.model_seed,
+                           **backend)
     else:
         try:
-            model = load_model(args.checkpoint, dtype=dtype, model_seed=0)
+            model = load_model(args.checkpoint, dtype=dtype, model_seed=0, **backend)
         except (OSError, ValueError, KeyError) as e:
             parser.error(f"cannot load --checkpoint {args.checkpoint!r}: {e}")
 

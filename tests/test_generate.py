@@ -202,7 +202,7 @@ def fake_model(monkeypatch):
     """Replace the golden model loader by a CountingModel; the test sets its size via `.vocab`."""
     holder = SimpleNamespace(vocab=8, model=None, calls=[])
 
-    def load(checkpoint, *, dtype, model_seed):
+    def load(checkpoint, *, dtype, model_seed, **backend):
         holder.calls.append((checkpoint, dtype, model_seed))
         holder.model = CountingModel(holder.vocab)
         return holder.model
@@ -398,3 +398,20 @@ def test_cli_default_run_prints_ids_and_text(capsys):
     ids = [int(t) for t in out[0].split()]
     assert len(ids) == 5 and all(0 <= i < PRESETS["tiny"].vocab_size for i in ids)
     assert out[1] == fg._decode(Tokenizer.builtin_tiny(), ids)
+
+
+def test_cli_iss_backend_generates_what_the_golden_model_generates(capsys):
+    # The same host code drives the golden model and the NPU's token program (ISS, reference arithmetic).
+    argv = ["--max-new-tokens", "6", "--temperature", "0", "--ignore-eos"]
+    _, golden, _ = run(argv, capsys)
+    _, iss, _ = run(argv + ["--backend", "iss", "--hw", "tiny"], capsys)
+    assert golden == iss
+    code, hw_out, _ = run(argv + ["--backend", "iss", "--arithmetic", "hardware", "--hw", "tiny"], capsys)
+    assert code == 0 and len(hw_out[0].split()) == 6
+
+
+def test_cli_iss_options_need_the_iss_backend(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--arithmetic", "hardware"])
+    assert e.value.code == 2
+    assert "--arithmetic and --hw apply to --backend iss only" in capsys.readouterr().err
