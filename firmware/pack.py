@@ -36,7 +36,7 @@ import numpy as np
 
 from hdl.config import HardwareConfig
 from sim.config import ModelConfig
-from sim.gemma3n import _canonical_name
+from sim.gemma3n import resolve_tensor_names
 from sim.numerics import pack_int4, quantize_weights
 
 __all__ = ["Image", "TensorEntry", "Descriptor", "pack", "DESC_BYTES", "DescKind", "Layout",
@@ -236,17 +236,7 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
         tensors = {name: _Shape(shape) for name, shape in cfg.tensor_shapes().items()}
     max_positions = cfg.max_position_embeddings if max_positions is None else max_positions
     expected = cfg.tensor_shapes()
-    by_name = {}
-    for full in tensors:
-        name = _canonical_name(full)
-        if name in expected:
-            by_name[name] = full
-    for name, shape in expected.items():
-        if name not in by_name:
-            raise ValueError(f"missing tensor {name!r} (expected shape {shape})")
-        got = tuple(tensors[by_name[name]].shape)
-        if got != shape:
-            raise ValueError(f"tensor {by_name[name]!r} has shape {got}; expected {shape}")
+    by_name = resolve_tensor_names(cfg, tensors)
 
     # --- plan: every entry and descriptor, then allocate the image once -----------------------------
     alloc = _Allocator()

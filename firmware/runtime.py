@@ -18,7 +18,7 @@ import numpy as np
 
 from hdl.config import HardwareConfig
 from sim.config import ModelConfig
-from sim.gemma3n import _canonical_name
+from sim.gemma3n import resolve_tensor_names
 from sim.iss import HARDWARE, REFERENCE, Machine
 
 from .compiler import Program, compile_token
@@ -51,11 +51,7 @@ class Runtime:
         program = compile_token(cfg, image, hw)
         source = None
         if arithmetic == REFERENCE:
-            source = {}
-            for full in tensors:
-                name = _canonical_name(full)
-                if name is not None:
-                    source[name] = tensors[full]
+            source = {name: tensors[full] for name, full in resolve_tensor_names(cfg, tensors).items()}
         machine = Machine(image, hw, arithmetic, source=source)
         return cls(cfg, image, program, machine)
 

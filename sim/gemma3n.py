@@ -33,7 +33,7 @@ import numpy as np
 
 from .config import ModelConfig
 
-__all__ = ["Model", "Weights", "gaussian_std_multiplier", "gelu_tanh"]
+__all__ = ["Model", "Weights", "gaussian_std_multiplier", "gelu_tanh", "resolve_tensor_names"]
 
 # Component names of a multimodal Gemma 3n checkpoint that are not part of the text decoder.
 _NON_TEXT_COMPONENTS = ("vision_tower.", "audio_tower.", "embed_vision.", "embed_audio.",
@@ -88,30 +88,7 @@ class Weights:
         self.dtype = _as_float_dtype(dtype)
         self.lazy = lazy
         expected = config.tensor_shapes()
-        dead = set(config.dead_tensor_names())
-        canonical: dict[str, str] = {}
-        unknown = []
-        for full in tensors:
-            name = _canonical_name(full)
-            if name is None:
-                continue
-            if name in dead:
-                continue
-            if name not in expected:
-                unknown.append(full)
-                continue
-            if name in canonical:
-                raise ValueError(f"tensor {name!r} is given twice: as {canonical[name]!r} and as {full!r}")
-            canonical[name] = full
-        if unknown:
-            raise ValueError(f"unknown tensor {unknown[0]!r}: not a Gemma 3n text-decoder tensor of this config"
-                             + (f" ({len(unknown) - 1} more unknown)" if len(unknown) > 1 else ""))
-        for name, shape in expected.items():
-            if name not in canonical:
-                raise ValueError(f"missing tensor {name!r} (expected shape {shape})")
-            got = tuple(tensors[canonical[name]].shape)
-            if got != shape:
-                raise ValueError(f"tensor {canonical[name]!r} has shape {got}; expected {shape}")
+        canonical = resolve_tensor_names(config, tensors)
         self._store: dict[str, object] = {}
         for i, (name, shape) in enumerate(expected.items()):
             value = tensors[canonical[name]]
@@ -153,6 +130,38 @@ class Weights:
         for r in range(0, rows, step):
             out[r:r + step] = self._convert(name, _rows(value, r, min(rows, r + step))) @ x
         return out
+
+
+def resolve_tensor_names(config: ModelConfig, tensors: Mapping) -> dict[str, str]:
+    """Map every tensor the decoder reads (canonical name, `ModelConfig.tensor_shapes`) to its key in
+    `tensors`, checking presence and shape. Keys may carry the ``model.language_model.`` or ``model.``
+    prefix; vision/audio components, dead K/V tensors of KV-shared layers and a tied ``lm_head.weight``
+    are ignored; anything else unknown, a duplicate, a missing tensor or a wrong shape raises
+    `ValueError` naming the tensor and the expected shape."""
+    expected = config.tensor_shapes()
+    dead = set(config.dead_tensor_names())
+    canonical: dict[str, str] = {}
+    unknown = []
+    for full in tensors:
+        name = _canonical_name(full)
+        if name is None or name in dead:
+            continue
+        if name not in expected:
+            unknown.append(full)
+            continue
+        if name in canonical:
+            raise ValueError(f"tensor {name!r} is given twice: as {canonical[name]!r} and as {full!r}")
+        canonical[name] = full
+    if unknown:
+        raise ValueError(f"unknown tensor {unknown[0]!r}: not a Gemma 3n text-decoder tensor of this config"
+                         + (f" ({len(unknown) - 1} more unknown)" if len(unknown) > 1 else ""))
+    for name, shape in expected.items():
+        if name not in canonical:
+            raise ValueError(f"missing tensor {name!r} (expected shape {shape})")
+        got = tuple(tensors[canonical[name]].shape)
+        if got != shape:
+            raise ValueError(f"tensor {canonical[name]!r} has shape {got}; expected {shape}")
+    return canonical
 
 
 def _load(value):
