@@ -30,6 +30,8 @@ from hdl.isa import (
     CtrlFunc, CvoFunc, DdrRegion, DecodeError, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache, VecFunc, decode,
 )
 
+from .config import ModelConfig
+
 __all__ = ["Machine", "Counters", "ExecutionError", "REFERENCE", "HARDWARE", "COUNT"]
 
 REFERENCE = "reference"
@@ -89,7 +91,6 @@ class Machine:
         self.dtype = np.float64 if arithmetic == REFERENCE else np.float32
         self.l2_words = hw.l2_bytes // 16
         self.l2 = np.zeros(self.l2_words * 4, dtype=self.dtype)
-        from .config import ModelConfig
         self.model = ModelConfig.from_hf(image.config)
         self.s = np.zeros(N_SREGS, dtype=self.dtype)
         self.shape_cache = {ShapeCache.FMAP: np.zeros((64, 3), np.int64), ShapeCache.WEIGHT: np.zeros((64, 3), np.int64)}
@@ -102,7 +103,7 @@ class Machine:
         self._kv = {}
         self._const_index = sorted((e.offset, e.nbytes, name) for name, e in image.tensors.items()
                                    if e.region == "CONST")
-        self.logits = np.zeros(image.tensors and _vocab(image), dtype=self.dtype)
+        self.logits = np.zeros(self.model.vocab_size, dtype=self.dtype)   # mirror of the LOGITS region
         self.reset_kv()
 
     # --- host interface --------------------------------------------------------------------------------
@@ -493,7 +494,3 @@ class Machine:
 
     def _x_memcpy(self, i):
         self._err(ErrorCode.BAD_FUNCTION, "pccx MEMCPY is decoded but host-side routes do not exist here; use DMA")
-
-
-def _vocab(image) -> int:
-    return int(image.config.get("vocab_size", 0))
