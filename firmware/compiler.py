@@ -134,6 +134,9 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
     cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
     if cfg.head_dim % 8:
         raise ValueError(f"head_dim must be a multiple of 8 (RoPE tables in whole L2 words), not {cfg.head_dim}")
+    if cfg.altup_num_inputs % 4:
+        raise ValueError(f"altup_num_inputs must be a multiple of 4 (AltUp coefficient rows in whole L2 words), "
+                         f"not {cfg.altup_num_inputs}")
     e = _Emitter(cfg, image, hw)
     D, n, P, L = cfg.hidden_size, cfg.altup_num_inputs, cfg.hidden_size_per_layer_input, cfg.num_hidden_layers
     hd, F = cfg.head_dim, max(cfg.intermediate_size)
@@ -295,8 +298,7 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     for r in range(n):
         e.setvl(n)
         for c in range(n):
-            e.vec(VecFunc.DOT, a=m["coefs"] + (r * n + c) * n // 4 if n % 4 == 0 else _row(e, i, r * n + c),
-                  b=m["mvec"], s=c)
+            e.vec(VecFunc.DOT, a=m["coefs"] + (r * n + c) * n // 4, b=m["mvec"], s=c)
         e.setvl(D)
         e.vec(VecFunc.COPY, dst=m[f"pred{r}"], a=m[f"xs{r}"])
         for c in range(n):
@@ -380,7 +382,7 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     e.const(4, "one")
     for r in range(n):
         e.setvl(n)
-        e.vec(VecFunc.DOT, a=m["coefs"] + r * n // 4 if n % 4 == 0 else _row(e, i, r), b=m["mvec"], s=0)
+        e.vec(VecFunc.DOT, a=m["coefs"] + r * n // 4, b=m["mvec"], s=0)
         e.scalar(ScalarFunc.ADD, d=0, a=0, b=4)
         e.setvl(D)
         e.vec(VecFunc.FMAS, dst=m[f"xs{r}"], a=m["innov"], b=m[f"pred{r}"], s=0)
@@ -404,7 +406,3 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     for r in range(1, n):
         e.vec(VecFunc.ADD, dst=m[f"xs{r}"], a=m[f"xs{r}"], b=m["pp"])
 
-
-def _row(e, i, r):
-    raise ValueError(f"altup_num_inputs = {e.cfg.altup_num_inputs}: coefficient rows must be whole L2 words "
-                     f"(a multiple of 4 inputs)")

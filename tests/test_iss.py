@@ -173,3 +173,9 @@ def test_compiler_rejects_unsupported_shapes():
     cfg = ModelConfig.from_hf({**PRESETS["tiny"].to_hf(), "head_dim": 12})
     with pytest.raises(ValueError, match="head_dim must be a multiple of 8"):
         compile_token(cfg, None, HW["tiny"])
+
+
+def test_compiler_rejects_altup_streams_not_in_whole_words():
+    cfg = ModelConfig.from_hf({**PRESETS["tiny"].to_hf(), "altup_num_inputs": 3})
+    with pytest.raises(ValueError, match="altup_num_inputs must be a multiple of 4"):
+        compile_token(cfg, None, HW["tiny"])
