@@ -1,0 +1,26 @@
+"""The CSR map and its AXI4-Lite slave."""
+
+import pytest
+
+from hdl.csr import CsrBlock
+from hdl.csr_map import REGISTERS, Register, by_name, markdown_table
+from tb.runner import run
+
+
+def test_map_is_consistent():
+    offsets = [r.offset for r in REGISTERS]
+    assert len(set(offsets)) == len(offsets)
+    assert by_name("POSITION").access == "rw" and by_name("STATUS").access == "ro"
+    assert by_name("ID").reset == 0x47334E31
+    assert "| 0x018 | TOKEN_ID | rw |" in markdown_table()
+    with pytest.raises(KeyError, match="no CSR named 'NOPE'"):
+        by_name("NOPE")
+    with pytest.raises(ValueError, match="access must be rw, ro or cmd"):
+        Register("X", 0, "wo", "")
+    with pytest.raises(ValueError, match="not a word in the window"):
+        Register("X", 0x1002, "rw", "")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_axi_lite_csr_bench(seed):
+    run(CsrBlock(), toplevel="csr_block", test_module="tb.csr.test_csr", extra_env={"SEED": str(seed)})
