@@ -1,0 +1,265 @@
+"""AXI4 interface signatures and the AXI4 read DMA that streams DDR into the NPU.
+
+`AxiReadSignature` is the read half of an AXI4 master (AR and R channels, ID signals included, since
+the Zynq HP ports and cocotbext-axi both need them); `AxiSignature` adds the write half (AW, W, B).
+Signatures are written from the master's point of view: a master component has ``Out(sig)``, a slave
+``In(sig)``. Amaranth names the ports ``<port>__<signal>`` (``m_axi__araddr``), which is what
+``AxiReadBus.from_prefix(dut, "m_axi", bus_separator="__")`` expects.
+
+`AxiReadDma` turns byte-addressed read commands ``(addr, nbytes)`` into INCR bursts and streams the bytes
+out **aligned to the command's start address**: output beat ``k`` holds bytes ``addr + k*B ..
+addr + k*B + B - 1`` (``B`` = bytes per beat), so consumers never see the DDR alignment. Bursts are split
+at 4 KB boundaries (an AXI burst may not cross one) and at ``axi_max_burst_beats``; up to
+``axi_max_outstanding`` bursts are in flight, which is what covers the DDR latency. All bursts use ID 0,
+so responses return in order. A non-OKAY ``rresp`` (SLVERR, DECERR) marks every output beat built from
+that response (``err``) and sets the sticky ``o_error`` flag: errors are reported, never dropped.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Signal, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .config import HardwareConfig
+
+__all__ = ["AxiBurst", "AxiResp", "AxiReadSignature", "AxiSignature", "AxiReadDma", "read_command_layout",
+           "read_data_layout"]
+
+AXI_4K = 4096
+
+
+class AxiBurst:
+    FIXED, INCR, WRAP = 0, 1, 2
+
+
+class AxiResp:
+    OKAY, EXOKAY, SLVERR, DECERR = 0, 1, 2, 3
+
+
+def _check_widths(addr_bits, data_bits, id_bits):
+    for name, v in (("addr_bits", addr_bits), ("data_bits", data_bits), ("id_bits", id_bits)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise TypeError(f"{name} must be a positive integer, not {v!r}")
+    if data_bits < 8 or data_bits & (data_bits - 1) or data_bits > 1024:
+        raise ValueError(f"data_bits must be a power of two from 8 to 1024, not {data_bits!r}")
+
+
+class AxiReadSignature(wiring.Signature):
+    """AXI4 read channels (AR, R) of a master, with IDs and the Zynq HP port's cache/prot fields.
+
+    Parameters
+    ----------
+    addr_bits, data_bits, id_bits : int
+    """
+
+    def __init__(self, addr_bits: int, data_bits: int, id_bits: int):
+        _check_widths(addr_bits, data_bits, id_bits)
+        self._addr_bits, self._data_bits, self._id_bits = addr_bits, data_bits, id_bits
+        super().__init__(self._read_members(addr_bits, data_bits, id_bits))
+
+    @staticmethod
+    def _read_members(addr_bits, data_bits, id_bits):
+        return {
+            "arid": Out(id_bits), "araddr": Out(addr_bits), "arlen": Out(8), "arsize": Out(3),
+            "arburst": Out(2), "arlock": Out(1), "arcache": Out(4), "arprot": Out(3), "arqos": Out(4),
+            "arvalid": Out(1), "arready": In(1),
+            "rid": In(id_bits), "rdata": In(data_bits), "rresp": In(2), "rlast": In(1),
+            "rvalid": In(1), "rready": Out(1),
+        }
+
+    addr_bits = property(lambda self: self._addr_bits)
+    data_bits = property(lambda self: self._data_bits)
+    id_bits = property(lambda self: self._id_bits)
+
+    def __eq__(self, other):
+        return (type(self) is type(other) and
+                (self.addr_bits, self.data_bits, self.id_bits) == (other.addr_bits, other.data_bits, other.id_bits))
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.addr_bits}, {self.data_bits}, {self.id_bits})"
+
+    @classmethod
+    def from_config(cls, cfg: HardwareConfig):
+        return cls(cfg.axi_addr_bits, cfg.axi_data_bits, cfg.axi_id_bits)
+
+
+class AxiSignature(AxiReadSignature):
+    """A full AXI4 master: the read channels plus AW, W (with strobes) and B."""
+
+    def __init__(self, addr_bits: int, data_bits: int, id_bits: int):
+        _check_widths(addr_bits, data_bits, id_bits)
+        self._addr_bits, self._data_bits, self._id_bits = addr_bits, data_bits, id_bits
+        members = {
+            "awid": Out(id_bits), "awaddr": Out(addr_bits), "awlen": Out(8), "awsize": Out(3),
+            "awburst": Out(2), "awlock": Out(1), "awcache": Out(4), "awprot": Out(3), "awqos": Out(4),
+            "awvalid": Out(1), "awready": In(1),
+            "wdata": Out(data_bits), "wstrb": Out(data_bits // 8), "wlast": Out(1), "wvalid": Out(1),
+            "wready": In(1),
+            "bid": In(id_bits), "bresp": In(2), "bvalid": In(1), "bready": Out(1),
+        }
+        members.update(self._read_members(addr_bits, data_bits, id_bits))
+        wiring.Signature.__init__(self, members)
+
+
+def read_command_layout(addr_bits: int, len_bits: int) -> data.StructLayout:
+    """A DMA read command: `nbytes` bytes from byte address `addr` (any alignment; 0 bytes is a no-op)."""
+    return data.StructLayout({"addr": unsigned(addr_bits), "nbytes": unsigned(len_bits)})
+
+
+def read_data_layout(data_bits: int) -> data.StructLayout:
+    """One output beat: `data` aligned to the command's start, `last` on a command's final beat (whose
+    bytes past the command's end are unspecified), `err` if a response it was built from was not OKAY."""
+    return data.StructLayout({"data": unsigned(data_bits), "last": 1, "err": 1})
+
+
+class AxiReadDma(wiring.Component):
+    """AXI4 read DMA: byte-addressed commands in, start-aligned data beats out.
+
+    Parameters
+    ----------
+    cfg : HardwareConfig
+        Bus widths, ``axi_max_burst_beats`` and ``axi_max_outstanding``.
+    len_bits : int
+        Width of a command's byte count (one command moves at most ``2**len_bits - 1`` bytes).
+
+    Members
+    -------
+    i_cmd : In(stream.Signature(read_command_layout))
+    o_data : Out(stream.Signature(read_data_layout))
+    axi : Out(AxiReadSignature)
+        The master read port.
+    o_error : Out(1)
+        Sticky: some response was SLVERR or DECERR since reset.
+    o_busy : Out(1)
+        A command is accepted and not yet fully delivered.
+
+    Notes
+    -----
+    Throughput: one burst address per cycle and one data beat per cycle; a command whose start is not
+    beat-aligned costs one extra cycle (its first beat only fills the realignment register), plus one
+    extra data beat when its bytes span one more beat than the aligned length. At most
+    ``axi_max_outstanding`` commands are queued between the address and data sides.
+    """
+
+    def __init__(self, cfg: HardwareConfig, *, len_bits: int = 24):
+        if isinstance(len_bits, bool) or not isinstance(len_bits, int) or not 1 <= len_bits <= 32:
+            raise ValueError(f"len_bits must be an integer in 1..32, not {len_bits!r}")
+        self._cfg = cfg
+        self._len_bits = len_bits
+        super().__init__({
+            "i_cmd": In(stream.Signature(read_command_layout(cfg.axi_addr_bits, len_bits))),
+            "o_data": Out(stream.Signature(read_data_layout(cfg.axi_data_bits))),
+            "axi": Out(AxiReadSignature.from_config(cfg)),
+            "o_error": Out(1),
+            "o_busy": Out(1),
+        })
+
+    cfg = property(lambda self: self._cfg)
+    len_bits = property(lambda self: self._len_bits)
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._cfg
+        B = cfg.bytes_per_beat
+        lb = (B - 1).bit_length()              # log2 bytes per beat
+        beats_bits = self._len_bits - lb + 2   # enough for ceil((offset + nbytes) / B)
+        axi = self.axi
+
+        # --- address side: split each command into bursts -------------------------------------------
+        # Commands travel to the data side through a FIFO, so the address side can run ahead by up to
+        # `axi_max_outstanding` bursts, across command boundaries.
+        info = data.StructLayout({"off": unsigned(lb), "nin": unsigned(beats_bits), "nout": unsigned(beats_bits)})
+        m.submodules.cmdq = cmdq = fifo.SyncFIFOBuffered(width=info.size, depth=cfg.axi_max_outstanding + 1)
+
+        cur = Signal(cfg.axi_addr_bits)        # next burst's beat-aligned address
+        rem = Signal(beats_bits)               # beats left to request for the current command
+        active = Signal()
+        outstanding = Signal(range(cfg.axi_max_outstanding + 1))
+
+        cmd = self.i_cmd.p
+        off = cmd.addr[:lb] if lb else Const(0, 1)
+        nin = Signal(beats_bits)
+        nout = Signal(beats_bits)
+        m.d.comb += [nin.eq((cmd.nbytes + off + (B - 1)) >> lb), nout.eq((cmd.nbytes + (B - 1)) >> lb)]
+        cmd_info = Signal(info)
+        m.d.comb += [cmd_info.off.eq(off), cmd_info.nin.eq(nin), cmd_info.nout.eq(nout),
+                     cmdq.w_data.eq(cmd_info)]
+        m.d.comb += self.i_cmd.ready.eq(~active & cmdq.w_rdy)
+        with m.If(self.i_cmd.valid & self.i_cmd.ready & (cmd.nbytes != 0)):
+            m.d.comb += cmdq.w_en.eq(1)
+            m.d.sync += [cur.eq(cmd.addr & ~(B - 1)), rem.eq(nin), active.eq(1)]
+
+        # Burst length: min(remaining, max burst, beats to the next 4 KB boundary).
+        to_4k = Signal(range(AXI_4K // B + 1))
+        m.d.comb += to_4k.eq((AXI_4K - cur[:12]) >> lb)
+        burst = Signal(range(cfg.axi_max_burst_beats + 1))
+        with m.If((rem <= cfg.axi_max_burst_beats) & (rem <= to_4k)):
+            m.d.comb += burst.eq(rem)
+        with m.Elif(to_4k < cfg.axi_max_burst_beats):
+            m.d.comb += burst.eq(to_4k)
+        with m.Else():
+            m.d.comb += burst.eq(cfg.axi_max_burst_beats)
+
+        m.d.comb += [
+            axi.arid.eq(0), axi.araddr.eq(cur), axi.arlen.eq(burst - 1), axi.arsize.eq(lb),
+            axi.arburst.eq(AxiBurst.INCR), axi.arlock.eq(0),
+            axi.arcache.eq(0b0011),            # normal non-cacheable bufferable: what the HP ports expect
+            axi.arprot.eq(0), axi.arqos.eq(0),
+            axi.arvalid.eq(active & (outstanding < cfg.axi_max_outstanding)),
+        ]
+        ar_fire = axi.arvalid & axi.arready
+        r_fire = axi.rvalid & axi.rready
+        with m.If(ar_fire):
+            m.d.sync += [cur.eq(cur + (burst << lb)), rem.eq(rem - burst)]
+            with m.If(rem == burst):
+                m.d.sync += active.eq(0)
+        m.d.sync += outstanding.eq(outstanding + ar_fire - (r_fire & axi.rlast))
+
+        # --- data side: realign to the command's start -----------------------------------------------
+        head = Signal(info)
+        m.d.comb += head.eq(cmdq.r_data)
+        i_in = Signal(beats_bits)              # input beats consumed of the head command
+        i_out = Signal(beats_bits)             # output beats emitted
+        prev = Signal(cfg.axi_data_bits)
+        prev_err = Signal()
+        in_err = Signal()
+        m.d.comb += in_err.eq(axi.rresp[1])    # SLVERR and DECERR both have bit 1 set
+        combined = Signal(cfg.axi_data_bits)
+        flushing = Signal()
+        src = Signal(cfg.axi_data_bits)
+        m.d.comb += [
+            flushing.eq(i_in == head.nin),
+            src.eq(Cat(axi.rdata)),
+        ]
+        with m.If(flushing):
+            m.d.comb += src.eq(0)
+        m.d.comb += combined.eq((Cat(prev, src) >> (head.off * 8))[:cfg.axi_data_bits])
+
+        out = self.o_data
+        out_fire = out.valid & out.ready
+        last_out = i_out == head.nout - 1
+        m.d.comb += out.p.last.eq(last_out)
+        with m.If(cmdq.r_rdy):
+            with m.If(head.off == 0):
+                m.d.comb += [out.valid.eq(axi.rvalid), out.p.data.eq(axi.rdata), out.p.err.eq(in_err),
+                             axi.rready.eq(out.ready)]
+            with m.Elif(i_in == 0):
+                m.d.comb += axi.rready.eq(1)   # the first beat only fills the realignment register
+            with m.Elif(~flushing):
+                m.d.comb += [out.valid.eq(axi.rvalid), out.p.data.eq(combined),
+                             out.p.err.eq(prev_err | in_err), axi.rready.eq(out.ready)]
+            with m.Else():
+                m.d.comb += [out.valid.eq(1), out.p.data.eq(combined), out.p.err.eq(prev_err)]
+        with m.If(r_fire):
+            m.d.sync += [prev.eq(axi.rdata), prev_err.eq(in_err), i_in.eq(i_in + 1)]
+        with m.If(out_fire):
+            m.d.sync += i_out.eq(i_out + 1)
+            with m.If(last_out):
+                m.d.comb += cmdq.r_en.eq(1)
+                m.d.sync += [i_in.eq(0), i_out.eq(0)]
+
+        with m.If(r_fire & in_err):
+            m.d.sync += self.o_error.eq(1)
+        m.d.comb += self.o_busy.eq(active | cmdq.r_rdy)
+        return m
