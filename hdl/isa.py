@@ -3,11 +3,11 @@ the instruction-set simulator all use (docs/isa.md is its prose).
 
 Every instruction is a 64-bit word: ``opcode = word[63:60]`` and a 60-bit body whose fields are packed
 MSB-first in the order listed in `FORMATS` (pccx v002's convention). Opcodes 0x0-0x4 keep pccx v002's
-field layouts bit for bit (GEMV, GEMM, MEMCPY, MEMSET, CVO); 0x5-0xB are this NPU's extensions for what
+field layouts bit for bit (GEMV, GEMM, MEMCPY, MEMSET, CVO); 0x5-0xD are this NPU's extensions for what
 pccx cannot express (weight streaming from DDR, element-wise vector ops, fused decode attention, the KV
-cache, embedding gathers, scalar registers, DMA with DDR addresses, control). Fields named ``rsvd*``
-must be zero; a word that breaks any rule of `decode` is malformed and the hardware stops with the
-matching `ErrorCode`.
+cache, embedding gathers, scalar registers, DMA with DDR addresses, control, multi-token GEMM on the
+systolic array). Fields named ``rsvd*`` must be zero; a word that breaks any rule of `decode` is
+malformed and the hardware stops with the matching `ErrorCode`.
 
 Each format is also an Amaranth `data.StructLayout` (`layout`), so the RTL decodes with the same bit
 positions the assembler packs with (``layout(op).const({...}).as_bits()``).
@@ -45,6 +45,7 @@ class Opcode(enum.Enum, shape=OPCODE_BITS):
     SCALAR = 0xA    # scalar register arithmetic
     DMA = 0xB       # L2 <-> DDR copies with DDR region offsets
     CTRL = 0xC      # vector length, fences, halt
+    WGEMM = 0xD     # WGEMV for T tokens at once on the systolic array (prefill, verification, batches)
 
 
 class CvoFunc(enum.Enum, shape=4):
@@ -137,13 +138,14 @@ class ShapeCache(enum.Enum, shape=2):
 class ErrorCode(enum.Enum, shape=4):
     """The error status the controller reports (CSR) when it stops on a bad instruction or access."""
     NONE = 0
-    BAD_OPCODE = 1          # opcode 0xD-0xF
+    BAD_OPCODE = 1          # opcode 0xE-0xF
     RESERVED_BITS = 2       # a reserved field is not zero
     BAD_FUNCTION = 3        # an undefined function / cache / direction / region code
     ADDRESS_RANGE = 4       # an L2 or DDR range outside the configured memory
     BAD_DESCRIPTOR = 5      # a weight descriptor that is malformed or out of range
     START_WHILE_BUSY = 6    # the host wrote START while a program was running
     BAD_LENGTH = 7          # a zero or oversized length
+    BUS_ERROR = 8           # an AXI read or write was answered SLVERR or DECERR (program fetch or data)
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,7 @@ FORMATS: dict[Opcode, tuple[Field, ...]] = {
     Opcode.DMA: (Field("dir", 2, DmaDir), Field("region", 3, DdrRegion), _a("l2"), Field("offset", 32),
                  Field("rsvd", 5), _b("async_")),
     Opcode.CTRL: (Field("func", 4, CtrlFunc), Field("imm", 32), Field("rsvd", 24)),
+    Opcode.WGEMM: (_a("dst"), _a("src"), Field("desc", 16), Field("tokens", 8), _b("accm"), _b("async_")),
 }
 
 for _op, _fields in FORMATS.items():

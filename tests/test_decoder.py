@@ -65,7 +65,7 @@ def corpus(seed: int, l2_words: int, n: int) -> list[int]:
                 w |= rng.choice([l2_words - 1, l2_words, l2_words + 1, (1 << f.width) - 1]) << pos
         words.append(w)
     # directed: each reserved opcode, all-ones, all-zeros, MEMCPY host-to-host
-    words += [c << BODY_BITS for c in range(0xD, 0x10)] + [(1 << 64) - 1, 0]
+    words += [c << BODY_BITS for c in range(max(op.value for op in Opcode) + 1, 0x10)] + [(1 << 64) - 1, 0]
     words.append(encode(Opcode.MEMCPY, from_device=1, to_device=0, dest=0, src=0, aux=0, shape_ptr=0, async_=0)
                  | 1 << (BODY_BITS - 2))
     return words
