@@ -24,3 +24,11 @@ def test_map_is_consistent():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_axi_lite_csr_bench(seed):
     run(CsrBlock(), toplevel="csr_block", test_module="tb.csr.test_csr", extra_env={"SEED": str(seed)})
+
+
+def test_architecture_doc_has_the_current_map():
+    import re
+    from pathlib import Path
+    doc = (Path(__file__).parent.parent / "docs" / "architecture.md").read_text()
+    m = re.search(r"<!-- csr-table -->\n(.*?)\n<!-- /csr-table -->", doc, re.S)
+    assert m and m.group(1) == markdown_table(), "docs/architecture.md's CSR table is out of date"
