@@ -55,14 +55,14 @@ def field_bits(seg: int, act_bits: int = 8) -> int:
 
     The low field holds ``Σ a·w0`` over a segment; it is recovered exactly iff its magnitude stays below
     ``2**(F-1)``. The largest magnitude is ``seg · 8 · 2**(act_bits-1)`` (all -8 weights, all -128
-    activations), so F is one bit more than that needs. The packed weight (F + 4 bits) must fit the
+    activations), so F is one bit more than that needs. The packed weight (F + 5 bits) must fit the
     27-bit port and the high sum must fit the 48-bit accumulator above F.
     """
     if not isinstance(seg, int) or seg < 1:
         raise ValueError(f"segment length must be a positive integer, not {seg!r}")
     worst = seg * 8 * 2 ** (act_bits - 1)
     f = worst.bit_length() + 1
-    if f + 4 > MUL_A_BITS or f + worst.bit_length() + 1 > P_BITS or act_bits > MUL_B_BITS:
+    if f + 5 > MUL_A_BITS or f + worst.bit_length() + 1 > P_BITS or act_bits > MUL_B_BITS:
         raise ValueError(f"a segment of {seg} INT4 x INT{act_bits} products does not fit two per DSP48E2 "
                          f"(field of {f} bits)")
     return f
