@@ -1,0 +1,687 @@
+"""The GEMV engine: INT4 weights streamed from DDR on N AXI4 read ports, W4A8 MACs, exact integer segment
+sums, binary16 group scales and in-order binary32 accumulation, bit-identical to `sim.numerics.gemv`.
+
+Dataflow (docs/gemv.md has the full design and the measurements)::
+
+    i_cmd ─▶ CommandDecoder ─▶ per port p (N = axi_ports copies of GemvPort):
+                 tile sequencer ─▶ AxiReadDma ─▶ front end: scale beats ─▶ scale bank
+                                              weight beats ─▶ SegmentMac ─▶ isum bank [t, s]
+                 back end: isum bank, scale bank, exponents (s-major, t-minor order)
+                     ─▶ IntToFp ∥ F16ToF32 ─▶ FpMul ─▶ FpLdexp ─▶ FpAdd (y[t] += part) ─▶ result FIFO
+           ─▶ merge in row order ─▶ FpAdd (accm: old + y; else -0 + y) ─▶ o_y
+
+- **Rows over ports.** Rows are cut into tiles of `tile_rows` (T) consecutive rows; tile j goes to port
+  ``j mod N``. A port fetches, per tile, its T rows' scales (one contiguous transfer, ``T * groups * 2``
+  bytes, since scales are row-major) and then each row (one transfer of ``ceil(cols/2)`` bytes). The
+  DMA realigns every transfer, so each row starts at lane 0 whatever its DDR alignment.
+- **Integer side.** One beat (``W = weights_per_beat`` INT4 weights) per port per cycle is multiplied
+  with the W INT8 activations of the same columns (a per-port copy of the activation memory), masked past
+  the row's end, and summed exactly; a segment (``min(group, act_block)`` columns) is ``seg / W`` beats
+  (its sums are accumulated) or, when narrower than a beat, one of ``W / seg`` sub-sums (the beat is then
+  presented ``W / seg`` times). Each segment sum is written to the tile's isum bank at ``[t, s]``.
+- **Binary32 side.** The contract adds the parts of a row strictly in segment order, and an adder has
+  a latency of several cycles, so the back end walks a complete tile *segment-major*: ``(s, t)`` for t in
+  0..T-1, so that consecutive additions into the same row are T cycles apart (T > FpAdd latency). Banks are
+  double-buffered: the front end fills tile k+1 while the back end drains tile k. The back end issues one
+  part per cycle; the front end produces ``T * ceil(cols / seg)`` parts in ``T * ceil(cols / W)`` cycles, so
+  the binary32 side is never the bottleneck when ``seg >= W``.
+- **accm** is one more binary32 addition at the output, ``fp32(old + y)`` with the old values streamed in
+  through `i_acc` in row order (without accm the same adder computes ``-0 + y``, which is ``y`` exactly).
+
+Sparse mode (column-major matrices, zero-activation columns skipped) is not implemented: a command with
+``sparse`` set is rejected (``o_bad_cmd``); see docs/gemv.md for the analysis.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from .axi import AxiReadDma, AxiReadSignature
+from .config import HardwareConfig
+from .fp import F16ToF32, FpAdd, FpLdexp, FpMul, IntToFp
+
+__all__ = ["EXP_BITS", "default_max_cols", "command_layout", "SegmentMac", "CommandDecoder", "GemvPort",
+           "GemvEngine"]
+
+EXP_BITS = 10          # activation block exponents: binary32 inputs give -155..122
+NEG_ZERO = 0x80000000  # -0.0 + x == x for every x (RNE), the identity of the first addition
+LEN_BITS = 24          # DMA command byte counts
+
+
+def default_max_cols(cfg: HardwareConfig) -> int:
+    """Widest GEMV input the activation memory holds: E4B's 16384 (the FFN width) on full-size
+    presets, 1024 on `tiny` (CI)."""
+    return 1024 if cfg.name == "tiny" else 16384
+
+
+def _log2(x: int) -> int:
+    return (x - 1).bit_length()
+
+
+def command_layout(cfg: HardwareConfig) -> data.StructLayout:
+    """One GEMV: ``y[rows] = W[rows, cols] x`` with W's INT4 bytes at `wbase` (row-major, rows of
+    ``ceil(cols/2)`` bytes) and its binary16 scales at `sbase` (row-major ``[rows, ceil(cols/group)]``),
+    ``group = 2**log2_group``. `accm` adds the result to the values streamed in on ``i_acc``. `sparse`
+    (column-major, skip zero columns) is reserved: the engine rejects it."""
+    return data.StructLayout({
+        "wbase": unsigned(cfg.axi_addr_bits), "sbase": unsigned(cfg.axi_addr_bits),
+        "rows": unsigned(20), "cols": unsigned(16), "log2_group": unsigned(5), "accm": 1, "sparse": 1,
+    })
+
+
+class SegmentMac(wiring.Component):
+    """W INT4 x INT8 products of one beat, masked, summed exactly and accumulated over a segment.
+
+    Each input cycle presents one beat: ``i_w`` (W INT4 weights, lane 0 = bits [3:0], the packing order of
+    `sim.numerics.pack_int4`), ``i_a`` (W activations), and which lanes count: lane i contributes when
+    ``i < i_nlanes`` and ``i_sel * 2**i_lvl <= i < (i_sel + 1) * 2**i_lvl`` (a sub-sum narrower than a
+    beat). The sum starts a new segment on ``i_first`` and the segment's exact sum leaves on ``o_valid``
+    when the input had ``i_last``; ``i_tag`` travels along with it. No backpressure: a free-running pipeline.
+
+    Parameters
+    ----------
+    cfg : HardwareConfig
+    tag_bits : int
+
+    Members
+    -------
+    i_valid, i_first, i_last : In(1)
+    i_w : In(ArrayLayout(signed(4), W)); i_a : In(ArrayLayout(signed(act_bits), W))
+    i_nlanes : In(range(W + 1)); i_lvl : In(range(log2 W + 1)); i_sel : In(range(W))
+    i_tag : In(tag_bits)
+    o_valid : Out(1); o_isum : Out(signed(acc_bits)); o_tag : Out(tag_bits)
+    """
+
+    def __init__(self, cfg: HardwareConfig, tag_bits: int = 1):
+        self._cfg = cfg
+        W = cfg.weights_per_beat
+        self._W = W
+        super().__init__({
+            "i_valid": In(1), "i_first": In(1), "i_last": In(1),
+            "i_w": In(data.ArrayLayout(signed(cfg.WEIGHT_BITS), W)),
+            "i_a": In(data.ArrayLayout(signed(cfg.act_bits), W)),
+            "i_nlanes": In(range(W + 1)), "i_lvl": In(range(_log2(W) + 1)), "i_sel": In(range(W)),
+            "i_tag": In(tag_bits),
+            "o_valid": Out(1), "o_isum": Out(signed(cfg.acc_bits)), "o_tag": Out(tag_bits),
+        })
+
+    @property
+    def tree_stages(self) -> int:
+        return (_log2(self._W) + 1) // 2
+
+    @property
+    def latency(self) -> int:
+        """Cycles from an input with ``i_last`` to its ``o_valid``."""
+        return 1 + self.tree_stages + 1
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg, W = self._cfg, self._W
+        pbits = cfg.WEIGHT_BITS + cfg.act_bits
+        lo = Signal(range(2 * W))
+        hi = Signal(range(2 * W + 1))
+        m.d.comb += [lo.eq(self.i_sel << self.i_lvl), hi.eq(lo + (Const(1, 1) << self.i_lvl))]
+        # Stage 1: masked products.
+        prods = []
+        for i in range(W):
+            p = Signal(signed(pbits), name=f"prod_{i}")
+            take = (i < self.i_nlanes) & (i >= lo) & (i < hi)
+            m.d.sync += p.eq(Mux(take, self.i_w[i] * self.i_a[i], 0))
+            prods.append(p)
+        ctrl = Cat(self.i_valid, self.i_first, self.i_last, self.i_tag)
+        c = Signal(len(ctrl), name="ctrl_1")
+        m.d.sync += c.eq(ctrl)
+        # Adder tree, a register after every two levels.
+        level, width = prods, pbits
+        depth = 0
+        while len(level) > 1:
+            width += 1
+            nxt = []
+            for k in range(0, len(level), 2):
+                s = Signal(signed(width), name=f"sum_{depth}_{k // 2}")
+                pair = level[k:k + 2]
+                expr = pair[0] + pair[1] if len(pair) == 2 else pair[0]
+                if depth % 2:
+                    m.d.sync += s.eq(expr)
+                else:
+                    m.d.comb += s.eq(expr)
+                nxt.append(s)
+            level = nxt
+            if depth % 2:
+                c2 = Signal(len(ctrl), name=f"ctrl_t{depth}")
+                m.d.sync += c2.eq(c)
+                c = c2
+            depth += 1
+        total = level[0]
+        if depth % 2:                               # an odd number of levels: register the last one
+            t2 = Signal(signed(width), name="sum_out")
+            m.d.sync += t2.eq(total)
+            total = t2
+            c2 = Signal(len(ctrl), name="ctrl_tout")
+            m.d.sync += c2.eq(c)
+            c = c2
+        if depth == 0:                              # W == 1
+            t2 = Signal(signed(width), name="sum_out")
+            m.d.sync += t2.eq(total)
+            total = t2
+            c2 = Signal(len(ctrl), name="ctrl_tout")
+            m.d.sync += c2.eq(c)
+            c = c2
+        valid, first, last, tag = c[0], c[1], c[2], c[3:]
+        # Segment accumulation.
+        acc = Signal(signed(cfg.acc_bits))
+        nxt = Signal(signed(cfg.acc_bits))
+        m.d.comb += nxt.eq(Mux(first, total, acc + total))
+        with m.If(valid):
+            m.d.sync += acc.eq(nxt)
+        m.d.sync += [self.o_valid.eq(valid & last), self.o_isum.eq(nxt), self.o_tag.eq(tag)]
+        return m
+
+
+def decoded_shapes(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dict:
+    """The decoded command: every quantity the ports derive from it (`CommandDecoder`'s outputs)."""
+    W = cfg.weights_per_beat
+    return {
+        "cmd": command_layout(cfg),
+        "lseg": range(32),                 # log2 segment
+        "lvl": range(_log2(W) + 1),        # log2 of the sub-sum width: min(lseg, log2 W)
+        "subs": range(W + 1),              # sub-sums per beat (W >> lvl)
+        "lspb": range(32),                 # log2 beats per segment: max(lseg - log2 W, 0)
+        "nseg": range(max_segments + 1),   # segments per row
+        "groups": range(max_segments + 1), # scale groups per row
+        "gshift": range(32),               # segment index -> group index shift
+        "eshift": range(32),               # segment index -> activation block shift
+        "rowbytes": unsigned(16),
+        "nwb": range(max_cols // W + 2),   # beats per row
+        "bad": 1,
+    }
+
+
+class CommandDecoder(wiring.Component):
+    """Derives, in one registered step, every quantity the ports need from a command, and validates it.
+
+    Members
+    -------
+    i_cmd : In(command_layout) (a plain value, sampled when `i_load` is high)
+    i_load : In(1)
+    o_* : the decoded fields (registered), `o_bad` when the command cannot run: rows or cols 0, cols
+        above `max_cols`, more segments or groups per row than `max_segments`, or `sparse`.
+    """
+
+    def __init__(self, cfg: HardwareConfig, max_cols: int, max_segments: int):
+        self._cfg, self._max_cols, self._max_segments = cfg, max_cols, max_segments
+        W, B = cfg.weights_per_beat, cfg.bytes_per_beat
+        super().__init__({"i_cmd": In(command_layout(cfg)), "i_load": In(1),
+                          **{f"o_{k}": Out(v) for k, v in decoded_shapes(cfg, max_cols, max_segments).items()}})
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._cfg
+        W, B = cfg.weights_per_beat, cfg.bytes_per_beat
+        lW, lblk = _log2(W), _log2(cfg.act_block)
+        c = self.i_cmd
+        lg = c.log2_group
+        lseg = Mux(lg < lblk, lg, lblk)
+        nseg = Signal(17)
+        groups = Signal(17)
+        rowbytes = Signal(16)
+        m.d.comb += [
+            nseg.eq((c.cols + (Const(1, 17) << lseg) - 1) >> lseg),
+            groups.eq((c.cols + (Const(1, 32) << lg)[:17] - 1) >> lg),
+            rowbytes.eq((c.cols + 1) >> 1),
+        ]
+        bad = ((c.rows == 0) | (c.cols == 0) | (c.cols > self._max_cols) | (nseg > self._max_segments) |
+               c.sparse | (lg > 16))
+        with m.If(self.i_load):
+            m.d.sync += [
+                self.o_cmd.eq(c), self.o_lseg.eq(lseg),
+                self.o_lvl.eq(Mux(lseg < lW, lseg, lW)), self.o_subs.eq(W >> Mux(lseg < lW, lseg, lW)),
+                self.o_lspb.eq(Mux(lseg > lW, lseg - lW, 0)),
+                self.o_nseg.eq(nseg), self.o_groups.eq(groups),
+                self.o_gshift.eq(lg - lseg), self.o_eshift.eq(lblk - lseg),
+                self.o_rowbytes.eq(rowbytes), self.o_nwb.eq((rowbytes + B - 1) >> _log2(B)),
+                self.o_bad.eq(bad),
+            ]
+        return m
+
+
+def _delay(m, value, n, name):
+    """`value` delayed by `n` register stages."""
+    for k in range(n):
+        r = Signal(len(value), name=f"{name}_d{k}")
+        m.d.sync += r.eq(value)
+        value = r
+    return value
+
+
+class GemvPort(wiring.Component):
+    """One weight port of the engine: tile sequencer, read DMA, front end (scales, MACs), double-buffered
+    isum and scale banks, binary32 back end and a result FIFO. Port `index` of `ports` takes tiles
+    ``index, index + ports, ...``.
+
+    Members
+    -------
+    axi : Out(AxiReadSignature)
+    i_start : In(1)  (one cycle; the decoded command is stable until the port is idle)
+    dec : In(the decoder's outputs)
+    i_act / i_exp : activation and exponent memory writes
+    o_res : Out(stream(32)): this port's row results, in its row order
+    o_idle, o_error : Out(1)
+    """
+
+    def __init__(self, cfg: HardwareConfig, index: int, *, max_cols: int, max_segments: int, tile_rows: int):
+        self._cfg, self._index = cfg, index
+        self._max_cols, self._max_segments, self._T = max_cols, max_segments, tile_rows
+        W = cfg.weights_per_beat
+        super().__init__({
+            "axi": Out(AxiReadSignature.from_config(cfg)),
+            "i_start": In(1),
+            "dec": In(wiring.Signature({k: Out(v) for k, v in decoded_shapes(cfg, max_cols, max_segments).items()})),
+            "i_act_en": In(1), "i_act_addr": In(range(max_cols // W)),
+            "i_act_q": In(data.ArrayLayout(signed(cfg.act_bits), W)),
+            "i_exp_en": In(1), "i_exp_addr": In(range(max(1, max_cols // cfg.act_block))),
+            "i_exp_e": In(signed(EXP_BITS)),
+            "o_res": Out(stream.Signature(unsigned(32))),
+            "o_idle": Out(1), "o_error": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg, T, N = self._cfg, self._T, cfg_ports(self._cfg)
+        W, B = cfg.weights_per_beat, cfg.bytes_per_beat
+        S = self._max_segments
+        lS, lT = _log2(S), _log2(T)
+        d = self.dec
+        ab = cfg.axi_addr_bits
+        p = self._index
+
+        m.submodules.dma = dma = AxiReadDma(cfg, len_bits=LEN_BITS)
+        wiring.connect(m, wiring.flipped(self.axi), dma.axi)
+        m.d.comb += self.o_error.eq(dma.o_error)
+
+        # --- memories ----------------------------------------------------------------------------------
+        m.submodules.act_mem = act_mem = Memory(shape=data.ArrayLayout(signed(cfg.act_bits), W),
+                                                depth=self._max_cols // W, init=[])
+        act_w, act_r = act_mem.write_port(), act_mem.read_port()
+        m.d.comb += [act_w.en.eq(self.i_act_en), act_w.addr.eq(self.i_act_addr), act_w.data.eq(self.i_act_q)]
+        nblk = max(1, self._max_cols // cfg.act_block)
+        m.submodules.exp_mem = exp_mem = Memory(shape=signed(EXP_BITS), depth=nblk, init=[])
+        exp_w, exp_r = exp_mem.write_port(), exp_mem.read_port()
+        m.d.comb += [exp_w.en.eq(self.i_exp_en), exp_w.addr.eq(self.i_exp_addr), exp_w.data.eq(self.i_exp_e)]
+        # isum banks: [bank, t, s]; scale banks: [bank, halfword t * groups + g] in beat-wide words.
+        m.submodules.isum_mem = isum_mem = Memory(shape=signed(cfg.acc_bits), depth=2 * T * S, init=[])
+        isum_w, isum_r = isum_mem.write_port(), isum_mem.read_port()
+        hpw = B // 2                                # binary16 scales per beat
+        swords = max(1, T * S // hpw)
+        m.submodules.scale_mem = scale_mem = Memory(shape=unsigned(8 * B), depth=2 * swords, init=[])
+        scale_w, scale_r = scale_mem.write_port(), scale_mem.read_port()
+
+        # Bank states: FREE -> FILLING (front end) -> FULL (last isum written) -> FREE (back end done).
+        FREE, FILLING, FULL = 0, 1, 2
+        bank_state = [Signal(2, name=f"bank{b}_state") for b in range(2)]
+        bank_rows = [Signal(range(T + 1), name=f"bank{b}_rows") for b in range(2)]
+
+        # --- tile sequencer: DMA commands ---------------------------------------------------------------
+        rows = d.cmd.rows
+        g2 = Signal(17 + 1)                          # scale bytes per row
+        m.d.comb += g2.eq(d.groups << 1)
+        seq_active = Signal()
+        seq_left = Signal(signed(22))                # rows left from this tile on
+        seq_t = Signal(range(T + 1))                 # T: the scale transfer comes next
+        seq_waddr = Signal(ab)
+        seq_saddr = Signal(ab)
+        seq_trows = Signal(range(T + 1))
+        m.d.comb += seq_trows.eq(Mux(seq_left < T, seq_left, T))
+        cmd = dma.i_cmd
+        m.d.comb += cmd.valid.eq(seq_active)
+        with m.If(seq_t == T):
+            m.d.comb += [cmd.p.addr.eq(seq_saddr), cmd.p.nbytes.eq(seq_trows * g2)]
+        with m.Else():
+            m.d.comb += [cmd.p.addr.eq(seq_waddr), cmd.p.nbytes.eq(d.rowbytes)]
+        with m.If(self.i_start):
+            left = rows.as_signed() - p * T
+            m.d.sync += [seq_left.eq(left), seq_active.eq(left > 0), seq_t.eq(T),
+                         seq_waddr.eq(d.cmd.wbase + d.rowbytes * (p * T)),
+                         seq_saddr.eq(d.cmd.sbase + g2 * (p * T))]
+        with m.Elif(cmd.valid & cmd.ready):
+            with m.If(seq_t == T):
+                m.d.sync += seq_t.eq(0)
+            with m.Elif(seq_t == seq_trows - 1):
+                m.d.sync += [seq_t.eq(T), seq_left.eq(seq_left - N * T),
+                             seq_waddr.eq(seq_waddr + d.rowbytes * ((N - 1) * T + 1)),
+                             seq_saddr.eq(seq_saddr + g2 * (N * T))]
+                with m.If(seq_left <= N * T):
+                    m.d.sync += seq_active.eq(0)
+            with m.Else():
+                m.d.sync += [seq_t.eq(seq_t + 1), seq_waddr.eq(seq_waddr + d.rowbytes)]
+
+        # --- front end ----------------------------------------------------------------------------------
+        fe_active = Signal()
+        fe_left = Signal(signed(22))
+        fe_bank = Signal()
+        fe_scale = Signal()                          # in the scale phase of a tile
+        fe_wait = Signal()                           # waiting for the bank to be free
+        fe_beat = Signal(range(self._max_cols // W + 2))   # beat within the phase (scale word or row beat)
+        fe_t = Signal(range(T))
+        fe_sel = Signal(range(W))
+        fe_trows = Signal(range(T + 1))
+        m.d.comb += fe_trows.eq(Mux(fe_left < T, fe_left, T))
+        nsb = Signal(range(T * S + 2))               # scale beats of this tile
+        m.d.comb += nsb.eq((fe_trows * g2 + B - 1) >> _log2(B))
+        beat = dma.o_data
+        row_phase = fe_active & ~fe_wait & ~fe_scale
+        last_sel = fe_sel == d.subs - 1
+        last_beat = fe_beat == d.nwb - 1
+        last_row = fe_t == fe_trows - 1
+        with m.If(self.i_start):
+            left = rows.as_signed() - p * T
+            m.d.sync += [fe_left.eq(left), fe_active.eq(left > 0), fe_bank.eq(0), fe_wait.eq(1),
+                         fe_scale.eq(1), fe_beat.eq(0), fe_t.eq(0), fe_sel.eq(0)]
+        with m.If(fe_active & fe_wait & (Mux(fe_bank, bank_state[1], bank_state[0]) == FREE)):
+            m.d.sync += fe_wait.eq(0)
+            for b in range(2):
+                with m.If(fe_bank == b):
+                    m.d.sync += [bank_state[b].eq(FILLING), bank_rows[b].eq(fe_trows)]
+        # Scale beats straight into the bank.
+        with m.If(fe_active & ~fe_wait & fe_scale):
+            m.d.comb += [beat.ready.eq(1), scale_w.addr.eq(Cat(fe_beat[:_log2(swords)], fe_bank)),
+                         scale_w.data.eq(beat.p.data), scale_w.en.eq(beat.valid)]
+            with m.If(beat.valid):
+                m.d.sync += fe_beat.eq(fe_beat + 1)
+                with m.If(fe_beat == nsb - 1):
+                    m.d.sync += [fe_scale.eq(0), fe_beat.eq(0)]
+        # Weight beats: the beat is presented `subs` times (once when a segment spans whole beats).
+        mac_valid = Signal()
+        with m.If(row_phase):
+            m.d.comb += [beat.ready.eq(last_sel), mac_valid.eq(beat.valid)]
+        m.d.comb += act_r.addr.eq(fe_beat)
+        tile_end = Signal()
+        with m.If(mac_valid):
+            m.d.sync += fe_sel.eq(fe_sel + 1)
+            with m.If(last_sel):
+                m.d.sync += [fe_sel.eq(0), fe_beat.eq(fe_beat + 1)]
+                with m.If(last_beat):
+                    m.d.sync += [fe_beat.eq(0), fe_t.eq(fe_t + 1)]
+                    with m.If(last_row):
+                        m.d.comb += tile_end.eq(1)
+                        m.d.sync += [fe_t.eq(0), fe_bank.eq(~fe_bank), fe_wait.eq(1), fe_scale.eq(1),
+                                     fe_left.eq(fe_left - N * T)]
+                        with m.If(fe_left <= N * T):
+                            m.d.sync += fe_active.eq(0)
+        # Segment bookkeeping of this beat/pass.
+        spb_mask = Signal(range(self._max_cols + 1))
+        m.d.comb += spb_mask.eq((Const(1, 16) << d.lspb) - 1)
+        seg_idx = Signal(range(2 * self._max_cols + 1))
+        sub_shift = Signal(range(_log2(W) + 1))
+        m.d.comb += sub_shift.eq(_log2(W) - d.lvl)
+        with m.If(d.lvl < _log2(W)):
+            m.d.comb += seg_idx.eq((fe_beat << sub_shift) + fe_sel)
+        with m.Else():
+            m.d.comb += seg_idx.eq(fe_beat >> d.lspb)
+        nl = Signal(range(self._max_cols + W + 1))
+        m.d.comb += nl.eq(d.cmd.cols - (fe_beat << _log2(W)))
+        seg_first = (fe_beat & spb_mask) == 0
+        seg_last = ((fe_beat & spb_mask) == spb_mask) | last_beat
+        sub_live = (fe_sel << d.lvl) < nl            # a sub-segment that starts before the row's end
+
+        # Stage f1: the beat and control, registered while the activation word is read.
+        m.submodules.mac = mac = SegmentMac(cfg, tag_bits=1 + lT + lS)
+        f1 = Signal(data.StructLayout({
+            "valid": 1, "w": 8 * B, "nl": range(W + 1), "sel": range(W), "first": 1, "last": 1,
+            "addr": 1 + lT + lS}))
+        m.d.sync += [
+            f1.valid.eq(mac_valid & sub_live), f1.w.eq(beat.p.data),
+            f1.nl.eq(Mux(nl > W, W, nl)), f1.sel.eq(fe_sel),
+            f1.first.eq(seg_first | (d.lvl < _log2(W))), f1.last.eq(seg_last | (d.lvl < _log2(W))),
+            f1.addr.eq(Cat(seg_idx[:lS], fe_t, fe_bank)),
+        ]
+        m.d.comb += [
+            mac.i_valid.eq(f1.valid), mac.i_first.eq(f1.first), mac.i_last.eq(f1.last),
+            mac.i_w.eq(f1.w), mac.i_a.eq(act_r.data), mac.i_nlanes.eq(f1.nl), mac.i_lvl.eq(d.lvl),
+            mac.i_sel.eq(f1.sel), mac.i_tag.eq(f1.addr),
+        ]
+        m.d.comb += [isum_w.en.eq(mac.o_valid), isum_w.addr.eq(mac.o_tag), isum_w.data.eq(mac.o_isum)]
+        # The tile's bank is full once its last segment sum has left the MAC pipeline.
+        end_d = _delay(m, Cat(tile_end, fe_bank), 1 + mac.latency, "tile_end")
+        with m.If(end_d[0]):
+            for b in range(2):
+                with m.If(end_d[1] == b):
+                    m.d.sync += bank_state[b].eq(FULL)
+
+        # --- back end -----------------------------------------------------------------------------------
+        fadd = FpAdd()
+        fmul, itof, f16, ldx = FpMul(), IntToFp(cfg.acc_bits), F16ToF32(), FpLdexp(EXP_BITS)
+        m.submodules += [fadd, fmul, itof, f16, ldx]
+        assert T > fadd.latency, f"tile_rows ({T}) must exceed the FpAdd latency ({fadd.latency})"
+        depth = 2 * T
+        m.submodules.res = res = fifo.SyncFIFOBuffered(width=32, depth=depth)
+        reserved = Signal(range(depth + 1))
+        be_active = Signal()
+        be_bank = Signal()
+        be_s = Signal(range(S + 1))
+        be_t = Signal(range(T))
+        be_trows = Signal(range(T + 1))
+        be_gbase = Signal(range(T * S + 1))          # t * groups
+        full = Mux(be_bank, bank_state[1], bank_state[0]) == FULL
+        with m.If(self.i_start):
+            m.d.sync += [be_bank.eq(0), be_active.eq(0)]
+        with m.Elif(~be_active & full & (res.level + reserved + T <= depth)):
+            m.d.sync += [be_active.eq(1), be_s.eq(0), be_t.eq(0), be_gbase.eq(0),
+                         be_trows.eq(Mux(be_bank, bank_rows[1], bank_rows[0]))]
+        # Issue stage: read isum, scale, exponent.
+        sidx = Signal(range(2 * T * S + 1))
+        m.d.comb += [
+            sidx.eq(be_gbase + (be_s >> d.gshift)),
+            isum_r.addr.eq(Cat(be_s[:lS], be_t, be_bank)),
+            scale_r.addr.eq(Cat((sidx >> _log2(hpw))[:_log2(swords)], be_bank)),
+            exp_r.addr.eq(be_s >> d.eshift),
+        ]
+        issue = be_active
+        first, last = be_s == 0, be_s == d.nseg - 1
+        with m.If(issue):
+            m.d.sync += [be_t.eq(be_t + 1), be_gbase.eq(be_gbase + d.groups)]
+            with m.If(be_t == T - 1):
+                m.d.sync += [be_t.eq(0), be_gbase.eq(0), be_s.eq(be_s + 1)]
+                with m.If(last):
+                    m.d.sync += [be_active.eq(0), be_bank.eq(~be_bank)]
+                    for b in range(2):
+                        with m.If(be_bank == b):
+                            m.d.sync += bank_state[b].eq(FREE)
+        with m.If(self.i_start):
+            for b in range(2):
+                m.d.sync += bank_state[b].eq(FREE)
+        tag = Cat(issue & (be_t < be_trows), first, last, be_t)
+        # b1: memory data arrives.
+        tag1, half1 = Signal(len(tag)), Signal(range(hpw))
+        m.d.sync += [tag1.eq(tag), half1.eq(sidx[:_log2(hpw)] if hpw > 1 else 0)]
+        scale_half = scale_r.data.word_select(half1, 16) if hpw > 1 else scale_r.data[:16]
+        m.d.comb += [itof.en.eq(1), f16.en.eq(1), fmul.en.eq(1), ldx.en.eq(1), fadd.en.eq(1),
+                     itof.i_valid.eq(tag1[0]), itof.i_a.eq(isum_r.data),
+                     f16.i_valid.eq(tag1[0]), f16.i_a.eq(scale_half)]
+
+        l_conv = max(itof.latency, f16.latency)
+        a_i = _delay(m, itof.o_y, l_conv - itof.latency, "itof")
+        b_s = _delay(m, f16.o_y, l_conv - f16.latency, "f16")
+        tag2 = _delay(m, tag1, l_conv, "tag_conv")
+        m.d.comb += [fmul.i_valid.eq(tag2[0]), fmul.i_a.eq(a_i), fmul.i_b.eq(b_s)]
+        e1 = Signal(signed(EXP_BITS))
+        m.d.comb += e1.eq(exp_r.data)
+        e_at_ldx = _delay(m, e1, l_conv + fmul.latency, "exp")
+        tag3 = _delay(m, tag2, fmul.latency, "tag_mul")
+        m.d.comb += [ldx.i_valid.eq(tag3[0]), ldx.i_a.eq(fmul.o_y), ldx.i_b.eq(e_at_ldx)]
+        tag4 = _delay(m, tag3, ldx.latency, "tag_ldx")
+        # In-order accumulation: y[t] = (first ? -0 : y[t]) + part.
+        y = [Signal(32, name=f"y_{t}") for t in range(T)]
+        t4 = tag4[3:]
+        y_t = Signal(32)
+        m.d.comb += y_t.eq(Mux(tag4[1], NEG_ZERO, Cat(*y).word_select(t4, 32)))
+        m.d.comb += [fadd.i_valid.eq(tag4[0]), fadd.i_a.eq(y_t), fadd.i_b.eq(ldx.o_y)]
+        tag5 = _delay(m, tag4, fadd.latency, "tag_add")
+        with m.If(fadd.o_valid):
+            for t in range(T):
+                with m.If(tag5[3:] == t):
+                    m.d.sync += y[t].eq(fadd.o_y)
+        push = fadd.o_valid & tag5[2]
+        m.d.comb += [res.w_en.eq(push), res.w_data.eq(fadd.o_y)]
+        with m.If(self.i_start):
+            m.d.sync += reserved.eq(0)
+        with m.Else():
+            m.d.sync += reserved.eq(reserved + Mux(~be_active & full & (res.level + reserved + T <= depth),
+                                                    Mux(be_bank, bank_rows[1], bank_rows[0]), 0) - push)
+        m.d.comb += [self.o_res.valid.eq(res.r_rdy), self.o_res.p.eq(res.r_data), res.r_en.eq(self.o_res.ready)]
+        m.d.comb += self.o_idle.eq(~seq_active & ~fe_active & ~be_active & (reserved == 0) &
+                                   (bank_state[0] == FREE) & (bank_state[1] == FREE) & ~dma.o_busy)
+        return m
+
+
+def cfg_ports(cfg: HardwareConfig) -> int:
+    return cfg.axi_ports
+
+
+class GemvEngine(wiring.Component):
+    """The GEMV engine with its N AXI4 read masters (docs/gemv.md).
+
+    Parameters
+    ----------
+    cfg : HardwareConfig
+    max_cols : int, optional
+        Activation memory size (default `default_max_cols`).
+    tile_rows : int, optional
+        Rows per tile (T): a power of two above the FpAdd latency (default: the smallest such).
+
+    Members
+    -------
+    i_cmd : In(stream(command_layout)): accepted when the engine is idle.
+    i_act : In(stream({addr, q})): activation words (W INT8 values, columns ``addr*W ..``); always ready.
+    i_exp : In(stream({addr, e})): the exponent of activation block `addr`; always ready.
+    i_acc : In(stream(32)): with accm, the old binary32 values, in row order.
+    o_y : Out(stream(32)): the binary32 results, in row order.
+    m_axi<p> : Out(AxiReadSignature) for each port p.
+    o_busy, o_error (a DMA read error, sticky), o_bad_cmd (a rejected command, sticky) : Out(1)
+
+    The activation words and exponents must be written before the command and not while it runs.
+    """
+
+    def __init__(self, cfg: HardwareConfig, *, max_cols: int | None = None, tile_rows: int | None = None):
+        try:
+            max_cols, tile_rows = self._check(cfg, max_cols, tile_rows)
+        except (TypeError, ValueError):
+            self._MustUse__silence = True    # never built: no "created but never used" warning
+            raise
+        W = cfg.weights_per_beat
+        seg_min = min(cfg.act_block, cfg.weight_group or cfg.act_block)
+        self._cfg, self._max_cols, self._T = cfg, max_cols, tile_rows
+        self._max_segments = max(1, max_cols // seg_min)
+        members = {
+            "i_cmd": In(stream.Signature(command_layout(cfg))),
+            "i_act": In(stream.Signature(data.StructLayout({
+                "addr": range(max_cols // W), "q": data.ArrayLayout(signed(cfg.act_bits), W)}))),
+            "i_exp": In(stream.Signature(data.StructLayout({
+                "addr": range(max(2, max_cols // cfg.act_block)), "e": signed(EXP_BITS)}))),
+            "i_acc": In(stream.Signature(unsigned(32))),
+            "o_y": Out(stream.Signature(unsigned(32))),
+            "o_busy": Out(1), "o_error": Out(1), "o_bad_cmd": Out(1),
+        }
+        for p in range(cfg.axi_ports):
+            members[f"m_axi{p}"] = Out(AxiReadSignature.from_config(cfg))
+        super().__init__(members)
+
+    @staticmethod
+    def _check(cfg, max_cols, tile_rows):
+        W = cfg.weights_per_beat
+        max_cols = default_max_cols(cfg) if max_cols is None else max_cols
+        if isinstance(max_cols, bool) or not isinstance(max_cols, int) or max_cols < W or max_cols & (max_cols - 1):
+            raise ValueError(f"max_cols must be a power of two of at least {W}, not {max_cols!r}")
+        probe = FpAdd()
+        lat = probe.latency
+        probe._MustUse__silence = True       # only asked for its latency
+        if tile_rows is None:
+            tile_rows = 1 << lat.bit_length()
+        if isinstance(tile_rows, bool) or not isinstance(tile_rows, int) or tile_rows <= lat or \
+                tile_rows & (tile_rows - 1):
+            raise ValueError(f"tile_rows must be a power of two above the FpAdd latency ({lat}), not {tile_rows!r}")
+        if cfg.act_block > max_cols:
+            raise ValueError(f"act_block ({cfg.act_block}) exceeds max_cols ({max_cols})")
+        return max_cols, tile_rows
+
+    cfg = property(lambda self: self._cfg)
+    max_cols = property(lambda self: self._max_cols)
+    tile_rows = property(lambda self: self._T)
+    max_segments = property(lambda self: self._max_segments)
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg, T, N = self._cfg, self._T, self._cfg.axi_ports
+        m.submodules.dec = dec = CommandDecoder(cfg, self._max_cols, self._max_segments)
+        ports = []
+        for p in range(N):
+            port = GemvPort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments, tile_rows=T)
+            m.submodules[f"port{p}"] = port
+            ports.append(port)
+            wiring.connect(m, wiring.flipped(getattr(self, f"m_axi{p}")), port.axi)
+            for name in port.dec.signature.members:
+                m.d.comb += getattr(port.dec, name).eq(getattr(dec, f"o_{name}"))
+            m.d.comb += [
+                port.i_act_en.eq(self.i_act.valid), port.i_act_addr.eq(self.i_act.p.addr),
+                port.i_act_q.eq(self.i_act.p.q),
+                port.i_exp_en.eq(self.i_exp.valid), port.i_exp_addr.eq(self.i_exp.p.addr),
+                port.i_exp_e.eq(self.i_exp.p.e),
+            ]
+        m.d.comb += [self.i_act.ready.eq(1), self.i_exp.ready.eq(1)]
+        m.d.comb += self.o_error.eq(Cat(*[p.o_error for p in ports]).any())
+
+        # Command: accept when idle, decode (one cycle), then start the ports unless it is bad.
+        busy = Signal()
+        decoding = Signal()
+        m.d.comb += [self.i_cmd.ready.eq(~busy), dec.i_cmd.eq(self.i_cmd.p),
+                     dec.i_load.eq(self.i_cmd.valid & ~busy)]
+        start = Signal()
+        m.d.sync += decoding.eq(self.i_cmd.valid & ~busy)
+        with m.If(self.i_cmd.valid & ~busy):
+            m.d.sync += busy.eq(1)
+        with m.If(decoding):
+            with m.If(dec.o_bad):
+                m.d.sync += [self.o_bad_cmd.eq(1), busy.eq(0)]
+            with m.Else():
+                m.d.comb += start.eq(1)
+        for port in ports:
+            m.d.comb += port.i_start.eq(start)
+
+        # Merge in row order: tile j comes from port j mod N.
+        out_left = Signal(21)         # rows not yet issued to the output adder
+        mt_port = Signal(range(N))
+        mt_cnt = Signal(range(T))
+        fadd = FpAdd()
+        m.submodules.accm_add = fadd
+        m.submodules.out = out = fifo.SyncFIFOBuffered(width=32, depth=fadd.latency + 4)
+        inflight = Signal(range(fadd.latency + 2))
+        heads = [p.o_res for p in ports]
+        head_valid = Signal()
+        head_data = Signal(32)
+        for k, h in enumerate(heads):
+            with m.If(mt_port == k):
+                m.d.comb += [head_valid.eq(h.valid), head_data.eq(h.p)]
+        accm = dec.o_cmd.accm
+        can = (out_left != 0) & head_valid & (~accm | self.i_acc.valid) & (out.level + inflight < out.depth)
+        for k, h in enumerate(heads):
+            m.d.comb += h.ready.eq(can & (mt_port == k))
+        m.d.comb += [self.i_acc.ready.eq(can & accm), fadd.en.eq(1), fadd.i_valid.eq(can),
+                     fadd.i_a.eq(Mux(accm, self.i_acc.p, NEG_ZERO)), fadd.i_b.eq(head_data),
+                     out.w_en.eq(fadd.o_valid), out.w_data.eq(fadd.o_y)]
+        m.d.sync += inflight.eq(inflight + can - fadd.o_valid)
+        with m.If(start):
+            m.d.sync += [out_left.eq(dec.o_cmd.rows), mt_port.eq(0), mt_cnt.eq(0)]
+        with m.Elif(can):
+            m.d.sync += [out_left.eq(out_left - 1), mt_cnt.eq(mt_cnt + 1)]
+            with m.If(mt_cnt == T - 1):
+                m.d.sync += [mt_cnt.eq(0), mt_port.eq(Mux(mt_port == N - 1, 0, mt_port + 1))]
+        done = (out_left == 0) & (inflight == 0) & ~start & ~decoding & \
+            Cat(*[p.o_idle for p in ports]).all()
+        with m.If(busy & ~decoding & done):
+            m.d.sync += busy.eq(0)
+        m.d.comb += [self.o_y.valid.eq(out.r_rdy), self.o_y.p.eq(out.r_data), out.r_en.eq(self.o_y.ready)]
+        m.d.comb += self.o_busy.eq(busy)
+        return m

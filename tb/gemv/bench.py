@@ -1,0 +1,178 @@
+"""Shared driver of the GEMV engine bench and the benchmark: lays a case out in DDR like `firmware.pack`
+(row-major INT4 rows of ceil(cols/2) bytes, row-major binary16 scales), loads the activations, issues
+the command, streams `i_acc`, collects `o_y` and counts cycles.
+
+Every port gets its own `LatencyAxiReadRam` holding the same DDR image (the HP ports of the KV260 all
+see the same DDR).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import cocotb
+import numpy as np
+from cocotb.clock import Clock
+from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
+from cocotbext.axi import AxiReadBus
+
+from hdl.config import HardwareConfig
+from hdl.gemv import EXP_BITS, command_layout
+from sim.numerics import gemv, pack_int4
+from tb.axi.memory import LatencyAxiReadRam
+from tb.axi.streams import StreamSink, StreamSource, pauses
+
+
+def pack_fields(layout, **values) -> int:
+    """The integer a `data.StructLayout` payload port carries for these field values."""
+    word = 0
+    for name, field in layout:
+        v = int(values.get(name, 0))
+        word |= (v & ((1 << field.width) - 1)) << field.offset
+    return word
+
+
+@dataclass
+class Case:
+    q_w: np.ndarray          # int8 [rows, cols]
+    scale: np.ndarray        # float16 [rows, groups]
+    q_a: np.ndarray          # int8 [cols]
+    e_a: np.ndarray          # int32 [blocks]
+    group: int
+    acc: np.ndarray | None = None   # float32 [rows] (accm)
+    w_offset: int = 0        # extra byte offset of the weights (alignment tests)
+    s_offset: int = 0
+
+    @property
+    def rows(self):
+        return self.q_w.shape[0]
+
+    @property
+    def cols(self):
+        return self.q_w.shape[1]
+
+    def expected(self, block):
+        return gemv(self.q_w, self.scale, self.q_a, self.e_a, group=self.group, block=block, acc=self.acc)
+
+    def weight_bytes(self) -> bytes:
+        q = self.q_w
+        if q.shape[1] % 2:
+            q = np.pad(q, ((0, 0), (0, 1)))
+        return pack_int4(q).tobytes()
+
+    def scale_bytes(self) -> bytes:
+        return self.scale.astype("<f2").tobytes()
+
+
+class GemvBench:
+    def __init__(self, dut, cfg: HardwareConfig, *, mem_size: int, seed: int = 0, latency: int = 0,
+                 jitter: int = 0, p_stall: float = 0.0, max_cols: int):
+        self.dut, self.cfg, self.max_cols = dut, cfg, max_cols
+        self.rng = random.Random(seed)
+        self.mem_size = mem_size
+        cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+        self.rams = []
+        for p in range(cfg.axi_ports):
+            r = random.Random(seed * 100 + p)
+            self.rams.append(LatencyAxiReadRam(
+                AxiReadBus.from_prefix(dut, f"m_axi{p}", bus_separator="__"), dut.clk, size=mem_size,
+                latency=latency, jitter=jitter, max_outstanding=cfg.axi_max_outstanding, rng=r,
+                ar_pause=pauses(random.Random(r.random()), p_stall) if p_stall else None,
+                r_pause=pauses(random.Random(r.random()), p_stall) if p_stall else None))
+        self.cmd = StreamSource(dut, "i_cmd", dut.clk)
+        self.act = StreamSource(dut, "i_act", dut.clk)
+        self.exp = StreamSource(dut, "i_exp", dut.clk)
+        self.acc = StreamSource(dut, "i_acc", dut.clk, rng=random.Random(seed + 7), p_idle=p_stall)
+        self.out = StreamSink(dut, "o_y", dut.clk, rng=random.Random(seed + 8), p_stall=p_stall)
+        self.cycle = 0
+        cocotb.start_soon(self._count())
+        cocotb.start_soon(self.out.run())
+
+    async def _count(self):
+        while True:
+            await RisingEdge(self.dut.clk)
+            self.cycle += 1
+
+    async def reset(self):
+        self.dut.rst.value = 1
+        for _ in range(3):
+            await FallingEdge(self.dut.clk)
+        self.dut.rst.value = 0
+        await FallingEdge(self.dut.clk)
+
+    def write(self, addr: int, data: bytes):
+        for ram in self.rams:
+            ram.write(addr, data)
+
+    async def load_activations(self, q_a: np.ndarray, e_a: np.ndarray):
+        cfg, W = self.cfg, self.cfg.weights_per_beat
+        act_layout = self.dut_layouts()["act"]
+        exp_layout = self.dut_layouts()["exp"]
+        q = np.pad(q_a.astype(np.int8), (0, -len(q_a) % W)).reshape(-1, W)
+        words = [pack_fields(act_layout, addr=k, q=int.from_bytes(row.tobytes(), "little")) for k, row in enumerate(q)]
+        await self.act.send(words)
+        await self.exp.send([pack_fields(exp_layout, addr=k, e=int(e) & ((1 << EXP_BITS) - 1))
+                             for k, e in enumerate(e_a)])
+
+    def dut_layouts(self):
+        from amaranth import signed
+        from amaranth.lib import data
+        W = self.cfg.weights_per_beat
+        return {
+            "act": data.StructLayout({"addr": range(self.max_cols // W),
+                                      "q": data.ArrayLayout(signed(self.cfg.act_bits), W)}),
+            "exp": data.StructLayout({"addr": range(max(2, self.max_cols // self.cfg.act_block)),
+                                      "e": signed(EXP_BITS)}),
+        }
+
+    def place(self, case: Case, base: int) -> tuple[int, int]:
+        """Write the case's weights and scales at `base` (+ the case's offsets); returns their addresses."""
+        wb = case.weight_bytes()
+        waddr = base + case.w_offset
+        saddr = -(-(waddr + len(wb)) // 64) * 64 + case.s_offset
+        self.write(waddr, wb)
+        self.write(saddr, case.scale_bytes())
+        assert saddr + len(case.scale_bytes()) <= self.mem_size, "case does not fit the bench memory"
+        return waddr, saddr
+
+    async def run(self, case: Case, *, base: int = 0, sparse: bool = False, timeout: int = 2_000_000):
+        """Runs one GEMV; returns (result float32 [rows], cycles from command acceptance to the last result)."""
+        waddr, saddr = self.place(case, base)
+        await self.load_activations(case.q_a, case.e_a)
+        n0 = len(self.out.items)
+        word = pack_fields(command_layout(self.cfg), wbase=waddr, sbase=saddr, rows=case.rows, cols=case.cols,
+                           log2_group=case.group.bit_length() - 1, accm=case.acc is not None, sparse=sparse)
+        if case.acc is not None:
+            cocotb.start_soon(self.acc.send([int(v) for v in case.acc.astype(np.float32).view(np.uint32)]))
+        await self.cmd.send([word])
+        t0 = self.cycle
+        items = await self.out.wait_for(n0 + case.rows, timeout_cycles=timeout)
+        cycles = self.cycle - t0
+        y = np.array(items[n0:n0 + case.rows], dtype=np.uint32).view(np.float32)
+        for _ in range(20):
+            await FallingEdge(self.dut.clk)
+        assert len(self.out.items) == n0 + case.rows, "the engine produced more results than rows"
+        return y, cycles
+
+
+def random_case(cfg: HardwareConfig, rng: np.random.Generator, rows: int, cols: int, *, group: int | None = None,
+                accm: bool = False, zero_cols: float = 0.1, zero_rows: float = 0.1, e_range=(-20, 8),
+                misalign: bool = False) -> Case:
+    group = group or (cfg.weight_group if cols >= cfg.weight_group else 1 << (cols - 1).bit_length())
+    ng = -(-cols // group)
+    q_w = rng.integers(-8, 8, (rows, cols)).astype(np.int8)
+    q_w[rng.random(rows) < zero_rows] = 0
+    # Any finite binary16 scale: random magnitude (normal and subnormal) and sign, some zeros.
+    scale = (rng.standard_normal((rows, ng)) * np.exp2(rng.integers(-20, 6, (rows, ng)))).astype(np.float16)
+    scale[rng.random((rows, ng)) < 0.05] = 0
+    q_a = rng.integers(-127, 128, cols).astype(np.int8)
+    q_a[rng.random(cols) < zero_cols] = 0
+    nb = -(-cols // cfg.act_block)
+    e_a = rng.integers(e_range[0], e_range[1] + 1, nb).astype(np.int32)
+    acc = (rng.standard_normal(rows) * 100).astype(np.float32) if accm else None
+    if acc is not None:
+        acc[rng.random(rows) < 0.1] = 0
+    return Case(q_w, scale, q_a, e_a, group, acc,
+                w_offset=int(rng.integers(0, 64)) if misalign else 0,
+                s_offset=2 * int(rng.integers(0, 32)) if misalign else 0)

@@ -1,0 +1,172 @@
+"""GEMV engine parts in the Amaranth simulator: INT4 unpack + W4A8 products + exact segment sums
+(`SegmentMac`) against `sim.numerics` unpacking and NumPy integer sums, and the command decoder against the
+contract's segment, group and row arithmetic. The whole engine runs in the cocotb bench (test_gemv_engine.py)."""
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+
+from hdl.config import HardwareConfig
+from hdl.gemv import CommandDecoder, GemvEngine, SegmentMac, command_layout
+from sim.numerics import pack_int4, segment_size, unpack_int4
+
+TINY = HardwareConfig.preset("tiny")
+KV260 = HardwareConfig.preset("kv260")
+
+
+def rtl_segment_mac(cfg, steps):
+    """Runs `steps` (dicts of packed weight bytes, int8 activations, nlanes, lvl, sel, first, last) through
+    SegmentMac; returns the segment sums in output order."""
+    dut = SegmentMac(cfg, tag_bits=8)
+    W = cfg.weights_per_beat
+    got = []
+
+    async def bench(ctx):
+        for k, st in enumerate(steps + [None] * (dut.latency + 1)):
+            if st is None:
+                ctx.set(dut.i_valid, 0)
+            else:
+                ctx.set(dut.i_valid, 1)
+                ctx.set(dut.i_w.as_value(), int.from_bytes(st["w"].tobytes(), "little"))
+                ctx.set(dut.i_a.as_value(), int.from_bytes(st["a"].astype(np.int8).tobytes(), "little"))
+                ctx.set(dut.i_nlanes, st["nl"])
+                ctx.set(dut.i_lvl, st["lvl"])
+                ctx.set(dut.i_sel, st["sel"])
+                ctx.set(dut.i_first, st["first"])
+                ctx.set(dut.i_last, st["last"])
+                ctx.set(dut.i_tag, k & 0xFF)
+            await ctx.tick()
+            if ctx.get(dut.o_valid):
+                got.append(ctx.get(dut.o_isum))
+        assert W == cfg.weights_per_beat
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    return got
+
+
+def ref_segment_mac(cfg, steps):
+    """Independent reference: unpack with sim.numerics, mask the lanes, sum exactly in int64."""
+    out, acc = [], 0
+    for st in steps:
+        w = unpack_int4(st["w"]).astype(np.int64)
+        a = st["a"].astype(np.int64)
+        lo, hi = st["sel"] << st["lvl"], (st["sel"] + 1) << st["lvl"]
+        lanes = np.arange(len(w))
+        take = (lanes < st["nl"]) & (lanes >= lo) & (lanes < hi)
+        s = int(np.sum(w * a * take))
+        acc = s if st["first"] else acc + s
+        if st["last"]:
+            out.append(acc)
+    return out
+
+
+def random_steps(cfg, rng, n, *, w_const=None, a_const=None):
+    W = cfg.weights_per_beat
+    lw = W.bit_length() - 1
+    steps, pos, seg_len = [], 0, 1
+    for _ in range(n):
+        if pos == 0:
+            seg_len = int(rng.integers(1, 5))
+        q = rng.integers(-8, 8, W) if w_const is None else np.full(W, w_const)
+        a = rng.integers(-127, 128, W) if a_const is None else np.full(W, a_const)
+        lvl = lw if rng.random() < 0.7 else int(rng.integers(0, lw + 1))
+        steps.append(dict(w=pack_int4(q), a=a, nl=int(rng.integers(0, W + 1)) if rng.random() < 0.3 else W,
+                          lvl=lvl, sel=int(rng.integers(0, W >> lvl)), first=pos == 0, last=pos == seg_len - 1))
+        pos = (pos + 1) % seg_len
+    steps[-1]["last"] = True
+    return steps
+
+
+@pytest.mark.parametrize("cfg", [TINY, KV260], ids=["tiny", "kv260"])
+def test_segment_mac_random(cfg):
+    rng = np.random.default_rng(5)
+    steps = random_steps(cfg, rng, 300)
+    assert rtl_segment_mac(cfg, steps) == ref_segment_mac(cfg, steps)
+
+
+def test_segment_mac_extremes():
+    """All -8 weights against saturating activations: the largest magnitudes a segment can reach."""
+    rng = np.random.default_rng(6)
+    for a in (127, -127, -128):
+        steps = random_steps(KV260, rng, 40, w_const=-8, a_const=a)
+        got = rtl_segment_mac(KV260, steps)
+        assert got == ref_segment_mac(KV260, steps)
+    long = [dict(w=pack_int4(np.full(32, -8)), a=np.full(32, -128), nl=32, lvl=5, sel=0, first=k == 0,
+                 last=k == 3) for k in range(4)]
+    assert rtl_segment_mac(KV260, long) == [4 * 32 * 1024]   # 128 columns of (-8)(-128)
+
+
+def test_unpack_order_is_low_nibble_first():
+    """Lane 0 of a beat is the low nibble of byte 0: one non-zero weight per lane position."""
+    W = TINY.weights_per_beat
+    for lane in (0, 1, 2, W - 1):
+        q = np.zeros(W, dtype=np.int8)
+        q[lane] = -3
+        a = np.arange(1, W + 1)
+        st = dict(w=pack_int4(q), a=a, nl=W, lvl=4, sel=0, first=True, last=True)
+        assert rtl_segment_mac(TINY, [st]) == [-3 * (lane + 1)]
+
+
+def engine_params(cfg, **kw):
+    eng = GemvEngine(cfg, **kw)
+    eng._MustUse__silence = True          # only its parameters are used here
+    return eng
+
+
+def rtl_decode(cfg, cmd, max_cols, max_segments):
+    dut = CommandDecoder(cfg, max_cols, max_segments)
+    out = {}
+
+    async def bench(ctx):
+        ctx.set(dut.i_cmd, command_layout(cfg).const(cmd))
+        ctx.set(dut.i_load, 1)
+        await ctx.tick()
+        for name in ("lseg", "lvl", "subs", "lspb", "nseg", "groups", "gshift", "eshift", "rowbytes", "nwb", "bad"):
+            out[name] = ctx.get(getattr(dut, f"o_{name}"))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    return out
+
+
+@pytest.mark.parametrize("cfg", [TINY, KV260], ids=["tiny", "kv260"])
+@pytest.mark.parametrize("cols,group", [(2048, 128), (16384, 128), (64, 64), (8, 8), (37, 32), (1, 1), (100, 16),
+                                        (2049, 128)])
+def test_command_decode(cfg, cols, group):
+    eng = engine_params(cfg)
+    W, B = cfg.weights_per_beat, cfg.bytes_per_beat
+    d = rtl_decode(cfg, dict(wbase=0, sbase=0, rows=5, cols=cols, log2_group=group.bit_length() - 1, accm=0,
+                             sparse=0), eng.max_cols, eng.max_segments)
+    seg = segment_size(group, cfg.act_block)
+    nseg = -(-cols // seg)
+    assert d["bad"] == int(cols > eng.max_cols or nseg > eng.max_segments)
+    if d["bad"]:
+        return
+    assert d["lseg"] == seg.bit_length() - 1
+    assert d["nseg"] == nseg or d["bad"]
+    assert d["groups"] == -(-cols // group) or d["bad"]
+    assert d["rowbytes"] == (cols + cols % 2) // 2          # firmware.pack: pcols / 2 bytes per row
+    assert d["nwb"] == -(-d["rowbytes"] // B)
+    assert 1 << d["lvl"] == min(seg, W) and d["subs"] == W // min(seg, W)
+    assert 1 << d["lspb"] == max(1, seg // W)
+    assert 1 << d["gshift"] == group // seg and 1 << d["eshift"] == cfg.act_block // seg
+
+
+def test_command_decode_rejects():
+    eng = engine_params(TINY)
+    base = dict(wbase=0, sbase=0, rows=4, cols=64, log2_group=5, accm=0, sparse=0)
+    assert rtl_decode(TINY, base, eng.max_cols, eng.max_segments)["bad"] == 0
+    for change in (dict(rows=0), dict(cols=0), dict(cols=eng.max_cols + 2), dict(sparse=1)):
+        assert rtl_decode(TINY, {**base, **change}, eng.max_cols, eng.max_segments)["bad"] == 1, change
+
+
+def test_engine_parameter_errors():
+    with pytest.raises(ValueError, match="max_cols must be a power of two"):
+        engine_params(TINY, max_cols=1000)
+    with pytest.raises(ValueError, match="tile_rows must be a power of two above the FpAdd latency"):
+        engine_params(TINY, tile_rows=4)
