@@ -332,9 +332,9 @@ class ScaleLane(wiring.Component):
     def __init__(self, rows: int, field: int):
         _check_int("rows", rows)
         self._rows, self._field = rows, field
-        # Latencies come from the primitives themselves; elaborate() builds fresh ones.
-        self._lat = {"i2f": IntToFp(field).latency, "f16": F16ToF32().latency, "mul": FpMul().latency,
-                     "ldexp": FpLdexp(EXP_BITS).latency, "add": FpAdd().latency}
+        self._units = {"i2f": IntToFp(field), "f16": F16ToF32(), "mul": FpMul(), "ldexp": FpLdexp(EXP_BITS),
+                       "add": FpAdd()}
+        self._lat = {k: u.latency for k, u in self._units.items()}
         super().__init__({
             "i_res": In(res_layout(field)),
             "i_scale": In(data.ArrayLayout(data.ArrayLayout(unsigned(16), 2), 2)),
@@ -363,11 +363,9 @@ class ScaleLane(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         R, f = self._rows, self._field
-        m.submodules.i2f = i2f = IntToFp(f)
-        m.submodules.f16 = f16 = F16ToF32()
-        m.submodules.mul = mul = FpMul()
-        m.submodules.ldexp = ldexp = FpLdexp(EXP_BITS)
-        m.submodules.add = add = FpAdd()
+        for name, unit in self._units.items():
+            m.submodules[name] = unit
+        i2f, f16, mul, ldexp, add = (self._units[k] for k in ("i2f", "f16", "mul", "ldexp", "add"))
         for u in (i2f, f16, mul, ldexp, add):
             m.d.comb += u.en.eq(1)
 
@@ -491,7 +489,8 @@ class SystolicEngine(wiring.Component):
     def __init__(self, cfg: HardwareConfig):
         geo = EngineGeometry(cfg)
         self._cfg, self._geo = cfg, geo
-        self._lane = ScaleLane(geo.rows, geo.field)    # for its latencies
+        self._lanes = [ScaleLane(geo.rows, geo.field) for _ in range(geo.cols)]
+        self._lane = self._lanes[0]
         R, C = geo.rows, geo.cols
         # The hold banks for exponents and scales (one per segment parity) are rewritten two segments
         # later; the last lane must have read them by then.
@@ -587,7 +586,7 @@ class SystolicEngine(wiring.Component):
         rd_bank = Signal()
         lanes = []
         for c in range(C):
-            lane = ScaleLane(R, g.field)
+            lane = self._lanes[c]
             m.submodules[f"lane_{c}"] = lane
             lanes.append(lane)
             m.d.comb += [lane.i_res.eq(array.o_res[c]),
