@@ -129,3 +129,28 @@ async def throughput(dut):
     dut._log.info(f"GEMV {rows}x{cols}: {cycles} cycles, ideal {ideal:.0f}, port efficiency {100 * eff:.1f} %")
     floor = float(bench_env("MIN_EFFICIENCY", "0.85"))
     assert eff >= floor, f"port efficiency {eff:.3f} below {floor}"
+
+
+@cocotb.test()
+async def benchmark(dut):
+    """E4B-shaped GEMVs for benchmarks/gemv.py: cycles from command to last result, bit-exact checked.
+    Parameters: BENCH_SHAPES ("rows x cols" comma list), LATENCY, BENCH_MEM, BENCH_OUT (JSON file)."""
+    import json
+    cfg = HardwareConfig.preset(bench_env("NPU_HW", "kv260"))
+    tb = GemvBench(dut, cfg, mem_size=int(bench_env("BENCH_MEM")), seed=1, latency=int(bench_env("LATENCY", "64")),
+                   max_cols=default_max_cols(cfg))
+    await tb.reset()
+    rng = np.random.default_rng(1)
+    results = []
+    for shape in bench_env("BENCH_SHAPES").split(","):
+        rows, cols = (int(v) for v in shape.split("x"))
+        case = random_case(cfg, rng, rows, cols, zero_rows=0.0)
+        y, cycles = await tb.run(case, base=0, timeout=50_000_000)
+        check(case, y, cfg.act_block, f"benchmark {shape}")
+        wbytes, sbytes = len(case.weight_bytes()), len(case.scale_bytes())
+        ideal = (wbytes + sbytes) / (cfg.axi_ports * cfg.bytes_per_beat)
+        results.append(dict(rows=rows, cols=cols, weight_bytes=wbytes, scale_bytes=sbytes, cycles=cycles,
+                            ideal=ideal, efficiency=ideal / cycles))
+        dut._log.info(f"{shape}: {cycles} cycles, ideal {ideal:.0f}, efficiency {100 * ideal / cycles:.2f} %")
+    with open(bench_env("BENCH_OUT"), "w") as f:
+        json.dump(results, f, indent=1)

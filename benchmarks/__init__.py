@@ -1,0 +1,1 @@
+"""Performance measurements from RTL simulation (scripts, not CI tests)."""
