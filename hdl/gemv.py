@@ -276,6 +276,8 @@ class GemvPort(wiring.Component):
         self._cfg, self._index = cfg, index
         self._max_cols, self._max_segments, self._T = max_cols, max_segments, tile_rows
         W = cfg.weights_per_beat
+        # A chunk holds whole activation blocks (so whole segments) and is at least one full burst.
+        self._chunk_beats = max(cfg.axi_max_burst_beats, cfg.act_block // W, 1)
         super().__init__({
             "axi": Out(AxiReadSignature.from_config(cfg)),
             "i_start": In(1),
@@ -323,15 +325,29 @@ class GemvPort(wiring.Component):
         FREE, FILLING, FULL = 0, 1, 2
         bank_state = [Signal(2, name=f"bank{b}_state") for b in range(2)]
         bank_rows = [Signal(range(T + 1), name=f"bank{b}_rows") for b in range(2)]
+        # Chunk rounds of the bank's tile whose segment sums are all written.
+        bank_rounds = [Signal(range(self._max_cols // (self._chunk_beats * W) + 2), name=f"bank{b}_rounds")
+                       for b in range(2)]
 
         # --- tile sequencer: DMA commands ---------------------------------------------------------------
+        # Per tile: the scales (one transfer), then the rows in chunks of `chunk_beats`, round-robin over
+        # the tile's rows (chunk 0 of rows 0..T-1, chunk 1 of rows 0..T-1, ...), so that the back end can
+        # start on a tile's first segments while its last chunks are still arriving.
+        CB = self._chunk_beats
+        lCB = _log2(CB)
+        CBB = CB * B                                 # bytes per chunk
         rows = d.cmd.rows
         g2 = Signal(17 + 1)                          # scale bytes per row
         m.d.comb += g2.eq(d.groups << 1)
+        nch = Signal(range(self._max_cols // (CB * W) + 2))
+        m.d.comb += nch.eq((d.nwb + CB - 1) >> lCB)
         seq_active = Signal()
         seq_left = Signal(signed(22))                # rows left from this tile on
         seq_t = Signal(range(T + 1))                 # T: the scale transfer comes next
-        seq_waddr = Signal(ab)
+        seq_c = Signal.like(nch)
+        seq_tile = Signal(ab)                        # the tile's first row
+        seq_coff = Signal(16)                        # chunk byte offset within a row
+        seq_roff = Signal(ab)                        # t * rowbytes
         seq_saddr = Signal(ab)
         seq_trows = Signal(range(T + 1))
         m.d.comb += seq_trows.eq(Mux(seq_left < T, seq_left, T))
@@ -340,23 +356,26 @@ class GemvPort(wiring.Component):
         with m.If(seq_t == T):
             m.d.comb += [cmd.p.addr.eq(seq_saddr), cmd.p.nbytes.eq(seq_trows * g2)]
         with m.Else():
-            m.d.comb += [cmd.p.addr.eq(seq_waddr), cmd.p.nbytes.eq(d.rowbytes)]
+            m.d.comb += [cmd.p.addr.eq(seq_tile + seq_roff + seq_coff),
+                         cmd.p.nbytes.eq(Mux(d.rowbytes - seq_coff > CBB, CBB, d.rowbytes - seq_coff))]
         with m.If(self.i_start):
             left = rows.as_signed() - p * T
             m.d.sync += [seq_left.eq(left), seq_active.eq(left > 0), seq_t.eq(T),
-                         seq_waddr.eq(d.cmd.wbase + d.rowbytes * (p * T)),
+                         seq_tile.eq(d.cmd.wbase + d.rowbytes * (p * T)),
                          seq_saddr.eq(d.cmd.sbase + g2 * (p * T))]
         with m.Elif(cmd.valid & cmd.ready):
             with m.If(seq_t == T):
-                m.d.sync += seq_t.eq(0)
+                m.d.sync += [seq_t.eq(0), seq_c.eq(0), seq_coff.eq(0), seq_roff.eq(0)]
             with m.Elif(seq_t == seq_trows - 1):
-                m.d.sync += [seq_t.eq(T), seq_left.eq(seq_left - N * T),
-                             seq_waddr.eq(seq_waddr + d.rowbytes * ((N - 1) * T + 1)),
-                             seq_saddr.eq(seq_saddr + g2 * (N * T))]
-                with m.If(seq_left <= N * T):
-                    m.d.sync += seq_active.eq(0)
+                m.d.sync += [seq_t.eq(0), seq_roff.eq(0), seq_c.eq(seq_c + 1), seq_coff.eq(seq_coff + CBB)]
+                with m.If(seq_c == nch - 1):
+                    m.d.sync += [seq_t.eq(T), seq_left.eq(seq_left - N * T),
+                                 seq_tile.eq(seq_tile + d.rowbytes * (N * T)),
+                                 seq_saddr.eq(seq_saddr + g2 * (N * T))]
+                    with m.If(seq_left <= N * T):
+                        m.d.sync += seq_active.eq(0)
             with m.Else():
-                m.d.sync += [seq_t.eq(seq_t + 1), seq_waddr.eq(seq_waddr + d.rowbytes)]
+                m.d.sync += [seq_t.eq(seq_t + 1), seq_roff.eq(seq_roff + d.rowbytes)]
 
         # --- front end ----------------------------------------------------------------------------------
         fe_active = Signal()
@@ -364,7 +383,11 @@ class GemvPort(wiring.Component):
         fe_bank = Signal()
         fe_scale = Signal()                          # in the scale phase of a tile
         fe_wait = Signal()                           # waiting for the bank to be free
-        fe_beat = Signal(range(self._max_cols // W + 2))   # beat within the phase (scale word or row beat)
+        fe_sw = Signal(range(T * S + 2))             # scale word
+        fe_c = Signal.like(nch)                      # chunk
+        fe_k = Signal(range(CB))                     # beat within the chunk
+        fe_beat = Signal(range(self._max_cols // W + 2))   # beat within the row
+        m.d.comb += fe_beat.eq((fe_c << lCB) | fe_k)
         fe_t = Signal(range(T))
         fe_sel = Signal(range(W))
         fe_trows = Signal(range(T + 1))
@@ -375,42 +398,47 @@ class GemvPort(wiring.Component):
         row_phase = fe_active & ~fe_wait & ~fe_scale
         last_sel = fe_sel == d.subs - 1
         last_beat = fe_beat == d.nwb - 1
+        last_k = (fe_k == CB - 1) | last_beat
         last_row = fe_t == fe_trows - 1
         with m.If(self.i_start):
             left = rows.as_signed() - p * T
             m.d.sync += [fe_left.eq(left), fe_active.eq(left > 0), fe_bank.eq(0), fe_wait.eq(1),
-                         fe_scale.eq(1), fe_beat.eq(0), fe_t.eq(0), fe_sel.eq(0)]
+                         fe_scale.eq(1), fe_sw.eq(0), fe_c.eq(0), fe_k.eq(0), fe_t.eq(0), fe_sel.eq(0)]
         with m.If(fe_active & fe_wait & (Mux(fe_bank, bank_state[1], bank_state[0]) == FREE)):
             m.d.sync += fe_wait.eq(0)
             for b in range(2):
                 with m.If(fe_bank == b):
-                    m.d.sync += [bank_state[b].eq(FILLING), bank_rows[b].eq(fe_trows)]
+                    m.d.sync += [bank_state[b].eq(FILLING), bank_rows[b].eq(fe_trows), bank_rounds[b].eq(0)]
         # Scale beats straight into the bank.
         with m.If(fe_active & ~fe_wait & fe_scale):
-            m.d.comb += [beat.ready.eq(1), scale_w.addr.eq(Cat(fe_beat[:_log2(swords)], fe_bank)),
+            m.d.comb += [beat.ready.eq(1), scale_w.addr.eq(Cat(fe_sw[:_log2(swords)], fe_bank)),
                          scale_w.data.eq(beat.p.data), scale_w.en.eq(beat.valid)]
             with m.If(beat.valid):
-                m.d.sync += fe_beat.eq(fe_beat + 1)
-                with m.If(fe_beat == nsb - 1):
-                    m.d.sync += [fe_scale.eq(0), fe_beat.eq(0)]
+                m.d.sync += fe_sw.eq(fe_sw + 1)
+                with m.If(fe_sw == nsb - 1):
+                    m.d.sync += [fe_scale.eq(0), fe_sw.eq(0)]
         # Weight beats: the beat is presented `subs` times (once when a segment spans whole beats).
         mac_valid = Signal()
         with m.If(row_phase):
             m.d.comb += [beat.ready.eq(last_sel), mac_valid.eq(beat.valid)]
         m.d.comb += act_r.addr.eq(fe_beat)
         tile_end = Signal()
+        round_end = Signal()
         with m.If(mac_valid):
             m.d.sync += fe_sel.eq(fe_sel + 1)
             with m.If(last_sel):
-                m.d.sync += [fe_sel.eq(0), fe_beat.eq(fe_beat + 1)]
-                with m.If(last_beat):
-                    m.d.sync += [fe_beat.eq(0), fe_t.eq(fe_t + 1)]
+                m.d.sync += [fe_sel.eq(0), fe_k.eq(fe_k + 1)]
+                with m.If(last_k):
+                    m.d.sync += [fe_k.eq(0), fe_t.eq(fe_t + 1)]
                     with m.If(last_row):
-                        m.d.comb += tile_end.eq(1)
-                        m.d.sync += [fe_t.eq(0), fe_bank.eq(~fe_bank), fe_wait.eq(1), fe_scale.eq(1),
-                                     fe_left.eq(fe_left - N * T)]
-                        with m.If(fe_left <= N * T):
-                            m.d.sync += fe_active.eq(0)
+                        m.d.comb += round_end.eq(1)
+                        m.d.sync += [fe_t.eq(0), fe_c.eq(fe_c + 1)]
+                        with m.If(fe_c == nch - 1):
+                            m.d.comb += tile_end.eq(1)
+                            m.d.sync += [fe_c.eq(0), fe_bank.eq(~fe_bank), fe_wait.eq(1), fe_scale.eq(1),
+                                         fe_left.eq(fe_left - N * T)]
+                            with m.If(fe_left <= N * T):
+                                m.d.sync += fe_active.eq(0)
         # Segment bookkeeping of this beat/pass.
         spb_mask = Signal(range(self._max_cols + 1))
         m.d.comb += spb_mask.eq((Const(1, 16) << d.lspb) - 1)
@@ -444,11 +472,13 @@ class GemvPort(wiring.Component):
             mac.i_sel.eq(f1.sel), mac.i_tag.eq(f1.addr),
         ]
         m.d.comb += [isum_w.en.eq(mac.o_valid), isum_w.addr.eq(mac.o_tag), isum_w.data.eq(mac.o_isum)]
-        # The tile's bank is full once its last segment sum has left the MAC pipeline.
-        end_d = _delay(m, Cat(tile_end, fe_bank), 1 + mac.latency, "tile_end")
-        with m.If(end_d[0]):
-            for b in range(2):
-                with m.If(end_d[1] == b):
+        # A chunk round is complete once its last segment sum has left the MAC pipeline; the tile's bank is
+        # full after its last round.
+        end_d = _delay(m, Cat(round_end, tile_end, fe_bank), 1 + mac.latency, "round_end")
+        for b in range(2):
+            with m.If(end_d[0] & (end_d[2] == b)):
+                m.d.sync += bank_rounds[b].eq(bank_rounds[b] + 1)
+                with m.If(end_d[1]):
                     m.d.sync += bank_state[b].eq(FULL)
 
         # --- back end -----------------------------------------------------------------------------------
@@ -465,7 +495,15 @@ class GemvPort(wiring.Component):
         be_t = Signal(range(T))
         be_trows = Signal(range(T + 1))
         be_gbase = Signal(range(T * S + 1))          # t * groups
-        full = Mux(be_bank, bank_state[1], bank_state[0]) == FULL
+        full = Mux(be_bank, bank_state[1], bank_state[0]) != FREE     # filling or full: may start
+        rounds = Mux(be_bank, bank_rounds[1], bank_rounds[0])
+        seg_ready = Signal(range(S + 1))             # segments of the tile whose sums are all written
+        spc = Signal(range(32))
+        m.d.comb += spc.eq(lCB + _log2(W) - d.lseg)
+        with m.If(Mux(be_bank, bank_state[1], bank_state[0]) == FULL):
+            m.d.comb += seg_ready.eq(d.nseg)
+        with m.Else():
+            m.d.comb += seg_ready.eq(rounds << spc)
         with m.If(self.i_start):
             m.d.sync += [be_bank.eq(0), be_active.eq(0)]
         with m.Elif(~be_active & full & (res.level + reserved + T <= depth)):
@@ -479,7 +517,8 @@ class GemvPort(wiring.Component):
             scale_r.addr.eq(Cat((sidx >> _log2(hpw))[:_log2(swords)], be_bank)),
             exp_r.addr.eq(be_s >> d.eshift),
         ]
-        issue = be_active
+        issue = Signal()
+        m.d.comb += issue.eq(be_active & (be_s < seg_ready))
         first, last = be_s == 0, be_s == d.nseg - 1
         with m.If(issue):
             m.d.sync += [be_t.eq(be_t + 1), be_gbase.eq(be_gbase + d.groups)]

@@ -127,7 +127,7 @@ async def throughput(dut):
     ideal = nbytes / (cfg.axi_ports * cfg.bytes_per_beat)
     eff = ideal / cycles
     dut._log.info(f"GEMV {rows}x{cols}: {cycles} cycles, ideal {ideal:.0f}, port efficiency {100 * eff:.1f} %")
-    floor = float(bench_env("MIN_EFFICIENCY", "0.85"))
+    floor = float(bench_env("MIN_EFFICIENCY", "0.93"))
     assert eff >= floor, f"port efficiency {eff:.3f} below {floor}"
 
 
