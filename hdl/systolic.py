@@ -299,6 +299,14 @@ def NaiveArray(rows: int, cols: int, field: int, act_bits: int = 8) -> SystolicA
     return SystolicArray(rows, cols, field, act_bits, naive=True)
 
 
+def _silence(component):
+    """Mark a component (and the sub-components it holds) as deliberately not elaborated: one built only to
+    read its latencies, or one whose constructor rejected its parameters."""
+    component._MustUse__silence = True
+    for unit in getattr(component, "_units", {}).values():
+        unit._MustUse__silence = True
+
+
 def _delay(m: Module, sig, n: int, name: str):
     """`sig` delayed by n cycles (a chain of reset-less registers)."""
     for i in range(n):
@@ -487,19 +495,26 @@ class SystolicEngine(wiring.Component):
     """
 
     def __init__(self, cfg: HardwareConfig):
-        geo = EngineGeometry(cfg)
+        try:
+            geo = EngineGeometry(cfg)
+            probe = ScaleLane(geo.rows, geo.field)
+            _silence(probe)
+            R, C = geo.rows, geo.cols
+            # The hold banks for exponents and scales (one per segment parity) are rewritten two segments
+            # later; the last lane must have read them by then.
+            last_read = self.array_latency + 2 * (R - 1) + (C - 1) + probe.exp_read
+            if 2 * geo.seg <= last_read:
+                raise ValueError(f"two segments ({2 * geo.seg} steps) do not outlast the array's drain and scale "
+                                 f"pipeline ({last_read} cycles); use longer segments or a smaller array")
+            # A y entry is read again one segment after it was read for the add; the add must be done by then.
+            if geo.seg <= probe.latency - probe.exp_read:
+                raise ValueError(f"segments of {geo.seg} steps are shorter than the scale lane's add loop")
+        except ValueError:
+            _silence(self)          # never elaborated: not an unused-component mistake
+            raise
         self._cfg, self._geo = cfg, geo
         self._lanes = [ScaleLane(geo.rows, geo.field) for _ in range(geo.cols)]
         self._lane = self._lanes[0]
-        R, C = geo.rows, geo.cols
-        # The hold banks for exponents and scales (one per segment parity) are rewritten two segments
-        # later; the last lane must have read them by then.
-        last_read = self.array_latency + 2 * (R - 1) + (C - 1) + self._lane.exp_read
-        if 2 * geo.seg <= last_read:
-            raise ValueError(f"two segments ({2 * geo.seg} steps) do not outlast the array's drain and scale "
-                             f"pipeline ({last_read} cycles); use longer segments or a smaller array")
-        if geo.seg <= self._lane.latency - self._lane.exp_read:
-            raise ValueError("segments are shorter than the lane's add loop")
         super().__init__({
             "i_cmd": In(stream.Signature(unsigned(16))),
             "i_wgt": In(stream.Signature(unsigned(geo.beat_bits))).array(geo.wgt_ports),
@@ -537,7 +552,8 @@ class SystolicEngine(wiring.Component):
         tile_bank = Signal()
         busy = Signal(2)              # y bank in use: set by a tile's first step, cleared by its readout
         full = Signal(2)              # y bank complete: set by the last lane, cleared by the readout
-        chunk = [Signal(range(g.steps_per_beat), name=f"chunk_{p}") for p in range(g.wgt_ports)]
+        # Which k-step of its current beat each weight port is on (always 0 with one step per beat).
+        chunk = [Signal(range(max(2, g.steps_per_beat)), name=f"chunk_{p}") for p in range(g.wgt_ports)]
         last_k = k == seg - 1
         first = (k == 0) & (s == 0)
         last_seg = s == self.i_cmd.payload - 1
@@ -556,7 +572,7 @@ class SystolicEngine(wiring.Component):
         w_now = Signal(g.step_bits)
         for p, w in enumerate(self.i_wgt):
             m.d.comb += w.ready.eq(fire & (chunk[p] == g.steps_per_beat - 1))
-            piece = w.payload.word_select(chunk[p], g.port_step_bits)
+            piece = w.payload if g.steps_per_beat == 1 else w.payload.word_select(chunk[p], g.port_step_bits)
             m.d.comb += w_now[p * g.port_step_bits:(p + 1) * g.port_step_bits].eq(piece)
             with m.If(fire):
                 m.d.sync += chunk[p].eq(Mux(chunk[p] == g.steps_per_beat - 1, 0, chunk[p] + 1))
