@@ -61,6 +61,9 @@ class HardwareConfig:
     l2_bytes : on-chip scratchpad size (URAM).
     constant_cache_bytes : on-chip constant cache size (BRAM).
     device : the FPGA whose budget the utilisation report compares against.
+    sfu_reduce_lanes : SFU block: interleaved partial accumulators of the SFU reductions (a power of two,
+        at least the binary32 adder's latency so that one element per cycle never waits for its lane);
+        it fixes the binary32 summation order (sim/sfu.py, docs/sfu.md).
     """
 
     name: str
@@ -80,6 +83,8 @@ class HardwareConfig:
     l2_bytes: int
     constant_cache_bytes: int
     device: DeviceBudget = XCK26
+    # --- SFU block (sim/sfu.py, hdl/sfu.py) ---
+    sfu_reduce_lanes: int = 8
 
     # The weight format is part of the architecture, not a knob: INT4, two per byte, low nibble first.
     WEIGHT_BITS = 4
@@ -121,6 +126,9 @@ class HardwareConfig:
                              f"({self.bytes_per_beat} bytes), not {self.l2_bytes!r}")
         if not _is_pow2(integer("constant_cache_bytes")):
             raise ValueError(f"constant_cache_bytes must be a power of two, not {self.constant_cache_bytes!r}")
+        # SFU block.
+        if not _is_pow2(integer("sfu_reduce_lanes")) or self.sfu_reduce_lanes > 64:
+            raise ValueError(f"sfu_reduce_lanes must be a power of two from 1 to 64, not {self.sfu_reduce_lanes!r}")
         # The widest dot product an accumulator must hold exactly: one weight group (or act block) of
         # INT4 x INT(act_bits) products. Checked so that no configuration silently overflows.
         span = max(self.weight_group or 1, self.act_block)
@@ -175,11 +183,11 @@ PRESETS: dict[str, HardwareConfig] = {
         name="kv260", clock_hz=300_000_000, axi_ports=4, axi_data_bits=128, axi_addr_bits=40,
         axi_id_bits=6, axi_max_burst_beats=16, axi_max_outstanding=8, act_bits=8, acc_bits=32,
         act_block=64, weight_group=128, systolic_rows=32, systolic_cols=32,
-        l2_bytes=1 << 20, constant_cache_bytes=64 << 10),
+        l2_bytes=1 << 20, constant_cache_bytes=64 << 10, sfu_reduce_lanes=8),
     # Small enough that the full chip simulates in seconds in Verilator; same structure.
     "tiny": HardwareConfig(
         name="tiny", clock_hz=100_000_000, axi_ports=2, axi_data_bits=64, axi_addr_bits=32,
         axi_id_bits=4, axi_max_burst_beats=16, axi_max_outstanding=4, act_bits=8, acc_bits=32,
         act_block=16, weight_group=32, systolic_rows=4, systolic_cols=4,
-        l2_bytes=64 << 10, constant_cache_bytes=4 << 10),
+        l2_bytes=64 << 10, constant_cache_bytes=4 << 10, sfu_reduce_lanes=8),
 }
