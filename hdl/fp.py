@@ -192,9 +192,11 @@ class FpAdd(_Binary):
     Stages: unpack and order by magnitude; align the smaller operand (27-bit shift with a sticky bit);
     the 28-bit add or subtract; then normalise (lzc, shift) and round."""
 
+    LATENCY = 6
+
     @property
     def latency(self) -> int:
-        return 6
+        return self.LATENCY
 
     def elaborate(self, platform):
         m = Module()
@@ -237,9 +239,11 @@ class FpMul(_Binary):
     Stages: unpack, exponent sum and special cases; the 24x24 significand product (two stages, for the
     DSP48E2 pipeline registers); then normalise (lzc, left shift or denormalising right shift) and round."""
 
+    LATENCY = 6
+
     @property
     def latency(self) -> int:
-        return 6
+        return self.LATENCY
 
     def elaborate(self, platform):
         m = Module()
@@ -280,9 +284,11 @@ class IntToFp(_Unary):
     def width(self) -> int:
         return self._width
 
+    LATENCY = 4
+
     @property
     def latency(self) -> int:
-        return 4
+        return self.LATENCY
 
     def elaborate(self, platform):
         m = Module()
@@ -301,9 +307,11 @@ class IntToFp(_Unary):
 class F16ToF32(_Unary):
     """IEEE binary16 (``i_a[:16]``) to binary32, exact (subnormals included). Latency 4."""
 
+    LATENCY = 4
+
     @property
     def latency(self) -> int:
-        return 4
+        return self.LATENCY
 
     def elaborate(self, platform):
         m = Module()
@@ -341,9 +349,11 @@ class FpLdexp(_Binary):
     def exp_width(self) -> int:
         return self._exp_width
 
+    LATENCY = 4
+
     @property
     def latency(self) -> int:
-        return 4
+        return self.LATENCY
 
     def elaborate(self, platform):
         m = Module()
