@@ -12,8 +12,9 @@ Dataflow (docs/gemv.md has the full design and the measurements)::
 
 - **Rows over ports.** Rows are cut into tiles of `tile_rows` (T) consecutive rows; tile j goes to port
   ``j mod N``. A port fetches, per tile, its T rows' scales (one contiguous transfer, ``T * groups * 2``
-  bytes, since scales are row-major) and then each row (one transfer of ``ceil(cols/2)`` bytes). The
-  DMA realigns every transfer, so each row starts at lane 0 whatever its DDR alignment.
+  bytes, since scales are row-major) and then the rows in chunks of one burst (16 beats), round-robin
+  over the tile's rows: chunk 0 of rows 0..T-1, chunk 1 of rows 0..T-1, ... The DMA realigns every
+  transfer, so each row starts at lane 0 whatever its DDR alignment.
 - **Integer side.** One beat (``W = weights_per_beat`` INT4 weights) per port per cycle is multiplied
   with the W INT8 activations of the same columns (a per-port copy of the activation memory), masked past
   the row's end, and summed exactly; a segment (``min(group, act_block)`` columns) is ``seg / W`` beats
@@ -21,8 +22,10 @@ Dataflow (docs/gemv.md has the full design and the measurements)::
   presented ``W / seg`` times). Each segment sum is written to the tile's isum bank at ``[t, s]``.
 - **Binary32 side.** The contract adds the parts of a row strictly in segment order, and an adder has
   a latency of several cycles, so the back end walks a complete tile *segment-major*: ``(s, t)`` for t in
-  0..T-1, so that consecutive additions into the same row are T cycles apart (T > FpAdd latency). Banks are
-  double-buffered: the front end fills tile k+1 while the back end drains tile k. The back end issues one
+  0..T-1, so that consecutive additions into the same row are T cycles apart (T > FpAdd latency). It starts
+  on a tile as soon as the first chunk round is in and follows the rounds, so a tile ends one round
+  (T * 16 beats) after its last beat arrives. Banks are double-buffered: the front end fills tile k+1 while
+  the back end drains tile k. The back end issues one
   part per cycle; the front end produces ``T * ceil(cols / seg)`` parts in ``T * ceil(cols / W)`` cycles, so
   the binary32 side is never the bottleneck when ``seg >= W``.
 - **accm** is one more binary32 addition at the output, ``fp32(old + y)`` with the old values streamed in
