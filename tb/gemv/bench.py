@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import cocotb
 import numpy as np
 from cocotb.clock import Clock
-from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
+from cocotb.triggers import FallingEdge, RisingEdge
 from cocotbext.axi import AxiReadBus
 
 from hdl.config import HardwareConfig
