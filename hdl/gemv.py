@@ -633,9 +633,7 @@ class GemvEngine(wiring.Component):
         max_cols = default_max_cols(cfg) if max_cols is None else max_cols
         if isinstance(max_cols, bool) or not isinstance(max_cols, int) or max_cols < W or max_cols & (max_cols - 1):
             raise ValueError(f"max_cols must be a power of two of at least {W}, not {max_cols!r}")
-        probe = FpAdd()
-        lat = probe.latency
-        probe._MustUse__silence = True       # only asked for its latency
+        lat = FpAdd.LATENCY
         if tile_rows is None:
             tile_rows = 1 << lat.bit_length()
         if isinstance(tile_rows, bool) or not isinstance(tile_rows, int) or tile_rows <= lat or \
