@@ -22,3 +22,13 @@ def test_engine_random(flow):
 
 def test_engine_corners_errors_throughput():
     _run(["corner_cases", "bad_command_and_read_error", "throughput"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flow", [1, 2])
+def test_engine_random_kv260(flow):
+    """The kv260 engine (4 x 128-bit ports, 128 lanes) on the same random cases; about 2 minutes of Verilator
+    build. benchmarks/gemv.py also checks every E4B-shaped result of this engine bit for bit."""
+    cfg = HardwareConfig.preset("kv260")
+    run(GemvEngine(cfg), toplevel="gemv", test_module="tb.gemv.test_gemv", build_name="gemv_kv260",
+        testcase="random_gemvs", extra_env={"NPU_HW": "kv260", "SEED": str(41 + flow), "FLOW": str(flow)})
