@@ -11,8 +11,13 @@ Two arithmetics run the same program on the same image:
 - ``hardware``: the NPU's arithmetic. L2 holds binary32; WGEMV and GATHER read the INT4 weights and
   binary16 scales from the image and compute with `sim.numerics` (bit-exact); activations are quantised
   to block-floating-point INT8 on the way into the GEMV; the KV cache holds binary16. Element-wise
-  arithmetic is IEEE binary32 with round-to-nearest-even. Transcendental SFU functions are NumPy's
-  binary32 versions until the SFU's own bit-exact models replace them (docs/numerics.md).
+  arithmetic is IEEE binary32 with round-to-nearest-even; transcendental functions and reductions are the
+  SFU's bit-exact models (`sim.sfu`), in the order the hardware computes them (docs/numerics.md).
+
+Both arithmetics run one composition of every instruction (`_Reference` and `_Hardware` supply the
+primitive functions): a division is a multiply by a reciprocal, a mean a sum times 1/n, softmax
+``exp(s - max) * recip(sum)``, and every reduction has one order, so the reference run proves the
+composition and the hardware run is what the RTL must reproduce bit for bit.
 
 Counters (`Counters`) record what does not depend on timing: instructions per opcode and bytes read and
 written per DDR region, with sparse column skipping counted as the hardware fetches.
@@ -56,15 +61,94 @@ class Counters:
     bytes_read: Counter = field(default_factory=Counter)          # region -> bytes
     bytes_written: Counter = field(default_factory=Counter)
     weight_bytes_skipped: int = 0                                  # sparse WGEMV columns not fetched
+    elements: Counter = field(default_factory=Counter)             # opcode name -> elements processed
 
     def total_read(self) -> int:
         return sum(self.bytes_read.values())
 
 
-def _gelu_tanh(x):
-    dt = x.dtype.type
-    inner = dt(math.sqrt(2.0 / math.pi)) * (x + dt(0.044715) * (x * x * x))
-    return dt(0.5) * x * (dt(1.0) + np.tanh(inner))
+class _Reference:
+    """Exact functions in float64: the reference arithmetic's primitives."""
+
+    dtype = np.float64
+
+    def __init__(self, hw):
+        self.hw = hw
+
+    @staticmethod
+    def exp(x):
+        return np.exp(x)
+
+    @staticmethod
+    def tanh(x):
+        return np.tanh(x)
+
+    @staticmethod
+    def gelu_tanh(x):
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))))
+
+    @staticmethod
+    def sqrt(x):
+        return np.sqrt(x)
+
+    @staticmethod
+    def rsqrt(x):
+        return 1.0 / np.sqrt(x)
+
+    @staticmethod
+    def recip(x):
+        return 1.0 / x
+
+    @staticmethod
+    def sin(x):
+        return np.sin(x)
+
+    @staticmethod
+    def cos(x):
+        return np.cos(x)
+
+    @staticmethod
+    def _turns(t):
+        return 2.0 * np.pi * (np.asarray(t, dtype=np.uint64).astype(np.float64) / 2.0**64)
+
+    def sin_turns(self, t):
+        return np.sin(self._turns(t))
+
+    def cos_turns(self, t):
+        return np.cos(self._turns(t))
+
+    @staticmethod
+    def reduce_sum(x):
+        return np.sum(x, axis=-1)
+
+    @staticmethod
+    def reduce_max(x):
+        return np.max(x, axis=-1)
+
+
+class _Hardware:
+    """The SFU's bit-exact binary32 models (`sim.sfu`); element-wise + and x are NumPy binary32 (RNE)."""
+
+    dtype = np.float32
+
+    def __init__(self, hw):
+        from . import sfu
+        self.hw = hw
+        self._sfu = sfu
+        for name in ("exp", "tanh", "gelu_tanh", "sqrt", "rsqrt", "recip", "sin", "cos", "sin_turns", "cos_turns"):
+            setattr(self, name, getattr(sfu, name))
+
+    def _rows(self, fn, x):
+        x = np.asarray(x, dtype=np.float32)
+        if x.ndim == 1:
+            return np.float32(fn(x, self.hw))
+        return np.array([fn(r, self.hw) for r in x.reshape(-1, x.shape[-1])], np.float32).reshape(x.shape[:-1])
+
+    def reduce_sum(self, x):
+        return self._rows(self._sfu.reduce_sum, x)
+
+    def reduce_max(self, x):
+        return self._rows(self._sfu.reduce_max, x)
 
 
 class Machine:
@@ -89,6 +173,7 @@ class Machine:
         self.arithmetic = arithmetic
         self.source = source
         self.dtype = np.float64 if arithmetic == REFERENCE else np.float32
+        self.f = _Reference(hw) if arithmetic == REFERENCE else _Hardware(hw) if arithmetic == HARDWARE else None
         self.l2_words = hw.l2_bytes // 16
         self.l2 = np.zeros(self.l2_words * 4, dtype=self.dtype)
         self.model = ModelConfig.from_hf(image.config)
@@ -131,6 +216,7 @@ class Machine:
                 raise ExecutionError(e.code, pc, str(e)) from None
             name = insn.op.name + ("." + insn.fields["func"].name if "func" in insn.fields else "")
             self.counters.instructions[name] += 1
+            self._name = name
             if insn.op is Opcode.CTRL and insn.func is CtrlFunc.HALT:
                 return
             try:
@@ -193,6 +279,7 @@ class Machine:
         else:
             read = d.rows * pcols // 2
         self.counters.bytes_read["WEIGHTS"] += read + d.rows * ngroups * 2
+        self.counters.elements[self._name] += 2 * read
         out = self._vec(i.dst, d.rows)
         if y is None:
             return
@@ -200,7 +287,41 @@ class Machine:
             y = self.l2[out] + y
         self.l2[out] = y
         if i.findemax:
-            self.emax = self.dtype(np.max(y))
+            self.emax = self.dtype(self.f.reduce_max(y))
+
+    def _x_wgemm(self, i):
+        """T tokens through one weight matrix on the systolic array: token t reads L2[src + t*ceil(cols/4)]
+        and writes L2[dst + t*ceil(rows/4)] (16-byte word strides). Bit-identical, token by token, to
+        WGEMV (sim.systolic.gemm); the weights stream once per R tokens (R = systolic_rows)."""
+        d = self._desc(i.desc)
+        if d.kind != 0 or d.layout != 0:
+            self._err(ErrorCode.BAD_DESCRIPTOR, f"descriptor {i.desc} is not a row-major weight matrix")
+        if i.tokens == 0:
+            self._err(ErrorCode.BAD_LENGTH, "WGEMM needs at least one token")
+        t_count = i.tokens
+        in_stride, out_stride = -(-d.cols // 4), -(-d.rows // 4)
+        xs = [self.l2[self._vec(i.src + t * in_stride, d.cols)] for t in range(t_count)]
+        outs = [self._vec(i.dst + t * out_stride, d.rows) for t in range(t_count)]
+        entry = self.image.tensors[d.tensor]
+        passes = -(-t_count // self.hw.systolic_rows)
+        ngroups = -(-d.cols // d.group)
+        read = passes * (d.rows * (d.cols + d.cols % 2) // 2 + d.rows * ngroups * 2)
+        self.counters.bytes_read["WEIGHTS"] += read
+        self.counters.elements[self._name] += t_count * d.rows * d.cols
+        if self.arithmetic == COUNT:
+            return
+        if self.arithmetic == REFERENCE:
+            w = np.asarray(self.source[d.tensor][d.row_start:d.row_start + d.rows], dtype=np.float64)
+            y = np.stack(xs) @ w.T
+        else:
+            from .numerics import quantize_activations
+            from .systolic import gemm
+            q_w, s_w = self._int4_rows(entry, d.row_start, d.rows)
+            qa = [quantize_activations(x.astype(np.float32), self.hw.act_block) for x in xs]
+            y = gemm(q_w, s_w, np.stack([q for q, _ in qa]), np.stack([e for _, e in qa]), group=d.group,
+                     block=self.hw.act_block, tile=(self.hw.systolic_rows, 2 * self.hw.systolic_cols))
+        for t, out in enumerate(outs):
+            self.l2[out] = (self.l2[out] + y[t]) if i.accm else y[t]
 
     def _density_columns(self, d) -> int:
         layer = int(d.tensor.split(".")[1])
@@ -232,6 +353,7 @@ class Machine:
         entry = self.image.tensors[d.tensor]
         ngroups = -(-d.cols // d.group)
         self.counters.bytes_read["WEIGHTS"] += (d.cols + d.cols % 2) // 2 + ngroups * 2
+        self.counters.elements[self._name] += d.cols
         if self.arithmetic == COUNT:
             return
         if self.arithmetic == REFERENCE:
@@ -245,6 +367,7 @@ class Machine:
     def _x_dma(self, i):
         n = self.vl
         nbytes = 4 * n
+        self.counters.elements[self._name] += n
         offset = i.offset * 16
         region = i.region.name
         if i.dir is DmaDir.L2_TO_L2:
@@ -281,6 +404,7 @@ class Machine:
         self._err(ErrorCode.ADDRESS_RANGE, f"CONST range at {offset} spans no single constant")
 
     def _x_vec(self, i):
+        self.counters.elements[self._name] += self.vl
         if self.arithmetic == COUNT:
             return
         f = i.func
@@ -289,18 +413,18 @@ class Machine:
         b = self.l2[self._vec(i.b, n)] if f in (VecFunc.ADD, VecFunc.SUB, VecFunc.MUL, VecFunc.FMAS,
                                                 VecFunc.GELU_MUL, VecFunc.DOT) else None
         s = self.s[i.s]
-        dt = self.dtype
+        dt, fn = self.dtype, self.f
         if f is VecFunc.SUMSQ:
-            self.s[i.s] = np.sum(a * a)
+            self.s[i.s] = fn.reduce_sum(a * a)
             return
         if f is VecFunc.SUM:
-            self.s[i.s] = np.sum(a)
+            self.s[i.s] = fn.reduce_sum(a)
             return
         if f is VecFunc.MAX:
-            self.s[i.s] = np.max(a)
+            self.s[i.s] = fn.reduce_max(a)
             return
         if f is VecFunc.DOT:
-            self.s[i.s] = np.sum(a * b)
+            self.s[i.s] = fn.reduce_sum(a * b)
             return
         if f is VecFunc.ADD:
             d = a + b
@@ -319,7 +443,7 @@ class Machine:
         elif f is VecFunc.RELU_SUBS:
             d = np.maximum(a - s, dt(0))
         elif f is VecFunc.GELU_MUL:
-            d = _gelu_tanh(a) * b
+            d = fn.gelu_tanh(a) * b
         elif f in (VecFunc.RMSNORM, VecFunc.RMSNORM_NG, VecFunc.ROPE):
             hd = self.hd
             if hd <= 0 or n % hd:
@@ -331,7 +455,9 @@ class Machine:
                 x1, x2 = x[:, :hd // 2], x[:, hd // 2:]
                 d = np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=1).reshape(-1)
             else:
-                y = x * (np.mean(x * x, axis=1, keepdims=True) + s) ** dt(-0.5)
+                # mean = sum(x*x) * (1/HD) (exact for a power-of-two HD), then one rsqrt per segment
+                ms = fn.reduce_sum(x * x) * dt(1.0 / hd)
+                y = x * fn.rsqrt(ms + s)[:, None]
                 if f is VecFunc.RMSNORM:
                     y = y * self.l2[self._vec(i.b, hd)]
                 d = y.reshape(-1)
@@ -359,13 +485,13 @@ class Machine:
         elif f is ScalarFunc.MAXI:
             s[i.d] = max(s[i.a], imm)
         elif f is ScalarFunc.RSQRT:
-            s[i.d] = self.dtype(1) / np.sqrt(s[i.a])
+            s[i.d] = self._scalar_fn(self.f.rsqrt, s[i.a])
         elif f is ScalarFunc.SQRT:
-            s[i.d] = np.sqrt(s[i.a])
+            s[i.d] = self._scalar_fn(self.f.sqrt, s[i.a])
         elif f is ScalarFunc.RECIP:
-            s[i.d] = self.dtype(1) / s[i.a]
+            s[i.d] = self._scalar_fn(self.f.recip, s[i.a])
         elif f is ScalarFunc.TANH:
-            s[i.d] = np.tanh(s[i.a])
+            s[i.d] = self._scalar_fn(self.f.tanh, s[i.a])
         elif f is ScalarFunc.LDPOS:
             s[i.d] = self.pos
         elif f is ScalarFunc.MAX:
@@ -377,6 +503,9 @@ class Machine:
                 s[i.d] = self.l2[i.imm]
             else:
                 self.l2[i.imm] = s[i.a]
+
+    def _scalar_fn(self, fn, x):
+        return fn(np.array([x], dtype=self.dtype))[0]
 
     def _imm(self, bits: int):
         return self.dtype(np.array([bits], dtype="<u4").view("<f4")[0])
@@ -401,6 +530,7 @@ class Machine:
             self._err(ErrorCode.BAD_DESCRIPTOR, f"descriptor {i.slot} is not a KV slot")
         w = d.heads * d.head_dim
         self.counters.bytes_written["KV"] += 2 * w * 2
+        self.counters.elements[self._name] += 2 * w
         if self.arithmetic == COUNT:
             return
         k_store, v_store, positions = self._kv[d.index]
@@ -416,68 +546,79 @@ class Machine:
         heads, head_dim, window = (int(v) for v in self.shape_cache[ShapeCache.FMAP][i.shape_ptr])
         if head_dim != d.head_dim or i.kv_head >= d.heads or heads <= 0:
             self._err(ErrorCode.BAD_LENGTH, f"ATTN shape ({heads} heads of {head_dim}) does not match the slot")
-        if window and window > d.capacity:
-            self._err(ErrorCode.BAD_LENGTH, f"window {window} exceeds the slot's {d.capacity} positions")
-        if not window and self.pos >= d.capacity:
-            self._err(ErrorCode.ADDRESS_RANGE, f"position {self.pos} exceeds the KV slot ({d.capacity})")
+        # A ring as wide as the window serves every position; a narrower slot (a cache sized for fewer
+        # positions than the window, or a full-attention layer) only positions below its capacity.
+        if (not window or window > d.capacity) and self.pos >= d.capacity:
+            self._err(ErrorCode.ADDRESS_RANGE, f"position {self.pos} exceeds the KV slot ({d.capacity} positions)")
         if self.arithmetic == COUNT:
             seen = min(self.pos + 1, window) if window else self.pos + 1
             self.counters.bytes_read["KV"] += 2 * seen * head_dim * 2
+            self.counters.elements[self._name] += heads * seen * head_dim
             return
         k_store, v_store, positions = self._kv[d.index]
         lo = self.pos - window + 1 if window else 0
-        visible = (positions >= max(lo, 0)) & (positions <= self.pos)
+        visible = np.nonzero((positions >= max(lo, 0)) & (positions <= self.pos))[0]
+        visible = visible[np.argsort(positions[visible], kind="stable")]          # oldest position first
         k = k_store[visible, i.kv_head].astype(self.dtype)
         v = v_store[visible, i.kv_head].astype(self.dtype)
-        self.counters.bytes_read["KV"] += 2 * int(visible.sum()) * head_dim * 2
+        self.counters.bytes_read["KV"] += 2 * visible.size * head_dim * 2
+        self.counters.elements[self._name] += heads * visible.size * head_dim
         q = self.l2[self._vec(i.q, heads * head_dim)].reshape(heads, head_dim)
-        scores = q @ k.T
-        e = np.exp(scores - np.max(scores, axis=1, keepdims=True))
-        p = e / np.sum(e, axis=1, keepdims=True)
-        self.l2[self._vec(i.dst, heads * head_dim)] = (p @ v).reshape(-1)
+        # scores: one dot product per (head, position); softmax as exp(s - max) * recip(sum); then the
+        # V rows accumulated in position order, oldest first (one rounding per product and per add).
+        fn = self.f
+        scores = fn.reduce_sum(q[:, None, :] * k[None, :, :])                  # [heads, n]
+        e = fn.exp(scores - fn.reduce_max(scores)[:, None])
+        p = e * fn.recip(fn.reduce_sum(e))[:, None]
+        out = p[:, 0, None] * v[0][None, :]
+        for t in range(1, v.shape[0]):
+            out = out + p[:, t, None] * v[t][None, :]
+        self.l2[self._vec(i.dst, heads * head_dim)] = out.reshape(-1)
 
     def _x_cvo(self, i):
+        self.counters.elements[self._name] += i.length
         if self.arithmetic == COUNT:
             return
         f, n = i.func, i.length
         x = self.l2[self._vec(i.src, n * (2 if f in (CvoFunc.ROPE_COS, CvoFunc.ROPE_SIN) else 1))]
-        dt = self.dtype
+        dt, fn = self.dtype, self.f
         if f in (CvoFunc.ROPE_COS, CvoFunc.ROPE_SIN):
+            # u0.64 frequency (two words, high first) times the integer position, modulo one turn: exact
             words = self._u32(x).reshape(n, 2)
             turns = np.array([((int(hi) << 32 | int(lo)) * self.pos) % (1 << 64) for hi, lo in words],
-                             dtype=np.float64) / 2.0**64
-            ang = 2.0 * np.pi * turns
-            y = (np.cos(ang) if f is CvoFunc.ROPE_COS else np.sin(ang)).astype(dt)
+                             dtype=np.uint64)
+            y = (fn.cos_turns(turns) if f is CvoFunc.ROPE_COS else fn.sin_turns(turns)).astype(dt)
         elif f is CvoFunc.REDUCE_SUM:
-            y = np.array([np.sum(x)], dt)
+            y = np.array([fn.reduce_sum(x)], dt)
         elif f is CvoFunc.REDUCE_MAX:
-            y = np.array([np.max(x)], dt)
+            y = np.array([fn.reduce_max(x)], dt)
         else:
             if i.sub_emax:
                 x = x - self.emax
             if f is CvoFunc.EXP:
-                y = np.exp(x)
+                y = fn.exp(x)
             elif f is CvoFunc.SQRT:
-                y = np.sqrt(x)
+                y = fn.sqrt(x)
             elif f is CvoFunc.GELU:
-                y = _gelu_tanh(x)
+                y = fn.gelu_tanh(x)
             elif f is CvoFunc.SIN:
-                y = np.sin(x)
+                y = fn.sin(x)
             elif f is CvoFunc.COS:
-                y = np.cos(x)
-            elif f is CvoFunc.SCALE:
-                y = x / self.s[0] if i.recip_scale else x * self.s[0]
+                y = fn.cos(x)
+            elif f is CvoFunc.SCALE:       # recip_scale: a multiply by the reciprocal (no divider)
+                y = x * (self._scalar_fn(fn.recip, self.s[0]) if i.recip_scale else self.s[0])
             elif f is CvoFunc.RECIP:
-                y = dt(1) / x
+                y = fn.recip(x)
             elif f is CvoFunc.TANH:
-                y = np.tanh(x)
+                y = fn.tanh(x)
             elif f is CvoFunc.RSQRT:
-                y = dt(1) / np.sqrt(x)
-            elif f is CvoFunc.SOFTCAP:
+                y = fn.rsqrt(x)
+            elif f is CvoFunc.SOFTCAP:     # c * tanh(x * (1/c))
                 c = self.s[0]
-                y = np.tanh(x / c) * c
+                y = fn.tanh(x * self._scalar_fn(fn.recip, c)) * c
             else:  # pragma: no cover
                 self._err(ErrorCode.BAD_FUNCTION, f"CVO {f.name}")
+            y = np.asarray(y, dtype=dt)
         out = self._vec(i.dst, y.size)
         self.l2[out] = (self.l2[out] + y) if i.accm else y
 

@@ -152,7 +152,7 @@ def test_full_attention_beyond_the_kv_capacity_is_an_error():
     rt = Runtime.from_hf(cfg, random_tensors(cfg, 0), arithmetic="hardware", hw="tiny", max_positions=6)
     for t in range(6):
         rt.step(t + 2)
-    with pytest.raises(ExecutionError, match=r"position 6 exceeds the KV slot \(6\)") as e:
+    with pytest.raises(ExecutionError, match=r"position 6 exceeds the KV slot \(6 positions\)") as e:
         rt.step(3)
     assert e.value.code is ErrorCode.ADDRESS_RANGE
 
@@ -179,3 +179,55 @@ def test_compiler_rejects_altup_streams_not_in_whole_words():
     cfg = ModelConfig.from_hf({**PRESETS["tiny"].to_hf(), "altup_num_inputs": 3})
     with pytest.raises(ValueError, match="altup_num_inputs must be a multiple of 4"):
         compile_token(cfg, None, HW["tiny"])
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_wgemm_equals_wgemv_per_token(tokens):
+    """WGEMM (the systolic array, sim.systolic) gives, token by token, the bits of WGEMV (the GEMV engine),
+    and in reference arithmetic the float64 product; weights stream once per systolic_rows tokens."""
+    cfg, hw = PRESETS["tiny"], HW["tiny"]
+    tensors = random_tensors(cfg, 3)
+    image = pack(cfg, tensors, hw)
+    d = next(d for d in image.descriptors if d.kind == 0 and d.layout == 0 and d.tensor.endswith("up_proj.weight"))
+    halt = encode(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)
+    in_stride, out_stride = -(-d.cols // 4), -(-d.rows // 4)
+    src, dst = 0, 2048
+    rng = np.random.default_rng(tokens)
+    xs = (rng.standard_normal((tokens, d.cols)) * np.array([0.1, 3.0, 40.0])[rng.integers(0, 3, d.cols)])
+    xs[:, rng.integers(0, d.cols, 5)] = 0.0
+    for arithmetic in ("hardware", "reference"):
+        source = {d.tensor: tensors[d.tensor]} if arithmetic == "reference" else None
+        batch = Machine(image, hw, arithmetic, source=source)
+        for t in range(tokens):
+            batch.l2[(src + t * in_stride) * 4:(src + t * in_stride) * 4 + d.cols] = xs[t]
+        batch.run([encode(Opcode.WGEMM, dst=dst, src=src, desc=d.index, tokens=tokens, accm=0, async_=0), halt],
+                  token=0, pos=0)
+        got = np.stack([batch.l2[(dst + t * out_stride) * 4:(dst + t * out_stride) * 4 + d.rows]
+                        for t in range(tokens)])
+        if arithmetic == "reference":
+            np.testing.assert_allclose(got, xs @ np.asarray(tensors[d.tensor], np.float64).T, rtol=1e-12,
+                                       atol=1e-12)
+            continue
+        single = Machine(image, hw, "hardware")
+        for t in range(tokens):
+            single.l2[:d.cols] = xs[t].astype(np.float32)
+            single.run([encode(Opcode.WGEMV, dst=dst, src=0, desc=d.index, accm=0, findemax=0, sparse=0,
+                               async_=0), halt], token=0, pos=0)
+            np.testing.assert_array_equal(got[t], single.l2[dst * 4:dst * 4 + d.rows], err_msg=f"token {t}")
+        passes = -(-tokens // hw.systolic_rows)
+        assert batch.counters.bytes_read["WEIGHTS"] == passes * single.counters.bytes_read["WEIGHTS"] // tokens
+
+
+def test_wgemm_rejects_zero_tokens_and_column_major():
+    m, image = machine_for()
+    halt = encode(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)
+    dense = next(d for d in image.descriptors if d.kind == 0 and d.layout == 0)
+    with pytest.raises(ExecutionError, match="at least one token") as e:
+        m.run([encode(Opcode.WGEMM, dst=0, src=0, desc=dense.index, tokens=0, accm=0, async_=0), halt],
+              token=0, pos=0)
+    assert e.value.code is ErrorCode.BAD_LENGTH
+    colmajor = next(d for d in image.descriptors if d.kind == 0 and d.layout == 1)
+    with pytest.raises(ExecutionError, match="not a row-major weight matrix") as e:
+        m.run([encode(Opcode.WGEMM, dst=0, src=0, desc=colmajor.index, tokens=2, accm=0, async_=0), halt],
+              token=0, pos=0)
+    assert e.value.code is ErrorCode.BAD_DESCRIPTOR
