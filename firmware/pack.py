@@ -10,6 +10,7 @@ DESC        descriptor table, 32 bytes each: KV-cache slots first (ATTN/KVST add
 CONST       binary32 vectors and small matrices: norm gains, ``correct_output_scale``, the AltUp router,
             prediction and correction coefficients, RoPE frequency tables (in turns, two words each)
 WEIGHTS     INT4 matrices (two per byte, low nibble first) followed by their binary16 group scales
+            (row-major [rows, groups]; group-major [groups, rows] for column-major matrices)
 KV          the KV cache: per cache layer, K then V, binary16, ``capacity`` positions
             (sliding layers keep a ring of `sliding_window` positions; full layers `max_positions`)
 LOGITS      the token's soft-capped logits, binary32
@@ -277,6 +278,7 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
         for r0 in range(0, rows, chunk):
             r1 = min(rows, r0 + chunk)
             if (r0, r1) != (0, rows):
+                assert layout == Layout.ROW, "row chunks of a column-major matrix have no contiguous scales"
                 descs.append(Descriptor(len(descs), DescKind.INT4, name, r0, r1 - r0, cols,
                                         off + r0 * pcols // 2, soff + r0 * ngroups * 2, layout, group))
     for theta_name in ("rope.sliding", "rope.full"):
@@ -357,5 +359,9 @@ def _pack_int4_tensor(image: Image, e: TensorEntry, value) -> None:
             image.view("WEIGHTS", e.offset + r0 * pcols // 2, (r1 - r0) * pcols // 2)[:] = pack_int4(qp).reshape(-1)
         else:
             image.view("WEIGHTS", e.offset, e.nbytes)[:] = pack_int4(np.ascontiguousarray(q.T)).reshape(-1)
-        image.view("WEIGHTS", e.scale_offset + r0 * ngroups * 2, (r1 - r0) * ngroups * 2)[:] = \
-            s.astype("<f2").reshape(-1).view(np.uint8)
+        if e.layout == Layout.ROW:       # row-major [rows, groups]: a row's scales with the row
+            image.view("WEIGHTS", e.scale_offset + r0 * ngroups * 2, (r1 - r0) * ngroups * 2)[:] = \
+                s.astype("<f2").reshape(-1).view(np.uint8)
+        else:                            # group-major [groups, rows]: a column pass reads group g's scales
+            image.view("WEIGHTS", e.scale_offset, e.scale_nbytes)[:] = \
+                np.ascontiguousarray(s.T).astype("<f2").reshape(-1).view(np.uint8)

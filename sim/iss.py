@@ -338,8 +338,11 @@ class Machine:
         else:
             raw = self.image.view("WEIGHTS", entry.offset, entry.nbytes)
             q = unpack_int4(raw.reshape(cols, rows // 2)).T[r0:r0 + n]
-        s = self.image.view("WEIGHTS", entry.scale_offset + r0 * ngroups * 2, n * ngroups * 2)
-        return q, s.view("<f2").reshape(n, ngroups)
+        if entry.layout == 0:        # scales row-major [rows, groups]
+            s = self.image.view("WEIGHTS", entry.scale_offset + r0 * ngroups * 2, n * ngroups * 2)
+            return q, s.view("<f2").reshape(n, ngroups)
+        s = self.image.view("WEIGHTS", entry.scale_offset, rows * ngroups * 2)    # group-major [groups, rows]
+        return q, s.view("<f2").reshape(ngroups, rows).T[r0:r0 + n]
 
     def _x_gather(self, i):
         d = self._desc(i.desc)

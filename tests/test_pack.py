@@ -41,7 +41,9 @@ def test_int4_matrices_read_back(packed):
         else:
             q = unpack_int4(raw.reshape(cols, rows // 2)).T
         np.testing.assert_array_equal(q, q_ref, err_msg=name)
-        s = image.view("WEIGHTS", e.scale_offset, e.scale_nbytes).view("<f2").reshape(rows, -1)
+        s = image.view("WEIGHTS", e.scale_offset, e.scale_nbytes).view("<f2")
+        # row-major matrices keep [rows, groups]; column-major ones store their scales group-major
+        s = s.reshape(rows, -1) if e.layout == Layout.ROW else s.reshape(-1, rows).T
         np.testing.assert_array_equal(s, s_ref, err_msg=name)
 
 
