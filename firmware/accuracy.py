@@ -5,7 +5,10 @@ of the chosen preset through the ISS in hardware arithmetic and through `sim.gem
 feeding both the golden model's greedy tokens, and reports per seed: max |Δlogit|, top-1 agreement, and
 the mean and max KL(golden || hardware) of the next-token distributions. ``--group`` / ``--block``
 override the weight group and activation block of the hardware preset (the numerics study in
-docs/numerics.md).
+docs/numerics.md). ``--int4-exact`` first replaces every tensor the packer stores as INT4 by the values
+its INT4 codes and binary16 scales stand for, in both models: the weight rounding then costs nothing and
+what remains is the rest of the hardware arithmetic (INT8 activation blocks, binary32, the SFU functions,
+the binary16 KV cache).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from sim.random_weights import random_tensors
 
 from .runtime import Runtime
 
-__all__ = ["measure", "Accuracy", "main"]
+__all__ = ["measure", "Accuracy", "int4_exact", "main"]
 
 
 @dataclass
@@ -37,6 +40,21 @@ class Accuracy:
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     z = x - np.max(x)
     return z - np.log(np.sum(np.exp(z)))
+
+
+def int4_exact(cfg: ModelConfig, tensors, hw: HardwareConfig) -> dict:
+    """`tensors` with every INT4-packed matrix replaced by its dequantised INT4 values (packing them again
+    reproduces the same codes and scales: the largest code of each group is ±7, so the scale is kept)."""
+    from sim.numerics import dequantize_weights, quantize_weights
+
+    from .pack import pack
+    plan = pack(cfg, None, hw, max_positions=1, fill=False)
+    out = dict(tensors)
+    for name, e in plan.tensors.items():
+        if e.format == "int4":
+            q, scale = quantize_weights(np.asarray(tensors[name], np.float64), e.group)
+            out[name] = dequantize_weights(q, scale, e.group)
+    return out
 
 
 def measure(cfg: ModelConfig, tensors, hw: HardwareConfig, steps: int = 32, first: int | None = None) -> Accuracy:
@@ -63,16 +81,22 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--group", type=int, help="weight group (0 = one scale per row)")
     p.add_argument("--block", type=int, help="activation block")
+    p.add_argument("--int4-exact", action="store_true",
+                   help="weights replaced by their INT4 values in both models (isolates the other arithmetic)")
     args = p.parse_args(argv)
     cfg = ModelConfig.preset(args.model)
     hw = HardwareConfig.preset(args.hw)
     changes = {k: v for k, v in (("weight_group", args.group), ("act_block", args.block)) if v is not None}
     hw = hw.replace(**changes)
     print(f"model {args.model}, hardware {hw.name}: weight group {hw.weight_group or 'row'}, "
-          f"activation block {hw.act_block}, {args.steps} greedy steps")
+          f"activation block {hw.act_block}, {args.steps} greedy steps"
+          + (", weights INT4-exact in both models" if args.int4_exact else ""))
     print(f"{'seed':>5} {'max |dlogit|':>13} {'top-1':>7} {'mean KL':>9} {'max KL':>9}")
     for seed in args.seeds:
-        a = measure(cfg, random_tensors(cfg, seed, dtype=np.float64), hw, args.steps)
+        tensors = random_tensors(cfg, seed, dtype=np.float64)
+        if args.int4_exact:
+            tensors = int4_exact(cfg, tensors, hw)
+        a = measure(cfg, tensors, hw, args.steps)
         print(f"{seed:>5} {a.max_abs:>13.3f} {a.top1:>7.2%} {a.kl_mean:>9.4f} {a.kl_max:>9.4f}")
     return 0
 
