@@ -1,39 +1,59 @@
-"""SFU building blocks in Amaranth, bit-identical to `sim.sfu` (status: partial, see docs/sfu.md).
+"""The SFU in Amaranth: every CVO function and the element-wise/reduction VEC functions of the ISA on binary32
+streams, bit-identical to `sim.sfu` (and to NumPy float32 for add and multiply). Design: docs/sfu.md §4.
 
-What exists:
-
+Pieces
+------
 - `Flow`: a small scheduler for pipelines built from `hdl.fp` primitives. Every value is a *node*
   ``(signal, time)``; an operation waits for its latest operand, and earlier operands are delayed with
-  registers gated by the shared ``en`` (so the whole pipeline holds when ``en`` is 0). This is how every
-  SFU function is laid out: the RTL is the model's operation sequence, scheduled.
-- `SegmentPoly`: the shared evaluator ``((c3*t + c2)*t + c1)*t + c0`` (`sim.sfu.horner`) with the
-  coefficient table of `sim.sfu.table` in a ROM. Only the 9-bit index is delayed: each coefficient is
-  read from its own ROM port in the cycle it is used.
-- `Recip`: the whole ``sim.sfu.recip`` (normalise, log-segment index, exact ``t``, cubic, ``ldexp``,
-  special cases) as one pipeline, one element per cycle.
-
-The full stream SFU (every CVO and VEC function behind one `lib.stream` command/data interface) is
-designed in docs/sfu.md and not yet built.
+  registers gated by the shared ``en`` (so the whole pipeline holds when ``en`` is 0). The RTL of every
+  function is the model's operation sequence, scheduled.
+- `SegmentPoly`: the evaluator ``((c3*t + c2)*t + c1)*t + c0`` (`sim.sfu.horner`) with the coefficient
+  table of `sim.sfu.table` in ROMs (one port per coefficient, read in the cycle it is used).
+- Function builders (`recip_flow`, `sqrt_flow`, `exp_flow`, `tanh_flow`, `trig_flow`, `gelu_flow`):
+  each lays out one `sim.sfu` function on a `Flow`; `FlowUnit` wraps one as a small component for unit
+  tests, `Recip` is the reciprocal alone.
+- `Sfu`: the stream SFU. A command (`command_layout`: operation `SfuOp`, length, flags, scalars) is taken
+  from ``i_cmd``; then `length` elements ``{a, b}`` from ``i_data`` go through one pipeline (one element
+  per cycle, every function), results leave on ``o_data``; reductions leave one scalar after draining
+  `hw.sfu_reduce_lanes` lane accumulators through a pairwise tree.
 """
 
+from __future__ import annotations
+
+import enum as _enum
 
 import numpy as np
-from amaranth import Cat, Const, Module, Mux, Signal, Value
-from amaranth.lib import memory, wiring
+from amaranth import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
+from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hdl.isa import CvoFunc, VecFunc
 from sim import sfu as model
 
-from .fp import QNAN, FpAdd, FpLdexp, FpMul
+from .fp import QNAN, FpAdd, FpLdexp, FpMul, _Pipe
 
-__all__ = ["Flow", "SegmentPoly", "Recip"]
+__all__ = ["Flow", "SegmentPoly", "Recip", "FlowUnit", "SfuOp", "op_of", "command_layout", "Sfu",
+           "recip_flow", "sqrt_flow", "exp_flow", "tanh_flow", "trig_flow", "gelu_flow"]
+
+
+def _f32_bits(x) -> int:
+    return int(np.asarray(x, np.float32).view(np.uint32))
+
+
+ONE = _f32_bits(1.0)
+INF = 0x7F800000
+NEG_INF = 0xFF800000
+NEG_ZERO = 0x80000000
 
 
 class Flow:
-    """Schedules operations on ``(value, time)`` nodes inside module `m`; every register is gated by `en`."""
+    """Schedules operations on ``(value, time)`` nodes inside module `m`; every register is gated by `en`.
 
-    def __init__(self, m: Module, en: Value, prefix: str = "f"):
-        self.m, self.en, self.prefix = m, en, prefix
+    With ``dry=True`` the graph is only laid out (to learn its latency): the units it creates are
+    silenced, because that module is never elaborated."""
+
+    def __init__(self, m: Module, en: Value, prefix: str = "f", dry: bool = False):
+        self.m, self.en, self.prefix, self.dry = m, en, prefix, dry
         self._n = 0
         self._delays = {}
 
@@ -41,9 +61,17 @@ class Flow:
         self._n += 1
         return f"{self.prefix}{self._n}_{what}"
 
+    def sub(self, what, elaboratable):
+        if self.dry:
+            elaboratable._MustUse__silence = True
+        self.m.submodules[self._name(what)] = elaboratable
+        return elaboratable
+
     def delay(self, node, t: int):
         """`node` delayed until time `t` (registers gated by en; shared between users)."""
         v, t0 = node
+        if isinstance(v, Const):
+            return v
         if t < t0:
             raise ValueError(f"cannot move a value from time {t0} back to {t}")
         key = (id(v), t0)
@@ -72,7 +100,7 @@ class Flow:
 
     def _unit(self, unit, a, b):
         m = self.m
-        m.submodules[self._name(type(unit).__name__.lower())] = unit
+        self.sub(type(unit).__name__.lower(), unit)
         (va, vb), t = self.align(a, b)
         m.d.comb += [unit.en.eq(self.en), unit.i_valid.eq(1), unit.i_a.eq(va), unit.i_b.eq(vb)]
         return unit.o_y, t + unit.latency
@@ -80,19 +108,66 @@ class Flow:
     def add(self, a, b):
         return self._unit(FpAdd(), a, b)
 
+    def sub_(self, a, b):
+        """a - b as a + (-b) (IEEE subtraction)."""
+        return self.add(a, self.comb(_neg, b, register=False))
+
     def mul(self, a, b):
         return self._unit(FpMul(), a, b)
 
     def ldexp(self, a, k, exp_width=10):
         return self._unit(FpLdexp(exp_width), a, k)
 
+    def rom(self, words, width, addr):
+        """``words[addr]`` from a ROM: address at time T, data at T + 1."""
+        rom = self.sub("rom", memory.Memory(shape=width, depth=len(words), init=[int(w) for w in words]))
+        port = rom.read_port(domain="sync")
+        v, t = addr
+        self.m.d.comb += [port.en.eq(self.en), port.addr.eq(v)]
+        return port.data, t + 1
+
+    def poly(self, table, index, t):
+        """`SegmentPoly` on ``table[index]`` at ``t``."""
+        poly = self.sub("poly", SegmentPoly(table))
+        (vi, vt), t0 = self.align(index, t)
+        self.m.d.comb += [poly.en.eq(self.en), poly.i_valid.eq(1), poly.i_index.eq(vi), poly.i_t.eq(vt)]
+        return poly.o_y, t0 + poly.latency
+
+    def to_fp(self, mag, msb_exp: int):
+        """Unsigned integer `mag` to binary32 (RNE) where its MSB has weight ``2**msb_exp``; 3 stages."""
+        (v,), t = self.align(mag)
+        p = _Pipe(self.m, self.en, Const(1))
+        y = p.normalize_round(Const(0, 1), 127 + msb_exp, v, Const(0, 1), Const(0, 1), Const(0, 32),
+                              right_shift=False)
+        return y, t + p.stages
+
     @staticmethod
     def const(value, width=32):
         return Const(int(value), width), 0
 
 
-def _f32_bits(x) -> int:
-    return int(np.asarray(x, np.float32).view(np.uint32))
+def _neg(v):
+    return Cat(v[:31], ~v[31])
+
+
+def _key(v):
+    """Order key of a non-NaN binary32 (±0 equal): signed 33-bit."""
+    mag = v[:31].as_unsigned()
+    return Mux(v[31], -mag, mag).as_signed()
+
+
+def _is_nan(v):
+    return v[:31] > INF
+
+
+def _fmax(a, b):
+    """``np.maximum`` on binary32: NaN if either is NaN; on equality (±0 too) `b`."""
+    return Mux(_is_nan(a) | _is_nan(b), QNAN, Mux(_key(a) > _key(b), a, b))
+
+
+def _fmin(a, b):
+    """``np.minimum`` (the `b` operand on equality)."""
+    return Mux(_is_nan(a) | _is_nan(b), QNAN, Mux(_key(a) < _key(b), a, b))
 
 
 class SegmentPoly(wiring.Component):
@@ -146,57 +221,472 @@ class SegmentPoly(wiring.Component):
         return m
 
 
-class Recip(wiring.Component):
-    """``sim.sfu.recip`` as a pipeline: ``en``, ``i_valid``, ``i_a`` -> ``o_valid``, ``o_y``."""
+# --- function builders (each is the sim.sfu function of the same name, scheduled) ------------------------
 
-    en: In(1)
-    i_valid: In(1)
-    i_a: In(32)
-    o_valid: Out(1)
-    o_y: Out(32)
+def _logseg(f, z, e_lo: int, j_bits: int, binades: int):
+    """`sim.sfu.logseg_index` of a positive binary32 node `z`: (index, exact t = z - segment start)."""
+    low = 23 - j_bits
+    eb = max(1, (binades - 1).bit_length())
+    index = f.comb(lambda v: Cat(v[low:23], (v[23:31] - (127 + e_lo))[:eb]), z, register=False)
+    start = f.comb(lambda v: Cat(Const(0, low), v[low:31], Const(1, 1)), z, register=False)   # -start
+    return index, f.add(z, start)
 
-    def __init__(self):
-        super().__init__()
+
+def _normalise(f, mag):
+    """|x| (31-bit node) as m * 2**e: returns (a2 = |x| with subnormals scaled by 2**24, e signed)."""
+    sub = f.comb(lambda v: v[23:31] == 0, mag, register=False)
+    a2 = f.ldexp(f.comb(lambda v: v[:31], mag, register=False), f.comb(lambda s: Mux(s, 24, 0), sub, register=False))
+    e = f.comb(lambda b, s: Cat(b[23:31], Const(0, 2)).as_signed() - 127 - Mux(s, 24, 0), a2, sub, register=False)
+    return a2, e
+
+
+def recip_flow(f, x):
+    """`sim.sfu.recip`."""
+    e_lo, _, j_bits = model.RECIP_GEOM
+    low = 23 - j_bits
+    a2, e = _normalise(f, x)
+    mant = f.comb(lambda b: Cat(b[:23], Const(127, 8)), a2, register=False)
+    index, t = _logseg(f, mant, e_lo, j_bits, 1)
+    p = f.poly(model.table("recip"), index, t)
+    y = f.ldexp(p, f.comb(lambda v: -v, e, register=False))
+
+    def special(v, yy):
+        mag = v[:31]
+        return Mux(v[23:31] == 0xFF, Mux(v[:23] != 0, QNAN, Cat(Const(0, 31), v[31])),
+                   Mux(mag == 0, Cat(Const(INF, 31), v[31]), Cat(yy[:31], v[31])))
+
+    return f.comb(special, x, y)
+
+
+def sqrt_flow(f, x, rs):
+    """`sim.sfu.sqrt` (``rs`` = 0) or `sim.sfu.rsqrt` (``rs`` = 1): one evaluator, both tables."""
+    e_lo, binades, j_bits = model.SQRT_GEOM
+    a2, e = _normalise(f, x)
+    z = f.comb(lambda b, ee: Cat(b[:23], Mux(ee[0], 128, 127)), a2, e, register=False)   # m * 2**(e&1)
+    index, t = _logseg(f, z, e_lo, j_bits, binades)
+    rows = len(model.table("sqrt"))
+    table = np.concatenate([model.table("sqrt"), model.table("rsqrt")])
+    index2 = f.comb(lambda i, r: Cat(i, r), index, rs, register=False)
+    assert rows == 1 << len(index[0])
+    p = f.poly(table, index2, t)
+    y = f.ldexp(p, f.comb(lambda ee, r: Mux(r, -(ee >> 1), ee >> 1), e, rs, register=False))
+
+    def special(v, yy, r):
+        zero = v[:31] == 0
+        nan = _is_nan(v) | (v[31] & ~zero)
+        pinf = v == INF
+        sq = Mux(zero | pinf, v, yy)
+        rsq = Mux(zero, Cat(Const(INF, 31), v[31]), Mux(pinf, 0, yy))
+        return Mux(nan, QNAN, Mux(r, rsq, sq))
+
+    return f.comb(special, x, y, rs)
+
+
+def exp_flow(f, x):
+    """`sim.sfu.exp` (Cody-Waite)."""
+    lo, hi = (_f32_bits(v) for v in model.EXP_CLAMP)
+    xc = f.comb(lambda v: Mux(_key(v) < _key(Const(lo, 32)), lo, Mux(_key(v) > _key(Const(hi, 32)), hi, v)), x)
+    tm = f.add(f.mul(xc, f.const(_f32_bits(model.EXP_INV))), f.const(_f32_bits(model.EXP_MAGIC)))
+    magic = _f32_bits(model.EXP_MAGIC)
+    n = f.comb(lambda v: (v.as_signed() - magic)[:16].as_signed(), tm, register=False)
+    nf = f.add(tm, f.const(_f32_bits(-model.EXP_MAGIC)))
+    r1 = f.sub_(xc, f.mul(nf, f.const(_f32_bits(model.EXP_L_HI))))
+    r = f.sub_(r1, f.mul(nf, f.const(_f32_bits(model.EXP_L_LO))))
+    index = f.comb(lambda v: v[:5], n, register=False)
+    p = f.poly(model.table("exp"), index, r)
+    y = f.ldexp(p, f.comb(lambda v: v >> 5, n, register=False))
+    return f.comb(lambda v, yy: Mux(_is_nan(v), QNAN, yy), x, y)
+
+
+def tanh_flow(f, x):
+    """`sim.sfu.tanh`."""
+    e_lo, binades, j_bits = model.TANH_GEOM
+    lo, hi = _f32_bits(model.TANH_LO), _f32_bits(model.TANH_HI)
+    a = f.comb(lambda v: v[:31], x, register=False)
+    inside = f.comb(lambda v: (v >= lo) & (v < hi), a, register=False)
+    z = f.comb(lambda v, i: Mux(i, v, lo), a, inside, register=False)
+    index, t = _logseg(f, z, e_lo, j_bits, binades)
+    p = f.poly(model.table("tanh"), index, t)
+
+    def out(v, i, pp):
+        pm = _fmin(pp, Const(ONE, 32))
+        y = Mux(v[:31] < lo, v[:31], Mux(i, pm, ONE))
+        return Mux(_is_nan(v), QNAN, Cat(y[:31], v[31]))
+
+    return f.comb(out, x, inside, p)
+
+
+def sin_turns_flow(f, turn):
+    """`sim.sfu.sin_turns` of a u0.64 turn node."""
+    e_lo, binades, j_bits = model.SIN_GEOM
+    lo = _f32_bits(model.SIN_LO)
+    g = f.comb(lambda t: Mux(t[62], (1 << 62) - t[:62], t[:62])[:63], turn)
+    z = f.to_fp(g, 0)
+    inside = f.comb(lambda v: (v >= lo) & (v < ONE), z, register=False)
+    zz = f.comb(lambda v, i: Mux(i, v, lo), z, inside, register=False)
+    index, t = _logseg(f, zz, e_lo, j_bits, binades)
+    p = f.poly(model.table("sin"), index, t)
+    small = f.mul(z, f.const(_f32_bits(model.HALF_PI)))
+    q1 = f.comb(lambda t: t[63], turn, register=False)
+
+    def out(v, i, pp, sm, neg):
+        y = Mux(v >= ONE, ONE, Mux(i, pp, sm))
+        return Cat(y[:31], y[31] ^ neg)
+
+    return f.comb(out, z, inside, p, small, q1)
+
+
+def _payne_hanek(f, a):
+    """u0.64 turns of a positive finite binary32 node `a` (`sim.sfu._turns_of`)."""
+    windows = [model.payne_hanek_window(max(e, 1) - 150) for e in range(256)]
+    w = f.rom(windows, model.PH_WINDOW, f.comb(lambda v: v[23:31], a, register=False))
+    mant = f.comb(lambda v: Cat(v[:23], v[23:31] != 0), a, register=False)
+    parts = [f.comb(lambda mm, ww, k=k: mm * ww[24 * k:24 * (k + 1)], mant, w) for k in range(4)]
+    parts = [f.comb(lambda v: v, p) for p in parts]              # second product register (DSP PREG)
+    lo = f.comb(lambda p0, p1: p0 + (p1 << 24), parts[0], parts[1])
+    hi = f.comb(lambda p2, p3: p2 + (p3 << 24), parts[2], parts[3])
+    shift = 24 + model.PH_GUARD
+    return f.comb(lambda l, h: (l + (h << 48))[shift:shift + 64], lo, hi)
+
+
+def _rope_turns(f, hi, lo, pos):
+    """``((hi << 32 | lo) * pos) mod 2**64`` (`sim.sfu.rope_turns`)."""
+    plo = f.comb(lambda l, p: l * p, lo, pos)
+    phi = f.comb(lambda h, p: (h * p)[:32], hi, pos)
+    plo, phi = f.comb(lambda v: v, plo), f.comb(lambda v: v, phi)
+    return f.comb(lambda l, h: (l + Cat(Const(0, 32), h))[:64], plo, phi)
+
+
+def trig_flow(f, x, hi, lo, pos, rope, cosine):
+    """`sim.sfu.sin`/`cos` of binary32 radians `x` (``rope`` = 0), or `rope_sin`/`rope_cos` of the u0.64
+    frequency ``hi:lo`` at position `pos` (``rope`` = 1); ``cosine`` picks cos."""
+    small_lo = _f32_bits(model.SINCOS_LO)
+    big = f.comb(lambda v: (v[:31] < INF) & (v[:31] >= small_lo), x, register=False)
+    aa = f.comb(lambda v, b: Mux(b, v[:31], ONE), x, big, register=False)
+    ph = _payne_hanek(f, aa)
+    rt = _rope_turns(f, hi, lo, pos)
+
+    def turn(p, r, v, rp, c):
+        t = Mux(rp, r, Mux(v[31] & ~c, (-p)[:64], p))
+        return (t + Mux(c, 1 << 62, 0))[:64]
+
+    t = f.comb(turn, ph, rt, x, rope, cosine)
+    y = sin_turns_flow(f, t)
+
+    def out(v, yy, rp, c):
+        small = Mux(c, ONE, v)
+        r = Mux(v[:31] < small_lo, small, yy)
+        return Mux(rp, yy, Mux(v[:31] >= INF, QNAN, r))
+
+    return f.comb(out, x, y, rope, cosine)
+
+
+GELU_K0, GELU_K1 = _f32_bits(model.GELU_K0), _f32_bits(model.GELU_K1)
+
+
+def gelu_flow(f, x, xx=None):
+    """`sim.sfu.gelu_tanh` (`xx`: an already computed x*x node, shared with the caller's multiplier)."""
+    xx = f.mul(x, x) if xx is None else xx
+    v = f.mul(f.add(f.mul(f.const(GELU_K1), xx), f.const(GELU_K0)), x)
+    return _gelu_tail(f, x, f.add(exp_flow(f, v), f.const(ONE)), recip_flow)
+
+
+def _gelu_tail(f, x, e1, recip):
+    y = f.mul(x, recip(f, e1))
+    return f.comb(lambda v, yy: Mux(_is_nan(v), QNAN, Mux(v == NEG_INF, NEG_ZERO, yy)), x, y)
+
+
+class FlowUnit(wiring.Component):
+    """One builder as a pipeline for unit tests: ``build(flow, a_node, b_node) -> node``; ports ``en``,
+    ``i_valid``, ``i_a``, ``i_b``, ``o_valid``, ``o_y``; `latency` from a dry layout."""
+
+    def __init__(self, build):
+        self._build = build
+        super().__init__({"en": In(1), "i_valid": In(1), "i_a": In(32), "i_b": In(32),
+                          "o_valid": Out(1), "o_y": Out(32)})
+        m = Module()
+        m._MustUse__silence = True
+        self._latency = build(Flow(m, Const(1), dry=True), (Signal(32), 0), (Signal(32), 0))[1]
 
     @property
     def latency(self) -> int:
-        # normalise (ldexp) + t (add) + cubic + ldexp + special-case register
-        return 2 * FpLdexp.LATENCY + FpAdd.LATENCY + 1 + 3 * (FpMul.LATENCY + FpAdd.LATENCY) + 1
+        return self._latency
 
     def elaborate(self, platform):
         m = Module()
-        f = Flow(m, self.en, "r")
-        x = (self.i_a, 0)
-        e_lo, _, j_bits = model.RECIP_GEOM
-        low = 23 - j_bits
-        # |x| with subnormals scaled by 2**24 (exact); e = exponent - 127 (- 24 for subnormals).
-        a = f.comb(lambda v: v[:31], x, register=False)
-        sub = f.comb(lambda v: v[23:31] == 0, x, register=False)
-        a2 = f.ldexp(a, f.comb(lambda s: Mux(s, 24, 0), sub, register=False))
-        e = f.comb(lambda b, s: b[23:31] - 127 - Mux(s, 24, 0), a2, sub, register=False)
-        mant = f.comb(lambda b: Cat(b[:23], Const(127, 8)), a2, register=False)
-        start = f.comb(lambda b: Cat(Const(0, low), b[low:23], Const(127, 8)), a2, register=False)
-        index = f.comb(lambda b: b[low:23], a2, register=False)
-        neg_start = f.comb(lambda s: Cat(s[:31], Const(1, 1)), start, register=False)
-        t = f.add(mant, neg_start)
-        poly = SegmentPoly(model.table("recip"))
-        m.submodules.poly = poly
-        (vi, vt), t0 = f.align(index, t)
-        m.d.comb += [poly.en.eq(self.en), poly.i_valid.eq(1), poly.i_index.eq(vi), poly.i_t.eq(vt)]
-        p = (poly.o_y, t0 + poly.latency)
-        y = f.ldexp(p, f.comb(lambda v: -v, e, register=False))
+        f = Flow(m, self.en, "u")
+        y = self._build(f, (self.i_a, 0), (self.i_b, 0))
+        assert y[1] == self.latency
+        m.d.comb += [self.o_y.eq(y[0]), self.o_valid.eq(f.delay((self.i_valid, 0), y[1]))]
+        return m
 
-        def special(v, yy):
-            mag = v[:31]
-            out = Signal(32)
-            m.d.comb += out.eq(Cat(yy[:31], v[31]))
-            with m.If(v[23:31] == 0xFF):
-                m.d.comb += out.eq(Mux(v[:23] != 0, QNAN, Cat(Const(0, 31), v[31])))
-            with m.Elif(mag == 0):
-                m.d.comb += out.eq(Cat(Const(0x7F800000, 31), v[31]))
-            return out
 
-        r = f.comb(special, x, y)
-        assert r[1] == self.latency, (r[1], self.latency)
-        m.d.comb += [self.o_y.eq(r[0]), self.o_valid.eq(f.delay((self.i_valid, 0), r[1]))]
+class Recip(FlowUnit):
+    """``sim.sfu.recip`` as a pipeline: ``en``, ``i_valid``, ``i_a`` -> ``o_valid``, ``o_y``."""
+
+    def __init__(self):
+        super().__init__(lambda f, a, b: recip_flow(f, a))
+
+
+# --- the stream SFU -----------------------------------------------------------------------------------------
+
+class SfuOp(enum.Enum, shape=6):
+    """SFU operations: CVO functions keep their `CvoFunc` value, VEC functions are 16 + `VecFunc` value
+    (`op_of`). The segmented VEC ROPE/RMSNORM and ATTN are sequenced by the controller from these."""
+    EXP = 0
+    SQRT = 1
+    GELU = 2
+    SIN = 3
+    COS = 4
+    REDUCE_SUM = 5
+    SCALE = 6
+    RECIP = 7
+    TANH = 8
+    RSQRT = 9
+    REDUCE_MAX = 10
+    SOFTCAP = 11
+    ROPE_COS = 12
+    ROPE_SIN = 13
+    ADD = 16
+    SUB = 17
+    MUL = 18
+    MULS = 19
+    ADDS = 20
+    FMAS = 21
+    COPY = 22
+    RELU_SUBS = 23
+    GELU_MUL = 24
+    SUMSQ = 32
+    SUM = 33
+    MAX = 34
+    DOT = 35
+
+
+_VEC_BASE = 16
+REDUCE_OPS = (SfuOp.REDUCE_SUM, SfuOp.REDUCE_MAX, SfuOp.SUMSQ, SfuOp.SUM, SfuOp.MAX, SfuOp.DOT)
+MAX_OPS = (SfuOp.REDUCE_MAX, SfuOp.MAX)
+# CVO functions whose input may have the running max subtracted (sub_emax) and the result accumulated (accm)
+CVO_ELEMENTWISE = tuple(op for op in SfuOp if op.value < _VEC_BASE and op not in REDUCE_OPS
+                        and op not in (SfuOp.ROPE_COS, SfuOp.ROPE_SIN))
+
+
+def op_of(func) -> SfuOp:
+    """The `SfuOp` of an ISA `CvoFunc` or `VecFunc` (not VEC ROPE/RMSNORM/RMSNORM_NG: the controller
+    sequences those)."""
+    if isinstance(func, CvoFunc):
+        return SfuOp(func.value)
+    if isinstance(func, VecFunc):
+        try:
+            return SfuOp(_VEC_BASE + func.value)
+        except ValueError:
+            pass
+    raise ValueError(f"{func!r} is not an SFU operation; expected a CvoFunc or one of the VecFuncs "
+                     f"{', '.join(op.name for op in SfuOp if op.value >= _VEC_BASE)}")
+
+
+def command_layout(hw) -> data.StructLayout:
+    """One SFU command: `op`, `length` (elements; >= 1), the flags, and the scalars: `s` (MULS/ADDS/FMAS/
+    RELU_SUBS/SCALE scalar, the SOFTCAP cap c), `s_inv` (= ``sim.sfu.recip(s)``, for SCALE with
+    `recip_scale` and SOFTCAP), `emax` (subtracted with `sub_emax`), `pos` (RoPE position)."""
+    return data.StructLayout({
+        "op": SfuOp, "length": unsigned((hw.l2_bytes // 4).bit_length()),
+        "sub_emax": 1, "recip_scale": 1, "accm": 1,
+        "s": 32, "s_inv": 32, "emax": 32, "pos": 32})
+
+
+DATA_LAYOUT = data.StructLayout({"a": 32, "b": 32})
+
+
+def _is(op, *ops):
+    return Cat(*[op == o.value for o in ops]).any()
+
+
+def _datapath(f, a, b, op, s, s_inv, emax, pos, sub_emax, recip_scale, accm):
+    """The element-wise graph of every operation; returns (result node, reduction operand node)."""
+    O = SfuOp
+    sube = f.comb(lambda o, e: e & _is(o, *CVO_ELEMENTWISE), op, sub_emax, register=False)
+    x = f.comb(lambda e, d, v: Mux(e, d, v), sube, f.sub_(a, emax), a)
+
+    def m1b(o, r, vb, vs, vsi, vx):
+        return Mux(_is(o, O.MUL, O.DOT), vb, Mux(_is(o, O.SUMSQ, O.GELU, O.GELU_MUL), vx,
+                   Mux(_is(o, O.SOFTCAP) | (_is(o, O.SCALE) & r), vsi, vs)))
+
+    m1 = f.mul(x, f.comb(m1b, op, recip_scale, b, s, s_inv, x, register=False))
+    a1a = f.comb(lambda o, p, v: Mux(o == O.FMAS.value, p, v), op, m1, x, register=False)
+    a1b = f.comb(lambda o, vb, vs: Mux(_is(o, O.ADD, O.FMAS), vb, Mux(o == O.SUB.value, _neg(vb),
+                                       Mux(o == O.ADDS.value, vs, _neg(vs)))), op, b, s, register=False)
+    a1 = f.add(a1a, a1b)
+    relu = f.comb(lambda v: _fmax(v, Const(0, 32)), a1)
+    gelu_op = f.comb(lambda o: _is(o, O.GELU, O.GELU_MUL), op, register=False)
+    v = f.mul(f.add(f.mul(f.const(GELU_K1), m1), f.const(GELU_K0)), x)
+    e = exp_flow(f, f.comb(lambda g, vv, xx: Mux(g, vv, xx), gelu_op, v, x))
+    r = recip_flow(f, f.comb(lambda g, e1, xx: Mux(g, e1, xx), gelu_op, f.add(e, f.const(ONE)), x))
+    g = f.mul(x, r)
+    g = f.comb(lambda xx, yy: Mux(_is_nan(xx), QNAN, Mux(xx == NEG_INF, NEG_ZERO, yy)), x, g)
+    gm = f.mul(g, b)
+    t = tanh_flow(f, f.comb(lambda o, p, xx: Mux(o == O.SOFTCAP.value, p, xx), op, m1, x, register=False))
+    tc = f.mul(t, s)
+    q = sqrt_flow(f, x, f.comb(lambda o: o == O.RSQRT.value, op, register=False))
+    tr = trig_flow(f, x, a, b, pos, f.comb(lambda o: _is(o, O.ROPE_COS, O.ROPE_SIN), op, register=False),
+                   f.comb(lambda o: _is(o, O.COS, O.ROPE_COS), op, register=False))
+    choices = [((O.ADD, O.SUB, O.ADDS, O.FMAS), a1), ((O.RELU_SUBS,), relu), ((O.MUL, O.MULS, O.SCALE), m1),
+               ((O.COPY,), a), ((O.EXP,), e), ((O.SQRT, O.RSQRT), q), ((O.RECIP,), r), ((O.TANH,), t),
+               ((O.SOFTCAP,), tc), ((O.GELU,), g), ((O.GELU_MUL,), gm),
+               ((O.SIN, O.COS, O.ROPE_SIN, O.ROPE_COS), tr)]
+
+    def select(o, *vals):
+        y = Const(0, 32)
+        for (ops, _), val in zip(choices, vals):
+            y = Mux(_is(o, *ops), val, y)
+        return y
+
+    y = f.comb(select, op, *[c[1] for c in choices])
+    acc = f.comb(lambda c, o: c & _is(o, *CVO_ELEMENTWISE), accm, op, register=False)
+    y = f.comb(lambda c, ya, yy: Mux(c, ya, yy), acc, f.add(y, b), y)
+    rv = f.comb(lambda o, p, va: Mux(_is(o, O.SUMSQ, O.DOT), p, va), op, m1, a, register=False)
+    return y, rv
+
+
+class Sfu(wiring.Component):
+    """The stream SFU: every `SfuOp` on binary32 streams, one element per cycle, bit-identical to `sim.sfu`.
+
+    Parameters
+    ----------
+    hw : HardwareConfig (``sfu_reduce_lanes``, ``l2_bytes`` for the length field).
+
+    Members
+    -------
+    i_cmd : In(stream.Signature(command_layout(hw)))
+        A command is taken when the previous one has taken all its elements (a reduction: when its result
+        has left). Elements of consecutive commands follow each other in the pipeline without a gap.
+    i_data : In(stream.Signature(DATA_LAYOUT))
+        ``{a, b}`` binary32 operands per element (RoPE: ``a`` = high, ``b`` = low word of the u0.64
+        frequency; CVO with ``accm``: ``b`` = the value added to the result).
+    o_data : Out(stream.Signature(unsigned(32)))
+        One binary32 result per element; one per command for the reductions.
+    """
+
+    def __init__(self, hw):
+        lanes = hw.sfu_reduce_lanes
+        if lanes <= FpAdd.LATENCY:
+            self._MustUse__silence = True
+            raise ValueError(f"Sfu needs sfu_reduce_lanes > FpAdd latency ({FpAdd.LATENCY}) so a lane's add is "
+                             f"done before its next element; got {lanes}")
+        self._hw = hw
+        self._cmd_layout = command_layout(hw)
+        super().__init__({"i_cmd": In(stream.Signature(self._cmd_layout)),
+                          "i_data": In(stream.Signature(DATA_LAYOUT)),
+                          "o_data": Out(stream.Signature(unsigned(32)))})
+        m = Module()
+        m._MustUse__silence = True
+        f = Flow(m, Const(1), dry=True)
+        nodes = [(Signal(32), 0)] * 2 + [(Signal(6), 0)] + [(Signal(32), 0)] * 4 + [(Signal(1), 0)] * 3
+        self._latency = _datapath(f, *nodes)[0][1]
+
+    @property
+    def latency(self) -> int:
+        """Cycles from an element's input transfer to its result at ``o_data`` (no stalls), every op."""
+        return self._latency
+
+    @property
+    def lanes(self) -> int:
+        return self._hw.sfu_reduce_lanes
+
+    def elaborate(self, platform):
+        m = Module()
+        en = Signal()
+        m.d.comb += en.eq(~self.o_data.valid | self.o_data.ready)
+        f = Flow(m, en, "s")
+        cmd = Signal(self._cmd_layout)
+        op = Value.cast(cmd.op)
+        busy = Signal()
+        remaining = Signal.like(cmd.length)
+        is_red = _is(op, *REDUCE_OPS)
+
+        m.d.comb += self.i_cmd.ready.eq(~busy)
+        take = Signal()
+        m.d.comb += [self.i_data.ready.eq(busy & en & (remaining != 0)),
+                     take.eq(self.i_data.valid & self.i_data.ready)]
+        with m.If(self.i_cmd.valid & self.i_cmd.ready):
+            m.d.sync += [cmd.eq(self.i_cmd.payload), remaining.eq(self.i_cmd.payload.length),
+                         busy.eq(self.i_cmd.payload.length != 0)]
+        with m.If(take):
+            m.d.sync += remaining.eq(remaining - 1)
+            with m.If((remaining == 1) & ~is_red):
+                m.d.sync += busy.eq(0)
+
+        p = self.i_data.payload
+        n0 = lambda v: (v, 0)
+        y, rv = _datapath(f, n0(p.a), n0(p.b), n0(op), n0(cmd.s), n0(cmd.s_inv), n0(cmd.emax), n0(cmd.pos),
+                          n0(cmd.sub_emax), n0(cmd.recip_scale), n0(cmd.accm))
+        assert y[1] == self.latency
+        (yv, rvv, t_valid, t_last, t_red), _ = f.align(y, rv, n0(take), n0(remaining == 1), n0(is_red))
+
+        # Reduction lanes (element i -> lane i mod P) behind one adder (max: a comparator of equal latency).
+        lanes_n = self.lanes
+        lanes = [Signal(32, name=f"lane{i}") for i in range(lanes_n)]
+        lbits = max(1, (lanes_n - 1).bit_length())
+        red_max = _is(op, *MAX_OPS)
+        ladd = FpAdd()
+        m.submodules.lane_add = ladd
+        la, lb, lv, ld = Signal(32), Signal(32), Signal(), Signal(lbits)
+        m.d.comb += [ladd.en.eq(en), ladd.i_valid.eq(lv), ladd.i_a.eq(la), ladd.i_b.eq(lb)]
+        mx = [Signal(32, name=f"max{i}") for i in range(ladd.latency)]
+        dst = [Signal(lbits, name=f"dst{i}") for i in range(ladd.latency)]
+        with m.If(en):
+            m.d.sync += [mx[0].eq(_fmax(la, lb)), dst[0].eq(ld)]
+            m.d.sync += [mx[i].eq(mx[i - 1]) for i in range(1, len(mx))]
+            m.d.sync += [dst[i].eq(dst[i - 1]) for i in range(1, len(dst))]
+            with m.If(ladd.o_valid):
+                with m.Switch(dst[-1]):
+                    for i in range(lanes_n):
+                        with m.Case(i):
+                            m.d.sync += lanes[i].eq(Mux(red_max, mx[-1], ladd.o_y))
+
+        def lane(idx):
+            v = Signal(32)
+            with m.Switch(idx):
+                for i in range(lanes_n):
+                    with m.Case(i):
+                        m.d.comb += v.eq(lanes[i])
+            return v
+
+        ctr = Signal(lbits)
+        k = Signal(lbits + 1)
+        stride = Signal(range(2 * lanes_n + 1))
+        wait = Signal(range(ladd.latency + 1))
+        result_valid = Signal()
+        with m.If(self.i_cmd.valid & self.i_cmd.ready):
+            init = Mux(_is(Value.cast(self.i_cmd.payload.op), *MAX_OPS), NEG_INF, NEG_ZERO)
+            m.d.sync += [lanes[i].eq(init) for i in range(lanes_n)] + [ctr.eq(0)]
+        with m.FSM(name="reduce"):
+            with m.State("Feed"):
+                m.d.comb += [la.eq(lane(ctr)), lb.eq(rvv), ld.eq(ctr), lv.eq(t_valid & t_red)]
+                with m.If(en & t_valid & t_red):
+                    m.d.sync += ctr.eq(ctr + 1)
+                    with m.If(t_last):
+                        m.d.sync += [stride.eq(1), wait.eq(ladd.latency)]
+                        m.next = "Wait"
+            with m.State("Wait"):
+                with m.If(en):
+                    m.d.sync += wait.eq(wait - 1)
+                    with m.If(wait == 0):
+                        m.d.sync += k.eq(0)
+                        m.next = "Done" if lanes_n == 1 else "Issue"
+                        with m.If(stride >= lanes_n):
+                            m.next = "Done"
+            with m.State("Issue"):
+                m.d.comb += [la.eq(lane(k[:lbits])), lb.eq(lane((k + stride)[:lbits])), ld.eq(k[:lbits]), lv.eq(en)]
+                with m.If(en):
+                    m.d.sync += k.eq(k + 2 * stride)
+                    with m.If(k + 2 * stride >= lanes_n):
+                        m.d.sync += [stride.eq(2 * stride), wait.eq(ladd.latency)]
+                        m.next = "Wait"
+            with m.State("Done"):
+                m.d.comb += result_valid.eq(1)
+                with m.If(self.o_data.ready):
+                    m.d.sync += busy.eq(0)
+                    m.next = "Feed"
+        m.d.comb += [self.o_data.valid.eq((t_valid & ~t_red) | result_valid),
+                     self.o_data.payload.eq(Mux(result_valid, lanes[0], yv))]
         return m

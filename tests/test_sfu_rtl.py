@@ -53,3 +53,49 @@ def test_recip_matches_model(en_prob):
                         rng.standard_normal(800).astype(np.float32).view(np.uint32)])
     got = simulate(Recip(), x, en_prob=en_prob, seed=1)
     check(got, model.recip(f32(x)))
+
+
+# --- every function builder on its own (pysim), bit for bit against sim.sfu -----------------------------
+
+from amaranth import Const  # noqa: E402
+
+from hdl.sfu import FlowUnit, exp_flow, gelu_flow, sqrt_flow, tanh_flow, trig_flow  # noqa: E402
+
+
+def unary_vectors(seed, n=300, scale=None):
+    rng = np.random.default_rng(seed)
+    parts = [CORNERS, rng.integers(0, 2 ** 32, n, dtype=np.uint64).astype(np.uint32),
+             (rng.standard_normal(n) * (scale or 1)).astype(np.float32).view(np.uint32)]
+    return np.concatenate(parts)
+
+
+def _const_node(v, w=1):
+    return Const(v, w), 0
+
+
+@pytest.mark.parametrize("name, build, fn, scale", [
+    ("sqrt", lambda f, a, b: sqrt_flow(f, a, _const_node(0)), model.sqrt, 100),
+    ("rsqrt", lambda f, a, b: sqrt_flow(f, a, _const_node(1)), model.rsqrt, 100),
+    ("exp", lambda f, a, b: exp_flow(f, a), model.exp, 30),
+    ("tanh", lambda f, a, b: tanh_flow(f, a), model.tanh, 4),
+    ("gelu", lambda f, a, b: gelu_flow(f, a), model.gelu_tanh, 4),
+    ("sin", lambda f, a, b: trig_flow(f, a, a, b, _const_node(0, 32), _const_node(0), _const_node(0)), model.sin, 1e4),
+    ("cos", lambda f, a, b: trig_flow(f, a, a, b, _const_node(0, 32), _const_node(0), _const_node(1)), model.cos, 1e4),
+])
+def test_function_matches_model(name, build, fn, scale):
+    x = unary_vectors(len(name), scale=scale)
+    got = simulate(FlowUnit(build), x, x, en_prob=0.8 if name in ("exp", "sin") else 1.0, seed=3)
+    with np.errstate(all="ignore"):
+        check(got, fn(f32(x)))
+
+
+@pytest.mark.parametrize("cosine", [0, 1])
+def test_rope_matches_model(cosine):
+    rng = np.random.default_rng(11 + cosine)
+    pos = 32767 + 12345 * cosine
+    f = np.concatenate([np.array([0, 1, 2 ** 62, 2 ** 63, 2 ** 64 - 1], np.uint64),
+                        rng.integers(0, 2 ** 64, 300, dtype=np.uint64)])
+    hi, lo = (f >> np.uint64(32)).astype(np.uint32), (f & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    unit = FlowUnit(lambda fl, a, b: trig_flow(fl, a, a, b, _const_node(pos, 32), _const_node(1), _const_node(cosine)))
+    got = simulate(unit, hi, lo)
+    check(got, (model.rope_cos if cosine else model.rope_sin)(f, pos))
