@@ -64,6 +64,11 @@ class HardwareConfig:
     sfu_reduce_lanes : SFU block: interleaved partial accumulators of the SFU reductions (a power of two,
         at least the binary32 adder's latency so that one element per cycle never waits for its lane);
         it fixes the binary32 summation order (sim/sfu.py, docs/sfu.md).
+    gemv_max_cols : GEMV block: the widest GEMV input (columns) the engine's activation memory holds (a
+        power of two; E4B's FFN width 16384 on kv260).
+    gemv_sparse_max_rows : GEMV block: the most rows of a sparse (column-major) GEMV; every port keeps
+        per-row integer sums and binary32 accumulators for its share (a power of two, at least one beat of
+        INT4 weights per port; E4B's hidden size 2048 on kv260).
     """
 
     name: str
@@ -85,6 +90,9 @@ class HardwareConfig:
     device: DeviceBudget = XCK26
     # --- SFU block (sim/sfu.py, hdl/sfu.py) ---
     sfu_reduce_lanes: int = 8
+    # --- GEMV block (hdl/gemv.py) ---
+    gemv_max_cols: int = 16384
+    gemv_sparse_max_rows: int = 2048
 
     # The weight format is part of the architecture, not a knob: INT4, two per byte, low nibble first.
     WEIGHT_BITS = 4
@@ -129,6 +137,14 @@ class HardwareConfig:
         # SFU block.
         if not _is_pow2(integer("sfu_reduce_lanes")) or self.sfu_reduce_lanes > 64:
             raise ValueError(f"sfu_reduce_lanes must be a power of two from 1 to 64, not {self.sfu_reduce_lanes!r}")
+        # GEMV block.
+        if not _is_pow2(integer("gemv_max_cols")) or self.gemv_max_cols < max(self.weights_per_beat, self.act_block):
+            raise ValueError(f"gemv_max_cols must be a power of two of at least one beat ({self.weights_per_beat}) "
+                             f"and one activation block ({self.act_block}), not {self.gemv_max_cols!r}")
+        if not _is_pow2(integer("gemv_sparse_max_rows")) or \
+                self.gemv_sparse_max_rows < self.axi_ports * self.weights_per_beat:
+            raise ValueError(f"gemv_sparse_max_rows must be a power of two of at least axi_ports x weights_per_beat "
+                             f"({self.axi_ports * self.weights_per_beat}), not {self.gemv_sparse_max_rows!r}")
         # The widest dot product an accumulator must hold exactly: one weight group (or act block) of
         # INT4 x INT(act_bits) products. Checked so that no configuration silently overflows.
         span = max(self.weight_group or 1, self.act_block)
@@ -183,11 +199,13 @@ PRESETS: dict[str, HardwareConfig] = {
         name="kv260", clock_hz=300_000_000, axi_ports=4, axi_data_bits=128, axi_addr_bits=40,
         axi_id_bits=6, axi_max_burst_beats=16, axi_max_outstanding=8, act_bits=8, acc_bits=32,
         act_block=64, weight_group=128, systolic_rows=32, systolic_cols=32,
-        l2_bytes=1 << 20, constant_cache_bytes=64 << 10, sfu_reduce_lanes=8),
+        l2_bytes=1 << 20, constant_cache_bytes=64 << 10, sfu_reduce_lanes=8,
+        gemv_max_cols=16384, gemv_sparse_max_rows=2048),
     # Small enough that the full chip simulates in seconds in Verilator; same structure.
     "tiny": HardwareConfig(
         name="tiny", clock_hz=100_000_000, axi_ports=2, axi_data_bits=64, axi_addr_bits=32,
         axi_id_bits=4, axi_max_burst_beats=16, axi_max_outstanding=4, act_bits=8, acc_bits=32,
         act_block=16, weight_group=32, systolic_rows=4, systolic_cols=4,
-        l2_bytes=64 << 10, constant_cache_bytes=4 << 10, sfu_reduce_lanes=8),
+        l2_bytes=64 << 10, constant_cache_bytes=4 << 10, sfu_reduce_lanes=8,
+        gemv_max_cols=1024, gemv_sparse_max_rows=128),
 }

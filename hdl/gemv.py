@@ -46,18 +46,12 @@ from .axi import AxiReadDma, AxiReadSignature
 from .config import HardwareConfig
 from .fp import F16ToF32, FpAdd, FpLdexp, FpMul, IntToFp
 
-__all__ = ["EXP_BITS", "default_max_cols", "command_layout", "SegmentMac", "CommandDecoder", "GemvPort",
+__all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "GemvPort", "SparsePort",
            "GemvEngine"]
 
 EXP_BITS = 10          # activation block exponents: binary32 inputs give -155..122
 NEG_ZERO = 0x80000000  # -0.0 + x == x for every x (RNE), the identity of the first addition
 LEN_BITS = 24          # DMA command byte counts
-
-
-def default_max_cols(cfg: HardwareConfig) -> int:
-    """Widest GEMV input the activation memory holds: E4B's 16384 (the FFN width) on full-size
-    presets, 1024 on `tiny` (CI)."""
-    return 1024 if cfg.name == "tiny" else 16384
 
 
 def _log2(x: int) -> int:
@@ -199,6 +193,7 @@ def decoded_shapes(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dic
         "eshift": range(32),               # segment index -> activation block shift
         "rowbytes": unsigned(16),
         "nwb": range(max_cols // W + 2),   # beats per row
+        "prow": unsigned(21),              # sparse: rows per port, a multiple of W
         "bad": 1,
     }
 
@@ -211,11 +206,13 @@ class CommandDecoder(wiring.Component):
     i_cmd : In(command_layout) (a plain value, sampled when `i_load` is high)
     i_load : In(1)
     o_* : the decoded fields (registered), `o_bad` when the command cannot run: rows or cols 0, cols
-        above `max_cols`, more segments or groups per row than `max_segments`, or `sparse`.
+        above `max_cols`, more segments or groups per row than `max_segments`, or a `sparse` command with an odd
+        number of rows or more than `max_rows` (``gemv_sparse_max_rows``).
     """
 
-    def __init__(self, cfg: HardwareConfig, max_cols: int, max_segments: int):
+    def __init__(self, cfg: HardwareConfig, max_cols: int, max_segments: int, max_rows: int | None = None):
         self._cfg, self._max_cols, self._max_segments = cfg, max_cols, max_segments
+        self._max_rows = cfg.gemv_sparse_max_rows if max_rows is None else max_rows
         W, B = cfg.weights_per_beat, cfg.bytes_per_beat
         super().__init__({"i_cmd": In(command_layout(cfg)), "i_load": In(1),
                           **{f"o_{k}": Out(v) for k, v in decoded_shapes(cfg, max_cols, max_segments).items()}})
@@ -236,8 +233,11 @@ class CommandDecoder(wiring.Component):
             groups.eq((c.cols + (Const(1, 32) << lg)[:17] - 1) >> lg),
             rowbytes.eq((c.cols + 1) >> 1),
         ]
+        # Sparse (column-major) matrices: an even number of rows (a column is rows/2 whole bytes), at most
+        # the rows the ports' per-row memories hold.
         bad = ((c.rows == 0) | (c.cols == 0) | (c.cols > self._max_cols) | (nseg > self._max_segments) |
-               c.sparse | (lg > 16))
+               (c.sparse & (c.rows[0] | (c.rows > self._max_rows))) | (lg > 16))
+        lNW = _log2(cfg.axi_ports * W)
         with m.If(self.i_load):
             m.d.sync += [
                 self.o_cmd.eq(c), self.o_lseg.eq(lseg),
@@ -246,6 +246,7 @@ class CommandDecoder(wiring.Component):
                 self.o_nseg.eq(nseg), self.o_groups.eq(groups),
                 self.o_gshift.eq(lg - lseg), self.o_eshift.eq(lblk - lseg),
                 self.o_rowbytes.eq(rowbytes), self.o_nwb.eq((rowbytes + B - 1) >> _log2(B)),
+                self.o_prow.eq(((c.rows + (1 << lNW) - 1) >> lNW) << lW),
                 self.o_bad.eq(bad),
             ]
         return m
@@ -579,6 +580,325 @@ class GemvPort(wiring.Component):
         return m
 
 
+class SparsePort(wiring.Component):
+    """One weight port of the sparse mode: a column-major GEMV that never fetches the weight columns of
+    zero activations (docs/gemv.md, "Sparse mode").
+
+    The port owns rows ``[index * prow, index * prow + rows_p)`` (``prow`` = ``dec.prow``, a multiple of W;
+    ``rows_p`` = what is left of the matrix, possibly 0). Column k of the matrix is ``rows / 2`` bytes at
+    ``wbase + k * rows / 2`` (INT4, rows 2i / 2i+1 in the low / high nibble), so the port's share of a
+    column is one contiguous transfer of ``rows_p / 2`` bytes whose beat j holds rows ``jW .. jW + W - 1``;
+    the binary16 scales are group-major (``[groups, rows]``): group g's scales of the port's rows are one
+    contiguous transfer of ``rows_p * 2`` bytes.
+
+    - **Sequencer.** Walks the segments in order; at the first segment of a group it fetches the group's
+      scales, then scans the segment's activation words (its own copy of the activation memory) and issues
+      one transfer per non-zero activation, lowest column first; a segment ends with an END item. Every
+      transfer (and END) is announced to the front end through an item FIFO, in order.
+    - **Front end.** Scale beats go to the scale bank of the group (double-buffered); the beats of a column
+      update the segment's isum bank (double-buffered, W sums per word) with ``isum[r] += w[r, k] * a[k]``,
+      W rows per beat, one beat per cycle (a read-modify-write whose read port is transparent to the write,
+      so back-to-back updates of the same word are exact); the first column of a segment overwrites.
+    - **Back end.** For every segment, *including the segments without any non-zero activation* (their sums
+      are 0 and their parts ±0 are added as in `sim.numerics.gemv`: they decide the sign of zero results),
+      walks the port's rows: ``part = ldexp(fp32(isum) * fp32(scale), e)``, ``y[r] = y[r] + part`` with y in a
+      memory (the first segment adds ``-0 + part``), at least ``FpAdd.LATENCY + 2`` issue cycles per walk so a
+      row's next addition reads the previous one's result; the last segment's sums go to the result FIFO.
+      One part per cycle: the binary32 side bounds the sparse mode (rows_p cycles per segment).
+
+    Members
+    -------
+    axi : Out(AxiReadSignature)
+    i_start : In(1)
+    dec : In(the decoder's outputs)
+    i_act_* / i_exp_* : activation and exponent memory writes (as `GemvPort`)
+    o_res : Out(stream(32)): the port's row results, in row order
+    o_idle, o_error : Out(1)
+    """
+
+    def __init__(self, cfg: HardwareConfig, index: int, *, max_cols: int, max_segments: int):
+        self._cfg, self._index = cfg, index
+        self._max_cols, self._max_segments = max_cols, max_segments
+        self._prow_max = cfg.gemv_sparse_max_rows // cfg.axi_ports
+        W = cfg.weights_per_beat
+        super().__init__({
+            "axi": Out(AxiReadSignature.from_config(cfg)),
+            "i_start": In(1),
+            "dec": In(wiring.Signature({k: Out(v) for k, v in decoded_shapes(cfg, max_cols, max_segments).items()})),
+            "i_act_en": In(1), "i_act_addr": In(range(max_cols // W)),
+            "i_act_q": In(data.ArrayLayout(signed(cfg.act_bits), W)),
+            "i_exp_en": In(1), "i_exp_addr": In(range(max(1, max_cols // cfg.act_block))),
+            "i_exp_e": In(signed(EXP_BITS)),
+            "o_res": Out(stream.Signature(unsigned(32))),
+            "o_idle": Out(1), "o_error": Out(1),
+        })
+
+    @property
+    def min_walk(self) -> int:
+        """Issue cycles of the shortest row walk: a row's y is read one cycle before its addition and
+        written FpAdd.LATENCY cycles after it."""
+        return FpAdd.LATENCY + 2
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg, N, p = self._cfg, self._cfg.axi_ports, self._index
+        W, B = cfg.weights_per_beat, cfg.bytes_per_beat
+        lW = _log2(W)
+        hpw = B // 2                                 # binary16 scales per beat
+        PR = self._prow_max                          # most rows per port
+        S = self._max_segments
+        d = self.dec
+        ab = cfg.axi_addr_bits
+
+        m.submodules.dma = dma = AxiReadDma(cfg, len_bits=LEN_BITS)
+        wiring.connect(m, wiring.flipped(self.axi), dma.axi)
+        m.d.comb += self.o_error.eq(dma.o_error)
+
+        # --- memories ------------------------------------------------------------------------------------
+        m.submodules.act_mem = act_mem = Memory(shape=data.ArrayLayout(signed(cfg.act_bits), W),
+                                                depth=self._max_cols // W, init=[])
+        act_w, act_r = act_mem.write_port(), act_mem.read_port()
+        m.d.comb += [act_w.en.eq(self.i_act_en), act_w.addr.eq(self.i_act_addr), act_w.data.eq(self.i_act_q)]
+        nblk = max(1, self._max_cols // cfg.act_block)
+        m.submodules.exp_mem = exp_mem = Memory(shape=signed(EXP_BITS), depth=nblk, init=[])
+        exp_w, exp_r = exp_mem.write_port(), exp_mem.read_port()
+        m.d.comb += [exp_w.en.eq(self.i_exp_en), exp_w.addr.eq(self.i_exp_addr), exp_w.data.eq(self.i_exp_e)]
+        isum_layout = data.ArrayLayout(signed(cfg.acc_bits), W)
+        m.submodules.isum_mem = isum_mem = Memory(shape=isum_layout, depth=2 * (PR // W), init=[])
+        isum_w = isum_mem.write_port()
+        isum_ra = isum_mem.read_port(transparent_for=(isum_w,))     # front end read-modify-write
+        isum_rb = isum_mem.read_port()                               # back end
+        swords = max(1, PR // hpw)
+        m.submodules.scale_mem = scale_mem = Memory(shape=unsigned(8 * B), depth=2 * swords, init=[])
+        scale_w, scale_r = scale_mem.write_port(), scale_mem.read_port()
+        m.submodules.y_mem = y_mem = Memory(shape=unsigned(32), depth=PR, init=[])
+        y_w, y_r = y_mem.write_port(), y_mem.read_port()
+
+        # --- the command, per port -------------------------------------------------------------------------
+        rows_p = Signal(range(PR + 1))               # this port's rows
+        half_rows = Signal(20)                       # column stride in bytes
+        nseg_m1 = Signal(range(S + 1))
+        gmask = Signal(range(S + 1))                 # segments per group - 1
+        with m.If(self.i_start):
+            left = d.cmd.rows.as_signed() - p * d.prow
+            m.d.sync += [rows_p.eq(Mux(left <= 0, 0, Mux(left > d.prow, d.prow, left))),
+                         half_rows.eq(d.cmd.rows >> 1), nseg_m1.eq(d.nseg - 1),
+                         gmask.eq((Const(1, 17) << d.gshift) - 1)]
+        started = Signal()                           # rows_p is valid from the cycle after i_start
+        m.d.sync += started.eq(self.i_start)
+
+        # --- sequencer: DMA commands and the item FIFO -----------------------------------------------------
+        SCALE, COL, END = 0, 1, 2
+        item_layout = data.StructLayout({"kind": 2, "first": 1, "a": signed(cfg.act_bits)})
+        m.submodules.items = items = fifo.SyncFIFOBuffered(width=item_layout.size, depth=16)
+        sq_s = Signal(range(S + 1))
+        sq_j = Signal(range(self._max_cols // W + 1))
+        sq_jlast = Signal.like(sq_j)
+        sq_mask = Signal(W)
+        sq_q = Signal(data.ArrayLayout(signed(cfg.act_bits), W))
+        sq_any = Signal()
+        sq_saddr = Signal(ab)                        # this group's scales of this port
+        lseg = d.lseg
+        seg_lo = Signal(range(2 * self._max_cols + 1))
+        seg_hi = Signal(range(2 * self._max_cols + 1))
+        m.d.comb += [seg_lo.eq(sq_s << lseg), seg_hi.eq(Mux(((sq_s + 1) << lseg) > d.cmd.cols, d.cmd.cols,
+                                                             (sq_s + 1) << lseg))]
+        low = Signal(range(W))                       # lowest non-zero lane of the mask
+        for i in reversed(range(W)):
+            with m.If(sq_mask[i]):
+                m.d.comb += low.eq(i)
+        k = Signal(range(self._max_cols + 1))
+        m.d.comb += k.eq(Cat(low, sq_j))
+        cmd = dma.i_cmd
+        item_in = Signal(item_layout)
+        m.d.comb += items.w_data.eq(item_in)
+        with m.FSM(name="seq") as seq_fsm:
+            with m.State("Idle"):
+                with m.If(started & (rows_p != 0)):
+                    m.d.sync += [sq_s.eq(0), sq_any.eq(0), sq_saddr.eq(d.cmd.sbase + p * d.prow * 2)]
+                    m.next = "Scale"
+            with m.State("Scale"):
+                # The group's scales, at its first segment.
+                with m.If((sq_s & gmask) == 0):
+                    m.d.comb += [cmd.valid.eq(items.w_rdy), cmd.p.addr.eq(sq_saddr), cmd.p.nbytes.eq(rows_p << 1),
+                                 items.w_en.eq(cmd.ready), item_in.kind.eq(SCALE)]
+                    with m.If(cmd.ready & items.w_rdy):
+                        m.d.sync += sq_saddr.eq(sq_saddr + (d.cmd.rows << 1))
+                        m.next = "Load"
+                with m.Else():
+                    m.next = "Load"
+                m.d.sync += [sq_j.eq(seg_lo >> lW), sq_jlast.eq((seg_hi - 1) >> lW)]
+            with m.State("Load"):
+                m.d.comb += act_r.addr.eq(sq_j)
+                m.next = "Mask"
+            with m.State("Mask"):
+                mask = []
+                for i in range(W):
+                    col = Cat(Const(i, lW), sq_j)
+                    mask.append((act_r.data[i] != 0) & (col >= seg_lo) & (col < seg_hi))
+                m.d.sync += [sq_mask.eq(Cat(*mask)), sq_q.eq(act_r.data)]
+                m.next = "Emit"
+            with m.State("Emit"):
+                with m.If(sq_mask != 0):
+                    m.d.comb += [cmd.valid.eq(items.w_rdy),
+                                 cmd.p.addr.eq(d.cmd.wbase + k * half_rows + p * (d.prow >> 1)),
+                                 cmd.p.nbytes.eq(rows_p >> 1),
+                                 items.w_en.eq(cmd.ready), item_in.kind.eq(COL), item_in.first.eq(~sq_any),
+                                 item_in.a.eq(sq_q[low])]
+                    with m.If(cmd.ready & items.w_rdy):
+                        m.d.sync += [sq_mask.eq(sq_mask & ~(Const(1, W) << low)), sq_any.eq(1)]
+                with m.Elif(sq_j == sq_jlast):
+                    m.next = "End"
+                with m.Else():
+                    m.d.sync += sq_j.eq(sq_j + 1)
+                    m.next = "Load"
+            with m.State("End"):
+                m.d.comb += [items.w_en.eq(1), item_in.kind.eq(END), item_in.first.eq(~sq_any)]
+                with m.If(items.w_rdy):
+                    m.d.sync += [sq_s.eq(sq_s + 1), sq_any.eq(0)]
+                    with m.If(sq_s == nseg_m1):
+                        m.next = "Idle"
+                    with m.Else():
+                        m.next = "Scale"
+
+        # --- front end -------------------------------------------------------------------------------------
+        # Segments whose sums are written (fe_s) / walked by the back end (be_sdone); scale groups loaded
+        # (fe_g) / finished by the back end (be_gdone). A bank may be refilled once the back end is done with
+        # the segment (group) two before.
+        fe_s = Signal(range(S + 2))
+        fe_g = Signal(range(S + 2))
+        be_sdone = Signal(range(S + 2))
+        be_gdone = Signal(range(S + 2))
+        fe_sw = Signal(range(swords + 1))
+        fe_j = Signal(range(PR // W + 1))
+        item = Signal(item_layout)
+        m.d.comb += item.eq(items.r_data)
+        beat = dma.o_data
+        bank_empty = Signal(2)                       # the segment in the bank had no non-zero activation
+        s_free = fe_s < be_sdone + 2
+        g_free = fe_g < be_gdone + 2
+        f_valid = Signal()
+        f_first = Signal()
+        f_addr = Signal(range(2 * (PR // W)))
+        f_prod = Signal(data.ArrayLayout(signed(cfg.WEIGHT_BITS + cfg.act_bits), W))
+        wq = Signal(data.ArrayLayout(signed(cfg.WEIGHT_BITS), W))
+        m.d.comb += wq.eq(beat.p.data)
+        col_beat = Signal()
+        with m.If(items.r_rdy):
+            with m.Switch(item.kind):
+                with m.Case(SCALE):
+                    with m.If(g_free):
+                        m.d.comb += [beat.ready.eq(1), scale_w.en.eq(beat.valid), scale_w.data.eq(beat.p.data),
+                                     scale_w.addr.eq(Cat(fe_sw[:_log2(swords)], fe_g[0]))]
+                        with m.If(beat.valid):
+                            m.d.sync += fe_sw.eq(fe_sw + 1)
+                            with m.If(beat.p.last):
+                                m.d.comb += items.r_en.eq(1)
+                                m.d.sync += [fe_sw.eq(0), fe_g.eq(fe_g + 1)]
+                with m.Case(COL):
+                    with m.If(s_free):
+                        m.d.comb += [beat.ready.eq(1), col_beat.eq(beat.valid)]
+                        with m.If(beat.valid):
+                            m.d.sync += fe_j.eq(fe_j + 1)
+                            with m.If(beat.p.last):
+                                m.d.comb += items.r_en.eq(1)
+                                m.d.sync += fe_j.eq(0)
+                with m.Case(END):
+                    with m.If(s_free):
+                        m.d.comb += items.r_en.eq(1)
+                        m.d.sync += fe_s.eq(fe_s + 1)
+                        for b in range(2):
+                            with m.If(fe_s[0] == b):
+                                m.d.sync += bank_empty[b].eq(item.first)
+        # Read-modify-write of the isum word: read now, add the registered products next cycle.
+        m.d.comb += isum_ra.addr.eq(Cat(fe_j[:_log2(PR // W)], fe_s[0]))
+        m.d.sync += [f_valid.eq(col_beat), f_first.eq(item.first), f_addr.eq(isum_ra.addr)]
+        for i in range(W):
+            m.d.sync += f_prod[i].eq(wq[i] * item.a)
+        m.d.comb += [isum_w.en.eq(f_valid), isum_w.addr.eq(f_addr)]
+        for i in range(W):
+            m.d.comb += isum_w.data[i].eq(Mux(f_first, f_prod[i], isum_ra.data[i] + f_prod[i]))
+        # A segment's bank is complete two cycles after its END (the last write has landed).
+        end_d = _delay(m, items.r_en & (item.kind == END), 2, "end")
+        fe_full = Signal(range(S + 2))
+        with m.If(end_d):
+            m.d.sync += fe_full.eq(fe_full + 1)
+
+        # --- back end --------------------------------------------------------------------------------------
+        fadd = FpAdd()
+        fmul, itof, f16, ldx = FpMul(), IntToFp(cfg.acc_bits), F16ToF32(), FpLdexp(EXP_BITS)
+        m.submodules += [fadd, fmul, itof, f16, ldx]
+        depth = 32
+        m.submodules.res = res = fifo.SyncFIFOBuffered(width=32, depth=depth)
+        pend = Signal(range(depth + 1))              # last-segment results issued, not yet in the FIFO
+        be_active = Signal()
+        be_s = Signal(range(S + 1))
+        be_r = Signal(range(max(PR, self.min_walk) + 1))
+        walk_m1 = Signal.like(be_r)
+        m.d.comb += walk_m1.eq(Mux(rows_p < self.min_walk, self.min_walk, rows_p) - 1)
+        with m.If(started & (rows_p != 0)):
+            m.d.sync += [be_active.eq(1), be_s.eq(0), be_r.eq(0), be_sdone.eq(0), be_gdone.eq(0),
+                         fe_s.eq(0), fe_g.eq(0), fe_sw.eq(0), fe_j.eq(0), fe_full.eq(0)]
+        be_last = be_s == nseg_m1
+        row_ok = be_r < rows_p
+        issue = Signal()
+        m.d.comb += issue.eq(be_active & (fe_full > be_s) &
+                             (~be_last | ~row_ok | (res.level + pend < depth)))
+        with m.If(issue):
+            m.d.sync += be_r.eq(be_r + 1)
+            with m.If(be_r == walk_m1):
+                m.d.sync += [be_r.eq(0), be_s.eq(be_s + 1), be_sdone.eq(be_sdone + 1)]
+                with m.If(((be_s & gmask) == gmask) | be_last):
+                    m.d.sync += be_gdone.eq(be_gdone + 1)
+                with m.If(be_last):
+                    m.d.sync += be_active.eq(0)
+        m.d.comb += [
+            isum_rb.addr.eq(Cat((be_r >> lW)[:_log2(PR // W)], be_s[0])),
+            scale_r.addr.eq(Cat((be_r >> _log2(hpw))[:_log2(swords)], (be_s >> d.gshift)[0])),
+            exp_r.addr.eq(be_s >> d.eshift),
+        ]
+        tag_layout = data.StructLayout({"valid": 1, "first": 1, "last": 1, "r": range(PR)})
+        tag = Signal(tag_layout)
+        m.d.comb += [tag.valid.eq(issue & row_ok), tag.first.eq(be_s == 0), tag.last.eq(be_last),
+                     tag.r.eq(be_r)]
+        # b1: memory data.
+        tag1 = Signal(tag_layout)
+        lane1 = Signal(range(W))
+        half1 = Signal(range(hpw))
+        empty1 = Signal()
+        m.d.sync += [tag1.eq(tag), lane1.eq(be_r[:lW]), half1.eq(be_r[:_log2(hpw)] if hpw > 1 else 0),
+                     empty1.eq(bank_empty.bit_select(be_s[0], 1))]
+        isum1 = Signal(signed(cfg.acc_bits))
+        m.d.comb += isum1.eq(Mux(empty1, 0, isum_rb.data[lane1]))
+        scale_half = scale_r.data.word_select(half1, 16) if hpw > 1 else scale_r.data[:16]
+        m.d.comb += [itof.en.eq(1), f16.en.eq(1), fmul.en.eq(1), ldx.en.eq(1), fadd.en.eq(1),
+                     itof.i_valid.eq(tag1.valid), itof.i_a.eq(isum1),
+                     f16.i_valid.eq(tag1.valid), f16.i_a.eq(scale_half)]
+        l_conv = max(itof.latency, f16.latency)
+        a_i = _delay(m, itof.o_y, l_conv - itof.latency, "itof")
+        b_s = _delay(m, f16.o_y, l_conv - f16.latency, "f16")
+        tag2 = _delay(m, tag1.as_value(), l_conv, "tag_conv")
+        m.d.comb += [fmul.i_valid.eq(tag2[0]), fmul.i_a.eq(a_i), fmul.i_b.eq(b_s)]
+        e_at_ldx = _delay(m, exp_r.data, l_conv + fmul.latency, "exp")
+        tag3 = _delay(m, tag2, fmul.latency, "tag_mul")
+        m.d.comb += [ldx.i_valid.eq(tag3[0]), ldx.i_a.eq(fmul.o_y), ldx.i_b.eq(e_at_ldx)]
+        assert ldx.latency >= 1
+        tag4p = data.View(tag_layout, _delay(m, tag3, ldx.latency - 1, "tag_ldx"))
+        tag4 = data.View(tag_layout, _delay(m, tag4p.as_value(), 1, "tag_add"))
+        m.d.comb += y_r.addr.eq(tag4p.r)             # y[r] arrives with the part
+        m.d.comb += [fadd.i_valid.eq(tag4.valid), fadd.i_a.eq(Mux(tag4.first, NEG_ZERO, y_r.data)),
+                     fadd.i_b.eq(ldx.o_y)]
+        tag5 = data.View(tag_layout, _delay(m, tag4.as_value(), fadd.latency, "tag_sum"))
+        m.d.comb += [y_w.en.eq(fadd.o_valid & ~tag5.last), y_w.addr.eq(tag5.r), y_w.data.eq(fadd.o_y)]
+        push = fadd.o_valid & tag5.last
+        m.d.comb += [res.w_en.eq(push), res.w_data.eq(fadd.o_y)]
+        m.d.sync += pend.eq(pend + (issue & row_ok & be_last) - push)
+        m.d.comb += [self.o_res.valid.eq(res.r_rdy), self.o_res.p.eq(res.r_data), res.r_en.eq(self.o_res.ready)]
+        m.d.comb += self.o_idle.eq(seq_fsm.ongoing("Idle") & ~be_active & ~items.r_rdy & (pend == 0) & ~dma.o_busy &
+                                   ~started)
+        return m
+
+
 class GemvEngine(wiring.Component):
     """The GEMV engine with its N AXI4 read masters (docs/gemv.md).
 
@@ -586,7 +906,7 @@ class GemvEngine(wiring.Component):
     ----------
     cfg : HardwareConfig
     max_cols : int, optional
-        Activation memory size (default `default_max_cols`).
+        Activation memory size (default ``cfg.gemv_max_cols``).
     tile_rows : int, optional
         Rows per tile (T): a power of two above the FpAdd latency (default: the smallest such).
 
@@ -630,9 +950,12 @@ class GemvEngine(wiring.Component):
     @staticmethod
     def _check(cfg, max_cols, tile_rows):
         W = cfg.weights_per_beat
-        max_cols = default_max_cols(cfg) if max_cols is None else max_cols
+        max_cols = cfg.gemv_max_cols if max_cols is None else max_cols
         if isinstance(max_cols, bool) or not isinstance(max_cols, int) or max_cols < W or max_cols & (max_cols - 1):
             raise ValueError(f"max_cols must be a power of two of at least {W}, not {max_cols!r}")
+        if cfg.axi_ports & (cfg.axi_ports - 1):
+            raise ValueError(f"axi_ports must be a power of two (the sparse mode splits rows over the ports), "
+                             f"not {cfg.axi_ports!r}")
         lat = FpAdd.LATENCY
         if tile_rows is None:
             tile_rows = 1 << lat.bit_length()
@@ -652,22 +975,37 @@ class GemvEngine(wiring.Component):
         m = Module()
         cfg, T, N = self._cfg, self._T, self._cfg.axi_ports
         m.submodules.dec = dec = CommandDecoder(cfg, self._max_cols, self._max_segments)
-        ports = []
+        sparse = dec.o_cmd.sparse                   # the running command's mode (stable while busy)
+        ports, sports = [], []
         for p in range(N):
             port = GemvPort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments, tile_rows=T)
+            sport = SparsePort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments)
             m.submodules[f"port{p}"] = port
+            m.submodules[f"sparse{p}"] = sport
             ports.append(port)
-            wiring.connect(m, wiring.flipped(getattr(self, f"m_axi{p}")), port.axi)
-            for name in port.dec.signature.members:
-                m.d.comb += getattr(port.dec, name).eq(getattr(dec, f"o_{name}"))
-            m.d.comb += [
-                port.i_act_en.eq(self.i_act.valid), port.i_act_addr.eq(self.i_act.p.addr),
-                port.i_act_q.eq(self.i_act.p.q),
-                port.i_exp_en.eq(self.i_exp.valid), port.i_exp_addr.eq(self.i_exp.p.addr),
-                port.i_exp_e.eq(self.i_exp.p.e),
-            ]
+            sports.append(sport)
+            # The AXI master of port p is the dense or the sparse port's DMA, by mode; the idle one never
+            # sees a handshake.
+            axi = getattr(self, f"m_axi{p}")
+            for name, member in axi.signature.members.items():
+                mine, dn, sp = getattr(axi, name), getattr(port.axi, name), getattr(sport.axi, name)
+                if member.flow == Out:
+                    m.d.comb += mine.eq(Mux(sparse, sp, dn))
+                elif name in ("arready", "rvalid"):
+                    m.d.comb += [dn.eq(mine & ~sparse), sp.eq(mine & sparse)]
+                else:
+                    m.d.comb += [dn.eq(mine), sp.eq(mine)]
+            for pt in (port, sport):
+                for name in pt.dec.signature.members:
+                    m.d.comb += getattr(pt.dec, name).eq(getattr(dec, f"o_{name}"))
+                m.d.comb += [
+                    pt.i_act_en.eq(self.i_act.valid), pt.i_act_addr.eq(self.i_act.p.addr),
+                    pt.i_act_q.eq(self.i_act.p.q),
+                    pt.i_exp_en.eq(self.i_exp.valid), pt.i_exp_addr.eq(self.i_exp.p.addr),
+                    pt.i_exp_e.eq(self.i_exp.p.e),
+                ]
         m.d.comb += [self.i_act.ready.eq(1), self.i_exp.ready.eq(1)]
-        m.d.comb += self.o_error.eq(Cat(*[p.o_error for p in ports]).any())
+        m.d.comb += self.o_error.eq(Cat(*[p.o_error for p in ports + sports]).any())
 
         # Command: accept when idle, decode (one cycle), then start the ports unless it is bad.
         busy = Signal()
@@ -683,27 +1021,30 @@ class GemvEngine(wiring.Component):
                 m.d.sync += [self.o_bad_cmd.eq(1), busy.eq(0)]
             with m.Else():
                 m.d.comb += start.eq(1)
-        for port in ports:
-            m.d.comb += port.i_start.eq(start)
+        for port, sport in zip(ports, sports):
+            m.d.comb += [port.i_start.eq(start & ~sparse), sport.i_start.eq(start & sparse)]
 
-        # Merge in row order: tile j comes from port j mod N.
+        # Merge in row order: dense, tile j comes from port j mod N (T rows); sparse, port p holds rows
+        # p * prow .. (p + 1) * prow - 1.
         out_left = Signal(21)         # rows not yet issued to the output adder
         mt_port = Signal(range(N))
-        mt_cnt = Signal(range(T))
+        mt_cnt = Signal(range(max(T, cfg.gemv_sparse_max_rows // N)))
+        mt_len = Mux(sparse, dec.o_prow, T)
         fadd = FpAdd()
         m.submodules.accm_add = fadd
         m.submodules.out = out = fifo.SyncFIFOBuffered(width=32, depth=fadd.latency + 4)
         inflight = Signal(range(fadd.latency + 2))
         heads = [p.o_res for p in ports]
+        sheads = [p.o_res for p in sports]
         head_valid = Signal()
         head_data = Signal(32)
-        for k, h in enumerate(heads):
+        for k, (h, sh) in enumerate(zip(heads, sheads)):
             with m.If(mt_port == k):
-                m.d.comb += [head_valid.eq(h.valid), head_data.eq(h.p)]
+                m.d.comb += [head_valid.eq(Mux(sparse, sh.valid, h.valid)), head_data.eq(Mux(sparse, sh.p, h.p))]
         accm = dec.o_cmd.accm
         can = (out_left != 0) & head_valid & (~accm | self.i_acc.valid) & (out.level + inflight < out.depth)
-        for k, h in enumerate(heads):
-            m.d.comb += h.ready.eq(can & (mt_port == k))
+        for k, (h, sh) in enumerate(zip(heads, sheads)):
+            m.d.comb += [h.ready.eq(can & (mt_port == k) & ~sparse), sh.ready.eq(can & (mt_port == k) & sparse)]
         m.d.comb += [self.i_acc.ready.eq(can & accm), fadd.en.eq(1), fadd.i_valid.eq(can),
                      fadd.i_a.eq(Mux(accm, self.i_acc.p, NEG_ZERO)), fadd.i_b.eq(head_data),
                      out.w_en.eq(fadd.o_valid), out.w_data.eq(fadd.o_y)]
@@ -712,10 +1053,10 @@ class GemvEngine(wiring.Component):
             m.d.sync += [out_left.eq(dec.o_cmd.rows), mt_port.eq(0), mt_cnt.eq(0)]
         with m.Elif(can):
             m.d.sync += [out_left.eq(out_left - 1), mt_cnt.eq(mt_cnt + 1)]
-            with m.If(mt_cnt == T - 1):
+            with m.If(mt_cnt == mt_len - 1):
                 m.d.sync += [mt_cnt.eq(0), mt_port.eq(Mux(mt_port == N - 1, 0, mt_port + 1))]
         done = (out_left == 0) & (inflight == 0) & ~start & ~decoding & \
-            Cat(*[p.o_idle for p in ports]).all()
+            Cat(*[p.o_idle for p in ports + sports]).all()
         with m.If(busy & ~decoding & done):
             m.d.sync += busy.eq(0)
         m.d.comb += [self.o_y.valid.eq(out.r_rdy), self.o_y.p.eq(out.r_data), out.r_en.eq(self.o_y.ready)]

@@ -124,7 +124,8 @@ def rtl_decode(cfg, cmd, max_cols, max_segments):
         ctx.set(dut.i_cmd, command_layout(cfg).const(cmd))
         ctx.set(dut.i_load, 1)
         await ctx.tick()
-        for name in ("lseg", "lvl", "subs", "lspb", "nseg", "groups", "gshift", "eshift", "rowbytes", "nwb", "bad"):
+        for name in ("lseg", "lvl", "subs", "lspb", "nseg", "groups", "gshift", "eshift", "rowbytes", "nwb", "prow",
+                     "bad"):
             out[name] = ctx.get(getattr(dut, f"o_{name}"))
 
     sim = Simulator(dut)
@@ -161,8 +162,38 @@ def test_command_decode_rejects():
     eng = engine_params(TINY)
     base = dict(wbase=0, sbase=0, rows=4, cols=64, log2_group=5, accm=0, sparse=0)
     assert rtl_decode(TINY, base, eng.max_cols, eng.max_segments)["bad"] == 0
-    for change in (dict(rows=0), dict(cols=0), dict(cols=eng.max_cols + 2), dict(sparse=1)):
+    for change in (dict(rows=0), dict(cols=0), dict(cols=eng.max_cols + 2), dict(sparse=1, rows=5),
+                   dict(sparse=1, rows=TINY.gemv_sparse_max_rows + 2)):
         assert rtl_decode(TINY, {**base, **change}, eng.max_cols, eng.max_segments)["bad"] == 1, change
+    # Sparse commands with an even number of rows up to gemv_sparse_max_rows run.
+    for rows in (2, 4, TINY.gemv_sparse_max_rows):
+        assert rtl_decode(TINY, {**base, "sparse": 1, "rows": rows}, eng.max_cols, eng.max_segments)["bad"] == 0
+
+
+@pytest.mark.parametrize("cfg", [TINY, KV260], ids=["tiny", "kv260"])
+@pytest.mark.parametrize("rows", [2, 30, 32, 34, 64, 126, 128, 2048])
+def test_command_decode_sparse_rows_per_port(cfg, rows):
+    """The sparse mode's row split: each port takes whole beats of rows (W per beat), the ports as even as
+    whole beats allow, and together exactly the rows."""
+    eng = engine_params(cfg)
+    W, N = cfg.weights_per_beat, cfg.axi_ports
+    prow = rtl_decode(cfg, dict(wbase=0, sbase=0, rows=rows, cols=64, log2_group=5, accm=0, sparse=1),
+                      eng.max_cols, eng.max_segments)["prow"]
+    assert prow % W == 0 and prow * N >= rows and (prow - W) * N < rows
+    shares = [max(0, min(prow, rows - p * prow)) for p in range(N)]
+    assert sum(shares) == rows
+
+
+def test_config_gemv_fields():
+    assert (TINY.gemv_max_cols, TINY.gemv_sparse_max_rows) == (1024, 128)
+    assert (KV260.gemv_max_cols, KV260.gemv_sparse_max_rows) == (16384, 2048)      # E4B FFN width, hidden size
+    assert engine_params(TINY).max_cols == TINY.gemv_max_cols
+    with pytest.raises(ValueError, match="gemv_max_cols must be a power of two"):
+        TINY.replace(gemv_max_cols=1000)
+    with pytest.raises(ValueError, match="gemv_sparse_max_rows must be a power of two of at least"):
+        TINY.replace(gemv_sparse_max_rows=16)
+    with pytest.raises(ValueError, match="axi_ports must be a power of two"):
+        engine_params(TINY.replace(axi_ports=3))
 
 
 def test_engine_parameter_errors():

@@ -24,6 +24,16 @@ def test_engine_corners_errors_throughput():
     _run(["corner_cases", "bad_command_and_read_error", "throughput"])
 
 
+@pytest.mark.parametrize("flow", [0, 1, 2])
+def test_engine_sparse_random(flow):
+    """Sparse mode: densities 0 / 5 / 30 / 100 %, bit-exact, only non-zero columns' beats read."""
+    _run("sparse_random", SEED=31 + flow, FLOW=flow)
+
+
+def test_engine_sparse_corners():
+    _run("sparse_corners")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("flow", [1, 2])
 def test_engine_random_kv260(flow):

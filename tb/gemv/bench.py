@@ -1,6 +1,9 @@
 """Shared driver of the GEMV engine bench and the benchmark: lays a case out in DDR like `firmware.pack`
-(row-major INT4 rows of ceil(cols/2) bytes, row-major binary16 scales), loads the activations, issues
-the command, streams `i_acc`, collects `o_y` and counts cycles.
+(dense: row-major INT4 rows of ceil(cols/2) bytes, row-major binary16 scales; sparse: column-major INT4
+columns of rows/2 bytes, group-major binary16 scales), loads the activations, issues the command, streams
+`i_acc`, collects `o_y` and counts cycles. `sparse_spans` is the independent account of the bytes a sparse
+GEMV may read (the non-zero columns' and the scales' port slices), which the benches compare with the
+bursts the memories saw.
 
 Every port gets its own `LatencyAxiReadRam` holding the same DDR image (the HP ports of the KV260 all
 see the same DDR).
@@ -43,6 +46,7 @@ class Case:
     acc: np.ndarray | None = None   # float32 [rows] (accm)
     w_offset: int = 0        # extra byte offset of the weights (alignment tests)
     s_offset: int = 0
+    sparse: bool = False     # column-major weights, group-major scales, zero-activation columns skipped
 
     @property
     def rows(self):
@@ -56,12 +60,16 @@ class Case:
         return gemv(self.q_w, self.scale, self.q_a, self.e_a, group=self.group, block=block, acc=self.acc)
 
     def weight_bytes(self) -> bytes:
+        if self.sparse:                       # column k = rows/2 bytes, rows 2i / 2i+1 = low / high nibble
+            return pack_int4(np.ascontiguousarray(self.q_w.T)).tobytes()
         q = self.q_w
         if q.shape[1] % 2:
             q = np.pad(q, ((0, 0), (0, 1)))
         return pack_int4(q).tobytes()
 
     def scale_bytes(self) -> bytes:
+        if self.sparse:                       # [groups, rows]
+            return np.ascontiguousarray(self.scale.T).astype("<f2").tobytes()
         return self.scale.astype("<f2").tobytes()
 
 
@@ -136,9 +144,14 @@ class GemvBench:
         assert saddr + len(case.scale_bytes()) <= self.mem_size, "case does not fit the bench memory"
         return waddr, saddr
 
-    async def run(self, case: Case, *, base: int = 0, sparse: bool = False, timeout: int = 2_000_000):
-        """Runs one GEMV; returns (result float32 [rows], cycles from command acceptance to the last result)."""
+    async def run(self, case: Case, *, base: int = 0, timeout: int = 2_000_000):
+        """Runs one GEMV; returns (result float32 [rows], cycles from command acceptance to the last result).
+        `self.last_addrs` keeps the weight and scale addresses, each memory's `bursts` the bursts of this run."""
+        sparse = case.sparse
         waddr, saddr = self.place(case, base)
+        self.last_addrs = (waddr, saddr)
+        for ram in self.rams:
+            ram.bursts.clear()
         await self.load_activations(case.q_a, case.e_a)
         n0 = len(self.out.items)
         word = pack_fields(command_layout(self.cfg), wbase=waddr, sbase=saddr, rows=case.rows, cols=case.cols,
@@ -176,3 +189,45 @@ def random_case(cfg: HardwareConfig, rng: np.random.Generator, rows: int, cols: 
     return Case(q_w, scale, q_a, e_a, group, acc,
                 w_offset=int(rng.integers(0, 64)) if misalign else 0,
                 s_offset=2 * int(rng.integers(0, 32)) if misalign else 0)
+
+
+def sparse_spans(cfg: HardwareConfig, case: Case, waddr: int, saddr: int) -> list[list[tuple[int, int]]]:
+    """Per port, the byte ranges ``(start, end)`` a sparse GEMV must read, in the engine's row split (port p
+    owns rows ``p * prow ..``, ``prow = ceil(rows / (ports * W)) * W``): group g's scales of its rows, then
+    its slice of every column whose INT8 activation is non-zero."""
+    N, W = cfg.axi_ports, cfg.weights_per_beat
+    rows = case.rows
+    prow = -(-rows // (N * W)) * W
+    groups = -(-case.cols // case.group)
+    out = []
+    for p in range(N):
+        rp = max(0, min(prow, rows - p * prow))
+        spans = []
+        if rp:
+            spans += [(saddr + (g * rows + p * prow) * 2, saddr + (g * rows + p * prow + rp) * 2) for g in range(groups)]
+            spans += [(waddr + k * rows // 2 + p * prow // 2, waddr + k * rows // 2 + (p * prow + rp) // 2)
+                      for k in np.flatnonzero(case.q_a)]
+        out.append(spans)
+    return out
+
+
+def check_sparse_reads(cfg: HardwareConfig, tb: GemvBench, case: Case):
+    """The bursts of the last run read exactly the beats of `sparse_spans` (as a multiset: one transfer per
+    span), so no beat lying wholly inside a skipped column was read; returns the bytes read."""
+    B = cfg.bytes_per_beat
+    waddr, saddr = tb.last_addrs
+    total = 0
+    zero_cols = [k for k in range(case.cols) if case.q_a[k] == 0]
+    for p, (ram, spans) in enumerate(zip(tb.rams, sparse_spans(cfg, case, waddr, saddr))):
+        want = sorted(a for s, e in spans for a in range(s - s % B, e, B))
+        got = sorted(a + n * B for a, beats in ram.bursts for n in range(beats))
+        assert got == want, f"port {p}: the beats read differ from the non-zero columns' and scales' beats"
+        total += len(got) * B
+        rows, prow = case.rows, -(-case.rows // (cfg.axi_ports * cfg.weights_per_beat)) * cfg.weights_per_beat
+        lo, hi = p * prow // 2, min(rows, (p + 1) * prow) // 2
+        gotset = set(got)
+        for k in zero_cols:                # no beat wholly inside a skipped column's slice
+            s, e = waddr + k * rows // 2 + lo, waddr + k * rows // 2 + hi
+            first = -(-s // B) * B
+            assert not any(a in gotset for a in range(first, e - B + 1, B)), f"port {p}: column {k} was read"
+    return total

@@ -8,8 +8,8 @@ import numpy as np
 from cocotb.triggers import FallingEdge
 
 from hdl.config import HardwareConfig
-from hdl.gemv import command_layout, default_max_cols
-from tb.gemv.bench import GemvBench, pack_fields, random_case
+from hdl.gemv import command_layout
+from tb.gemv.bench import GemvBench, check_sparse_reads, pack_fields, random_case
 from tb.runner import bench_env
 
 MEM = 1 << 18
@@ -17,14 +17,107 @@ MEM = 1 << 18
 
 def make_bench(dut, seed, **kw):
     cfg = HardwareConfig.preset(bench_env("NPU_HW", "tiny"))
-    return cfg, GemvBench(dut, cfg, mem_size=MEM, seed=seed, max_cols=default_max_cols(cfg), **kw)
+    return cfg, GemvBench(dut, cfg, mem_size=MEM, seed=seed, max_cols=cfg.gemv_max_cols, **kw)
 
 
 def check(case, y, block, what):
     want = case.expected(block)
     np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32),
                                   err_msg=f"{what}: {case.rows}x{case.cols} group {case.group} "
-                                          f"accm {case.acc is not None}")
+                                          f"accm {case.acc is not None} sparse {case.sparse}")
+
+
+def sparse_case(cfg, rng, rows, cols, density, **kw):
+    """A sparse (column-major) case whose activations are non-zero with probability `density`."""
+    case = random_case(cfg, rng, rows, cols, zero_cols=0.0, **kw)
+    case.q_a[rng.random(cols) >= density] = 0
+    case.q_a[(case.q_a == 0) & (rng.random(cols) < density)] = 1     # keep the density (rng gave a 0)
+    case.sparse = True
+    return case
+
+
+async def run_sparse(tb, cfg, case, what, base):
+    y, cycles = await tb.run(case, base=base)
+    check(case, y, cfg.act_block, what)
+    nbytes = check_sparse_reads(cfg, tb, case)
+    nz = int(np.count_nonzero(case.q_a))
+    if case.rows % (2 * cfg.bytes_per_beat) == 0 and case.w_offset == 0 and case.s_offset == 0:
+        # Beat-aligned columns and scale slices: exactly the non-zero columns' and the scales' bytes.
+        want = nz * case.rows // 2 + len(case.scale_bytes())
+        assert nbytes == want, f"{what}: read {nbytes} bytes, expected {want}"
+    return y, cycles
+
+
+@cocotb.test()
+async def sparse_random(dut):
+    """Seeded random sparse GEMVs at densities 0, 5, 30 and 100 %: bit-exact, and only the non-zero
+    columns' (and the scales') beats are read."""
+    seed = int(bench_env("SEED", "1"))
+    lat, jit, p = [(0, 0, 0.0), (20, 10, 0.25), (60, 0, 0.05)][int(bench_env("FLOW", "1"))]
+    cfg, tb = make_bench(dut, seed, latency=lat, jitter=jit, p_stall=p)
+    await tb.reset()
+    rng = np.random.default_rng(seed)
+    W, R = cfg.weights_per_beat, cfg.gemv_sparse_max_rows
+    n = int(bench_env("CASES", "8"))
+    for k in range(n):
+        density = [0.0, 0.05, 0.3, 1.0][k % 4]
+        rows = 2 * int(rng.integers(1, R // 2 + 1)) if rng.random() < 0.6 else int(rng.choice([2, W, R, 2 * W + 2]))
+        cols = int(rng.choice([1, W - 1, W + 1, 2 * cfg.weight_group, int(rng.integers(1, 300))]))
+        group = int(rng.choice([0, 0, 8, 16, 64])) or None
+        case = sparse_case(cfg, rng, rows, cols, density, group=group, accm=rng.random() < 0.4,
+                           misalign=rng.random() < 0.3,
+                           e_range=(-150, 40) if rng.random() < 0.3 else (-20, 8))
+        await run_sparse(tb, cfg, case, f"sparse case {k} density {density} (seed {seed})",
+                         base=int(rng.integers(0, 8)) * 4096)
+    assert int(dut.o_error.value) == 0 and int(dut.o_bad_cmd.value) == 0
+
+
+@cocotb.test()
+async def sparse_corners(dut):
+    cfg, tb = make_bench(dut, 6, latency=9, jitter=6, p_stall=0.2)
+    await tb.reset()
+    rng = np.random.default_rng(6)
+    W, R, blk = cfg.weights_per_beat, cfg.gemv_sparse_max_rows, cfg.act_block
+    cases = []
+    for a in (127, -127):                  # all -8 weights x saturating activations, every column
+        c = sparse_case(cfg, rng, 2 * W, 5 * W + 3, 1.0)
+        c.q_w[:] = -8
+        c.q_a[:] = a
+        cases.append((f"all -8 x {a}", c))
+    c = sparse_case(cfg, rng, 2 * W, 7 * W, 0.0)
+    c.q_a[3 * W + 5] = -128 + 1
+    cases.append(("a single non-zero column", c))
+    c = sparse_case(cfg, rng, W + 2, 4 * W + 1, 0.0)
+    c.q_a[-1] = 77
+    cases.append(("only the last column", c))
+    c = sparse_case(cfg, rng, R, 6 * W, 0.1, accm=True)
+    c.q_w[::3] = 0
+    cases.append(("zero rows, max rows, accm", c))
+    # Signed zeros: every part +-0 (zero activations or zero weights, random scale signs, parts that
+    # underflow), so each row's result is -0 only if all its parts are -0, as in sim.numerics.gemv.
+    c = sparse_case(cfg, rng, 24, 6 * blk, 0.0, accm=True, group=blk)
+    c.q_a[blk + 2] = 5
+    c.q_w[:, blk + 2] = 0
+    c.q_w[::4, blk + 2] = 1
+    c.scale[:] = np.where(rng.random(c.scale.shape) < 0.7, -1.0, 1.0).astype(np.float16)
+    c.scale[1::5, :] = -1.0
+    c.e_a[:] = -155                        # 5 x 2**-155 rounds to a signed zero
+    c.acc[:] = np.where(rng.random(24) < 0.5, -0.0, 0.0).astype(np.float32)
+    cases.append(("signed zeros", c))
+    c = sparse_case(cfg, rng, 10, 3 * W, 0.0)
+    c.scale[:] = -1.0
+    cases.append(("all zero activations: -0 results", c))
+    cases.append(("1 column", sparse_case(cfg, rng, 2, 1, 1.0)))
+    cases.append(("max cols", sparse_case(cfg, rng, 2 * W, tb.max_cols, 0.05)))
+    for what, case in cases:
+        await run_sparse(tb, cfg, case, what, base=4096)
+    # A dense GEMV after the sparse ones, then a sparse one again: the modes share the AXI ports.
+    d = random_case(cfg, rng, 19, 3 * W + 1)
+    y, _ = await tb.run(d, base=8192)
+    check(d, y, blk, "dense after sparse")
+    s = sparse_case(cfg, rng, 20, 2 * W, 0.3)
+    await run_sparse(tb, cfg, s, "sparse after dense", base=0)
+    assert int(dut.o_error.value) == 0 and int(dut.o_bad_cmd.value) == 0
 
 
 @cocotb.test()
@@ -87,17 +180,19 @@ async def corner_cases(dut):
 
 @cocotb.test()
 async def bad_command_and_read_error(dut):
-    """A sparse (unsupported) command is rejected without results; a read past the memory is flagged."""
+    """A sparse command with an odd number of rows (columns of rows/2 bytes) or more rows than
+    `gemv_sparse_max_rows` is rejected without results; a read past the memory is flagged."""
     cfg, tb = make_bench(dut, 9, latency=3)
     await tb.reset()
     rng = np.random.default_rng(9)
     case = random_case(cfg, rng, 4, 40)
     await tb.load_activations(case.q_a, case.e_a)
-    await tb.cmd.send([pack_fields(command_layout(cfg), wbase=0, sbase=4096, rows=4, cols=40, log2_group=5,
-                                   sparse=1)])
-    for _ in range(50):
-        await FallingEdge(dut.clk)
-    assert int(dut.o_bad_cmd.value) == 1 and len(tb.out.items) == 0 and int(dut.o_busy.value) == 0
+    for rows in (5, cfg.gemv_sparse_max_rows + 2):
+        await tb.cmd.send([pack_fields(command_layout(cfg), wbase=0, sbase=4096, rows=rows, cols=40, log2_group=5,
+                                       sparse=1)])
+        for _ in range(50):
+            await FallingEdge(dut.clk)
+        assert int(dut.o_bad_cmd.value) == 1 and len(tb.out.items) == 0 and int(dut.o_busy.value) == 0
     y, _ = await tb.run(case, base=8192)                 # the engine still works
     check(case, y, cfg.act_block, "after a rejected command")
     assert int(dut.o_error.value) == 0
@@ -130,23 +225,43 @@ async def throughput(dut):
 @cocotb.test()
 async def benchmark(dut):
     """E4B-shaped GEMVs for benchmarks/gemv.py: cycles from command to last result, bit-exact checked.
-    Parameters: BENCH_SHAPES ("rows x cols" comma list), LATENCY, BENCH_MEM, BENCH_OUT (JSON file)."""
+    Parameters: BENCH_SHAPES (comma list of "<rows>x<cols>", or "<rows>x<cols>@<density>" for a sparse GEMV
+    whose activations have round(density * cols) non-zero values at random columns), LATENCY, BENCH_MEM,
+    BENCH_OUT (JSON file)."""
     import json
     cfg = HardwareConfig.preset(bench_env("NPU_HW", "kv260"))
     tb = GemvBench(dut, cfg, mem_size=int(bench_env("BENCH_MEM")), seed=1, latency=int(bench_env("LATENCY", "64")),
-                   max_cols=default_max_cols(cfg))
+                   max_cols=cfg.gemv_max_cols)
     await tb.reset()
     rng = np.random.default_rng(1)
     results = []
     for shape in bench_env("BENCH_SHAPES").split(","):
-        rows, cols = (int(v) for v in shape.split("x"))
-        case = random_case(cfg, rng, rows, cols, zero_rows=0.0)
+        dims, _, density = shape.partition("@")
+        rows, cols = (int(v) for v in dims.split("x"))
+        case = random_case(cfg, rng, rows, cols, zero_rows=0.0, zero_cols=0.0)
+        case.q_a[case.q_a == 0] = 1
+        if density:
+            nz = round(float(density) * cols)
+            case.q_a[rng.permutation(cols)[nz:]] = 0
+            case.sparse = True
         y, cycles = await tb.run(case, base=0, timeout=50_000_000)
         check(case, y, cfg.act_block, f"benchmark {shape}")
-        wbytes, sbytes = len(case.weight_bytes()), len(case.scale_bytes())
+        sbytes = len(case.scale_bytes())
+        if case.sparse:
+            nbytes = check_sparse_reads(cfg, tb, case)
+            wbytes = nbytes - sbytes
+            assert wbytes == np.count_nonzero(case.q_a) * rows // 2, "sparse bytes read"
+        else:
+            wbytes = len(case.weight_bytes())
         ideal = (wbytes + sbytes) / (cfg.axi_ports * cfg.bytes_per_beat)
+        seg = min(case.group, cfg.act_block)
+        parts = rows * -(-cols // seg)                 # one binary32 part per row and segment
+        nsegs_nz = len({k // seg for k in np.flatnonzero(case.q_a)})
         results.append(dict(rows=rows, cols=cols, weight_bytes=wbytes, scale_bytes=sbytes, cycles=cycles,
-                            ideal=ideal, efficiency=ideal / cycles))
+                            ideal=ideal, efficiency=ideal / cycles, sparse=bool(case.sparse),
+                            nonzero=int(np.count_nonzero(case.q_a)), parts=parts,
+                            part_bound=parts / cfg.axi_ports, segments_with_nonzero=nsegs_nz,
+                            segments=-(-cols // seg)))
         dut._log.info(f"{shape}: {cycles} cycles, ideal {ideal:.0f}, efficiency {100 * ideal / cycles:.2f} %")
     with open(bench_env("BENCH_OUT"), "w") as f:
         json.dump(results, f, indent=1)
