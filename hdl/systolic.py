@@ -413,7 +413,7 @@ class ScaleLane(wiring.Component):
         s4 = _delay(m, s3, ldexp.latency, "meta_ldexp")
 
         # y memories, one per field: two tile banks of R rows. Read-modify-write: the old y is read the
-        # cycle before the add (the same row/field is rewritten only once per segment, >= 2R cycles later).
+        # cycle before the add (a row/field is written once per segment, at least `seg` cycles apart).
         mems = []
         for fld in range(2):
             mem = Memory(shape=unsigned(32), depth=2 * R, init=[])
