@@ -300,11 +300,9 @@ def NaiveArray(rows: int, cols: int, field: int, act_bits: int = 8) -> SystolicA
 
 
 def _silence(component):
-    """Mark a component (and the sub-components it holds) as deliberately not elaborated: one built only to
-    read its latencies, or one whose constructor rejected its parameters."""
+    """Mark a component whose constructor rejected its parameters as deliberately never elaborated (else
+    Amaranth warns about an unused elaboratable when it is collected)."""
     component._MustUse__silence = True
-    for unit in getattr(component, "_units", {}).values():
-        unit._MustUse__silence = True
 
 
 def _delay(m: Module, sig, n: int, name: str):
@@ -333,16 +331,19 @@ class ScaleLane(wiring.Component):
     o_rd_data : Out(ArrayLayout(unsigned(32), 2))           both fields of that row, one cycle later
     o_done : Out(1)                                         pulse: the last y of a tile was written
 
-    ``scale_read`` / ``exp_read`` are the cycles after an item's arrival at which the hold registers
-    are read (the engine checks that its hold banks outlive them); ``latency`` is arrival to write.
+    ``SCALE_READ`` / ``EXP_READ`` are the cycles after an item's arrival at which the hold registers are
+    read (the engine checks that its hold banks outlive them); ``latency`` is arrival to the y write.
     """
+
+    # Pipeline timing from the hdl.fp primitives' latencies (cycles after an item's arrival).
+    CONV_LATENCY = max(IntToFp.LATENCY, F16ToF32.LATENCY)
+    SCALE_READ = 1                                        # the high field's scale: the cycle after arrival
+    EXP_READ = 2 + CONV_LATENCY + FpMul.LATENCY           # the high field's exponent, at the FpLdexp input
+    LATENCY = EXP_READ + FpLdexp.LATENCY + FpAdd.LATENCY  # arrival to the y write
 
     def __init__(self, rows: int, field: int):
         _check_int("rows", rows)
         self._rows, self._field = rows, field
-        self._units = {"i2f": IntToFp(field), "f16": F16ToF32(), "mul": FpMul(), "ldexp": FpLdexp(EXP_BITS),
-                       "add": FpAdd()}
-        self._lat = {k: u.latency for k, u in self._units.items()}
         super().__init__({
             "i_res": In(res_layout(field)),
             "i_scale": In(data.ArrayLayout(data.ArrayLayout(unsigned(16), 2), 2)),
@@ -353,27 +354,17 @@ class ScaleLane(wiring.Component):
         })
 
     @property
-    def conv_latency(self) -> int:
-        return max(self._lat["i2f"], self._lat["f16"])
-
-    @property
-    def scale_read(self) -> int:
-        return 1          # the high field's scale is read the cycle after the item arrives
-
-    @property
-    def exp_read(self) -> int:
-        return 2 + self.conv_latency + self._lat["mul"]
-
-    @property
     def latency(self) -> int:
-        return 2 + self.conv_latency + self._lat["mul"] + self._lat["ldexp"] + self._lat["add"]
+        return self.LATENCY
 
     def elaborate(self, platform):
         m = Module()
         R, f = self._rows, self._field
-        for name, unit in self._units.items():
-            m.submodules[name] = unit
-        i2f, f16, mul, ldexp, add = (self._units[k] for k in ("i2f", "f16", "mul", "ldexp", "add"))
+        m.submodules.i2f = i2f = IntToFp(f)
+        m.submodules.f16 = f16 = F16ToF32()
+        m.submodules.mul = mul = FpMul()
+        m.submodules.ldexp = ldexp = FpLdexp(EXP_BITS)
+        m.submodules.add = add = FpAdd()
         for u in (i2f, f16, mul, ldexp, add):
             m.d.comb += u.en.eq(1)
 
@@ -403,9 +394,9 @@ class ScaleLane(wiring.Component):
 
         # Convert the integer and the scale in parallel (equal latencies after padding), multiply.
         m.d.comb += [i2f.i_valid.eq(s1.valid), i2f.i_a.eq(v1), f16.i_valid.eq(s1.valid), f16.i_a.eq(s1_scale)]
-        xf = _delay(m, i2f.o_y, self.conv_latency - i2f.latency, "xf")
-        sf = _delay(m, f16.o_y, self.conv_latency - f16.latency, "sf")
-        s2 = _delay(m, s1, self.conv_latency, "meta_conv")
+        xf = _delay(m, i2f.o_y, self.CONV_LATENCY - i2f.latency, "xf")
+        sf = _delay(m, f16.o_y, self.CONV_LATENCY - f16.latency, "sf")
+        s2 = _delay(m, s1, self.CONV_LATENCY, "meta_conv")
         m.d.comb += [mul.i_valid.eq(s2.valid), mul.i_a.eq(xf), mul.i_b.eq(sf)]
         s3 = _delay(m, s2, mul.latency, "meta_mul")
         m.d.comb += [ldexp.i_valid.eq(s3.valid), ldexp.i_a.eq(mul.o_y),
@@ -497,24 +488,21 @@ class SystolicEngine(wiring.Component):
     def __init__(self, cfg: HardwareConfig):
         try:
             geo = EngineGeometry(cfg)
-            probe = ScaleLane(geo.rows, geo.field)
-            _silence(probe)
             R, C = geo.rows, geo.cols
             # The hold banks for exponents and scales (one per segment parity) are rewritten two segments
             # later; the last lane must have read them by then.
-            last_read = self.array_latency + 2 * (R - 1) + (C - 1) + probe.exp_read
+            last_read = self.array_latency + 2 * (R - 1) + (C - 1) + ScaleLane.EXP_READ
             if 2 * geo.seg <= last_read:
                 raise ValueError(f"two segments ({2 * geo.seg} steps) do not outlast the array's drain and scale "
                                  f"pipeline ({last_read} cycles); use longer segments or a smaller array")
             # A y entry is read again one segment after it was read for the add; the add must be done by then.
-            if geo.seg <= probe.latency - probe.exp_read:
+            if geo.seg <= ScaleLane.LATENCY - ScaleLane.EXP_READ:
                 raise ValueError(f"segments of {geo.seg} steps are shorter than the scale lane's add loop")
         except ValueError:
             _silence(self)          # never elaborated: not an unused-component mistake
             raise
         self._cfg, self._geo = cfg, geo
         self._lanes = [ScaleLane(geo.rows, geo.field) for _ in range(geo.cols)]
-        self._lane = self._lanes[0]
         super().__init__({
             "i_cmd": In(stream.Signature(unsigned(16))),
             "i_wgt": In(stream.Signature(unsigned(geo.beat_bits))).array(geo.wgt_ports),
@@ -537,7 +525,8 @@ class SystolicEngine(wiring.Component):
     def latency(self) -> int:
         """Cycles from a tile's last k-step firing to its first output row being valid (consumer ready)."""
         g = self._geo
-        return self.array_latency + 2 * (g.rows - 1) + (g.cols - 1) + self._lane.latency + 2 + 1
+        # drain of the last lane, the lane, its done flag, the full flag, the first readout row
+        return self.array_latency + 2 * (g.rows - 1) + (g.cols - 1) + ScaleLane.LATENCY + 3
 
     def elaborate(self, platform):
         m = Module()
