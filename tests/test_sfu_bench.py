@@ -1,5 +1,8 @@
 """The whole stream SFU (`hdl.sfu.Sfu`, tiny preset) in cocotb + Verilator: every operation with random
-stalls on all three streams, bit-exact against sim.sfu; the latency property and full rate."""
+stalls on all three streams, bit-exact against sim.sfu; the latency property and full rate.
+
+All marked slow: the Verilator build of the whole SFU takes ~8 min on 2 shared cores (the Verilator front end
+alone takes minutes), far over the default-suite budget; a built model runs both default-size cases in ~40 s."""
 
 import pytest
 
@@ -16,10 +19,12 @@ def _run(testcase, **env):
         extra_env=env)
 
 
+@pytest.mark.slow
 def test_sfu_every_op_random_stalls():
     _run("every_op_random_stalls", SEED="1", ROUNDS="4", STALL="1")
 
 
+@pytest.mark.slow
 def test_sfu_latency_and_full_rate():
     _run("latency_and_full_rate")
 
