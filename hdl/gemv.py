@@ -31,8 +31,13 @@ Dataflow (docs/gemv.md has the full design and the measurements)::
 - **accm** is one more binary32 addition at the output, ``fp32(old + y)`` with the old values streamed in
   through `i_acc` in row order (without accm the same adder computes ``-0 + y``, which is ``y`` exactly).
 
-Sparse mode (column-major matrices, zero-activation columns skipped) is not implemented: a command with
-``sparse`` set is rejected (``o_bad_cmd``); see docs/gemv.md for the analysis.
+- **Sparse mode** (``sparse``: column-major matrices, group-major scales; `SparsePort`, one per AXI port,
+  which takes the port's AXI master while a sparse command runs): rows are split over the ports in whole
+  beats; each port scans the activations, fetches only the columns whose INT8 activation is non-zero (one
+  contiguous transfer per column and port) and accumulates ``w[r, k] * a[k]`` into per-row segment sums; every
+  segment, empty or not, is then added to the per-row binary32 sums in segment order, so the result is
+  bit-identical to `sim.numerics.gemv` including the signs of zero results. Rows per segment bound it: one
+  part per port per cycle.
 """
 
 from __future__ import annotations
@@ -61,8 +66,10 @@ def _log2(x: int) -> int:
 def command_layout(cfg: HardwareConfig) -> data.StructLayout:
     """One GEMV: ``y[rows] = W[rows, cols] x`` with W's INT4 bytes at `wbase` (row-major, rows of
     ``ceil(cols/2)`` bytes) and its binary16 scales at `sbase` (row-major ``[rows, ceil(cols/group)]``),
-    ``group = 2**log2_group``. `accm` adds the result to the values streamed in on ``i_acc``. `sparse`
-    (column-major, skip zero columns) is reserved: the engine rejects it."""
+    ``group = 2**log2_group``. `accm` adds the result to the values streamed in on ``i_acc``. `sparse`: W is
+    column-major (column k = ``rows/2`` bytes at ``wbase + k*rows/2``, rows 2i / 2i+1 in the low / high nibble;
+    rows even, at most ``gemv_sparse_max_rows``), its scales group-major ``[ceil(cols/group), rows]`` at
+    `sbase`, and the columns of zero activations are never fetched."""
     return data.StructLayout({
         "wbase": unsigned(cfg.axi_addr_bits), "sbase": unsigned(cfg.axi_addr_bits),
         "rows": unsigned(20), "cols": unsigned(16), "log2_group": unsigned(5), "accm": 1, "sparse": 1,
