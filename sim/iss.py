@@ -36,6 +36,7 @@ from hdl.isa import (
 )
 
 from .config import ModelConfig
+from .numerics import quantize_activations
 
 __all__ = ["Machine", "Counters", "ExecutionError", "REFERENCE", "HARDWARE", "COUNT"]
 
@@ -266,14 +267,16 @@ class Machine:
             w = np.asarray(self.source[d.tensor][d.row_start:d.row_start + d.rows], dtype=np.float64)
             y = w @ x
         else:
-            from .numerics import gemv, quantize_activations
+            from .numerics import gemv
             q_w, s_w = self._int4_rows(entry, d.row_start, d.rows)
             q_a, e_a = quantize_activations(x.astype(np.float32), self.hw.act_block)
             y = gemv(q_w, s_w, q_a, e_a, group=d.group, block=self.hw.act_block)
         # Bytes: dense reads every row; sparse reads the columns of non-zero activations only.
         pcols = d.cols + d.cols % 2
         if i.sparse:
-            nz = self._density_columns(d) if y is None else np.count_nonzero(x)
+            # the engine skips the columns whose quantised activation is 0 (a tiny x can quantise to 0)
+            nz = self._density_columns(d) if y is None else \
+                np.count_nonzero(quantize_activations(x.astype(np.float32), self.hw.act_block)[0])
             read = nz * d.rows // 2
             self.counters.weight_bytes_skipped += (d.cols - nz) * d.rows // 2
         else:

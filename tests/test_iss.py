@@ -254,3 +254,14 @@ def test_sparse_wgemv_reads_column_major_weights_and_group_major_scales():
         q_a, e_a = quantize_activations(x, hw.act_block)
         np.testing.assert_array_equal(m.l2[4096:4096 + d.rows],
                                       gemv(q_w, s_w, q_a, e_a, group=d.group, block=hw.act_block))
+        # bytes: the columns whose quantised activation is non-zero, plus every scale
+        ngroups = -(-d.cols // d.group)
+        assert m.counters.bytes_read["WEIGHTS"] == np.count_nonzero(q_a) * d.rows // 2 + d.rows * ngroups * 2
+    # an activation far below its block's maximum quantises to 0: its column is skipped, as the engine does
+    x = np.zeros(d.cols, np.float32)
+    x[:3] = [40.0, 1e-6, -3.0]
+    m = Machine(image, hw, "hardware")
+    m.l2[:d.cols] = x
+    m.run([encode(Opcode.WGEMV, dst=1024, src=0, desc=d.index, accm=0, findemax=0, sparse=1, async_=0), halt],
+          token=0, pos=0)
+    assert m.counters.bytes_read["WEIGHTS"] == 2 * d.rows // 2 + d.rows * -(-d.cols // d.group) * 2
