@@ -188,3 +188,14 @@ def test_geometry_of_presets():
     assert (tiny.seg, tiny.field, tiny.wgt_ports, tiny.steps_per_beat) == (16, 16, 1, 2)
     with pytest.raises(ValueError, match="shorter than the 2 x 32 cycles"):
         TileGeometry.from_config(PRESETS["kv260"].replace(act_block=32))
+
+
+@pytest.mark.parametrize("preset", ["tiny", "kv260"])
+def test_rtl_geometry_matches_model(preset):
+    # hdl never imports sim (STYLE 25), so the engine derives its geometry itself; it must agree with the
+    # model's, which writes the streams.
+    from hdl.systolic import EngineGeometry
+    cfg = PRESETS[preset]
+    rtl, model = EngineGeometry(cfg), TileGeometry.from_config(cfg)
+    for name in ("rows", "cols", "seg", "field", "wgt_ports", "port_step_bits", "steps_per_beat"):
+        assert getattr(rtl, name) == getattr(model, name), name
