@@ -83,6 +83,17 @@ def test_engine_random_with_stalls(rows, cols, tokens, stall, seed):
     np.testing.assert_array_equal(y.view(np.uint32), ref.view(np.uint32), err_msg=f"seed {seed}")
 
 
+def test_engine_two_weight_ports_with_stalls():
+    # A k-step wider than a beat: 2C = 16 weights = 64 bits over two 32-bit weight ports (as kv260's 256-bit
+    # steps over two 128-bit ports), each port stalling independently.
+    cfg = PRESETS["tiny"].replace(systolic_rows=2, systolic_cols=8, axi_data_bits=32)
+    geo = TileGeometry.from_config(cfg)
+    assert (geo.wgt_ports, geo.steps_per_beat) == (2, 1)
+    ops = operands(np.random.default_rng(6), geo, 21, 40, 3)
+    y, _, _, _ = rtl_gemm(cfg, *ops, stall=0.3, seed=6)
+    np.testing.assert_array_equal(y.view(np.uint32), gemm(*ops, group=geo.group, block=geo.block).view(np.uint32))
+
+
 def test_engine_latency_and_full_rate():
     # Without stalls the engine takes one k-step per cycle, back to back across tiles (3 tiles here; a tile
     # longer than latency + R steps, so that a y bank is read out before the tile after next needs it),
