@@ -170,12 +170,29 @@ class _Pipe:
         return self.stage(y=y)["y"]
 
 
-class _Unary(wiring.Component):
+class _Primitive(wiring.Component):
+    """Common to every primitive: `latency` is the class's fixed LATENCY; `_check_width` rejects a bad
+    width parameter (and silences the "created but never used" warning of the rejected instance)."""
+
+    LATENCY: int
+
+    @property
+    def latency(self) -> int:
+        return self.LATENCY
+
+    def _check_width(self, what: str, v) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or not 2 <= v <= 32:
+            self._MustUse__silence = True        # a rejected component is not an unused one
+            raise ValueError(f"{type(self).__name__} {what} must be an integer 2..32, not {v!r}")
+        return v
+
+
+class _Unary(_Primitive):
     def __init__(self):
         super().__init__({"en": In(1), "i_valid": In(1), "i_a": In(32), "o_valid": Out(1), "o_y": Out(32)})
 
 
-class _Binary(wiring.Component):
+class _Binary(_Primitive):
     def __init__(self):
         super().__init__({"en": In(1), "i_valid": In(1), "i_a": In(32), "i_b": In(32),
                           "o_valid": Out(1), "o_y": Out(32)})
@@ -193,10 +210,6 @@ class FpAdd(_Binary):
     the 28-bit add or subtract; then normalise (lzc, shift) and round."""
 
     LATENCY = 6
-
-    @property
-    def latency(self) -> int:
-        return self.LATENCY
 
     def elaborate(self, platform):
         m = Module()
@@ -241,10 +254,6 @@ class FpMul(_Binary):
 
     LATENCY = 6
 
-    @property
-    def latency(self) -> int:
-        return self.LATENCY
-
     def elaborate(self, platform):
         m = Module()
         p = _Pipe(m, self.en, self.i_valid)
@@ -274,10 +283,7 @@ class IntToFp(_Unary):
     width : integer width, 2..32."""
 
     def __init__(self, width: int):
-        if isinstance(width, bool) or not isinstance(width, int) or not 2 <= width <= 32:
-            self._MustUse__silence = True        # a rejected component is not an unused one
-            raise ValueError(f"IntToFp width must be an integer 2..32, not {width!r}")
-        self._width = width
+        self._width = self._check_width("width", width)
         super().__init__()
 
     @property
@@ -285,10 +291,6 @@ class IntToFp(_Unary):
         return self._width
 
     LATENCY = 4
-
-    @property
-    def latency(self) -> int:
-        return self.LATENCY
 
     def elaborate(self, platform):
         m = Module()
@@ -308,10 +310,6 @@ class F16ToF32(_Unary):
     """IEEE binary16 (``i_a[:16]``) to binary32, exact (subnormals included). Latency 4."""
 
     LATENCY = 4
-
-    @property
-    def latency(self) -> int:
-        return self.LATENCY
 
     def elaborate(self, platform):
         m = Module()
@@ -339,10 +337,7 @@ class FpLdexp(_Binary):
     exp_width : width of the signed shift count, 2..32."""
 
     def __init__(self, exp_width: int):
-        if isinstance(exp_width, bool) or not isinstance(exp_width, int) or not 2 <= exp_width <= 32:
-            self._MustUse__silence = True
-            raise ValueError(f"FpLdexp exp_width must be an integer 2..32, not {exp_width!r}")
-        self._exp_width = exp_width
+        self._exp_width = self._check_width("exp_width", exp_width)
         super().__init__()
 
     @property
@@ -350,10 +345,6 @@ class FpLdexp(_Binary):
         return self._exp_width
 
     LATENCY = 4
-
-    @property
-    def latency(self) -> int:
-        return self.LATENCY
 
     def elaborate(self, platform):
         m = Module()

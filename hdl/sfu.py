@@ -430,39 +430,17 @@ class Recip(FlowUnit):
 
 # --- the stream SFU -----------------------------------------------------------------------------------------
 
-class SfuOp(enum.Enum, shape=6):
-    """SFU operations: CVO functions keep their `CvoFunc` value, VEC functions are 16 + `VecFunc` value
-    (`op_of`). The segmented VEC ROPE/RMSNORM and ATTN are sequenced by the controller from these."""
-    EXP = 0
-    SQRT = 1
-    GELU = 2
-    SIN = 3
-    COS = 4
-    REDUCE_SUM = 5
-    SCALE = 6
-    RECIP = 7
-    TANH = 8
-    RSQRT = 9
-    REDUCE_MAX = 10
-    SOFTCAP = 11
-    ROPE_COS = 12
-    ROPE_SIN = 13
-    ADD = 16
-    SUB = 17
-    MUL = 18
-    MULS = 19
-    ADDS = 20
-    FMAS = 21
-    COPY = 22
-    RELU_SUBS = 23
-    GELU_MUL = 24
-    SUMSQ = 32
-    SUM = 33
-    MAX = 34
-    DOT = 35
-
-
 _VEC_BASE = 16
+# VEC functions the controller sequences from SFU operations instead of running them in one pass
+_SEQUENCED = ("ROPE", "RMSNORM", "RMSNORM_NG")
+
+# SFU operations, derived from the ISA so they cannot drift from it: CVO functions keep their `CvoFunc`
+# value, the VEC functions the SFU runs in one pass are 16 + their `VecFunc` value (`op_of`); the values
+# stay below 64, so the shape is unsigned(6).
+SfuOp = enum.Enum("SfuOp", {**{f.name: f.value for f in CvoFunc},
+                            **{f.name: _VEC_BASE + f.value for f in VecFunc if f.name not in _SEQUENCED}})
+SfuOp.__doc__ = ("SFU operations: CvoFunc values, and 16 + VecFunc value for the one-pass VEC functions "
+                 "(the segmented VEC ROPE/RMSNORM and ATTN are sequenced by the controller from these).")
 REDUCE_OPS = (SfuOp.REDUCE_SUM, SfuOp.REDUCE_MAX, SfuOp.SUMSQ, SfuOp.SUM, SfuOp.MAX, SfuOp.DOT)
 MAX_OPS = (SfuOp.REDUCE_MAX, SfuOp.MAX)
 # CVO functions whose input may have the running max subtracted (sub_emax) and the result accumulated (accm)
