@@ -63,6 +63,29 @@ def _log2(x: int) -> int:
     return (x - 1).bit_length()
 
 
+def _port_dma(m, port, cfg: HardwareConfig) -> AxiReadDma:
+    """The AXI read DMA of one weight port (dense or sparse), wired to the port's master and error flag."""
+    m.submodules.dma = dma = AxiReadDma(cfg, len_bits=LEN_BITS)
+    wiring.connect(m, wiring.flipped(port.axi), dma.axi)
+    m.d.comb += port.o_error.eq(dma.o_error)
+    return dma
+
+
+def _activation_memories(m, port, cfg: HardwareConfig, max_cols: int):
+    """A port's copy of the INT8 activations (one beat's lanes per word) and of their block exponents,
+    written through the port's ``i_act_*`` / ``i_exp_*`` inputs; returns their read ports."""
+    W = cfg.weights_per_beat
+    m.submodules.act_mem = act_mem = Memory(shape=data.ArrayLayout(signed(cfg.act_bits), W),
+                                            depth=max_cols // W, init=[])
+    act_w, act_r = act_mem.write_port(), act_mem.read_port()
+    m.d.comb += [act_w.en.eq(port.i_act_en), act_w.addr.eq(port.i_act_addr), act_w.data.eq(port.i_act_q)]
+    m.submodules.exp_mem = exp_mem = Memory(shape=signed(EXP_BITS), depth=max(1, max_cols // cfg.act_block),
+                                            init=[])
+    exp_w, exp_r = exp_mem.write_port(), exp_mem.read_port()
+    m.d.comb += [exp_w.en.eq(port.i_exp_en), exp_w.addr.eq(port.i_exp_addr), exp_w.data.eq(port.i_exp_e)]
+    return act_r, exp_r
+
+
 def command_layout(cfg: HardwareConfig) -> data.StructLayout:
     """One GEMV: ``y[rows] = W[rows, cols] x`` with W's INT4 bytes at `wbase` (row-major, rows of
     ``ceil(cols/2)`` bytes) and its binary16 scales at `sbase` (row-major ``[rows, ceil(cols/group)]``),
@@ -311,19 +334,10 @@ class GemvPort(wiring.Component):
         ab = cfg.axi_addr_bits
         p = self._index
 
-        m.submodules.dma = dma = AxiReadDma(cfg, len_bits=LEN_BITS)
-        wiring.connect(m, wiring.flipped(self.axi), dma.axi)
-        m.d.comb += self.o_error.eq(dma.o_error)
+        dma = _port_dma(m, self, cfg)
 
         # --- memories ----------------------------------------------------------------------------------
-        m.submodules.act_mem = act_mem = Memory(shape=data.ArrayLayout(signed(cfg.act_bits), W),
-                                                depth=self._max_cols // W, init=[])
-        act_w, act_r = act_mem.write_port(), act_mem.read_port()
-        m.d.comb += [act_w.en.eq(self.i_act_en), act_w.addr.eq(self.i_act_addr), act_w.data.eq(self.i_act_q)]
-        nblk = max(1, self._max_cols // cfg.act_block)
-        m.submodules.exp_mem = exp_mem = Memory(shape=signed(EXP_BITS), depth=nblk, init=[])
-        exp_w, exp_r = exp_mem.write_port(), exp_mem.read_port()
-        m.d.comb += [exp_w.en.eq(self.i_exp_en), exp_w.addr.eq(self.i_exp_addr), exp_w.data.eq(self.i_exp_e)]
+        act_r, exp_r = _activation_memories(m, self, cfg, self._max_cols)
         # isum banks: [bank, t, s]; scale banks: [bank, halfword t * groups + g] in beat-wide words.
         m.submodules.isum_mem = isum_mem = Memory(shape=signed(cfg.acc_bits), depth=2 * T * S, init=[])
         isum_w, isum_r = isum_mem.write_port(), isum_mem.read_port()
@@ -657,19 +671,10 @@ class SparsePort(wiring.Component):
         d = self.dec
         ab = cfg.axi_addr_bits
 
-        m.submodules.dma = dma = AxiReadDma(cfg, len_bits=LEN_BITS)
-        wiring.connect(m, wiring.flipped(self.axi), dma.axi)
-        m.d.comb += self.o_error.eq(dma.o_error)
+        dma = _port_dma(m, self, cfg)
 
         # --- memories ------------------------------------------------------------------------------------
-        m.submodules.act_mem = act_mem = Memory(shape=data.ArrayLayout(signed(cfg.act_bits), W),
-                                                depth=self._max_cols // W, init=[])
-        act_w, act_r = act_mem.write_port(), act_mem.read_port()
-        m.d.comb += [act_w.en.eq(self.i_act_en), act_w.addr.eq(self.i_act_addr), act_w.data.eq(self.i_act_q)]
-        nblk = max(1, self._max_cols // cfg.act_block)
-        m.submodules.exp_mem = exp_mem = Memory(shape=signed(EXP_BITS), depth=nblk, init=[])
-        exp_w, exp_r = exp_mem.write_port(), exp_mem.read_port()
-        m.d.comb += [exp_w.en.eq(self.i_exp_en), exp_w.addr.eq(self.i_exp_addr), exp_w.data.eq(self.i_exp_e)]
+        act_r, exp_r = _activation_memories(m, self, cfg, self._max_cols)
         isum_layout = data.ArrayLayout(signed(cfg.acc_bits), W)
         m.submodules.isum_mem = isum_mem = Memory(shape=isum_layout, depth=2 * (PR // W), init=[])
         isum_w = isum_mem.write_port()
