@@ -15,11 +15,9 @@ unit with per-unit rates:
   the port rate;
 - **KV stores** (KVST): bytes at the port rate.
 
-Dependent work serialises: a token is a chain of GEMVs whose inputs come from vector work, so the
-conservative total is the sum of all units (``overlap=False``); with ``overlap=True`` vector and attention
-work hides behind weight streaming up to the fraction ``overlap_fraction`` (the weights of the next GEMV
-are fetched into the prefetch FIFO while the vector unit finishes). Every rate is a parameter so RTL cycle
-counts calibrate it (`calibrate`); the defaults are the design targets of docs/architecture.md.
+Dependent work serialises: a token is a chain of GEMVs whose inputs come from vector work, so the total
+is the sum of all units (no overlap is assumed until the RTL shows how much the controller achieves).
+Every rate is a parameter so RTL cycle counts can calibrate it; the defaults are the design targets.
 
 ``python -m firmware.perf --model e4b --hw kv260 --positions 128 1024 4096`` prints the breakdown.
 """
@@ -46,8 +44,6 @@ class Rates:
     vec_lanes: int = 4                 # binary32 elements per cycle of the vector unit (one L2 word)
     attn_lanes: int = 32               # MACs per cycle of the attention unit
     issue_overhead: int = 24           # cycles per instruction beyond its elements (latency, issue)
-    overlap: bool = False
-    overlap_fraction: float = 0.0
 
 
 @dataclass
@@ -91,9 +87,6 @@ def _unit_cycles(counters, hw: HardwareConfig, rates: Rates) -> dict[str, float]
         + rates.issue_overhead * n_ins("ATTN"),
         "kv_store": kv_write / min(beat_rate, ddr_rate) + rates.issue_overhead * n_ins("KVST"),
     }
-    if rates.overlap:
-        hidden = min(cycles["vector"] + cycles["attention"], rates.overlap_fraction * cycles["weights"])
-        cycles["overlapped"] = -hidden
     return cycles
 
 

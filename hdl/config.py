@@ -194,7 +194,7 @@ class HardwareConfig:
 
 PRESETS: dict[str, HardwareConfig] = {
     # The target. Four HP ports x 128 bit at 300 MHz = 19.2 GB/s, the DDR4-2400 x64 peak: 128 INT4
-    # weights per cycle. Block sizes and memories are provisional until the numerics contract measures them.
+    # weights per cycle. Group 128 / block 64: docs/numerics.md (the SQNR study).
     "kv260": HardwareConfig(
         name="kv260", clock_hz=300_000_000, axi_ports=4, axi_data_bits=128, axi_addr_bits=40,
         axi_id_bits=6, axi_max_burst_beats=16, axi_max_outstanding=8, act_bits=8, acc_bits=32,

@@ -36,7 +36,9 @@ from hdl.isa import (
 )
 
 from .config import ModelConfig
-from .numerics import quantize_activations
+from . import sfu
+from .numerics import gemv, quantize_activations, unpack_int4
+from .systolic import gemm
 
 __all__ = ["Machine", "Counters", "ExecutionError", "REFERENCE", "HARDWARE", "COUNT"]
 
@@ -133,7 +135,6 @@ class _Hardware:
     dtype = np.float32
 
     def __init__(self, hw):
-        from . import sfu
         self.hw = hw
         self._sfu = sfu
         for name in ("exp", "tanh", "gelu_tanh", "sqrt", "rsqrt", "recip", "sin", "cos", "sin_turns", "cos_turns"):
@@ -267,7 +268,6 @@ class Machine:
             w = np.asarray(self.source[d.tensor][d.row_start:d.row_start + d.rows], dtype=np.float64)
             y = w @ x
         else:
-            from .numerics import gemv
             q_w, s_w = self._int4_rows(entry, d.row_start, d.rows)
             q_a, e_a = quantize_activations(x.astype(np.float32), self.hw.act_block)
             y = gemv(q_w, s_w, q_a, e_a, group=d.group, block=self.hw.act_block)
@@ -317,8 +317,6 @@ class Machine:
             w = np.asarray(self.source[d.tensor][d.row_start:d.row_start + d.rows], dtype=np.float64)
             y = np.stack(xs) @ w.T
         else:
-            from .numerics import quantize_activations
-            from .systolic import gemm
             q_w, s_w = self._int4_rows(entry, d.row_start, d.rows)
             qa = [quantize_activations(x.astype(np.float32), self.hw.act_block) for x in xs]
             y = gemm(q_w, s_w, np.stack([q for q, _ in qa]), np.stack([e for _, e in qa]), group=d.group,
@@ -331,7 +329,6 @@ class Machine:
         return round(d.cols * (1.0 - self.model.activation_sparsity_pattern[layer]))
 
     def _int4_rows(self, entry, r0, n):
-        from .numerics import unpack_int4
         rows, cols = entry.shape
         pcols = cols + cols % 2
         ngroups = -(-cols // entry.group)
