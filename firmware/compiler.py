@@ -74,7 +74,7 @@ class _Emitter:
         self.step = ""
         self.vl = None
         self.hd = None
-        self.l2 = L2Map(hw.l2_bytes // 16)
+        self.l2 = L2Map(hw.l2_program_words)
 
     def emit(self, op: Opcode, **fields):
         self.prog.words.append(encode(op, l2_words=self.l2.words, **fields))

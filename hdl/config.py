@@ -60,6 +60,9 @@ class HardwareConfig:
     systolic_rows, systolic_cols : systolic array size (GEMM engine).
     l2_bytes : on-chip scratchpad size (URAM).
     constant_cache_bytes : on-chip constant cache size (BRAM).
+    l2_scratch_bytes : the top of L2 reserved for the controller's own buffers (RoPE products, the K/V
+        row and the attention scores of ATTN); the compiler allocates below it. It bounds ATTN to
+        ``(l2_scratch_bytes / 4 - 2 * head_dim) / heads`` visible positions (docs/architecture.md).
     device : the FPGA whose budget the utilisation report compares against.
     sfu_reduce_lanes : SFU block: interleaved partial accumulators of the SFU reductions (a power of two,
         at least the binary32 adder's latency so that one element per cycle never waits for its lane);
@@ -87,6 +90,7 @@ class HardwareConfig:
     systolic_cols: int
     l2_bytes: int
     constant_cache_bytes: int
+    l2_scratch_bytes: int = 16 << 10
     device: DeviceBudget = XCK26
     # --- SFU block (sim/sfu.py, hdl/sfu.py) ---
     sfu_reduce_lanes: int = 8
@@ -132,6 +136,9 @@ class HardwareConfig:
         if not _is_pow2(integer("l2_bytes")) or self.l2_bytes < self.bytes_per_beat:
             raise ValueError(f"l2_bytes must be a power of two of at least one beat "
                              f"({self.bytes_per_beat} bytes), not {self.l2_bytes!r}")
+        if integer("l2_scratch_bytes", 64) % 16 or self.l2_scratch_bytes >= self.l2_bytes:
+            raise ValueError(f"l2_scratch_bytes must be a multiple of 16 below l2_bytes ({self.l2_bytes}), "
+                             f"not {self.l2_scratch_bytes!r}")
         if not _is_pow2(integer("constant_cache_bytes")):
             raise ValueError(f"constant_cache_bytes must be a power of two, not {self.constant_cache_bytes!r}")
         # SFU block.
@@ -170,6 +177,11 @@ class HardwareConfig:
         return self.axi_ports * self.weights_per_beat
 
     @property
+    def l2_program_words(self) -> int:
+        """16-byte L2 words a program may allocate (below the controller's scratch)."""
+        return (self.l2_bytes - self.l2_scratch_bytes) // 16
+
+    @property
     def peak_weight_bytes_per_second(self) -> float:
         return self.axi_ports * self.bytes_per_beat * self.clock_hz
 
@@ -199,13 +211,13 @@ PRESETS: dict[str, HardwareConfig] = {
         name="kv260", clock_hz=300_000_000, axi_ports=4, axi_data_bits=128, axi_addr_bits=40,
         axi_id_bits=6, axi_max_burst_beats=16, axi_max_outstanding=8, act_bits=8, acc_bits=32,
         act_block=64, weight_group=128, systolic_rows=32, systolic_cols=32,
-        l2_bytes=1 << 20, constant_cache_bytes=64 << 10, sfu_reduce_lanes=8,
+        l2_bytes=1 << 20, constant_cache_bytes=64 << 10, l2_scratch_bytes=128 << 10, sfu_reduce_lanes=8,
         gemv_max_cols=16384, gemv_sparse_max_rows=2048),
     # Small enough that the full chip simulates in seconds in Verilator; same structure.
     "tiny": HardwareConfig(
         name="tiny", clock_hz=100_000_000, axi_ports=2, axi_data_bits=64, axi_addr_bits=32,
         axi_id_bits=4, axi_max_burst_beats=16, axi_max_outstanding=4, act_bits=8, acc_bits=32,
         act_block=16, weight_group=32, systolic_rows=4, systolic_cols=4,
-        l2_bytes=64 << 10, constant_cache_bytes=4 << 10, sfu_reduce_lanes=8,
+        l2_bytes=64 << 10, constant_cache_bytes=4 << 10, l2_scratch_bytes=16 << 10, sfu_reduce_lanes=8,
         gemv_max_cols=1024, gemv_sparse_max_rows=128),
 }

@@ -89,6 +89,7 @@ def _build() -> tuple[Register, ...]:
         Register("PROGRAM_BASE_LO", 0x020, "rw", "DDR byte address of the token program (16-byte aligned)"),
         Register("PROGRAM_BASE_HI", 0x024, "rw", "high word of PROGRAM_BASE"),
         Register("PROGRAM_LEN", 0x028, "rw", "program length in 64-bit words (bound on fetch)"),
+        Register("DESC_COUNT", 0x02C, "rw", "descriptors in the DESC region (a larger index is BAD_DESCRIPTOR)"),
     ]
     for region in DdrRegion:
         off = 0x040 + 8 * region.value

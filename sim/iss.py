@@ -177,6 +177,7 @@ class Machine:
         self.dtype = np.float64 if arithmetic == REFERENCE else np.float32
         self.f = _Reference(hw) if arithmetic == REFERENCE else _Hardware(hw) if arithmetic == HARDWARE else None
         self.l2_words = hw.l2_bytes // 16
+        self.scratch_elements = hw.l2_scratch_bytes // 4     # the controller's buffers (ROPE, ATTN, CVO accm)
         self.l2 = np.zeros(self.l2_words * 4, dtype=self.dtype)
         self.model = ModelConfig.from_hf(image.config)
         self.s = np.zeros(N_SREGS, dtype=self.dtype)
@@ -260,6 +261,8 @@ class Machine:
         x = self.l2[self._vec(i.src, d.cols)]
         if i.sparse and d.layout != 1:
             self._err(ErrorCode.BAD_DESCRIPTOR, f"sparse WGEMV needs a column-major matrix ({d.tensor})")
+        if not i.sparse and d.layout != 0:
+            self._err(ErrorCode.BAD_DESCRIPTOR, f"dense WGEMV needs a row-major matrix ({d.tensor})")
         entry = self.image.tensors[d.tensor]
         ngroups = -(-d.cols // d.group)
         if self.arithmetic == COUNT:
@@ -346,8 +349,8 @@ class Machine:
 
     def _x_gather(self, i):
         d = self._desc(i.desc)
-        if d.kind != 0:
-            self._err(ErrorCode.BAD_DESCRIPTOR, f"descriptor {i.desc} is not a table")
+        if d.kind != 0 or d.layout != 0:
+            self._err(ErrorCode.BAD_DESCRIPTOR, f"descriptor {i.desc} is not a row-major table")
         row = self.token
         if row >= d.rows:
             if not i.remap:
@@ -451,6 +454,9 @@ class Machine:
             hd = self.hd
             if hd <= 0 or n % hd:
                 self._err(ErrorCode.BAD_LENGTH, f"VL ({n}) must be a multiple of HD ({hd})")
+            if f is VecFunc.ROPE and (hd % 2 or 2 * hd > self.scratch_elements):
+                self._err(ErrorCode.BAD_LENGTH, f"ROPE needs an even HD of at most {self.scratch_elements // 2} "
+                                                f"(the controller's L2 scratch), not {hd}")
             x = a.reshape(n // hd, hd)
             if f is VecFunc.ROPE:
                 t = self.l2[self._vec(i.b, hd)]
@@ -553,8 +559,12 @@ class Machine:
         # positions than the window, or a full-attention layer) only positions below its capacity.
         if (not window or window > d.capacity) and self.pos >= d.capacity:
             self._err(ErrorCode.ADDRESS_RANGE, f"position {self.pos} exceeds the KV slot ({d.capacity} positions)")
+        seen = min(self.pos + 1, window) if window else self.pos + 1
+        if heads * seen + head_dim > self.scratch_elements:
+            self._err(ErrorCode.BAD_LENGTH, f"ATTN over {seen} positions of {heads} heads needs "
+                                            f"{heads * seen + head_dim} elements of L2 scratch; there are "
+                                            f"{self.scratch_elements} (HardwareConfig.l2_scratch_bytes)")
         if self.arithmetic == COUNT:
-            seen = min(self.pos + 1, window) if window else self.pos + 1
             self.counters.bytes_read["KV"] += 2 * seen * head_dim * 2
             self.counters.elements[self._name] += heads * seen * head_dim
             return
@@ -583,6 +593,10 @@ class Machine:
         if self.arithmetic == COUNT:
             return
         f, n = i.func, i.length
+        if i.accm and n > self.scratch_elements and f in (CvoFunc.REDUCE_SUM, CvoFunc.REDUCE_MAX, CvoFunc.ROPE_COS,
+                                                          CvoFunc.ROPE_SIN):
+            self._err(ErrorCode.BAD_LENGTH, f"CVO {f.name} with accm stages its {n} results in the L2 scratch "
+                                            f"({self.scratch_elements} elements)")
         x = self.l2[self._vec(i.src, n * (2 if f in (CvoFunc.ROPE_COS, CvoFunc.ROPE_SIN) else 1))]
         dt, fn = self.dtype, self.f
         if f in (CvoFunc.ROPE_COS, CvoFunc.ROPE_SIN):
