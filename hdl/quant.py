@@ -1,0 +1,302 @@
+"""The activation quantiser of WGEMV: binary32 activations in, INT8 block floating point out, written
+straight into the GEMV engine's activation and exponent memories (`hdl.gemv.GemvEngine.i_act` /
+``i_exp``); bit-identical to `sim.numerics.quantize_activations` (docs/numerics.md).
+
+Per block of ``act_block`` (B) elements (the last block of a command may be shorter)::
+
+    e = the smallest integer with max|x| * 2**-e <= 127      (0 for an all-zero block)
+    q = rne(x * 2**-e)                                       (exact scaling, one rounding, ties to even)
+
+**Exponent.** ``max|x|`` is the largest 31-bit magnitude pattern (binary32 magnitudes order as unsigned
+integers, subnormals included). Written as ``M * 2**(Eeff - 150)`` with the 24-bit integer mantissa M
+(hidden bit included for normal numbers, ``Eeff = max(E, 1)``) and p = the bit length of M (24 for normal
+numbers), ``e = Eeff - 150 + p - 7 + (M > 127 * 2**(p - 7))``: the binary32 exponent and one mantissa compare
+(``p - 7`` alone when p <= 7, where M <= 127 * 2**(p - 7) always holds). For normal numbers this is the
+contract's ``k - 7`` / ``k - 6``; a leading-one search only matters for an all-subnormal block.
+
+**Quantisation.** ``|x| * 2**-e = M * 2**-(e + 150 - Eeff)``; the shift is at least -6 (a subnormal in a
+block with e = -155) and at most 17 for the block maximum, more for small elements. The mantissa is shifted
+left by 7 (``M << 7``, so the shift ``t = e + 156 - Eeff`` is never negative and one guard bit stays),
+then right by ``min(t, 31)``: integer part, guard bit, and a sticky bit from the bits shifted out give
+round-to-nearest-even; the sign is applied after the rounding (``|q| <= 127``, so INT8 never overflows).
+
+**Dataflow.** Elements are written into one of two block buffers (``2 * B`` words of one memory) while
+their running maximum is kept; a full block is read back one element per cycle while the next block fills
+the other buffer, so the unit takes one element per cycle sustained, across blocks and back-to-back
+commands (a command is accepted in the cycle its predecessor's last element is). Read-back pipeline::
+
+    s0 issue: buffer read, block exponent from the stored max   (o_exp written at a block's first element)
+    s1 shift: M << 7 >> t, guard, sticky
+    s2 round and sign, pack into the word of W = weights_per_beat lanes
+    o_act register: a word leaves when its last lane (or the command's last element) is in
+
+Words hold lanes ``addr * W ..``; lanes past n in the last word are 0. Each word and each exponent is
+written exactly once, in address order. An output that is not ready stalls the read-back pipeline (the
+GEMV engine is always ready).
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from .config import HardwareConfig
+from .gemv import EXP_BITS
+
+__all__ = ["ActQuantizer", "act_write_layout", "exp_write_layout", "command_layout", "Q_MAX"]
+
+Q_MAX = 127          # sim.numerics.INT8_MAX: the block exponent makes every |q| <= 127
+N_BITS = 16          # command column count
+
+
+def _log2(x: int) -> int:
+    return (x - 1).bit_length()
+
+
+def act_write_layout(hw: HardwareConfig) -> data.StructLayout:
+    """One activation-memory write of `hdl.gemv.GemvEngine.i_act`: word `addr` = columns ``addr*W ..``."""
+    W = hw.weights_per_beat
+    return data.StructLayout({"addr": range(hw.gemv_max_cols // W), "q": data.ArrayLayout(signed(hw.act_bits), W)})
+
+
+def exp_write_layout(hw: HardwareConfig) -> data.StructLayout:
+    """One exponent-memory write of `hdl.gemv.GemvEngine.i_exp`: the exponent of activation block `addr`."""
+    return data.StructLayout({"addr": range(max(2, hw.gemv_max_cols // hw.act_block)), "e": signed(EXP_BITS)})
+
+
+def command_layout() -> data.StructLayout:
+    return data.StructLayout({"n": unsigned(N_BITS)})
+
+
+class ActQuantizer(wiring.Component):
+    """binary32 activations to block floating point INT8, written into the GEMV memories.
+
+    Parameters
+    ----------
+    hw : HardwareConfig
+        ``act_block`` (B), ``weights_per_beat`` (W), ``gemv_max_cols`` and ``act_bits`` (at least 8) are used.
+
+    Members
+    -------
+    i_cmd : In(stream({n: unsigned(16)}))
+        Quantise the next n (1..gemv_max_cols) elements of ``i_elem`` as columns 0..n-1. Accepted when the
+        previous command's elements have all been taken (in the cycle its last one is). n = 0 is accepted
+        once the unit is idle, writes nothing and pulses ``o_done``. Columns past ``gemv_max_cols`` wrap.
+    i_elem : In(stream(unsigned(32)))
+        The activations, raw binary32 bits.
+    o_act : Out(stream(act_write_layout))
+        Activation words, exactly `hdl.gemv.GemvEngine.i_act`.
+    o_exp : Out(stream(exp_write_layout))
+        Block exponents, exactly `hdl.gemv.GemvEngine.i_exp`.
+    o_done : Out(1)
+        One-cycle pulse after every word and exponent of a command has been accepted (one per command, in
+        order).
+    o_busy : Out(1)
+        A command with n > 0 has been accepted and its ``o_done`` has not yet pulsed.
+    o_nonfinite : Out(1)
+        Set with each ``o_done``: 1 if that command had an inf or NaN input (its words and exponents are then
+        unspecified); holds until the next ``o_done``.
+
+    Latency: the read-back starts a block in the cycle after its last element is accepted (or right after
+    the previous block) and issues one element per cycle; ``o_done`` pulses `latency` cycles after the
+    issue of the command's last element when the outputs are ready.
+    """
+
+    def __init__(self, hw: HardwareConfig):
+        if not isinstance(hw, HardwareConfig):
+            self._MustUse__silence = True
+            raise TypeError(f"hw must be a HardwareConfig, not {hw!r}")
+        if hw.act_bits < 8:
+            self._MustUse__silence = True
+            raise ValueError(f"act_bits must be at least 8 (quantised activations reach +-{Q_MAX}), "
+                             f"not {hw.act_bits!r}")
+        if hw.gemv_max_cols >= 1 << N_BITS:
+            self._MustUse__silence = True
+            raise ValueError(f"gemv_max_cols must be below {1 << N_BITS} (the command's {N_BITS}-bit column "
+                             f"count), not {hw.gemv_max_cols!r}")
+        self._hw = hw
+        super().__init__({
+            "i_cmd": In(stream.Signature(command_layout())),
+            "i_elem": In(stream.Signature(unsigned(32))),
+            "o_act": Out(stream.Signature(act_write_layout(hw))),
+            "o_exp": Out(stream.Signature(exp_write_layout(hw))),
+            "o_done": Out(1), "o_busy": Out(1), "o_nonfinite": Out(1),
+        })
+
+    hw = property(lambda self: self._hw)
+
+    @property
+    def latency(self) -> int:
+        """Cycles from the read-back issue of a command's last element to its ``o_done`` pulse: s1, s2, the
+        o_act register, the done pulse."""
+        return 4
+
+    @staticmethod
+    def _block_exponent(m, amax) -> Signal:
+        """The block exponent of a 31-bit magnitude pattern (see the module docstring), combinational."""
+        e_fld, frac = amax[23:31], amax[0:23]
+        mant = Signal(24)
+        m.d.comb += mant.eq(Cat(frac, e_fld != 0))
+        c = Signal(signed(6))                      # p - 7 + (mant > 127 * 2**(p - 7)), in -6 .. 18
+        for p in range(24, 0, -1):
+            cond = m.If if p == 24 else m.Elif
+            with cond(mant[p - 1]):
+                gt = (mant > (Q_MAX << (p - 7))) if p > 7 else Const(0, 1)
+                m.d.comb += c.eq(p - 7 + gt)
+        e = Signal(signed(EXP_BITS))
+        e_eff = Mux(e_fld == 0, 1, e_fld)
+        m.d.comb += e.eq(Mux(amax == 0, 0, e_eff - 150 + c))
+        return e
+
+    def elaborate(self, platform):
+        m = Module()
+        hw = self._hw
+        W, B, C = hw.weights_per_beat, hw.act_block, hw.gemv_max_cols
+        LB, LW, LC = _log2(B), _log2(W), _log2(C)
+        exp_addr_shape = exp_write_layout(hw)["addr"].shape
+
+        # The element ring: 2 * B binary32 words. Elements are written in order, a block's read-back starts
+        # once its last element is in, and a slot is free again as soon as its read is issued.
+        m.submodules.buf = buf = Memory(shape=unsigned(32), depth=2 * B, init=[])
+        wr, rd = buf.write_port(), buf.read_port()
+        wp = Signal(LB + 1)
+        rp = Signal(LB + 1)
+        occ = Signal(range(2 * B + 1))
+
+        # One entry per complete block: at most one per element in the ring, so 2 * B entries never fill.
+        meta_layout = data.StructLayout({
+            "lidx": unsigned(LB),             # index of the block's last element
+            "blk": exp_addr_shape,            # block number within the command
+            "last": 1,                        # the command's last block
+            "nf": 1,                          # an inf or NaN in the block
+            "amax": unsigned(31),             # largest magnitude pattern
+        })
+        m.submodules.blocks = blocks = fifo.SyncFIFO(width=meta_layout.size, depth=2 * B)
+        new_blk = Signal(meta_layout)
+        m.d.comb += blocks.w_data.eq(new_blk)
+
+        pending = Signal(range(16))           # commands (n > 0) accepted and not done; at most ~7 fit
+        done_last = Signal()                  # the last word of a command is accepted this cycle
+        zero_done = Signal()
+        issue = Signal()
+
+        # ---- Fill: i_elem -> ring, running max -----------------------------------------------------
+        f_busy = Signal()
+        f_left = Signal(N_BITS)
+        f_col = Signal(LC + 1)
+        f_max = Signal(31)
+        f_nf = Signal()
+        x = self.i_elem.payload
+        take = Signal()
+        m.d.comb += [self.i_elem.ready.eq(f_busy & (occ != 2 * B) & blocks.w_rdy),
+                     take.eq(self.i_elem.valid & self.i_elem.ready)]
+        mag = x[0:31]
+        new_max = Mux(mag > f_max, mag, f_max)
+        new_nf = f_nf | (x[23:31] == 0xFF)
+        last_elem = f_left == 1
+        end_blk = (f_col[:LB] == B - 1) | last_elem if LB else Const(1, 1)
+        m.d.comb += [wr.en.eq(take), wr.addr.eq(wp), wr.data.eq(x)]
+        m.d.comb += [new_blk.lidx.eq(f_col[:LB]), new_blk.blk.eq(f_col[LB:]), new_blk.last.eq(last_elem),
+                     new_blk.nf.eq(new_nf), new_blk.amax.eq(new_max), blocks.w_en.eq(take & end_blk)]
+        m.d.sync += occ.eq(occ + take - issue)
+        with m.If(take):
+            m.d.sync += [wp.eq(wp + 1), f_col.eq(f_col + 1), f_left.eq(f_left - 1)]
+            with m.If(last_elem):
+                m.d.sync += f_busy.eq(0)
+            with m.If(end_blk):
+                m.d.sync += [f_max.eq(0), f_nf.eq(0)]
+            with m.Else():
+                m.d.sync += [f_max.eq(new_max), f_nf.eq(new_nf)]
+
+        # Commands: the next one is taken as soon as the fill side is free, including the cycle in which it
+        # takes the previous command's last element; n = 0 only on an idle unit, so its o_done stays in order.
+        n = self.i_cmd.p.n
+        fill_free = ~f_busy | (take & last_elem)
+        m.d.comb += self.i_cmd.ready.eq(fill_free & ((n != 0) | (pending == 0)))
+        cmd_take = self.i_cmd.valid & self.i_cmd.ready
+        with m.If(cmd_take & (n != 0)):
+            m.d.sync += [f_busy.eq(1), f_left.eq(n), f_col.eq(0)]
+        m.d.comb += zero_done.eq(cmd_take & (n == 0))
+        m.d.sync += pending.eq(pending + (cmd_take & (n != 0)) - done_last)
+
+        # ---- Read-back pipeline ------------------------------------------------------------------
+        adv = Signal()
+        m.d.comb += adv.eq(~(self.o_act.valid & ~self.o_act.ready) & ~(self.o_exp.valid & ~self.o_exp.ready))
+
+        # s0: issue one ring read per cycle for the oldest complete block.
+        q_idx = Signal(LB)
+        q_nf = Signal()                       # inf/NaN seen so far in the command being read back
+        cur = data.View(meta_layout, blocks.r_data)
+        m.d.comb += issue.eq(blocks.r_rdy & adv)
+        e_cur = self._block_exponent(m, cur.amax)
+        first = q_idx == 0
+        lastel = q_idx == cur.lidx
+        nf_cur = Mux(first & (cur.blk == 0), 0, q_nf) | cur.nf
+        m.d.comb += [rd.en.eq(adv), rd.addr.eq(rp), blocks.r_en.eq(issue & lastel)]
+        with m.If(issue):
+            m.d.sync += [q_nf.eq(nf_cur), rp.eq(rp + 1), q_idx.eq(Mux(lastel, 0, q_idx + 1))]
+
+        with m.If(issue & first):
+            m.d.sync += [self.o_exp.valid.eq(1), self.o_exp.p.addr.eq(cur.blk), self.o_exp.p.e.eq(e_cur)]
+        with m.Elif(self.o_exp.ready):
+            m.d.sync += self.o_exp.valid.eq(0)
+
+        # s1: the element arrives from the buffer; shift.
+        s1_valid, s1_last, s1_nf = Signal(), Signal(), Signal()
+        s1_e = Signal(signed(EXP_BITS))
+        s1_col = Signal(LC)
+        with m.If(adv):
+            m.d.sync += [s1_valid.eq(issue), s1_e.eq(e_cur), s1_col.eq(Cat(q_idx, cur.blk)),
+                         s1_last.eq(lastel & cur.last), s1_nf.eq(nf_cur)]
+        xr = rd.data
+        r_fld = xr[23:31]
+        r_mant = Cat(xr[0:23], r_fld != 0)
+        t = Signal(signed(EXP_BITS + 2))
+        m.d.comb += t.eq(s1_e + 156 - Mux(r_fld == 0, 1, r_fld))
+        tc = Signal(5)
+        m.d.comb += tc.eq(Mux(t < 0, 0, Mux(t > 31, 31, t)))      # t < 0 only for inf/NaN blocks
+        v = Cat(Const(0, 7), r_mant)                                # M << 7: 31 bits
+        g_int = Signal(31)
+        m.d.comb += g_int.eq(v >> tc)                              # integer part << 1 | guard
+        sticky = (v & ((Const(1, 32) << tc) - 1)) != 0
+
+        s2_valid, s2_last, s2_nf, s2_sign, s2_g, s2_st = (Signal(name=f"s2_{k}") for k in
+                                                           ("valid", "last", "nf", "sign", "g", "st"))
+        s2_i = Signal(8)
+        s2_col = Signal(LC)
+        with m.If(adv):
+            m.d.sync += [s2_valid.eq(s1_valid), s2_last.eq(s1_last), s2_nf.eq(s1_nf), s2_col.eq(s1_col),
+                         s2_sign.eq(xr[31]), s2_i.eq(g_int[1:9]), s2_g.eq(g_int[0]), s2_st.eq(sticky)]
+
+        # s2: round to nearest even, sign, pack.
+        qmag = Signal(9)
+        m.d.comb += qmag.eq(s2_i + (s2_g & (s2_st | s2_i[0])))
+        q = Signal(signed(hw.act_bits))
+        m.d.comb += q.eq(Mux(s2_sign, -qmag, qmag))
+        lane = s2_col[:LW]
+        pack = Signal(data.ArrayLayout(signed(hw.act_bits), W))
+        word = Signal(data.ArrayLayout(signed(hw.act_bits), W))
+        for i in range(W):
+            m.d.comb += word[i].eq(Mux(lane == i, q, Mux(lane > i, pack[i], 0)))
+        emit = s2_valid & ((lane == W - 1) | s2_last)
+        act_last, act_nf = Signal(), Signal()
+        with m.If(adv & s2_valid):
+            m.d.sync += pack.eq(word)
+        with m.If(adv & emit):
+            m.d.sync += [self.o_act.valid.eq(1), self.o_act.p.addr.eq(s2_col[LW:]), self.o_act.p.q.eq(word),
+                         act_last.eq(s2_last), act_nf.eq(s2_nf)]
+        with m.Elif(self.o_act.ready):
+            m.d.sync += self.o_act.valid.eq(0)
+
+        # Done: the command's last word is accepted (its exponents left before it: an exponent waiting on
+        # o_exp stalls the whole read-back pipeline).
+        m.d.comb += done_last.eq(self.o_act.valid & self.o_act.ready & act_last)
+        m.d.sync += self.o_done.eq(done_last | zero_done)
+        with m.If(done_last):
+            m.d.sync += self.o_nonfinite.eq(act_nf)
+        with m.Elif(zero_done):
+            m.d.sync += self.o_nonfinite.eq(0)
+        m.d.comb += self.o_busy.eq(pending != 0)
+        return m

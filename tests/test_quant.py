@@ -1,0 +1,315 @@
+"""The activation quantiser (hdl.quant.ActQuantizer) in the Amaranth simulator, bit for bit against
+`sim.numerics.quantize_activations`: the activation and exponent memories it writes (as the GEMV engine's
+i_act / i_exp would store them) are compared as integer arrays with the model's q and e, for seeded random
+vectors spread over the whole binary32 range, directed corners, random stalls on every stream and
+back-to-back commands; plus the inf/NaN flag, command ordering and a cycle-exact throughput check."""
+
+import random
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+
+from hdl.config import HardwareConfig
+from hdl.gemv import EXP_BITS
+from hdl.quant import ActQuantizer, act_write_layout, exp_write_layout
+from sim.numerics import quantize_activations
+
+TINY = HardwareConfig.preset("tiny")
+KV260 = HardwareConfig.preset("kv260")
+# Activation blocks narrower than a beat (a word spans several blocks) and wider than one.
+NARROW = TINY.replace(name="narrow", act_block=4, gemv_max_cols=256)
+WIDE = TINY.replace(name="wide", act_block=64, gemv_max_cols=256)
+
+F32_MAX = np.finfo(np.float32).max
+TINIEST = np.float32(2.0 ** -149)
+
+
+def _sext(v: int, bits: int) -> int:
+    return v - (1 << bits) if v >> (bits - 1) else v
+
+
+def rtl_quantize(hw, vectors, *, seed=0, p_idle=0.0, p_stall=0.0, cmd_gap=0, max_cycles=None):
+    """Runs `vectors` (binary32 arrays, or raw uint32 bit patterns) through ActQuantizer as back-to-back
+    commands. Returns a dict: ``act`` / ``exp``: every accepted write in order as (cycle, addr, value) with
+    value a tuple of W lane integers / an exponent; ``done``: (cycle, o_nonfinite) per o_done pulse;
+    ``take``: the cycles in which an element was accepted; ``cmd``: the command acceptance cycles."""
+    dut = ActQuantizer(hw)
+    W, A = hw.weights_per_beat, hw.act_bits
+    act_l, exp_l = act_write_layout(hw), exp_write_layout(hw)
+    rng = random.Random(seed)
+    bits = [np.asarray(v).view(np.uint32) if np.asarray(v).dtype == np.float32 else np.asarray(v, np.uint32)
+            for v in vectors]
+    out = {"act": [], "exp": [], "done": [], "take": [], "cmd": []}
+    total_words = sum(-(-len(b) // W) for b in bits)
+    cycle = [0]
+
+    async def commands(ctx):
+        for b in bits:
+            for _ in range(cmd_gap):
+                await ctx.tick()
+            while p_idle and rng.random() < p_idle:
+                await ctx.tick()
+            ctx.set(dut.i_cmd.valid, 1)
+            ctx.set(dut.i_cmd.p.n, len(b))
+            await ctx.tick().until(dut.i_cmd.ready)
+            ctx.set(dut.i_cmd.valid, 0)
+
+    async def elements(ctx):
+        for b in bits:
+            for v in b:
+                while p_idle and rng.random() < p_idle:
+                    ctx.set(dut.i_elem.valid, 0)
+                    await ctx.tick()
+                ctx.set(dut.i_elem.valid, 1)
+                ctx.set(dut.i_elem.payload, int(v))
+                await ctx.tick().until(dut.i_elem.ready)
+        ctx.set(dut.i_elem.valid, 0)
+
+    async def sinks(ctx):
+        limit = max_cycles or 50 * sum(len(b) for b in bits) + 200
+        while len(out["done"]) < len(bits) or len(out["act"]) < total_words:
+            ctx.set(dut.o_act.ready, int(not (p_stall and rng.random() < p_stall)))
+            ctx.set(dut.o_exp.ready, int(not (p_stall and rng.random() < p_stall)))
+            _, _, av, ar, ap, ev, er, ep, done, nf, ev_take, cv, cr = await ctx.tick().sample(
+                dut.o_act.valid, dut.o_act.ready, dut.o_act.payload.as_value(),
+                dut.o_exp.valid, dut.o_exp.ready, dut.o_exp.payload.as_value(), dut.o_done, dut.o_nonfinite,
+                dut.i_elem.valid & dut.i_elem.ready, dut.i_cmd.valid, dut.i_cmd.ready)
+            c = cycle[0]
+            if av and ar:
+                addr = ap & ((1 << act_l["addr"].width) - 1)
+                qbits = ap >> act_l["q"].offset
+                out["act"].append((c, addr, tuple(_sext((qbits >> (A * i)) & ((1 << A) - 1), A) for i in range(W))))
+            if ev and er:
+                abits = exp_l["addr"].width
+                out["exp"].append((c, ep & ((1 << abits) - 1), _sext(ep >> exp_l["e"].offset, EXP_BITS)))
+            if done:
+                out["done"].append((c, nf))
+            if ev_take:
+                out["take"].append(c)
+            if cv and cr:
+                out["cmd"].append(c)
+            cycle[0] += 1
+            assert cycle[0] < limit, f"timeout after {limit} cycles: {len(out['done'])} of {len(bits)} commands done"
+        for _ in range(8):                           # nothing more may appear
+            _, _, av, ev, done = await ctx.tick().sample(dut.o_act.valid, dut.o_exp.valid, dut.o_done)
+            assert not (av or ev or done), "the quantiser produced output after its last command was done"
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(commands)
+    sim.add_testbench(elements)
+    sim.add_testbench(sinks)
+    sim.run()
+    return out
+
+
+def memories(hw, vectors, res):
+    """Splits the write streams per command (each command writes its words and exponents once each, in
+    address order: checked) and returns per command the memory images ``(act int [words, W], exp int
+    [blocks])``."""
+    W, B = hw.weights_per_beat, hw.act_block
+    acts, exps = list(res["act"]), list(res["exp"])
+    images = []
+    for k, v in enumerate(vectors):
+        nw, nb = -(-len(v) // W), -(-len(v) // B)
+        a, acts = acts[:nw], acts[nw:]
+        e, exps = exps[:nb], exps[nb:]
+        assert [w[1] for w in a] == list(range(nw)), f"command {k}: word addresses {[w[1] for w in a]}"
+        assert [x[1] for x in e] == list(range(nb)), f"command {k}: exponent addresses {[x[1] for x in e]}"
+        images.append((np.array([w[2] for w in a], dtype=np.int64).reshape(nw, W),
+                       np.array([x[2] for x in e], dtype=np.int64)))
+    assert not acts and not exps, "writes beyond the commands' words and exponents"
+    return images
+
+
+def expected(hw, x):
+    """The model's memory images: q padded with zeros to whole words, one exponent per block."""
+    W = hw.weights_per_beat
+    q, e = quantize_activations(np.asarray(x, dtype=np.float32), hw.act_block)
+    q = np.pad(q.astype(np.int64), (0, -len(q) % W)).reshape(-1, W)
+    return q, e.astype(np.int64)
+
+
+def check(hw, vectors, res, what):
+    assert len(res["done"]) == len(vectors), f"{what}: {len(res['done'])} o_done pulses for {len(vectors)} commands"
+    for k, (v, (act, exp)) in enumerate(zip(vectors, memories(hw, vectors, res))):
+        q, e = expected(hw, v)
+        np.testing.assert_array_equal(exp, e, err_msg=f"{what}: command {k} (n={len(v)}) exponents")
+        np.testing.assert_array_equal(act, q, err_msg=f"{what}: command {k} (n={len(v)}) activations")
+        assert res["done"][k][1] == 0, f"{what}: command {k}: o_nonfinite on finite input"
+    # o_done of command k follows its last word's write.
+    W = hw.weights_per_beat
+    ends = np.cumsum([-(-len(v) // W) for v in vectors]) - 1
+    for k, end in enumerate(ends):
+        assert res["done"][k][0] == res["act"][end][0] + 1, f"{what}: command {k}: o_done not right after its last word"
+
+
+def spread_vector(rng: np.random.Generator, n: int, block: int) -> np.ndarray:
+    """Finite binary32 values over the whole range: each block has a random scale 2**c, c in [-160, 128]
+    (subnormal and overflowing scales included, overflow clipped to the largest finite value), elements
+    spread 2**-14 .. 1 around it, some zeros of both signs and some raw random bit patterns."""
+    nb = -(-n // block)
+    c = np.repeat(rng.integers(-160, 129, nb), block)[:n]
+    mag = rng.uniform(0.5, 1.0, n) * np.exp2(c - rng.integers(0, 15, n).astype(np.float64))
+    x = np.where(rng.random(n) < 0.5, -mag, mag)
+    x = np.clip(x, -F32_MAX, F32_MAX).astype(np.float32)
+    raw = (rng.integers(0, 2, n, dtype=np.uint32) << 31) | (rng.integers(0, 0xFF, n, dtype=np.uint32) << 23) | \
+        rng.integers(0, 1 << 23, n, dtype=np.uint32)                          # exponent field < 0xFF: finite
+    x = np.where(rng.random(n) < 0.05, raw.view(np.float32), x)
+    x[rng.random(n) < 0.05] = 0.0
+    x[rng.random(n) < 0.03] = -0.0
+    return x.astype(np.float32)
+
+
+def random_lengths(hw, rng):
+    W, B, C = hw.weights_per_beat, hw.act_block, hw.gemv_max_cols
+    fixed = sorted({1, max(1, W - 1), W, W + 1, max(1, B - 1), B, B + 1, 3 * B + 5})
+    return fixed + [int(rng.integers(1, 200))]
+
+
+@pytest.mark.parametrize("hw", [TINY, KV260, NARROW, WIDE], ids=lambda h: h.name)
+def test_random_vectors_with_stalls(hw):
+    """Seeded random vectors of the brief's lengths (1, W-1, W, act_block +- 1, ...) over the whole binary32
+    range, back to back, with random bubbles on i_cmd / i_elem and random ready on o_act / o_exp."""
+    rng = np.random.default_rng(11)
+    vectors = [spread_vector(rng, n, hw.act_block) for n in random_lengths(hw, rng)]
+    res = rtl_quantize(hw, vectors, seed=3, p_idle=0.3, p_stall=0.3)
+    check(hw, vectors, res, f"{hw.name} random, stalls")
+
+
+def test_full_length_and_no_stalls():
+    """gemv_max_cols columns on tiny (the engine's whole activation memory), no stalls, then short
+    commands back to back."""
+    rng = np.random.default_rng(12)
+    vectors = [spread_vector(rng, TINY.gemv_max_cols, TINY.act_block)] + \
+        [spread_vector(rng, n, TINY.act_block) for n in (1, 2, 17, 1, 16)]
+    res = rtl_quantize(TINY, vectors)
+    check(TINY, vectors, res, "tiny full length")
+
+
+def corner_vectors(block: int) -> list[np.ndarray]:
+    f = np.float32
+    vs = []
+    vs.append(np.zeros(block + 3, f))                                          # all zero: e = 0, q = 0
+    z = np.zeros(block, f)
+    z[1::2] = -0.0
+    vs.append(z)                                                               # +-0 mixed
+    v = np.full(block, 1e-3, f)
+    v[3] = F32_MAX                                                             # one huge value: e = 121
+    vs.append(v)
+    vs.append(np.array([-F32_MAX] + [F32_MAX] * (block - 1), f))
+    # Ties after scaling: max 127 gives e = 0, then k + 0.5 rounds to even.
+    ties = np.array([127, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -126.5, 125.5, 3.5, 0.25, 0.75, -0.75,
+                     63.5, 64.5], f)
+    vs.append(np.resize(ties, block) if block >= 2 else ties[:1])
+    for k in (-150, -140, -20, 0, 10, 120):                                    # the same ties at 2**k
+        vs.append((np.resize(ties, max(block, 2)).astype(np.float64) * 2.0 ** k).astype(np.float32))
+    # max |x| exactly 127 * 2**k (e = k, q = +-127) and just above (e = k + 1, q = 64).
+    for k in (-155, -149, -130, -126, -7, 0, 3, 121):
+        top = np.float32(127 * 2.0 ** k)
+        above = np.nextafter(top, np.float32(np.inf))
+        below = np.nextafter(top, np.float32(0))
+        vs.append(np.array([top, -top / 2, below] + [top / 3] * (block - 3), f)[:max(block, 3)])
+        vs.append(np.array([-above, top, below] + [above / 5] * (block - 3), f)[:max(block, 3)])
+    # 127.5 * 2**k - ulp and friends: m just below / at / above 127/128.
+    for mant in (0x7E0000, 0x7E0001, 0x7DFFFF, 0x7FFFFF, 0x000000):
+        for ef in (1, 2, 127, 254):
+            vs.append(np.array([((ef << 23) | mant)] + [((ef << 23) | mant) - 1] * 2, np.uint32).view(f))
+    # Subnormal blocks: the smallest (e = -155, q = 64), the largest, a mix with normals.
+    vs.append(np.array([TINIEST, -TINIEST, 0, TINIEST * 3], f))
+    sub = np.arange(1, 24, dtype=np.uint32)
+    vs.append(np.concatenate([(1 << sub) - 1, (1 << sub)]).astype(np.uint32).view(f))   # every leading-one position
+    vs.append(np.array([0x007FFFFF, 0x00000001, 0x80400000, 0x00000081], np.uint32).view(f))
+    vs.append(np.array([0x00800000, 0x007FFFFF, 0x00000001, 0x80000003], np.uint32).view(f))
+    return vs
+
+
+@pytest.mark.parametrize("hw", [TINY, NARROW], ids=lambda h: h.name)
+def test_corners(hw):
+    """All-zero blocks, signed zeros, one huge value, exact ties at .5, max |x| exactly 127 * 2**k and the
+    next binary32 above, mantissas at the 127/128 compare, subnormal blocks (every leading-one position)."""
+    vectors = corner_vectors(hw.act_block)
+    # Spot-check the model on the corners the brief names, independently of the RTL.
+    q, e = quantize_activations(np.array([127, 0.5, 1.5, 2.5, -2.5], np.float32), 64)
+    assert e.tolist() == [0] and q.tolist() == [127, 0, 2, 2, -2]
+    q, e = quantize_activations(np.array([TINIEST], np.float32), 64)
+    assert e.tolist() == [-155] and q.tolist() == [64]
+    res = rtl_quantize(hw, vectors, seed=5, p_idle=0.2, p_stall=0.2)
+    check(hw, vectors, res, f"{hw.name} corners")
+
+
+def test_nonfinite_flag():
+    """o_nonfinite is set with the o_done of a command holding an inf or NaN (anywhere, in any block) and
+    cleared by the next clean command's; the clean commands around it stay bit-exact."""
+    hw = TINY
+    rng = np.random.default_rng(13)
+    B = hw.act_block
+    clean = [spread_vector(rng, n, B) for n in (40, 3, 33)]
+    bad = []
+    for pos, val in ((0, np.inf), (B + 2, -np.inf), (2 * B - 1, np.nan), (5, np.float32(-np.nan))):
+        v = spread_vector(rng, 2 * B + 1, B)
+        v[pos] = val
+        bad.append(v)
+    vectors = [clean[0], bad[0], clean[1], bad[1], bad[2], clean[2], bad[3]]
+    flags = [0, 1, 0, 1, 1, 0, 1]
+    res = rtl_quantize(hw, vectors, seed=7, p_idle=0.2, p_stall=0.2)
+    assert [nf for _, nf in res["done"]] == flags
+    images = memories(hw, vectors, res)
+    for k in (0, 2, 5):
+        q, e = expected(hw, vectors[k])
+        np.testing.assert_array_equal(images[k][0], q)
+        np.testing.assert_array_equal(images[k][1], e)
+
+
+def test_zero_length_command():
+    """n = 0: accepted once the unit is idle, nothing written, o_done pulses (in order with the others)."""
+    rng = np.random.default_rng(14)
+    vectors = [spread_vector(rng, 20, TINY.act_block), np.zeros(0, np.float32), spread_vector(rng, 5, 16),
+               np.zeros(0, np.float32)]
+    res = rtl_quantize(TINY, vectors, seed=8, p_idle=0.2, p_stall=0.2)
+    assert len(res["done"]) == 4
+    images = memories(TINY, vectors, res)
+    for k in (0, 2):
+        q, e = expected(TINY, vectors[k])
+        np.testing.assert_array_equal(images[k][0], q)
+        np.testing.assert_array_equal(images[k][1], e)
+    # The empty command's o_done comes after command 0's (it waits for an idle unit).
+    assert res["done"][0][0] < res["done"][1][0] < res["done"][2][0] < res["done"][3][0]
+
+
+@pytest.mark.parametrize("hw", [TINY, KV260, NARROW], ids=lambda h: h.name)
+def test_throughput_one_element_per_cycle(hw):
+    """Always-valid input and always-ready outputs: every element of several back-to-back commands is
+    accepted in consecutive cycles (one per cycle sustained, across blocks and commands, short blocks
+    included), and each o_done comes `latency` cycles after the read-back of the command's last element."""
+    rng = np.random.default_rng(15)
+    B = hw.act_block
+    lengths = [4 * B + 3, 2 * B, 1, B + 1, 3 * hw.weights_per_beat]
+    vectors = [spread_vector(rng, n, B) for n in lengths]
+    res = rtl_quantize(hw, vectors)
+    check(hw, vectors, res, f"{hw.name} throughput")
+    total = sum(lengths)
+    takes = res["take"]
+    assert len(takes) == total
+    assert takes[-1] - takes[0] == total - 1, \
+        f"{total} elements took {takes[-1] - takes[0] + 1} cycles: not one per cycle"
+    # Read-back timing: a block is issued one element per cycle, from the cycle after its last element is
+    # accepted or right after the previous block; o_done follows a command's last issue by `latency`.
+    dut = ActQuantizer(hw)
+    dut._MustUse__silence = True
+    k, q_free, want = 0, 0, []
+    for n in lengths:
+        for start in range(0, n, B):
+            c = min(B, n - start)
+            issue0 = max(takes[k + start + c - 1] + 1, q_free)
+            q_free = issue0 + c
+        want.append(q_free - 1 + dut.latency)
+        k += n
+    assert [d for d, _ in res["done"]] == want
+
+def test_parameter_errors():
+    with pytest.raises(ValueError, match="act_bits must be at least 8"):
+        ActQuantizer(TINY.replace(act_bits=6))
+    with pytest.raises(TypeError, match="hw must be a HardwareConfig"):
+        ActQuantizer("tiny")
