@@ -12,7 +12,8 @@ and a ``latency`` property: the number of ``en`` cycles from an input to its out
 Components
 ----------
 `FpAdd` (a + b), `FpMul` (a * b), `IntToFp(width)` (signed integer -> binary32), `F16ToF32` (binary16 ->
-binary32, exact), `FpLdexp(exp_width)` (a * 2**k, exactly ``np.ldexp`` on float32).
+binary32, exact), `F32ToF16` (binary32 -> binary16, RNE), `FpLdexp(exp_width)` (a * 2**k, exactly
+``np.ldexp`` on float32).
 
 Arithmetic: round to nearest, ties to even; subnormal inputs and outputs are fully supported (no flush to
 zero); overflow rounds to ±inf; x + (-x) = +0; (-0) + (-0) = -0. Every NaN result is the canonical quiet
@@ -32,7 +33,7 @@ holds at most one of: an 8-10 bit exponent add/compare, a 31-bit magnitude compa
 3-5 LUT levels or one CARRY8 chain, which is the usual budget for 300 MHz. `FpMul`'s 24x24 significand
 product is written as a plain multiply followed by two register stages, so Yosys/Vivado map it to two
 DSP48E2 (27x18 each) with the product pipeline registers (MREG/PREG) absorbed. Latencies: FpAdd 6,
-FpMul 6, IntToFp 4, F16ToF32 4, FpLdexp 4 (see each class).
+FpMul 6, IntToFp 4, F16ToF32 4, F32ToF16 3, FpLdexp 4 (see each class).
 """
 
 from __future__ import annotations
@@ -41,10 +42,13 @@ from amaranth import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["QNAN", "FpAdd", "FpMul", "IntToFp", "F16ToF32", "FpLdexp"]
+__all__ = ["QNAN", "QNAN16", "FpAdd", "FpMul", "IntToFp", "F16ToF32", "F32ToF16", "FpLdexp"]
 
 QNAN = 0x7FC00000
 """The canonical quiet NaN every primitive returns for a NaN result."""
+
+QNAN16 = 0x7E00
+"""The canonical binary16 quiet NaN `F32ToF16` returns for a NaN input."""
 
 _EXP_ALL = 0xFF
 _INF = 0x7F800000
@@ -360,5 +364,55 @@ class FpLdexp(_Binary):
                     special_bits=special_bits)
         y = p.normalize_round(s["sign"], s["exp"], s["mant"], Const(0, 1), s["special"], s["special_bits"],
                               right_shift=True)
+        _finish(m, self, p, y)
+        return m
+
+
+class F32ToF16(_Unary):
+    """binary32 (``i_a``) to IEEE binary16 (``o_y[:16]``, upper bits 0), RNE: bit-identical to
+    ``np.float32(x).astype(np.float16)`` for every non-NaN input (overflow to ±inf, subnormal results
+    rounded correctly, signed zeros; every binary32 subnormal rounds to ±0). NaN gives the canonical
+    binary16 quiet NaN `QNAN16` (0x7E00). Latency 3.
+
+    Stages: unpack and the binary16 exponent with the denormalising shift count; the right shift of the
+    24-bit significand keeping 11 bits, a round bit and a sticky bit; RNE increment on the packed
+    ``(exponent - 1) << 10 | significand`` word (a rounding carry walks into the exponent and into inf)."""
+
+    LATENCY = 3
+
+    def elaborate(self, platform):
+        m = Module()
+        p = _Pipe(m, self.en, self.i_valid)
+        ua = _unpack(self.i_a)
+        # binary16 biased exponent the value would have if normal (signed; below 1 means subnormal).
+        e16 = Signal(signed(10))
+        m.d.comb += e16.eq(ua["eff"] - (127 - 15))
+        # Extra right shift for results below the normal range, clamped: 25 and more leave only sticky bits.
+        r = Signal(range(26))
+        m.d.comb += r.eq(Mux(e16 >= 1, 0, Mux(1 - e16 > 25, 25, 1 - e16)))
+        special_bits = Mux(ua["nan"], QNAN16, Cat(Const(0x7C00, 15), ua["sign"]))
+        s = p.stage(sign=ua["sign"], big=e16 >= 31, be=Mux(e16 >= 1, e16, 1)[:5], r=r, mant=ua["mant"],
+                    special=ua["nan"] | ua["inf"], special_bits=special_bits)
+        # The 24-bit significand (hidden bit at 23) keeps its top 11 bits after the extra shift `r`.
+        ext = Signal(24 + 26)
+        m.d.comb += ext.eq(Cat(Const(0, 26), s["mant"]) >> s["r"])
+        sig = ext[26 + 13:]                 # 11 bits
+        rnd = ext[26 + 12]
+        sticky = ext[:26 + 12].any()
+        s = p.stage(sign=s["sign"], big=s["big"], be=s["be"], sig=sig, rnd=rnd, sticky=sticky,
+                    special=s["special"], special_bits=s["special_bits"])
+        inc = s["rnd"] & (s["sticky"] | s["sig"][0])
+        be_m1 = Signal(5)
+        m.d.comb += be_m1.eq(s["be"] - 1)
+        packed = Signal(16)
+        m.d.comb += packed.eq(Cat(Const(0, 10), be_m1) + s["sig"] + inc)
+        y = Signal(16)
+        with m.If(s["special"]):
+            m.d.comb += y.eq(s["special_bits"])
+        with m.Elif(s["big"] | (packed[:15] >= 0x7C00)):
+            m.d.comb += y.eq(Cat(Const(0x7C00, 15), s["sign"]))
+        with m.Else():
+            m.d.comb += y.eq(Cat(packed[:15], s["sign"]))
+        y = p.stage(y=y)["y"]
         _finish(m, self, p, y)
         return m

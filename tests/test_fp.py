@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from hdl.fp import QNAN, F16ToF32, FpAdd, FpLdexp, FpMul, IntToFp
+from hdl.fp import QNAN, QNAN16, F16ToF32, F32ToF16, FpAdd, FpLdexp, FpMul, IntToFp
 
 CORNERS = np.array([
     0x00000000, 0x80000000,                 # ±0
@@ -197,3 +197,48 @@ def test_add_mul_100k_vectors_verilator():
     from tb.runner import run
     from tb.sfu.fp_pair import FpPair
     run(FpPair(), toplevel="fp_pair", test_module="tb.sfu.test_fp", extra_env={"VECTORS": "100000", "SEED": "7"})
+
+
+# binary32 inputs at binary16's edges: largest finite 65504, the overflow threshold 65520 and its
+# neighbours, the smallest subnormal 2**-24, the underflow tie 2**-25 and its neighbours, 3 * 2**-26
+# (a tie that rounds up to 2 * 2**-24), the normal/subnormal edge 2**-14 and the largest subnormal.
+F16_EDGES = np.array([
+    0x477FE000, 0x477FEFFF, 0x477FF000, 0x477FF001, 0x477FFFFF, 0x47800000,
+    0x33800000, 0x33000000, 0x33000001, 0x32FFFFFF, 0x33400000, 0x33C00000, 0x33A00000,
+    0x38800000, 0x387FC000, 0x387FE000, 0x387FF000, 0x387FDFFF, 0x3F801000, 0x3F803000, 0x3F801001,
+], dtype=np.uint32)
+
+
+def f16_want(x):
+    f = f32(x)
+    with np.errstate(all="ignore"):
+        want = f.astype(np.float16).view(np.uint16).astype(np.uint32)
+    return np.where(np.isnan(f), QNAN16, want).astype(np.uint32)
+
+
+def test_f32_to_f16_specials_and_random():
+    """Every special binary32 value (both signs), binary16's edges, random bit patterns and random values in
+    and around the binary16 range, bit for bit (NaN -> 0x7E00); the pipeline has its stated latency."""
+    rng = np.random.default_rng(16)
+    edges = np.concatenate([CORNERS, F16_EDGES, F16_EDGES | 0x80000000])
+    rand = rng.integers(0, 2**32, 2000, dtype=np.uint64).astype(np.uint32)
+    vals = bits((rng.uniform(-1, 1, 2000) * 2.0 ** rng.integers(-28, 18, 2000)).astype(np.float32))
+    x = np.concatenate([edges, rand, vals])
+    got = simulate(F32ToF16(), x)
+    np.testing.assert_array_equal(got, f16_want(x))
+
+
+def test_f32_to_f16_enable_holds_every_stage():
+    rng = np.random.default_rng(17)
+    x = bits((rng.standard_normal(400) * 2.0 ** rng.integers(-26, 17, 400)).astype(np.float32))
+    got = simulate(F32ToF16(), x, en_prob=0.6, seed=4)
+    np.testing.assert_array_equal(got, f16_want(x))
+
+
+def test_f32_to_f16_every_boundary_verilator():
+    """Every binary16 value, every midpoint between neighbours and one binary32 ulp either side (both
+    signs, ~260k vectors) plus 100k random ones, in Verilator (tb/ddrio/test_f32_to_f16.py)."""
+    from tb.ddrio.f16_lanes import F32ToF16Lanes
+    from tb.runner import run
+    run(F32ToF16Lanes(4), toplevel="f32_to_f16", test_module="tb.ddrio.test_f32_to_f16",
+        extra_env={"VECTORS": "100000", "SEED": "5"})
