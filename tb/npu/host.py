@@ -1,0 +1,143 @@
+"""Host-side code of the full-chip bench: plain blocking Python, run in a `cocotb.task.bridge` thread.
+
+`compare_tokens` runs an oracle-format case token by token through ``Runtime(backend="rtl")`` and
+``Runtime(backend="iss", arithmetic="hardware")`` (the same host code path, `firmware.runtime`) and records,
+per step, whether the logits are bit-identical, whether every byte of the NPU's DDR equals the ISS's view
+of it (the KV cache, the logits, the scratch area and every byte the program must not touch), the largest
+logit difference to the float64 golden model `sim.gemma3n.Model`, and the NPU's CSR counters.
+
+`load_npz` reads the oracle format (``config_json``, ``w/<tensor>``, ``input_ids``; as
+``../shared/oracle/`` writes it) directly with NumPy.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from firmware.pack import DescKind, Image
+from firmware.runtime import CsrBackend, Runtime, program_image
+from sim.iss import Machine
+
+__all__ = ["Case", "load_npz", "iss_ddr", "compare_tokens", "GUARD"]
+
+from .bench import GUARD
+
+
+@dataclass
+class Case:
+    name: str
+    config: dict
+    tensors: dict[str, np.ndarray]
+    input_ids: np.ndarray
+
+
+def load_npz(path: str | Path) -> Case:
+    path = Path(path)
+    with np.load(path) as d:
+        missing = [k for k in ("config_json", "input_ids") if k not in d.files]
+        if missing:
+            raise ValueError(f"{path} is not an oracle-format npz: it has no {missing[0]!r} entry "
+                             f"(expected config_json, input_ids and w/<tensor> entries)")
+        return Case(path.stem, json.loads(str(d["config_json"])),
+                    {k[2:]: d[k] for k in d.files if k.startswith("w/")},
+                    d["input_ids"].astype(np.int64).reshape(-1))
+
+
+def iss_kv_region(machine: Machine, image: Image) -> np.ndarray:
+    """The KV region as the NPU holds it (firmware.pack layout: per cache layer, K then V, binary16,
+    ``capacity`` positions of ``heads * head_dim``), built from the ISS's KV cache."""
+    base, size = image.region("KV")
+    kv = np.zeros(size, np.uint8)
+    for d in image.descriptors:
+        if d.kind != DescKind.KV:
+            continue
+        k, v, _ = machine._kv[d.index]          # sim.iss keeps the cache outside its DDR image
+        raw = np.concatenate([k.astype("<f2").reshape(-1), v.astype("<f2").reshape(-1)]).view(np.uint8)
+        kv[d.weight_offset:d.weight_offset + raw.size] = raw
+    return kv
+
+
+def iss_ddr(machine: Machine, image: Image, program) -> np.ndarray:
+    """Every byte of the image as the ISS leaves it: the packed image with the program, the LOGITS and
+    SCRATCH regions the ISS wrote, and its KV cache in the KV region."""
+    ddr = program_image(image, program)
+    base, size = image.region("KV")
+    ddr[base:base + size] = iss_kv_region(machine, image)
+    return ddr
+
+
+def check_window(device, expected: np.ndarray, regions: dict | None = None) -> list[str]:
+    """Compare the device's whole DDR window with `expected` at its base and the guard byte elsewhere;
+    return a description of the first differing ranges, named by `regions` (empty: identical)."""
+    window = np.frombuffer(device.bench.window(), np.uint8)
+    want = np.full(window.size, GUARD, np.uint8)
+    want[:expected.size] = expected
+    diff = np.nonzero(window != want)[0]
+    if diff.size == 0:
+        return []
+    problems = []
+    regions = regions or {}
+    for lo, hi in _runs(diff):
+        where = next((f"{name}+{lo - b:#x}" for name, (b, s) in regions.items() if b <= lo < b + s),
+                     "outside the image" if lo >= expected.size else "image")
+        problems.append(f"[{device.ddr_base + lo:#x}, {device.ddr_base + hi:#x}) ({hi - lo} bytes, {where})")
+    return problems
+
+
+def _runs(idx: np.ndarray, limit: int = 8):
+    out = []
+    start = prev = int(idx[0])
+    for i in idx[1:]:
+        i = int(i)
+        if i != prev + 1:
+            out.append((start, prev + 1))
+            start = i
+        prev = i
+    out.append((start, prev + 1))
+    return out[:limit]
+
+
+def compare_tokens(device, case: Case, hw, tokens: int, *, golden: bool = True, log=print) -> list[dict]:
+    """Run the first `tokens` ids of `case` through the RTL and the ISS; one record per step (see module
+    docstring). Never raises on a mismatch: the caller decides."""
+    ids = case.input_ids[:tokens]
+    if len(ids) < tokens:
+        raise ValueError(f"{case.name} has {len(case.input_ids)} input ids, fewer than the {tokens} asked for")
+    t0 = time.perf_counter()
+    rtl = Runtime.from_hf(case.config, case.tensors, backend="rtl", hw=hw, device=device)
+    iss = Runtime.from_hf(case.config, case.tensors, backend="iss", arithmetic="hardware", hw=hw)
+    model = None
+    if golden:
+        from sim.gemma3n import Model
+        model = Model.from_hf(case.config, case.tensors, dtype=np.float64)
+    log(f"{case.name}: image {rtl.image.ddr.size} bytes at {device.ddr_base:#x}, program "
+        f"{len(rtl.program.words)} words ({time.perf_counter() - t0:.1f} s to pack and compile twice)")
+    records = []
+    assert isinstance(rtl.backend, CsrBackend)
+    for step, token in enumerate(ids):
+        t0 = time.perf_counter()
+        a = rtl.step(int(token))
+        wall = time.perf_counter() - t0
+        b = iss.step(int(token))
+        rec = {"step": step, "token": int(token), "position": step,
+               "identical": bool(np.array_equal(a.view(np.uint32), b.view(np.uint32))),
+               "mismatches": int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32))),
+               "ddr_problems": check_window(device, iss_ddr(iss.machine, iss.image, iss.program),
+                                              rtl.image.regions),
+               "counters": rtl.counters, "wall_s": round(wall, 2)}
+        rec["ddr_identical"] = not rec["ddr_problems"]
+        if model is not None:
+            g = model.step(int(token))
+            rec["max_abs_diff_golden"] = float(np.max(np.abs(a.astype(np.float64) - g)))
+        rec["logits_rtl"] = a
+        rec["logits_iss"] = b
+        records.append(rec)
+        log(f"step {step} token {int(token)}: logits {'bit-identical' if rec['identical'] else 'DIFFER'}"
+            f", DDR {'identical' if rec['ddr_identical'] else 'DIFFERS'}, {rec['counters'].get('CYCLES')} cycles"
+            f" ({wall:.1f} s)")
+    return records

@@ -1,0 +1,211 @@
+"""cocotb full-chip bench of `hdl.npu.Npu`: the host code of `firmware.runtime` drives the simulated NPU
+(`tb.npu.bench`), DDR is cocotbext-axi RAM on every AXI master with random pauses on every channel, CSRs go
+through cocotbext-axi's AXI-Lite master.
+
+Tests:
+
+- ``tokens``: an oracle case (``NPU_NPZ``, default the f64_s2_l7 fixture: 7 layers, sliding window 3,
+  2 KV-shared layers, 1 sparse layer) token by token (``NPU_TOKENS``, default 4: position 3 crosses the
+  window and overwrites ring slot 0, and its id 313 is outside the PLE vocabulary) through
+  ``Runtime(backend="rtl")`` and ``Runtime(backend="iss", arithmetic="hardware")``: the logits of every step
+  bit for bit, and every byte of DDR (KV cache, logits, scratch, and everything the program must not
+  touch) equal to the ISS's view of it.
+- ``bad_input``: programs with a reserved opcode, an L2 address beyond L2 (in a field, and a vector running
+  past L2), no HALT, and START written while busy each end in STATUS.ERROR with the documented
+  `hdl.isa.ErrorCode` and ERROR_PC (the ISS agrees on both); the NPU accepts a new START afterwards, and
+  every byte of DDR except what the program wrote before the error (which the ISS predicts) is unchanged.
+- ``compare``: what ``python -m tb.npu`` runs: `tokens` with the float64 golden model, the results written
+  to the JSON file ``NPU_RESULT`` instead of asserted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import cocotb
+import numpy as np
+from cocotb.task import bridge
+
+from firmware.compiler import Program
+from firmware.pack import pack
+from firmware.runtime import CsrBackend, attach_rtl_device, detach_rtl_device
+from hdl import csr_map
+from hdl.config import HardwareConfig
+from hdl.isa import CtrlFunc, DdrRegion, DmaDir, ErrorCode, Opcode, VecFunc, encode
+from sim.config import ModelConfig
+from sim.iss import HARDWARE, ExecutionError, Machine
+from tb.npu.bench import NpuBench, SimDevice
+from tb.npu.host import check_window, compare_tokens, iss_ddr, load_npz
+from tb.runner import ROOT, bench_env
+
+DEFAULT_NPZ = ROOT / "tests" / "fixtures" / "f64_s2_l7.npz"
+
+
+def params():
+    hw = HardwareConfig.preset(bench_env("NPU_HW", "tiny"))
+    seed = int(bench_env("SEED", "0"))
+    npz = Path(bench_env("NPU_NPZ", str(DEFAULT_NPZ)))
+    tokens = int(bench_env("NPU_TOKENS", "4"))
+    return hw, seed, npz, tokens
+
+
+async def setup(dut, hw, seed, **kw):
+    bench = NpuBench(dut, hw, seed=seed, **kw)
+    await bench.start()
+    device = SimDevice(bench)
+    attach_rtl_device(device)
+    return bench, device
+
+
+@cocotb.test()
+async def tokens(dut):
+    hw, seed, npz, n = params()
+    bench, device = await setup(dut, hw, seed)
+    case = load_npz(npz)
+    try:
+        records = await bridge(compare_tokens)(device, case, hw, n, golden=False, log=dut._log.info)
+    finally:
+        detach_rtl_device()
+    assert not bench.faults, f"accesses outside the DDR window: {bench.faults[:8]}"
+    for r in records:
+        np.testing.assert_array_equal(r["logits_rtl"].view(np.uint32), r["logits_iss"].view(np.uint32),
+                                      err_msg=f"{case.name} step {r['step']} (token {r['token']}): RTL logits "
+                                              f"differ from the ISS in {r['mismatches']} places")
+        assert not r["ddr_problems"], \
+            f"{case.name} step {r['step']}: DDR differs from the ISS's view: {'; '.join(r['ddr_problems'])}"
+
+
+@cocotb.test()
+async def compare(dut):
+    hw, seed, npz, n = params()
+    bench, device = await setup(dut, hw, seed)
+    case = load_npz(npz)
+    try:
+        records = await bridge(compare_tokens)(device, case, hw, n, golden=True, log=dut._log.info)
+    finally:
+        detach_rtl_device()
+    out = {"npz": str(npz), "hw": hw.name, "seed": seed, "faults": bench.faults[:16],
+           "steps": [{k: v for k, v in r.items() if not k.startswith("logits_")} for r in records]}
+    Path(bench_env("NPU_RESULT")).write_text(json.dumps(out, indent=1))
+
+
+# --- bad input -------------------------------------------------------------------------------------------
+
+def _program(words) -> Program:
+    return Program(words=list(words), steps=["bad_input"] * len(words))
+
+
+def _ctrl(func, imm=0):
+    return encode(Opcode.CTRL, func=func, imm=imm)
+
+
+def bad_programs(hw: HardwareConfig, with_dma: bool = True):
+    """(name, words, expected ErrorCode, expected ERROR_PC) of every malformed program."""
+    l2w = hw.l2_bytes // 16
+    halt = _ctrl(CtrlFunc.HALT)
+    # Work done before the error: 16 CONST words through L2 into LOGITS (an output the ISS predicts).
+    prefix = [_ctrl(CtrlFunc.SETVL, 16), _ctrl(CtrlFunc.NOP)]
+    if with_dma:
+        prefix += [encode(Opcode.DMA, dir=DmaDir.DDR_TO_L2, region=DdrRegion.CONST, l2=8, offset=0, async_=0),
+                   encode(Opcode.DMA, dir=DmaDir.L2_TO_DDR, region=DdrRegion.LOGITS, l2=8, offset=0, async_=0)]
+    p = len(prefix)
+    vec = dict(func=VecFunc.COPY, a=0, b=0, s=0, async_=0)
+    cases = [
+        ("reserved opcode 0xE", prefix + [0xE << 60 | 0x123, halt], ErrorCode.BAD_OPCODE, p),
+        ("reserved opcode 0xF", prefix + [0xF << 60, halt], ErrorCode.BAD_OPCODE, p),
+        ("L2 address field beyond L2", prefix + [encode(Opcode.VEC, dst=l2w, **vec), halt],
+         ErrorCode.ADDRESS_RANGE, p),
+        ("no HALT", prefix + [_ctrl(CtrlFunc.NOP)], ErrorCode.BAD_LENGTH, p + 1),
+    ]
+    if with_dma:
+        cases.append(("vector running past L2",
+                      prefix + [_ctrl(CtrlFunc.SETVL, 64), encode(Opcode.VEC, dst=l2w - 4, **vec), halt],
+                      ErrorCode.ADDRESS_RANGE, p + 1))
+    return prefix + [halt], cases
+
+
+def _iss_outcome(image, hw, words, token=0, pos=0):
+    img = dataclasses.replace(image, ddr=image.ddr.copy())
+    m = Machine(img, hw, HARDWARE)
+    try:
+        m.run(words, token=token, pos=pos)
+        err = None
+    except ExecutionError as e:
+        err = (e.code, e.pc)
+    return m, img, err
+
+
+def bad_input_host(device, case, hw, log, with_dma=True) -> list[str]:
+    """Blocking host code of `bad_input`; returns the failures (empty: pass)."""
+    cfg = ModelConfig.from_hf(case.config)
+    image = pack(cfg, case.tensors, hw, max_positions=4)
+    npu = CsrBackend(device)
+    good, cases = bad_programs(hw, with_dma)
+    failures = []
+
+    def expect_memory(words, what):
+        m, img, _ = _iss_outcome(image, hw, words)
+        problems = check_window(device, iss_ddr(m, img, _program(words)), image.regions)
+        if problems:
+            failures.append(f"{what}: DDR differs from the ISS's prediction: {'; '.join(problems)}")
+
+    def run_good(after):
+        npu.load(image, _program(good))
+        status = npu.csr_read("STATUS")
+        if status & (csr_map.STATUS_BUSY | csr_map.STATUS_DONE | csr_map.STATUS_ERROR):
+            failures.append(f"after {after} and IRQ_ACK: STATUS = {status:#x}, expected 0")
+        try:
+            npu.run(0, 0)
+        except ExecutionError as e:
+            failures.append(f"after {after}: a good program stopped with {e.code.name} at {e.pc}")
+            return
+        expect_memory(good, f"the good program after {after}")
+
+    run_good("reset")
+    for name, words, code, pc in cases:
+        _, _, iss = _iss_outcome(image, hw, words)
+        if iss != (code, pc):
+            failures.append(f"{name}: the ISS reports {iss}, the test expects {(code, pc)}")
+        npu.load(image, _program(words))
+        try:
+            npu.run(0, 0)
+            failures.append(f"{name}: the NPU reached HALT (expected {code.name} at {pc})")
+        except ExecutionError as e:
+            if (e.code, e.pc) != (code, pc):
+                failures.append(f"{name}: ERROR_CODE {e.code.name}, ERROR_PC {e.pc}; expected {code.name}, {pc}")
+        log(f"bad input: {name}: done")
+        expect_memory(words, name)
+        run_good(name)
+
+    # START while busy: a long program, START again while it runs.
+    long = [_ctrl(CtrlFunc.NOP)] * 2000 + [_ctrl(CtrlFunc.HALT)]
+    npu.load(image, _program(long))
+    npu.start(0, 0)
+    status = npu.csr_read("STATUS")
+    if not status & csr_map.STATUS_BUSY:
+        failures.append(f"START while busy: STATUS = {status:#x} right after START (the program is 2001 words)")
+    npu.csr_write("CTRL", csr_map.CTRL_START)
+    try:
+        npu.wait()
+        failures.append("START while busy: the NPU reported DONE without ERROR")
+    except ExecutionError as e:
+        if e.code is not ErrorCode.START_WHILE_BUSY:
+            failures.append(f"START while busy: ERROR_CODE {e.code.name}, expected START_WHILE_BUSY")
+        log(f"bad input: START while busy: ERROR_PC {e.pc}")
+    expect_memory(long, "START while busy")
+    run_good("START while busy")
+    return failures
+
+
+@cocotb.test()
+async def bad_input(dut):
+    hw, seed, npz, _ = params()
+    bench, device = await setup(dut, hw, seed)
+    case = load_npz(npz)
+    with_dma = bench_env("NPU_BAD_DMA", "1") == "1"
+    failures = await bridge(bad_input_host)(device, case, hw, dut._log.info, with_dma)
+    assert not bench.faults, f"accesses outside the DDR window: {bench.faults[:8]}"
+    assert not failures, "\n".join(failures)
