@@ -15,7 +15,7 @@ Backends (`Backend`: ``load``, ``reset_kv``, ``run``, ``counters``):
 - ``"rtl"``: `CsrBackend` over the simulated NPU of the full-chip bench (``python -m tb.npu``), which
   attaches its device with `attach_rtl_device`. `CsrBackend` is the host protocol of
   docs/architecture.md (CSR map `hdl.csr_map`): it puts the image and the program in DDR, writes every
-  region base, the program base and length, TOKEN_ID and POSITION, starts, waits for DONE or ERROR and
+  region base, the program base and length, the descriptor count, TOKEN_ID and POSITION, starts, waits for DONE or ERROR and
   reads the logits from the LOGITS region. The board backend is the same class over a device that maps the
   KV260's CSR window and DDR.
 
@@ -169,6 +169,7 @@ class CsrBackend:
             self.csr_write64(f"{region.name}_BASE", dev.ddr_base + image.region(region.name)[0])
         self.csr_write64("PROGRAM_BASE", dev.ddr_base + image.region("PROGRAM")[0])
         self.csr_write("PROGRAM_LEN", len(program.words))
+        self.csr_write("DESC_COUNT", len(image.descriptors))
         self.image, self.program = image, program
 
     def reset_kv(self) -> None:
