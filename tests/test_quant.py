@@ -8,12 +8,20 @@ import random
 
 import numpy as np
 import pytest
+from amaranth import Module, unsigned
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
+from hdl.axi import AxiReadSignature
 from hdl.config import HardwareConfig
-from hdl.gemv import EXP_BITS
+from hdl.gemv import EXP_BITS, GemvEngine
+from hdl.gemv import command_layout as gemv_command_layout
 from hdl.quant import ActQuantizer, act_write_layout, exp_write_layout
+from hdl.quant import command_layout as quant_command_layout
 from sim.numerics import quantize_activations
+from tb.quant.vectors import F32_MAX, spread_vector
+from tb.runner import run
 
 TINY = HardwareConfig.preset("tiny")
 KV260 = HardwareConfig.preset("kv260")
@@ -21,7 +29,6 @@ KV260 = HardwareConfig.preset("kv260")
 NARROW = TINY.replace(name="narrow", act_block=4, gemv_max_cols=256)
 WIDE = TINY.replace(name="wide", act_block=64, gemv_max_cols=256)
 
-F32_MAX = np.finfo(np.float32).max
 TINIEST = np.float32(2.0 ** -149)
 
 
@@ -143,23 +150,6 @@ def check(hw, vectors, res, what):
     ends = np.cumsum([-(-len(v) // W) for v in vectors]) - 1
     for k, end in enumerate(ends):
         assert res["done"][k][0] == res["act"][end][0] + 1, f"{what}: command {k}: o_done not right after its last word"
-
-
-def spread_vector(rng: np.random.Generator, n: int, block: int) -> np.ndarray:
-    """Finite binary32 values over the whole range: each block has a random scale 2**c, c in [-160, 128]
-    (subnormal and overflowing scales included, overflow clipped to the largest finite value), elements
-    spread 2**-14 .. 1 around it, some zeros of both signs and some raw random bit patterns."""
-    nb = -(-n // block)
-    c = np.repeat(rng.integers(-160, 129, nb), block)[:n]
-    mag = rng.uniform(0.5, 1.0, n) * np.exp2(c - rng.integers(0, 15, n).astype(np.float64))
-    x = np.where(rng.random(n) < 0.5, -mag, mag)
-    x = np.clip(x, -F32_MAX, F32_MAX).astype(np.float32)
-    raw = (rng.integers(0, 2, n, dtype=np.uint32) << 31) | (rng.integers(0, 0xFF, n, dtype=np.uint32) << 23) | \
-        rng.integers(0, 1 << 23, n, dtype=np.uint32)                          # exponent field < 0xFF: finite
-    x = np.where(rng.random(n) < 0.05, raw.view(np.float32), x)
-    x[rng.random(n) < 0.05] = 0.0
-    x[rng.random(n) < 0.03] = -0.0
-    return x.astype(np.float32)
 
 
 def random_lengths(hw, rng):
@@ -313,3 +303,57 @@ def test_parameter_errors():
         ActQuantizer(TINY.replace(act_bits=6))
     with pytest.raises(TypeError, match="hw must be a HardwareConfig"):
         ActQuantizer("tiny")
+
+
+# ---- The WGEMV path in cocotb + Verilator: quantiser -> GEMV engine memories -> y ---------------------------
+
+class QuantGemv(wiring.Component):
+    """The quantiser's o_act / o_exp wired to a GEMV engine's i_act / i_exp, as in the NPU's WGEMV; the other
+    ports of both are brought out (tb/quant/test_quant_gemv.py lists them)."""
+
+    def __init__(self, hw):
+        self._hw = hw
+        members = {
+            "i_qcmd": In(stream.Signature(quant_command_layout())), "i_elem": In(stream.Signature(unsigned(32))),
+            "o_qdone": Out(1), "o_qbusy": Out(1), "o_nonfinite": Out(1),
+            "i_cmd": In(stream.Signature(gemv_command_layout(hw))), "i_acc": In(stream.Signature(unsigned(32))),
+            "o_y": Out(stream.Signature(unsigned(32))), "o_busy": Out(1), "o_error": Out(1), "o_bad_cmd": Out(1),
+        }
+        for p in range(hw.axi_ports):
+            members[f"m_axi{p}"] = Out(AxiReadSignature.from_config(hw))
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        hw = self._hw
+        m.submodules.quant = quant = ActQuantizer(hw)
+        m.submodules.gemv = gemv = GemvEngine(hw)
+        wiring.connect(m, quant.o_act, gemv.i_act)
+        wiring.connect(m, quant.o_exp, gemv.i_exp)
+        wiring.connect(m, wiring.flipped(self.i_qcmd), quant.i_cmd)
+        wiring.connect(m, wiring.flipped(self.i_elem), quant.i_elem)
+        wiring.connect(m, wiring.flipped(self.i_cmd), gemv.i_cmd)
+        wiring.connect(m, wiring.flipped(self.i_acc), gemv.i_acc)
+        wiring.connect(m, gemv.o_y, wiring.flipped(self.o_y))
+        for p in range(hw.axi_ports):
+            wiring.connect(m, getattr(gemv, f"m_axi{p}"), wiring.flipped(getattr(self, f"m_axi{p}")))
+        m.d.comb += [self.o_qdone.eq(quant.o_done), self.o_qbusy.eq(quant.o_busy),
+                     self.o_nonfinite.eq(quant.o_nonfinite), self.o_busy.eq(gemv.o_busy),
+                     self.o_error.eq(gemv.o_error), self.o_bad_cmd.eq(gemv.o_bad_cmd)]
+        return m
+
+
+def _run_wgemv(testcase, **env):
+    run(QuantGemv(TINY), toplevel="quant_gemv", test_module="tb.quant.test_quant_gemv", build_name="quant_gemv_tiny",
+        testcase=testcase, extra_env={"NPU_HW": "tiny", **{k: str(v) for k, v in env.items()}})
+
+
+@pytest.mark.parametrize("flow", [0, 1, 2])
+def test_wgemv_path_random(flow):
+    """binary32 x -> ActQuantizer -> GemvEngine (tiny) -> y, bit-exact against
+    sim.numerics.gemv(..., *quantize_activations(x)), DDR latency and stalls per flow."""
+    _run_wgemv("wgemv_random", SEED=51 + flow, FLOW=flow)
+
+
+def test_wgemv_path_corners_and_rate():
+    _run_wgemv("wgemv_corners_and_rate")
