@@ -146,6 +146,7 @@ class ErrorCode(enum.Enum, shape=4):
     START_WHILE_BUSY = 6    # the host wrote START while a program was running
     BAD_LENGTH = 7          # a zero or oversized length
     BUS_ERROR = 8           # an AXI read or write was answered SLVERR or DECERR (program fetch or data)
+    NON_FINITE = 9          # a WGEMV input holds an infinity or a NaN (it cannot be quantised)
 
 
 @dataclass(frozen=True)

@@ -212,6 +212,11 @@ class Machine:
     def run(self, program: list[int], *, token: int, pos: int) -> None:
         """Execute a whole program (until HALT) for one token at one position."""
         self.token, self.pos = int(token), int(pos)
+        # START resets the architectural registers (the hardware resets its controller); L2, the shape cache
+        # and DDR keep their contents
+        self.s[:] = 0
+        self.vl = self.hd = 0
+        self.emax = self.dtype(0)
         for pc, word in enumerate(program):
             try:
                 insn = decode(word, l2_words=self.l2_words)
@@ -263,6 +268,12 @@ class Machine:
             self._err(ErrorCode.BAD_DESCRIPTOR, f"sparse WGEMV needs a column-major matrix ({d.tensor})")
         if not i.sparse and d.layout != 0:
             self._err(ErrorCode.BAD_DESCRIPTOR, f"dense WGEMV needs a row-major matrix ({d.tensor})")
+        if d.cols > self.hw.gemv_max_cols or (i.sparse and (d.rows > self.hw.gemv_sparse_max_rows or d.rows % 2)):
+            self._err(ErrorCode.BAD_LENGTH, f"WGEMV of {d.rows} x {d.cols} exceeds the GEMV engine (at most "
+                                            f"{self.hw.gemv_max_cols} columns; sparse: an even number of rows, at "
+                                            f"most {self.hw.gemv_sparse_max_rows})")
+        if self.arithmetic != COUNT and not np.all(np.isfinite(x)):
+            self._err(ErrorCode.NON_FINITE, "a WGEMV input holds an infinity or a NaN")
         entry = self.image.tensors[d.tensor]
         ngroups = -(-d.cols // d.group)
         if self.arithmetic == COUNT:

@@ -1,0 +1,1013 @@
+"""The NPU core: the controller and the datapath it drives (docs/architecture.md, "Controller").
+
+The controller takes decoded instruction words from the fetch unit and executes each instruction as a
+short sequence of **passes**. A pass streams `n` binary32 elements from one source through the SFU (or
+around it, for raw copies) into one sink:
+
+===========  ================================================================================================
+sources      ``L2`` (an `ElemReader`), ``PAIRS`` (two L2 elements per item: the u0.64 RoPE frequencies),
+             ``DDR`` (a `DdrReader`: binary32, binary16 or scaled INT4 rows), ``REG`` (one scalar)
+b operand    none, ``L2`` (a second `ElemReader`), ``REG`` (a scalar, for every element)
+sinks        ``L2`` (an `ElemWriter`), ``REG`` (the last element: scalar results), ``DDR`` (a `DdrWriter`:
+             binary32 or binary16), ``DESC`` (the 8 words of a descriptor), ``QUANT`` (the WGEMV activation
+             quantiser, which fills the GEMV engine's activation memories)
+===========  ================================================================================================
+
+WGEMV adds one special pass: the GEMV engine streams its rows (with `accm`, the old values come from the
+second reader) into the `ElemWriter`. Every composition is the one `sim.iss` runs (docs/numerics.md, the
+composition table), so the results are bit-identical to the ISS's hardware arithmetic:
+
+- RMSNORM / RMSNORM_NG per HD segment: SUMSQ -> s; s * fp32(1/HD) and + S[s] in the scalar ALU; RSQRT;
+  MULS into dst; (RMSNORM) MUL by the gain.
+- ROPE per head: four MULs into the scratch, then SUB and ADD into dst.
+- ATTN per KV group: per visible position (oldest first) the K row (binary16 -> binary32) into the scratch
+  and one DOT per head into the scores; per head MAX, EXP(s - max), SUM, RECIP, MULS; per position the V row
+  and, per head, MULS (first position) or FMAS into dst.
+- CVO SCALE with recip_scale and SOFTCAP first take RECIP(S0); REDUCE/ROPE functions with accm add the
+  staged result to dst afterwards (the SFU's accm covers the element-wise functions).
+
+Execution is in order and one instruction at a time; `async_` is accepted and FENCE is trivially satisfied
+(every instruction has completed when the next one starts).
+"""
+
+from __future__ import annotations
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal, Value
+from amaranth.lib import data, enum, memory, stream, wiring
+from amaranth.lib.wiring import In, Out, connect
+
+from .config import HardwareConfig
+from .ddrio import DdrReader, DdrWriter
+from .fetch import PC_BITS, insn_layout
+from .fp import FpAdd, FpMul, IntToFp
+from .gemv import GemvEngine
+from .isa import (CtrlFunc, CvoFunc, DdrRegion, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache, VecFunc,
+                  layout)
+from .l2 import L2, ElemReader, ElemWriter
+from .quant import ActQuantizer
+from .seq import IntRecip, SeqDivider
+from .sfu import Sfu, SfuOp, _fmax, _is_nan, _key  # noqa: F401  (shared binary32 order helpers)
+
+__all__ = ["Controller", "Src", "BSrc", "Sink", "REGIONS"]
+
+REGIONS = tuple(DdrRegion)
+
+
+class Src(enum.Enum, shape=2):
+    L2 = 0
+    PAIRS = 1
+    DDR = 2
+    REG = 3
+
+
+class BSrc(enum.Enum, shape=2):
+    NONE = 0
+    L2 = 1
+    REG = 2
+
+
+class Sink(enum.Enum, shape=3):
+    L2 = 0
+    REG = 1
+    DDR = 2
+    DESC = 3
+    QUANT = 4
+    GEMV = 5       # the GEMV engine's rows into the ElemWriter (WGEMV)
+
+
+REDUCE = (SfuOp.REDUCE_SUM, SfuOp.REDUCE_MAX, SfuOp.SUMSQ, SfuOp.SUM, SfuOp.MAX, SfuOp.DOT)
+
+
+def _f32_gt(a, b):
+    """a > b for binary32 (False if either is NaN; ±0 equal): Python's ``max(b, a)`` picks a exactly then."""
+    return ~_is_nan(a) & ~_is_nan(b) & (_key(a) > _key(b))
+
+
+class Controller(wiring.Component):
+    """Controller + datapath of the NPU (everything but the CSRs, the fetch and the AXI port arbitration).
+
+    Members
+    -------
+    i_insn : In(stream(insn_layout))     decoded words come in raw; the controller decodes them
+    i_start : In(1)                      pulse: a program starts (the fetch is started by the top)
+    i_ack : In(1)                        pulse: clear o_done and o_error (IRQ_ACK)
+    i_token, i_pos, i_desc_count : In(32)
+    i_base_<region> : In(64)             DDR byte address of every region
+    o_stop : Out(1)                      pulse: the program ended (HALT or error): stop the fetch
+    o_busy, o_done, o_error : Out(1)     o_done / o_error stay until the next start
+    o_error_code : Out(ErrorCode); o_error_pc : Out(PC_BITS)
+    o_retire : Out(1)                    pulse per executed instruction
+    o_unit_busy : Out(StructLayout)      gemv, sfu, attn, dma, issue_wait: per-cycle activity for counters
+    m_gemv<p> : Out(AxiReadSignature)    the GEMV engine's weight readers
+    m_rd : Out(AxiReadSignature)         the DdrReader (descriptors, DMA, GATHER, K/V rows)
+    m_wr : Out(AxiWriteSignature)        the DdrWriter (DMA to DDR, KVST)
+    """
+
+    def __init__(self, hw: HardwareConfig):
+        from .axi import AxiReadSignature, AxiWriteSignature
+        self._hw = hw
+        members = {
+            "i_insn": In(stream.Signature(insn_layout())),
+            "i_start": In(1), "i_ack": In(1), "i_token": In(32), "i_pos": In(32), "i_desc_count": In(32),
+            "o_stop": Out(1), "o_busy": Out(1), "o_done": Out(1), "o_error": Out(1),
+            "o_error_code": Out(ErrorCode), "o_error_pc": Out(PC_BITS), "o_retire": Out(1),
+            "o_unit_busy": Out(data.StructLayout({"gemv": 1, "sfu": 1, "attn": 1, "dma": 1, "issue_wait": 1})),
+            "m_rd": Out(AxiReadSignature.from_config(hw)),
+            "m_wr": Out(AxiWriteSignature(hw.axi_addr_bits, hw.axi_data_bits, hw.axi_id_bits)),
+        }
+        for r in REGIONS:
+            members[f"i_base_{r.name.lower()}"] = In(64)
+        for p in range(hw.axi_ports):
+            members[f"m_gemv{p}"] = Out(AxiReadSignature.from_config(hw))
+        super().__init__(members)
+
+    @property
+    def hw(self):
+        return self._hw
+
+    def elaborate(self, platform):
+        m = Module()
+        hw = self._hw
+        L2E = hw.l2_bytes // 4                       # L2 elements
+        EA = (L2E - 1).bit_length()
+        NB = EA + 1
+        SB = (hw.l2_bytes - hw.l2_scratch_bytes) // 4   # first scratch element
+        SCR = hw.l2_scratch_bytes // 4
+        A = hw.axi_addr_bits
+
+        # --- units ------------------------------------------------------------------------------------
+        m.submodules.l2 = l2 = L2(hw, read_ports=2, write_ports=1)
+        m.submodules.rd_a = rd_a = ElemReader(hw)
+        m.submodules.rd_b = rd_b = ElemReader(hw)
+        m.submodules.wr = wr = ElemWriter(hw)
+        connect(m, rd_a.o_req, l2.rd0_req)
+        connect(m, l2.rd0_resp, rd_a.i_resp)
+        connect(m, rd_b.o_req, l2.rd1_req)
+        connect(m, l2.rd1_resp, rd_b.i_resp)
+        connect(m, wr.o_wr, l2.wr0)
+        m.submodules.sfu = sfu = Sfu(hw)
+        m.submodules.ddr_rd = ddr_rd = DdrReader(hw)
+        m.submodules.ddr_wr = ddr_wr = DdrWriter(hw)
+        wiring.connect(m, ddr_rd.axi, wiring.flipped(self.m_rd))
+        wiring.connect(m, ddr_wr.axi, wiring.flipped(self.m_wr))
+        m.submodules.quant = quant = ActQuantizer(hw)
+        m.submodules.gemv = gemv = GemvEngine(hw)
+        connect(m, quant.o_act, gemv.i_act)
+        connect(m, quant.o_exp, gemv.i_exp)
+        for p in range(hw.axi_ports):
+            wiring.connect(m, getattr(gemv, f"m_axi{p}"), wiring.flipped(getattr(self, f"m_gemv{p}")))
+        m.submodules.div = div = SeqDivider()
+        m.submodules.irecip = irecip = IntRecip()
+        m.submodules.alu_add = alu_add = FpAdd()
+        m.submodules.alu_mul = alu_mul = FpMul()
+        m.submodules.alu_itof = alu_itof = IntToFp(32)
+        for u in (alu_add, alu_mul, alu_itof):
+            m.d.comb += u.en.eq(1)
+
+        # --- architectural state ----------------------------------------------------------------------
+        sregs = Array([Signal(32, name=f"s{i}") for i in range(8)])
+        vl = Signal(32)
+        hd = Signal(32)
+        inv_hd = Signal(32)
+        emax = Signal(32)
+        m.submodules.fmap = fmap = memory.Memory(shape=48, depth=64, init=[])
+        fmap_w = fmap.write_port()
+        fmap_r = fmap.read_port(domain="comb")
+
+        # --- the pass engine --------------------------------------------------------------------------
+        p_op = Signal(SfuOp)
+        p_bypass = Signal()
+        p_n = Signal(NB)
+        p_a = Signal(Src)
+        p_a_addr = Signal(EA)
+        p_a_val = Signal(32)
+        p_b = Signal(BSrc)
+        p_b_addr = Signal(EA)
+        p_b_val = Signal(32)
+        p_s, p_s_inv, p_emax = Signal(32), Signal(32), Signal(32)
+        p_sub_emax, p_recip_scale, p_accm = Signal(), Signal(), Signal()
+        p_sink = Signal(Sink)
+        p_dst = Signal(EA)
+        p_ddr_addr = Signal(A)
+        p_ddr_fmt = Signal(2)
+        p_ddr_saddr = Signal(A)
+        p_ddr_log2g = Signal(5)
+        p_wr_addr = Signal(A)
+        p_wr_fmt = Signal()
+        p_gemv_cmd = Signal.like(gemv.i_cmd.payload)
+        p_result = Signal(32)
+        p_err = Signal()             # a bus error seen during the pass
+
+        is_reduce = Signal()
+        m.d.comb += is_reduce.eq(~p_bypass & Cat(*[p_op == op for op in REDUCE]).any())
+        n_out = Signal(NB)
+        m.d.comb += n_out.eq(Mux(is_reduce, 1, p_n))
+
+        pstart = Signal()             # one-cycle pulse from the sequencer
+        pdone = Signal()              # one-cycle pulse: the pass has completed
+        pending = Signal(data.StructLayout({"rd_a": 1, "rd_b": 1, "ddr_rd": 1, "ddr_wr": 1, "wr": 1, "sfu": 1,
+                                            "quant": 1, "gemv": 1}))
+        active = Signal()
+        a_sent = Signal()             # REG source: the element has been sent
+        sunk = Signal(NB)             # elements taken by REG/DESC sinks
+        desc = Signal(data.ArrayLayout(32, 8))
+
+        with m.If(pstart):
+            m.d.sync += [active.eq(1), a_sent.eq(0), sunk.eq(0), p_err.eq(0),
+                         pending.rd_a.eq((p_a == Src.L2) | (p_a == Src.PAIRS) | (p_sink == Sink.GEMV) & 0),
+                         pending.rd_b.eq((p_b == BSrc.L2) | ((p_sink == Sink.GEMV) & p_gemv_cmd.accm)),
+                         pending.ddr_rd.eq(p_a == Src.DDR),
+                         pending.ddr_wr.eq(p_sink == Sink.DDR),
+                         pending.wr.eq((p_sink == Sink.L2) | (p_sink == Sink.GEMV)),
+                         pending.sfu.eq(~p_bypass & (p_sink != Sink.GEMV)),
+                         pending.quant.eq(p_sink == Sink.QUANT),
+                         pending.gemv.eq(p_sink == Sink.GEMV)]
+            with m.If(p_sink == Sink.GEMV):
+                m.d.sync += pending.rd_a.eq(0)
+
+        # commands
+        m.d.comb += [
+            rd_a.i_cmd.valid.eq(pending.rd_a), rd_a.i_cmd.payload.addr.eq(p_a_addr),
+            rd_a.i_cmd.payload.n.eq(Mux(p_a == Src.PAIRS, p_n << 1, p_n)),
+            rd_b.i_cmd.valid.eq(pending.rd_b), rd_b.i_cmd.payload.addr.eq(p_b_addr),
+            rd_b.i_cmd.payload.n.eq(p_n),
+            ddr_rd.i_cmd.valid.eq(pending.ddr_rd), ddr_rd.i_cmd.payload.addr.eq(p_ddr_addr),
+            ddr_rd.i_cmd.payload.n.eq(p_n), ddr_rd.i_cmd.payload.fmt.eq(p_ddr_fmt),
+            ddr_rd.i_cmd.payload.saddr.eq(p_ddr_saddr), ddr_rd.i_cmd.payload.log2_group.eq(p_ddr_log2g),
+            ddr_wr.i_cmd.valid.eq(pending.ddr_wr), ddr_wr.i_cmd.payload.addr.eq(p_wr_addr),
+            ddr_wr.i_cmd.payload.n.eq(n_out), ddr_wr.i_cmd.payload.fmt.eq(p_wr_fmt),
+            wr.i_cmd.valid.eq(pending.wr), wr.i_cmd.payload.addr.eq(p_dst), wr.i_cmd.payload.n.eq(n_out),
+            sfu.i_cmd.valid.eq(pending.sfu),
+            sfu.i_cmd.payload.op.eq(p_op), sfu.i_cmd.payload.length.eq(p_n),
+            sfu.i_cmd.payload.sub_emax.eq(p_sub_emax), sfu.i_cmd.payload.recip_scale.eq(p_recip_scale),
+            sfu.i_cmd.payload.accm.eq(p_accm), sfu.i_cmd.payload.s.eq(p_s), sfu.i_cmd.payload.s_inv.eq(p_s_inv),
+            sfu.i_cmd.payload.emax.eq(p_emax), sfu.i_cmd.payload.pos.eq(self.i_pos),
+            quant.i_cmd.valid.eq(pending.quant), quant.i_cmd.payload.n.eq(p_n),
+            gemv.i_cmd.valid.eq(pending.gemv), gemv.i_cmd.payload.eq(p_gemv_cmd),
+        ]
+        for name, unit in (("rd_a", rd_a), ("rd_b", rd_b), ("ddr_rd", ddr_rd), ("ddr_wr", ddr_wr), ("wr", wr),
+                           ("sfu", sfu), ("quant", quant), ("gemv", gemv)):
+            with m.If(unit.i_cmd.valid & unit.i_cmd.ready):
+                m.d.sync += getattr(pending, name).eq(0)
+
+        # a operand
+        a_valid, a_data, a_ready = Signal(), Signal(32), Signal()
+        pair_lo_valid, pair_hi = Signal(), Signal(32)
+        b_valid, b_data, b_ready = Signal(), Signal(32), Signal()
+        have_hi = Signal()
+        with m.Switch(p_a):
+            with m.Case(Src.L2):
+                m.d.comb += [a_valid.eq(rd_a.o_elem.valid), a_data.eq(rd_a.o_elem.payload.data),
+                             rd_a.o_elem.ready.eq(a_ready)]
+            with m.Case(Src.PAIRS):
+                # element 2j (high word) is held, element 2j+1 (low word) completes the item
+                m.d.comb += [a_valid.eq(rd_a.o_elem.valid & have_hi), a_data.eq(pair_hi),
+                             pair_lo_valid.eq(1),
+                             rd_a.o_elem.ready.eq(~have_hi | a_ready)]
+                with m.If(rd_a.o_elem.valid & ~have_hi):
+                    m.d.sync += [pair_hi.eq(rd_a.o_elem.payload.data), have_hi.eq(1)]
+                with m.If(rd_a.o_elem.valid & have_hi & a_ready):
+                    m.d.sync += have_hi.eq(0)
+            with m.Case(Src.DDR):
+                m.d.comb += [a_valid.eq(ddr_rd.o_elem.valid), a_data.eq(ddr_rd.o_elem.payload.data),
+                             ddr_rd.o_elem.ready.eq(a_ready)]
+                with m.If(ddr_rd.o_elem.valid & a_ready & ddr_rd.o_elem.payload.err):
+                    m.d.sync += p_err.eq(1)
+            with m.Case(Src.REG):
+                m.d.comb += [a_valid.eq(active & ~a_sent), a_data.eq(p_a_val)]
+                with m.If(a_valid & a_ready):
+                    m.d.sync += a_sent.eq(1)
+        with m.If(pstart):
+            m.d.sync += have_hi.eq(0)
+        with m.Switch(p_b):
+            with m.Case(BSrc.NONE):
+                m.d.comb += [b_valid.eq(1), b_data.eq(Mux(p_a == Src.PAIRS, rd_a.o_elem.payload.data, 0))]
+            with m.Case(BSrc.L2):
+                m.d.comb += [b_valid.eq(rd_b.o_elem.valid), b_data.eq(rd_b.o_elem.payload.data),
+                             rd_b.o_elem.ready.eq(b_ready)]
+            with m.Case(BSrc.REG):
+                m.d.comb += [b_valid.eq(1), b_data.eq(p_b_val)]
+
+        # SFU or bypass
+        s_valid, s_data, s_ready = Signal(), Signal(32), Signal()
+        with m.If(p_sink == Sink.GEMV):
+            m.d.comb += [s_valid.eq(gemv.o_y.valid), s_data.eq(gemv.o_y.payload), gemv.o_y.ready.eq(s_ready),
+                         gemv.i_acc.valid.eq(rd_b.o_elem.valid), gemv.i_acc.payload.eq(rd_b.o_elem.payload.data),
+                         rd_b.o_elem.ready.eq(gemv.i_acc.ready)]
+        with m.Elif(p_bypass):
+            m.d.comb += [s_valid.eq(a_valid), s_data.eq(a_data), a_ready.eq(s_ready)]
+        with m.Else():
+            both = a_valid & b_valid
+            m.d.comb += [sfu.i_data.valid.eq(active & both), sfu.i_data.payload.a.eq(a_data),
+                         sfu.i_data.payload.b.eq(b_data),
+                         a_ready.eq(sfu.i_data.ready & b_valid), b_ready.eq(sfu.i_data.ready & a_valid),
+                         s_valid.eq(sfu.o_data.valid), s_data.eq(sfu.o_data.payload), sfu.o_data.ready.eq(s_ready)]
+
+        # sinks
+        take = Signal()
+        m.d.comb += take.eq(s_valid & s_ready)
+        with m.Switch(p_sink):
+            with m.Case(Sink.L2, Sink.GEMV):
+                m.d.comb += [wr.i_elem.valid.eq(s_valid), wr.i_elem.payload.eq(s_data), s_ready.eq(wr.i_elem.ready)]
+            with m.Case(Sink.DDR):
+                m.d.comb += [ddr_wr.i_elem.valid.eq(s_valid), ddr_wr.i_elem.payload.eq(s_data),
+                             s_ready.eq(ddr_wr.i_elem.ready)]
+            with m.Case(Sink.QUANT):
+                m.d.comb += [quant.i_elem.valid.eq(s_valid), quant.i_elem.payload.eq(s_data),
+                             s_ready.eq(quant.i_elem.ready)]
+            with m.Case(Sink.REG, Sink.DESC):
+                m.d.comb += s_ready.eq(active)
+                with m.If(take):
+                    m.d.sync += [p_result.eq(s_data), sunk.eq(sunk + 1)]
+                    with m.Switch(sunk[:3]):
+                        for i in range(8):
+                            with m.Case(i):
+                                m.d.sync += desc[i].eq(s_data)
+
+        # completion
+        wr_done_seen, ddr_done_seen, quant_done_seen = Signal(), Signal(), Signal()
+        with m.If(pstart):
+            m.d.sync += [wr_done_seen.eq(0), ddr_done_seen.eq(0), quant_done_seen.eq(0)]
+        with m.Else():
+            with m.If(wr.o_done):
+                m.d.sync += wr_done_seen.eq(1)
+            with m.If(ddr_wr.o_done):
+                m.d.sync += ddr_done_seen.eq(1)
+            with m.If(quant.o_done):
+                m.d.sync += quant_done_seen.eq(1)
+        finished = Signal()
+        with m.Switch(p_sink):
+            with m.Case(Sink.L2):
+                m.d.comb += finished.eq(wr_done_seen)
+            with m.Case(Sink.GEMV):
+                m.d.comb += finished.eq(wr_done_seen | (gemv.o_bad_cmd & ~pending.gemv))
+            with m.Case(Sink.DDR):
+                m.d.comb += finished.eq(ddr_done_seen)
+            with m.Case(Sink.QUANT):
+                m.d.comb += finished.eq(quant_done_seen)
+            with m.Case(Sink.REG, Sink.DESC):
+                m.d.comb += finished.eq(sunk == n_out)
+        with m.If(active & ~pstart & finished & (pending.as_value() == 0)):
+            m.d.sync += active.eq(0)
+            m.d.comb += pdone.eq(1)
+        with m.If(active & ddr_wr.o_error):
+            m.d.sync += p_err.eq(1)
+
+        # --- descriptor fields --------------------------------------------------------------------------
+        d_woff = Cat(desc[0], desc[1])
+        d_soff = Cat(desc[2], desc[3])
+        d_rows, d_cols = desc[4], desc[5]
+        d_kind, d_layout, d_log2g, d_heads = desc[6][0:8], desc[6][8:16], desc[6][16:24], desc[6][24:32]
+        d_head_dim = desc[7][0:16]
+
+        # --- the sequencer ----------------------------------------------------------------------------
+        word = Signal(64)
+        pc = Signal(PC_BITS)
+        op = word[60:64]
+        v = {o: data.View(layout(o), word) for o in Opcode}
+        err_code = Signal(ErrorCode)
+        busy = Signal()
+        m.d.comb += [self.o_busy.eq(busy), self.o_error_code.eq(err_code)]
+
+        # loop registers shared by the sequences
+        cnt = Signal(32)          # segments / positions left
+        k = Signal(32)            # index within the loop
+        h = Signal(16)            # head
+        ptr_a, ptr_b, ptr_d = Signal(EA + 1), Signal(EA + 1), Signal(EA + 1)
+        tmp = Signal(32)
+        tmp2 = Signal(32)
+        addr0 = Signal(A)
+        addr1 = Signal(A)
+        alu_cnt = Signal(4)
+        alu_sel = Signal(2)       # 0 add, 1 mul, 2 itof
+
+        # ATTN state
+        a_heads, a_hd, a_win = Signal(16), Signal(16), Signal(16)
+        a_n = Signal(NB)
+        a_r = Signal(32)          # ring slot of the current position
+        a_t = Signal(NB)          # position index 0..n-1
+        a_cap = Signal(32)
+
+        # range checks: an element range [e, e + n) inside L2, n > 0
+        def in_l2(e, n):
+            return (e + n) <= L2E
+
+        from .decoder import Decoder
+        m.submodules.decoder = decoder = Decoder(hw.l2_bytes // 16)
+        m.d.comb += decoder.i_word.eq(self.i_insn.payload.word)
+
+        def fail(code):
+            m.d.sync += err_code.eq(code)
+            m.next = "ERROR"
+
+        def retire():
+            m.d.comb += self.o_retire.eq(1)
+            m.next = "FETCH"
+
+        def launch(nxt, **kw):
+            """Set the pass fields (defaults for the rest) and go to `nxt` after the pass."""
+            defaults = dict(op=SfuOp.COPY, bypass=0, a=Src.L2, b=BSrc.NONE, sink=Sink.L2, sub_emax=0,
+                            recip_scale=0, accm=0)
+            defaults.update(kw)
+            sigs = dict(op=p_op, bypass=p_bypass, n=p_n, a=p_a, a_addr=p_a_addr, a_val=p_a_val, b=p_b,
+                        b_addr=p_b_addr, b_val=p_b_val, s=p_s, s_inv=p_s_inv, emax=p_emax, sub_emax=p_sub_emax,
+                        recip_scale=p_recip_scale, accm=p_accm, sink=p_sink, dst=p_dst, ddr_addr=p_ddr_addr,
+                        ddr_fmt=p_ddr_fmt, ddr_saddr=p_ddr_saddr, ddr_log2g=p_ddr_log2g, wr_addr=p_wr_addr,
+                        wr_fmt=p_wr_fmt)
+            for key, val in defaults.items():
+                m.d.sync += Value.cast(sigs[key]).eq(Value.cast(val) if isinstance(val, enum.Enum) else val)
+            m.d.sync += pstart_r.eq(1)
+            m.next = nxt
+
+        pstart_r = Signal()
+        m.d.sync += pstart_r.eq(0)
+        m.d.comb += pstart.eq(pstart_r)
+
+        def sync(*stmts):
+            m.d.sync += list(stmts)
+
+        def wait_pass(state, nxt_fn):
+            with m.State(state):
+                with m.If(pdone):
+                    with m.If(p_err):
+                        fail(ErrorCode.BUS_ERROR)
+                    with m.Else():
+                        nxt_fn()
+
+        def go(name):
+            def f():
+                m.next = name
+            return f
+
+        # ALU: one binary32 add or multiply (or int->float) with a fixed wait
+        def alu(a_val, b_val, sel, nxt):
+            m.d.sync += [alu_add.i_a.eq(a_val), alu_add.i_b.eq(b_val), alu_mul.i_a.eq(a_val),
+                         alu_mul.i_b.eq(b_val), alu_itof.i_a.eq(a_val), alu_sel.eq(sel), alu_cnt.eq(8)]
+            m.next = nxt
+
+        alu_y = Signal(32)
+        m.d.comb += alu_y.eq(Mux(alu_sel == 0, alu_add.o_y, Mux(alu_sel == 1, alu_mul.o_y, alu_itof.o_y)))
+        m.d.comb += [alu_add.i_valid.eq(1), alu_mul.i_valid.eq(1), alu_itof.i_valid.eq(1)]
+
+        base = {r: getattr(self, f"i_base_{r.name.lower()}") for r in REGIONS}
+
+        start_while_busy = Signal()
+        with m.If(self.i_ack):
+            m.d.sync += [self.o_done.eq(0), self.o_error.eq(0)]
+        with m.If(self.i_start & ~busy):
+            m.d.sync += [busy.eq(1), self.o_done.eq(0), self.o_error.eq(0), err_code.eq(ErrorCode.NONE),
+                         start_while_busy.eq(0)]
+        with m.If(self.i_start & busy):
+            m.d.sync += start_while_busy.eq(1)
+
+        vec_op = Signal(SfuOp)
+        with m.Switch(v[Opcode.VEC].func):
+            for f in VecFunc:
+                if f.name in ("ROPE", "RMSNORM", "RMSNORM_NG"):
+                    continue
+                with m.Case(f):
+                    m.d.comb += vec_op.eq(SfuOp[f.name])
+        d_index = Signal(16)
+        with m.Switch(op):
+            with m.Case(Opcode.WGEMV):
+                m.d.comb += d_index.eq(v[Opcode.WGEMV].desc)
+            with m.Case(Opcode.GATHER):
+                m.d.comb += d_index.eq(v[Opcode.GATHER].desc)
+            with m.Case(Opcode.KVST):
+                m.d.comb += d_index.eq(v[Opcode.KVST].slot)
+            with m.Case(Opcode.ATTN):
+                m.d.comb += d_index.eq(v[Opcode.ATTN].slot)
+        m.d.comb += fmap_r.addr.eq(v[Opcode.ATTN].shape_ptr)
+
+        with m.FSM(name="ctl"):
+            with m.State("IDLE"):
+                with m.If(self.i_start):
+                    m.next = "FETCH"
+
+            with m.State("FETCH"):
+                m.d.comb += [self.i_insn.ready.eq(1), self.o_unit_busy.issue_wait.eq(~self.i_insn.valid)]
+                with m.If(self.i_insn.valid):
+                    m.d.sync += [word.eq(self.i_insn.payload.word), pc.eq(self.i_insn.payload.pc),
+                                 self.o_error_pc.eq(self.i_insn.payload.pc)]
+                    with m.If(self.i_insn.payload.err):
+                        fail(ErrorCode.BUS_ERROR)
+                    with m.Elif(decoder.o_error != ErrorCode.NONE):
+                        fail(decoder.o_error)
+                    with m.Else():
+                        m.next = "DISPATCH"
+
+            with m.State("ERROR"):
+                m.d.comb += self.o_stop.eq(1)
+                m.d.sync += [busy.eq(0), self.o_error.eq(1)]
+                m.next = "IDLE"
+
+            with m.State("HALT"):
+                # A START written while this program ran was ignored: the program still completes (DONE), and
+                # ERROR with START_WHILE_BUSY tells the host that its START had no effect.
+                m.d.comb += [self.o_stop.eq(1), self.o_retire.eq(1)]
+                m.d.sync += [busy.eq(0), self.o_done.eq(1)]
+                with m.If(start_while_busy | (self.i_start & busy)):
+                    m.d.sync += [self.o_error.eq(1), err_code.eq(ErrorCode.START_WHILE_BUSY)]
+                m.next = "IDLE"
+
+            with m.State("DISPATCH"):
+                with m.Switch(op):
+                    with m.Case(Opcode.GEMV, Opcode.GEMM, Opcode.MEMCPY, Opcode.WGEMM):
+                        fail(ErrorCode.BAD_FUNCTION)
+                    with m.Case(Opcode.CTRL):
+                        m.next = "CTRL"
+                    with m.Case(Opcode.MEMSET):
+                        m.next = "MEMSET"
+                    with m.Case(Opcode.SCALAR):
+                        m.next = "SCALAR"
+                    with m.Case(Opcode.VEC):
+                        m.next = "VEC"
+                    with m.Case(Opcode.CVO):
+                        m.next = "CVO"
+                    with m.Case(Opcode.DMA):
+                        m.next = "DMA"
+                    with m.Case(Opcode.WGEMV, Opcode.GATHER, Opcode.KVST, Opcode.ATTN):
+                        m.next = "DESC"
+
+            # ---- CTRL ------------------------------------------------------------------------------------
+            c = v[Opcode.CTRL]
+            with m.State("CTRL"):
+                with m.Switch(c.func):
+                    with m.Case(CtrlFunc.SETVL):
+                        m.d.sync += vl.eq(c.imm)
+                        retire()
+                    with m.Case(CtrlFunc.SETHD):
+                        m.d.sync += hd.eq(c.imm)
+                        m.d.comb += [irecip.i_start.eq(1), irecip.i_n.eq(c.imm)]
+                        m.next = "SETHD_W"
+                    with m.Case(CtrlFunc.HALT):
+                        m.next = "HALT"
+                    with m.Default():          # NOP, FENCE: every earlier instruction has completed
+                        retire()
+            with m.State("SETHD_W"):
+                with m.If(~irecip.o_busy):
+                    m.d.sync += inv_hd.eq(irecip.o_y)
+                    retire()
+
+            # ---- MEMSET ----------------------------------------------------------------------------------
+            ms = v[Opcode.MEMSET]
+            with m.State("MEMSET"):
+                with m.If(ms.cache == ShapeCache.SCALAR):
+                    with m.If((ms.slot >= 8) | (ms.c != 0)):
+                        fail(ErrorCode.BAD_FUNCTION)
+                    with m.Else():
+                        m.d.sync += sregs[ms.slot[:3]].eq(Cat(ms.b, ms.a))
+                        retire()
+                with m.Else():
+                    with m.If(ms.cache == ShapeCache.FMAP):
+                        m.d.comb += [fmap_w.en.eq(1), fmap_w.addr.eq(ms.slot), fmap_w.data.eq(Cat(ms.a, ms.b, ms.c))]
+                    retire()
+
+            # ---- SCALAR ----------------------------------------------------------------------------------
+            sc = v[Opcode.SCALAR]
+            sa, sb_ = sregs[sc.a], sregs[sc.b]
+            with m.State("SCALAR"):
+                with m.Switch(sc.func):
+                    with m.Case(ScalarFunc.LI):
+                        m.d.sync += sregs[sc.d].eq(sc.imm)
+                        retire()
+                    with m.Case(ScalarFunc.ADD):
+                        alu(sa, sb_, 0, "SC_ALU")
+                    with m.Case(ScalarFunc.SUB):
+                        alu(sa, sb_ ^ 0x80000000, 0, "SC_ALU")
+                    with m.Case(ScalarFunc.MUL):
+                        alu(sa, sb_, 1, "SC_ALU")
+                    with m.Case(ScalarFunc.MULI):
+                        alu(sa, sc.imm, 1, "SC_ALU")
+                    with m.Case(ScalarFunc.ADDI):
+                        alu(sa, sc.imm, 0, "SC_ALU")
+                    with m.Case(ScalarFunc.LDPOS):
+                        alu(self.i_pos, 0, 2, "SC_ALU")
+                    with m.Case(ScalarFunc.MAX):
+                        m.d.sync += sregs[sc.d].eq(Mux(_f32_gt(sb_, sa), sb_, sa))
+                        retire()
+                    with m.Case(ScalarFunc.MAXI):
+                        m.d.sync += sregs[sc.d].eq(Mux(_f32_gt(sc.imm, sa), sc.imm, sa))
+                        retire()
+                    with m.Case(ScalarFunc.RSQRT):
+                        launch("SC_SFU", op=SfuOp.RSQRT, n=1, a=Src.REG, a_val=sa, sink=Sink.REG)
+                    with m.Case(ScalarFunc.SQRT):
+                        launch("SC_SFU", op=SfuOp.SQRT, n=1, a=Src.REG, a_val=sa, sink=Sink.REG)
+                    with m.Case(ScalarFunc.RECIP):
+                        launch("SC_SFU", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=sa, sink=Sink.REG)
+                    with m.Case(ScalarFunc.TANH):
+                        launch("SC_SFU", op=SfuOp.TANH, n=1, a=Src.REG, a_val=sa, sink=Sink.REG)
+                    with m.Case(ScalarFunc.LD):
+                        with m.If(sc.imm >= L2E):
+                            fail(ErrorCode.ADDRESS_RANGE)
+                        with m.Else():
+                            launch("SC_SFU", bypass=1, n=1, a=Src.L2, a_addr=sc.imm, sink=Sink.REG)
+                    with m.Case(ScalarFunc.ST):
+                        with m.If(sc.imm >= L2E):
+                            fail(ErrorCode.ADDRESS_RANGE)
+                        with m.Else():
+                            launch("SC_ST", bypass=1, n=1, a=Src.REG, a_val=sa, sink=Sink.L2, dst=sc.imm)
+            with m.State("SC_ALU"):
+                m.d.sync += alu_cnt.eq(alu_cnt - 1)
+                with m.If(alu_cnt == 0):
+                    m.d.sync += sregs[sc.d].eq(alu_y)
+                    retire()
+            wait_pass("SC_SFU", lambda: (sync(sregs[sc.d].eq(p_result)), retire()))
+            wait_pass("SC_ST", retire)
+
+            # ---- DMA -------------------------------------------------------------------------------------
+            dm = v[Opcode.DMA]
+            l2e = Cat(Const(0, 2), dm.l2)
+            with m.State("DMA"):
+                region_base = Signal(64)
+                with m.Switch(dm.region):
+                    for r in REGIONS:
+                        with m.Case(r):
+                            m.d.comb += region_base.eq(base[r])
+                ddr = (region_base + (dm.offset << 4))[:A]
+                with m.If(dm.dir == DmaDir.L2_TO_L2):
+                    fail(ErrorCode.BAD_FUNCTION)
+                with m.Elif(vl == 0):
+                    fail(ErrorCode.BAD_LENGTH)
+                with m.Elif(~in_l2(l2e, vl)):
+                    fail(ErrorCode.ADDRESS_RANGE)
+                with m.Elif(dm.dir == DmaDir.DDR_TO_L2):
+                    with m.If((dm.region != DdrRegion.CONST) & (dm.region != DdrRegion.SCRATCH)):
+                        fail(ErrorCode.BAD_FUNCTION)
+                    with m.Else():
+                        launch("RETIRE_PASS", bypass=1, n=vl, a=Src.DDR, ddr_addr=ddr, ddr_fmt=0, sink=Sink.L2,
+                               dst=l2e)
+                with m.Else():
+                    with m.If((dm.region != DdrRegion.LOGITS) & (dm.region != DdrRegion.SCRATCH)):
+                        fail(ErrorCode.BAD_FUNCTION)
+                    with m.Else():
+                        launch("RETIRE_PASS", bypass=1, n=vl, a=Src.L2, a_addr=l2e, sink=Sink.DDR, wr_addr=ddr,
+                               wr_fmt=0)
+            wait_pass("RETIRE_PASS", retire)
+
+            # ---- VEC -------------------------------------------------------------------------------------
+            ve = v[Opcode.VEC]
+            va, vb, vd = Cat(Const(0, 2), ve.a), Cat(Const(0, 2), ve.b), Cat(Const(0, 2), ve.dst)
+            two_operand = Cat(*[ve.func == f for f in (VecFunc.ADD, VecFunc.SUB, VecFunc.MUL, VecFunc.FMAS,
+                                                       VecFunc.GELU_MUL, VecFunc.DOT)]).any()
+            to_scalar = Cat(*[ve.func == f for f in (VecFunc.SUMSQ, VecFunc.SUM, VecFunc.MAX, VecFunc.DOT)]).any()
+            segmented = Cat(*[ve.func == f for f in (VecFunc.RMSNORM, VecFunc.RMSNORM_NG, VecFunc.ROPE)]).any()
+            with m.State("VEC"):
+                with m.If(vl == 0):
+                    fail(ErrorCode.BAD_LENGTH)
+                with m.Elif(~in_l2(va, vl)):
+                    fail(ErrorCode.ADDRESS_RANGE)
+                with m.Elif(two_operand & ~in_l2(vb, vl)):
+                    fail(ErrorCode.ADDRESS_RANGE)
+                with m.Elif(segmented):
+                    m.d.comb += [div.i_start.eq(1), div.i_num.eq(vl), div.i_den.eq(hd)]
+                    m.next = "VSEG_DIV"
+                with m.Elif(to_scalar):
+                    launch("VEC_SCALAR", op=vec_op, n=vl, a=Src.L2, a_addr=va, b=Mux(two_operand, BSrc.L2, BSrc.NONE),
+                           b_addr=vb, s=sregs[ve.s], sink=Sink.REG)
+                with m.Elif(~in_l2(vd, vl)):
+                    fail(ErrorCode.ADDRESS_RANGE)
+                with m.Else():
+                    launch("RETIRE_PASS", op=vec_op, n=vl, a=Src.L2, a_addr=va,
+                           b=Mux(two_operand, BSrc.L2, BSrc.NONE), b_addr=vb, s=sregs[ve.s], sink=Sink.L2, dst=vd)
+            wait_pass("VEC_SCALAR", lambda: (sync(sregs[ve.s].eq(p_result)), retire()))
+
+            half = hd[1:]
+            with m.State("VSEG_DIV"):
+                with m.If(~div.o_busy):
+                    with m.If((hd == 0) | (div.o_r != 0)):
+                        fail(ErrorCode.BAD_LENGTH)
+                    with m.Elif((ve.func == VecFunc.ROPE) & (hd[0] | ((hd << 1) > SCR))):
+                        fail(ErrorCode.BAD_LENGTH)
+                    with m.Elif((ve.func != VecFunc.RMSNORM_NG) & ~in_l2(vb, hd)):
+                        fail(ErrorCode.ADDRESS_RANGE)
+                    with m.Elif(~in_l2(vd, vl)):
+                        fail(ErrorCode.ADDRESS_RANGE)
+                    with m.Else():
+                        m.d.sync += [cnt.eq(div.o_q), ptr_a.eq(va), ptr_d.eq(vd)]
+                        with m.If(ve.func == VecFunc.ROPE):
+                            m.next = "ROPE_0"
+                        with m.Else():
+                            m.next = "RMS_0"
+
+            # RMSNORM per segment
+            with m.State("RMS_0"):
+                with m.If(cnt == 0):
+                    retire()
+                with m.Else():
+                    launch("RMS_1", op=SfuOp.SUMSQ, n=hd, a=Src.L2, a_addr=ptr_a, sink=Sink.REG)
+            wait_pass("RMS_1", lambda: alu(p_result, inv_hd, 1, "RMS_2"))
+            with m.State("RMS_2"):
+                m.d.sync += alu_cnt.eq(alu_cnt - 1)
+                with m.If(alu_cnt == 0):
+                    alu(alu_y, sregs[ve.s], 0, "RMS_3")
+            with m.State("RMS_3"):
+                m.d.sync += alu_cnt.eq(alu_cnt - 1)
+                with m.If(alu_cnt == 0):
+                    launch("RMS_4", op=SfuOp.RSQRT, n=1, a=Src.REG, a_val=alu_y, sink=Sink.REG)
+            wait_pass("RMS_4", lambda: launch("RMS_5", op=SfuOp.MULS, n=hd, a=Src.L2, a_addr=ptr_a, s=p_result,
+                                              sink=Sink.L2, dst=ptr_d))
+
+            def rms_next():
+                with m.If(ve.func == VecFunc.RMSNORM):
+                    launch("RMS_6", op=SfuOp.MUL, n=hd, a=Src.L2, a_addr=ptr_d, b=BSrc.L2, b_addr=vb,
+                           sink=Sink.L2, dst=ptr_d)
+                with m.Else():
+                    m.d.sync += [cnt.eq(cnt - 1), ptr_a.eq(ptr_a + hd), ptr_d.eq(ptr_d + hd)]
+                    m.next = "RMS_0"
+            wait_pass("RMS_5", rms_next)
+            wait_pass("RMS_6", lambda: (sync([cnt.eq(cnt - 1), ptr_a.eq(ptr_a + hd),
+                                                            ptr_d.eq(ptr_d + hd)]), go("RMS_0")()))
+
+            # ROPE per head: t0 = x1*cos, t1 = x2*sin, t2 = x2*cos, t3 = x1*sin; d1 = t0 - t1; d2 = t2 + t3
+            x1, x2 = ptr_a, ptr_a + half
+            cos_, sin_ = vb, vb + half
+            t = [SB + 0, SB + half, SB + 2 * half, SB + 3 * half]
+            steps = [("ROPE_1", SfuOp.MUL, x1, cos_, t[0]), ("ROPE_2", SfuOp.MUL, x2, sin_, t[1]),
+                     ("ROPE_3", SfuOp.MUL, x2, cos_, t[2]), ("ROPE_4", SfuOp.MUL, x1, sin_, t[3]),
+                     ("ROPE_5", SfuOp.SUB, t[0], t[1], ptr_d), ("ROPE_6", SfuOp.ADD, t[2], t[3], ptr_d + half)]
+            with m.State("ROPE_0"):
+                with m.If(cnt == 0):
+                    retire()
+                with m.Else():
+                    _, o, a_, b_, d_ = steps[0]
+                    launch("ROPE_1", op=o, n=half, a=Src.L2, a_addr=a_, b=BSrc.L2, b_addr=b_, sink=Sink.L2, dst=d_)
+            for i, (state, *_rest) in enumerate(steps):
+                if i + 1 < len(steps):
+                    _, o, a_, b_, d_ = steps[i + 1]
+                    wait_pass(state, lambda o=o, a_=a_, b_=b_, d_=d_, nxt=steps[i + 1][0]: launch(
+                        nxt, op=o, n=half, a=Src.L2, a_addr=a_, b=BSrc.L2, b_addr=b_, sink=Sink.L2, dst=d_))
+                else:
+                    wait_pass(state, lambda: (sync([cnt.eq(cnt - 1), ptr_a.eq(ptr_a + hd),
+                                                                 ptr_d.eq(ptr_d + hd)]), go("ROPE_0")()))
+
+            # ---- CVO -------------------------------------------------------------------------------------
+            cv = v[Opcode.CVO]
+            cs, cd = Cat(Const(0, 2), cv.src), Cat(Const(0, 2), cv.dst)
+            rope_f = (cv.func == CvoFunc.ROPE_COS) | (cv.func == CvoFunc.ROPE_SIN)
+            red_f = (cv.func == CvoFunc.REDUCE_SUM) | (cv.func == CvoFunc.REDUCE_MAX)
+            staged = cv.accm & (rope_f | red_f)
+            cvo_n = cv.length
+            need_recip = (cv.func == CvoFunc.SOFTCAP) | ((cv.func == CvoFunc.SCALE) & cv.recip_scale)
+            with m.State("CVO"):
+                with m.If(staged & (cvo_n > SCR)):
+                    fail(ErrorCode.BAD_LENGTH)
+                with m.Elif(cvo_n == 0):
+                    fail(ErrorCode.BAD_LENGTH)
+                with m.Elif(~in_l2(cs, Mux(rope_f, cvo_n << 1, cvo_n))):
+                    fail(ErrorCode.ADDRESS_RANGE)
+                with m.Elif(~in_l2(cd, Mux(red_f, 1, cvo_n))):
+                    fail(ErrorCode.ADDRESS_RANGE)
+                with m.Elif(need_recip):
+                    launch("CVO_R", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=sregs[0], sink=Sink.REG)
+                with m.Else():
+                    m.next = "CVO_MAIN"
+            wait_pass("CVO_R", go("CVO_MAIN"))
+            with m.State("CVO_MAIN"):
+                elementwise_accm = cv.accm & ~staged
+                launch("CVO_ACC", op=cv.func.as_value(), n=cvo_n, a=Mux(rope_f, Src.PAIRS, Src.L2), a_addr=cs,
+                       b=Mux(elementwise_accm, BSrc.L2, BSrc.NONE), b_addr=cd, s=sregs[0], s_inv=p_result,
+                       emax=emax, sub_emax=cv.sub_emax, recip_scale=cv.recip_scale, accm=elementwise_accm,
+                       sink=Sink.L2, dst=Mux(staged, SB, cd))
+            wait_pass("CVO_ACC", lambda: self._cvo_acc(m, staged, launch, retire, red_f, cvo_n, cd, SB))
+
+            # ---- descriptor load (WGEMV, GATHER, KVST, ATTN) -----------------------------------------
+            with m.State("DESC"):
+                with m.If(d_index >= self.i_desc_count):
+                    fail(ErrorCode.BAD_DESCRIPTOR)
+                with m.Else():
+                    launch("DESC_W", bypass=1, n=8, a=Src.DDR, ddr_addr=(base[DdrRegion.DESC] + (d_index << 5))[:A],
+                           ddr_fmt=0, sink=Sink.DESC)
+
+            def after_desc():
+                with m.Switch(op):
+                    with m.Case(Opcode.WGEMV):
+                        m.next = "WG"
+                    with m.Case(Opcode.GATHER):
+                        m.next = "GA"
+                    with m.Case(Opcode.KVST):
+                        m.next = "KV"
+                    with m.Default():
+                        m.next = "AT"
+            wait_pass("DESC_W", after_desc)
+
+            # ---- WGEMV -----------------------------------------------------------------------------------
+            wg = v[Opcode.WGEMV]
+            ws, wd = Cat(Const(0, 2), wg.src), Cat(Const(0, 2), wg.dst)
+            with m.State("WG"):
+                with m.If(d_kind != 0):
+                    fail(ErrorCode.BAD_DESCRIPTOR)
+                with m.Elif(d_cols == 0):
+                    fail(ErrorCode.BAD_LENGTH)
+                with m.Elif(~in_l2(ws, d_cols)):
+                    fail(ErrorCode.ADDRESS_RANGE)
+                with m.Elif(wg.sparse != (d_layout == 1)):
+                    fail(ErrorCode.BAD_DESCRIPTOR)
+                with m.Elif((d_cols > hw.gemv_max_cols) | (wg.sparse & ((d_rows > hw.gemv_sparse_max_rows) |
+                                                                        d_rows[0]))):
+                    fail(ErrorCode.BAD_LENGTH)
+                with m.Elif(d_rows == 0):
+                    fail(ErrorCode.BAD_LENGTH)
+                with m.Elif(~in_l2(wd, d_rows)):
+                    fail(ErrorCode.ADDRESS_RANGE)
+                with m.Else():
+                    launch("WG_Q", bypass=1, n=d_cols, a=Src.L2, a_addr=ws, sink=Sink.QUANT)
+            with m.State("WG_Q"):
+                with m.If(pdone):
+                    with m.If(quant.o_nonfinite):
+                        fail(ErrorCode.NON_FINITE)
+                    with m.Else():
+                        wb = base[DdrRegion.WEIGHTS]
+                        m.d.sync += [p_gemv_cmd.wbase.eq((wb + d_woff)[:A]), p_gemv_cmd.sbase.eq((wb + d_soff)[:A]),
+                                     p_gemv_cmd.rows.eq(d_rows), p_gemv_cmd.cols.eq(d_cols),
+                                     p_gemv_cmd.log2_group.eq(d_log2g), p_gemv_cmd.accm.eq(wg.accm),
+                                     p_gemv_cmd.sparse.eq(wg.sparse)]
+                        launch("WG_G", bypass=1, n=d_rows, b=Mux(wg.accm, BSrc.L2, BSrc.NONE), b_addr=wd,
+                               sink=Sink.GEMV, dst=wd)
+            with m.State("WG_G"):
+                with m.If(pdone):
+                    with m.If(gemv.o_bad_cmd):
+                        fail(ErrorCode.BAD_LENGTH)
+                    with m.Elif(gemv.o_error):
+                        fail(ErrorCode.BUS_ERROR)
+                    with m.Elif(wg.findemax):
+                        launch("WG_E", op=SfuOp.REDUCE_MAX, n=d_rows, a=Src.L2, a_addr=wd, sink=Sink.REG)
+                    with m.Else():
+                        retire()
+            wait_pass("WG_E", lambda: (sync(emax.eq(p_result)), retire()))
+
+            # ---- GATHER ----------------------------------------------------------------------------------
+            ga = v[Opcode.GATHER]
+            gd = Cat(Const(0, 2), ga.dst)
+            row = Signal(32)
+            with m.State("GA"):
+                with m.If((d_kind != 0) | (d_layout != 0)):
+                    fail(ErrorCode.BAD_DESCRIPTOR)
+                with m.Elif((self.i_token >= d_rows) & ~ga.remap):
+                    fail(ErrorCode.ADDRESS_RANGE)
+                with m.Elif((d_cols == 0)):
+                    fail(ErrorCode.BAD_LENGTH)
+                with m.Elif(~in_l2(gd, d_cols)):
+                    fail(ErrorCode.ADDRESS_RANGE)
+                with m.Else():
+                    m.d.sync += row.eq(Mux(self.i_token >= d_rows, 0, self.i_token))
+                    m.next = "GA_1"
+            with m.State("GA_1"):
+                ngroups = (d_cols + (1 << d_log2g) - 1) >> d_log2g
+                m.d.sync += [tmp.eq(row * ((d_cols + 1) >> 1)), tmp2.eq(row * ngroups)]
+                m.next = "GA_2"
+            with m.State("GA_2"):
+                wb = base[DdrRegion.WEIGHTS]
+                launch("RETIRE_PASS", bypass=1, n=d_cols, a=Src.DDR, ddr_fmt=2,
+                       ddr_addr=(wb + d_woff + tmp)[:A], ddr_saddr=(wb + d_soff + (tmp2 << 1))[:A],
+                       ddr_log2g=d_log2g, sink=Sink.L2, dst=gd)
+
+            # ---- KVST ------------------------------------------------------------------------------------
+            kv = v[Opcode.KVST]
+            kk, kvv = Cat(Const(0, 2), kv.k), Cat(Const(0, 2), kv.v)
+            with m.State("KV"):
+                with m.If(d_kind != 2):
+                    fail(ErrorCode.BAD_DESCRIPTOR)
+                with m.Elif((d_cols == 0) | (d_rows == 0)):
+                    fail(ErrorCode.BAD_LENGTH)
+                with m.Elif(~in_l2(kk, d_cols)):
+                    fail(ErrorCode.ADDRESS_RANGE)
+                with m.Elif(~in_l2(kvv, d_cols)):
+                    fail(ErrorCode.ADDRESS_RANGE)
+                with m.Else():
+                    m.d.comb += [div.i_start.eq(1), div.i_num.eq(self.i_pos), div.i_den.eq(d_rows)]
+                    m.next = "KV_1"
+            with m.State("KV_1"):
+                with m.If(~div.o_busy):
+                    m.d.sync += [tmp.eq(div.o_r * d_cols), tmp2.eq((d_rows + div.o_r) * d_cols)]
+                    m.next = "KV_2"
+            kvb = base[DdrRegion.KV] + d_woff
+            with m.State("KV_2"):
+                launch("KV_3", bypass=1, n=d_cols, a=Src.L2, a_addr=kk, sink=Sink.DDR,
+                       wr_addr=(kvb + (tmp << 1))[:A], wr_fmt=1)
+            wait_pass("KV_3", lambda: launch("RETIRE_PASS", bypass=1, n=d_cols, a=Src.L2, a_addr=kvv, sink=Sink.DDR,
+                                             wr_addr=(kvb + (tmp2 << 1))[:A], wr_fmt=1))
+
+            # ---- ATTN ------------------------------------------------------------------------------------
+            at = v[Opcode.ATTN]
+            aq, ad = Cat(Const(0, 2), at.q), Cat(Const(0, 2), at.dst)
+            f_heads, f_hd, f_win = fmap_r.data[0:16], fmap_r.data[16:32], fmap_r.data[32:48]
+            with m.State("AT"):
+                m.d.sync += [a_heads.eq(f_heads), a_hd.eq(f_hd), a_win.eq(f_win), a_cap.eq(d_rows)]
+                with m.If(d_kind != 2):
+                    fail(ErrorCode.BAD_DESCRIPTOR)
+                with m.Elif((f_hd != d_head_dim) | (at.kv_head >= d_heads) | (f_heads == 0)):
+                    fail(ErrorCode.BAD_LENGTH)
+                with m.Elif(((f_win == 0) | (f_win > d_rows)) & (self.i_pos >= d_rows)):
+                    fail(ErrorCode.ADDRESS_RANGE)
+                with m.Else():
+                    seen = Mux((f_win == 0) | (self.i_pos + 1 <= f_win), self.i_pos + 1, f_win)
+                    m.d.sync += a_n.eq(seen)
+                    m.next = "AT_1"
+            with m.State("AT_1"):
+                with m.If(a_heads * a_n + a_hd > SCR):
+                    fail(ErrorCode.BAD_LENGTH)
+                with m.Elif(~in_l2(aq, a_heads * a_hd) | ~in_l2(ad, a_heads * a_hd)):
+                    fail(ErrorCode.ADDRESS_RANGE)
+                with m.Else():
+                    m.d.comb += [div.i_start.eq(1), div.i_num.eq(self.i_pos + 1 - a_n), div.i_den.eq(a_cap)]
+                    m.next = "AT_2"
+            kv_row = Signal(A)        # DDR address of the current position's K row (V: + capacity rows)
+            row_bytes = d_cols << 1
+            with m.State("AT_2"):
+                with m.If(~div.o_busy):
+                    m.d.sync += [a_r.eq(div.o_r), a_t.eq(0), tmp.eq(div.o_r * d_cols)]
+                    m.next = "AT_3"
+            with m.State("AT_3"):
+                first_row = (base[DdrRegion.KV] + d_woff + (tmp << 1) + ((at.kv_head * a_hd) << 1))[:A]
+                m.d.sync += [kv_row.eq(first_row), addr1.eq(first_row)]   # addr1: phase 3 starts there again
+                m.next = "AT_K"
+
+            sc_base = SB + a_hd                     # scores: [heads][n] after the K/V row
+            # phase 1: per position, the K row, then a DOT per head into scores[h][t]
+            with m.State("AT_K"):
+                with m.If(a_t == a_n):
+                    m.d.sync += h.eq(0)
+                    m.next = "AT_SM"
+                with m.Else():
+                    m.d.sync += h.eq(0)
+                    launch("AT_KD", bypass=1, n=a_hd, a=Src.DDR, ddr_addr=kv_row, ddr_fmt=1, sink=Sink.L2, dst=SB)
+            wait_pass("AT_KD", go("AT_DOT"))
+            with m.State("AT_DOT"):
+                with m.If(h == a_heads):
+                    with m.If(a_r + 1 == a_cap):
+                        m.d.sync += [a_r.eq(0), kv_row.eq((base[DdrRegion.KV] + d_woff + ((at.kv_head * a_hd) << 1))[:A])]
+                    with m.Else():
+                        m.d.sync += [a_r.eq(a_r + 1), kv_row.eq(kv_row + row_bytes)]
+                    m.d.sync += a_t.eq(a_t + 1)
+                    m.next = "AT_K"
+                with m.Else():
+                    launch("AT_DOTW", op=SfuOp.DOT, n=a_hd, a=Src.L2, a_addr=aq + h * a_hd, b=BSrc.L2, b_addr=SB,
+                           sink=Sink.L2, dst=sc_base + h * a_n + a_t)
+            wait_pass("AT_DOTW", lambda: (sync(h.eq(h + 1)), go("AT_DOT")()))
+            # phase 2: softmax per head
+            srow = sc_base + h * a_n
+            with m.State("AT_SM"):
+                with m.If(h == a_heads):
+                    m.d.sync += [a_t.eq(0), kv_row.eq(addr1)]
+                    m.d.comb += [div.i_start.eq(1), div.i_num.eq(self.i_pos + 1 - a_n), div.i_den.eq(a_cap)]
+                    m.next = "AT_V0"
+                with m.Else():
+                    launch("AT_SM1", op=SfuOp.MAX, n=a_n, a=Src.L2, a_addr=srow, sink=Sink.REG)
+            wait_pass("AT_SM1", lambda: launch("AT_SM2", op=SfuOp.EXP, n=a_n, a=Src.L2, a_addr=srow, emax=p_result,
+                                               sub_emax=1, sink=Sink.L2, dst=srow))
+            wait_pass("AT_SM2", lambda: launch("AT_SM3", op=SfuOp.SUM, n=a_n, a=Src.L2, a_addr=srow, sink=Sink.REG))
+            wait_pass("AT_SM3", lambda: launch("AT_SM4", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=p_result,
+                                               sink=Sink.REG))
+            wait_pass("AT_SM4", lambda: launch("AT_SM5", op=SfuOp.MULS, n=a_n, a=Src.L2, a_addr=srow, s=p_result,
+                                               sink=Sink.L2, dst=srow))
+            wait_pass("AT_SM5", lambda: (sync(h.eq(h + 1)), go("AT_SM")()))
+            # phase 3: per position, the V row, then per head dst += p * V
+            with m.State("AT_V0"):
+                with m.If(~div.o_busy):
+                    m.d.sync += a_r.eq(div.o_r)
+                    m.next = "AT_V"
+            with m.State("AT_V"):
+                with m.If(a_t == a_n):
+                    retire()
+                with m.Else():
+                    m.d.sync += h.eq(0)
+                    launch("AT_VD", bypass=1, n=a_hd, a=Src.DDR, ddr_addr=(kv_row + a_cap * row_bytes)[:A], ddr_fmt=1,
+                           sink=Sink.L2, dst=SB)
+            wait_pass("AT_VD", go("AT_P"))
+            with m.State("AT_P"):
+                with m.If(h == a_heads):
+                    with m.If(a_r + 1 == a_cap):
+                        m.d.sync += [a_r.eq(0), kv_row.eq((base[DdrRegion.KV] + d_woff + ((at.kv_head * a_hd) << 1))[:A])]
+                    with m.Else():
+                        m.d.sync += [a_r.eq(a_r + 1), kv_row.eq(kv_row + row_bytes)]
+                    m.d.sync += a_t.eq(a_t + 1)
+                    m.next = "AT_V"
+                with m.Else():
+                    launch("AT_PW", bypass=1, n=1, a=Src.L2, a_addr=sc_base + h * a_n + a_t, sink=Sink.REG)
+            with m.State("AT_PW"):
+                with m.If(pdone):
+                    dsth = ad + h * a_hd
+                    with m.If(a_t == 0):
+                        launch("AT_PV", op=SfuOp.MULS, n=a_hd, a=Src.L2, a_addr=SB, s=p_result, sink=Sink.L2, dst=dsth)
+                    with m.Else():
+                        launch("AT_PV", op=SfuOp.FMAS, n=a_hd, a=Src.L2, a_addr=SB, s=p_result, b=BSrc.L2,
+                               b_addr=dsth, sink=Sink.L2, dst=dsth)
+            wait_pass("AT_PV", lambda: (sync(h.eq(h + 1)), go("AT_P")()))
+
+        # --- activity for the counters ----------------------------------------------------------------
+        m.d.comb += [
+            self.o_unit_busy.gemv.eq(gemv.o_busy),
+            self.o_unit_busy.sfu.eq(active & ~p_bypass & (p_sink != Sink.GEMV)),
+            self.o_unit_busy.dma.eq(ddr_rd.o_busy | ddr_wr.o_busy),
+            self.o_unit_busy.attn.eq(busy & (op == Opcode.ATTN)),
+        ]
+        return m
+
+    @staticmethod
+    def _cvo_acc(m, staged, launch, retire, red_f, n, cd, SB):
+        with m.If(staged):
+            launch("RETIRE_PASS", op=SfuOp.ADD, n=Mux(red_f, 1, n), a=Src.L2, a_addr=cd, b=BSrc.L2, b_addr=SB,
+                   sink=Sink.L2, dst=cd)
+        with m.Else():
+            retire()

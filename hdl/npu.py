@@ -1,0 +1,174 @@
+"""The whole NPU: CSRs (AXI4-Lite), program fetch, the controller with its datapath, and the AXI4 HP ports.
+
+`Npu(hw)` is what `python -m hdl.build` builds and what the full-chip bench (`tb/npu`) simulates.
+
+Ports
+-----
+``s_axil``      AXI4-Lite slave (HPM0 of the PS): the CSRs of `hdl.csr_map` (docs/architecture.md)
+``m_axi<p>``    p = 0 .. ``hw.axi_ports - 1``: AXI4 masters toward the HP ports (full read + write)
+``o_irq``       STATUS.DONE | STATUS.ERROR (level; IRQ_ACK clears it)
+
+Port use (docs/architecture.md, "AXI ports"): the GEMV engine streams weights on every port (rows tile by
+tile, round robin); port 0 also carries, through an `AxiReadArbiter` (round robin per burst, responses
+routed by ID), the program fetch and the `DdrReader` (descriptors, DMA, GATHER rows, K/V rows), and all
+writes (DMA to LOGITS/SCRATCH, KVST). Every reader on port 0 only asks for what its buffer can take (the
+credit rule), so no reader can hold the shared R channel while the controller waits on another.
+
+Start: CTRL.START while idle zeroes the counters, resets the controller and its datapath (architectural
+registers start at 0), then starts the fetch and the controller (waiting for the fetch to drain a previous
+program's bursts first). START while busy is ignored and reported (STATUS.ERROR with ERROR_CODE
+START_WHILE_BUSY once the running program has completed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from amaranth import Cat, Module, ResetInserter, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from .axi import AxiReadArbiter, AxiReadSignature, AxiSignature, AxiWriteSignature
+from .config import HardwareConfig
+from .controller import REGIONS, Controller
+from .csr import AxiLiteSignature, CsrBlock, port_name
+from .csr_map import ISA_VERSION, NPU_ID, REGISTERS, by_name
+from .fetch import Fetch
+
+__all__ = ["Npu", "COUNTERS"]
+
+COUNTERS = ("CYCLES", "INSNS", "GEMV_BUSY", "GEMV_STALL", "SFU_BUSY", "ATTN_BUSY", "DMA_BUSY", "ISSUE_STALL",
+            "BYTES_READ", "BYTES_WRITTEN")
+
+
+def preset_hash(hw: HardwareConfig) -> int:
+    """24 bits identifying the hardware parameters (VERSION bits 31:8)."""
+    return int.from_bytes(hashlib.sha256(repr(sorted(hw.to_dict().items())).encode()).digest()[:3], "little")
+
+
+class Npu(wiring.Component):
+    def __init__(self, hw: HardwareConfig):
+        self._hw = hw
+        members = {"s_axil": In(AxiLiteSignature()), "o_irq": Out(1)}
+        for p in range(hw.axi_ports):
+            members[f"m_axi{p}"] = Out(AxiSignature.from_config(hw))
+        super().__init__(members)
+
+    @property
+    def hw(self):
+        return self._hw
+
+    def elaborate(self, platform):
+        m = Module()
+        hw = self._hw
+        m.submodules.csr = csr = CsrBlock()
+        wiring.connect(m, wiring.flipped(self.s_axil), csr.axil)
+
+        def reg(name):
+            return getattr(csr, port_name(by_name(name)))
+
+        ctrl = reg("CTRL")
+        start_cmd, clear_cmd, ack_cmd = ctrl[0], ctrl[1], ctrl[2]
+
+        ctl = Controller(hw)
+        core_reset = Signal()
+        m.submodules.ctl = ResetInserter(core_reset)(ctl)
+        m.submodules.fetch = fetch = Fetch(hw)
+
+        # --- start sequencing -------------------------------------------------------------------------
+        pending = Signal()              # START accepted, waiting for the fetch to drain, then reset, start
+        resetting = Signal()
+        go = Signal()
+        m.d.sync += [core_reset.eq(0), go.eq(0)]
+        with m.If(start_cmd & ~ctl.o_busy & ~pending & ~resetting):
+            m.d.sync += pending.eq(1)
+        with m.If(pending & ~fetch.o_busy):
+            m.d.sync += [pending.eq(0), resetting.eq(1), core_reset.eq(1)]
+        with m.If(resetting):
+            m.d.sync += [resetting.eq(0), go.eq(1)]
+        m.d.comb += [
+            ctl.i_start.eq(go | (start_cmd & ctl.o_busy)),     # while busy: recorded as START_WHILE_BUSY
+            ctl.i_ack.eq(ack_cmd),
+            fetch.i_start.eq(go),
+            fetch.i_base.eq(Cat(reg("PROGRAM_BASE_LO"), reg("PROGRAM_BASE_HI"))[:hw.axi_addr_bits]),
+            fetch.i_len.eq(reg("PROGRAM_LEN")),
+            fetch.i_stop.eq(ctl.o_stop),
+            ctl.i_token.eq(reg("TOKEN_ID")), ctl.i_pos.eq(reg("POSITION")), ctl.i_desc_count.eq(reg("DESC_COUNT")),
+        ]
+        wiring.connect(m, fetch.o_insn, ctl.i_insn)
+        for r in REGIONS:
+            m.d.comb += getattr(ctl, f"i_base_{r.name.lower()}").eq(
+                Cat(reg(f"{r.name}_BASE_LO"), reg(f"{r.name}_BASE_HI")))
+
+        busy = Signal()
+        m.d.comb += busy.eq(ctl.o_busy | pending | resetting | go)
+        m.d.comb += [
+            reg("ID").eq(NPU_ID),
+            reg("VERSION").eq(ISA_VERSION | (preset_hash(hw) << 8)),
+            reg("STATUS").eq(Cat(busy, ctl.o_done & ~busy, ctl.o_error & ~busy)),
+            reg("ERROR_CODE").eq(ctl.o_error_code),
+            reg("ERROR_PC").eq(ctl.o_error_pc),
+            self.o_irq.eq(~busy & (ctl.o_done | ctl.o_error)),
+        ]
+
+        # --- AXI ports --------------------------------------------------------------------------------
+        m.submodules.arb0 = arb = AxiReadArbiter(hw, 3)
+        wiring.connect(m, fetch.axi, arb.s0)
+        wiring.connect(m, wiring.flipped(ctl.m_rd), arb.s1)
+        wiring.connect(m, wiring.flipped(ctl.m_gemv0), arb.s2)
+        read_names = list(AxiReadSignature.from_config(hw).members.keys())
+        write_names = list(AxiWriteSignature(hw.axi_addr_bits, hw.axi_data_bits, hw.axi_id_bits).members.keys())
+        port0 = self.m_axi0
+        for name in read_names:
+            mine, theirs = getattr(port0, name), getattr(arb.m, name)
+            if AxiReadSignature.from_config(hw).members[name].flow == Out:
+                m.d.comb += mine.eq(theirs)
+            else:
+                m.d.comb += theirs.eq(mine)
+        wsig = AxiWriteSignature(hw.axi_addr_bits, hw.axi_data_bits, hw.axi_id_bits)
+        for name in write_names:
+            mine, theirs = getattr(port0, name), getattr(ctl.m_wr, name)
+            if wsig.members[name].flow == Out:
+                m.d.comb += mine.eq(theirs)
+            else:
+                m.d.comb += theirs.eq(mine)
+        rsig = AxiReadSignature.from_config(hw)
+        for p in range(1, hw.axi_ports):
+            port, src = getattr(self, f"m_axi{p}"), getattr(ctl, f"m_gemv{p}")
+            for name in read_names:
+                if rsig.members[name].flow == Out:
+                    m.d.comb += getattr(port, name).eq(getattr(src, name))
+                else:
+                    m.d.comb += getattr(src, name).eq(getattr(port, name))
+            m.d.comb += port.bready.eq(1)          # no writes on these ports
+
+        # --- counters ---------------------------------------------------------------------------------
+        B = hw.bytes_per_beat
+        ports = [getattr(self, f"m_axi{p}") for p in range(hw.axi_ports)]
+        beats_r = sum((p.rvalid & p.rready) for p in ports)
+        bytes_w = sum(sum(p.wstrb[i] for i in range(B)) * (p.wvalid & p.wready) for p in ports)
+        gemv_beat = sum((getattr(ctl, f"m_gemv{p}").rvalid & getattr(ctl, f"m_gemv{p}").rready)
+                        for p in range(hw.axi_ports))
+        u = ctl.o_unit_busy
+        running = Signal()
+        m.d.comb += running.eq(ctl.o_busy)
+        incr = {
+            "CYCLES": running,
+            "INSNS": ctl.o_retire,
+            "GEMV_BUSY": u.gemv,
+            "GEMV_STALL": u.gemv & (gemv_beat == 0),
+            "SFU_BUSY": u.sfu,
+            "ATTN_BUSY": u.attn,
+            "DMA_BUSY": u.dma,
+            "ISSUE_STALL": u.issue_wait & running,
+            "BYTES_READ": beats_r * B,
+            "BYTES_WRITTEN": bytes_w,
+        }
+        for name in COUNTERS:
+            c = Signal(64, name=f"cnt_{name.lower()}")
+            with m.If(clear_cmd | core_reset):
+                m.d.sync += c.eq(0)
+            with m.Else():
+                m.d.sync += c.eq(c + incr[name])
+            m.d.comb += [reg(f"{name}_LO").eq(c[:32]), reg(f"{name}_HI").eq(c[32:])]
+        return m

@@ -1,0 +1,105 @@
+"""Small sequential arithmetic units of the controller: an unsigned divider and the correctly rounded
+binary32 reciprocal of an integer.
+
+- `SeqDivider`: ``q, r = divmod(num, den)`` for 32-bit unsigned operands, one quotient bit per cycle
+  (restoring division, 32 cycles). The controller uses it for ``POS mod capacity`` (the KV ring), the
+  first visible ring slot of ATTN and ``VL / HD`` (segments of RMSNORM and ROPE, with the remainder check).
+- `IntRecip`: ``fp32(1 / n)`` for a 32-bit unsigned ``n >= 1``, rounded to nearest (what
+  ``np.float32(1.0 / n)`` gives for every n below 2**28, where the float64 quotient cannot land on a
+  binary32 rounding boundary). A power of two is exact; otherwise 25 quotient bits of ``2**(k+25) / n``
+  (``2**k < n < 2**(k+1)``) are computed one per cycle and rounded up when the 25th is 1 (the remainder of
+  a non-power-of-two n is never zero, so there are no ties). It gives RMSNORM's ``1/HD`` (SETHD).
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["SeqDivider", "IntRecip"]
+
+
+class SeqDivider(wiring.Component):
+    """Unsigned ``divmod`` of `width`-bit operands in `width` cycles.
+
+    Members
+    -------
+    i_start : In(1)       pulse: divide ``i_num`` by ``i_den`` (``i_den`` = 0 gives q = all ones, r = num)
+    i_num, i_den : In(width)
+    o_busy : Out(1)       high while dividing; ``o_q``, ``o_r`` are valid when it falls
+    o_q, o_r : Out(width)
+    """
+
+    def __init__(self, width: int = 32):
+        self._width = width
+        super().__init__({"i_start": In(1), "i_num": In(width), "i_den": In(width),
+                          "o_busy": Out(1), "o_q": Out(width), "o_r": Out(width)})
+
+    def elaborate(self, platform):
+        m = Module()
+        w = self._width
+        num = Signal(w)
+        den = Signal(w)
+        rem = Signal(w + 1)
+        count = Signal(range(w + 1))
+        with m.If(self.i_start):
+            m.d.sync += [num.eq(self.i_num), den.eq(self.i_den), rem.eq(0), self.o_q.eq(0),
+                         count.eq(w), self.o_busy.eq(1)]
+        with m.Elif(self.o_busy):
+            trial = Cat(num[w - 1], rem[:w])               # rem * 2 + next numerator bit
+            ge = trial >= den
+            m.d.sync += rem.eq(Mux(ge, trial - den, trial))
+            m.d.sync += [num.eq(num << 1), self.o_q.eq(Cat(ge, self.o_q[:w - 1])), count.eq(count - 1)]
+            with m.If(count == 1):
+                m.d.sync += self.o_busy.eq(0)
+        m.d.comb += self.o_r.eq(rem[:w])
+        return m
+
+
+class IntRecip(wiring.Component):
+    """``fp32(1 / n)`` (round to nearest) of an unsigned 32-bit ``n >= 1``; 1 cycle for a power of two, 26
+    otherwise.
+
+    Members
+    -------
+    i_start : In(1); i_n : In(32); o_busy : Out(1); o_y : Out(32) (valid when ``o_busy`` falls; n = 0 gives +inf)
+    """
+
+    QBITS = 25
+
+    def __init__(self):
+        super().__init__({"i_start": In(1), "i_n": In(32), "o_busy": Out(1), "o_y": Out(32)})
+
+    def elaborate(self, platform):
+        m = Module()
+        n = Signal(32)
+        k = Signal(range(32))                 # floor(log2 n)
+        rem = Signal(34)
+        q = Signal(self.QBITS)
+        count = Signal(range(self.QBITS + 1))
+        # floor(log2 i_n): the highest set bit
+        msb = Signal(range(32))
+        for i in range(32):
+            with m.If(self.i_n[i]):
+                m.d.comb += msb.eq(i)
+        with m.If(self.i_start):
+            m.d.sync += [n.eq(self.i_n), k.eq(msb), q.eq(0)]
+            with m.If(self.i_n == 0):
+                m.d.sync += self.o_y.eq(0x7F800000)
+            with m.Elif((self.i_n & (self.i_n - 1)) == 0):
+                m.d.sync += self.o_y.eq((127 - msb) << 23)
+            with m.Else():
+                m.d.sync += [rem.eq(1 << (msb + 1)), count.eq(self.QBITS), self.o_busy.eq(1)]
+        with m.Elif(self.o_busy):
+            ge = rem >= n
+            with m.If(count != 0):
+                m.d.sync += [rem.eq(Mux(ge, rem - n, rem) << 1), q.eq(Cat(ge, q[:-1])),
+                             count.eq(count - 1)]
+            with m.Else():
+                mant = Signal(25)
+                m.d.comb += mant.eq(q[1:] + q[0])             # 24-bit significand, rounded up on a 1 round bit
+                exp = Signal(9)
+                m.d.comb += exp.eq(126 - k + mant[24])
+                m.d.sync += [self.o_y.eq(Cat(Mux(mant[24], 0, mant[:23]), exp[:8])), self.o_busy.eq(0)]
+        return m
