@@ -20,10 +20,13 @@ left by 7 (``M << 7``, so the shift ``t = e + 156 - Eeff`` is never negative and
 then right by ``min(t, 31)``: integer part, guard bit, and a sticky bit from the bits shifted out give
 round-to-nearest-even; the sign is applied after the rounding (``|q| <= 127``, so INT8 never overflows).
 
-**Dataflow.** Elements are written into one of two block buffers (``2 * B`` words of one memory) while
-their running maximum is kept; a full block is read back one element per cycle while the next block fills
-the other buffer, so the unit takes one element per cycle sustained, across blocks and back-to-back
-commands (a command is accepted in the cycle its predecessor's last element is). Read-back pipeline::
+**Dataflow.** Elements are written in order into a ring of ``2 * B`` binary32 words while the block's
+running maximum is kept; a complete block (its maximum, length and number queued in a small FIFO) is read
+back one element per cycle, starting in the cycle after its last element arrived or right after the
+previous block, and every ring slot is free again once its read is issued. The unread elements never
+exceed one block plus the one being filled, so the unit takes one element per cycle sustained, across
+blocks, short last blocks and back-to-back commands (a command is accepted in the cycle its predecessor's
+last element is). Read-back pipeline::
 
     s0 issue: buffer read, block exponent from the stored max   (o_exp written at a block's first element)
     s1 shift: M << 7 >> t, guard, sticky

@@ -20,7 +20,7 @@ from cocotbext.axi import AxiReadBus
 
 from hdl.config import HardwareConfig
 from hdl.gemv import command_layout
-from sim.numerics import quantize_activations
+from sim.numerics import gemv, quantize_activations
 from tb.axi.memory import LatencyAxiReadRam
 from tb.axi.streams import StreamSink, StreamSource, pauses
 from tb.gemv.bench import pack_fields, random_case
@@ -115,7 +115,6 @@ def wgemv_case(cfg, rng, rows, x, **kw):
 def check(cfg, case, x, y, what):
     # The path's contract, spelled out: the GEMV model on the model's quantisation of x.
     q, e = quantize_activations(x, cfg.act_block)
-    from sim.numerics import gemv
     want = gemv(case.q_w, case.scale, q, e, group=case.group, block=cfg.act_block, acc=case.acc)
     np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32),
                                   err_msg=f"{what}: {case.rows}x{case.cols} group {case.group}")
