@@ -1,0 +1,420 @@
+"""The L2 scratchpad and its element movers: `L2`, `ElemReader`, `ElemWriter`.
+
+L2 holds ``hw.l2_bytes // 16`` words of 128 bits; binary32 element ``e`` lives in word ``e // 4``, lane
+``e % 4`` (lane ``i`` = bits ``32 i .. 32 i + 31``). Let ``EA = (hw.l2_bytes // 4 - 1).bit_length()`` (element
+address bits), ``NB = EA + 1`` (element count bits: a count of every element of L2 fits) and
+``WA = EA - 2`` (word address bits); `l2_geometry` computes them.
+
+**The memory.** One `amaranth.lib.memory.Memory` of 128-bit words with one synchronous read port and one
+write port with 32-bit granularity (simple dual port), so that Vivado (and Yosys ``synth_xilinx -uram``)
+maps it to UltraRAM: on ``kv260`` 64 Ki x 128 = 32 URAM288 (16 deep x 2 wide), half the XCK26's 64. Every
+cycle, one read and one write can happen.
+
+**Arbitration.** Reads and writes are arbitrated separately, each round-robin among the *requesting* ports
+(after a grant to port ``k``, port ``k + 1`` has the highest priority), so no port is starved and a single
+requesting port gets every cycle. A read is granted only when its port has a *credit*: the port's response
+buffer (``latency + 1`` words, a `fifo.SyncFIFO`) has room for it and for every read of that port still in
+the pipeline. A client that never takes its responses therefore fills only its own buffer and then blocks
+only itself; responses never wait inside the shared pipeline.
+
+**Same-word read and write in one cycle.** The read returns the OLD data (the read port is not transparent
+to the write port). Between cycles, order is grant order: a read granted after a write's grant sees it.
+URAM288 orders port A before port B, so Vivado puts this read on port A. Words are written only in the
+lanes whose ``mask`` bit is set.
+
+**Throughput and latency.** Reads: a granted request's word is read in the next cycle, passes
+``read_regs`` output registers (Vivado absorbs the first into the URAM's output register, which a 300 MHz
+cascade of 16 URAMs needs) and is written into the port's buffer; it is on ``rd{i}_resp`` `latency`
+= ``2 + read_regs`` cycles after the request's transfer (buffer empty). With ``latency + 1`` credits per
+port, one client requesting every cycle and taking every response gets one word per cycle. Writes take one
+cycle: one word per cycle.
+
+Addresses wrap modulo the L2 size (the decoder rejects out-of-range operands, `hdl.isa`).
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from .config import HardwareConfig
+
+__all__ = ["L2", "ElemReader", "ElemWriter", "l2_geometry", "cmd_layout", "write_layout", "elem_layout",
+           "WORD_BITS", "LANES", "ELEM_BITS"]
+
+WORD_BITS = 128          # one L2 word: the AXI HP data width on kv260, four binary32 lanes
+ELEM_BITS = 32           # binary32 elements travel as raw bits
+LANES = WORD_BITS // ELEM_BITS
+
+
+def l2_geometry(hw: HardwareConfig) -> tuple[int, int, int]:
+    """``(EA, NB, WA)``: element address bits, element count bits, word address bits of `hw`'s L2."""
+    if not isinstance(hw, HardwareConfig):
+        raise TypeError(f"hw must be a HardwareConfig, not {hw!r}")
+    ea = (hw.l2_bytes // (ELEM_BITS // 8) - 1).bit_length()
+    return ea, ea + 1, ea - (LANES - 1).bit_length()
+
+
+def _checked_geometry(component, hw) -> tuple[int, int, int]:
+    try:
+        return l2_geometry(hw)
+    except (TypeError, ValueError):
+        component._MustUse__silence = True     # rejected: no "created but never used" warning
+        raise
+
+
+def cmd_layout(hw: HardwareConfig) -> data.StructLayout:
+    """``{addr: unsigned(EA), n: unsigned(NB)}``: n elements starting at element ``addr``."""
+    ea, nb, _ = l2_geometry(hw)
+    return data.StructLayout({"addr": unsigned(ea), "n": unsigned(nb)})
+
+
+def write_layout(hw: HardwareConfig) -> data.StructLayout:
+    """``{addr: unsigned(WA), data: unsigned(128), mask: unsigned(4)}``; mask bit i writes lane i."""
+    _, _, wa = l2_geometry(hw)
+    return data.StructLayout({"addr": unsigned(wa), "data": unsigned(WORD_BITS), "mask": unsigned(LANES)})
+
+
+def elem_layout() -> data.StructLayout:
+    """``{data: unsigned(32), last: 1}``: one element, ``last`` on the command's final one."""
+    return data.StructLayout({"data": unsigned(ELEM_BITS), "last": 1})
+
+
+def _round_robin(m: Module, reqs: list, name: str) -> list[Signal]:
+    """One-hot grants among `reqs`, the highest priority going to the port after the last one granted."""
+    n = len(reqs)
+    grant = [Signal(name=f"{name}_grant{i}") for i in range(n)]
+    if n == 1:
+        m.d.comb += grant[0].eq(reqs[0])
+        return grant
+    last = Signal(range(n), name=f"{name}_last")
+    with m.Switch(last):
+        for prev in range(n):
+            with m.Case(prev):
+                order = [(prev + k) % n for k in range(1, n + 1)]
+                for pos, idx in enumerate(order):
+                    earlier = Cat(*(reqs[j] for j in order[:pos]))
+                    m.d.comb += grant[idx].eq(reqs[idx] & ~earlier.any() if pos else reqs[idx])
+    for i in range(n):
+        with m.If(grant[i]):
+            m.d.sync += last.eq(i)
+    return grant
+
+
+def _one_hot_mux(grant: list, values: list):
+    """AND-OR multiplexer: the value whose grant is set (grants are one-hot), else 0."""
+    out = 0
+    for g, v in zip(grant, values):
+        out = out | Mux(g, v, 0)
+    return out
+
+
+class L2(wiring.Component):
+    """The L2 scratchpad: simple dual-port word memory shared by arbitrated read and write ports.
+
+    Parameters
+    ----------
+    hw : HardwareConfig
+    read_ports : number of read ports (at least 1).
+    write_ports : number of write ports (at least 1).
+    read_regs : registers after the memory's read data (default 1, the URAM output register).
+
+    Members (for i < read_ports, j < write_ports)
+    -------
+    rd{i}_req : In(stream unsigned(WA))       word address to read
+    rd{i}_resp : Out(stream unsigned(128))    the words, in request order per port
+    wr{j} : In(stream write_layout(hw))       ``{addr, data, mask}``; lane k written iff mask bit k
+
+    Latency
+    -------
+    `latency` = ``2 + read_regs`` cycles from a read request's transfer to its response's ``valid``
+    (empty response buffer, no competing port). Writes are done at the end of the cycle of their transfer.
+    """
+
+    def __init__(self, hw: HardwareConfig, *, read_ports: int, write_ports: int, read_regs: int = 1):
+        for what, v, lo in (("read_ports", read_ports, 1), ("write_ports", write_ports, 1),
+                            ("read_regs", read_regs, 0)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                self._MustUse__silence = True     # rejected: no "created but never used" warning
+                raise ValueError(f"{what} must be an integer of at least {lo}, not {v!r}")
+        _, _, wa = _checked_geometry(self, hw)
+        self._hw, self._read_ports, self._write_ports, self._read_regs = hw, read_ports, write_ports, read_regs
+        members = {}
+        for i in range(read_ports):
+            members[f"rd{i}_req"] = In(stream.Signature(unsigned(wa)))
+            members[f"rd{i}_resp"] = Out(stream.Signature(unsigned(WORD_BITS)))
+        for j in range(write_ports):
+            members[f"wr{j}"] = In(stream.Signature(write_layout(hw)))
+        super().__init__(members)
+
+    @property
+    def hw(self) -> HardwareConfig:
+        return self._hw
+
+    @property
+    def depth(self) -> int:
+        """Words of L2."""
+        return self._hw.l2_bytes // (WORD_BITS // 8)
+
+    @property
+    def read_ports(self) -> int:
+        return self._read_ports
+
+    @property
+    def write_ports(self) -> int:
+        return self._write_ports
+
+    @property
+    def latency(self) -> int:
+        """Cycles from a read request's transfer to its response (empty buffer)."""
+        return 2 + self._read_regs
+
+    @property
+    def resp_depth(self) -> int:
+        """Words of each read port's response buffer = credits per port. A credit is held from the grant
+        (cycle t) until the response leaves the buffer (t + latency at the earliest), and freed the cycle
+        after: latency + 1 credits sustain one word per cycle."""
+        return self.latency + 1
+
+    def elaborate(self, platform):
+        m = Module()
+        R, W = self._read_ports, self._write_ports
+        D = self.resp_depth
+
+        m.submodules.mem = mem = Memory(shape=unsigned(WORD_BITS), depth=self.depth, init=[])
+        wp = mem.write_port(granularity=ELEM_BITS)
+        rp = mem.read_port(transparent_for=())         # a same-cycle write is not seen: OLD data
+
+        # --- writes: round-robin among the valid write ports, one word per cycle -----------------------
+        wr = [getattr(self, f"wr{j}") for j in range(W)]
+        wgrant = _round_robin(m, [s.valid for s in wr], "wr")
+        for s, g in zip(wr, wgrant):
+            m.d.comb += s.ready.eq(g)
+        m.d.comb += [
+            wp.addr.eq(_one_hot_mux(wgrant, [s.payload.addr for s in wr])),
+            wp.data.eq(_one_hot_mux(wgrant, [s.payload.data for s in wr])),
+            wp.en.eq(_one_hot_mux(wgrant, [s.payload.mask for s in wr])),
+        ]
+
+        # --- reads: round-robin among the ports that request and hold a credit --------------------------
+        req = [getattr(self, f"rd{i}_req") for i in range(R)]
+        resp = [getattr(self, f"rd{i}_resp") for i in range(R)]
+        bufs = []
+        owed = []                    # per port: reads granted whose response has not left the buffer
+        for i in range(R):
+            buf = fifo.SyncFIFO(width=WORD_BITS, depth=D)
+            m.submodules[f"rd{i}_buf"] = buf
+            bufs.append(buf)
+            owed.append(Signal(range(D + 1), name=f"rd{i}_owed"))
+        rgrant = _round_robin(m, [s.valid & (c != D) for s, c in zip(req, owed)], "rd")
+        for s, g in zip(req, rgrant):
+            m.d.comb += s.ready.eq(g)
+        rgranted = Signal()
+        m.d.comb += [
+            rgranted.eq(Cat(*rgrant).any()),
+            rp.addr.eq(_one_hot_mux(rgrant, [s.payload for s in req])),
+            rp.en.eq(rgranted),
+        ]
+
+        # Pipeline: which port the word in each stage belongs to.
+        port_bits = max(1, (R - 1).bit_length())
+        s_valid, s_port = Signal(name="s1_valid"), Signal(port_bits, name="s1_port")
+        m.d.sync += [s_valid.eq(rgranted), s_port.eq(_one_hot_mux(rgrant, [Const(i, port_bits)
+                                                                           for i in range(R)]))]
+        s_data = rp.data
+        for k in range(self._read_regs):
+            v, p, d = (Signal(name=f"s{k + 2}_valid"), Signal(port_bits, name=f"s{k + 2}_port"),
+                       Signal(WORD_BITS, name=f"s{k + 2}_data"))
+            m.d.sync += [v.eq(s_valid), p.eq(s_port)]
+            with m.If(s_valid):
+                m.d.sync += d.eq(s_data)
+            s_valid, s_port, s_data = v, p, d
+
+        for i in range(R):
+            buf = bufs[i]
+            m.d.comb += [
+                buf.w_data.eq(s_data),
+                buf.w_en.eq(s_valid & (s_port == i)),     # a credit guarantees room
+                resp[i].payload.eq(buf.r_data),
+                resp[i].valid.eq(buf.r_rdy),
+                buf.r_en.eq(resp[i].ready),
+            ]
+            popped = Signal(name=f"rd{i}_popped")
+            m.d.comb += popped.eq(buf.r_rdy & resp[i].ready)
+            m.d.sync += owed[i].eq(owed[i] + rgrant[i] - popped)
+        return m
+
+
+class ElemReader(wiring.Component):
+    """Streams ``n`` consecutive binary32 elements of L2, from any element address, out of one read port.
+
+    Parameters
+    ----------
+    hw : HardwareConfig
+
+    Members
+    -------
+    i_cmd : In(stream cmd_layout(hw))     ``{addr, n}``; accepted when the previous command has produced all
+                                          its elements (``o_busy`` low); n = 0 is accepted and produces nothing
+    o_req : Out(stream unsigned(WA))      word reads, to an `L2` ``rd{i}_req``
+    i_resp : In(stream unsigned(128))     their words, from the same port's ``rd{i}_resp``
+    o_elem : Out(stream elem_layout())    the elements ``addr .. addr + n - 1`` in order, ``last`` on the n-th
+    o_busy : Out(1)                       a command is producing elements
+
+    Notes
+    -----
+    The reader requests exactly the words ``addr // 4 .. (addr + n - 1) // 4``, as fast as the L2 port's
+    credits allow, so several reads are always in flight; it needs one word per four elements, so
+    ``o_elem`` runs at one element per cycle once the first word has arrived (``latency`` + 2 cycles after
+    the command). A word is taken from ``i_resp`` in the cycle its predecessor's last lane leaves.
+    """
+
+    def __init__(self, hw: HardwareConfig):
+        _, _, wa = _checked_geometry(self, hw)
+        self._hw = hw
+        super().__init__({
+            "i_cmd": In(stream.Signature(cmd_layout(hw))),
+            "o_req": Out(stream.Signature(unsigned(wa))),
+            "i_resp": In(stream.Signature(unsigned(WORD_BITS))),
+            "o_elem": Out(stream.Signature(elem_layout())),
+            "o_busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        ea, nb, wa = l2_geometry(self._hw)
+        lane_bits = (LANES - 1).bit_length()
+
+        req_addr = Signal(wa)
+        req_left = Signal(nb)              # words still to request
+        elems_left = Signal(nb)            # elements still to produce
+        lane = Signal(lane_bits)           # lane of the next element in `word`
+        word = Signal(WORD_BITS)
+        have = Signal()                    # `word` holds unsent lanes
+
+        busy = Signal()
+        m.d.comb += [busy.eq(elems_left != 0), self.o_busy.eq(busy), self.i_cmd.ready.eq(~busy)]
+        with m.If(self.i_cmd.valid & ~busy):
+            addr, n = self.i_cmd.payload.addr, self.i_cmd.payload.n
+            first = addr[lane_bits:]
+            # words touched: (addr % 4 + n + 3) // 4, or none for n = 0
+            m.d.sync += [
+                req_addr.eq(first),
+                req_left.eq(Mux(n == 0, 0, (addr[:lane_bits] + n + (LANES - 1)) >> lane_bits)),
+                elems_left.eq(n),
+                lane.eq(addr[:lane_bits]),
+            ]
+
+        m.d.comb += [self.o_req.valid.eq(req_left != 0), self.o_req.payload.eq(req_addr)]
+        with m.If(self.o_req.valid & self.o_req.ready):
+            m.d.sync += [req_addr.eq(req_addr + 1), req_left.eq(req_left - 1)]
+
+        take = Signal()
+        word_done = Signal()               # this cycle's element is the last one drawn from `word`
+        m.d.comb += [
+            self.o_elem.valid.eq(have),
+            self.o_elem.payload.data.eq(word.word_select(lane, ELEM_BITS)),
+            self.o_elem.payload.last.eq(elems_left == 1),
+            take.eq(self.o_elem.valid & self.o_elem.ready),
+            word_done.eq(take & ((lane == LANES - 1) | (elems_left == 1))),
+            self.i_resp.ready.eq(busy & (~have | word_done)),
+        ]
+        with m.If(take):
+            m.d.sync += [lane.eq(lane + 1), elems_left.eq(elems_left - 1)]
+        with m.If(self.i_resp.valid & self.i_resp.ready):
+            m.d.sync += [word.eq(self.i_resp.payload), have.eq(1)]
+        with m.Elif(word_done):
+            m.d.sync += have.eq(0)
+        return m
+
+
+class ElemWriter(wiring.Component):
+    """Writes ``n`` consecutive binary32 elements into L2 at any element address, through one write port.
+
+    Parameters
+    ----------
+    hw : HardwareConfig
+
+    Members
+    -------
+    i_cmd : In(stream cmd_layout(hw))     ``{addr, n}``; accepted when ``o_busy`` is low
+    i_elem : In(stream unsigned(32))      the n elements, in order
+    o_wr : Out(stream write_layout(hw))   masked word writes, to an `L2` ``wr{j}``
+    o_busy : Out(1)                       from the cycle after the command's transfer until the cycle its last
+                                          word is accepted by L2 (inclusive)
+    o_done : Out(1)                       one-cycle pulse the cycle after that (n = 0: the cycle after the
+                                          command's transfer; nothing is written)
+
+    Notes
+    -----
+    Consecutive elements of one word are gathered in a lane buffer; the element that completes a word (lane
+    3, or the command's last element) moves it, with its lane mask, into the ``o_wr`` register, so partial
+    first and last words are written only in the lanes ``[addr, addr + n)`` covers. The element that
+    completes a word is accepted only when the ``o_wr`` register is free or being emptied in that cycle, so
+    elements flow at one per cycle while L2 accepts a word per four cycles.
+    """
+
+    def __init__(self, hw: HardwareConfig):
+        _checked_geometry(self, hw)
+        self._hw = hw
+        super().__init__({
+            "i_cmd": In(stream.Signature(cmd_layout(hw))),
+            "i_elem": In(stream.Signature(unsigned(ELEM_BITS))),
+            "o_wr": Out(stream.Signature(write_layout(hw))),
+            "o_busy": Out(1),
+            "o_done": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        ea, nb, wa = l2_geometry(self._hw)
+        lane_bits = (LANES - 1).bit_length()
+
+        active = Signal()
+        done = Signal()
+        waddr = Signal(wa)                 # word the lane buffer belongs to
+        lane = Signal(lane_bits)           # lane of the next element
+        left = Signal(nb)                  # elements still to accept
+        acc = Signal(data.ArrayLayout(unsigned(ELEM_BITS), LANES))
+        acc_mask = Signal(LANES)
+
+        m.d.comb += [self.o_busy.eq(active), self.o_done.eq(done), self.i_cmd.ready.eq(~active)]
+        m.d.sync += done.eq(0)
+        with m.If(self.i_cmd.valid & ~active):
+            addr, n = self.i_cmd.payload.addr, self.i_cmd.payload.n
+            m.d.sync += [waddr.eq(addr[lane_bits:]), lane.eq(addr[:lane_bits]), left.eq(n), acc_mask.eq(0)]
+            with m.If(n == 0):
+                m.d.sync += done.eq(1)
+            with m.Else():
+                m.d.sync += active.eq(1)
+
+        out_free = Signal()
+        completes = Signal()
+        m.d.comb += [
+            out_free.eq(~self.o_wr.valid | self.o_wr.ready),
+            completes.eq((lane == LANES - 1) | (left == 1)),
+            self.i_elem.ready.eq(active & (left != 0) & (~completes | out_free)),
+        ]
+        bit = Signal(LANES)
+        m.d.comb += bit.eq(1 << lane)
+        with m.If(self.o_wr.valid & self.o_wr.ready):
+            m.d.sync += self.o_wr.valid.eq(0)
+            with m.If(left == 0):                        # the command's last word
+                m.d.sync += [active.eq(0), done.eq(1)]
+        with m.If(self.i_elem.valid & self.i_elem.ready):
+            m.d.sync += [lane.eq(lane + 1), left.eq(left - 1)]
+            with m.If(completes):
+                merged = Cat(*(Mux(lane == k, self.i_elem.payload, acc[k]) for k in range(LANES)))
+                m.d.sync += [
+                    self.o_wr.valid.eq(1),
+                    self.o_wr.payload.addr.eq(waddr),
+                    self.o_wr.payload.data.eq(merged),
+                    self.o_wr.payload.mask.eq(acc_mask | bit),
+                    acc_mask.eq(0),
+                    waddr.eq(waddr + 1),
+                ]
+            with m.Else():
+                m.d.sync += [acc[lane].eq(self.i_elem.payload), acc_mask.eq(acc_mask | bit)]
+        return m

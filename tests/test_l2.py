@@ -1,0 +1,691 @@
+"""L2 scratchpad and element movers (hdl.l2) in Amaranth pysim, against a NumPy word-array model.
+
+The reference is the memory itself: a ``(words, 4)`` uint32 array updated by masked writes. A monitor samples
+every L2 port at every clock edge: a read transferred in a cycle is answered from the array *before* that
+cycle's write (the read-old-data rule), then the write is applied lane by lane under its mask; every response
+must equal, bit for bit, the word the model held at the read's grant. On top of that:
+
+- `ElemReader` output must equal the elements ``addr .. addr + n - 1`` of those words (and, when nothing
+  writes concurrently, of the flat model), ``last`` on the n-th, word requests exactly
+  ``addr // 4 .. (addr + n - 1) // 4``;
+- `ElemWriter` must emit exactly the masked write sequence a pure-Python packer (`pack_reference`) derives
+  from ``(addr, elements)``: one word per touched word, lanes outside ``[addr, addr + n)`` masked off; and
+  pulse ``o_done`` once per command;
+- after the traffic, every word of the exercised region is read back and compared with the array.
+
+Commands are seeded random at every lane alignment with lengths 0, 1, 2, 3, 4, 5, ... (partial first and last
+words), issued back to back or with gaps, with random valid stalls on every source and random ready on every
+sink, several readers and writers contending on one L2. Full-rate checks count cycles in the simulation.
+"""
+
+import random
+from collections import deque
+
+import numpy as np
+import pytest
+from amaranth import Elaboratable, Fragment, Module, Value
+from amaranth.lib import wiring
+from amaranth.sim import Simulator
+
+from hdl.config import HardwareConfig
+from hdl.l2 import L2, LANES, ElemReader, ElemWriter, l2_geometry
+
+TINY = HardwareConfig.preset("tiny")
+KV260 = HardwareConfig.preset("kv260")
+MASK32 = (1 << 32) - 1
+
+
+# --- reference ------------------------------------------------------------------------------------------
+
+def lanes(word: int) -> np.ndarray:
+    return np.array([(word >> (32 * i)) & MASK32 for i in range(LANES)], dtype=np.uint32)
+
+
+def word_int(lanes_: np.ndarray) -> int:
+    return sum(int(v) << (32 * i) for i, v in enumerate(lanes_))
+
+
+class WordModel:
+    """The L2 contents: a (words, 4) uint32 array; masked writes update only their lanes."""
+
+    def __init__(self, depth: int):
+        self.mem = np.zeros((depth, LANES), dtype=np.uint32)
+
+    def read(self, addr: int) -> int:
+        return word_int(self.mem[addr])
+
+    def write(self, addr: int, data: int, mask: int):
+        sel = np.array([(mask >> i) & 1 for i in range(LANES)], dtype=bool)
+        self.mem[addr, sel] = lanes(data)[sel]
+
+    def elements(self, addr: int, n: int) -> np.ndarray:
+        return self.mem.reshape(-1)[addr:addr + n].copy()
+
+
+def pack_reference(addr: int, elems) -> list[tuple[int, list, int]]:
+    """The masked word writes that store `elems` at element `addr`: (word, lanes (None = masked), mask)."""
+    out = []
+    n = len(elems)
+    if n == 0:
+        return out
+    for w in range(addr // LANES, (addr + n - 1) // LANES + 1):
+        vals, mask = [], 0
+        for k in range(LANES):
+            e = w * LANES + k
+            if addr <= e < addr + n:
+                vals.append(int(elems[e - addr]))
+                mask |= 1 << k
+            else:
+                vals.append(None)
+        out.append((w, vals, mask))
+    return out
+
+
+def words_touched(addr: int, n: int) -> list[int]:
+    return list(range(addr // LANES, (addr + n - 1) // LANES + 1)) if n else []
+
+
+# --- harness ----------------------------------------------------------------------------------------------
+
+class Harness(Elaboratable):
+    """`readers` ElemReaders on L2 read ports 0.., `writers` ElemWriters on write ports 0.., and `raw_rd` /
+    `raw_wr` further ports driven directly by the testbench (preload, read-back, raw traffic)."""
+
+    def __init__(self, hw, readers=0, writers=0, raw_rd=1, raw_wr=1, **l2_kw):
+        self.hw = hw
+        self.l2 = L2(hw, read_ports=readers + raw_rd, write_ports=writers + raw_wr, **l2_kw)
+        self.readers = [ElemReader(hw) for _ in range(readers)]
+        self.writers = [ElemWriter(hw) for _ in range(writers)]
+        self.raw_rd = [(getattr(self.l2, f"rd{readers + i}_req"), getattr(self.l2, f"rd{readers + i}_resp"))
+                       for i in range(raw_rd)]
+        self.raw_wr = [getattr(self.l2, f"wr{writers + j}") for j in range(raw_wr)]
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.l2 = self.l2
+        for i, r in enumerate(self.readers):
+            m.submodules[f"reader{i}"] = r
+            wiring.connect(m, r.o_req, getattr(self.l2, f"rd{i}_req"))
+            wiring.connect(m, getattr(self.l2, f"rd{i}_resp"), r.i_resp)
+        for j, w in enumerate(self.writers):
+            m.submodules[f"writer{j}"] = w
+            wiring.connect(m, w.o_wr, getattr(self.l2, f"wr{j}"))
+        return m
+
+
+class Monitor:
+    """Samples every L2 port at every clock edge and checks it against the `WordModel`.
+
+    Records, per port, the read addresses, the response words and the write transfers, with their cycle.
+    """
+
+    def __init__(self, l2: L2, model: WordModel, done_signals=(), watch=None):
+        self.l2, self.model = l2, model
+        self.watch = dict(watch or {})                 # name -> stream: log (cycle, payload) of transfers
+        self.watch_log = {k: [] for k in self.watch}
+        R, W = l2.read_ports, l2.write_ports
+        self.req = [getattr(l2, f"rd{i}_req") for i in range(R)]
+        self.resp = [getattr(l2, f"rd{i}_resp") for i in range(R)]
+        self.wr = [getattr(l2, f"wr{j}") for j in range(W)]
+        self.done_signals = list(done_signals)
+        self.expect = [deque() for _ in range(R)]
+        self.req_log = [[] for _ in range(R)]          # (cycle, word address)
+        self.resp_log = [[] for _ in range(R)]         # (cycle, word)
+        self.wr_log = [[] for _ in range(W)]           # (cycle, addr, data, mask)
+        self.done_log = [[] for _ in self.done_signals]
+        self.cycle = 0
+        self.errors = []
+
+    def signals(self):
+        sigs = []
+        for q, p in zip(self.req, self.resp):
+            sigs += [q.valid, q.ready, q.payload, p.valid, p.ready, p.payload]
+        for w in self.wr:
+            sigs += [w.valid, w.ready, w.payload.addr, w.payload.data, w.payload.mask]
+        for st in self.watch.values():
+            sigs += [st.valid, st.ready, Value.cast(st.payload)]
+        return sigs + self.done_signals
+
+    async def run(self, ctx):
+        R, W = len(self.req), len(self.wr)
+        async for _, _, *v in ctx.tick().sample(*self.signals()):
+            reads = writes = 0
+            for i in range(R):
+                qv, qr, qa, pv, pr, pd = v[6 * i:6 * i + 6]
+                if qv and qr:
+                    reads += 1
+                    self.expect[i].append(self.model.read(qa))      # before this cycle's write: OLD data
+                    self.req_log[i].append((self.cycle, qa))
+                if pv and pr:
+                    if not self.expect[i]:
+                        self.errors.append(f"cycle {self.cycle}: rd{i}_resp transfer without a request")
+                    else:
+                        want = self.expect[i].popleft()
+                        if pd != want:
+                            self.errors.append(f"cycle {self.cycle}: rd{i}_resp {pd:#x}, model {want:#x}")
+                    self.resp_log[i].append((self.cycle, pd))
+            base = 6 * R
+            for j in range(W):
+                wv, wr_, wa, wd, wm = v[base + 5 * j:base + 5 * j + 5]
+                if wv and wr_:
+                    writes += 1
+                    self.model.write(wa, wd, wm)
+                    self.wr_log[j].append((self.cycle, wa, wd, wm))
+            base += 5 * W
+            for k, name in enumerate(self.watch):
+                sv, sr, sp = v[base + 3 * k:base + 3 * k + 3]
+                if sv and sr:
+                    self.watch_log[name].append((self.cycle, sp))
+            for k, d in enumerate(v[base + 3 * len(self.watch):]):
+                if d:
+                    self.done_log[k].append(self.cycle)
+            if reads > 1 or writes > 1:
+                self.errors.append(f"cycle {self.cycle}: {reads} reads and {writes} writes granted")
+            self.cycle += 1
+
+
+async def send(ctx, s, items, rng=None, idle=0.0):
+    """Drive `items` on stream `s`; before each, idle cycles with probability `idle` each."""
+    for p in items:
+        while rng is not None and rng.random() < idle:
+            await ctx.tick()
+        ctx.set(s.valid, 1)
+        ctx.set(s.payload, p)
+        await ctx.tick().until(s.ready)
+        ctx.set(s.valid, 0)
+
+
+async def recv(ctx, s, count, out, rng=None, p_ready=1.0, fields=None):
+    """Take `count` transfers from stream `s` into `out`, ready with probability `p_ready` each cycle."""
+    values = [getattr(s.payload, f) for f in fields] if fields else [s.payload]
+    while len(out) < count:
+        r = rng is None or rng.random() < p_ready
+        ctx.set(s.ready, r)
+        _, _, valid, *vals = await ctx.tick().sample(s.valid, *values)
+        if valid and r:
+            out.append(tuple(vals) if fields else vals[0])
+    ctx.set(s.ready, 0)
+
+
+def random_cmds(rng, base, span, count, max_n=23):
+    """Commands inside elements [base, base + span): every alignment, lengths 0..max_n (0 to 5 often)."""
+    cmds = []
+    for _ in range(count):
+        n = rng.choice([0, 1, 2, 3, 4, 5]) if rng.random() < 0.4 else rng.randint(0, max_n)
+        addr = base + rng.randrange(span - n + 1)
+        cmds.append((addr, n))
+    return cmds
+
+
+def simulate(dut, benches, monitor, *, max_cycles=20000):
+    """Run `benches` (and the monitor) until they all return; fail if that takes more than `max_cycles`."""
+    finished = []
+
+    def tracked(b):
+        async def bench(ctx):
+            await b(ctx)
+            finished.append(b)
+        return bench
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(monitor.run, background=True)
+    for b in benches:
+        sim.add_testbench(tracked(b), background=True)
+
+    async def watchdog(ctx):
+        for _ in range(max_cycles):
+            if len(finished) == len(benches):
+                return
+            await ctx.tick()
+        raise AssertionError(f"testbenches did not finish in {max_cycles} cycles (a hang)")
+
+    sim.add_testbench(watchdog)
+    sim.run()
+    assert not monitor.errors, monitor.errors[:5]
+    return monitor.cycle
+
+
+def check_reader(cmds, elems, mon_port_req, mon_port_resp, seed):
+    """The reader's elements equal the words it was given, sliced by its commands; its word requests are
+    exactly the touched words. Returns the expected elements (uint32)."""
+    got_addrs = [a for _, a in mon_port_req]
+    want_addrs = [w for a, n in cmds for w in words_touched(a, n)]
+    assert got_addrs == want_addrs, f"seed {seed}: word requests differ"
+    words = [w for _, w in mon_port_resp]
+    expected, last = [], []
+    k = 0
+    for a, n in cmds:
+        t = len(words_touched(a, n))
+        flat = np.concatenate([lanes(w) for w in words[k:k + t]]) if t else np.zeros(0, np.uint32)
+        k += t
+        expected += list(flat[a % LANES:a % LANES + n])
+        last += [0] * (n - 1) + [1] if n else []
+    got = np.array([d for d, _ in elems], dtype=np.uint32)
+    np.testing.assert_array_equal(got, np.array(expected, dtype=np.uint32), err_msg=f"seed {seed}")
+    np.testing.assert_array_equal([lst for _, lst in elems], last, err_msg=f"seed {seed}: last flags")
+    return np.array(expected, dtype=np.uint32)
+
+
+def check_writer(cmds, data, wr_log, seed):
+    """The writer's L2 writes are exactly `pack_reference` of each command, in order."""
+    want, k = [], 0
+    for a, n in cmds:
+        want += pack_reference(a, data[k:k + n])
+        k += n
+    got = [(a, d, msk) for _, a, d, msk in wr_log]
+    assert len(got) == len(want), f"seed {seed}: {len(got)} writes, expected {len(want)}"
+    for i, ((ga, gd, gm), (wa, wv, wm)) in enumerate(zip(got, want)):
+        assert (ga, gm) == (wa, wm), f"seed {seed}: write {i} at word {ga} mask {gm:#x}, expected {wa} {wm:#x}"
+        gl = lanes(gd)
+        for lane, v in enumerate(wv):
+            if v is not None:
+                assert gl[lane] == v, f"seed {seed}: write {i} lane {lane}: {gl[lane]:#x}, expected {v:#x}"
+
+
+async def preload(ctx, port, model_words: np.ndarray, base_word: int):
+    await send(ctx, port, [{"addr": base_word + i, "data": word_int(w), "mask": (1 << LANES) - 1}
+                           for i, w in enumerate(model_words)])
+
+
+async def readback(ctx, req, resp, first, count):
+    """Read words first .. first + count - 1 (requests and responses interleaved in one coroutine)."""
+    out = []
+    ctx.set(resp.ready, 1)
+    pending = deque(range(first, first + count))
+    while len(out) < count:
+        ctx.set(req.valid, bool(pending))
+        if pending:
+            ctx.set(req.payload, pending[0])
+        _, _, qv, qr, pv, pd = await ctx.tick().sample(req.valid, req.ready, resp.valid, resp.payload)
+        if qv and qr:
+            pending.popleft()
+        if pv:
+            out.append(pd)
+    ctx.set(req.valid, 0)
+    ctx.set(resp.ready, 0)
+    return out
+
+
+# --- L2 alone ---------------------------------------------------------------------------------------------
+
+def test_l2_ports_and_geometry():
+    assert l2_geometry(TINY) == (14, 15, 12)
+    assert l2_geometry(KV260) == (18, 19, 16)
+    l2 = L2(TINY, read_ports=3, write_ports=2)
+    members = dict(l2.signature.members.items())
+    assert {"rd0_req", "rd2_resp", "wr1"} <= set(members) and "rd3_req" not in members and "wr2" not in members
+    assert l2.depth == 4096 and l2.latency == 3 and l2.resp_depth == 4
+    big = L2(KV260, read_ports=1, write_ports=1)
+    assert big.depth == 65536
+    for c in (l2, big):
+        Fragment.get(c, None)            # elaborates
+
+
+def test_l2_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="read_ports must be an integer of at least 1, not 0"):
+        L2(TINY, read_ports=0, write_ports=1)
+    with pytest.raises(ValueError, match="write_ports must be an integer of at least 1, not 1.5"):
+        L2(TINY, read_ports=1, write_ports=1.5)
+    with pytest.raises(ValueError, match="read_regs must be an integer of at least 0, not -1"):
+        L2(TINY, read_ports=1, write_ports=1, read_regs=-1)
+    with pytest.raises(TypeError, match="hw must be a HardwareConfig"):
+        ElemReader("tiny")
+
+
+def test_l2_read_returns_old_data_on_same_cycle_write():
+    """A read and a write of one word in the same cycle: the read sees the old word; a read granted in the
+    next cycle sees the new one. Masked writes keep the other lanes."""
+    dut = L2(TINY, read_ports=1, write_ports=1)
+    got = []
+
+    async def bench(ctx):
+        wr, req, resp = dut.wr0, dut.rd0_req, dut.rd0_resp
+        ctx.set(resp.ready, 1)
+        old, new = 0x0123_4567_89AB_CDEF_0011_2233_4455_6677, 0xFFEE_DDCC_BBAA_9988_7766_5544_3322_1100
+        await send(ctx, wr, [{"addr": 5, "data": old, "mask": 0xF}])
+        # same cycle: write `new` to lanes 1 and 3 of word 5, read word 5
+        ctx.set(wr.valid, 1)
+        ctx.set(wr.payload, {"addr": 5, "data": new, "mask": 0b1010})
+        ctx.set(req.valid, 1)
+        ctx.set(req.payload, 5)
+        _, _, wready, rready = await ctx.tick().sample(wr.ready, req.ready)
+        assert wready and rready
+        ctx.set(wr.valid, 0)                      # next cycle: read it again
+        await ctx.tick()
+        ctx.set(req.valid, 0)
+        for _ in range(8):
+            _, _, v, d = await ctx.tick().sample(resp.valid, resp.payload)
+            if v:
+                got.append(d)
+        merged = word_int(np.where([False, True, False, True], lanes(new), lanes(old)))
+        assert got == [old, merged], [hex(g) for g in got]
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+
+
+@pytest.mark.parametrize("read_ports,write_ports,read_regs,seed", [
+    (1, 1, 1, 1), (3, 2, 1, 2), (2, 3, 0, 3), (2, 1, 2, 4)])
+def test_l2_random_contention(read_ports, write_ports, read_regs, seed):
+    """Several clients on one L2, random valid stalls and random ready, reads and writes of a small shared
+    region (so that same-word collisions happen); every response against the model, then a read-back."""
+    rng = random.Random(seed)
+    dut = L2(TINY, read_ports=read_ports, write_ports=write_ports, read_regs=read_regs)
+    model = WordModel(dut.depth)
+    mon = Monitor(dut, model)
+    region = 24
+    n_ops = 120
+    rd_addrs = [[rng.randrange(region) for _ in range(n_ops)] for _ in range(read_ports)]
+    wr_items = [[{"addr": rng.randrange(region), "data": rng.getrandbits(128), "mask": rng.randrange(16)}
+                 for _ in range(n_ops)] for _ in range(write_ports)]
+    got = [[] for _ in range(read_ports)]
+    final = []
+
+    finished = [0]
+
+    def reader(i):
+        async def bench(ctx):
+            await send(ctx, getattr(dut, f"rd{i}_req"), rd_addrs[i], random.Random(seed * 100 + i), idle=0.3)
+        return bench
+
+    def taker(i):
+        async def bench(ctx):
+            await recv(ctx, getattr(dut, f"rd{i}_resp"), n_ops, got[i], random.Random(seed * 200 + i),
+                       p_ready=0.3 + 0.2 * i)
+            finished[0] += 1
+        return bench
+
+    def writer(j):
+        async def bench(ctx):
+            await send(ctx, getattr(dut, f"wr{j}"), wr_items[j], random.Random(seed * 300 + j), idle=0.4)
+            finished[0] += 1
+        return bench
+
+    benches = [reader(i) for i in range(read_ports)] + [taker(i) for i in range(read_ports)] + \
+              [writer(j) for j in range(write_ports)]
+
+    async def tail(ctx):           # after all traffic: read the whole region back through port 0
+        while finished[0] < read_ports + write_ports:
+            await ctx.tick()
+        final.extend(await readback(ctx, dut.rd0_req, dut.rd0_resp, 0, region))
+
+    simulate(dut, benches + [tail], mon)
+    for i in range(read_ports):
+        assert [a for _, a in mon.req_log[i]][:n_ops] == rd_addrs[i]
+        assert got[i] == [w for _, w in mon.resp_log[i]][:n_ops]
+    np.testing.assert_array_equal(np.array([lanes(w) for w in final]), model.mem[:region],
+                                  err_msg=f"seed {seed}")
+    assert sum(len(lg) for lg in mon.wr_log) == write_ports * n_ops
+
+
+# --- L2 throughput and arbitration ---------------------------------------------------------------------------
+
+def run_saturated(read_ports, n, take=None, read_regs=1):
+    """Every read port requests every cycle (addresses 0..n-1); port i takes responses iff take[i]."""
+    dut = L2(TINY, read_ports=read_ports, write_ports=1, read_regs=read_regs)
+    model = WordModel(dut.depth)
+    mon = Monitor(dut, model)
+    take = take or [True] * read_ports
+
+    def bench_for(i):
+        async def bench(ctx):            # valid held for a fixed number of cycles (a blocked port never ends)
+            req = getattr(dut, f"rd{i}_req")
+            ctx.set(getattr(dut, f"rd{i}_resp").ready, take[i])
+            sent = 0
+            for _ in range(n * read_ports + 20):
+                ctx.set(req.valid, sent < n)
+                ctx.set(req.payload, sent % n)
+                _, _, ok = await ctx.tick().sample(req.valid & req.ready)
+                sent += ok
+            ctx.set(req.valid, 0)
+        return bench
+
+    simulate(dut, [bench_for(i) for i in range(read_ports)], mon)
+    return dut, mon
+
+
+def test_l2_full_rate_single_reader_and_writer():
+    """One client alone: a read granted every cycle, a response every cycle `latency` cycles later; a write
+    accepted every cycle."""
+    n = 64
+    for read_regs in (0, 1, 2):
+        dut, mon = run_saturated(1, n, read_regs=read_regs)
+        req_cycles = [c for c, _ in mon.req_log[0]]
+        resp_cycles = [c for c, _ in mon.resp_log[0]]
+        assert req_cycles == list(range(req_cycles[0], req_cycles[0] + n))
+        assert resp_cycles == [c + dut.latency for c in req_cycles]
+
+    dut = L2(TINY, read_ports=1, write_ports=1)
+    mon = Monitor(dut, WordModel(dut.depth))
+
+    async def writes(ctx):
+        await send(ctx, dut.wr0, [{"addr": i, "data": i * 0x1_0000_0001, "mask": 0xF} for i in range(n)])
+
+    simulate(dut, [writes], mon)
+    cycles = [c for c, *_ in mon.wr_log[0]]
+    assert cycles == list(range(cycles[0], cycles[0] + n))
+
+
+def test_l2_round_robin_and_blocked_client():
+    """Two saturating readers alternate grant by grant (one word per cycle in total); a client that never
+    takes its responses gets exactly `resp_depth` grants and then blocks only itself."""
+    n = 40
+    dut, mon = run_saturated(2, n)
+    grants = sorted([(c, 0) for c, _ in mon.req_log[0]] + [(c, 1) for c, _ in mon.req_log[1]])
+    assert [c for c, _ in grants] == list(range(grants[0][0], grants[0][0] + 2 * n))
+    assert [p for _, p in grants] == [grants[0][1], 1 - grants[0][1]] * n
+
+    dut, mon = run_saturated(2, n, take=[False, True])
+    assert len(mon.req_log[0]) == dut.resp_depth and len(mon.resp_log[0]) == 0
+    c1 = [c for c, _ in mon.req_log[1]]
+    assert len(c1) == n
+    tail = c1[dut.resp_depth:]            # once port 0 is out of credits, port 1 is granted every cycle
+    assert tail == list(range(tail[0], tail[0] + len(tail)))
+    assert [c for c, _ in mon.resp_log[1]] == [c + dut.latency for c in c1]
+
+
+# --- element movers ---------------------------------------------------------------------------------------------
+
+def test_elem_reader_random_commands():
+    """Two readers contending on one L2 (plus raw reads), random commands at every alignment and length
+    incl. 0, back to back and with gaps, random stalls; against the flat model of preloaded words."""
+    seed = 7
+    rng = random.Random(seed)
+    hw = TINY
+    dut = Harness(hw, readers=2, writers=0)
+    model = WordModel(dut.l2.depth)
+    region_words = 48
+    init = np.array([[rng.getrandbits(32) for _ in range(LANES)] for _ in range(region_words)], np.uint32)
+    base_word = dut.l2.depth - region_words          # the top of L2: the highest addresses
+    mon = Monitor(dut.l2, model)
+    cmds = [random_cmds(random.Random(seed + r), base_word * LANES, region_words * LANES, 70)
+            for r in range(2)]
+    cmds[0] = [(base_word * LANES + a, n) for a in range(LANES) for n in (0, 1, 2, 3, 4, 5, 8, 9)] + cmds[0]
+    cmds[1][-3:] = [(dut.l2.depth * LANES - 1, 1), (dut.l2.depth * LANES - 7, 7), (base_word * LANES, 0)]
+    elems = [[], []]
+    ready = [False]
+
+    async def load(ctx):
+        await preload(ctx, dut.raw_wr[0], init, base_word)
+        ready[0] = True
+
+    def cmd_driver(r):
+        async def bench(ctx):
+            while not ready[0]:
+                await ctx.tick()
+            await send(ctx, dut.readers[r].i_cmd, [{"addr": a, "n": n} for a, n in cmds[r]],
+                       random.Random(seed * 10 + r), idle=0.3 if r else 0.0)
+        return bench
+
+    def elem_taker(r):
+        async def bench(ctx):
+            total = sum(n for _, n in cmds[r])
+            await recv(ctx, dut.readers[r].o_elem, total, elems[r], random.Random(seed * 20 + r),
+                       p_ready=0.5 + 0.4 * r, fields=("data", "last"))
+        return bench
+
+    async def raw_reads(ctx):            # a third client with random traffic
+        rr = random.Random(seed * 30)
+        req, resp = dut.raw_rd[0]
+        ctx.set(resp.ready, 1)
+        await send(ctx, req, [base_word + rr.randrange(region_words) for _ in range(60)], rr, idle=0.5)
+
+    simulate(dut, [load, cmd_driver(0), cmd_driver(1), elem_taker(0), elem_taker(1), raw_reads], mon)
+    flat = np.concatenate([init.reshape(-1)])
+    for r in range(2):
+        exp = check_reader(cmds[r], elems[r], mon.req_log[r], mon.resp_log[r], seed)
+        want = np.concatenate([flat[a - base_word * LANES:a - base_word * LANES + n] for a, n in cmds[r]])
+        np.testing.assert_array_equal(exp, want, err_msg=f"seed {seed}: reader {r} against the flat model")
+
+
+def test_elem_writer_random_commands():
+    """Two writers on one L2, random commands at every alignment and length incl. 0 (disjoint halves of
+    a preloaded region, so the final contents are defined), random stalls; exact write sequences, o_done
+    per command, elements outside every command untouched."""
+    seed = 11
+    rng = random.Random(seed)
+    hw = TINY
+    dut = Harness(hw, readers=0, writers=2)
+    model = WordModel(dut.l2.depth)
+    region_words = 32
+    init = np.array([[rng.getrandbits(32) for _ in range(LANES)] for _ in range(region_words)], np.uint32)
+    mon = Monitor(dut.l2, model, done_signals=[w.o_done for w in dut.writers])
+    half = region_words * LANES // 2
+    cmds = [random_cmds(random.Random(seed + r), r * half, half, 50) for r in range(2)]
+    cmds[0] = [(a, n) for a in range(LANES) for n in (0, 1, 2, 3, 4, 5, 8)] + cmds[0]
+    data = [[rng.getrandbits(32) for _ in range(sum(n for _, n in c))] for c in cmds]
+    ref = init.reshape(-1).copy()
+    for r in range(2):
+        k = 0
+        for a, n in cmds[r]:
+            ref[a:a + n] = data[r][k:k + n]
+            k += n
+    ready = [False]
+    final = []
+
+    async def load(ctx):
+        await preload(ctx, dut.raw_wr[0], init, 0)
+        ready[0] = True
+
+    def cmd_driver(r):
+        async def bench(ctx):
+            while not ready[0]:
+                await ctx.tick()
+            await send(ctx, dut.writers[r].i_cmd, [{"addr": a, "n": n} for a, n in cmds[r]],
+                       random.Random(seed * 10 + r), idle=0.3 if r else 0.0)
+        return bench
+
+    def elem_driver(r):
+        async def bench(ctx):
+            await send(ctx, dut.writers[r].i_elem, data[r], random.Random(seed * 20 + r), idle=0.2 + 0.4 * r)
+        return bench
+
+    async def tail(ctx):
+        while not ready[0]:
+            await ctx.tick()
+        while len(mon.done_log[0]) < len(cmds[0]) or len(mon.done_log[1]) < len(cmds[1]):
+            await ctx.tick()
+        final.extend(await readback(ctx, *dut.raw_rd[0], 0, region_words))
+
+    simulate(dut, [load, cmd_driver(0), cmd_driver(1), elem_driver(0), elem_driver(1), tail], mon)
+    for r in range(2):
+        check_writer(cmds[r], data[r], mon.wr_log[r], seed)
+        assert len(mon.done_log[r]) == len(cmds[r])
+    np.testing.assert_array_equal(model.mem[:region_words].reshape(-1), ref, err_msg=f"seed {seed}")
+    np.testing.assert_array_equal(np.array([lanes(w) for w in final]).reshape(-1), ref, err_msg=f"seed {seed}")
+
+
+def test_movers_read_and_write_same_region():
+    """A writer and two readers over ONE small region at the same time, with a raw writer too: every
+    response is the word at its grant (old data on a same-cycle write), readers slice those words exactly,
+    the writer's sequence is exact, and the final region equals the model."""
+    seed = 23
+    rng = random.Random(seed)
+    dut = Harness(TINY, readers=2, writers=1)
+    model = WordModel(dut.l2.depth)
+    mon = Monitor(dut.l2, model, done_signals=[dut.writers[0].o_done])
+    span = 12 * LANES
+    rcmds = [random_cmds(random.Random(seed + r), 0, span, 50) for r in range(2)]
+    wcmds = random_cmds(random.Random(seed + 5), 0, span, 50)
+    wdata = [rng.getrandbits(32) for _ in range(sum(n for _, n in wcmds))]
+    raw = [{"addr": rng.randrange(12), "data": rng.getrandbits(128), "mask": rng.randrange(16)} for _ in range(40)]
+    elems = [[], []]
+    final = []
+    finished = [0]
+
+    def rd_cmd(r):
+        async def bench(ctx):
+            await send(ctx, dut.readers[r].i_cmd, [{"addr": a, "n": n} for a, n in rcmds[r]],
+                       random.Random(seed * 10 + r), idle=0.2)
+        return bench
+
+    def rd_take(r):
+        async def bench(ctx):
+            await recv(ctx, dut.readers[r].o_elem, sum(n for _, n in rcmds[r]), elems[r],
+                       random.Random(seed * 20 + r), p_ready=0.6, fields=("data", "last"))
+            finished[0] += 1
+        return bench
+
+    async def wr_cmd(ctx):
+        await send(ctx, dut.writers[0].i_cmd, [{"addr": a, "n": n} for a, n in wcmds], rng, idle=0.1)
+
+    async def wr_elem(ctx):
+        await send(ctx, dut.writers[0].i_elem, wdata, random.Random(seed * 30), idle=0.3)
+
+    async def raw_wr(ctx):
+        await send(ctx, dut.raw_wr[0], raw, random.Random(seed * 40), idle=0.8)
+
+    async def tail(ctx):
+        while finished[0] < 2 or len(mon.done_log[0]) < len(wcmds) or len(mon.wr_log[1]) < len(raw):
+            await ctx.tick()
+        final.extend(await readback(ctx, *dut.raw_rd[0], 0, 12))
+
+    simulate(dut, [rd_cmd(0), rd_cmd(1), rd_take(0), rd_take(1), wr_cmd, wr_elem, raw_wr, tail], mon)
+    for r in range(2):
+        check_reader(rcmds[r], elems[r], mon.req_log[r], mon.resp_log[r], seed)
+    check_writer(wcmds, wdata, mon.wr_log[0], seed)
+    # the traffic really overlapped: some reader grant fell between the writer's first and last write
+    w_cycles = [c for c, *_ in mon.wr_log[0]]
+    assert any(w_cycles[0] < c < w_cycles[-1] for c, _ in mon.req_log[0] + mon.req_log[1])
+    np.testing.assert_array_equal(np.array([lanes(w) for w in final]), model.mem[:12], err_msg=f"seed {seed}")
+
+
+def test_movers_full_rate():
+    """ElemWriter: n elements accepted on n consecutive cycles (source always valid), o_done the cycle after
+    the last word. ElemReader: n elements on n consecutive cycles (consumer always ready), unaligned start."""
+    n = 203
+    dut = Harness(TINY, readers=1, writers=1)
+    model = WordModel(dut.l2.depth)
+    w, r = dut.writers[0], dut.readers[0]
+    mon = Monitor(dut.l2, model, done_signals=[w.o_done],
+                  watch={"wcmd": w.i_cmd, "welem": w.i_elem, "rcmd": r.i_cmd, "relem": r.o_elem})
+    data = [(0x3F80_0000 + i) & MASK32 for i in range(n)]
+    addr_w, addr_r = 6, 5
+
+    async def bench(ctx):
+        await send(ctx, w.i_cmd, [{"addr": addr_w, "n": n}])
+        await send(ctx, w.i_elem, data)
+        while not mon.done_log[0]:
+            await ctx.tick()
+        await send(ctx, r.i_cmd, [{"addr": addr_r, "n": n}])
+        ctx.set(r.o_elem.ready, 1)
+        await ctx.tick().repeat(n + 10)
+
+    simulate(dut, [bench], mon)
+    log = mon.watch_log
+    we = [c for c, _ in log["welem"]]
+    assert we == list(range(we[0], we[0] + n)), "writer did not take one element per cycle"
+    assert we[0] == log["wcmd"][0][0] + 1
+    check_writer([(addr_w, n)], data, mon.wr_log[0], 0)
+    assert mon.done_log[0] == [mon.wr_log[0][-1][0] + 1]          # o_done the cycle after the last word
+    re = [c for c, _ in log["relem"]]
+    assert re == list(range(re[0], re[0] + n)), "reader did not produce one element per cycle"
+    elems = [(p & MASK32, p >> 32) for _, p in log["relem"]]
+    np.testing.assert_array_equal([d for d, _ in elems], model.mem.reshape(-1)[addr_r:addr_r + n])
+    np.testing.assert_array_equal(model.mem.reshape(-1)[addr_w:addr_w + n], data)
+    assert [lst for _, lst in elems] == [0] * (n - 1) + [1]
+    # start-up: command transfer -> word request (next cycle) -> L2 latency -> word register -> element
+    assert re[0] - log["rcmd"][0][0] == 1 + dut.l2.latency + 1
