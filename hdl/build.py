@@ -3,7 +3,7 @@ utilisation with Yosys against the XCK26 budget, and prepare (or run, where Viva
 
 Stages, one progress line each::
 
-    [1/5] elaborate   top(cfg)                      (the GEMV engine and its DMAs until the full NPU exists)
+    [1/5] elaborate   top(cfg)                      the whole NPU (`hdl.npu.Npu`); ``--top gemv``: the GEMV engine
     [2/5] verilog     <out>/npu_top.v
     [3/5] rtlil       <out>/npu_top.il
     [4/5] yosys       synth_xilinx -family xcup -> utilisation table vs the device budget
@@ -12,7 +12,7 @@ Stages, one progress line each::
 Vivado is not open source and not installable here: without it the build stops after writing its inputs,
 says so, and exits 0 (everything that can be built here was built). The Vivado step is an out-of-context
 synthesis and implementation of the core (utilisation, timing at the preset's clock); the bitstream needs
-the Zynq block design around it (PS, HP ports, clocks), which comes with the full NPU.
+the Zynq block design around it (PS, HP ports, clocks).
 """
 
 from __future__ import annotations
@@ -27,16 +27,24 @@ from pathlib import Path
 from .config import HardwareConfig, PRESETS
 from .synth import ROOT, format_table, synthesize
 
-__all__ = ["top", "build", "main"]
+__all__ = ["top", "build", "main", "TOPS"]
 
 TOP_NAME = "npu_top"
 
 
-def top(cfg: HardwareConfig):
-    """The design `hdl.build` builds: today the GEMV engine with its N AXI4 read masters (issue 7 replaces
-    this with the whole NPU)."""
-    from .gemv import GemvEngine
-    return GemvEngine(cfg)
+TOPS = ("npu", "gemv")
+
+
+def top(cfg: HardwareConfig, which: str = "npu"):
+    """The design `hdl.build` builds: the whole NPU (`hdl.npu.Npu`: CSRs, fetch, controller, L2, SFU, GEMV
+    engine, DDR movers, AXI ports), or with ``which="gemv"`` the GEMV engine and its AXI4 read masters alone."""
+    if which == "npu":
+        from .npu import Npu
+        return Npu(cfg)
+    if which == "gemv":
+        from .gemv import GemvEngine
+        return GemvEngine(cfg)
+    raise ValueError(f"unknown top {which!r}; choose one of: {', '.join(TOPS)}")
 
 
 def _xdc(cfg: HardwareConfig) -> str:
@@ -67,7 +75,8 @@ write_checkpoint -force {TOP_NAME}_routed.dcp
 """
 
 
-def build(hw: str = "kv260", out: str | Path | None = None, *, synth: bool = True, log=print) -> dict:
+def build(hw: str = "kv260", out: str | Path | None = None, *, synth: bool = True, which: str = "npu",
+          log=print) -> dict:
     """Run the build; returns a dict of the files written and the utilisation (or None without synth)."""
     cfg = HardwareConfig.preset(hw)
     out = Path(out or ROOT / "build" / hw).resolve()
@@ -79,9 +88,9 @@ def build(hw: str = "kv260", out: str | Path | None = None, *, synth: bool = Tru
     def stage(k, name, msg):
         log(f"[{k}/5] {name:<9} {msg} ({time.monotonic() - t0:.1f} s)")
 
-    design = top(cfg)
+    design = top(cfg, which)
     stage(1, "elaborate", f"{type(design).__name__} for {cfg.name}: {cfg.axi_ports} x {cfg.axi_data_bits}-bit "
-                          f"AXI4 read ports, {cfg.gemv_lanes} lanes, {cfg.clock_hz / 1e6:g} MHz")
+                          f"AXI4 ports, {cfg.gemv_lanes} GEMV lanes, {cfg.clock_hz / 1e6:g} MHz")
     vfile = out / f"{TOP_NAME}.v"
     vfile.write_text(verilog.convert(design, name=TOP_NAME, emit_src=False))
     stage(2, "verilog", str(vfile))
@@ -119,8 +128,9 @@ def main(argv=None) -> int:
     parser.add_argument("--hw", default="kv260", choices=sorted(PRESETS), help="hardware preset (default kv260)")
     parser.add_argument("--out", help="build directory (default build/<hw>)")
     parser.add_argument("--no-synth", action="store_true", help="skip the Yosys utilisation estimate")
+    parser.add_argument("--top", default="npu", choices=TOPS, help="what to build (default: the whole NPU)")
     args = parser.parse_args(argv)
-    build(args.hw, args.out, synth=not args.no_synth)
+    build(args.hw, args.out, synth=not args.no_synth, which=args.top)
     return 0
 
 

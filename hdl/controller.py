@@ -91,6 +91,7 @@ class Controller(wiring.Component):
     i_insn : In(stream(insn_layout))     decoded words come in raw; the controller decodes them
     i_start : In(1)                      pulse: a program starts (the fetch is started by the top)
     i_ack : In(1)                        pulse: clear o_done and o_error (IRQ_ACK)
+    i_prog_len : In(PC_BITS)             program length in words: running past it is BAD_LENGTH (no HALT)
     i_token, i_pos, i_desc_count : In(32)
     i_base_<region> : In(64)             DDR byte address of every region
     o_stop : Out(1)                      pulse: the program ended (HALT or error): stop the fetch
@@ -108,7 +109,7 @@ class Controller(wiring.Component):
         self._hw = hw
         members = {
             "i_insn": In(stream.Signature(insn_layout())),
-            "i_start": In(1), "i_ack": In(1), "i_token": In(32), "i_pos": In(32), "i_desc_count": In(32),
+            "i_start": In(1), "i_ack": In(1), "i_prog_len": In(PC_BITS), "i_token": In(32), "i_pos": In(32), "i_desc_count": In(32),
             "o_stop": Out(1), "o_busy": Out(1), "o_done": Out(1), "o_error": Out(1),
             "o_error_code": Out(ErrorCode), "o_error_pc": Out(PC_BITS), "o_retire": Out(1),
             "o_unit_busy": Out(data.StructLayout({"gemv": 1, "sfu": 1, "attn": 1, "dma": 1, "issue_wait": 1})),
@@ -363,6 +364,7 @@ class Controller(wiring.Component):
         # --- the sequencer ----------------------------------------------------------------------------
         word = Signal(64)
         pc = Signal(PC_BITS)
+        next_pc = Signal(PC_BITS + 1)
         op = word[60:64]
         v = {o: data.View(layout(o), word) for o in Opcode}
         err_code = Signal(ErrorCode)
@@ -481,12 +483,17 @@ class Controller(wiring.Component):
 
         with m.FSM(name="ctl"):
             with m.State("IDLE"):
+                m.d.sync += next_pc.eq(0)
                 with m.If(self.i_start):
                     m.next = "FETCH"
 
             with m.State("FETCH"):
+                with m.If(next_pc >= self.i_prog_len):           # the program ended without HALT
+                    m.d.sync += self.o_error_pc.eq(next_pc)
+                    fail(ErrorCode.BAD_LENGTH)
                 m.d.comb += [self.i_insn.ready.eq(1), self.o_unit_busy.issue_wait.eq(~self.i_insn.valid)]
-                with m.If(self.i_insn.valid):
+                with m.If(self.i_insn.valid & (next_pc < self.i_prog_len)):
+                    m.d.sync += next_pc.eq(self.i_insn.payload.pc + 1)
                     m.d.sync += [word.eq(self.i_insn.payload.word), pc.eq(self.i_insn.payload.pc),
                                  self.o_error_pc.eq(self.i_insn.payload.pc)]
                     with m.If(self.i_insn.payload.err):

@@ -92,6 +92,7 @@ class Npu(wiring.Component):
             fetch.i_start.eq(go),
             fetch.i_base.eq(Cat(reg("PROGRAM_BASE_LO"), reg("PROGRAM_BASE_HI"))[:hw.axi_addr_bits]),
             fetch.i_len.eq(reg("PROGRAM_LEN")),
+            ctl.i_prog_len.eq(reg("PROGRAM_LEN")),
             fetch.i_stop.eq(ctl.o_stop),
             ctl.i_token.eq(reg("TOKEN_ID")), ctl.i_pos.eq(reg("POSITION")), ctl.i_desc_count.eq(reg("DESC_COUNT")),
         ]

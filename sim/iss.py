@@ -65,6 +65,11 @@ class Counters:
     bytes_written: Counter = field(default_factory=Counter)
     weight_bytes_skipped: int = 0                                  # sparse WGEMV columns not fetched
     elements: Counter = field(default_factory=Counter)             # opcode name -> elements processed
+    # The RTL controller's passes (docs/architecture.md): kind -> passes and elements. Kinds: "sfu" (through
+    # the SFU), "reduce" (through the SFU to one result), "copy" (L2 <-> L2/scalar), "ddr_read", "ddr_write".
+    passes: Counter = field(default_factory=Counter)
+    pass_elements: Counter = field(default_factory=Counter)
+    alu_ops: int = 0                                               # scalar-ALU operations (add, mul, int->float)
 
     def total_read(self) -> int:
         return sum(self.bytes_read.values())
@@ -231,6 +236,7 @@ class Machine:
                 getattr(self, "_x_" + insn.op.name.lower())(insn)
             except ExecutionError as e:
                 raise ExecutionError(e.code, pc, str(e).split(": ", 1)[-1]) from None
+            self._count_passes(insn)
         raise ExecutionError(ErrorCode.BAD_LENGTH, len(program), "the program ended without HALT")
 
     # --- helpers ----------------------------------------------------------------------------------------
@@ -256,6 +262,71 @@ class Machine:
                                                 f"({len(self.image.descriptors)} in the table)")
         self.counters.bytes_read["DESC"] += 32
         return self.image.descriptors[index]
+
+    def _count_passes(self, i) -> None:
+        """The passes the RTL controller runs for instruction `i` (hdl/controller.py; the perf model's input)."""
+        c = self.counters
+
+        def add(kind, n, times=1):
+            c.passes[kind] += times
+            c.pass_elements[kind] += n * times
+
+        op = i.op
+        if op is Opcode.SCALAR:
+            if i.func in (ScalarFunc.RSQRT, ScalarFunc.SQRT, ScalarFunc.RECIP, ScalarFunc.TANH):
+                add("sfu", 1)
+            elif i.func in (ScalarFunc.LD, ScalarFunc.ST):
+                add("copy", 1)
+            elif i.func not in (ScalarFunc.LI, ScalarFunc.MAX, ScalarFunc.MAXI):
+                c.alu_ops += 1
+        elif op is Opcode.DMA:
+            add("ddr_read" if i.dir is DmaDir.DDR_TO_L2 else "ddr_write", self.vl)
+        elif op is Opcode.VEC:
+            f, n, hd = i.func, self.vl, self.hd
+            if f in (VecFunc.SUMSQ, VecFunc.SUM, VecFunc.MAX, VecFunc.DOT):
+                add("reduce", n)
+            elif f in (VecFunc.RMSNORM, VecFunc.RMSNORM_NG):
+                seg = n // hd
+                add("reduce", hd, seg)
+                add("sfu", 1, seg)
+                add("sfu", hd, seg * (2 if f is VecFunc.RMSNORM else 1))
+                c.alu_ops += 2 * seg
+            elif f is VecFunc.ROPE:
+                add("sfu", hd // 2, 6 * (n // hd))
+            else:
+                add("sfu", n)
+        elif op is Opcode.CVO:
+            f, n = i.func, i.length
+            if f in (CvoFunc.SOFTCAP,) or (f is CvoFunc.SCALE and i.recip_scale):
+                add("sfu", 1)
+            add("reduce" if f in (CvoFunc.REDUCE_SUM, CvoFunc.REDUCE_MAX) else "sfu", n)
+            if i.accm and f in (CvoFunc.REDUCE_SUM, CvoFunc.REDUCE_MAX):
+                add("sfu", 1)
+            elif i.accm and f in (CvoFunc.ROPE_COS, CvoFunc.ROPE_SIN):
+                add("sfu", n)
+        elif op in (Opcode.WGEMV, Opcode.GATHER, Opcode.KVST, Opcode.ATTN):
+            add("ddr_read", 8)                                           # the descriptor
+            d = self.image.descriptors[i.slot if op in (Opcode.KVST, Opcode.ATTN) else i.desc]
+            if op is Opcode.WGEMV:
+                add("copy", d.cols)                                      # L2 -> quantiser
+                if i.findemax:
+                    add("reduce", d.rows)
+            elif op is Opcode.GATHER:
+                add("ddr_read", d.cols)
+            elif op is Opcode.KVST:
+                add("ddr_write", d.cols, 2)
+            else:
+                heads, hd, window = (int(v) for v in self.shape_cache[ShapeCache.FMAP][i.shape_ptr])
+                n = min(self.pos + 1, window) if window else self.pos + 1
+                add("ddr_read", hd, 2 * n)                               # K and V rows
+                add("reduce", hd, n * heads)                             # scores
+                add("reduce", n, 2 * heads)                              # max, sum
+                add("sfu", n, 2 * heads)                                 # exp, scale
+                add("sfu", 1, heads)                                     # recip
+                add("copy", 1, n * heads)                                # p into a scalar
+                add("sfu", hd, n * heads)                                # p * V
+        elif op is Opcode.WGEMM:
+            pass
 
     # --- instructions -----------------------------------------------------------------------------------
 

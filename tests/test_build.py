@@ -11,10 +11,11 @@ from hdl.synth import ROOT
 
 
 def test_build_tiny():
+    """All five stages with Yosys on the GEMV engine (the whole NPU's synthesis is `test_build_npu_tiny`)."""
     out = ROOT / "build" / "test_build_tiny"
     shutil.rmtree(out, ignore_errors=True)
-    proc = subprocess.run([sys.executable, "-m", "hdl.build", "--hw", "tiny", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-m", "hdl.build", "--hw", "tiny", "--top", "gemv", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = proc.stdout
     for k, stage in enumerate(("elaborate", "verilog", "rtlil", "yosys", "vivado"), 1):
@@ -33,3 +34,17 @@ def test_build_tiny():
     # The LUT count in the table is a positive number: the design was really synthesised.
     lut = next(line for line in text.splitlines() if line.startswith("LUT"))
     assert int(lut.split()[1]) > 1000
+
+
+def test_build_npu_tiny_no_synth():
+    """The default top is the whole NPU: it elaborates and its Verilog and Vivado inputs are written."""
+    out = ROOT / "build" / "test_build_npu_tiny"
+    shutil.rmtree(out, ignore_errors=True)
+    proc = subprocess.run([sys.executable, "-m", "hdl.build", "--hw", "tiny", "--no-synth", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Npu for tiny" in proc.stdout
+    text = (out / f"{TOP_NAME}.v").read_text()
+    for port in ("s_axil__awaddr", "m_axi0__araddr", "m_axi0__awaddr", "m_axi1__araddr", "o_irq"):
+        assert port in text, port
+    assert "[4/5] yosys     skipped" in proc.stdout
