@@ -19,8 +19,13 @@ only itself; responses never wait inside the shared pipeline.
 
 **Same-word read and write in one cycle.** The read returns the OLD data (the read port is not transparent
 to the write port). Between cycles, order is grant order: a read granted after a write's grant sees it.
-URAM288 orders port A before port B, so Vivado puts this read on port A. Words are written only in the
-lanes whose ``mask`` bit is set.
+URAM288 executes port A before port B within a cycle (port A reading, port B writing: A reads the old data),
+so the rule is native to the URAM with the read on port A. Words are written only in the lanes whose
+``mask`` bit is set.
+
+**Combinational paths.** ``rd{i}_req.ready`` depends on every read port's ``valid`` and on registered
+credit counts, ``wr{j}.ready`` on every write port's ``valid``; no ``valid`` depends on a ``ready``, and
+``rd{i}_resp`` comes from a FIFO (no path from ``rd{i}_resp.ready`` to anything but that FIFO's read).
 
 **Throughput and latency.** Reads: a granted request's word is read in the next cycle, passes
 ``read_regs`` output registers (Vivado absorbs the first into the URAM's output register, which a 300 MHz
@@ -284,7 +289,7 @@ class ElemReader(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        ea, nb, wa = l2_geometry(self._hw)
+        _, nb, wa = l2_geometry(self._hw)
         lane_bits = (LANES - 1).bit_length()
 
         req_addr = Signal(wa)
@@ -369,7 +374,7 @@ class ElemWriter(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        ea, nb, wa = l2_geometry(self._hw)
+        _, nb, wa = l2_geometry(self._hw)
         lane_bits = (LANES - 1).bit_length()
 
         active = Signal()
