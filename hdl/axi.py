@@ -23,8 +23,8 @@ from amaranth.lib.wiring import In, Out
 
 from .config import HardwareConfig
 
-__all__ = ["AxiBurst", "AxiResp", "AxiReadSignature", "AxiSignature", "AxiReadDma", "read_command_layout",
-           "read_data_layout"]
+__all__ = ["AxiBurst", "AxiResp", "AxiReadSignature", "AxiWriteSignature", "AxiSignature", "AxiReadDma",
+           "read_command_layout", "read_data_layout"]
 
 AXI_4K = 4096
 
@@ -45,28 +45,13 @@ def _check_widths(addr_bits, data_bits, id_bits):
         raise ValueError(f"data_bits must be a power of two from 8 to 1024, not {data_bits!r}")
 
 
-class AxiReadSignature(wiring.Signature):
-    """AXI4 read channels (AR, R) of a master, with IDs and the Zynq HP port's cache/prot fields.
-
-    Parameters
-    ----------
-    addr_bits, data_bits, id_bits : int
-    """
+class _AxiChannels(wiring.Signature):
+    """Common to the AXI4 signatures: the three widths as read-only properties, equality, `from_config`."""
 
     def __init__(self, addr_bits: int, data_bits: int, id_bits: int):
         _check_widths(addr_bits, data_bits, id_bits)
         self._addr_bits, self._data_bits, self._id_bits = addr_bits, data_bits, id_bits
-        super().__init__(self._read_members(addr_bits, data_bits, id_bits))
-
-    @staticmethod
-    def _read_members(addr_bits, data_bits, id_bits):
-        return {
-            "arid": Out(id_bits), "araddr": Out(addr_bits), "arlen": Out(8), "arsize": Out(3),
-            "arburst": Out(2), "arlock": Out(1), "arcache": Out(4), "arprot": Out(3), "arqos": Out(4),
-            "arvalid": Out(1), "arready": In(1),
-            "rid": In(id_bits), "rdata": In(data_bits), "rresp": In(2), "rlast": In(1),
-            "rvalid": In(1), "rready": Out(1),
-        }
+        super().__init__(self._members(addr_bits, data_bits, id_bits))
 
     addr_bits = property(lambda self: self._addr_bits)
     data_bits = property(lambda self: self._data_bits)
@@ -84,13 +69,38 @@ class AxiReadSignature(wiring.Signature):
         return cls(cfg.axi_addr_bits, cfg.axi_data_bits, cfg.axi_id_bits)
 
 
-class AxiSignature(AxiReadSignature):
-    """A full AXI4 master: the read channels plus AW, W (with strobes) and B."""
+class AxiReadSignature(_AxiChannels):
+    """AXI4 read channels (AR, R) of a master, with IDs and the Zynq HP port's cache/prot fields.
 
-    def __init__(self, addr_bits: int, data_bits: int, id_bits: int):
-        _check_widths(addr_bits, data_bits, id_bits)
-        self._addr_bits, self._data_bits, self._id_bits = addr_bits, data_bits, id_bits
-        members = {
+    Parameters
+    ----------
+    addr_bits, data_bits, id_bits : int
+    """
+
+    @staticmethod
+    def _read_members(addr_bits, data_bits, id_bits):
+        return {
+            "arid": Out(id_bits), "araddr": Out(addr_bits), "arlen": Out(8), "arsize": Out(3),
+            "arburst": Out(2), "arlock": Out(1), "arcache": Out(4), "arprot": Out(3), "arqos": Out(4),
+            "arvalid": Out(1), "arready": In(1),
+            "rid": In(id_bits), "rdata": In(data_bits), "rresp": In(2), "rlast": In(1),
+            "rvalid": In(1), "rready": Out(1),
+        }
+
+    _members = _read_members
+
+
+class AxiWriteSignature(_AxiChannels):
+    """AXI4 write channels (AW, W with byte strobes, B) of a master.
+
+    Parameters
+    ----------
+    addr_bits, data_bits, id_bits : int
+    """
+
+    @staticmethod
+    def _write_members(addr_bits, data_bits, id_bits):
+        return {
             "awid": Out(id_bits), "awaddr": Out(addr_bits), "awlen": Out(8), "awsize": Out(3),
             "awburst": Out(2), "awlock": Out(1), "awcache": Out(4), "awprot": Out(3), "awqos": Out(4),
             "awvalid": Out(1), "awready": In(1),
@@ -98,8 +108,17 @@ class AxiSignature(AxiReadSignature):
             "wready": In(1),
             "bid": In(id_bits), "bresp": In(2), "bvalid": In(1), "bready": Out(1),
         }
-        members.update(self._read_members(addr_bits, data_bits, id_bits))
-        wiring.Signature.__init__(self, members)
+
+    _members = _write_members
+
+
+class AxiSignature(AxiReadSignature):
+    """A full AXI4 master: the `AxiWriteSignature` members (AW, W, B) plus the `AxiReadSignature` ones."""
+
+    @staticmethod
+    def _members(addr_bits, data_bits, id_bits):
+        return {**AxiWriteSignature._write_members(addr_bits, data_bits, id_bits),
+                **AxiReadSignature._read_members(addr_bits, data_bits, id_bits)}
 
 
 def read_command_layout(addr_bits: int, len_bits: int) -> data.StructLayout:

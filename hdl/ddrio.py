@@ -1,0 +1,277 @@
+"""DDR element streams: `DdrReader` (DDR -> binary32 elements) and `DdrWriter` (binary32 elements -> DDR).
+
+These are the DDR ends of the controller's passes (docs: /work npu-interfaces, "hdl/axi.py additions ...").
+Both speak one element per cycle on a `lib.stream` and one AXI4 port on the other side.
+
+`DdrReader` reads ``n`` elements stored as binary32 (`DdrFormat.F32`, raw bits), binary16
+(`DdrFormat.F16`, converted exactly by `hdl.fp.F16ToF32`) or scaled INT4 (`DdrFormat.INT4`: two values
+per byte, low nibble first as `sim.numerics.unpack_int4`; value ``i`` is multiplied by the binary16 scale
+``i >> log2_group`` of the scale array at ``saddr``: ``fp32(q) * fp32(scale)`` with `hdl.fp.IntToFp`,
+`F16ToF32` and `FpMul`, exact, so ``0 * negative scale = -0.0`` exactly as NumPy float32). It reads the
+data (and the scales) through one `hdl.axi.AxiReadDma` in commands of at most one burst
+(``axi_max_burst_beats`` beats), each a multiple of the beat size except the last, so the start-aligned
+beats of consecutive commands form one continuous start-aligned byte stream. Data and scale commands are
+interleaved on the DMA; a small tag FIFO routes the DMA's output beats to a data beat buffer or a scale
+beat buffer.
+
+**Credit rule (as `hdl.fetch`).** A command is sent to the DMA only when its buffer has room for its
+beats plus every beat of that buffer already in flight, so the DMA's output (and the shared R channel
+behind it) is always accepted at once, whatever ``o_elem``'s consumer does. No alignment is required:
+the DMA realigns any byte address (F32/F16 data at an odd address, odd ``saddr``, all work).
+
+`DdrWriter` packs elements (binary32 raw, or binary16 from `hdl.fp.F32ToF16`) into beats aligned to the
+command's address and writes them with an `hdl.axi.AxiWriteDma`, which realigns them to DDR with byte
+strobes, so no byte outside ``[addr, addr + n * size)`` is written.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from amaranth import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .axi import AxiReadDma, AxiReadSignature
+from .config import HardwareConfig
+from .fp import F16ToF32, FpMul, IntToFp
+
+__all__ = ["DdrFormat", "N_BITS", "DdrReader", "DdrWriter", "reader_cmd_layout", "writer_cmd_layout",
+           "elem_layout", "reader_buffer_beats"]
+
+N_BITS = 24                        # element count width of a command
+_ONE = 0x3F800000                  # binary32 1.0
+
+
+class DdrFormat(enum.IntEnum):
+    """Element formats in DDR (the ``fmt`` field of the commands; `DdrWriter` takes F32 and F16)."""
+    F32 = 0
+    F16 = 1
+    INT4 = 2
+
+
+def reader_cmd_layout(hw: HardwareConfig) -> data.StructLayout:
+    return data.StructLayout({"addr": unsigned(hw.axi_addr_bits), "n": unsigned(N_BITS), "fmt": unsigned(2),
+                              "saddr": unsigned(hw.axi_addr_bits), "log2_group": unsigned(5)})
+
+
+def writer_cmd_layout(hw: HardwareConfig) -> data.StructLayout:
+    return data.StructLayout({"addr": unsigned(hw.axi_addr_bits), "n": unsigned(N_BITS), "fmt": unsigned(1)})
+
+
+def elem_layout() -> data.StructLayout:
+    """A `DdrReader` output element: binary32 bits, ``last`` on a command's n-th, ``err`` if built from a
+    non-OKAY read (data or scale)."""
+    return data.StructLayout({"data": unsigned(32), "last": 1, "err": 1})
+
+
+def reader_buffer_beats(hw: HardwareConfig) -> int:
+    """Depth of `DdrReader`'s data beat buffer: four bursts, so that with one burst-sized command per free
+    burst of room the buffer covers ~4 bursts of DDR latency (binary32 at one element per cycle on tiny:
+    128 cycles)."""
+    return 4 * hw.axi_max_burst_beats
+
+
+def _log2(x: int) -> int:
+    return (x - 1).bit_length()
+
+
+class DdrReader(wiring.Component):
+    """DDR -> binary32 element stream (F32 raw, F16 exact, scaled INT4).
+
+    Parameters
+    ----------
+    hw : HardwareConfig
+        Bus widths and ``axi_max_burst_beats`` (the DMA command size; the data buffer holds
+        `reader_buffer_beats` beats, the scale buffer two bursts).
+
+    Members
+    -------
+    i_cmd : In(stream.Signature(reader_cmd_layout(hw)))
+        ``addr`` (byte address of the data), ``n`` (elements; 0 is accepted and produces nothing),
+        ``fmt`` (`DdrFormat`), ``saddr`` (byte address of the binary16 scales, INT4 only), ``log2_group``
+        (values per scale = 2**log2_group, INT4 only). Accepted when the previous command has sent every
+        element into the conversion pipeline (its last elements may still be in the pipeline).
+    o_elem : Out(stream.Signature(elem_layout()))
+    axi : Out(AxiReadSignature)
+    o_busy : Out(1)
+        A command is accepted and not all its elements have left ``o_elem``.
+    o_error : Out(1)
+        Sticky: some read returned SLVERR/DECERR since reset.
+
+    Throughput: one element per cycle while the DDR keeps up (a burst-sized command costs one extra beat
+    when the address is not beat-aligned). Latency from a buffered beat to ``o_elem``: `latency` cycles.
+    """
+
+    def __init__(self, hw: HardwareConfig):
+        self._hw = hw
+        self._chunk_beats = hw.axi_max_burst_beats
+        super().__init__({
+            "i_cmd": In(stream.Signature(reader_cmd_layout(hw))),
+            "o_elem": Out(stream.Signature(elem_layout())),
+            "axi": Out(AxiReadSignature.from_config(hw)),
+            "o_busy": Out(1),
+            "o_error": Out(1),
+        })
+
+    hw = property(lambda self: self._hw)
+
+    @property
+    def latency(self) -> int:
+        """Conversion pipeline depth: an element leaves ``o_elem`` this many cycles after its beat is
+        consumed (IntToFp / F16ToF32 in parallel, then FpMul)."""
+        return F16ToF32.LATENCY + FpMul.LATENCY
+
+    def elaborate(self, platform):
+        m = Module()
+        hw = self._hw
+        B = hw.bytes_per_beat
+        lb = _log2(B)
+        W = hw.axi_data_bits
+        CB = self._chunk_beats                 # beats per DMA command
+        C = CB * B                             # bytes per DMA command
+        depth = reader_buffer_beats(hw)        # data beat buffer depth
+        sdepth = 2 * CB                        # scale beat buffer depth
+        nbyte_bits = N_BITS + 3                # 4 * n bytes
+
+        m.submodules.dma = dma = AxiReadDma(hw, len_bits=C.bit_length())
+        wiring.connect(m, wiring.flipped(self.axi), dma.axi)
+        m.submodules.dbuf = dbuf = fifo.SyncFIFOBuffered(width=W + 1, depth=depth)
+        m.submodules.sbuf = sbuf = fifo.SyncFIFOBuffered(width=W + 1, depth=sdepth)
+        m.submodules.tags = tags = fifo.SyncFIFOBuffered(width=1, depth=hw.axi_max_outstanding + 2)
+
+        # --- command ----------------------------------------------------------------------------------
+        fmt = Signal(2)
+        left = Signal(N_BITS)                  # elements not yet sent into the pipeline
+        lmask = Signal(N_BITS)                 # values per group - 1 (saturated to N_BITS bits)
+        d_addr, s_addr = Signal(hw.axi_addr_bits), Signal(hw.axi_addr_bits)
+        d_rem, s_rem = Signal(nbyte_bits), Signal(nbyte_bits)      # bytes not yet requested
+
+        cmd = self.i_cmd.p
+        c_mask = Signal(N_BITS)
+        m.d.comb += c_mask.eq(((Const(1, 1) << cmd.log2_group) - 1)[:N_BITS])
+        c_groups = Signal(N_BITS + 1)
+        m.d.comb += c_groups.eq((cmd.n >> cmd.log2_group) + ((cmd.n & c_mask) != 0))
+        c_dbytes = Signal(nbyte_bits)
+        with m.Switch(cmd.fmt):
+            with m.Case(DdrFormat.F32):
+                m.d.comb += c_dbytes.eq(cmd.n << 2)
+            with m.Case(DdrFormat.F16):
+                m.d.comb += c_dbytes.eq(cmd.n << 1)
+            with m.Default():
+                m.d.comb += c_dbytes.eq((cmd.n + 1) >> 1)
+        m.d.comb += self.i_cmd.ready.eq(left == 0)
+        with m.If(self.i_cmd.valid & self.i_cmd.ready):
+            m.d.sync += [fmt.eq(cmd.fmt), left.eq(cmd.n), lmask.eq(c_mask), d_addr.eq(cmd.addr),
+                         s_addr.eq(cmd.saddr), d_rem.eq(c_dbytes),
+                         s_rem.eq(Mux(cmd.fmt == DdrFormat.INT4, c_groups << 1, 0))]
+
+        # --- requests: burst-sized DMA commands, each only when its buffer has room -------------------
+        d_fly, s_fly = Signal(range(depth + 1)), Signal(range(sdepth + 1))  # beats requested, not arrived
+        d_nb, s_nb = Signal(range(C + 1)), Signal(range(C + 1))
+        m.d.comb += [d_nb.eq(Mux(d_rem > C, C, d_rem)), s_nb.eq(Mux(s_rem > C, C, s_rem))]
+        d_beats, s_beats = Signal(range(CB + 1)), Signal(range(CB + 1))
+        m.d.comb += [d_beats.eq((d_nb + B - 1) >> lb), s_beats.eq((s_nb + B - 1) >> lb)]
+        d_ok, s_ok = Signal(), Signal()
+        m.d.comb += [d_ok.eq((d_rem != 0) & (dbuf.level + d_fly + d_beats <= depth)),
+                     s_ok.eq((s_rem != 0) & (sbuf.level + s_fly + s_beats <= sdepth))]
+        prefer_s = Signal()                    # alternate between data and scales when both can go
+        pick_s = Signal()
+        m.d.comb += pick_s.eq(s_ok & (~d_ok | prefer_s))
+        m.d.comb += [
+            dma.i_cmd.valid.eq((d_ok | s_ok) & tags.w_rdy),
+            dma.i_cmd.p.addr.eq(Mux(pick_s, s_addr, d_addr)),
+            dma.i_cmd.p.nbytes.eq(Mux(pick_s, s_nb, d_nb)),
+            tags.w_data.eq(pick_s),
+        ]
+        issue = Signal()
+        m.d.comb += [issue.eq(dma.i_cmd.valid & dma.i_cmd.ready), tags.w_en.eq(issue)]
+        with m.If(issue):
+            m.d.sync += prefer_s.eq(~pick_s)
+            with m.If(pick_s):
+                m.d.sync += [s_addr.eq(s_addr + s_nb), s_rem.eq(s_rem - s_nb)]
+            with m.Else():
+                m.d.sync += [d_addr.eq(d_addr + d_nb), d_rem.eq(d_rem - d_nb)]
+
+        # --- DMA output: routed by the tag of its command; always accepted (credits) -------------------
+        beat = dma.o_data
+        m.d.comb += [
+            beat.ready.eq(1),
+            dbuf.w_data.eq(Cat(beat.p.data, beat.p.err)), sbuf.w_data.eq(Cat(beat.p.data, beat.p.err)),
+            dbuf.w_en.eq(beat.valid & ~tags.r_data), sbuf.w_en.eq(beat.valid & tags.r_data),
+            tags.r_en.eq(beat.valid & beat.p.last),
+        ]
+        m.d.sync += [
+            d_fly.eq(d_fly + Mux(issue & ~pick_s, d_beats, 0) - dbuf.w_en),
+            s_fly.eq(s_fly + Mux(issue & pick_s, s_beats, 0) - sbuf.w_en),
+        ]
+
+        # --- element extraction ----------------------------------------------------------------------
+        en = Signal()                          # conversion pipeline advance
+        nib = Signal(lb + 1)                   # nibble position of the next element in the head data beat
+        sidx = Signal(max(lb - 1, 1))          # binary16 position of the current scale in the head scale beat
+        idx = Signal(N_BITS)                   # elements sent of this command (for group ends)
+        int4 = fmt == DdrFormat.INT4
+        can = Signal()
+        m.d.comb += can.eq((left != 0) & dbuf.r_rdy & (~int4 | sbuf.r_rdy))
+        take = Signal()
+        m.d.comb += take.eq(can & en)
+        step = Signal(4)
+        m.d.comb += step.eq(Mux(fmt == DdrFormat.F32, 8, Mux(fmt == DdrFormat.F16, 4, 1)))
+        nib_next = Signal(lb + 2)
+        m.d.comb += nib_next.eq(nib + step)
+        last = Signal()
+        m.d.comb += last.eq(left == 1)
+        group_end = Signal()
+        m.d.comb += group_end.eq(((idx + 1) & lmask) == 0)
+        scale_beat_end = Signal()
+        m.d.comb += scale_beat_end.eq(sidx == (B // 2 - 1) if B > 2 else 1)
+        with m.If(take):
+            m.d.comb += dbuf.r_en.eq(nib_next[lb + 1] | last)
+            m.d.comb += sbuf.r_en.eq(int4 & ((group_end & scale_beat_end) | last))
+            m.d.sync += [left.eq(left - 1), idx.eq(idx + 1), nib.eq(nib_next[:lb + 1])]
+            with m.If(group_end):
+                m.d.sync += sidx.eq(sidx + 1)
+            with m.If(last):
+                m.d.sync += [nib.eq(0), sidx.eq(0), idx.eq(0)]
+
+        head, shead = dbuf.r_data, sbuf.r_data
+        w32 = head[:32] if B == 4 else head[:W].word_select(nib[3:], 32)
+        h16 = head[:W].word_select(nib[2:], 16)
+        q4 = head[:W].word_select(nib, 4)
+        scale = shead[:W].word_select(sidx, 16) if B > 2 else shead[:16]
+        err = head[W] | (int4 & shead[W])
+
+        # --- conversion: F16ToF32 (the data half, or the INT4 scale) and IntToFp(q) in parallel, then FpMul
+        # by fp32(q) (INT4) or 1.0 (F16, exact); F32 bits bypass in a delay line of the same depth ----------
+        m.submodules.cvt16 = cvt16 = F16ToF32()
+        m.submodules.cvtq = cvtq = IntToFp(4)
+        m.submodules.mul = mul = FpMul()
+        for u in (cvt16, cvtq):
+            m.d.comb += [u.en.eq(en), u.i_valid.eq(take)]
+        m.d.comb += [cvt16.i_a.eq(Mux(int4, scale, h16)), cvtq.i_a.eq(q4)]
+        side = data.StructLayout({"fmt": 2, "raw": 32, "last": 1, "err": 1})
+        stages = [Signal(side, name="side_in")]
+        m.d.comb += [stages[0].fmt.eq(fmt), stages[0].raw.eq(w32), stages[0].last.eq(last), stages[0].err.eq(err)]
+        for i in range(self.latency):
+            s = Signal(side, name=f"side{i + 1}")
+            with m.If(en):
+                m.d.sync += s.eq(stages[-1])
+            stages.append(s)
+        mid = stages[cvt16.latency]
+        assert cvt16.latency == cvtq.latency
+        m.d.comb += [mul.en.eq(en), mul.i_valid.eq(cvt16.o_valid), mul.i_a.eq(cvt16.o_y),
+                     mul.i_b.eq(Mux(mid.fmt == DdrFormat.INT4, cvtq.o_y, _ONE))]
+        out = stages[-1]
+        o = self.o_elem
+        m.d.comb += [
+            o.valid.eq(mul.o_valid),
+            o.p.data.eq(Mux(out.fmt == DdrFormat.F32, out.raw, mul.o_y)),
+            o.p.last.eq(out.last), o.p.err.eq(out.err),
+            en.eq(~mul.o_valid | o.ready),
+        ]
+
+        in_pipe = Signal(range(self.latency + 2))
+        m.d.sync += in_pipe.eq(in_pipe + take - (o.valid & o.ready))
+        m.d.comb += [self.o_busy.eq((left != 0) | (in_pipe != 0)), self.o_error.eq(dma.o_error)]
+        return m
