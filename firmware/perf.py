@@ -1,55 +1,64 @@
-"""Performance model of one decode token on the NPU: where the cycles go, and tokens per second.
+"""Performance model of one decode token on the NPU RTL: where the cycles go, and tokens per second.
 
-The model counts the work of the compiled token program with the ISS's ``count`` arithmetic (bytes per DDR
-region, elements per instruction class; no weights needed, so it runs for E4B) and turns it into cycles per
-unit with per-unit rates:
+The model runs the compiled token program through the ISS's ``count`` arithmetic (no weights needed, so it
+runs for E4B), which counts what the RTL controller does (`hdl/controller.py`, docs/architecture.md): the
+instructions, the bytes each DDR region moves, and the controller's **passes** by kind (`sim.iss.Counters`
+``passes`` / ``pass_elements``) and scalar-ALU operations. Cycles follow from per-kind costs (`Rates`):
 
-- **weight streaming** (WGEMV, GATHER): bytes / (ports x bytes-per-beat) / ``gemv_efficiency``, the port
-  efficiency the GEMV benchmark measures in RTL (docs/gemv.md), capped by the DDR: bytes / (DDR peak x
-  ``ddr_efficiency``) at the fabric clock;
-- **vector work** (VEC, CVO, SCALAR): elements / ``vec_lanes`` plus ``issue_overhead`` cycles per
-  instruction (pipeline fill and drain, the issue stage);
-- **DMA** between L2 and DDR (constants, logits, spills): the larger of elements / ``vec_lanes`` and its
-  bytes at the port rate;
-- **attention** (ATTN): the larger of its MACs / ``attn_lanes`` (scores and the V sum) and its KV bytes at
-  the port rate;
-- **KV stores** (KVST): bytes at the port rate.
+- ``weights``: WGEMV weight + scale bytes at the GEMV engine's streaming rate (ports x beat x
+  ``gemv_efficiency``, capped by the DDR at ``ddr_efficiency``) plus ``gemv_fixed`` per WGEMV (quantiser
+  hand-off, first-beat latency, the engine's tail);
+- passes: each pass costs its fixed overhead (``sfu_pass``, ``reduce_pass``, ``copy_pass``,
+  ``ddr_read_pass``, ``ddr_write_pass``: pipeline fill and drain, DDR latency) plus its elements at
+  ``elements_per_cycle``;
+- ``alu_op`` per scalar-ALU operation and ``issue`` per instruction (fetch, decode, dispatch).
 
-Dependent work serialises: a token is a chain of GEMVs whose inputs come from vector work, so the total
-is the sum of all units (no overlap is assumed until the RTL shows how much the controller achieves).
-Every rate is a parameter so RTL cycle counts can calibrate it; the defaults are the design targets.
-
-``python -m firmware.perf --model e4b --hw kv260 --positions 128 1024 4096`` prints the breakdown.
+The controller runs one instruction at a time, so the token is the sum (no overlap). `fit_rates` calibrates
+the costs from RTL measurements (``(counters, cycles)`` pairs: micro-programs that isolate each kind and
+whole tokens, from the full-chip bench, `tb/npu`); the defaults are the values fitted from the tiny NPU
+(docs/architecture.md, "Performance"). ``python -m firmware.perf --model e4b --hw kv260 --positions 128 1024
+4096`` prints the breakdown per unit and per instruction class.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field, replace
+from collections import Counter
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
 
 from hdl.config import HardwareConfig
 from sim.config import ModelConfig
 
-__all__ = ["Rates", "TokenEstimate", "estimate", "main"]
+__all__ = ["Rates", "TokenEstimate", "estimate", "cycles_of", "features", "fit_rates", "main", "PASS_KINDS"]
 
 DDR_PEAK_BYTES_PER_S = 19.2e9          # KV260: DDR4-2400, 64 bit (shared/reference/perf-anchors.md)
+PASS_KINDS = ("sfu", "reduce", "copy", "ddr_read", "ddr_write")
 
 
 @dataclass(frozen=True)
 class Rates:
-    """Per-unit rates (the things RTL measurements calibrate)."""
-    gemv_efficiency: float = 0.95      # fraction of ports x beat per cycle the GEMV engine sustains
+    """Per-kind costs (the things RTL measurements calibrate; `fit_rates`)."""
+    gemv_efficiency: float = 0.95      # fraction of ports x beat per cycle the GEMV engine sustains (benchmarks.gemv)
     ddr_efficiency: float = 0.90       # fraction of the DDR peak the memory controller delivers
-    vec_lanes: int = 4                 # binary32 elements per cycle of the vector unit (one L2 word)
-    attn_lanes: int = 32               # MACs per cycle of the attention unit
-    issue_overhead: int = 24           # cycles per instruction beyond its elements (latency, issue)
+    elements_per_cycle: float = 1.0    # elements per cycle of a pass (the SFU and the L2 movers take one)
+    issue: float = 6.0                 # cycles per instruction: fetch, decode, dispatch, retire
+    sfu_pass: float = 200.0            # fixed cycles of a pass through the SFU (its latency, start, end)
+    reduce_pass: float = 240.0         # ... of a reduction (plus the lane tree)
+    copy_pass: float = 10.0            # ... of an L2 copy (to L2 or a scalar)
+    ddr_read_pass: float = 40.0        # ... of a DDR read (latency of the memory)
+    ddr_write_pass: float = 40.0       # ... of a DDR write (until the last response)
+    alu_op: float = 10.0               # a scalar-ALU add or multiply
+    gemv_fixed: float = 150.0          # per WGEMV beyond its bytes
 
 
 @dataclass
 class TokenEstimate:
     position: int
     cycles: dict = field(default_factory=dict)      # unit -> cycles
+    by_opcode: dict = field(default_factory=dict)   # opcode -> cycles
     bytes_total: int = 0
     clock_hz: float = 0.0
     roofline_tok_s: float = 0.0
@@ -67,27 +76,68 @@ class TokenEstimate:
         return self.tok_s / self.roofline_tok_s
 
 
-def _unit_cycles(counters, hw: HardwareConfig, rates: Rates) -> dict[str, float]:
-    beat_rate = hw.axi_ports * hw.bytes_per_beat                       # bytes per cycle, all ports
+def _stream_rate(hw: HardwareConfig, rates: Rates) -> float:
+    beat_rate = hw.axi_ports * hw.bytes_per_beat
     ddr_rate = DDR_PEAK_BYTES_PER_S * rates.ddr_efficiency / hw.clock_hz
-    stream_rate = min(beat_rate * rates.gemv_efficiency, ddr_rate)
-    ins, el = counters.instructions, counters.elements
-    n_ins = lambda prefix: sum(v for k, v in ins.items() if k.startswith(prefix))   # noqa: E731
-    n_el = lambda prefix: sum(v for k, v in el.items() if k.startswith(prefix))     # noqa: E731
-    weights = counters.bytes_read["WEIGHTS"] + counters.bytes_read["DESC"]
-    kv_read, kv_write = counters.bytes_read["KV"], counters.bytes_written["KV"]
-    other = counters.total_read() + sum(counters.bytes_written.values()) - weights - kv_read - kv_write
-    cycles = {
-        "weights": weights / stream_rate + rates.issue_overhead * (n_ins("WGEMV") + n_ins("GATHER")),
-        "vector": (n_el("VEC") + n_el("CVO")) / rates.vec_lanes
-        + rates.issue_overhead * (n_ins("VEC") + n_ins("CVO") + n_ins("SCALAR") + n_ins("CTRL") + n_ins("MEMSET")),
-        "dma": max(n_el("DMA") / rates.vec_lanes, other / min(beat_rate, ddr_rate))
-        + rates.issue_overhead * n_ins("DMA"),
-        "attention": max(2 * n_el("ATTN") / rates.attn_lanes, kv_read / stream_rate)
-        + rates.issue_overhead * n_ins("ATTN"),
-        "kv_store": kv_write / min(beat_rate, ddr_rate) + rates.issue_overhead * n_ins("KVST"),
-    }
-    return cycles
+    return min(beat_rate * rates.gemv_efficiency, ddr_rate)
+
+
+def cycles_of(counters, hw: HardwareConfig, rates: Rates) -> tuple[dict, dict]:
+    """(cycles per unit, cycles per opcode) of one run whose `counters` the ISS recorded."""
+    ins = counters.instructions
+    n_wgemv = sum(v for k, v in ins.items() if k == "WGEMV")
+    per_kind = {k: getattr(rates, f"{k}_pass") for k in PASS_KINDS}
+    by_op: Counter = Counter()
+    units: Counter = Counter()
+    for (op, kind), n in counters.passes.items():
+        c = n * per_kind[kind] + counters.pass_elements[(op, kind)] / rates.elements_per_cycle
+        units[kind] += c
+        by_op[op] += c
+    weights = counters.gemv_bytes / _stream_rate(hw, rates) + n_wgemv * rates.gemv_fixed
+    units["weights"] += weights
+    by_op["WGEMV"] += weights
+    # the DDR movers share port 0 with the fetch: their bytes take at least the DDR time
+    other = counters.total_read() + sum(counters.bytes_written.values()) - counters.gemv_bytes
+    ddr_rate = min(hw.bytes_per_beat, DDR_PEAK_BYTES_PER_S * rates.ddr_efficiency / hw.clock_hz)
+    moved = units["ddr_read"] + units["ddr_write"]
+    if moved < other / ddr_rate:
+        units["ddr_read"] += other / ddr_rate - moved
+    units["scalar_alu"] += counters.alu_ops * rates.alu_op
+    n_ins = sum(ins.values())
+    units["issue"] += n_ins * rates.issue
+    for name, v in ins.items():
+        by_op[name.split(".")[0]] += v * rates.issue
+    by_op["SCALAR"] += counters.alu_ops * rates.alu_op       # RMSNORM's two ALU steps are counted here too
+    return dict(units), dict(by_op)
+
+
+def features(counters, hw: HardwareConfig, rates: Rates) -> dict:
+    """The coefficients of each fitted cost in a run's cycle count (`fit_rates`): cycles = sum(f * cost)."""
+    f = {"issue": sum(counters.instructions.values()), "alu_op": counters.alu_ops,
+         "gemv_fixed": counters.instructions.get("WGEMV", 0)}
+    for k in PASS_KINDS:
+        f[f"{k}_pass"] = sum(n for (op, kind), n in counters.passes.items() if kind == k)
+    elements = sum(counters.pass_elements.values())
+    streaming = counters.gemv_bytes / _stream_rate(hw, rates)
+    return f | {"_elements": elements, "_streaming": streaming}
+
+
+def fit_rates(samples, hw: HardwareConfig, base: Rates = Rates(),
+              fit=("issue", "sfu_pass", "reduce_pass", "copy_pass", "ddr_read_pass", "ddr_write_pass", "alu_op",
+                   "gemv_fixed")) -> Rates:
+    """Least-squares costs from RTL runs: `samples` = [(counters, measured_cycles)]; elements move at
+    `base.elements_per_cycle` and weights at `base`'s streaming rate (both measured separately). Costs that no
+    sample exercises keep their `base` value."""
+    rows, rhs = [], []
+    for counters, cycles in samples:
+        f = features(counters, hw, base)
+        rows.append([f[k] for k in fit])
+        rhs.append(cycles - f["_elements"] / base.elements_per_cycle - f["_streaming"])
+    a, b = np.array(rows, float), np.array(rhs, float)
+    used = np.any(a != 0, axis=0)
+    sol = np.linalg.lstsq(a[:, used], b, rcond=None)[0]
+    values = dict(zip([k for k, u in zip(fit, used) if u], sol))
+    return replace(base, **{k: float(v) for k, v in values.items()})
 
 
 def estimate(cfg: ModelConfig, hw: HardwareConfig, positions: list[int], rates: Rates = Rates()) \
@@ -97,9 +147,9 @@ def estimate(cfg: ModelConfig, hw: HardwareConfig, positions: list[int], rates: 
     out = []
     for pos, c in token_traffic(cfg, hw, positions).items():
         total_bytes = c.total_read() + sum(c.bytes_written.values())
-        est = TokenEstimate(position=pos, cycles=_unit_cycles(c, hw, rates), bytes_total=total_bytes,
-                            clock_hz=hw.clock_hz, roofline_tok_s=DDR_PEAK_BYTES_PER_S / total_bytes)
-        out.append(est)
+        units, by_op = cycles_of(c, hw, rates)
+        out.append(TokenEstimate(position=pos, cycles=units, by_opcode=by_op, bytes_total=total_bytes,
+                                 clock_hz=hw.clock_hz, roofline_tok_s=DDR_PEAK_BYTES_PER_S / total_bytes))
     return out
 
 
@@ -108,25 +158,20 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="e4b")
     p.add_argument("--hw", default="kv260")
     p.add_argument("--positions", type=int, nargs="+", default=[128, 1024, 4096])
-    p.add_argument("--vec-lanes", type=int, default=Rates.vec_lanes)
-    p.add_argument("--attn-lanes", type=int, default=Rates.attn_lanes)
-    p.add_argument("--gemv-efficiency", type=float, default=Rates.gemv_efficiency)
-    p.add_argument("--ddr-efficiency", type=float, default=Rates.ddr_efficiency)
-    p.add_argument("--issue-overhead", type=int, default=Rates.issue_overhead)
+    for f in fields(Rates):
+        p.add_argument("--" + f.name.replace("_", "-"), type=float, default=f.default)
     args = p.parse_args(argv)
-    rates = replace(Rates(), vec_lanes=args.vec_lanes, attn_lanes=args.attn_lanes,
-                    gemv_efficiency=args.gemv_efficiency, ddr_efficiency=args.ddr_efficiency,
-                    issue_overhead=args.issue_overhead)
+    rates = Rates(**{f.name: getattr(args, f.name) for f in fields(Rates)})
     cfg, hw = ModelConfig.preset(args.model), HardwareConfig.preset(args.hw)
     print(f"{args.model} on {args.hw} at {hw.clock_hz / 1e6:.0f} MHz; {rates}")
-    print(f"{'position':>8} {'weights':>10} {'vector':>10} {'dma':>8} {'attention':>10} {'kv_store':>9} {'total Mcyc':>10} "
-          f"{'tok/s':>6} {'roofline':>8} {'fraction':>8}")
+    units = ("weights",) + PASS_KINDS + ("scalar_alu", "issue")
+    print(f"{'position':>8} " + " ".join(f"{u:>10}" for u in units) + f" {'total Mcyc':>10} {'tok/s':>6} "
+          f"{'roofline':>8} {'fraction':>8}")
     for e in estimate(cfg, hw, args.positions, rates):
-        c = e.cycles
-        print(f"{e.position:>8} {c['weights'] / 1e6:>10.2f} {c['vector'] / 1e6:>10.2f} {c['dma'] / 1e6:>8.2f} "
-              f"{c['attention'] / 1e6:>10.2f} "
-              f"{c['kv_store'] / 1e6:>9.2f} {e.total_cycles / 1e6:>10.2f} {e.tok_s:>6.2f} {e.roofline_tok_s:>8.2f} "
-              f"{100 * e.roofline_fraction:>7.1f}%")
+        print(f"{e.position:>8} " + " ".join(f"{e.cycles.get(u, 0) / 1e6:>10.2f}" for u in units) +
+              f" {e.total_cycles / 1e6:>10.2f} {e.tok_s:>6.2f} {e.roofline_tok_s:>8.2f} {100 * e.roofline_fraction:>7.1f}%")
+        top = sorted(e.by_opcode.items(), key=lambda kv: -kv[1])
+        print(" " * 9 + "by instruction: " + ", ".join(f"{k} {100 * v / e.total_cycles:.1f}%" for k, v in top[:6]))
     return 0
 
 

@@ -37,7 +37,8 @@ from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
 from .config import HardwareConfig
-from .ddrio import DdrReader, DdrWriter
+from .ddrio import DdrReader
+from .ddrwrite import DdrWriter
 from .fetch import PC_BITS, insn_layout
 from .fp import FpAdd, FpMul, IntToFp
 from .gemv import GemvEngine

@@ -65,11 +65,13 @@ class Counters:
     bytes_written: Counter = field(default_factory=Counter)
     weight_bytes_skipped: int = 0                                  # sparse WGEMV columns not fetched
     elements: Counter = field(default_factory=Counter)             # opcode name -> elements processed
-    # The RTL controller's passes (docs/architecture.md): kind -> passes and elements. Kinds: "sfu" (through
-    # the SFU), "reduce" (through the SFU to one result), "copy" (L2 <-> L2/scalar), "ddr_read", "ddr_write".
+    # The RTL controller's passes (docs/architecture.md): (opcode name, kind) -> passes and elements. Kinds: "sfu"
+    # (through the SFU), "reduce" (through the SFU to one result), "copy" (L2 -> L2 or a scalar), "ddr_read",
+    # "ddr_write".
     passes: Counter = field(default_factory=Counter)
     pass_elements: Counter = field(default_factory=Counter)
     alu_ops: int = 0                                               # scalar-ALU operations (add, mul, int->float)
+    gemv_bytes: int = 0                                            # weight + scale bytes streamed by WGEMV
 
     def total_read(self) -> int:
         return sum(self.bytes_read.values())
@@ -268,8 +270,8 @@ class Machine:
         c = self.counters
 
         def add(kind, n, times=1):
-            c.passes[kind] += times
-            c.pass_elements[kind] += n * times
+            c.passes[(i.op.name, kind)] += times
+            c.pass_elements[(i.op.name, kind)] += n * times
 
         op = i.op
         if op is Opcode.SCALAR:
@@ -367,6 +369,7 @@ class Machine:
         else:
             read = d.rows * pcols // 2
         self.counters.bytes_read["WEIGHTS"] += read + d.rows * ngroups * 2
+        self.counters.gemv_bytes += read + d.rows * ngroups * 2
         self.counters.elements[self._name] += 2 * read
         out = self._vec(i.dst, d.rows)
         if y is None:
