@@ -1,0 +1,311 @@
+"""The DDR write end of the controller's passes: `DdrWriter` (binary32 elements -> DDR, as binary32 or
+binary16) and the AXI4 write engine under it, `AxiWriteDma`.
+
+`DdrWriter` takes one command ``{addr, n, fmt}`` at a time and ``n`` binary32 elements on ``i_elem`` (one
+per cycle sustained). Each element goes through a `hdl.fp.F32ToF16`-deep pipeline (binary16 results for
+`DdrFormat.F16`, the raw bits delayed alongside for `DdrFormat.F32`) into a packer that places it at its
+**DDR byte lane**: element ``k`` lands at byte ``(addr + k * size) mod B`` of its beat (``B`` = bytes per
+beat), so no realignment shifter is needed. A beat leaves when it is full or when it holds the command's
+last element. `AxiWriteDma` writes those DDR-aligned beats as INCR bursts and makes the byte strobes from
+the command, so no byte outside ``[addr, addr + n * size)`` is written whatever the packer left in the
+unused lanes.
+
+`AxiWriteDma` splits a command ``{addr, nbytes}`` (any byte alignment) into bursts at every 4 KB boundary
+and at ``axi_max_burst_beats``; an address is issued only while fewer than ``axi_max_outstanding`` bursts
+await their B response, and a burst's W beats are sent only after its AW handshake (the burst length is
+queued on AW acceptance), so AW always precedes its W beats. All bursts use ID 0 (B responses in order).
+``o_done`` pulses when the command's last B response has arrived; a B response other than OKAY (SLVERR,
+DECERR) sets the sticky ``o_error``.
+"""
+
+from __future__ import annotations
+
+from amaranth import Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .axi import AXI_4K, AxiBurst, AxiWriteSignature
+from .config import HardwareConfig
+from .ddrio import N_BITS, DdrFormat, writer_cmd_layout
+from .fp import F32ToF16
+
+__all__ = ["AxiWriteDma", "DdrWriter", "write_command_layout", "ELEM_BYTES"]
+
+ELEM_BYTES = {DdrFormat.F32: 4, DdrFormat.F16: 2}
+"""Bytes per element in DDR for each `DdrWriter` format (also the required address alignment)."""
+
+
+def write_command_layout(addr_bits: int, len_bits: int) -> data.StructLayout:
+    """An `AxiWriteDma` command: write `nbytes` bytes at byte address `addr` (any alignment; 0 is a no-op)."""
+    return data.StructLayout({"addr": unsigned(addr_bits), "nbytes": unsigned(len_bits)})
+
+
+def _log2(x: int) -> int:
+    return (x - 1).bit_length()
+
+
+class AxiWriteDma(wiring.Component):
+    """AXI4 write DMA: one byte-addressed command at a time, DDR-aligned data beats in.
+
+    Parameters
+    ----------
+    cfg : HardwareConfig
+        Bus widths, ``axi_max_burst_beats``, ``axi_max_outstanding``.
+    len_bits : int
+        Width of a command's byte count.
+
+    Members
+    -------
+    i_cmd : In(stream.Signature(write_command_layout))
+        Accepted only when the DMA is idle (``o_busy`` low).
+    i_data : In(stream.Signature(unsigned(axi_data_bits)))
+        Exactly ``ceil(((addr mod B) + nbytes) / B)`` beats per command (none for ``nbytes = 0``), **aligned to
+        DDR**: beat ``k`` holds the bytes of the beat-aligned address ``(addr - addr mod B) + k * B``. Lanes
+        outside ``[addr, addr + nbytes)`` are ignored (their strobes are 0).
+    axi : Out(AxiWriteSignature)
+    o_done : Out(1)
+        One-cycle pulse when every B response of the command has arrived (the cycle after acceptance for
+        ``nbytes = 0``); ``o_busy`` falls in the same cycle.
+    o_busy : Out(1)
+        From the command's acceptance to its ``o_done``.
+    o_error : Out(1)
+        Sticky: some B response was SLVERR or DECERR since reset.
+
+    Notes
+    -----
+    One AW per cycle and one W beat per cycle; the W side has no bubble between bursts once the next
+    burst's address has been accepted. ``i_data.ready`` depends combinationally on ``wready``.
+    """
+
+    def __init__(self, cfg: HardwareConfig, *, len_bits: int = 24):
+        if isinstance(len_bits, bool) or not isinstance(len_bits, int) or not 1 <= len_bits <= 32:
+            raise ValueError(f"len_bits must be an integer in 1..32, not {len_bits!r}")
+        self._cfg = cfg
+        self._len_bits = len_bits
+        super().__init__({
+            "i_cmd": In(stream.Signature(write_command_layout(cfg.axi_addr_bits, len_bits))),
+            "i_data": In(stream.Signature(unsigned(cfg.axi_data_bits))),
+            "axi": Out(AxiWriteSignature.from_config(cfg)),
+            "o_done": Out(1),
+            "o_busy": Out(1),
+            "o_error": Out(1),
+        })
+
+    cfg = property(lambda self: self._cfg)
+    len_bits = property(lambda self: self._len_bits)
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._cfg
+        B = cfg.bytes_per_beat
+        lb = _log2(B)
+        beats_bits = self._len_bits - lb + 2       # ceil((offset + nbytes) / B) fits
+        axi = self.axi
+        full = (1 << B) - 1
+
+        # --- command --------------------------------------------------------------------------------
+        busy = Signal()
+        cmd = self.i_cmd.p
+        off = cmd.addr[:lb] if lb else Const(0, 1)
+        end = Signal(lb + 1)                       # bytes used in the last beat: (off + nbytes - 1) mod B + 1
+        m.d.comb += end.eq((off + cmd.nbytes - 1)[:lb] + 1)
+        nbeats = Signal(beats_bits)
+        m.d.comb += nbeats.eq((cmd.nbytes + off + (B - 1)) >> lb)
+        first_strb = Signal(B)                     # strobes of the command's first and last beats
+        last_strb = Signal(B)
+        total = Signal(beats_bits)                 # beats of the current command
+        m.d.comb += self.i_cmd.ready.eq(~busy)
+
+        cur = Signal(cfg.axi_addr_bits)            # next burst's beat-aligned address
+        rem = Signal(beats_bits)                   # beats left to address
+        active = Signal()                          # bursts left to address
+        outstanding = Signal(range(cfg.axi_max_outstanding + 1))   # AW accepted, B not yet received
+        with m.If(self.i_cmd.valid & self.i_cmd.ready):
+            m.d.sync += [busy.eq(1), cur.eq(cmd.addr & ~(B - 1)), rem.eq(nbeats), total.eq(nbeats),
+                         active.eq(cmd.nbytes != 0),
+                         first_strb.eq((Const(full, B) << off)[:B]),
+                         last_strb.eq(((Const(1, B + 1) << end) - 1)[:B])]
+
+        # --- AW: min(remaining, max burst, beats to the next 4 KB boundary) ---------------------------
+        to_4k = Signal(range(AXI_4K // B + 1))
+        m.d.comb += to_4k.eq((AXI_4K - cur[:12]) >> lb)
+        burst = Signal(range(cfg.axi_max_burst_beats + 1))
+        with m.If((rem <= cfg.axi_max_burst_beats) & (rem <= to_4k)):
+            m.d.comb += burst.eq(rem)
+        with m.Elif(to_4k < cfg.axi_max_burst_beats):
+            m.d.comb += burst.eq(to_4k)
+        with m.Else():
+            m.d.comb += burst.eq(cfg.axi_max_burst_beats)
+
+        # Burst lengths travel from AW to W; an entry exists only after its AW handshake.
+        m.submodules.lens = lens = fifo.SyncFIFO(width=8, depth=cfg.axi_max_outstanding)
+        m.d.comb += [
+            axi.awid.eq(0), axi.awaddr.eq(cur), axi.awlen.eq(burst - 1), axi.awsize.eq(lb),
+            axi.awburst.eq(AxiBurst.INCR), axi.awlock.eq(0),
+            axi.awcache.eq(0b0011),                # normal non-cacheable bufferable, as the read side
+            axi.awprot.eq(0), axi.awqos.eq(0),
+            axi.awvalid.eq(active & (outstanding < cfg.axi_max_outstanding) & lens.w_rdy),
+            lens.w_data.eq(burst - 1),
+        ]
+        aw_fire = axi.awvalid & axi.awready
+        m.d.comb += lens.w_en.eq(aw_fire)
+        with m.If(aw_fire):
+            m.d.sync += [cur.eq(cur + (burst << lb)), rem.eq(rem - burst)]
+            with m.If(rem == burst):
+                m.d.sync += active.eq(0)
+
+        # --- W: DDR-aligned beats, strobes from the command ------------------------------------------
+        wbeat = Signal(beats_bits)                 # beats sent of this command
+        bbeat = Signal(8)                          # beats sent of the head burst
+        is_first = wbeat == 0
+        is_last = wbeat == total - 1
+        strb = Signal(B)
+        m.d.comb += strb.eq(Mux(is_first, first_strb, full) & Mux(is_last, last_strb, full))
+        m.d.comb += [
+            axi.wdata.eq(self.i_data.p), axi.wstrb.eq(strb), axi.wlast.eq(bbeat == lens.r_data),
+            axi.wvalid.eq(self.i_data.valid & lens.r_rdy),
+            self.i_data.ready.eq(axi.wready & lens.r_rdy),
+        ]
+        w_fire = axi.wvalid & axi.wready
+        with m.If(w_fire):
+            m.d.sync += [wbeat.eq(wbeat + 1), bbeat.eq(bbeat + 1)]
+            with m.If(axi.wlast):
+                m.d.comb += lens.r_en.eq(1)
+                m.d.sync += bbeat.eq(0)
+
+        # --- B ----------------------------------------------------------------------------------------
+        m.d.comb += axi.bready.eq(1)
+        b_fire = axi.bvalid & axi.bready
+        m.d.sync += outstanding.eq(outstanding + aw_fire - b_fire)
+        with m.If(b_fire & axi.bresp[1]):          # SLVERR and DECERR both have bit 1 set
+            m.d.sync += self.o_error.eq(1)
+
+        done = Signal()
+        m.d.comb += done.eq(busy & ~active & (outstanding == 0))
+        with m.If(done):
+            m.d.sync += [busy.eq(0), wbeat.eq(0)]
+        m.d.comb += [self.o_done.eq(done), self.o_busy.eq(busy)]
+        return m
+
+
+class DdrWriter(wiring.Component):
+    """binary32 element stream -> DDR, as binary32 (raw bits) or binary16 (`hdl.fp.F32ToF16`, RNE).
+
+    Parameters
+    ----------
+    hw : HardwareConfig
+        Bus widths, burst and outstanding limits (of the `AxiWriteDma` inside).
+
+    Members
+    -------
+    i_cmd : In(stream.Signature(writer_cmd_layout(hw)))
+        ``addr`` (byte address in DDR; 4-byte aligned for F32, 2-byte aligned for F16: the address bits
+        below the element size are ignored), ``n`` (elements, 0 .. 2**24 - 1; 0 is accepted and only pulses
+        ``o_done``), ``fmt`` (`DdrFormat.F32` or `DdrFormat.F16`). Accepted when idle (``o_busy`` low).
+    i_elem : In(stream.Signature(unsigned(32)))
+        The command's ``n`` binary32 elements, in order. Taken only while a command is active.
+    axi : Out(AxiWriteSignature)
+    o_done : Out(1)
+        One-cycle pulse after the command's last B response.
+    o_busy : Out(1)
+        From command acceptance to ``o_done``.
+    o_error : Out(1)
+        Sticky: some B response was SLVERR or DECERR since reset.
+
+    Throughput: one element per cycle sustained for both formats while AXI keeps up (a beat holds
+    ``B / 4`` or ``B / 2`` elements). An element reaches the packer `latency` cycles after ``i_elem``.
+    """
+
+    def __init__(self, hw: HardwareConfig):
+        self._hw = hw
+        super().__init__({
+            "i_cmd": In(stream.Signature(writer_cmd_layout(hw))),
+            "i_elem": In(stream.Signature(unsigned(32))),
+            "axi": Out(AxiWriteSignature.from_config(hw)),
+            "o_done": Out(1),
+            "o_busy": Out(1),
+            "o_error": Out(1),
+        })
+
+    hw = property(lambda self: self._hw)
+
+    @property
+    def latency(self) -> int:
+        """Cycles from an element's ``i_elem`` transfer to the packer (the `F32ToF16` depth, both formats)."""
+        return F32ToF16.LATENCY
+
+    def elaborate(self, platform):
+        m = Module()
+        hw = self._hw
+        B = hw.bytes_per_beat
+        lb = _log2(B)
+        W = hw.axi_data_bits
+        len_bits = N_BITS + 2                      # 4 * (2**24 - 1) bytes
+
+        m.submodules.dma = dma = AxiWriteDma(hw, len_bits=len_bits)
+        wiring.connect(m, wiring.flipped(self.axi), dma.axi)
+        # Beats wait here for W: decouples the element pipeline from wready (no combinational path
+        # from the AXI port to i_elem.ready); four entries keep one element per cycle through a full-rate
+        # handshake.
+        m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=W, depth=4)
+        m.d.comb += [dma.i_data.valid.eq(beats.r_rdy), dma.i_data.p.eq(beats.r_data), beats.r_en.eq(dma.i_data.ready)]
+
+        # --- command --------------------------------------------------------------------------------
+        cmd = self.i_cmd.p
+        f16 = Signal()
+        left = Signal(N_BITS)                      # elements not yet taken from i_elem
+        pos = Signal(lb)                           # byte lane of the next element to pack
+        to_pack = Signal(N_BITS)                   # elements not yet packed
+        caddr = Signal(hw.axi_addr_bits)
+        m.d.comb += caddr.eq(Mux(cmd.fmt == DdrFormat.F16, cmd.addr & ~1, cmd.addr & ~3))
+        m.d.comb += [
+            dma.i_cmd.valid.eq(self.i_cmd.valid),
+            dma.i_cmd.p.addr.eq(caddr),
+            dma.i_cmd.p.nbytes.eq(Mux(cmd.fmt == DdrFormat.F16, cmd.n << 1, cmd.n << 2)),
+            self.i_cmd.ready.eq(dma.i_cmd.ready),
+        ]
+        with m.If(self.i_cmd.valid & self.i_cmd.ready):
+            m.d.sync += [f16.eq(cmd.fmt == DdrFormat.F16), left.eq(cmd.n), to_pack.eq(cmd.n),
+                         pos.eq(caddr[:lb])]
+
+        # --- element pipeline: F32ToF16, raw bits alongside ------------------------------------------
+        m.submodules.cvt = cvt = F32ToF16()
+        en = Signal()
+        take = Signal()
+        m.d.comb += [
+            self.i_elem.ready.eq(en & (left != 0)),
+            take.eq(self.i_elem.valid & self.i_elem.ready),
+            cvt.en.eq(en), cvt.i_valid.eq(take), cvt.i_a.eq(self.i_elem.p),
+        ]
+        with m.If(take):
+            m.d.sync += left.eq(left - 1)
+        raw = self.i_elem.p
+        for i in range(cvt.latency):
+            r = Signal(32, name=f"raw{i + 1}")
+            with m.If(en):
+                m.d.sync += r.eq(raw)
+            raw = r
+        # The packer takes the pipeline's output whenever the beat FIFO has room (even if this element
+        # does not complete a beat: simpler, and the FIFO drains one beat per cycle).
+        m.d.comb += en.eq(~cvt.o_valid | beats.w_rdy)
+
+        # --- packer: DDR byte lanes -------------------------------------------------------------------
+        acc = Signal(W)                            # the beat being filled
+        merged = Signal(W)
+        m.d.comb += merged.eq(acc)
+        with m.If(f16):
+            m.d.comb += merged.word_select(pos[1:], 16).eq(cvt.o_y[:16])
+        with m.Else():
+            m.d.comb += (merged.word_select(pos[2:], 32) if lb > 2 else merged).eq(raw)
+        size = Mux(f16, 2, 4)
+        nxt = Signal(lb + 1)
+        m.d.comb += nxt.eq(pos + size)
+        pack = Signal()
+        m.d.comb += pack.eq(cvt.o_valid & en)
+        last = to_pack == 1
+        m.d.comb += [beats.w_data.eq(merged), beats.w_en.eq(pack & (nxt[lb] | last))]
+        with m.If(pack):
+            m.d.sync += [acc.eq(merged), pos.eq(nxt[:lb]), to_pack.eq(to_pack - 1)]
+
+        m.d.comb += [self.o_done.eq(dma.o_done), self.o_busy.eq(dma.o_busy), self.o_error.eq(dma.o_error)]
+        return m

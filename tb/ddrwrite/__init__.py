@@ -1,0 +1,1 @@
+"""cocotb bench of hdl.ddrwrite.DdrWriter."""
