@@ -17,14 +17,14 @@ that response (``err``) and sets the sticky ``o_error`` flag: errors are reporte
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Signal, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .config import HardwareConfig
 
 __all__ = ["AxiBurst", "AxiResp", "AxiReadSignature", "AxiWriteSignature", "AxiSignature", "AxiReadDma",
-           "read_command_layout", "read_data_layout"]
+           "AxiReadArbiter", "read_command_layout", "read_data_layout"]
 
 AXI_4K = 4096
 
@@ -281,4 +281,88 @@ class AxiReadDma(wiring.Component):
         with m.If(r_fire & in_err):
             m.d.sync += self.o_error.eq(1)
         m.d.comb += self.o_busy.eq(active | cmdq.r_rdy)
+        return m
+
+
+class AxiReadArbiter(wiring.Component):
+    """Shares one AXI4 read port among `n` read masters.
+
+    Parameters
+    ----------
+    cfg : HardwareConfig
+    n : int
+        Masters; at most ``2**axi_id_bits`` (each gets its own ID on the shared port).
+
+    Members
+    -------
+    s<i> : In(AxiReadSignature), i < n
+        The masters plugged in (their ``arid`` is ignored; they see ``rid = 0``).
+    m : Out(AxiReadSignature)
+        Toward the HP port.
+
+    AR: round robin per burst (after a grant the next master in index order has priority); once an
+    address is presented it is held until accepted, as AXI requires, so a master raising ``arvalid`` later
+    never changes it. The shared port's ``arid`` is the master's index. R: every beat is routed to the
+    master named by ``rid`` (``rready`` is that master's), so beats of one master keep their order and the
+    masters' streams may interleave freely. No buffering: AR and R each pass combinationally.
+    """
+
+    def __init__(self, cfg: HardwareConfig, n: int):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            self._MustUse__silence = True     # rejected: no "created but never used" warning
+            raise TypeError(f"AxiReadArbiter n must be a positive integer, not {n!r}")
+        if n > 1 << cfg.axi_id_bits:
+            self._MustUse__silence = True
+            raise ValueError(f"AxiReadArbiter: {n} masters need {(n - 1).bit_length()} ID bits, "
+                             f"more than axi_id_bits = {cfg.axi_id_bits}")
+        self._cfg, self._n = cfg, n
+        sig = AxiReadSignature.from_config(cfg)
+        members = {f"s{i}": In(sig) for i in range(n)}
+        members["m"] = Out(sig)
+        super().__init__(members)
+
+    cfg = property(lambda self: self._cfg)
+    n = property(lambda self: self._n)
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self._n
+        ins = [getattr(self, f"s{i}") for i in range(n)]
+        out = self.m
+
+        # --- AR ---------------------------------------------------------------------------------------
+        last = Signal(range(n), init=n - 1)    # the last master granted (the next one has priority)
+        held = Signal()                        # an address is on the port, not yet accepted
+        held_sel = Signal(range(n))
+        pick = Signal(range(n))
+        with m.Switch(last):
+            for j in range(n):
+                with m.Case(j):
+                    order = [(j + 1 + k) % n for k in range(n)]
+                    for i in reversed(order):  # the first in `order` with arvalid wins
+                        with m.If(ins[i].arvalid):
+                            m.d.comb += pick.eq(i)
+        sel = Signal(range(n))
+        m.d.comb += sel.eq(Mux(held, held_sel, pick))
+        with m.Switch(sel):
+            for i, s in enumerate(ins):
+                with m.Case(i):
+                    m.d.comb += [out.araddr.eq(s.araddr), out.arlen.eq(s.arlen), out.arsize.eq(s.arsize),
+                                 out.arburst.eq(s.arburst), out.arlock.eq(s.arlock), out.arcache.eq(s.arcache),
+                                 out.arprot.eq(s.arprot), out.arqos.eq(s.arqos), out.arvalid.eq(s.arvalid),
+                                 s.arready.eq(out.arready)]
+        m.d.comb += out.arid.eq(sel)
+        with m.If(out.arvalid & out.arready):
+            m.d.sync += [held.eq(0), last.eq(sel)]
+        with m.Elif(out.arvalid):
+            m.d.sync += [held.eq(1), held_sel.eq(sel)]
+
+        # --- R: routed by rid -------------------------------------------------------------------------
+        for i, s in enumerate(ins):
+            m.d.comb += [s.rid.eq(0), s.rdata.eq(out.rdata), s.rresp.eq(out.rresp), s.rlast.eq(out.rlast),
+                         s.rvalid.eq(out.rvalid & (out.rid == i))]
+        with m.Switch(out.rid):
+            for i, s in enumerate(ins):
+                with m.Case(i):
+                    m.d.comb += out.rready.eq(s.rready)
         return m

@@ -5,7 +5,7 @@ import pytest
 from amaranth import Shape
 from amaranth.lib import wiring
 
-from hdl.axi import AxiReadDma, AxiReadSignature, AxiSignature
+from hdl.axi import AxiReadArbiter, AxiReadDma, AxiReadSignature, AxiSignature, AxiWriteSignature
 from hdl.config import HardwareConfig
 from tb.runner import run
 
@@ -45,3 +45,34 @@ def test_dma_random_transfers(flow):
 def test_dma_full_rate_and_errors():
     run(AxiReadDma(TINY), toplevel="axi_dma", test_module="tb.axi.test_dma", build_name="axi_dma_tiny",
         testcase=["full_rate_and_outstanding", "error_response"], extra_env={"NPU_HW": "tiny"})
+
+
+def test_write_signature_members():
+    sig = AxiWriteSignature.from_config(TINY)
+    members = dict(sig.members.items())
+    assert set(members) == {"awid", "awaddr", "awlen", "awsize", "awburst", "awlock", "awcache", "awprot", "awqos",
+                            "awvalid", "awready", "wdata", "wstrb", "wlast", "wvalid", "wready", "bid", "bresp",
+                            "bvalid", "bready"}
+    for name in ("awaddr", "awvalid", "wdata", "wstrb", "wlast", "wvalid", "bready"):
+        assert members[name].flow == wiring.Out
+    for name in ("awready", "wready", "bid", "bresp", "bvalid"):
+        assert members[name].flow == wiring.In
+    assert Shape.cast(members["wstrb"].shape).width == TINY.bytes_per_beat
+    full = dict(AxiSignature.from_config(TINY).members.items())
+    read = dict(AxiReadSignature.from_config(TINY).members.items())
+    assert set(full) == set(members) | set(read) and len(full) == len(members) + len(read)
+    assert repr(sig) == "AxiWriteSignature(32, 64, 4)" and sig != AxiReadSignature.from_config(TINY)
+
+
+def test_arbiter_errors():
+    with pytest.raises(ValueError, match="17 masters need 5 ID bits, more than axi_id_bits = 4"):
+        AxiReadArbiter(TINY, 17)
+    with pytest.raises(TypeError, match="n must be a positive integer, not 0"):
+        AxiReadArbiter(TINY, 0)
+
+
+@pytest.mark.parametrize("flow", [0, 1, 2])
+def test_arbiter_three_masters(flow):
+    from tb.axi.arbiter_top import ArbiterBench
+    run(ArbiterBench(TINY), toplevel="axi_arbiter", test_module="tb.axi.test_arbiter", build_name="axi_arbiter_tiny",
+        testcase="three_masters", extra_env={"NPU_HW": "tiny", "SEED": str(31 + flow), "FLOW": str(flow)})
