@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import hashlib
 
-from amaranth import Cat, Module, Mux, ResetInserter, Signal
+from amaranth import Cat, Module, ResetInserter, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from .axi import AxiReadSignature, AxiSignature, AxiWriteSignature
+from .axi import AxiReadArbiter, AxiReadSignature, AxiSignature, AxiWriteSignature
 from .config import HardwareConfig
 from .controller import REGIONS, Controller
 from .csr import AxiLiteSignature, CsrBlock, port_name
@@ -113,10 +113,10 @@ class Npu(wiring.Component):
         ]
 
         # --- AXI ports --------------------------------------------------------------------------------
-        m.submodules.arb0 = arb = _ReadArbiter(hw, 3)
+        m.submodules.arb0 = arb = AxiReadArbiter(hw, 3)
         wiring.connect(m, fetch.axi, arb.s0)
-        wiring.connect(m, wiring.flipped(ctl.m_rd), arb.s1)
-        wiring.connect(m, wiring.flipped(ctl.m_gemv0), arb.s2)
+        wiring.connect(m, ctl.m_rd, arb.s1)
+        wiring.connect(m, ctl.m_gemv0, arb.s2)
         read_names = list(AxiReadSignature.from_config(hw).members.keys())
         write_names = list(AxiWriteSignature(hw.axi_addr_bits, hw.axi_data_bits, hw.axi_id_bits).members.keys())
         port0 = self.m_axi0
@@ -174,52 +174,3 @@ class Npu(wiring.Component):
             m.d.comb += [reg(f"{name}_LO").eq(c[:32]), reg(f"{name}_HI").eq(c[32:])]
         return m
 
-
-class _ReadArbiter(wiring.Component):
-    """AXI4 read channels of `n` masters onto one port: AR round robin (a grant holds until its handshake), the
-    master's index as ARID, R beats routed back by RID (the masters see RID 0)."""
-
-    def __init__(self, hw: HardwareConfig, n: int):
-        if n > (1 << hw.axi_id_bits):
-            raise ValueError(f"{n} masters need more than axi_id_bits ({hw.axi_id_bits}) of ID")
-        self._n = n
-        members = {"m": Out(AxiReadSignature.from_config(hw))}
-        for i in range(n):
-            members[f"s{i}"] = In(AxiReadSignature.from_config(hw))
-        super().__init__(members)
-
-    def elaborate(self, platform):
-        m = Module()
-        n = self._n
-        ins = [getattr(self, f"s{i}") for i in range(n)]
-        out = self.m
-        grant = Signal(range(n))
-        locked = Signal()
-        # pick: the next requesting master after the last grant
-        last = Signal(range(n))
-        pick = Signal(range(n))
-        order = [[(j + k) % n for k in range(1, n + 1)] for j in range(n)]
-        with m.Switch(last):
-            for j in range(n):
-                with m.Case(j):
-                    for i in reversed(order[j]):
-                        with m.If(ins[i].arvalid):
-                            m.d.comb += pick.eq(i)
-        sel = Mux(locked, grant, pick)
-        any_req = Cat(*[s.arvalid for s in ins]).any()
-        with m.Switch(sel):
-            for i, s in enumerate(ins):
-                with m.Case(i):
-                    m.d.comb += [out.arvalid.eq(s.arvalid), s.arready.eq(out.arready), out.arid.eq(i)]
-                    for name in ("araddr", "arlen", "arsize", "arburst", "arlock", "arcache", "arprot", "arqos"):
-                        m.d.comb += getattr(out, name).eq(getattr(s, name))
-        with m.If(out.arvalid & out.arready):
-            m.d.sync += [locked.eq(0), last.eq(sel)]
-        with m.Elif(any_req & ~locked):
-            m.d.sync += [locked.eq(1), grant.eq(pick)]
-        for i, s in enumerate(ins):
-            m.d.comb += [s.rdata.eq(out.rdata), s.rresp.eq(out.rresp), s.rlast.eq(out.rlast), s.rid.eq(0),
-                         s.rvalid.eq(out.rvalid & (out.rid == i))]
-            with m.If(out.rid == i):
-                m.d.comb += out.rready.eq(s.rready)
-        return m

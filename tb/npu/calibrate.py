@@ -1,0 +1,83 @@
+"""cocotb test ``calibrate``: micro-programs that isolate each cost of the RTL controller, for the
+performance model (`firmware.perf.fit_rates`; `python -m benchmarks.npu` runs it and fits).
+
+Every program is run on the RTL (CYCLES from START to DONE) and through the ISS's ``count`` arithmetic (its
+passes and instructions). Each repeats one kind of work `REPS` times at two sizes, so the fit separates the
+fixed cost of a pass from its elements. The results go to the JSON file ``NPU_RESULT``:
+``[{"name", "cycles", "words"}]`` (the host rebuilds the ISS counters from the words).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cocotb
+from cocotb.task import bridge
+
+from firmware.compiler import Program
+from firmware.pack import pack
+from firmware.runtime import CsrBackend, attach_rtl_device, detach_rtl_device
+from hdl.config import HardwareConfig
+from hdl.isa import CtrlFunc, DdrRegion, DmaDir, Opcode, ScalarFunc, VecFunc, encode
+from sim.config import ModelConfig
+from tb.npu.bench import NpuBench, SimDevice
+from tb.npu.host import load_npz
+from tb.runner import ROOT, bench_env
+
+REPS = 16
+
+
+def _ctrl(func, imm=0):
+    return encode(Opcode.CTRL, func=func, imm=imm)
+
+
+def micro_programs(image, hw: HardwareConfig) -> dict[str, list[int]]:
+    """name -> program words (each ends with HALT)."""
+    halt = _ctrl(CtrlFunc.HALT)
+    mat = next(d for d in image.descriptors if d.kind == 0 and d.layout == 0 and d.cols <= hw.gemv_max_cols
+               and d.rows <= 256)
+    progs = {"nop": [_ctrl(CtrlFunc.NOP)] * REPS}
+    for n in (4, 64):
+        vec = lambda f, s=0: encode(Opcode.VEC, func=f, dst=64, a=0, b=32, s=s, async_=0)   # noqa: E731
+        progs[f"vec_add_{n}"] = [_ctrl(CtrlFunc.SETVL, n)] + [vec(VecFunc.ADD)] * REPS
+        progs[f"vec_sum_{n}"] = [_ctrl(CtrlFunc.SETVL, n)] + [vec(VecFunc.SUM, 1)] * REPS
+        progs[f"dma_in_{n}"] = [_ctrl(CtrlFunc.SETVL, n)] + [
+            encode(Opcode.DMA, dir=DmaDir.DDR_TO_L2, region=DdrRegion.CONST, l2=0, offset=0, async_=0)] * REPS
+        progs[f"dma_out_{n}"] = [_ctrl(CtrlFunc.SETVL, n)] + [
+            encode(Opcode.DMA, dir=DmaDir.L2_TO_DDR, region=DdrRegion.SCRATCH, l2=0, offset=0, async_=0)] * REPS
+    progs["scalar_ld"] = [encode(Opcode.SCALAR, func=ScalarFunc.LD, d=1, a=0, b=0, imm=5)] * REPS
+    progs["scalar_add"] = [encode(Opcode.SCALAR, func=ScalarFunc.ADD, d=1, a=1, b=2, imm=0)] * REPS
+    progs["scalar_recip"] = [encode(Opcode.SCALAR, func=ScalarFunc.RECIP, d=1, a=3, b=0, imm=0)] * REPS
+    progs["wgemv"] = [_ctrl(CtrlFunc.SETVL, 4)] + [
+        encode(Opcode.WGEMV, dst=128, src=0, desc=mat.index, accm=0, findemax=0, sparse=0, async_=0)] * REPS
+    return {k: v + [halt] for k, v in progs.items()}
+
+
+def calibrate_host(device, case, hw, log) -> list[dict]:
+    cfg = ModelConfig.from_hf(case.config)
+    image = pack(cfg, case.tensors, hw, max_positions=4)
+    npu = CsrBackend(device)
+    out = []
+    for name, words in micro_programs(image, hw).items():
+        npu.load(image, Program(words=words, steps=[name] * len(words)))
+        npu.run(0, 0)
+        cycles = npu.csr_read64("CYCLES")
+        log(f"calibrate {name}: {cycles} cycles")
+        out.append({"name": name, "cycles": cycles, "words": [int(w) for w in words]})
+    return out
+
+
+@cocotb.test()
+async def calibrate(dut):
+    hw = HardwareConfig.preset(bench_env("NPU_HW", "tiny"))
+    bench = NpuBench(dut, hw, seed=int(bench_env("SEED", "0")), pause=float(bench_env("NPU_PAUSE", "0")))
+    await bench.start()
+    device = SimDevice(bench)
+    attach_rtl_device(device)
+    case = load_npz(Path(bench_env("NPU_NPZ", str(ROOT / "tests" / "fixtures" / "f64_s2_l7.npz"))))
+    try:
+        results = await bridge(calibrate_host)(device, case, hw, dut._log.info)
+    finally:
+        detach_rtl_device()
+    Path(bench_env("NPU_RESULT")).write_text(json.dumps(results))
