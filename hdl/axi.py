@@ -24,7 +24,7 @@ from amaranth.lib.wiring import In, Out
 from .config import HardwareConfig
 
 __all__ = ["AxiBurst", "AxiResp", "AxiReadSignature", "AxiWriteSignature", "AxiSignature", "AxiReadDma",
-           "AxiReadArbiter", "read_command_layout", "read_data_layout"]
+           "AxiReadArbiter", "AxiWriteDma", "read_command_layout", "read_data_layout", "write_data_layout"]
 
 AXI_4K = 4096
 
@@ -365,4 +365,182 @@ class AxiReadArbiter(wiring.Component):
             for i, s in enumerate(ins):
                 with m.Case(i):
                     m.d.comb += out.rready.eq(s.rready)
+        return m
+
+
+def write_data_layout(data_bits: int) -> data.StructLayout:
+    """One `AxiWriteDma` input beat: `data` aligned to the command's start (bytes past the command's end in
+    its final beat are ignored), `last` on the command's final beat (informational: the DMA counts beats)."""
+    return data.StructLayout({"data": unsigned(data_bits), "last": 1})
+
+
+class AxiWriteDma(wiring.Component):
+    """AXI4 write DMA: byte-addressed commands and start-aligned data beats in, strobed INCR bursts out.
+
+    Parameters
+    ----------
+    cfg : HardwareConfig
+        Bus widths, ``axi_max_burst_beats`` and ``axi_max_outstanding``.
+    len_bits : int
+        Width of a command's byte count.
+
+    Members
+    -------
+    i_cmd : In(stream.Signature(read_command_layout))
+        ``addr`` (any byte alignment), ``nbytes`` (0: accepted once the DMA is idle, then ``o_done``).
+    i_data : In(stream.Signature(write_data_layout))
+        Exactly ``ceil(nbytes / B)`` beats per command, in command order; beat ``k`` holds bytes
+        ``addr + k*B ..`` (the mirror of `AxiReadDma.o_data`).
+    axi : Out(AxiWriteSignature)
+    o_done : Out(1)
+        One-cycle pulse when the last B response of a command has arrived.
+    o_busy : Out(1)
+        A command is accepted and not all its B responses have arrived.
+    o_error : Out(1)
+        Sticky: some B response was not OKAY since reset.
+
+    A burst generator splits each command at 4 KB boundaries and at ``axi_max_burst_beats`` into
+    descriptors for the AW and the W side at once, so W never waits for AWREADY (as AXI requires); at most
+    ``axi_max_outstanding`` bursts are generated and not yet answered on B. The W side realigns the input
+    beats to the DDR address (beat ``j`` of the span is ``input[j-1]`` lanes from ``B - off`` on and
+    ``input[j]`` lanes below) and strobes only the bytes of ``[addr, addr + nbytes)``. One beat per cycle.
+    All bursts use ID 0 (B responses in order).
+    """
+
+    def __init__(self, cfg: HardwareConfig, *, len_bits: int = 24):
+        if isinstance(len_bits, bool) or not isinstance(len_bits, int) or not 1 <= len_bits <= 32:
+            self._MustUse__silence = True
+            raise ValueError(f"len_bits must be an integer in 1..32, not {len_bits!r}")
+        self._cfg, self._len_bits = cfg, len_bits
+        super().__init__({
+            "i_cmd": In(stream.Signature(read_command_layout(cfg.axi_addr_bits, len_bits))),
+            "i_data": In(stream.Signature(write_data_layout(cfg.axi_data_bits))),
+            "axi": Out(AxiWriteSignature.from_config(cfg)),
+            "o_done": Out(1),
+            "o_busy": Out(1),
+            "o_error": Out(1),
+        })
+
+    cfg = property(lambda self: self._cfg)
+    len_bits = property(lambda self: self._len_bits)
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._cfg
+        B, W = cfg.bytes_per_beat, cfg.axi_data_bits
+        lb = (B - 1).bit_length()
+        beats_bits = self._len_bits - lb + 2
+        maxo = cfg.axi_max_outstanding
+        axi = self.axi
+
+        # --- commands: to the burst generator and, as span info, to the W side --------------------------
+        info = data.StructLayout({"off": unsigned(max(lb, 1)), "nin": unsigned(beats_bits),
+                                  "nout": unsigned(beats_bits), "endb": unsigned(lb + 1)})
+        m.submodules.cmdq = cmdq = fifo.SyncFIFOBuffered(width=info.size, depth=maxo + 1)
+        cmd = self.i_cmd.p
+        off = cmd.addr[:lb] if lb else Const(0, 1)
+        c_info = Signal(info)
+        span = Signal(self._len_bits + 1)
+        m.d.comb += [span.eq(cmd.nbytes + off), c_info.off.eq(off), c_info.nin.eq((cmd.nbytes + (B - 1)) >> lb),
+                     c_info.nout.eq((span + (B - 1)) >> lb),
+                     c_info.endb.eq(Mux(span[:lb] == 0, B, span[:lb]) if lb else B), cmdq.w_data.eq(c_info)]
+
+        cur = Signal(cfg.axi_addr_bits)        # next burst's beat-aligned address
+        rem = Signal(beats_bits)               # beats left to generate for the current command
+        active = Signal()
+        pending = Signal(range(maxo + 1))      # bursts generated, B not yet received
+        zero_done = Signal()
+        m.d.comb += self.o_busy.eq(active | cmdq.r_rdy | (pending != 0))
+        m.d.comb += self.i_cmd.ready.eq(~active & cmdq.w_rdy & ((cmd.nbytes != 0) | ~self.o_busy))
+        m.d.sync += zero_done.eq(0)
+        with m.If(self.i_cmd.valid & self.i_cmd.ready):
+            with m.If(cmd.nbytes != 0):
+                m.d.comb += cmdq.w_en.eq(1)
+                m.d.sync += [cur.eq(cmd.addr & ~(B - 1)), rem.eq(c_info.nout), active.eq(1)]
+            with m.Else():
+                m.d.sync += zero_done.eq(1)
+
+        # --- burst generator ---------------------------------------------------------------------------
+        to_4k = Signal(range(AXI_4K // B + 1))
+        m.d.comb += to_4k.eq((AXI_4K - cur[:12]) >> lb)
+        burst = Signal(range(cfg.axi_max_burst_beats + 1))
+        with m.If((rem <= cfg.axi_max_burst_beats) & (rem <= to_4k)):
+            m.d.comb += burst.eq(rem)
+        with m.Elif(to_4k < cfg.axi_max_burst_beats):
+            m.d.comb += burst.eq(to_4k)
+        with m.Else():
+            m.d.comb += burst.eq(cfg.axi_max_burst_beats)
+        aw_layout = data.StructLayout({"addr": unsigned(cfg.axi_addr_bits), "len": unsigned(8)})
+        m.submodules.awq = awq = fifo.SyncFIFOBuffered(width=aw_layout.size, depth=maxo)
+        m.submodules.wq = wq = fifo.SyncFIFOBuffered(width=8, depth=maxo)
+        m.submodules.bq = bq = fifo.SyncFIFOBuffered(width=1, depth=maxo)
+        gen = Signal()
+        m.d.comb += gen.eq(active & (pending < maxo) & awq.w_rdy & wq.w_rdy & bq.w_rdy)
+        aw_in = Signal(aw_layout)
+        m.d.comb += [aw_in.addr.eq(cur), aw_in.len.eq(burst - 1), awq.w_data.eq(aw_in), wq.w_data.eq(burst - 1),
+                     bq.w_data.eq(rem == burst), awq.w_en.eq(gen), wq.w_en.eq(gen), bq.w_en.eq(gen)]
+        with m.If(gen):
+            m.d.sync += [cur.eq(cur + (burst << lb)), rem.eq(rem - burst)]
+            with m.If(rem == burst):
+                m.d.sync += active.eq(0)
+        b_fire = axi.bvalid & axi.bready
+        m.d.sync += pending.eq(pending + gen - b_fire)
+
+        # --- AW -----------------------------------------------------------------------------------------
+        aw = Signal(aw_layout)
+        m.d.comb += [
+            aw.eq(awq.r_data),
+            axi.awid.eq(0), axi.awaddr.eq(aw.addr), axi.awlen.eq(aw.len), axi.awsize.eq(lb),
+            axi.awburst.eq(AxiBurst.INCR), axi.awlock.eq(0), axi.awcache.eq(0b0011), axi.awprot.eq(0),
+            axi.awqos.eq(0), axi.awvalid.eq(awq.r_rdy), awq.r_en.eq(axi.awready),
+        ]
+
+        # --- W: realign the start-aligned input beats to the DDR address, strobe the command's bytes ------
+        head = Signal(info)
+        m.d.comb += head.eq(cmdq.r_data)
+        j = Signal(beats_bits)                 # AXI beat of the current command
+        bb = Signal(8)                         # beat within the current burst
+        prev = Signal(W)
+        need_in = Signal()
+        m.d.comb += need_in.eq(j < head.nin)
+        src = Signal(W)
+        m.d.comb += src.eq(Mux(need_in, self.i_data.p.data, 0))
+        wdata = Signal(W)
+        back = Signal(range(B + 1))            # lanes of the previous input beat shifted out: B - off
+        m.d.comb += back.eq(B - head.off)
+        with m.If(head.off == 0):
+            m.d.comb += wdata.eq(src)
+        with m.Else():
+            m.d.comb += wdata.eq((Cat(prev, src) >> (back * 8))[:W])
+        tail = Signal(range(B + 1))            # lanes past the command's end in its final beat
+        m.d.comb += tail.eq(B - head.endb)
+        ones = (1 << B) - 1
+        first_mask = Signal(B)
+        last_mask = Signal(B)
+        m.d.comb += [first_mask.eq(Mux(j == 0, (Const(ones, B) << head.off)[:B], ones)),
+                     last_mask.eq(Mux(j == head.nout - 1, Const(ones, B) >> tail, ones))]
+        go = Signal()
+        m.d.comb += go.eq(cmdq.r_rdy & wq.r_rdy)
+        wlast = Signal()
+        m.d.comb += wlast.eq(bb == wq.r_data)
+        m.d.comb += [
+            axi.wdata.eq(wdata), axi.wstrb.eq(first_mask & last_mask), axi.wlast.eq(wlast),
+            axi.wvalid.eq(go & (~need_in | self.i_data.valid)),
+            self.i_data.ready.eq(go & need_in & axi.wready),
+        ]
+        with m.If(axi.wvalid & axi.wready):
+            m.d.sync += [j.eq(j + 1), bb.eq(bb + 1)]
+            with m.If(need_in):
+                m.d.sync += prev.eq(self.i_data.p.data)
+            with m.If(wlast):
+                m.d.comb += wq.r_en.eq(1)
+                m.d.sync += bb.eq(0)
+            with m.If(j == head.nout - 1):
+                m.d.comb += cmdq.r_en.eq(1)
+                m.d.sync += j.eq(0)
+
+        # --- B ------------------------------------------------------------------------------------------
+        m.d.comb += [axi.bready.eq(1), bq.r_en.eq(b_fire), self.o_done.eq((b_fire & bq.r_data) | zero_done)]
+        with m.If(b_fire & (axi.bresp != AxiResp.OKAY)):
+            m.d.sync += self.o_error.eq(1)
         return m
