@@ -138,7 +138,9 @@ class Bench:
                 self.done_cycles.append(self.cycle)
 
     def command(self, addr: int, n: int, fmt: int):
-        """Elements of a random command (as uint32 words) and the memory image update."""
+        """Elements of a random command (as uint32 words) and the memory image update. The address bits
+        below the element size are ignored by the hardware, so the image is written at the aligned address."""
+        addr &= ~(ELEM_BYTES[DdrFormat(fmt)] - 1)
         if fmt == DdrFormat.F32:
             x = self.np_rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
             data = x.astype("<u4").tobytes()
@@ -196,6 +198,9 @@ def random_commands(hw, rng: random.Random, count: int):
         for lane in range(0, B, size):
             cmds.append(dict(addr=rng.randrange(1, MEM // B - 64) * B + lane, n=1, fmt=int(fmt)))
             cmds.append(dict(addr=rng.randrange(1, MEM // B - 64) * B + lane, n=rng.randrange(2, 3 * B), fmt=int(fmt)))
+    # address bits below the element size are ignored
+    cmds += [dict(addr=rng.randrange(MEM // 2) * 2 + 1, n=rng.randrange(1, 20), fmt=int(fmt)) for fmt in (0, 1)]
+    cmds += [dict(addr=rng.randrange(MEM // 4) * 4 + 2, n=rng.randrange(1, 20), fmt=0)]
     cmds += [dict(addr=4096 - 4, n=2, fmt=0), dict(addr=64, n=0, fmt=0), dict(addr=2 * 4096 - 2, n=2, fmt=1),
              dict(addr=0, n=1, fmt=1), dict(addr=MEM - 2, n=1, fmt=1), dict(addr=100, n=0, fmt=1)]
     rng.shuffle(cmds)
@@ -232,6 +237,35 @@ async def error_response(dut):
     await tb.run([dict(addr=1000, n=9, fmt=0), dict(addr=3, n=0, fmt=0)])
     tb.check_memory("after the error")
     assert int(dut.o_error.value) == 1, "o_error is not sticky"
+
+
+@cocotb.test(timeout_time=5, timeout_unit="ms")
+async def outstanding_limit(dut):
+    """With B responses held back for 2000 cycles behind a slave that would accept any number of bursts, the
+    writer stops issuing addresses at exactly ``axi_max_outstanding`` bursts awaiting B; once B flows again
+    the command completes and memory is right."""
+    tb = Bench(dut, 11, 0.0)
+    for ch in (tb.ram.aw_channel, tb.ram.w_channel, tb.ram.b_channel):
+        ch.queue_occupancy_limit = 1024
+    hold = [True] * 2000
+
+    def b_pause():
+        while True:
+            yield hold.pop() if hold else False
+
+    tb.ram.b_channel.set_pause_generator(b_pause())
+    await tb.reset()
+    hw = tb.hw
+    n = (hw.axi_max_outstanding + 3) * hw.axi_max_burst_beats * hw.bytes_per_beat // 4
+    task = cocotb.start_soon(tb.run([dict(addr=4096, n=n, fmt=0)]))
+    for _ in range(1500):
+        await FallingEdge(dut.clk)
+    assert tb.b == 0
+    assert tb.aw == hw.axi_max_outstanding, f"{tb.aw} bursts issued while no B came back"
+    assert int(dut.axi__awvalid.value) == 0
+    await task
+    assert tb.max_outstanding == hw.axi_max_outstanding
+    tb.check_memory("outstanding limit")
 
 
 @cocotb.test(timeout_time=5, timeout_unit="ms")
