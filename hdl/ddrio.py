@@ -32,9 +32,9 @@ from amaranth import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .axi import AxiReadDma, AxiReadSignature
+from .axi import AxiReadDma, AxiReadSignature, AxiWriteDma, AxiWriteSignature
 from .config import HardwareConfig
-from .fp import F16ToF32, FpMul, IntToFp
+from .fp import F16ToF32, F32ToF16, FpMul, IntToFp
 
 __all__ = ["DdrFormat", "N_BITS", "DdrReader", "DdrWriter", "reader_cmd_layout", "writer_cmd_layout",
            "elem_layout", "reader_buffer_beats"]
@@ -274,4 +274,125 @@ class DdrReader(wiring.Component):
         in_pipe = Signal(range(self.latency + 2))
         m.d.sync += in_pipe.eq(in_pipe + take - (o.valid & o.ready))
         m.d.comb += [self.o_busy.eq((left != 0) | (in_pipe != 0)), self.o_error.eq(dma.o_error)]
+        return m
+
+
+class DdrWriter(wiring.Component):
+    """binary32 element stream -> DDR, as binary32 (raw bits) or binary16 (`F32ToF16`, RNE, NaN -> 0x7E00).
+
+    Parameters
+    ----------
+    hw : HardwareConfig
+
+    Members
+    -------
+    i_cmd : In(stream.Signature(writer_cmd_layout(hw)))
+        ``addr`` (byte address, any alignment), ``n`` (elements; 0 is accepted and only pulses ``o_done``),
+        ``fmt`` (`DdrFormat.F32` or `DdrFormat.F16`). Accepted once the previous command's elements have
+        all been taken (its writes may still be in flight: commands are pipelined).
+    i_elem : In(stream.Signature(unsigned(32)))
+        Exactly ``n`` elements per command, in order.
+    axi : Out(AxiWriteSignature)
+    o_done : Out(1)
+        One-cycle pulse when the last B response of a command has arrived (in command order).
+    o_busy : Out(1)
+    o_error : Out(1)
+        Sticky: some B response was not OKAY since reset.
+
+    The elements go through a `F32ToF16` pipeline (binary32 bits ride beside it), then are packed into
+    beats aligned to the command's address (binary32: ``B / 4`` per beat, binary16: ``B / 2``) for an
+    `AxiWriteDma`, which realigns them to DDR with byte strobes: no byte outside
+    ``[addr, addr + n * size)`` is written. One element per cycle.
+    """
+
+    def __init__(self, hw: HardwareConfig):
+        self._hw = hw
+        super().__init__({
+            "i_cmd": In(stream.Signature(writer_cmd_layout(hw))),
+            "i_elem": In(stream.Signature(unsigned(32))),
+            "axi": Out(AxiWriteSignature.from_config(hw)),
+            "o_done": Out(1),
+            "o_busy": Out(1),
+            "o_error": Out(1),
+        })
+
+    hw = property(lambda self: self._hw)
+
+    @property
+    def latency(self) -> int:
+        """Cycles from an element's acceptance to its beat register (the `F32ToF16` pipeline)."""
+        return F32ToF16.LATENCY
+
+    def elaborate(self, platform):
+        m = Module()
+        hw = self._hw
+        B, W = hw.bytes_per_beat, hw.axi_data_bits
+        lb = _log2(B)
+
+        m.submodules.dma = dma = AxiWriteDma(hw, len_bits=N_BITS + 2)
+        wiring.connect(m, wiring.flipped(self.axi), dma.axi)
+
+        # --- command: handed to the DMA as it is accepted --------------------------------------------
+        left = Signal(N_BITS)                  # elements still to accept
+        fmt = Signal(1)
+        cmd = self.i_cmd.p
+        m.d.comb += [
+            dma.i_cmd.valid.eq(self.i_cmd.valid & (left == 0)),
+            dma.i_cmd.p.addr.eq(cmd.addr),
+            dma.i_cmd.p.nbytes.eq(Mux(cmd.fmt == DdrFormat.F16, cmd.n << 1, cmd.n << 2)),
+            self.i_cmd.ready.eq((left == 0) & dma.i_cmd.ready),
+        ]
+        with m.If(self.i_cmd.valid & self.i_cmd.ready):
+            m.d.sync += [left.eq(cmd.n), fmt.eq(cmd.fmt)]
+
+        # --- conversion pipeline ------------------------------------------------------------------------
+        en = Signal()
+        m.submodules.cvt = cvt = F32ToF16()
+        take = Signal()
+        m.d.comb += [self.i_elem.ready.eq((left != 0) & en), take.eq(self.i_elem.valid & self.i_elem.ready)]
+        with m.If(take):
+            m.d.sync += left.eq(left - 1)
+        m.d.comb += [cvt.en.eq(en), cvt.i_valid.eq(take), cvt.i_a.eq(self.i_elem.p)]
+        side = data.StructLayout({"fmt": 1, "raw": 32, "last": 1})
+        stages = [Signal(side, name="side_in")]
+        m.d.comb += [stages[0].fmt.eq(fmt), stages[0].raw.eq(self.i_elem.p), stages[0].last.eq(left == 1)]
+        for i in range(cvt.latency):
+            st = Signal(side, name=f"side{i + 1}")
+            with m.If(en):
+                m.d.sync += st.eq(stages[-1])
+            stages.append(st)
+        out = stages[-1]
+
+        # --- packer: elements into start-aligned beats ------------------------------------------------
+        acc = Signal(W)
+        pos = Signal(lb + 1)                   # byte position of the next element in `acc`
+        bv = Signal()                          # `acc` holds a finished beat for the DMA
+        blast = Signal()
+        m.d.comb += [dma.i_data.valid.eq(bv), dma.i_data.p.data.eq(acc), dma.i_data.p.last.eq(blast),
+                     en.eq(~cvt.o_valid | ~bv | dma.i_data.ready)]
+        put = Signal()
+        m.d.comb += put.eq(cvt.o_valid & en)
+        f16 = out.fmt == DdrFormat.F16
+        size = Mux(f16, 2, 4)
+        nxt = Signal(lb + 2)
+        m.d.comb += nxt.eq(pos + size)
+        with m.If(dma.i_data.valid & dma.i_data.ready):
+            m.d.sync += bv.eq(0)
+        with m.If(put):
+            for i in range(B // 4):
+                with m.If(~f16 & (pos[2:] == i)):
+                    m.d.sync += acc.word_select(i, 32).eq(out.raw)
+            for i in range(B // 2):
+                with m.If(f16 & (pos[1:] == i)):
+                    m.d.sync += acc.word_select(i, 16).eq(cvt.o_y[:16])
+            m.d.sync += pos.eq(nxt)
+            with m.If((nxt == B) | out.last):
+                m.d.sync += [bv.eq(1), blast.eq(out.last), pos.eq(0)]
+
+        in_pipe = Signal(range(cvt.latency + 2))
+        m.d.sync += in_pipe.eq(in_pipe + take - put)
+        m.d.comb += [
+            self.o_busy.eq((left != 0) | (in_pipe != 0) | bv | dma.o_busy),
+            self.o_done.eq(dma.o_done), self.o_error.eq(dma.o_error),
+        ]
         return m
