@@ -19,8 +19,8 @@ from tb.runner import run
 
 def _run(preset, testcase, **env):
     hw = HardwareConfig.preset(preset)
-    run(DdrWriter(hw), toplevel="ddr_writer", test_module="tb.ddrwrite.test_writer",
-        build_name=f"ddr_writer_{preset}", testcase=testcase, extra_env={"NPU_HW": preset, **env})
+    run(DdrWriter(hw), toplevel="ddrwrite", test_module="tb.ddrwrite.test_writer",
+        build_name=f"ddrwrite_{preset}", testcase=testcase, extra_env={"NPU_HW": preset, **env})
 
 
 @pytest.mark.parametrize("flow", [0, 1, 2])

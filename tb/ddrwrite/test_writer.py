@@ -285,7 +285,7 @@ async def rate(dut):
             span = tb.elem_cycles[-1] - tb.elem_cycles[0] + 1
             results[(fmt.name, addr % B)] = (span, tb.done_cycles[-1] - t0)
     tb.check_memory("rate")
-    dut._log.info("DdrWriter on %s: (fmt, lane) -> (cycles for %d elements on i_elem, cycles to o_done incl. "
-                  "the 30-cycle gap before): %s", tb.hw.name, n, results)
+    dut._log.info("DdrWriter on %s: (fmt, lane) -> (cycles for %d elements on i_elem, cycles from "
+                  "sending the command to o_done): %s", tb.hw.name, n, results)
     for key, (span, _) in results.items():
         assert span <= n + 2, f"{key}: {span} cycles for {n} elements"
