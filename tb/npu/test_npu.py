@@ -12,8 +12,10 @@ Tests:
   touch) equal to the ISS's view of it.
 - ``bad_input``: programs with a reserved opcode, an L2 address beyond L2 (in a field, and a vector running
   past L2), no HALT, and START written while busy each end in STATUS.ERROR with the documented
-  `hdl.isa.ErrorCode` and ERROR_PC (the ISS agrees on both); the NPU accepts a new START afterwards, and
-  every byte of DDR except what the program wrote before the error (which the ISS predicts) is unchanged.
+  `hdl.isa.ErrorCode` and ERROR_PC (the ISS agrees on both; START while busy: the running program
+  completes, STATUS = DONE | ERROR, ERROR_PC = its HALT); the NPU accepts a new START afterwards (STATUS
+  reads 0 after IRQ_ACK), and every byte of DDR except what the program wrote before the error (which the
+  ISS predicts) is unchanged.
 - ``compare``: what ``python -m tb.npu`` runs: `tokens` with the float64 golden model, the results written
   to the JSON file ``NPU_RESULT`` instead of asserted.
 """
@@ -180,21 +182,28 @@ def bad_input_host(device, case, hw, log, with_dma=True) -> list[str]:
         expect_memory(words, name)
         run_good(name)
 
-    # START while busy: a long program, START again while it runs.
-    long = [_ctrl(CtrlFunc.NOP)] * 2000 + [_ctrl(CtrlFunc.HALT)]
+    # START while busy: a long program (NOPs, then the DMA pair, HALT); START again while it runs. The START
+    # is ignored; the program completes (DONE, its DMA done) and ERROR reports START_WHILE_BUSY at the HALT.
+    long = [_ctrl(CtrlFunc.NOP)] * 2000 + good
+    halt_pc = len(long) - 1
     npu.load(image, _program(long))
     npu.start(0, 0)
     status = npu.csr_read("STATUS")
     if not status & csr_map.STATUS_BUSY:
-        failures.append(f"START while busy: STATUS = {status:#x} right after START (the program is 2001 words)")
+        failures.append(f"START while busy: STATUS = {status:#x} right after START ({len(long)} words)")
     npu.csr_write("CTRL", csr_map.CTRL_START)
+    device.wait_interrupt()
+    status = npu.csr_read("STATUS")
+    want = csr_map.STATUS_DONE | csr_map.STATUS_ERROR
+    if status != want:
+        failures.append(f"START while busy: STATUS = {status:#x}, expected DONE | ERROR ({want:#x})")
     try:
         npu.wait()
         failures.append("START while busy: the NPU reported DONE without ERROR")
     except ExecutionError as e:
-        if e.code is not ErrorCode.START_WHILE_BUSY:
-            failures.append(f"START while busy: ERROR_CODE {e.code.name}, expected START_WHILE_BUSY")
-        log(f"bad input: START while busy: ERROR_PC {e.pc}")
+        if (e.code, e.pc) != (ErrorCode.START_WHILE_BUSY, halt_pc):
+            failures.append(f"START while busy: ERROR_CODE {e.code.name}, ERROR_PC {e.pc}; expected "
+                            f"START_WHILE_BUSY at the HALT ({halt_pc})")
     expect_memory(long, "START while busy")
     run_good("START while busy")
     return failures

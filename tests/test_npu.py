@@ -1,0 +1,82 @@
+"""Full-chip tests of the NPU RTL (`hdl.npu.Npu`, `tiny` preset) through the cocotb bench `tb.npu`.
+
+All share ONE Verilator build (``build/sim/npu_tiny``): the token-by-token comparison with the ISS, the
+malformed programs, and the ``python -m tb.npu`` command line on two tokens. The host side's argument
+checks need no simulation.
+"""
+
+import re
+
+import numpy as np
+import pytest
+
+from firmware.runtime import BackendUnavailable, Runtime
+from hdl.config import HardwareConfig
+from sim.config import PRESETS
+from sim.gemma3n import Model
+from sim.random_weights import random_tensors
+from tb.npu.__main__ import main
+from tb.npu.host import load_npz
+from tb.npu import simulate
+from tb.runner import ROOT
+
+HW = HardwareConfig.preset("tiny")
+FIXTURE = ROOT / "tests" / "fixtures" / "f64_s2_l7.npz"
+
+
+def _bench(testcase: str, seed: int = 1, **env):
+    simulate(HW, testcase, seed=seed, env={"NPU_NPZ": str(FIXTURE), **env})
+
+
+def test_tokens_bit_identical_to_the_iss():
+    """f64_s2_l7, 4 tokens: sliding window 3 crossed (ring slot 0 rewritten at position 3), KV-shared
+    layers 5-6, sparse layer 0, PLE id remap (313) at step 3; logits and all of DDR every step."""
+    _bench("tokens", NPU_TOKENS="4")
+
+
+def test_bad_input_ends_in_the_documented_error_state():
+    _bench("bad_input")
+
+
+def test_cli_two_tokens(capsys):
+    assert main(["--hf-npz", str(FIXTURE), "--tokens", "2", "--seed", "2"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if re.match(r"\s*\d+\s+\d+\s+(yes|NO)", line)]
+    assert [r[:4] for r in rows] == [["0", "2", "yes", "same"], ["1", "24", "yes", "same"]], out
+    # max |logit - golden| as printed: the ISS's hardware arithmetic against the float64 model, computed here
+    case = load_npz(FIXTURE)
+    iss = Runtime.from_hf(case.config, case.tensors, backend="iss", arithmetic="hardware", hw=HW)
+    golden = Model.from_hf(case.config, case.tensors, dtype=np.float64)
+    for r, token in zip(rows, case.input_ids[:2]):
+        diff = np.max(np.abs(iss.step(token).astype(np.float64) - golden.step(token)))
+        assert r[4] == f"{diff:.3e}", (r, diff)
+        assert int(r[5]) > 0 and int(r[6]) == len(iss.program.words)      # CYCLES, INSNS (HALT retires)
+    assert "all steps bit-identical" in out
+
+
+def test_cli_argument_errors(capsys, tmp_path):
+    for argv, message in [
+        (["--hf-npz", str(tmp_path / "none.npz")], "no such file"),
+        (["--hf-npz", str(FIXTURE), "--tokens", "0"], "must be a positive integer, not '0'"),
+        (["--hf-npz", str(FIXTURE), "--tokens", "17"], "has only 16 input ids"),
+        (["--hf-npz", str(FIXTURE), "--hw", "big"], "--hw must be one of kv260, tiny, not 'big'"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        assert message in capsys.readouterr().err
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=np.zeros(1))
+    with pytest.raises(SystemExit):
+        main(["--hf-npz", str(bad)])
+    assert "has no 'config_json' entry" in capsys.readouterr().err
+
+
+def test_rtl_backend_outside_the_bench_says_where_it_runs():
+    cfg = PRESETS["tiny"]
+    with pytest.raises(BackendUnavailable, match=r"runs inside the full-chip bench \(python -m tb.npu"):
+        Runtime.from_hf(cfg, random_tensors(cfg, 0), backend="rtl", hw="tiny")
+    with pytest.raises(ValueError, match="the RTL computes 'hardware' arithmetic, not 'reference'"):
+        Runtime.from_hf(cfg, random_tensors(cfg, 0), backend="rtl", arithmetic="reference", hw="tiny")
+    with pytest.raises(ValueError, match="backend must be one of 'iss', 'rtl', not 'board'"):
+        Runtime.from_hf(cfg, random_tensors(cfg, 0), backend="board")
