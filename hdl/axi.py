@@ -163,6 +163,7 @@ class AxiReadDma(wiring.Component):
 
     def __init__(self, cfg: HardwareConfig, *, len_bits: int = 24):
         if isinstance(len_bits, bool) or not isinstance(len_bits, int) or not 1 <= len_bits <= 32:
+            self._MustUse__silence = True     # rejected: no "created but never used" warning
             raise ValueError(f"len_bits must be an integer in 1..32, not {len_bits!r}")
         self._cfg = cfg
         self._len_bits = len_bits
