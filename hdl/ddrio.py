@@ -1,7 +1,7 @@
-"""DDR element streams: `DdrReader` (DDR -> binary32 elements) and `DdrWriter` (binary32 elements -> DDR).
+"""DDR element streams in: `DdrReader` (DDR -> binary32 elements); the way out is `hdl.ddrwrite.DdrWriter`.
 
-These are the DDR ends of the controller's passes (docs: /work npu-interfaces, "hdl/axi.py additions ...").
-Both speak one element per cycle on a `lib.stream` and one AXI4 port on the other side.
+The DDR ends of the controller's passes (docs/architecture.md, "The NPU in RTL"): one element per cycle on a
+`lib.stream`, one AXI4 read port on the other side. The command layouts of both directions live here.
 
 `DdrReader` reads ``n`` elements stored as binary32 (`DdrFormat.F32`, raw bits), binary16
 (`DdrFormat.F16`, converted exactly by `hdl.fp.F16ToF32`) or scaled INT4 (`DdrFormat.INT4`: two values
@@ -18,10 +18,6 @@ beat buffer.
 beats plus every beat of that buffer already in flight, so the DMA's output (and the shared R channel
 behind it) is always accepted at once, whatever ``o_elem``'s consumer does. No alignment is required:
 the DMA realigns any byte address (F32/F16 data at an odd address, odd ``saddr``, all work).
-
-`DdrWriter` packs elements (binary32 raw, or binary16 from `hdl.fp.F32ToF16`) into beats aligned to the
-command's address and writes them with an `hdl.axi.AxiWriteDma`, which realigns them to DDR with byte
-strobes, so no byte outside ``[addr, addr + n * size)`` is written.
 """
 
 from __future__ import annotations
@@ -32,11 +28,11 @@ from amaranth import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .axi import AxiReadDma, AxiReadSignature, AxiWriteDma, AxiWriteSignature
+from .axi import AxiReadDma, AxiReadSignature
 from .config import HardwareConfig
-from .fp import F16ToF32, F32ToF16, FpMul, IntToFp
+from .fp import F16ToF32, FpMul, IntToFp
 
-__all__ = ["DdrFormat", "N_BITS", "DdrReader", "DdrWriter", "reader_cmd_layout", "writer_cmd_layout",
+__all__ = ["DdrFormat", "N_BITS", "DdrReader", "reader_cmd_layout", "writer_cmd_layout",
            "elem_layout", "reader_buffer_beats"]
 
 N_BITS = 24                        # element count width of a command
@@ -44,7 +40,7 @@ _ONE = 0x3F800000                  # binary32 1.0
 
 
 class DdrFormat(enum.IntEnum):
-    """Element formats in DDR (the ``fmt`` field of the commands; `DdrWriter` takes F32 and F16)."""
+    """Element formats in DDR (the ``fmt`` field of the commands; `hdl.ddrwrite.DdrWriter` takes F32 and F16)."""
     F32 = 0
     F16 = 1
     INT4 = 2
@@ -274,125 +270,4 @@ class DdrReader(wiring.Component):
         in_pipe = Signal(range(self.latency + 2))
         m.d.sync += in_pipe.eq(in_pipe + take - (o.valid & o.ready))
         m.d.comb += [self.o_busy.eq((left != 0) | (in_pipe != 0)), self.o_error.eq(dma.o_error)]
-        return m
-
-
-class DdrWriter(wiring.Component):
-    """binary32 element stream -> DDR, as binary32 (raw bits) or binary16 (`F32ToF16`, RNE, NaN -> 0x7E00).
-
-    Parameters
-    ----------
-    hw : HardwareConfig
-
-    Members
-    -------
-    i_cmd : In(stream.Signature(writer_cmd_layout(hw)))
-        ``addr`` (byte address, any alignment), ``n`` (elements; 0 is accepted and only pulses ``o_done``),
-        ``fmt`` (`DdrFormat.F32` or `DdrFormat.F16`). Accepted once the previous command's elements have
-        all been taken (its writes may still be in flight: commands are pipelined).
-    i_elem : In(stream.Signature(unsigned(32)))
-        Exactly ``n`` elements per command, in order.
-    axi : Out(AxiWriteSignature)
-    o_done : Out(1)
-        One-cycle pulse when the last B response of a command has arrived (in command order).
-    o_busy : Out(1)
-    o_error : Out(1)
-        Sticky: some B response was not OKAY since reset.
-
-    The elements go through a `F32ToF16` pipeline (binary32 bits ride beside it), then are packed into
-    beats aligned to the command's address (binary32: ``B / 4`` per beat, binary16: ``B / 2``) for an
-    `AxiWriteDma`, which realigns them to DDR with byte strobes: no byte outside
-    ``[addr, addr + n * size)`` is written. One element per cycle.
-    """
-
-    def __init__(self, hw: HardwareConfig):
-        self._hw = hw
-        super().__init__({
-            "i_cmd": In(stream.Signature(writer_cmd_layout(hw))),
-            "i_elem": In(stream.Signature(unsigned(32))),
-            "axi": Out(AxiWriteSignature.from_config(hw)),
-            "o_done": Out(1),
-            "o_busy": Out(1),
-            "o_error": Out(1),
-        })
-
-    hw = property(lambda self: self._hw)
-
-    @property
-    def latency(self) -> int:
-        """Cycles from an element's acceptance to its beat register (the `F32ToF16` pipeline)."""
-        return F32ToF16.LATENCY
-
-    def elaborate(self, platform):
-        m = Module()
-        hw = self._hw
-        B, W = hw.bytes_per_beat, hw.axi_data_bits
-        lb = _log2(B)
-
-        m.submodules.dma = dma = AxiWriteDma(hw, len_bits=N_BITS + 2)
-        wiring.connect(m, wiring.flipped(self.axi), dma.axi)
-
-        # --- command: handed to the DMA as it is accepted --------------------------------------------
-        left = Signal(N_BITS)                  # elements still to accept
-        fmt = Signal(1)
-        cmd = self.i_cmd.p
-        m.d.comb += [
-            dma.i_cmd.valid.eq(self.i_cmd.valid & (left == 0)),
-            dma.i_cmd.p.addr.eq(cmd.addr),
-            dma.i_cmd.p.nbytes.eq(Mux(cmd.fmt == DdrFormat.F16, cmd.n << 1, cmd.n << 2)),
-            self.i_cmd.ready.eq((left == 0) & dma.i_cmd.ready),
-        ]
-        with m.If(self.i_cmd.valid & self.i_cmd.ready):
-            m.d.sync += [left.eq(cmd.n), fmt.eq(cmd.fmt)]
-
-        # --- conversion pipeline ------------------------------------------------------------------------
-        en = Signal()
-        m.submodules.cvt = cvt = F32ToF16()
-        take = Signal()
-        m.d.comb += [self.i_elem.ready.eq((left != 0) & en), take.eq(self.i_elem.valid & self.i_elem.ready)]
-        with m.If(take):
-            m.d.sync += left.eq(left - 1)
-        m.d.comb += [cvt.en.eq(en), cvt.i_valid.eq(take), cvt.i_a.eq(self.i_elem.p)]
-        side = data.StructLayout({"fmt": 1, "raw": 32, "last": 1})
-        stages = [Signal(side, name="side_in")]
-        m.d.comb += [stages[0].fmt.eq(fmt), stages[0].raw.eq(self.i_elem.p), stages[0].last.eq(left == 1)]
-        for i in range(cvt.latency):
-            st = Signal(side, name=f"side{i + 1}")
-            with m.If(en):
-                m.d.sync += st.eq(stages[-1])
-            stages.append(st)
-        out = stages[-1]
-
-        # --- packer: elements into start-aligned beats ------------------------------------------------
-        acc = Signal(W)
-        pos = Signal(lb + 1)                   # byte position of the next element in `acc`
-        bv = Signal()                          # `acc` holds a finished beat for the DMA
-        blast = Signal()
-        m.d.comb += [dma.i_data.valid.eq(bv), dma.i_data.p.data.eq(acc), dma.i_data.p.last.eq(blast),
-                     en.eq(~cvt.o_valid | ~bv | dma.i_data.ready)]
-        put = Signal()
-        m.d.comb += put.eq(cvt.o_valid & en)
-        f16 = out.fmt == DdrFormat.F16
-        size = Mux(f16, 2, 4)
-        nxt = Signal(lb + 2)
-        m.d.comb += nxt.eq(pos + size)
-        with m.If(dma.i_data.valid & dma.i_data.ready):
-            m.d.sync += bv.eq(0)
-        with m.If(put):
-            for i in range(B // 4):
-                with m.If(~f16 & (pos[2:] == i)):
-                    m.d.sync += acc.word_select(i, 32).eq(out.raw)
-            for i in range(B // 2):
-                with m.If(f16 & (pos[1:] == i)):
-                    m.d.sync += acc.word_select(i, 16).eq(cvt.o_y[:16])
-            m.d.sync += pos.eq(nxt)
-            with m.If((nxt == B) | out.last):
-                m.d.sync += [bv.eq(1), blast.eq(out.last), pos.eq(0)]
-
-        in_pipe = Signal(range(cvt.latency + 2))
-        m.d.sync += in_pipe.eq(in_pipe + take - put)
-        m.d.comb += [
-            self.o_busy.eq((left != 0) | (in_pipe != 0) | bv | dma.o_busy),
-            self.o_done.eq(dma.o_done), self.o_error.eq(dma.o_error),
-        ]
         return m

@@ -5,7 +5,7 @@ import pytest
 from amaranth import Shape
 from amaranth.lib import wiring
 
-from hdl.axi import AxiReadArbiter, AxiReadDma, AxiReadSignature, AxiSignature, AxiWriteDma, AxiWriteSignature
+from hdl.axi import AxiReadArbiter, AxiReadDma, AxiReadSignature, AxiSignature, AxiWriteSignature
 from hdl.config import HardwareConfig
 from tb.runner import run
 
@@ -76,14 +76,3 @@ def test_arbiter_three_masters(flow):
     from tb.axi.arbiter_top import ArbiterBench
     run(ArbiterBench(TINY), toplevel="axi_arbiter", test_module="tb.axi.test_arbiter", build_name="axi_arbiter_tiny",
         testcase="three_masters", extra_env={"NPU_HW": "tiny", "SEED": str(31 + flow), "FLOW": str(flow)})
-
-
-@pytest.mark.parametrize("flow", [0, 1, 2])
-def test_write_dma_random_writes(flow):
-    run(AxiWriteDma(TINY), toplevel="axi_write_dma", test_module="tb.axi.test_write_dma", build_name="axi_write_dma_tiny",
-        testcase="random_writes", extra_env={"NPU_HW": "tiny", "SEED": str(41 + flow), "FLOW": str(flow)})
-
-
-def test_write_dma_full_rate_and_errors():
-    run(AxiWriteDma(TINY), toplevel="axi_write_dma", test_module="tb.axi.test_write_dma", build_name="axi_write_dma_tiny",
-        testcase="full_rate_and_errors", extra_env={"NPU_HW": "tiny"})
