@@ -61,7 +61,7 @@ def run(component, *, toplevel: str, test_module: str, build_name: str | None = 
     distinct component configuration its own name so models are not rebuilt back and forth. Raises
     ``AssertionError`` naming the failures when any cocotb test fails or none ran. `verilog`: the
     component's Verilog (named `toplevel`) when the caller already has it (converting a whole NPU takes
-    about 40 s; benches that run it several times convert once).
+    about 40 s; benches that run it several times convert once); `component` may then be None.
     """
     from cocotb_tools.runner import get_results, get_runner
 

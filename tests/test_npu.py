@@ -1,8 +1,14 @@
 """Full-chip tests of the NPU RTL (`hdl.npu.Npu`, `tiny` preset) through the cocotb bench `tb.npu`.
 
-All share ONE Verilator build (``build/sim/npu_tiny``): the token-by-token comparison with the ISS, the
-malformed programs, and the ``python -m tb.npu`` command line on two tokens. The host side's argument
-checks need no simulation.
+All share ONE Verilator build (``build/sim/npu_tiny``; the Npu's Verilog is converted once per process,
+`tb.npu.simulate`): the token-by-token comparison with the ISS, the malformed programs, and the
+``python -m tb.npu`` command line on two tokens. The host side's argument checks need no simulation.
+
+Cost: the build takes about 10 minutes on 2 shared cores (Verilator front end about 190 s of CPU, the C++
+of a 65 MB model the rest); a token of the f64_s2_l7 fixture is about 5 x 10^5 cycles (SFU passes,
+firmware.perf) at roughly a millisecond per simulated cycle, i.e. minutes per token. So the token
+comparison and the command line are ``slow``; the malformed programs (about 10^4 cycles) stay in the
+default run.
 """
 
 import re
@@ -28,6 +34,7 @@ def _bench(testcase: str, seed: int = 1, **env):
     simulate(HW, testcase, seed=seed, env={"NPU_NPZ": str(FIXTURE), **env})
 
 
+@pytest.mark.slow
 def test_tokens_bit_identical_to_the_iss():
     """f64_s2_l7, 4 tokens: sliding window 3 crossed (ring slot 0 rewritten at position 3), KV-shared
     layers 5-6, sparse layer 0, PLE id remap (313) at step 3; logits and all of DDR every step."""
@@ -38,6 +45,7 @@ def test_bad_input_ends_in_the_documented_error_state():
     _bench("bad_input")
 
 
+@pytest.mark.slow
 def test_cli_two_tokens(capsys):
     assert main(["--hf-npz", str(FIXTURE), "--tokens", "2", "--seed", "2"]) == 0
     out = capsys.readouterr().out

@@ -112,21 +112,14 @@ class NpuBench:
         # cocotbext-axi logs one INFO line per burst: keep warnings only
         for model in [m for port in self.ports for m in port] + [self.axil.write_if, self.axil.read_if]:
             model.log.setLevel(logging.WARNING)
-        self.cycle = 0
 
     async def start(self) -> None:
-        """Start the clock and the cycle counter; hold reset for a few cycles."""
+        """Start the clock; hold reset for a few cycles."""
         cocotb.start_soon(Clock(self.dut.clk, CLOCK_NS, unit="ns").start())
-        cocotb.start_soon(self._count())
         self.dut.rst.value = 1
         await ClockCycles(self.dut.clk, 4)
         self.dut.rst.value = 0
         await RisingEdge(self.dut.clk)
-
-    async def _count(self):
-        while True:
-            await RisingEdge(self.dut.clk)
-            self.cycle += 1
 
     # --- coroutines the host thread calls ------------------------------------------------------------------
 
