@@ -21,7 +21,7 @@ import numpy as np
 
 from firmware.pack import DescKind, Image
 from firmware.runtime import CsrBackend, Runtime, program_image
-from sim.iss import Machine
+from sim.iss import ExecutionError, Machine
 
 __all__ = ["Case", "load_npz", "iss_ddr", "compare_tokens", "GUARD"]
 
@@ -89,6 +89,21 @@ def check_window(device, expected: np.ndarray, regions: dict | None = None) -> l
     return problems
 
 
+def describe_faults(device, regions: dict) -> str:
+    """The bench's accesses outside the DDR window, with their offsets from the image's regions."""
+    faults = getattr(getattr(device, "bench", None), "faults", [])
+    if not faults:
+        return "no access outside the DDR window"
+    out = []
+    for kind, addr, n in faults[:8]:
+        off = addr - device.ddr_base
+        near = min(regions.items(), key=lambda kv: abs(off - kv[1][0]) if off < kv[1][0] else
+                   max(0, off - kv[1][0] - kv[1][1]))
+        out.append(f"{kind} of {n} bytes at {addr:#x} (image offset {off:#x}, near {near[0]} "
+                   f"[{near[1][0]:#x}, {near[1][0] + near[1][1]:#x}))")
+    return f"{len(faults)} accesses outside the DDR window: " + "; ".join(out)
+
+
 def _runs(idx: np.ndarray, limit: int = 8):
     out = []
     start = prev = int(idx[0])
@@ -121,7 +136,13 @@ def compare_tokens(device, case: Case, hw, tokens: int, *, golden: bool = True, 
     assert isinstance(rtl.backend, CsrBackend)
     for step, token in enumerate(ids):
         t0 = time.perf_counter()
-        a = rtl.step(int(token))
+        try:
+            a = rtl.step(int(token))
+        except ExecutionError as e:
+            insn = rtl.program.listing().splitlines()[e.pc] if 0 <= e.pc < len(rtl.program.words) else "-"
+            raise AssertionError(f"{case.name} step {step} (token {int(token)}, position {step}): {e}; "
+                                 f"instruction {insn.strip()}; "
+                                 f"{describe_faults(device, rtl.image.regions)}") from None
         wall = time.perf_counter() - t0
         b = iss.step(int(token))
         rec = {"step": step, "token": int(token), "position": step,
