@@ -321,10 +321,11 @@ class Controller(wiring.Component):
                 m.d.comb += s_ready.eq(active)
                 with m.If(take):
                     m.d.sync += [p_result.eq(s_data), sunk.eq(sunk + 1)]
-                    with m.Switch(sunk[:3]):
-                        for i in range(8):
-                            with m.Case(i):
-                                m.d.sync += desc[i].eq(s_data)
+                    with m.If(p_sink == Sink.DESC):          # a scalar result must not touch the descriptor
+                        with m.Switch(sunk[:3]):
+                            for i in range(8):
+                                with m.Case(i):
+                                    m.d.sync += desc[i].eq(s_data)
 
         # completion
         wr_done_seen, ddr_done_seen, quant_done_seen = Signal(), Signal(), Signal()
