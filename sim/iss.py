@@ -216,6 +216,12 @@ class Machine:
                                np.full(d.capacity, -1, np.int64))
         self._kv = kv
 
+    def kv_cache(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
+        """(K, V) of KV slot `slot` (descriptor index), each ``[capacity, heads, head_dim]`` (binary16 in hardware
+        arithmetic): what the NPU holds in its KV region (firmware.pack layout)."""
+        k, v, _ = self._kv[slot]
+        return k, v
+
     def run(self, program: list[int], *, token: int, pos: int) -> None:
         """Execute a whole program (until HALT) for one token at one position."""
         self.token, self.pos = int(token), int(pos)

@@ -160,7 +160,8 @@ def test_full_attention_beyond_the_kv_capacity_is_an_error():
 def test_runtime_argument_errors():
     cfg = PRESETS["tiny"]
     t = random_tensors(cfg, 0)
-    with pytest.raises(ValueError, match="backend 'rtl' is not available yet"):
+    with pytest.raises(ValueError, match="backend 'rtl' is not available yet in this process: it drives the "
+                                         "simulated NPU"):
         Runtime.from_hf(cfg, t, backend="rtl")
     with pytest.raises(ValueError, match="arithmetic must be 'reference' or 'hardware'"):
         Runtime.from_hf(cfg, t, arithmetic="exact")

@@ -56,7 +56,7 @@ def iss_kv_region(machine: Machine, image: Image) -> np.ndarray:
     for d in image.descriptors:
         if d.kind != DescKind.KV:
             continue
-        k, v, _ = machine._kv[d.index]          # sim.iss keeps the cache outside its DDR image
+        k, v = machine.kv_cache(d.index)        # sim.iss keeps the cache outside its DDR image
         raw = np.concatenate([k.astype("<f2").reshape(-1), v.astype("<f2").reshape(-1)]).view(np.uint8)
         kv[d.weight_offset:d.weight_offset + raw.size] = raw
     return kv
