@@ -942,14 +942,18 @@ class Controller(wiring.Component):
                     m.d.sync += h.eq(0)
                     launch("AT_KD", bypass=1, n=a_hd, a=Src.DDR, ddr_addr=kv_row, ddr_fmt=1, sink=Sink.L2, dst=SB)
             wait_pass("AT_KD", go("AT_DOT"))
+            def next_position(state):
+                """Advance to the next visible position: ring slot + 1 (wrapping to slot 0), its K row."""
+                with m.If(a_r + 1 == a_cap):
+                    m.d.sync += [a_r.eq(0), kv_row.eq((base[DdrRegion.KV] + d_woff + ((at.kv_head * a_hd) << 1))[:A])]
+                with m.Else():
+                    m.d.sync += [a_r.eq(a_r + 1), kv_row.eq(kv_row + row_bytes)]
+                m.d.sync += a_t.eq(a_t + 1)
+                m.next = state
+
             with m.State("AT_DOT"):
                 with m.If(h == a_heads):
-                    with m.If(a_r + 1 == a_cap):
-                        m.d.sync += [a_r.eq(0), kv_row.eq((base[DdrRegion.KV] + d_woff + ((at.kv_head * a_hd) << 1))[:A])]
-                    with m.Else():
-                        m.d.sync += [a_r.eq(a_r + 1), kv_row.eq(kv_row + row_bytes)]
-                    m.d.sync += a_t.eq(a_t + 1)
-                    m.next = "AT_K"
+                    next_position("AT_K")
                 with m.Else():
                     launch("AT_DOTW", op=SfuOp.DOT, n=a_hd, a=Src.L2, a_addr=aq + h * a_hd, b=BSrc.L2, b_addr=SB,
                            sink=Sink.L2, dst=sc_base + h * a_n + a_t)
@@ -986,12 +990,7 @@ class Controller(wiring.Component):
             wait_pass("AT_VD", go("AT_P"))
             with m.State("AT_P"):
                 with m.If(h == a_heads):
-                    with m.If(a_r + 1 == a_cap):
-                        m.d.sync += [a_r.eq(0), kv_row.eq((base[DdrRegion.KV] + d_woff + ((at.kv_head * a_hd) << 1))[:A])]
-                    with m.Else():
-                        m.d.sync += [a_r.eq(a_r + 1), kv_row.eq(kv_row + row_bytes)]
-                    m.d.sync += a_t.eq(a_t + 1)
-                    m.next = "AT_V"
+                    next_position("AT_V")
                 with m.Else():
                     launch("AT_PW", bypass=1, n=1, a=Src.L2, a_addr=sc_base + h * a_n + a_t, sink=Sink.REG)
             with m.State("AT_PW"):
