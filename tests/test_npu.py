@@ -6,9 +6,9 @@ All share ONE Verilator build (``build/sim/npu_tiny``; the Npu's Verilog is conv
 
 Cost: the build takes about 10 minutes on 2 shared cores (Verilator front end about 190 s of CPU, the C++
 of a 65 MB model the rest); a token of the f64_s2_l7 fixture is about 5 x 10^5 cycles (SFU passes,
-firmware.perf) at roughly a millisecond per simulated cycle, i.e. minutes per token. So the token
-comparison and the command line are ``slow``; the malformed programs (about 10^4 cycles) stay in the
-default run.
+firmware.perf) at roughly half a millisecond per simulated cycle, i.e. minutes per token. The build alone
+would take half of the default suite's 20-minute budget, so every test that simulates the NPU is ``slow``
+(``python -m pytest -m slow tests/test_npu.py``); the host side's checks stay in the default run.
 """
 
 import re
@@ -41,6 +41,7 @@ def test_tokens_bit_identical_to_the_iss():
     _bench("tokens", NPU_TOKENS="4")
 
 
+@pytest.mark.slow
 def test_bad_input_ends_in_the_documented_error_state():
     _bench("bad_input")
 
