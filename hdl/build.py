@@ -91,15 +91,18 @@ def build(hw: str = "kv260", out: str | Path | None = None, *, synth: bool = Tru
     design = top(cfg, which)
     stage(1, "elaborate", f"{type(design).__name__} for {cfg.name}: {cfg.axi_ports} x {cfg.axi_data_bits}-bit "
                           f"AXI4 ports, {cfg.gemv_lanes} GEMV lanes, {cfg.clock_hz / 1e6:g} MHz")
+    # One Amaranth conversion (minutes for the whole NPU): RTLIL, from which Yosys writes the Verilog and
+    # synthesises.
+    il_text = rtlil.convert(design, name=TOP_NAME, emit_src=False)
     vfile = out / f"{TOP_NAME}.v"
-    vfile.write_text(verilog.convert(design, name=TOP_NAME, emit_src=False))
+    vfile.write_text(verilog._convert_rtlil_text(il_text))
     stage(2, "verilog", str(vfile))
     ilfile = out / f"{TOP_NAME}.il"
-    ilfile.write_text(rtlil.convert(design, name=TOP_NAME, emit_src=False))
+    ilfile.write_text(il_text)
     stage(3, "rtlil", str(ilfile))
     util = None
     if synth:
-        util = synthesize(design, TOP_NAME, build_dir=out / "synth",
+        util = synthesize(design, TOP_NAME, build_dir=out / "synth", rtlil_text=il_text,
                           log=lambda msg: log(f"      {msg}"))
         stage(4, "yosys", f"done; log in {out / 'synth' / 'synth.log'}")
         log(format_table(util, cfg.device))

@@ -89,11 +89,12 @@ def _yosys_command() -> list[str]:
 
 
 def synthesize(component, name: str, build_dir: Path | None = None, *, uram: bool = True,
-               log=None) -> Utilisation:
+               log=None, rtlil_text: str | None = None) -> Utilisation:
     """Synthesise `component` for UltraScale+ and return its estimated utilisation.
 
     `build_dir` must lie inside the repository (YoWASP's sandbox); default ``build/synth/<name>``.
-    `log(msg)` receives progress lines.
+    `log(msg)` receives progress lines. `rtlil_text`: the component's RTLIL, when the caller already has it
+    (converting a whole NPU takes minutes).
     """
     from amaranth.back import rtlil
 
@@ -107,7 +108,9 @@ def synthesize(component, name: str, build_dir: Path | None = None, *, uram: boo
     say = log or (lambda msg: None)
     t0 = time.monotonic()
     say(f"[synth] {name}: writing RTLIL")
-    (build_dir / f"{name}.il").write_text(rtlil.convert(component, name=name, emit_src=False))
+    if rtlil_text is None:
+        rtlil_text = rtlil.convert(component, name=name, emit_src=False)
+    (build_dir / f"{name}.il").write_text(rtlil_text)
     script = (f"read_rtlil {rel}/{name}.il; "
               f"synth_xilinx -family xcup -flatten -noiopad -noclkbuf {'-uram ' if uram else ''}-top {name}; "
               f"delete t:$scopeinfo; tee -q -o {rel}/util.json stat -json -tech xilinx")

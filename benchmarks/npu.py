@@ -1,0 +1,131 @@
+"""``python -m benchmarks.npu``: calibrate the performance model with the RTL and predict E4B on the KV260.
+
+1. Runs `tb.npu.calibrate` on the full-chip Verilator model (tiny preset): micro-programs that each repeat
+   one kind of controller work (a NOP, VEC passes of 4 and 64 elements, reductions, DMA in and out, scalar
+   loads, scalar-ALU adds, SFU scalars, WGEMVs), CYCLES measured from START to DONE.
+2. Counts the same programs with the ISS (``count`` arithmetic: passes, instructions, bytes) and fits the
+   costs of `firmware.perf.Rates` by least squares (`firmware.perf.fit_rates`).
+3. Runs tokens of an oracle fixture on the RTL (`python -m tb.npu` machinery) and compares the measured
+   CYCLES per token with the calibrated model's prediction for the same token (validation on work the
+   fit never saw).
+4. Prints E4B on kv260 (300 MHz, 19.2 GB/s peak, the stated efficiencies) with the fitted costs, per unit
+   and per instruction class, and writes the tables to ``build/benchmarks/npu.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from firmware.compiler import compile_token
+from firmware.pack import pack
+from firmware.perf import PASS_KINDS, Rates, cycles_of, estimate, fit_rates
+from hdl.config import HardwareConfig
+from sim.config import ModelConfig
+from sim.iss import COUNT, HARDWARE, Machine
+from tb.runner import ROOT, run
+
+FIXTURE = ROOT / "tests" / "fixtures" / "f64_s2_l7.npz"
+
+
+def _counters(image, hw, words, token=0, pos=0, arithmetic=COUNT):
+    img = dataclasses.replace(image, ddr=image.ddr.copy())
+    m = Machine(img, hw, arithmetic)
+    m.run(words, token=token, pos=pos)
+    return m.counters
+
+
+def calibrate(hw: HardwareConfig, npz: Path, tokens: int, seed: int = 1, log=print):
+    from hdl.npu import Npu
+    from tb.npu.host import load_npz
+    case = load_npz(npz)
+    cfg = ModelConfig.from_hf(case.config)
+    with tempfile.TemporaryDirectory() as tmp:
+        res = Path(tmp) / "calib.json"
+        run(Npu(hw), toplevel="npu", test_module="tb.npu.calibrate", build_name=f"npu_{hw.name}",
+            extra_env={"NPU_HW": hw.name, "SEED": str(seed), "NPU_NPZ": str(npz), "NPU_RESULT": str(res)})
+        micro = json.loads(res.read_text())
+        res2 = Path(tmp) / "tokens.json"
+        run(Npu(hw), toplevel="npu", test_module="tb.npu.test_npu", build_name=f"npu_{hw.name}", testcase="compare",
+            extra_env={"NPU_HW": hw.name, "SEED": str(seed), "NPU_NPZ": str(npz), "NPU_TOKENS": str(tokens),
+                       "NPU_RESULT": str(res2)})
+        steps = json.loads(res2.read_text())["steps"]
+    image = pack(cfg, case.tensors, hw, max_positions=4)
+    samples = [(_counters(image, hw, r["words"]), r["cycles"]) for r in micro]
+    base = Rates(gemv_efficiency=0.95, ddr_efficiency=1.0)
+    rates = fit_rates(samples, hw, base)
+    rows = []
+    for (c, cyc), r in zip(samples, micro):
+        pred = sum(cycles_of(c, hw, rates)[0].values())
+        rows.append((r["name"], cyc, pred))
+    # validation: whole tokens
+    full = pack(cfg, case.tensors, hw)
+    program = compile_token(cfg, full, hw)
+    val = []
+    m = Machine(dataclasses.replace(full, ddr=full.ddr.copy()), hw, HARDWARE)
+    for s in steps:
+        before = m.counters
+        m.counters = type(before)()
+        m.run(program.words, token=s["token"], pos=s["position"])
+        pred = sum(cycles_of(m.counters, hw, rates)[0].values())
+        val.append((s["step"], s["counters"]["CYCLES"], pred, s["counters"], s["identical"], s["ddr_identical"],
+                    s.get("max_abs_diff_golden")))
+    return rates, rows, val
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.npu", description=__doc__.splitlines()[0])
+    p.add_argument("--npz", default=str(FIXTURE))
+    p.add_argument("--tokens", type=int, default=4)
+    p.add_argument("--positions", type=int, nargs="+", default=[128, 1024, 4096])
+    args = p.parse_args(argv)
+    hw = HardwareConfig.preset("tiny")
+    rates, rows, val = calibrate(hw, Path(args.npz), args.tokens)
+    out = ["## Calibration (tiny NPU in Verilator, CYCLES from START to DONE)", "",
+           "| micro-program | measured cycles | fitted model | error |", "|---|---|---|---|"]
+    out += [f"| {n} | {c:,} | {p:,.0f} | {100 * (p - c) / c:+.1f} % |" for n, c, p in rows]
+    out += ["", "Fitted costs (cycles): " + ", ".join(f"{k} {getattr(rates, k):.1f}" for k in
+                                                      ("issue", "sfu_pass", "reduce_pass", "copy_pass", "ddr_read_pass",
+                                                       "ddr_write_pass", "alu_op", "gemv_fixed")), "",
+            "## Validation: whole tokens of the fixture (not used by the fit)", "",
+            "| step | logits = ISS | DDR = ISS | max diff to float64 | measured CYCLES | model | error | GEMV busy | "
+            "GEMV stall | SFU busy | ATTN busy | DMA busy | issue stall | bytes read | bytes written |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for step, meas, pred, c, same, ddr_same, diff in val:
+        out.append(f"| {step} | {'yes' if same else 'NO'} | {'yes' if ddr_same else 'NO'} | {diff:.3g} | {meas:,} | "
+                   f"{pred:,.0f} | {100 * (pred - meas) / meas:+.1f} % | {c['GEMV_BUSY']:,} | "
+                   f"{c['GEMV_STALL']:,} | {c['SFU_BUSY']:,} | {c['ATTN_BUSY']:,} | {c['DMA_BUSY']:,} | "
+                   f"{c['ISSUE_STALL']:,} | {c['BYTES_READ']:,} | {c['BYTES_WRITTEN']:,} |")
+    kv = HardwareConfig.preset("kv260")
+    e4b = ModelConfig.preset("e4b")
+    kv_rates = dataclasses.replace(rates, gemv_efficiency=0.95, ddr_efficiency=0.90)
+    out += ["", f"## E4B on kv260 ({kv.clock_hz / 1e6:.0f} MHz; GEMV port efficiency "
+                f"{kv_rates.gemv_efficiency:.0%}, DDR efficiency {kv_rates.ddr_efficiency:.0%} of 19.2 GB/s; fitted "
+                f"pass costs)", "",
+            "| position | weights | " + " | ".join(PASS_KINDS) + " | scalar ALU | issue | total Mcycles | tok/s | "
+            "roofline tok/s | fraction |", "|" + "---|" * (len(PASS_KINDS) + 9)]
+    for e in estimate(e4b, kv, args.positions, kv_rates):
+        c = e.cycles
+        out.append(f"| {e.position} | {c.get('weights', 0) / 1e6:.1f} | " +
+                   " | ".join(f"{c.get(k, 0) / 1e6:.1f}" for k in PASS_KINDS) +
+                   f" | {c.get('scalar_alu', 0) / 1e6:.2f} | {c.get('issue', 0) / 1e6:.2f} | {e.total_cycles / 1e6:.1f} | "
+                   f"{e.tok_s:.2f} | {e.roofline_tok_s:.2f} | {100 * e.roofline_fraction:.1f} % |")
+        top = sorted(e.by_opcode.items(), key=lambda kv_: -kv_[1])
+        out.append(f"|  | by instruction: " + ", ".join(f"{k} {100 * v / e.total_cycles:.0f} %" for k, v in top[:6]) +
+                   " |" + " |" * (len(PASS_KINDS) + 7))
+    text = "\n".join(out)
+    print(text)
+    dest = ROOT / "build" / "benchmarks" / "npu.md"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
