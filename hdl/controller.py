@@ -110,7 +110,8 @@ class Controller(wiring.Component):
         self._hw = hw
         members = {
             "i_insn": In(stream.Signature(insn_layout())),
-            "i_start": In(1), "i_ack": In(1), "i_prog_len": In(PC_BITS), "i_token": In(32), "i_pos": In(32), "i_desc_count": In(32),
+            "i_start": In(1), "i_ack": In(1), "i_prog_len": In(PC_BITS),
+            "i_token": In(32), "i_pos": In(32), "i_desc_count": In(32),
             "o_stop": Out(1), "o_busy": Out(1), "o_done": Out(1), "o_error": Out(1),
             "o_error_code": Out(ErrorCode), "o_error_pc": Out(PC_BITS), "o_retire": Out(1),
             "o_unit_busy": Out(data.StructLayout({"gemv": 1, "sfu": 1, "attn": 1, "dma": 1, "issue_wait": 1})),

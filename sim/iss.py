@@ -188,7 +188,8 @@ class Machine:
         self.l2 = np.zeros(self.l2_words * 4, dtype=self.dtype)
         self.model = ModelConfig.from_hf(image.config)
         self.s = np.zeros(N_SREGS, dtype=self.dtype)
-        self.shape_cache = {ShapeCache.FMAP: np.zeros((64, 3), np.int64), ShapeCache.WEIGHT: np.zeros((64, 3), np.int64)}
+        self.shape_cache = {ShapeCache.FMAP: np.zeros((64, 3), np.int64),
+                            ShapeCache.WEIGHT: np.zeros((64, 3), np.int64)}
         self.vl = 0
         self.hd = 0
         self.emax = self.dtype(0)
