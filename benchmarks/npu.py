@@ -111,7 +111,7 @@ def main(argv=None) -> int:
                 f"{kv_rates.gemv_efficiency:.0%}, DDR efficiency {kv_rates.ddr_efficiency:.0%} of 19.2 GB/s; fitted "
                 f"pass costs)", "",
             "| position | weights | " + " | ".join(PASS_KINDS) + " | scalar ALU | issue | total Mcycles | tok/s | "
-            "roofline tok/s | fraction |", "|" + "---|" * (len(PASS_KINDS) + 9)]
+            "roofline tok/s | fraction |", "|" + "---|" * (len(PASS_KINDS) + 8)]
     for e in estimate(e4b, kv, args.positions, kv_rates):
         c = e.cycles
         out.append(f"| {e.position} | {c.get('weights', 0) / 1e6:.1f} | " +
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
                    f"{e.tok_s:.2f} | {e.roofline_tok_s:.2f} | {100 * e.roofline_fraction:.1f} % |")
         top = sorted(e.by_opcode.items(), key=lambda kv_: -kv_[1])
         out.append(f"|  | by instruction: " + ", ".join(f"{k} {100 * v / e.total_cycles:.0f} %" for k, v in top[:6]) +
-                   " |" + " |" * (len(PASS_KINDS) + 7))
+                   " |" + " |" * (len(PASS_KINDS) + 5))
     text = "\n".join(out)
     print(text)
     dest = ROOT / "build" / "benchmarks" / "npu.md"
