@@ -21,8 +21,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from firmware.compiler import compile_token
 from firmware.pack import pack
 from firmware.perf import PASS_KINDS, Rates, cycles_of, estimate, fit_rates
@@ -120,7 +118,7 @@ def main(argv=None) -> int:
                    f"{e.total_cycles / 1e6:.1f} | "
                    f"{e.tok_s:.2f} | {e.roofline_tok_s:.2f} | {100 * e.roofline_fraction:.1f} % |")
         top = sorted(e.by_opcode.items(), key=lambda kv_: -kv_[1])
-        out.append(f"|  | by instruction: " + ", ".join(f"{k} {100 * v / e.total_cycles:.0f} %" for k, v in top[:6]) +
+        out.append("|  | by instruction: " + ", ".join(f"{k} {100 * v / e.total_cycles:.0f} %" for k, v in top[:6]) +
                    " |" + " |" * (len(PASS_KINDS) + 5))
     text = "\n".join(out)
     print(text)

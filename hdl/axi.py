@@ -24,7 +24,7 @@ from amaranth.lib.wiring import In, Out
 from .config import HardwareConfig
 
 __all__ = ["AxiBurst", "AxiResp", "AxiReadSignature", "AxiWriteSignature", "AxiSignature", "AxiReadDma",
-           "AxiReadArbiter", "read_command_layout", "read_data_layout"]
+           "AxiReadArbiter", "check_len_bits", "read_command_layout", "read_data_layout"]
 
 AXI_4K = 4096
 
@@ -121,8 +121,16 @@ class AxiSignature(AxiReadSignature):
                 **AxiReadSignature._read_members(addr_bits, data_bits, id_bits)}
 
 
+def check_len_bits(dma, len_bits) -> None:
+    """The byte-count width of a DMA (`AxiReadDma`, `hdl.ddrwrite.AxiWriteDma`): an integer in 1..32."""
+    if isinstance(len_bits, bool) or not isinstance(len_bits, int) or not 1 <= len_bits <= 32:
+        dma._MustUse__silence = True     # rejected: no "created but never used" warning
+        raise ValueError(f"len_bits must be an integer in 1..32, not {len_bits!r}")
+
+
 def read_command_layout(addr_bits: int, len_bits: int) -> data.StructLayout:
-    """A DMA read command: `nbytes` bytes from byte address `addr` (any alignment; 0 bytes is a no-op)."""
+    """A DMA command, read or write (`hdl.ddrwrite.AxiWriteDma`): `nbytes` bytes at byte address `addr` (any
+    alignment; 0 bytes is a no-op)."""
     return data.StructLayout({"addr": unsigned(addr_bits), "nbytes": unsigned(len_bits)})
 
 
@@ -162,9 +170,7 @@ class AxiReadDma(wiring.Component):
     """
 
     def __init__(self, cfg: HardwareConfig, *, len_bits: int = 24):
-        if isinstance(len_bits, bool) or not isinstance(len_bits, int) or not 1 <= len_bits <= 32:
-            self._MustUse__silence = True     # rejected: no "created but never used" warning
-            raise ValueError(f"len_bits must be an integer in 1..32, not {len_bits!r}")
+        check_len_bits(self, len_bits)
         self._cfg = cfg
         self._len_bits = len_bits
         super().__init__({

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["HardwareConfig", "DeviceBudget", "PRESETS", "XCK26"]
+__all__ = ["HardwareConfig", "DeviceBudget", "PRESETS", "XCK26", "ceil_log2"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,11 @@ class DeviceBudget:
 # Zynq UltraScale+ XCK26 (K26 SOM), DS987: 117,120 CLB LUTs, 234,240 CLB flip-flops, 1,248 DSP48E2,
 # 144 36 Kb block RAMs (5.1 Mb), 64 UltraRAMs (18 Mb).
 XCK26 = DeviceBudget("xck26-sfvc784-2LV-c", lut=117_120, ff=234_240, dsp=1_248, bram36=144, uram=64)
+
+
+def ceil_log2(x: int) -> int:
+    """The smallest k with 2**k >= x (x >= 1): bit widths and shifts of power-of-two sizes."""
+    return (x - 1).bit_length()
 
 
 def _is_pow2(x: int) -> bool:

@@ -47,7 +47,7 @@ from .isa import (CtrlFunc, CvoFunc, DdrRegion, DmaDir, ErrorCode, Opcode, Scala
 from .l2 import L2, ElemReader, ElemWriter
 from .quant import ActQuantizer
 from .seq import IntRecip, SeqDivider
-from .sfu import Sfu, SfuOp, _fmax, _is_nan, _key  # noqa: F401  (shared binary32 order helpers)
+from .sfu import REDUCE_OPS, Sfu, SfuOp, _is_nan, _key
 
 __all__ = ["Controller", "Src", "BSrc", "Sink", "REGIONS"]
 
@@ -74,9 +74,6 @@ class Sink(enum.Enum, shape=3):
     DESC = 3
     QUANT = 4
     GEMV = 5       # the GEMV engine's rows into the ElemWriter (WGEMV)
-
-
-REDUCE = (SfuOp.REDUCE_SUM, SfuOp.REDUCE_MAX, SfuOp.SUMSQ, SfuOp.SUM, SfuOp.MAX, SfuOp.DOT)
 
 
 def _f32_gt(a, b):
@@ -202,7 +199,7 @@ class Controller(wiring.Component):
         p_err = Signal()             # a bus error seen during the pass
 
         is_reduce = Signal()
-        m.d.comb += is_reduce.eq(~p_bypass & Cat(*[p_op == op for op in REDUCE]).any())
+        m.d.comb += is_reduce.eq(~p_bypass & Cat(*[p_op == op for op in REDUCE_OPS]).any())
         n_out = Signal(NB)
         m.d.comb += n_out.eq(Mux(is_reduce, 1, p_n))
 
@@ -217,7 +214,7 @@ class Controller(wiring.Component):
 
         with m.If(pstart):
             m.d.sync += [active.eq(1), a_sent.eq(0), sunk.eq(0), p_err.eq(0),
-                         pending.rd_a.eq((p_a == Src.L2) | (p_a == Src.PAIRS) | (p_sink == Sink.GEMV) & 0),
+                         pending.rd_a.eq(((p_a == Src.L2) | (p_a == Src.PAIRS)) & (p_sink != Sink.GEMV)),
                          pending.rd_b.eq((p_b == BSrc.L2) | ((p_sink == Sink.GEMV) & p_gemv_cmd.accm)),
                          pending.ddr_rd.eq(p_a == Src.DDR),
                          pending.ddr_wr.eq(p_sink == Sink.DDR),
@@ -225,8 +222,6 @@ class Controller(wiring.Component):
                          pending.sfu.eq(~p_bypass & (p_sink != Sink.GEMV)),
                          pending.quant.eq(p_sink == Sink.QUANT),
                          pending.gemv.eq(p_sink == Sink.GEMV)]
-            with m.If(p_sink == Sink.GEMV):
-                m.d.sync += pending.rd_a.eq(0)
 
         # commands
         m.d.comb += [
@@ -376,12 +371,10 @@ class Controller(wiring.Component):
 
         # loop registers shared by the sequences
         cnt = Signal(32)          # segments / positions left
-        k = Signal(32)            # index within the loop
         h = Signal(16)            # head
-        ptr_a, ptr_b, ptr_d = Signal(EA + 1), Signal(EA + 1), Signal(EA + 1)
+        ptr_a, ptr_d = Signal(EA + 1), Signal(EA + 1)
         tmp = Signal(32)
         tmp2 = Signal(32)
-        addr0 = Signal(A)
         addr1 = Signal(A)
         alu_cnt = Signal(4)
         alu_sel = Signal(2)       # 0 add, 1 mul, 2 itof
@@ -392,6 +385,10 @@ class Controller(wiring.Component):
         a_r = Signal(32)          # ring slot of the current position
         a_t = Signal(NB)          # position index 0..n-1
         a_cap = Signal(32)
+
+        def elem(word_addr):
+            """The element address of an L2 word address (4 binary32 elements per 16-byte word)."""
+            return Cat(Const(0, 2), word_addr)
 
         # range checks: an element range [e, e + n) inside L2, n > 0
         def in_l2(e, n):
@@ -599,14 +596,9 @@ class Controller(wiring.Component):
                     with m.Case(ScalarFunc.MAXI):
                         m.d.sync += sregs[sc.d].eq(Mux(_f32_gt(sc.imm, sa), sc.imm, sa))
                         retire()
-                    with m.Case(ScalarFunc.RSQRT):
-                        launch("SC_SFU", op=SfuOp.RSQRT, n=1, a=Src.REG, a_val=sa, sink=Sink.REG)
-                    with m.Case(ScalarFunc.SQRT):
-                        launch("SC_SFU", op=SfuOp.SQRT, n=1, a=Src.REG, a_val=sa, sink=Sink.REG)
-                    with m.Case(ScalarFunc.RECIP):
-                        launch("SC_SFU", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=sa, sink=Sink.REG)
-                    with m.Case(ScalarFunc.TANH):
-                        launch("SC_SFU", op=SfuOp.TANH, n=1, a=Src.REG, a_val=sa, sink=Sink.REG)
+                    for f in (ScalarFunc.RSQRT, ScalarFunc.SQRT, ScalarFunc.RECIP, ScalarFunc.TANH):
+                        with m.Case(f):                # one element through the SFU
+                            launch("SC_SFU", op=SfuOp[f.name], n=1, a=Src.REG, a_val=sa, sink=Sink.REG)
                     with m.Case(ScalarFunc.LD):
                         with m.If(sc.imm >= L2E):
                             fail(ErrorCode.ADDRESS_RANGE)
@@ -627,7 +619,7 @@ class Controller(wiring.Component):
 
             # ---- DMA -------------------------------------------------------------------------------------
             dm = v[Opcode.DMA]
-            l2e = Cat(Const(0, 2), dm.l2)
+            l2e = elem(dm.l2)
             with m.State("DMA"):
                 region_base = Signal(64)
                 with m.Switch(dm.region):
@@ -657,7 +649,7 @@ class Controller(wiring.Component):
 
             # ---- VEC -------------------------------------------------------------------------------------
             ve = v[Opcode.VEC]
-            va, vb, vd = Cat(Const(0, 2), ve.a), Cat(Const(0, 2), ve.b), Cat(Const(0, 2), ve.dst)
+            va, vb, vd = elem(ve.a), elem(ve.b), elem(ve.dst)
             two_operand = Cat(*[ve.func == f for f in (VecFunc.ADD, VecFunc.SUB, VecFunc.MUL, VecFunc.FMAS,
                                                        VecFunc.GELU_MUL, VecFunc.DOT)]).any()
             to_scalar = Cat(*[ve.func == f for f in (VecFunc.SUMSQ, VecFunc.SUM, VecFunc.MAX, VecFunc.DOT)]).any()
@@ -753,7 +745,7 @@ class Controller(wiring.Component):
 
             # ---- CVO -------------------------------------------------------------------------------------
             cv = v[Opcode.CVO]
-            cs, cd = Cat(Const(0, 2), cv.src), Cat(Const(0, 2), cv.dst)
+            cs, cd = elem(cv.src), elem(cv.dst)
             rope_f = (cv.func == CvoFunc.ROPE_COS) | (cv.func == CvoFunc.ROPE_SIN)
             red_f = (cv.func == CvoFunc.REDUCE_SUM) | (cv.func == CvoFunc.REDUCE_MAX)
             staged = cv.accm & (rope_f | red_f)
@@ -803,7 +795,7 @@ class Controller(wiring.Component):
 
             # ---- WGEMV -----------------------------------------------------------------------------------
             wg = v[Opcode.WGEMV]
-            ws, wd = Cat(Const(0, 2), wg.src), Cat(Const(0, 2), wg.dst)
+            ws, wd = elem(wg.src), elem(wg.dst)
             with m.State("WG"):
                 with m.If(d_kind != 0):
                     fail(ErrorCode.BAD_DESCRIPTOR)
@@ -848,7 +840,7 @@ class Controller(wiring.Component):
 
             # ---- GATHER ----------------------------------------------------------------------------------
             ga = v[Opcode.GATHER]
-            gd = Cat(Const(0, 2), ga.dst)
+            gd = elem(ga.dst)
             row = Signal(32)
             with m.State("GA"):
                 with m.If((d_kind != 0) | (d_layout != 0)):
@@ -874,7 +866,7 @@ class Controller(wiring.Component):
 
             # ---- KVST ------------------------------------------------------------------------------------
             kv = v[Opcode.KVST]
-            kk, kvv = Cat(Const(0, 2), kv.k), Cat(Const(0, 2), kv.v)
+            kk, kvv = elem(kv.k), elem(kv.v)
             with m.State("KV"):
                 with m.If(d_kind != 2):
                     fail(ErrorCode.BAD_DESCRIPTOR)
@@ -900,7 +892,7 @@ class Controller(wiring.Component):
 
             # ---- ATTN ------------------------------------------------------------------------------------
             at = v[Opcode.ATTN]
-            aq, ad = Cat(Const(0, 2), at.q), Cat(Const(0, 2), at.dst)
+            aq, ad = elem(at.q), elem(at.dst)
             f_heads, f_hd, f_win = fmap_r.data[0:16], fmap_r.data[16:32], fmap_r.data[32:48]
             with m.State("AT"):
                 m.d.sync += [a_heads.eq(f_heads), a_hd.eq(f_hd), a_win.eq(f_win), a_cap.eq(d_rows)]

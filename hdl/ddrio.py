@@ -29,7 +29,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .axi import AxiReadDma, AxiReadSignature
-from .config import HardwareConfig
+from .config import HardwareConfig, ceil_log2
 from .fp import F16ToF32, FpMul, IntToFp
 
 __all__ = ["DdrFormat", "N_BITS", "DdrReader", "reader_cmd_layout", "writer_cmd_layout",
@@ -67,9 +67,6 @@ def reader_buffer_beats(hw: HardwareConfig) -> int:
     128 cycles)."""
     return 4 * hw.axi_max_burst_beats
 
-
-def _log2(x: int) -> int:
-    return (x - 1).bit_length()
 
 
 class DdrReader(wiring.Component):
@@ -122,7 +119,7 @@ class DdrReader(wiring.Component):
         m = Module()
         hw = self._hw
         B = hw.bytes_per_beat
-        lb = _log2(B)
+        lb = ceil_log2(B)
         W = hw.axi_data_bits
         CB = self._chunk_beats                 # beats per DMA command
         C = CB * B                             # bytes per DMA command

@@ -21,27 +21,20 @@ DECERR) sets the sticky ``o_error``.
 from __future__ import annotations
 
 from amaranth import Const, Module, Mux, Signal, unsigned
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .axi import AXI_4K, AxiBurst, AxiWriteSignature
-from .config import HardwareConfig
+from .axi import AXI_4K, AxiBurst, AxiWriteSignature, check_len_bits, read_command_layout
+from .config import HardwareConfig, ceil_log2
 from .ddrio import N_BITS, DdrFormat, writer_cmd_layout
 from .fp import F32ToF16
 
-__all__ = ["AxiWriteDma", "DdrWriter", "write_command_layout", "ELEM_BYTES"]
+__all__ = ["AxiWriteDma", "DdrWriter", "ELEM_BYTES"]
 
 ELEM_BYTES = {DdrFormat.F32: 4, DdrFormat.F16: 2}
 """Bytes per element in DDR for each `DdrWriter` format (also the required address alignment)."""
 
 
-def write_command_layout(addr_bits: int, len_bits: int) -> data.StructLayout:
-    """An `AxiWriteDma` command: write `nbytes` bytes at byte address `addr` (any alignment; 0 is a no-op)."""
-    return data.StructLayout({"addr": unsigned(addr_bits), "nbytes": unsigned(len_bits)})
-
-
-def _log2(x: int) -> int:
-    return (x - 1).bit_length()
 
 
 class AxiWriteDma(wiring.Component):
@@ -56,7 +49,7 @@ class AxiWriteDma(wiring.Component):
 
     Members
     -------
-    i_cmd : In(stream.Signature(write_command_layout))
+    i_cmd : In(stream.Signature(hdl.axi.read_command_layout))
         Accepted only when the DMA is idle (``o_busy`` low).
     i_data : In(stream.Signature(unsigned(axi_data_bits)))
         Exactly ``ceil(((addr mod B) + nbytes) / B)`` beats per command (none for ``nbytes = 0``), **aligned to
@@ -78,12 +71,11 @@ class AxiWriteDma(wiring.Component):
     """
 
     def __init__(self, cfg: HardwareConfig, *, len_bits: int = 24):
-        if isinstance(len_bits, bool) or not isinstance(len_bits, int) or not 1 <= len_bits <= 32:
-            raise ValueError(f"len_bits must be an integer in 1..32, not {len_bits!r}")
+        check_len_bits(self, len_bits)
         self._cfg = cfg
         self._len_bits = len_bits
         super().__init__({
-            "i_cmd": In(stream.Signature(write_command_layout(cfg.axi_addr_bits, len_bits))),
+            "i_cmd": In(stream.Signature(read_command_layout(cfg.axi_addr_bits, len_bits))),
             "i_data": In(stream.Signature(unsigned(cfg.axi_data_bits))),
             "axi": Out(AxiWriteSignature.from_config(cfg)),
             "o_done": Out(1),
@@ -98,7 +90,7 @@ class AxiWriteDma(wiring.Component):
         m = Module()
         cfg = self._cfg
         B = cfg.bytes_per_beat
-        lb = _log2(B)
+        lb = ceil_log2(B)
         beats_bits = self._len_bits - lb + 2       # ceil((offset + nbytes) / B) fits
         axi = self.axi
         full = (1 << B) - 1
@@ -238,7 +230,7 @@ class DdrWriter(wiring.Component):
         m = Module()
         hw = self._hw
         B = hw.bytes_per_beat
-        lb = _log2(B)
+        lb = ceil_log2(B)
         W = hw.axi_data_bits
         len_bits = N_BITS + 2                      # 4 * (2**24 - 1) bytes
 

@@ -48,7 +48,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .axi import AxiReadDma, AxiReadSignature
-from .config import HardwareConfig
+from .config import HardwareConfig, ceil_log2
 from .fp import F16ToF32, FpAdd, FpLdexp, FpMul, IntToFp
 
 __all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "GemvPort", "SparsePort",
@@ -58,9 +58,6 @@ EXP_BITS = 10          # activation block exponents: binary32 inputs give -155..
 NEG_ZERO = 0x80000000  # -0.0 + x == x for every x (RNE), the identity of the first addition
 LEN_BITS = 24          # DMA command byte counts
 
-
-def _log2(x: int) -> int:
-    return (x - 1).bit_length()
 
 
 def _port_dma(m, port, cfg: HardwareConfig) -> AxiReadDma:
@@ -130,14 +127,14 @@ class SegmentMac(wiring.Component):
             "i_valid": In(1), "i_first": In(1), "i_last": In(1),
             "i_w": In(data.ArrayLayout(signed(cfg.WEIGHT_BITS), W)),
             "i_a": In(data.ArrayLayout(signed(cfg.act_bits), W)),
-            "i_nlanes": In(range(W + 1)), "i_lvl": In(range(_log2(W) + 1)), "i_sel": In(range(W)),
+            "i_nlanes": In(range(W + 1)), "i_lvl": In(range(ceil_log2(W) + 1)), "i_sel": In(range(W)),
             "i_tag": In(tag_bits),
             "o_valid": Out(1), "o_isum": Out(signed(cfg.acc_bits)), "o_tag": Out(tag_bits),
         })
 
     @property
     def tree_stages(self) -> int:
-        return (_log2(self._W) + 1) // 2
+        return (ceil_log2(self._W) + 1) // 2
 
     @property
     def latency(self) -> int:
@@ -214,7 +211,7 @@ def decoded_shapes(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dic
     return {
         "cmd": command_layout(cfg),
         "lseg": range(32),                 # log2 segment
-        "lvl": range(_log2(W) + 1),        # log2 of the sub-sum width: min(lseg, log2 W)
+        "lvl": range(ceil_log2(W) + 1),        # log2 of the sub-sum width: min(lseg, log2 W)
         "subs": range(W + 1),              # sub-sums per beat (W >> lvl)
         "lspb": range(32),                 # log2 beats per segment: max(lseg - log2 W, 0)
         "nseg": range(max_segments + 1),   # segments per row
@@ -243,7 +240,6 @@ class CommandDecoder(wiring.Component):
     def __init__(self, cfg: HardwareConfig, max_cols: int, max_segments: int, max_rows: int | None = None):
         self._cfg, self._max_cols, self._max_segments = cfg, max_cols, max_segments
         self._max_rows = cfg.gemv_sparse_max_rows if max_rows is None else max_rows
-        W, B = cfg.weights_per_beat, cfg.bytes_per_beat
         super().__init__({"i_cmd": In(command_layout(cfg)), "i_load": In(1),
                           **{f"o_{k}": Out(v) for k, v in decoded_shapes(cfg, max_cols, max_segments).items()}})
 
@@ -251,7 +247,7 @@ class CommandDecoder(wiring.Component):
         m = Module()
         cfg = self._cfg
         W, B = cfg.weights_per_beat, cfg.bytes_per_beat
-        lW, lblk = _log2(W), _log2(cfg.act_block)
+        lW, lblk = ceil_log2(W), ceil_log2(cfg.act_block)
         c = self.i_cmd
         lg = c.log2_group
         lseg = Mux(lg < lblk, lg, lblk)
@@ -267,7 +263,7 @@ class CommandDecoder(wiring.Component):
         # the rows the ports' per-row memories hold.
         bad = ((c.rows == 0) | (c.cols == 0) | (c.cols > self._max_cols) | (nseg > self._max_segments) |
                (c.sparse & (c.rows[0] | (c.rows > self._max_rows))) | (lg > 16))
-        lNW = _log2(cfg.axi_ports * W)
+        lNW = ceil_log2(cfg.axi_ports * W)
         with m.If(self.i_load):
             m.d.sync += [
                 self.o_cmd.eq(c), self.o_lseg.eq(lseg),
@@ -275,7 +271,7 @@ class CommandDecoder(wiring.Component):
                 self.o_lspb.eq(Mux(lseg > lW, lseg - lW, 0)),
                 self.o_nseg.eq(nseg), self.o_groups.eq(groups),
                 self.o_gshift.eq(lg - lseg), self.o_eshift.eq(lblk - lseg),
-                self.o_rowbytes.eq(rowbytes), self.o_nwb.eq((rowbytes + B - 1) >> _log2(B)),
+                self.o_rowbytes.eq(rowbytes), self.o_nwb.eq((rowbytes + B - 1) >> ceil_log2(B)),
                 self.o_prow.eq(((c.rows + (1 << lNW) - 1) >> lNW) << lW),
                 self.o_bad.eq(bad),
             ]
@@ -289,6 +285,23 @@ def _delay(m, value, n, name):
         m.d.sync += r.eq(value)
         value = r
     return value
+
+
+def _port_members(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dict:
+    """The members shared by `GemvPort` and `SparsePort`: AXI master, start, the decoded command, the
+    activation/exponent memory writes, the results and status."""
+    W = cfg.weights_per_beat
+    return {
+        "axi": Out(AxiReadSignature.from_config(cfg)),
+        "i_start": In(1),
+        "dec": In(wiring.Signature({k: Out(v) for k, v in decoded_shapes(cfg, max_cols, max_segments).items()})),
+        "i_act_en": In(1), "i_act_addr": In(range(max_cols // W)),
+        "i_act_q": In(data.ArrayLayout(signed(cfg.act_bits), W)),
+        "i_exp_en": In(1), "i_exp_addr": In(range(max(1, max_cols // cfg.act_block))),
+        "i_exp_e": In(signed(EXP_BITS)),
+        "o_res": Out(stream.Signature(unsigned(32))),
+        "o_idle": Out(1), "o_error": Out(1),
+    }
 
 
 class GemvPort(wiring.Component):
@@ -312,24 +325,14 @@ class GemvPort(wiring.Component):
         W = cfg.weights_per_beat
         # A chunk holds whole activation blocks (so whole segments) and is at least one full burst.
         self._chunk_beats = max(cfg.axi_max_burst_beats, cfg.act_block // W, 1)
-        super().__init__({
-            "axi": Out(AxiReadSignature.from_config(cfg)),
-            "i_start": In(1),
-            "dec": In(wiring.Signature({k: Out(v) for k, v in decoded_shapes(cfg, max_cols, max_segments).items()})),
-            "i_act_en": In(1), "i_act_addr": In(range(max_cols // W)),
-            "i_act_q": In(data.ArrayLayout(signed(cfg.act_bits), W)),
-            "i_exp_en": In(1), "i_exp_addr": In(range(max(1, max_cols // cfg.act_block))),
-            "i_exp_e": In(signed(EXP_BITS)),
-            "o_res": Out(stream.Signature(unsigned(32))),
-            "o_idle": Out(1), "o_error": Out(1),
-        })
+        super().__init__(_port_members(cfg, max_cols, max_segments))
 
     def elaborate(self, platform):
         m = Module()
         cfg, T, N = self._cfg, self._T, self._cfg.axi_ports
         W, B = cfg.weights_per_beat, cfg.bytes_per_beat
         S = self._max_segments
-        lS, lT = _log2(S), _log2(T)
+        lS, lT = ceil_log2(S), ceil_log2(T)
         d = self.dec
         ab = cfg.axi_addr_bits
         p = self._index
@@ -359,7 +362,7 @@ class GemvPort(wiring.Component):
         # the tile's rows (chunk 0 of rows 0..T-1, chunk 1 of rows 0..T-1, ...), so that the back end can
         # start on a tile's first segments while its last chunks are still arriving.
         CB = self._chunk_beats
-        lCB = _log2(CB)
+        lCB = ceil_log2(CB)
         CBB = CB * B                                 # bytes per chunk
         rows = d.cmd.rows
         g2 = Signal(17 + 1)                          # scale bytes per row
@@ -418,7 +421,7 @@ class GemvPort(wiring.Component):
         fe_trows = Signal(range(T + 1))
         m.d.comb += fe_trows.eq(Mux(fe_left < T, fe_left, T))
         nsb = Signal(range(T * S + 2))               # scale beats of this tile
-        m.d.comb += nsb.eq((fe_trows * g2 + B - 1) >> _log2(B))
+        m.d.comb += nsb.eq((fe_trows * g2 + B - 1) >> ceil_log2(B))
         beat = dma.o_data
         row_phase = fe_active & ~fe_wait & ~fe_scale
         last_sel = fe_sel == d.subs - 1
@@ -436,7 +439,7 @@ class GemvPort(wiring.Component):
                     m.d.sync += [bank_state[b].eq(FILLING), bank_rows[b].eq(fe_trows), bank_rounds[b].eq(0)]
         # Scale beats straight into the bank.
         with m.If(fe_active & ~fe_wait & fe_scale):
-            m.d.comb += [beat.ready.eq(1), scale_w.addr.eq(Cat(fe_sw[:_log2(swords)], fe_bank)),
+            m.d.comb += [beat.ready.eq(1), scale_w.addr.eq(Cat(fe_sw[:ceil_log2(swords)], fe_bank)),
                          scale_w.data.eq(beat.p.data), scale_w.en.eq(beat.valid)]
             with m.If(beat.valid):
                 m.d.sync += fe_sw.eq(fe_sw + 1)
@@ -468,14 +471,14 @@ class GemvPort(wiring.Component):
         spb_mask = Signal(range(self._max_cols + 1))
         m.d.comb += spb_mask.eq((Const(1, 16) << d.lspb) - 1)
         seg_idx = Signal(range(2 * self._max_cols + 1))
-        sub_shift = Signal(range(_log2(W) + 1))
-        m.d.comb += sub_shift.eq(_log2(W) - d.lvl)
-        with m.If(d.lvl < _log2(W)):
+        sub_shift = Signal(range(ceil_log2(W) + 1))
+        m.d.comb += sub_shift.eq(ceil_log2(W) - d.lvl)
+        with m.If(d.lvl < ceil_log2(W)):
             m.d.comb += seg_idx.eq((fe_beat << sub_shift) + fe_sel)
         with m.Else():
             m.d.comb += seg_idx.eq(fe_beat >> d.lspb)
         nl = Signal(range(self._max_cols + W + 1))
-        m.d.comb += nl.eq(d.cmd.cols - (fe_beat << _log2(W)))
+        m.d.comb += nl.eq(d.cmd.cols - (fe_beat << ceil_log2(W)))
         seg_first = (fe_beat & spb_mask) == 0
         seg_last = ((fe_beat & spb_mask) == spb_mask) | last_beat
         sub_live = (fe_sel << d.lvl) < nl            # a sub-segment that starts before the row's end
@@ -488,7 +491,7 @@ class GemvPort(wiring.Component):
         m.d.sync += [
             f1.valid.eq(mac_valid & sub_live), f1.w.eq(beat.p.data),
             f1.nl.eq(Mux(nl > W, W, nl)), f1.sel.eq(fe_sel),
-            f1.first.eq(seg_first | (d.lvl < _log2(W))), f1.last.eq(seg_last | (d.lvl < _log2(W))),
+            f1.first.eq(seg_first | (d.lvl < ceil_log2(W))), f1.last.eq(seg_last | (d.lvl < ceil_log2(W))),
             f1.addr.eq(Cat(seg_idx[:lS], fe_t, fe_bank)),
         ]
         m.d.comb += [
@@ -524,7 +527,7 @@ class GemvPort(wiring.Component):
         rounds = Mux(be_bank, bank_rounds[1], bank_rounds[0])
         seg_ready = Signal(range(S + 1))             # segments of the tile whose sums are all written
         spc = Signal(range(32))
-        m.d.comb += spc.eq(lCB + _log2(W) - d.lseg)
+        m.d.comb += spc.eq(lCB + ceil_log2(W) - d.lseg)
         with m.If(Mux(be_bank, bank_state[1], bank_state[0]) == FULL):
             m.d.comb += seg_ready.eq(d.nseg)
         with m.Else():
@@ -539,7 +542,7 @@ class GemvPort(wiring.Component):
         m.d.comb += [
             sidx.eq(be_gbase + (be_s >> d.gshift)),
             isum_r.addr.eq(Cat(be_s[:lS], be_t, be_bank)),
-            scale_r.addr.eq(Cat((sidx >> _log2(hpw))[:_log2(swords)], be_bank)),
+            scale_r.addr.eq(Cat((sidx >> ceil_log2(hpw))[:ceil_log2(swords)], be_bank)),
             exp_r.addr.eq(be_s >> d.eshift),
         ]
         issue = Signal()
@@ -560,7 +563,7 @@ class GemvPort(wiring.Component):
         tag = Cat(issue & (be_t < be_trows), first, last, be_t)
         # b1: memory data arrives.
         tag1, half1 = Signal(len(tag)), Signal(range(hpw))
-        m.d.sync += [tag1.eq(tag), half1.eq(sidx[:_log2(hpw)] if hpw > 1 else 0)]
+        m.d.sync += [tag1.eq(tag), half1.eq(sidx[:ceil_log2(hpw)] if hpw > 1 else 0)]
         scale_half = scale_r.data.word_select(half1, 16) if hpw > 1 else scale_r.data[:16]
         m.d.comb += [itof.en.eq(1), f16.en.eq(1), fmul.en.eq(1), ldx.en.eq(1), fadd.en.eq(1),
                      itof.i_valid.eq(tag1[0]), itof.i_a.eq(isum_r.data),
@@ -641,18 +644,7 @@ class SparsePort(wiring.Component):
         self._cfg, self._index = cfg, index
         self._max_cols, self._max_segments = max_cols, max_segments
         self._prow_max = cfg.gemv_sparse_max_rows // cfg.axi_ports
-        W = cfg.weights_per_beat
-        super().__init__({
-            "axi": Out(AxiReadSignature.from_config(cfg)),
-            "i_start": In(1),
-            "dec": In(wiring.Signature({k: Out(v) for k, v in decoded_shapes(cfg, max_cols, max_segments).items()})),
-            "i_act_en": In(1), "i_act_addr": In(range(max_cols // W)),
-            "i_act_q": In(data.ArrayLayout(signed(cfg.act_bits), W)),
-            "i_exp_en": In(1), "i_exp_addr": In(range(max(1, max_cols // cfg.act_block))),
-            "i_exp_e": In(signed(EXP_BITS)),
-            "o_res": Out(stream.Signature(unsigned(32))),
-            "o_idle": Out(1), "o_error": Out(1),
-        })
+        super().__init__(_port_members(cfg, max_cols, max_segments))
 
     @property
     def min_walk(self) -> int:
@@ -662,9 +654,9 @@ class SparsePort(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        cfg, N, p = self._cfg, self._cfg.axi_ports, self._index
+        cfg, p = self._cfg, self._index
         W, B = cfg.weights_per_beat, cfg.bytes_per_beat
-        lW = _log2(W)
+        lW = ceil_log2(W)
         hpw = B // 2                                 # binary16 scales per beat
         PR = self._prow_max                          # most rows per port
         S = self._max_segments
@@ -801,7 +793,7 @@ class SparsePort(wiring.Component):
                 with m.Case(SCALE):
                     with m.If(g_free):
                         m.d.comb += [beat.ready.eq(1), scale_w.en.eq(beat.valid), scale_w.data.eq(beat.p.data),
-                                     scale_w.addr.eq(Cat(fe_sw[:_log2(swords)], fe_g[0]))]
+                                     scale_w.addr.eq(Cat(fe_sw[:ceil_log2(swords)], fe_g[0]))]
                         with m.If(beat.valid):
                             m.d.sync += fe_sw.eq(fe_sw + 1)
                             with m.If(beat.p.last):
@@ -823,7 +815,7 @@ class SparsePort(wiring.Component):
                             with m.If(fe_s[0] == b):
                                 m.d.sync += bank_empty[b].eq(item.first)
         # Read-modify-write of the isum word: read now, add the registered products next cycle.
-        m.d.comb += isum_ra.addr.eq(Cat(fe_j[:_log2(PR // W)], fe_s[0]))
+        m.d.comb += isum_ra.addr.eq(Cat(fe_j[:ceil_log2(PR // W)], fe_s[0]))
         m.d.sync += [f_valid.eq(col_beat), f_first.eq(item.first), f_addr.eq(isum_ra.addr)]
         for i in range(W):
             m.d.sync += f_prod[i].eq(wq[i] * item.a)
@@ -865,8 +857,8 @@ class SparsePort(wiring.Component):
                 with m.If(be_last):
                     m.d.sync += be_active.eq(0)
         m.d.comb += [
-            isum_rb.addr.eq(Cat((be_r >> lW)[:_log2(PR // W)], be_s[0])),
-            scale_r.addr.eq(Cat((be_r >> _log2(hpw))[:_log2(swords)], (be_s >> d.gshift)[0])),
+            isum_rb.addr.eq(Cat((be_r >> lW)[:ceil_log2(PR // W)], be_s[0])),
+            scale_r.addr.eq(Cat((be_r >> ceil_log2(hpw))[:ceil_log2(swords)], (be_s >> d.gshift)[0])),
             exp_r.addr.eq(be_s >> d.eshift),
         ]
         tag_layout = data.StructLayout({"valid": 1, "first": 1, "last": 1, "r": range(PR)})
@@ -878,7 +870,7 @@ class SparsePort(wiring.Component):
         lane1 = Signal(range(W))
         half1 = Signal(range(hpw))
         empty1 = Signal()
-        m.d.sync += [tag1.eq(tag), lane1.eq(be_r[:lW]), half1.eq(be_r[:_log2(hpw)] if hpw > 1 else 0),
+        m.d.sync += [tag1.eq(tag), lane1.eq(be_r[:lW]), half1.eq(be_r[:ceil_log2(hpw)] if hpw > 1 else 0),
                      empty1.eq(bank_empty.bit_select(be_s[0], 1))]
         isum1 = Signal(signed(cfg.acc_bits))
         m.d.comb += isum1.eq(Mux(empty1, 0, isum_rb.data[lane1]))

@@ -32,7 +32,7 @@ from .axi import AxiReadArbiter, AxiReadSignature, AxiSignature, AxiWriteSignatu
 from .config import HardwareConfig
 from .controller import REGIONS, Controller
 from .csr import AxiLiteSignature, CsrBlock, port_name
-from .csr_map import ISA_VERSION, NPU_ID, REGISTERS, by_name
+from .csr_map import ISA_VERSION, NPU_ID, by_name
 from .fetch import Fetch
 
 __all__ = ["Npu", "COUNTERS"]
@@ -117,31 +117,15 @@ class Npu(wiring.Component):
         wiring.connect(m, fetch.axi, arb.s0)
         wiring.connect(m, ctl.m_rd, arb.s1)
         wiring.connect(m, ctl.m_gemv0, arb.s2)
-        read_names = list(AxiReadSignature.from_config(hw).members.keys())
-        write_names = list(AxiWriteSignature(hw.axi_addr_bits, hw.axi_data_bits, hw.axi_id_bits).members.keys())
-        port0 = self.m_axi0
-        for name in read_names:
-            mine, theirs = getattr(port0, name), getattr(arb.m, name)
-            if AxiReadSignature.from_config(hw).members[name].flow == Out:
-                m.d.comb += mine.eq(theirs)
-            else:
-                m.d.comb += theirs.eq(mine)
-        wsig = AxiWriteSignature(hw.axi_addr_bits, hw.axi_data_bits, hw.axi_id_bits)
-        for name in write_names:
-            mine, theirs = getattr(port0, name), getattr(ctl.m_wr, name)
-            if wsig.members[name].flow == Out:
-                m.d.comb += mine.eq(theirs)
-            else:
-                m.d.comb += theirs.eq(mine)
+        # port 0: the arbiter's reads and the controller's writes; ports 1..: GEMV reads, no writes
         rsig = AxiReadSignature.from_config(hw)
+        wsig = AxiWriteSignature(hw.axi_addr_bits, hw.axi_data_bits, hw.axi_id_bits)
+        _drive(m, self.m_axi0, arb.m, rsig)
+        _drive(m, self.m_axi0, ctl.m_wr, wsig)
         for p in range(1, hw.axi_ports):
-            port, src = getattr(self, f"m_axi{p}"), getattr(ctl, f"m_gemv{p}")
-            for name in read_names:
-                if rsig.members[name].flow == Out:
-                    m.d.comb += getattr(port, name).eq(getattr(src, name))
-                else:
-                    m.d.comb += getattr(src, name).eq(getattr(port, name))
-            m.d.comb += port.bready.eq(1)          # no writes on these ports
+            port = getattr(self, f"m_axi{p}")
+            _drive(m, port, getattr(ctl, f"m_gemv{p}"), rsig)
+            m.d.comb += port.bready.eq(1)
 
         # --- counters ---------------------------------------------------------------------------------
         B = hw.bytes_per_beat
@@ -174,3 +158,13 @@ class Npu(wiring.Component):
             m.d.comb += [reg(f"{name}_LO").eq(c[:32]), reg(f"{name}_HI").eq(c[32:])]
         return m
 
+
+
+def _drive(m, port, master, sig):
+    """Connect the members of `sig` between a master interface and the matching members of a wider `port`
+    (an AXI4 master port carrying the read channels of one unit and the write channels of another)."""
+    for name, member in sig.members.items():
+        if member.flow == Out:
+            m.d.comb += getattr(port, name).eq(getattr(master, name))
+        else:
+            m.d.comb += getattr(master, name).eq(getattr(port, name))

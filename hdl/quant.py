@@ -45,7 +45,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from .config import HardwareConfig
+from .config import HardwareConfig, ceil_log2
 from .gemv import EXP_BITS
 
 __all__ = ["ActQuantizer", "act_write_layout", "exp_write_layout", "command_layout", "Q_MAX"]
@@ -53,9 +53,6 @@ __all__ = ["ActQuantizer", "act_write_layout", "exp_write_layout", "command_layo
 Q_MAX = 127          # sim.numerics.INT8_MAX: the block exponent makes every |q| <= 127
 N_BITS = 16          # command column count
 
-
-def _log2(x: int) -> int:
-    return (x - 1).bit_length()
 
 
 def act_write_layout(hw: HardwareConfig) -> data.StructLayout:
@@ -157,7 +154,7 @@ class ActQuantizer(wiring.Component):
         m = Module()
         hw = self._hw
         W, B, C = hw.weights_per_beat, hw.act_block, hw.gemv_max_cols
-        LB, LW, LC = _log2(B), _log2(W), _log2(C)
+        LB, LW, LC = ceil_log2(B), ceil_log2(W), ceil_log2(C)
         exp_addr_shape = exp_write_layout(hw)["addr"].shape
 
         # The element ring: 2 * B binary32 words. Elements are written in order, a block's read-back starts

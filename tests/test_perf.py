@@ -5,7 +5,6 @@ from dataclasses import replace
 import pytest
 
 from firmware.perf import DDR_PEAK_BYTES_PER_S, Rates, cycles_of, estimate, fit_rates
-from firmware.traffic import token_traffic
 from hdl.config import HardwareConfig
 from sim.config import ModelConfig
 
