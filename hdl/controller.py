@@ -26,8 +26,14 @@ composition table), so the results are bit-identical to the ISS's hardware arith
 - CVO SCALE with recip_scale and SOFTCAP first take RECIP(S0); REDUCE/ROPE functions with accm add the
   staged result to dst afterwards (the SFU's accm covers the element-wise functions).
 
-Execution is in order and one instruction at a time; `async_` is accepted and FENCE is trivially satisfied
-(every instruction has completed when the next one starts).
+Instructions issue in order. A WGEMV runs in two parts: the quantiser pass (a pass like any other), then the
+GEMV engine streams the weights and writes its rows into L2 beside the passes, through its own L2 ports. A
+WGEMV with ``async_`` (and without ``findemax``) retires as soon as the engine has its command; without it, it
+retires when the last row is in L2. Hazards are tracked per pass: a pass whose L2 ranges (a, b or dst) meet
+the rows the engine has yet to write waits until they are written; the next WGEMV waits for the engine; FENCE
+and HALT wait for it. The results are therefore those of sequential execution (the ISS) for any program. An
+async WGEMV that fails (a bus error on its weights) is reported at the next instruction boundary, FENCE or
+HALT, with ERROR_PC = the WGEMV's index; instructions issued after it may have run.
 """
 
 from __future__ import annotations
@@ -73,7 +79,6 @@ class Sink(enum.Enum, shape=3):
     DDR = 2
     DESC = 3
     QUANT = 4
-    GEMV = 5       # the GEMV engine's rows into the ElemWriter (WGEMV)
 
 
 def _f32_gt(a, b):
@@ -136,15 +141,19 @@ class Controller(wiring.Component):
         A = hw.axi_addr_bits
 
         # --- units ------------------------------------------------------------------------------------
-        m.submodules.l2 = l2 = L2(hw, read_ports=2, write_ports=1)
+        # ports 0/1 read and port 0 writes for the passes; read port 2 (accm) and write port 1 (the rows) for the
+        # GEMV engine, which runs beside the passes (async WGEMV)
+        m.submodules.l2 = l2 = L2(hw, read_ports=3, write_ports=2)
         m.submodules.rd_a = rd_a = ElemReader(hw)
         m.submodules.rd_b = rd_b = ElemReader(hw)
+        m.submodules.rd_g = rd_g = ElemReader(hw)
         m.submodules.wr = wr = ElemWriter(hw)
-        connect(m, rd_a.o_req, l2.rd0_req)
-        connect(m, l2.rd0_resp, rd_a.i_resp)
-        connect(m, rd_b.o_req, l2.rd1_req)
-        connect(m, l2.rd1_resp, rd_b.i_resp)
+        m.submodules.wr_g = wr_g = ElemWriter(hw)
+        for i, rd in enumerate((rd_a, rd_b, rd_g)):
+            connect(m, rd.o_req, getattr(l2, f"rd{i}_req"))
+            connect(m, getattr(l2, f"rd{i}_resp"), rd.i_resp)
         connect(m, wr.o_wr, l2.wr0)
+        connect(m, wr_g.o_wr, l2.wr1)
         m.submodules.sfu = sfu = Sfu(hw)
         m.submodules.ddr_rd = ddr_rd = DdrReader(hw)
         m.submodules.ddr_wr = ddr_wr = DdrWriter(hw)
@@ -194,7 +203,6 @@ class Controller(wiring.Component):
         p_ddr_log2g = Signal(5)
         p_wr_addr = Signal(A)
         p_wr_fmt = Signal()
-        p_gemv_cmd = Signal.like(gemv.i_cmd.payload)
         p_result = Signal(32)
         p_err = Signal()             # a bus error seen during the pass
 
@@ -206,7 +214,7 @@ class Controller(wiring.Component):
         pstart = Signal()             # one-cycle pulse from the sequencer
         pdone = Signal()              # one-cycle pulse: the pass has completed
         pending = Signal(data.StructLayout({"rd_a": 1, "rd_b": 1, "ddr_rd": 1, "ddr_wr": 1, "wr": 1, "sfu": 1,
-                                            "quant": 1, "gemv": 1}))
+                                            "quant": 1}))
         active = Signal()
         a_sent = Signal()             # REG source: the element has been sent
         sunk = Signal(NB)             # elements taken by REG/DESC sinks
@@ -214,14 +222,13 @@ class Controller(wiring.Component):
 
         with m.If(pstart):
             m.d.sync += [active.eq(1), a_sent.eq(0), sunk.eq(0), p_err.eq(0),
-                         pending.rd_a.eq(((p_a == Src.L2) | (p_a == Src.PAIRS)) & (p_sink != Sink.GEMV)),
-                         pending.rd_b.eq((p_b == BSrc.L2) | ((p_sink == Sink.GEMV) & p_gemv_cmd.accm)),
+                         pending.rd_a.eq((p_a == Src.L2) | (p_a == Src.PAIRS)),
+                         pending.rd_b.eq(p_b == BSrc.L2),
                          pending.ddr_rd.eq(p_a == Src.DDR),
                          pending.ddr_wr.eq(p_sink == Sink.DDR),
-                         pending.wr.eq((p_sink == Sink.L2) | (p_sink == Sink.GEMV)),
-                         pending.sfu.eq(~p_bypass & (p_sink != Sink.GEMV)),
-                         pending.quant.eq(p_sink == Sink.QUANT),
-                         pending.gemv.eq(p_sink == Sink.GEMV)]
+                         pending.wr.eq(p_sink == Sink.L2),
+                         pending.sfu.eq(~p_bypass),
+                         pending.quant.eq(p_sink == Sink.QUANT)]
 
         # commands
         m.d.comb += [
@@ -241,10 +248,9 @@ class Controller(wiring.Component):
             sfu.i_cmd.payload.accm.eq(p_accm), sfu.i_cmd.payload.s.eq(p_s), sfu.i_cmd.payload.s_inv.eq(p_s_inv),
             sfu.i_cmd.payload.emax.eq(p_emax), sfu.i_cmd.payload.pos.eq(self.i_pos),
             quant.i_cmd.valid.eq(pending.quant), quant.i_cmd.payload.n.eq(p_n),
-            gemv.i_cmd.valid.eq(pending.gemv), gemv.i_cmd.payload.eq(p_gemv_cmd),
         ]
         for name, unit in (("rd_a", rd_a), ("rd_b", rd_b), ("ddr_rd", ddr_rd), ("ddr_wr", ddr_wr), ("wr", wr),
-                           ("sfu", sfu), ("quant", quant), ("gemv", gemv)):
+                           ("sfu", sfu), ("quant", quant)):
             with m.If(unit.i_cmd.valid & unit.i_cmd.ready):
                 m.d.sync += getattr(pending, name).eq(0)
 
@@ -288,11 +294,7 @@ class Controller(wiring.Component):
 
         # SFU or bypass
         s_valid, s_data, s_ready = Signal(), Signal(32), Signal()
-        with m.If(p_sink == Sink.GEMV):
-            m.d.comb += [s_valid.eq(gemv.o_y.valid), s_data.eq(gemv.o_y.payload), gemv.o_y.ready.eq(s_ready),
-                         gemv.i_acc.valid.eq(rd_b.o_elem.valid), gemv.i_acc.payload.eq(rd_b.o_elem.payload.data),
-                         rd_b.o_elem.ready.eq(gemv.i_acc.ready)]
-        with m.Elif(p_bypass):
+        with m.If(p_bypass):
             m.d.comb += [s_valid.eq(a_valid), s_data.eq(a_data), a_ready.eq(s_ready)]
         with m.Else():
             both = a_valid & b_valid
@@ -305,7 +307,7 @@ class Controller(wiring.Component):
         take = Signal()
         m.d.comb += take.eq(s_valid & s_ready)
         with m.Switch(p_sink):
-            with m.Case(Sink.L2, Sink.GEMV):
+            with m.Case(Sink.L2):
                 m.d.comb += [wr.i_elem.valid.eq(s_valid), wr.i_elem.payload.eq(s_data), s_ready.eq(wr.i_elem.ready)]
             with m.Case(Sink.DDR):
                 m.d.comb += [ddr_wr.i_elem.valid.eq(s_valid), ddr_wr.i_elem.payload.eq(s_data),
@@ -338,8 +340,6 @@ class Controller(wiring.Component):
         with m.Switch(p_sink):
             with m.Case(Sink.L2):
                 m.d.comb += finished.eq(wr_done_seen)
-            with m.Case(Sink.GEMV):
-                m.d.comb += finished.eq(wr_done_seen | (gemv.o_bad_cmd & ~pending.gemv))
             with m.Case(Sink.DDR):
                 m.d.comb += finished.eq(ddr_done_seen)
             with m.Case(Sink.QUANT):
@@ -351,6 +351,45 @@ class Controller(wiring.Component):
             m.d.comb += pdone.eq(1)
         with m.If(active & ddr_wr.o_error):
             m.d.sync += p_err.eq(1)
+
+        # --- the GEMV engine beside the passes (WGEMV) ----------------------------------------------------------
+        # After the quantiser pass the sequencer hands the engine its command (`g_cmd`); the rows go from the
+        # engine through `wr_g` into [g_lo, g_lo + g_n) (with accm, the old values come through `rd_g`). An async
+        # WGEMV retires there; every later pass whose L2 ranges meet [g_lo, g_lo + g_n) waits until the last row
+        # is written (`hazard`), a later WGEMV waits for the engine, FENCE and HALT wait for it too.
+        g_cmd = Signal.like(gemv.i_cmd.payload)
+        g_active = Signal()           # from the command until the last row is in L2
+        g_lo, g_n = Signal(EA), Signal(NB)
+        g_pc = Signal(PC_BITS)
+        g_pend = Signal(data.StructLayout({"gemv": 1, "rd": 1, "wr": 1}))
+        m.d.comb += [
+            gemv.i_cmd.valid.eq(g_pend.gemv), gemv.i_cmd.payload.eq(g_cmd),
+            wr_g.i_cmd.valid.eq(g_pend.wr), wr_g.i_cmd.payload.addr.eq(g_lo), wr_g.i_cmd.payload.n.eq(g_n),
+            rd_g.i_cmd.valid.eq(g_pend.rd), rd_g.i_cmd.payload.addr.eq(g_lo), rd_g.i_cmd.payload.n.eq(g_n),
+        ]
+        for name, unit in (("gemv", gemv), ("rd", rd_g), ("wr", wr_g)):
+            with m.If(unit.i_cmd.valid & unit.i_cmd.ready):
+                m.d.sync += getattr(g_pend, name).eq(0)
+        connect(m, gemv.o_y, wr_g.i_elem)
+        m.d.comb += [gemv.i_acc.valid.eq(rd_g.o_elem.valid), gemv.i_acc.payload.eq(rd_g.o_elem.payload.data),
+                     rd_g.o_elem.ready.eq(gemv.i_acc.ready)]
+        # a rejected command sends no rows (the program ends in error; START resets the datapath)
+        with m.If(wr_g.o_done | (gemv.o_bad_cmd & ~g_pend.gemv)):
+            m.d.sync += g_active.eq(0)
+        g_failed = Signal()           # the engine has finished with an error (its flags are sticky)
+        g_code = Signal(ErrorCode)
+        m.d.comb += [g_failed.eq(~g_active & (gemv.o_bad_cmd | gemv.o_error)),
+                     g_code.eq(Mux(gemv.o_bad_cmd, ErrorCode.BAD_LENGTH, ErrorCode.BUS_ERROR))]
+
+        def meets_gemv(lo, n):
+            """The element range [lo, lo + n) meets the rows the engine has yet to write."""
+            return g_active & (lo < g_lo + g_n) & (g_lo < lo + n)
+
+        hazard = Signal()
+        m.d.comb += hazard.eq((((p_a == Src.L2) | (p_a == Src.PAIRS)) &
+                               meets_gemv(p_a_addr, Mux(p_a == Src.PAIRS, p_n << 1, p_n))) |
+                              ((p_b == BSrc.L2) & meets_gemv(p_b_addr, p_n)) |
+                              ((p_sink == Sink.L2) & meets_gemv(p_dst, n_out)))
 
         # --- descriptor fields --------------------------------------------------------------------------
         d_woff = Cat(desc[0], desc[1])
@@ -421,9 +460,10 @@ class Controller(wiring.Component):
             m.d.sync += pstart_r.eq(1)
             m.next = nxt
 
-        pstart_r = Signal()
-        m.d.sync += pstart_r.eq(0)
-        m.d.comb += pstart.eq(pstart_r)
+        pstart_r = Signal()           # a launched pass starts once it has no hazard with the GEMV engine's rows
+        with m.If(pstart):
+            m.d.sync += pstart_r.eq(0)
+        m.d.comb += pstart.eq(pstart_r & ~hazard)
 
         def sync(*stmts):
             m.d.sync += list(stmts)
@@ -502,11 +542,15 @@ class Controller(wiring.Component):
                         fail(decoder.o_error)
                     with m.Else():
                         m.next = "DISPATCH"
+                with m.If(g_failed):                 # an async WGEMV failed: its error, at its pc
+                    m.d.sync += self.o_error_pc.eq(g_pc)
+                    fail(g_code)
 
             with m.State("ERROR"):
-                m.d.comb += self.o_stop.eq(1)
-                m.d.sync += [busy.eq(0), self.o_error.eq(1)]
-                m.next = "IDLE"
+                with m.If(~g_active):            # an async WGEMV still running completes first
+                    m.d.comb += self.o_stop.eq(1)
+                    m.d.sync += [busy.eq(0), self.o_error.eq(1)]
+                    m.next = "IDLE"
 
             with m.State("HALT"):
                 # A START written while this program ran was ignored: the program still completes (DONE), and
@@ -533,7 +577,10 @@ class Controller(wiring.Component):
                         m.next = "CVO"
                     with m.Case(Opcode.DMA):
                         m.next = "DMA"
-                    with m.Case(Opcode.WGEMV, Opcode.GATHER, Opcode.KVST, Opcode.ATTN):
+                    with m.Case(Opcode.WGEMV):
+                        with m.If(~g_active):        # the engine takes one matrix at a time
+                            m.next = "DESC"
+                    with m.Case(Opcode.GATHER, Opcode.KVST, Opcode.ATTN):
                         m.next = "DESC"
 
             # ---- CTRL ------------------------------------------------------------------------------------
@@ -547,9 +594,18 @@ class Controller(wiring.Component):
                         m.d.sync += hd.eq(c.imm)
                         m.d.comb += [irecip.i_start.eq(1), irecip.i_n.eq(c.imm)]
                         m.next = "SETHD_W"
-                    with m.Case(CtrlFunc.HALT):
+                    with m.Case(CtrlFunc.HALT, CtrlFunc.FENCE):
+                        m.next = "DRAIN"
+                    with m.Default():          # NOP
+                        retire()
+            with m.State("DRAIN"):             # FENCE, HALT: wait for an async WGEMV
+                with m.If(~g_active):
+                    with m.If(g_failed):
+                        m.d.sync += self.o_error_pc.eq(g_pc)
+                        fail(g_code)
+                    with m.Elif(c.func == CtrlFunc.HALT):
                         m.next = "HALT"
-                    with m.Default():          # NOP, FENCE: every earlier instruction has completed
+                    with m.Else():
                         retire()
             with m.State("SETHD_W"):
                 with m.If(~irecip.o_busy):
@@ -820,18 +876,19 @@ class Controller(wiring.Component):
                         fail(ErrorCode.NON_FINITE)
                     with m.Else():
                         wb = base[DdrRegion.WEIGHTS]
-                        m.d.sync += [p_gemv_cmd.wbase.eq((wb + d_woff)[:A]), p_gemv_cmd.sbase.eq((wb + d_soff)[:A]),
-                                     p_gemv_cmd.rows.eq(d_rows), p_gemv_cmd.cols.eq(d_cols),
-                                     p_gemv_cmd.log2_group.eq(d_log2g), p_gemv_cmd.accm.eq(wg.accm),
-                                     p_gemv_cmd.sparse.eq(wg.sparse)]
-                        launch("WG_G", bypass=1, n=d_rows, b=Mux(wg.accm, BSrc.L2, BSrc.NONE), b_addr=wd,
-                               sink=Sink.GEMV, dst=wd)
+                        m.d.sync += [g_cmd.wbase.eq((wb + d_woff)[:A]), g_cmd.sbase.eq((wb + d_soff)[:A]),
+                                     g_cmd.rows.eq(d_rows), g_cmd.cols.eq(d_cols), g_cmd.log2_group.eq(d_log2g),
+                                     g_cmd.accm.eq(wg.accm), g_cmd.sparse.eq(wg.sparse),
+                                     g_active.eq(1), g_lo.eq(wd), g_n.eq(d_rows), g_pc.eq(pc),
+                                     g_pend.gemv.eq(1), g_pend.wr.eq(1), g_pend.rd.eq(wg.accm)]
+                        with m.If(wg.async_ & ~wg.findemax):
+                            retire()
+                        with m.Else():
+                            m.next = "WG_G"
             with m.State("WG_G"):
-                with m.If(pdone):
-                    with m.If(gemv.o_bad_cmd):
-                        fail(ErrorCode.BAD_LENGTH)
-                    with m.Elif(gemv.o_error):
-                        fail(ErrorCode.BUS_ERROR)
+                with m.If(~g_active):
+                    with m.If(g_failed):
+                        fail(g_code)
                     with m.Elif(wg.findemax):
                         launch("WG_E", op=SfuOp.REDUCE_MAX, n=d_rows, a=Src.L2, a_addr=wd, sink=Sink.REG)
                     with m.Else():
@@ -999,7 +1056,7 @@ class Controller(wiring.Component):
         # --- activity for the counters ----------------------------------------------------------------
         m.d.comb += [
             self.o_unit_busy.gemv.eq(gemv.o_busy),
-            self.o_unit_busy.sfu.eq(active & ~p_bypass & (p_sink != Sink.GEMV)),
+            self.o_unit_busy.sfu.eq(active & ~p_bypass),
             self.o_unit_busy.dma.eq(ddr_rd.o_busy | ddr_wr.o_busy),
             self.o_unit_busy.attn.eq(busy & (op == Opcode.ATTN)),
         ]
