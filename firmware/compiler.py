@@ -112,7 +112,9 @@ class _Emitter:
 
     def wgemv(self, name: str, dst: int, src: int, *, accm=0, sparse=0, row_start=0, rows=None):
         d = self.image.descriptor(name, row_start, rows)
-        self.emit(Opcode.WGEMV, dst=dst, src=src, desc=d.index, accm=accm, findemax=0, sparse=sparse, async_=0)
+        # async: the engine streams the weights while later independent passes run (the NPU tracks the hazards
+        # on dst, docs/architecture.md "Overlap")
+        self.emit(Opcode.WGEMV, dst=dst, src=src, desc=d.index, accm=accm, findemax=0, sparse=sparse, async_=1)
 
     def rmsnorm(self, dst: int, src: int, n: int, seg: int, gain: str | None):
         self.setvl(n)
@@ -150,7 +152,7 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
     for name, size in (("x0", D), ("pli", L * P), ("ple", L * P), ("gain", max(D, hd)), ("t", D), ("xn", D),
                        ("lt", cfg.laurel_rank), ("lr", D), ("laurel", D), ("q", cfg.q_dim), ("k", cfg.kv_dim),
                        ("v", cfg.kv_dim), ("attn", cfg.q_dim), ("o", D), ("xa", D), ("h", D), ("gate", F),
-                       ("up", F), ("dn", D), ("out", D), ("innov", D), ("gi", D), ("pg", P), ("pp", D),
+                       ("up", F), ("centred", F), ("dn", D), ("out", D), ("innov", D), ("gi", D), ("pg", P), ("pp", D),
                        ("router", n * D), ("coefs", n * n * n), ("mvec", n), ("u", D), ("acc", D),
                        ("rope.sliding", hd), ("rope.full", hd), ("cs.sliding", hd), ("cs.full", hd),
                        ("logits", logit_chunk_rows(cfg, hw))):
@@ -306,27 +308,38 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     x_in = m[f"pred{a}"]
     e.step = L + "4.B input norm"
     e.rmsnorm(m["xn"], x_in, D, D, e.sub(i, "input_layernorm.weight"))
-    e.step = L + "4.C LAuReL: xn + norm(R(L(xn)))"
+    # The projections are software-pipelined: each WGEMV is issued before the vector work on the previous
+    # one's rows, so that work runs while the engine streams the next matrix (async WGEMV; the NPU tracks
+    # the hazards, docs/architecture.md "Overlap"). Every buffer keeps one producer per layer.
+    kind = "sliding" if cfg.is_sliding(i) else "full"
+    shared = cfg.is_kv_shared(i)
+    laurel = L + "4.C LAuReL: xn + norm(R(L(xn)))"
+    e.step = laurel
     e.wgemv(e.sub(i, "laurel.linear_left.weight"), m["lt"], m["xn"])
     e.wgemv(e.sub(i, "laurel.linear_right.weight"), m["lr"], m["lt"])
+    e.step = L + f"4.B Q projection, QK-norm, RoPE ({kind})"
+    e.wgemv(e.sub(i, "self_attn.q_proj.weight"), m["q"], m["xn"])
+    e.step = laurel
     e.rmsnorm(m["lr"], m["lr"], D, D, e.sub(i, "laurel.post_laurel_norm.weight"))
     e.setvl(D)
     e.vec(VecFunc.ADD, dst=m["laurel"], a=m["xn"], b=m["lr"])
-    kind = "sliding" if cfg.is_sliding(i) else "full"
-    e.step = L + f"4.B Q projection, QK-norm, RoPE ({kind})"
-    e.wgemv(e.sub(i, "self_attn.q_proj.weight"), m["q"], m["xn"])
-    e.rmsnorm(m["q"], m["q"], cfg.q_dim, hd, e.sub(i, "self_attn.q_norm.weight"))
-    e.setvl(cfg.q_dim)
-    e.sethd(hd)
-    e.vec(VecFunc.ROPE, dst=m["q"], a=m["q"], b=m[f"cs.{kind}"])
-    if not cfg.is_kv_shared(i):
-        e.step = L + "4.B K projection, K-norm, RoPE; V projection, V-norm; store to the KV cache"
-        e.wgemv(e.sub(i, "self_attn.k_proj.weight"), m["k"], m["xn"])
-        e.rmsnorm(m["k"], m["k"], cfg.kv_dim, hd, e.sub(i, "self_attn.k_norm.weight"))
-        e.setvl(cfg.kv_dim)
+    kv = L + "4.B K projection, K-norm, RoPE; V projection, V-norm; store to the KV cache"
+
+    def norm_rope(buf, n, gain):
+        e.rmsnorm(m[buf], m[buf], n, hd, e.sub(i, gain))
+        e.setvl(n)
         e.sethd(hd)
-        e.vec(VecFunc.ROPE, dst=m["k"], a=m["k"], b=m[f"cs.{kind}"])
+        e.vec(VecFunc.ROPE, dst=m[buf], a=m[buf], b=m[f"cs.{kind}"])
+
+    if not shared:
+        e.step = kv
+        e.wgemv(e.sub(i, "self_attn.k_proj.weight"), m["k"], m["xn"])
+    e.step = L + f"4.B Q projection, QK-norm, RoPE ({kind})"
+    norm_rope("q", cfg.q_dim, "self_attn.q_norm.weight")
+    if not shared:
+        e.step = kv
         e.wgemv(e.sub(i, "self_attn.v_proj.weight"), m["v"], m["xn"])
+        norm_rope("k", cfg.kv_dim, "self_attn.k_norm.weight")
         e.rmsnorm(m["v"], m["v"], cfg.kv_dim, hd, None)
         e.emit(Opcode.KVST, k=m["k"], v=m["v"], slot=e.image.kv_slots[i], shape_ptr=0, async_=0)
     src = cfg.kv_source(i)
@@ -349,6 +362,9 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     e.rmsnorm(m["h"], m["xa"], D, D, e.sub(i, "pre_feedforward_layernorm.weight"))
     e.wgemv(e.sub(i, "mlp.gate_proj.weight"), m["gate"], m["h"])
     sparse = cfg.activation_sparsity_pattern[i] > 0
+    up_step = L + "4.D FFN: up, GELU(gate) * up, down" + (" (sparse: zero columns skipped)" if sparse else "")
+    e.step = up_step
+    e.wgemv(e.sub(i, "mlp.up_proj.weight"), m["up"], m["h"])       # streams while the top-k runs
     if sparse:
         e.step = L + "4.D Gaussian top-k: cutoff = mean + z * std (population)"
         e.setvl(F)
@@ -357,16 +373,15 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
         e.scalar(ScalarFunc.MUL, d=0, a=0, b=1)                  # S0 = mean
         e.const(2, "minus_one")
         e.scalar(ScalarFunc.MUL, d=2, a=0, b=2)                  # S2 = -mean
-        e.vec(VecFunc.ADDS, dst=m["up"], a=m["gate"], s=2)       # centred (up is free until its GEMV)
-        e.vec(VecFunc.SUMSQ, a=m["up"], s=3)
+        e.vec(VecFunc.ADDS, dst=m["centred"], a=m["gate"], s=2)
+        e.vec(VecFunc.SUMSQ, a=m["centred"], s=3)
         e.scalar(ScalarFunc.MUL, d=3, a=3, b=1)
         e.scalar(ScalarFunc.SQRT, d=3, a=3)                      # S3 = std
         e.const(4, f"std_mult.{i}")
         e.scalar(ScalarFunc.MUL, d=3, a=3, b=4)
         e.scalar(ScalarFunc.ADD, d=3, a=0, b=3)                  # cutoff
         e.vec(VecFunc.RELU_SUBS, dst=m["gate"], a=m["gate"], s=3)
-    e.step = L + "4.D FFN: up, GELU(gate) * up, down" + (" (sparse: zero columns skipped)" if sparse else "")
-    e.wgemv(e.sub(i, "mlp.up_proj.weight"), m["up"], m["h"])
+    e.step = up_step
     e.setvl(F)
     e.vec(VecFunc.GELU_MUL, dst=m["gate"], a=m["gate"], b=m["up"])
     down = e.sub(i, "mlp.down_proj.weight")

@@ -196,6 +196,7 @@ class Machine:
         self.token = 0
         self.pos = 0
         self.counters = Counters()
+        self.touched: list[tuple[int, int]] = []     # L2 element ranges [lo, hi) the current instruction used
         self._kv = {}
         self._const_index = sorted((e.offset, e.nbytes, name) for name, e in image.tensors.items()
                                    if e.region == "CONST")
@@ -223,8 +224,12 @@ class Machine:
         k, v, _ = self._kv[slot]
         return k, v
 
-    def run(self, program: list[int], *, token: int, pos: int) -> None:
-        """Execute a whole program (until HALT) for one token at one position."""
+    def run(self, program: list[int], *, token: int, pos: int, trace=None) -> None:
+        """Execute a whole program (until HALT) for one token at one position.
+
+        `trace`, if given, is called after every executed instruction (HALT included) as
+        ``trace(pc, insn, machine)``; ``machine.touched`` then holds the L2 element ranges the instruction
+        read or wrote (outside the controller's scratch), ``machine.counters`` its counts so far."""
         self.token, self.pos = int(token), int(pos)
         # START resets the architectural registers (the hardware resets its controller); L2, the shape cache
         # and DDR keep their contents
@@ -239,13 +244,18 @@ class Machine:
             name = insn.op.name + ("." + insn.fields["func"].name if "func" in insn.fields else "")
             self.counters.instructions[name] += 1
             self._name = name
+            self.touched = []
             if insn.op is Opcode.CTRL and insn.func is CtrlFunc.HALT:
+                if trace is not None:
+                    trace(pc, insn, self)
                 return
             try:
                 getattr(self, "_x_" + insn.op.name.lower())(insn)
             except ExecutionError as e:
                 raise ExecutionError(e.code, pc, str(e).split(": ", 1)[-1]) from None
             self._count_passes(insn)
+            if trace is not None:
+                trace(pc, insn, self)
         raise ExecutionError(ErrorCode.BAD_LENGTH, len(program), "the program ended without HALT")
 
     # --- helpers ----------------------------------------------------------------------------------------
@@ -260,6 +270,7 @@ class Machine:
         if start + n > self.l2.size:
             self._err(ErrorCode.ADDRESS_RANGE, f"L2 range [{start}, {start + n}) (elements) exceeds L2 "
                                                f"({self.l2.size} elements)")
+        self.touched.append((start, start + n))
         return slice(start, start + n)
 
     def _round(self, x):
@@ -453,6 +464,7 @@ class Machine:
         self.counters.bytes_read["WEIGHTS"] += (d.cols + d.cols % 2) // 2 + ngroups * 2
         self.counters.elements[self._name] += d.cols
         if self.arithmetic == COUNT:
+            self._vec(i.dst, d.cols)        # the L2 range (firmware.perf.schedule)
             return
         if self.arithmetic == REFERENCE:
             v = np.asarray(self.source[d.tensor][d.row_start + row], dtype=np.float64)
@@ -503,13 +515,17 @@ class Machine:
 
     def _x_vec(self, i):
         self.counters.elements[self._name] += self.vl
-        if self.arithmetic == COUNT:
-            return
         f = i.func
         n = self.vl
         a = self.l2[self._vec(i.a, n)]
         b = self.l2[self._vec(i.b, n)] if f in (VecFunc.ADD, VecFunc.SUB, VecFunc.MUL, VecFunc.FMAS,
                                                 VecFunc.GELU_MUL, VecFunc.DOT) else None
+        if self.arithmetic == COUNT:          # only the L2 ranges (firmware.perf.schedule)
+            if f in (VecFunc.ROPE, VecFunc.RMSNORM):
+                self._vec(i.b, self.hd)
+            if f not in (VecFunc.SUMSQ, VecFunc.SUM, VecFunc.MAX, VecFunc.DOT):
+                self._vec(i.dst, n)
+            return
         s = self.s[i.s]
         dt, fn = self.dtype, self.f
         if f is VecFunc.SUMSQ:
@@ -568,6 +584,8 @@ class Machine:
 
     def _x_scalar(self, i):
         if self.arithmetic == COUNT:
+            if i.func in (ScalarFunc.LD, ScalarFunc.ST):
+                self.touched.append((i.imm, i.imm + 1))
             return
         f, s = i.func, self.s
         imm = self._imm(i.imm)
@@ -600,6 +618,7 @@ class Machine:
         elif f in (ScalarFunc.LD, ScalarFunc.ST):
             if i.imm >= self.l2.size:
                 self._err(ErrorCode.ADDRESS_RANGE, f"SCALAR {f.name} element {i.imm} is beyond L2")
+            self.touched.append((i.imm, i.imm + 1))
             if f is ScalarFunc.LD:
                 s[i.d] = self.l2[i.imm]
             else:
@@ -633,6 +652,8 @@ class Machine:
         self.counters.bytes_written["KV"] += 2 * w * 2
         self.counters.elements[self._name] += 2 * w
         if self.arithmetic == COUNT:
+            self._vec(i.k, w)
+            self._vec(i.v, w)
             return
         k_store, v_store, positions = self._kv[d.index]
         slot = self.pos % d.capacity
@@ -659,6 +680,8 @@ class Machine:
         if self.arithmetic == COUNT:
             self.counters.bytes_read["KV"] += 2 * seen * head_dim * 2
             self.counters.elements[self._name] += heads * seen * head_dim
+            self._vec(i.q, heads * head_dim)
+            self._vec(i.dst, heads * head_dim)
             return
         k_store, v_store, positions = self._kv[d.index]
         lo = self.pos - window + 1 if window else 0
@@ -682,9 +705,11 @@ class Machine:
 
     def _x_cvo(self, i):
         self.counters.elements[self._name] += i.length
-        if self.arithmetic == COUNT:
-            return
         f, n = i.func, i.length
+        if self.arithmetic == COUNT:
+            self._vec(i.src, n * (2 if f in (CvoFunc.ROPE_COS, CvoFunc.ROPE_SIN) else 1))
+            self._vec(i.dst, 1 if f in (CvoFunc.REDUCE_SUM, CvoFunc.REDUCE_MAX) else n)
+            return
         if i.accm and n > self.scratch_elements and f in (CvoFunc.REDUCE_SUM, CvoFunc.REDUCE_MAX, CvoFunc.ROPE_COS,
                                                           CvoFunc.ROPE_SIN):
             self._err(ErrorCode.BAD_LENGTH, f"CVO {f.name} with accm stages its {n} results in the L2 scratch "

@@ -35,7 +35,43 @@ def test_costs_move_the_right_units(tiny):
     # longer contexts cost attention passes, not weights
     d = estimate(cfg, hw, [40], base)[0]
     assert d.by_opcode["ATTN"] > a.by_opcode["ATTN"] and d.cycles["weights"] == a.cycles["weights"]
-    assert sum(a.by_opcode.values()) == pytest.approx(a.total_cycles)
+    assert sum(a.by_opcode.values()) == pytest.approx(a.total_cycles + a.hidden)
+    assert 0 < a.hidden < a.cycles["weights"]
+
+
+def _overlap_runs(async_):
+    """hidden cycles of [SETVL, WGEMV, SETVL, VEC.ADD, HALT] with the ADD independent of / reading the rows."""
+    from firmware.pack import pack
+    from firmware.perf import _stream_rate, schedule
+    from hdl.isa import CtrlFunc, Opcode, VecFunc, encode
+    from sim.iss import COUNT, Machine
+    cfg, hw = ModelConfig.preset("tiny"), HardwareConfig.preset("tiny")
+    image = pack(cfg, None, hw, max_positions=4, fill=False)
+    d = next(d for d in image.descriptors if d.kind == 0 and d.layout == 0 and d.rows >= 64)
+    rates = Rates()
+    out = {}
+    for case, a in (("independent", 1024), ("reads the rows", 512)):
+        words = [encode(Opcode.CTRL, func=CtrlFunc.SETVL, imm=d.cols),
+                 encode(Opcode.WGEMV, dst=512, src=0, desc=d.index, accm=0, findemax=0, sparse=0, async_=async_),
+                 encode(Opcode.CTRL, func=CtrlFunc.SETVL, imm=64),
+                 encode(Opcode.VEC, func=VecFunc.ADD, dst=2048, a=a, b=a, s=0, async_=0),
+                 encode(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)]
+        m = Machine(image, hw, COUNT)
+        s = schedule(m, words, hw, rates, token=0, pos=0)
+        stream = m.counters.gemv_bytes / _stream_rate(hw, rates) + rates.gemv_fixed
+        out[case] = (s.hidden, stream)
+    return out, rates
+
+
+def test_schedule_hides_the_weight_stream_only_under_independent_work():
+    out, r = _overlap_runs(async_=1)
+    after = 2 * r.issue + r.sfu_pass + 64           # SETVL, then the ADD's issue and SFU pass
+    hidden, stream = out["independent"]
+    assert hidden == pytest.approx(min(stream, after))
+    hidden, _ = out["reads the rows"]
+    assert hidden == pytest.approx(r.issue)         # only the SETVL: the ADD waits for the last row
+    for hidden, _ in _overlap_runs(async_=0)[0].values():
+        assert hidden == 0                          # a synchronous WGEMV hides nothing
 
 
 def test_fit_recovers_known_costs(tiny):
