@@ -42,6 +42,11 @@ def test_tokens_bit_identical_to_the_iss():
 
 
 @pytest.mark.slow
+def test_async_wgemv_hazards_give_sequential_results():
+    _bench("hazards")
+
+
+@pytest.mark.slow
 def test_bad_input_ends_in_the_documented_error_state():
     _bench("bad_input")
 

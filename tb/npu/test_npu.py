@@ -16,6 +16,9 @@ Tests:
   completes, STATUS = DONE | ERROR, ERROR_PC = its HALT); the NPU accepts a new START afterwards (STATUS
   reads 0 after IRQ_ACK), and every byte of DDR except what the program wrote before the error (which the
   ISS predicts) is unchanged.
+- ``hazards``: directed programs of async WGEMVs (`hazard_programs`): every hazard an in-flight WGEMV can
+  meet, FENCE, HALT right behind one, and an error while one runs; the DDR results and the error equal the
+  ISS's (sequential execution).
 - ``compare``: what ``python -m tb.npu`` runs: `tokens` with the float64 golden model, the results written
   to the JSON file ``NPU_RESULT`` instead of asserted.
 """
@@ -206,6 +209,79 @@ def bad_input_host(device, case, hw, log, with_dma=True) -> list[str]:
     expect_memory(long, "START while busy")
     run_good("START while busy")
     return failures
+
+
+# --- async WGEMV: hazards ---------------------------------------------------------------------------------
+
+def hazard_programs(image, hw: HardwareConfig) -> list[tuple[str, list[int], tuple | None]]:
+    """(name, words, expected (ErrorCode, pc) or None) of directed async-WGEMV programs: every hazard an
+    in-flight WGEMV can meet (a pass reading its rows at once, a pass writing its source, an independent pass
+    beside it, the next WGEMV with accm on the same rows, a partial overwrite of those rows, a DMA reading
+    them, FENCE, HALT right behind one) and an error while one runs. Results leave through SCRATCH/LOGITS."""
+    dense = {d.tensor: d for d in image.descriptors if d.kind == 0 and d.layout == 0 and d.cols == 64}
+    q, gate, up, small = (dense[f"layers.0.{n}.weight"] for n in
+                          ("self_attn.q_proj", "mlp.gate_proj", "mlp.up_proj", "laurel.linear_left"))
+    assert q.rows == gate.rows == up.rows == 128 and small.rows == 8, "the fixture's tiny shapes changed"
+    setvl = lambda n: _ctrl(CtrlFunc.SETVL, n)
+    vec = lambda f, dst, a, b=0: encode(Opcode.VEC, func=f, dst=dst, a=a, b=b, s=0, async_=0)
+    wgemv = lambda dst, d, accm=0: encode(Opcode.WGEMV, dst=dst, src=0, desc=d.index, accm=accm, findemax=0,
+                                          sparse=0, async_=1)
+    dma = lambda d, region, l2, off: encode(Opcode.DMA, dir=d, region=region, l2=l2, offset=off, async_=0)
+    # L2 words: x 0..15, A 64..95, B 128..159, C 192..223, D 256..287, E 320..321
+    body = [
+        setvl(64), dma(DmaDir.DDR_TO_L2, DdrRegion.CONST, 0, 0),
+        wgemv(64, q),                                    # A = Wq x
+        setvl(128), vec(VecFunc.ADD, 128, 64, 64),       # B = A + A: reads A at once
+        wgemv(192, gate),                                # C = Wg x
+        setvl(64), vec(VecFunc.MUL, 0, 0, 0),            # x = x * x: the source of the running WGEMV
+        setvl(128), vec(VecFunc.ADD, 256, 128, 128),     # D = B + B: independent of C
+        wgemv(192, up, accm=1),                          # C += Wu x^2 (waits for the engine; reads C)
+        setvl(16), vec(VecFunc.COPY, 200, 256),          # C[32:48] = D[0:16]: meets the running rows
+        setvl(1024), dma(DmaDir.L2_TO_DDR, DdrRegion.SCRATCH, 64, 0),     # A..D out
+        wgemv(320, small),                               # E = Ws x^2
+        setvl(8), dma(DmaDir.L2_TO_DDR, DdrRegion.LOGITS, 320, 0),        # E out at once
+        wgemv(324, small), _ctrl(CtrlFunc.FENCE),
+        dma(DmaDir.L2_TO_DDR, DdrRegion.LOGITS, 324, 2),
+        wgemv(64, small),                                # HALT right behind a WGEMV
+    ]
+    halt = _ctrl(CtrlFunc.HALT)
+    return [("hazards", body + [halt], None),
+            ("an error while a WGEMV runs", body[:3] + [0xE << 60, halt], (ErrorCode.BAD_OPCODE, 3))]
+
+
+def hazards_host(device, case, hw, log) -> list[str]:
+    """Blocking host code of `hazards`; returns the failures (empty: pass)."""
+    cfg = ModelConfig.from_hf(case.config)
+    image = pack(cfg, case.tensors, hw, max_positions=4)
+    npu = CsrBackend(device)
+    failures = []
+    for name, words, want in hazard_programs(image, hw):
+        m, img, iss = _iss_outcome(image, hw, words)
+        if iss != want:
+            failures.append(f"{name}: the ISS reports {iss}, the test expects {want}")
+        npu.load(image, _program(words))
+        try:
+            npu.run(0, 0)
+            got = None
+        except ExecutionError as e:
+            got = (e.code, e.pc)
+        if got != want:
+            failures.append(f"{name}: the NPU ended with {got}, expected {want}")
+        problems = check_window(device, iss_ddr(m, img, _program(words)), image.regions)
+        if problems:
+            failures.append(f"{name}: DDR differs from the ISS: {'; '.join(problems)}")
+        log(f"hazards: {name}: {npu.counters}")
+    return failures
+
+
+@cocotb.test()
+async def hazards(dut):
+    hw, seed, npz, _ = params()
+    bench, device = await setup(dut, hw, seed)
+    case = load_npz(npz)
+    failures = await bridge(hazards_host)(device, case, hw, dut._log.info)
+    assert not bench.faults, f"accesses outside the DDR window: {bench.faults[:8]}"
+    assert not failures, "\n".join(failures)
 
 
 @cocotb.test()
