@@ -579,7 +579,11 @@ class Controller(wiring.Component):
                         m.next = "DMA"
                     with m.Case(Opcode.WGEMV):
                         with m.If(~g_active):        # the engine takes one matrix at a time
-                            m.next = "DESC"
+                            with m.If(g_failed):     # the previous one failed: its error, at its pc
+                                m.d.sync += self.o_error_pc.eq(g_pc)
+                                fail(g_code)
+                            with m.Else():
+                                m.next = "DESC"
                     with m.Case(Opcode.GATHER, Opcode.KVST, Opcode.ATTN):
                         m.next = "DESC"
 
