@@ -51,14 +51,14 @@ class Rates:
     ddr_efficiency: float = 0.90       # fraction of the DDR peak the memory controller delivers
     elements_per_cycle: float = 1.0    # elements per cycle of a pass (the SFU and the L2 movers take one)
     # fitted by `python -m benchmarks.npu` on the tiny NPU (docs/architecture.md, "Performance")
-    issue: float = 3.6                 # cycles per instruction: fetch, decode, dispatch, retire
+    issue: float = 3.7                 # cycles per instruction: fetch, decode, dispatch, retire
     sfu_pass: float = 198.4            # fixed cycles of a pass through the SFU (its latency, start, end)
     reduce_pass: float = 233.7         # ... of a reduction (plus the lane tree)
     copy_pass: float = 6.7             # ... of an L2 copy (to L2 or a scalar)
     ddr_read_pass: float = 20.0        # ... of a DDR read (latency of the memory model)
     ddr_write_pass: float = 14.7       # ... of a DDR write (until the last response)
     alu_op: float = 8.7                # a scalar-ALU add or multiply
-    gemv_fixed: float = 89.4           # per WGEMV beyond its bytes
+    gemv_fixed: float = 88.4           # per WGEMV beyond its bytes
 
 
 @dataclass
