@@ -314,10 +314,11 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     kind = "sliding" if cfg.is_sliding(i) else "full"
     shared = cfg.is_kv_shared(i)
     laurel = L + "4.C LAuReL: xn + norm(R(L(xn)))"
+    q_step = L + f"4.B Q projection, QK-norm, RoPE ({kind})"
     e.step = laurel
     e.wgemv(e.sub(i, "laurel.linear_left.weight"), m["lt"], m["xn"])
     e.wgemv(e.sub(i, "laurel.linear_right.weight"), m["lr"], m["lt"])
-    e.step = L + f"4.B Q projection, QK-norm, RoPE ({kind})"
+    e.step = q_step
     e.wgemv(e.sub(i, "self_attn.q_proj.weight"), m["q"], m["xn"])
     e.step = laurel
     e.rmsnorm(m["lr"], m["lr"], D, D, e.sub(i, "laurel.post_laurel_norm.weight"))
@@ -334,7 +335,7 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     if not shared:
         e.step = kv
         e.wgemv(e.sub(i, "self_attn.k_proj.weight"), m["k"], m["xn"])
-    e.step = L + f"4.B Q projection, QK-norm, RoPE ({kind})"
+    e.step = q_step
     norm_rope("q", cfg.q_dim, "self_attn.q_norm.weight")
     if not shared:
         e.step = kv

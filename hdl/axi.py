@@ -21,10 +21,10 @@ from amaranth import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .config import HardwareConfig
+from .config import HardwareConfig, ceil_log2
 
 __all__ = ["AxiBurst", "AxiResp", "AxiReadSignature", "AxiWriteSignature", "AxiSignature", "AxiReadDma",
-           "AxiReadArbiter", "check_len_bits", "read_command_layout", "read_data_layout"]
+           "AxiReadArbiter", "DmaComponent", "read_command_layout", "read_data_layout"]
 
 AXI_4K = 4096
 
@@ -121,13 +121,6 @@ class AxiSignature(AxiReadSignature):
                 **AxiReadSignature._read_members(addr_bits, data_bits, id_bits)}
 
 
-def check_len_bits(dma, len_bits) -> None:
-    """The byte-count width of a DMA (`AxiReadDma`, `hdl.ddrwrite.AxiWriteDma`): an integer in 1..32."""
-    if isinstance(len_bits, bool) or not isinstance(len_bits, int) or not 1 <= len_bits <= 32:
-        dma._MustUse__silence = True     # rejected: no "created but never used" warning
-        raise ValueError(f"len_bits must be an integer in 1..32, not {len_bits!r}")
-
-
 def read_command_layout(addr_bits: int, len_bits: int) -> data.StructLayout:
     """A DMA command, read or write (`hdl.ddrwrite.AxiWriteDma`): `nbytes` bytes at byte address `addr` (any
     alignment; 0 bytes is a no-op)."""
@@ -140,7 +133,25 @@ def read_data_layout(data_bits: int) -> data.StructLayout:
     return data.StructLayout({"data": unsigned(data_bits), "last": 1, "err": 1})
 
 
-class AxiReadDma(wiring.Component):
+class DmaComponent(wiring.Component):
+    """What the DMAs (`AxiReadDma`, `hdl.ddrwrite.AxiWriteDma`) share: the hardware config, the byte-count
+    width `len_bits` (an integer in 1..32) and the command stream ``i_cmd`` (`read_command_layout`) ahead of
+    their own `members`."""
+
+    def __init__(self, cfg: HardwareConfig, len_bits: int, members: dict):
+        if isinstance(len_bits, bool) or not isinstance(len_bits, int) or not 1 <= len_bits <= 32:
+            self._MustUse__silence = True     # rejected: no "created but never used" warning
+            raise ValueError(f"len_bits must be an integer in 1..32, not {len_bits!r}")
+        self._cfg = cfg
+        self._len_bits = len_bits
+        super().__init__({"i_cmd": In(stream.Signature(read_command_layout(cfg.axi_addr_bits, len_bits))),
+                          **members})
+
+    cfg = property(lambda self: self._cfg)
+    len_bits = property(lambda self: self._len_bits)
+
+
+class AxiReadDma(DmaComponent):
     """AXI4 read DMA: byte-addressed commands in, start-aligned data beats out.
 
     Parameters
@@ -170,25 +181,18 @@ class AxiReadDma(wiring.Component):
     """
 
     def __init__(self, cfg: HardwareConfig, *, len_bits: int = 24):
-        check_len_bits(self, len_bits)
-        self._cfg = cfg
-        self._len_bits = len_bits
-        super().__init__({
-            "i_cmd": In(stream.Signature(read_command_layout(cfg.axi_addr_bits, len_bits))),
+        super().__init__(cfg, len_bits, {
             "o_data": Out(stream.Signature(read_data_layout(cfg.axi_data_bits))),
             "axi": Out(AxiReadSignature.from_config(cfg)),
             "o_error": Out(1),
             "o_busy": Out(1),
         })
 
-    cfg = property(lambda self: self._cfg)
-    len_bits = property(lambda self: self._len_bits)
-
     def elaborate(self, platform):
         m = Module()
         cfg = self._cfg
         B = cfg.bytes_per_beat
-        lb = (B - 1).bit_length()              # log2 bytes per beat
+        lb = ceil_log2(B)                      # log2 bytes per beat
         beats_bits = self._len_bits - lb + 2   # enough for ceil((offset + nbytes) / B)
         axi = self.axi
 

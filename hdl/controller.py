@@ -118,7 +118,7 @@ class Controller(wiring.Component):
             "o_error_code": Out(ErrorCode), "o_error_pc": Out(PC_BITS), "o_retire": Out(1),
             "o_unit_busy": Out(data.StructLayout({"gemv": 1, "sfu": 1, "attn": 1, "dma": 1, "issue_wait": 1})),
             "m_rd": Out(AxiReadSignature.from_config(hw)),
-            "m_wr": Out(AxiWriteSignature(hw.axi_addr_bits, hw.axi_data_bits, hw.axi_id_bits)),
+            "m_wr": Out(AxiWriteSignature.from_config(hw)),
         }
         for r in REGIONS:
             members[f"i_base_{r.name.lower()}"] = In(64)
@@ -220,9 +220,10 @@ class Controller(wiring.Component):
         sunk = Signal(NB)             # elements taken by REG/DESC sinks
         desc = Signal(data.ArrayLayout(32, 8))
 
+        a_in_l2 = (p_a == Src.L2) | (p_a == Src.PAIRS)
         with m.If(pstart):
             m.d.sync += [active.eq(1), a_sent.eq(0), sunk.eq(0), p_err.eq(0),
-                         pending.rd_a.eq((p_a == Src.L2) | (p_a == Src.PAIRS)),
+                         pending.rd_a.eq(a_in_l2),
                          pending.rd_b.eq(p_b == BSrc.L2),
                          pending.ddr_rd.eq(p_a == Src.DDR),
                          pending.ddr_wr.eq(p_sink == Sink.DDR),
@@ -386,7 +387,7 @@ class Controller(wiring.Component):
             return g_active & (lo < g_lo + g_n) & (g_lo < lo + n)
 
         hazard = Signal()
-        m.d.comb += hazard.eq((((p_a == Src.L2) | (p_a == Src.PAIRS)) &
+        m.d.comb += hazard.eq((a_in_l2 &
                                meets_gemv(p_a_addr, Mux(p_a == Src.PAIRS, p_n << 1, p_n))) |
                               ((p_b == BSrc.L2) & meets_gemv(p_b_addr, p_n)) |
                               ((p_sink == Sink.L2) & meets_gemv(p_dst, n_out)))
@@ -440,6 +441,11 @@ class Controller(wiring.Component):
         def fail(code):
             m.d.sync += err_code.eq(code)
             m.next = "ERROR"
+
+        def fail_async():
+            """The engine's error, reported at the failed WGEMV's index."""
+            m.d.sync += self.o_error_pc.eq(g_pc)
+            fail(g_code)
 
         def retire():
             m.d.comb += self.o_retire.eq(1)
@@ -543,8 +549,7 @@ class Controller(wiring.Component):
                     with m.Else():
                         m.next = "DISPATCH"
                 with m.If(g_failed):                 # an async WGEMV failed: its error, at its pc
-                    m.d.sync += self.o_error_pc.eq(g_pc)
-                    fail(g_code)
+                    fail_async()
 
             with m.State("ERROR"):
                 with m.If(~g_active):            # an async WGEMV still running completes first
@@ -565,23 +570,13 @@ class Controller(wiring.Component):
                 with m.Switch(op):
                     with m.Case(Opcode.GEMV, Opcode.GEMM, Opcode.MEMCPY, Opcode.WGEMM):
                         fail(ErrorCode.BAD_FUNCTION)
-                    with m.Case(Opcode.CTRL):
-                        m.next = "CTRL"
-                    with m.Case(Opcode.MEMSET):
-                        m.next = "MEMSET"
-                    with m.Case(Opcode.SCALAR):
-                        m.next = "SCALAR"
-                    with m.Case(Opcode.VEC):
-                        m.next = "VEC"
-                    with m.Case(Opcode.CVO):
-                        m.next = "CVO"
-                    with m.Case(Opcode.DMA):
-                        m.next = "DMA"
+                    for o in (Opcode.CTRL, Opcode.MEMSET, Opcode.SCALAR, Opcode.VEC, Opcode.CVO, Opcode.DMA):
+                        with m.Case(o):
+                            m.next = o.name
                     with m.Case(Opcode.WGEMV):
                         with m.If(~g_active):        # the engine takes one matrix at a time
                             with m.If(g_failed):     # the previous one failed: its error, at its pc
-                                m.d.sync += self.o_error_pc.eq(g_pc)
-                                fail(g_code)
+                                fail_async()
                             with m.Else():
                                 m.next = "DESC"
                     with m.Case(Opcode.GATHER, Opcode.KVST, Opcode.ATTN):
@@ -605,8 +600,7 @@ class Controller(wiring.Component):
             with m.State("DRAIN"):             # FENCE, HALT: wait for an async WGEMV
                 with m.If(~g_active):
                     with m.If(g_failed):
-                        m.d.sync += self.o_error_pc.eq(g_pc)
-                        fail(g_code)
+                        fail_async()
                     with m.Elif(c.func == CtrlFunc.HALT):
                         m.next = "HALT"
                     with m.Else():

@@ -24,7 +24,7 @@ from amaranth import Const, Module, Mux, Signal, unsigned
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .axi import AXI_4K, AxiBurst, AxiWriteSignature, check_len_bits, read_command_layout
+from .axi import AXI_4K, AxiBurst, AxiWriteSignature, DmaComponent
 from .config import HardwareConfig, ceil_log2
 from .ddrio import N_BITS, DdrFormat, writer_cmd_layout
 from .fp import F32ToF16
@@ -37,7 +37,7 @@ ELEM_BYTES = {DdrFormat.F32: 4, DdrFormat.F16: 2}
 
 
 
-class AxiWriteDma(wiring.Component):
+class AxiWriteDma(DmaComponent):
     """AXI4 write DMA: one byte-addressed command at a time, DDR-aligned data beats in.
 
     Parameters
@@ -71,20 +71,13 @@ class AxiWriteDma(wiring.Component):
     """
 
     def __init__(self, cfg: HardwareConfig, *, len_bits: int = 24):
-        check_len_bits(self, len_bits)
-        self._cfg = cfg
-        self._len_bits = len_bits
-        super().__init__({
-            "i_cmd": In(stream.Signature(read_command_layout(cfg.axi_addr_bits, len_bits))),
+        super().__init__(cfg, len_bits, {
             "i_data": In(stream.Signature(unsigned(cfg.axi_data_bits))),
             "axi": Out(AxiWriteSignature.from_config(cfg)),
             "o_done": Out(1),
             "o_busy": Out(1),
             "o_error": Out(1),
         })
-
-    cfg = property(lambda self: self._cfg)
-    len_bits = property(lambda self: self._len_bits)
 
     def elaborate(self, platform):
         m = Module()
