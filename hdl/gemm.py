@@ -1,0 +1,532 @@
+"""WGEMM in the NPU: the systolic tile engine (`hdl.systolic.SystolicEngine`) fed from the row-major INT4
+matrices the packer writes and from token activations quantised into its own memory (docs/systolic.md,
+"In the NPU").
+
+One command is one *token tile*: up to R = ``systolic_rows`` tokens, whose INT8 activations and block
+exponents the `hdl.quant.ActQuantizer` has written (``i_act`` / ``i_exp``, token slot ``i_tok``), times one
+matrix, row tile by row tile (2C = ``2 * systolic_cols`` output rows each)::
+
+    DDR rows (row-major) ─▶ AxiReadDma per weight port ─▶ row buffers (chunk of KC columns × 2C/P rows,
+                              double-buffered) ─▶ k-steps (2C/P nibbles per port, masked past cols) ─▶ i_wgt[p]
+    DDR scales (row-major) ─▶ AxiReadDma (port P) ─▶ scale memory [tile bank][group] × 2C ─▶ i_scale
+    activation memory [k] × R INT8 (one lane per token), exponent memory [block] × R ─▶ i_act, i_exp
+    o_y (R beats of 2C binary32 per tile) ─▶ per token row: L2 row command, elements through FpAdd
+                                             (accm: old + y; else -0 + y = y) ─▶ o_y (to an `ElemWriter`)
+
+- **Weights.** The engine wants a tile's weights k-major (a k-step is the 2C weights of one column); DDR
+  holds them row-major (the GEMV engine's layout; no second copy of the model). Each weight port fetches,
+  per chunk of KC columns, one transfer per row of its 2C/P rows (``KC/2`` bytes, realigned by the DMA) into
+  one small memory per row (a DMA beat = W consecutive columns of one row per word), and reads all its rows'
+  memories at once to emit k-steps: the transposition costs no bandwidth, only one DDR transfer per row and
+  chunk. Two chunk banks let the fetch of chunk c+1 overlap the k-steps of chunk c. Columns past the
+  matrix are masked to 0 (exactly `sim.systolic.tile_streams`' padding); rows past the matrix are not
+  fetched and their outputs are dropped.
+- **Scales.** Per row tile, one transfer per row (its ``ngroups`` binary16 scales are contiguous) on port P
+  = ``wgt_ports``, written scale by scale into the tile's bank of a memory whose word is one group's 2C
+  scales, i.e. the engine's ``i_scale`` payload. Two tile banks.
+- **Activations.** The quantiser's words (W columns of one token) are written lane by lane (one per cycle,
+  the quantiser's own rate) into a memory whose word is one column's R activations, i.e. the engine's
+  ``i_act`` payload; exponents likewise (``i_exp``). A command starts once every write has landed.
+- **Outputs.** Token row t of the tile at output rows ``n0 ..`` goes to L2 elements
+  ``dst + t * stride + n0 ..`` (``min(2C, rows - n0)`` of them): one `o_wcmd` per row (and one `o_rcmd`
+  for its old values with accm), the elements through one `FpAdd` in row order. Rows of padding tokens are
+  dropped.
+
+Members
+-------
+i_cmd : In(stream(gemm_command_layout))
+i_tok : In(range(R))                     the token slot `i_act` / `i_exp` write
+i_act : In(stream(act_write_layout))     from the quantiser (ready: a word is being written lane by lane)
+i_exp : In(stream(exp_write_layout))     always ready
+m_axi<p> : Out(AxiReadSignature), p <= wgt_ports (the last one reads the scales)
+o_wcmd, o_rcmd : Out(stream(l2.cmd_layout))   L2 row write (and, with accm, read) commands
+i_old : In(stream(32))                   with accm: the old values of the rows, in order
+o_y : Out(stream(32))                    the elements to write, in order
+o_busy : Out(1)                          a command is accepted and not all its elements have left `o_y`
+o_error : Out(1)                         sticky: a weight or scale read got an AXI error response
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from .axi import AxiReadDma, AxiReadSignature
+from .config import HardwareConfig, ceil_log2
+from .fp import FpAdd
+from .l2 import cmd_layout, l2_geometry
+from .quant import act_write_layout, exp_write_layout
+from .systolic import EXP_BITS, EngineGeometry, SystolicEngine
+
+__all__ = ["GemmUnit", "gemm_command_layout", "chunk_columns"]
+
+LEN_BITS = 24
+NEG_ZERO = 0x80000000        # -0 + y == y exactly: the adder's identity without accm
+
+
+def gemm_command_layout(hw: HardwareConfig) -> data.StructLayout:
+    """One token tile of a WGEMM: the matrix (DDR byte addresses of its rows and scales, its shape), the
+    tile's tokens and where their output rows go in L2 (element addresses)."""
+    _, nb, _ = l2_geometry(hw)
+    return data.StructLayout({
+        "wbase": unsigned(hw.axi_addr_bits), "sbase": unsigned(hw.axi_addr_bits),
+        "rows": unsigned(nb), "cols": range(hw.gemv_max_cols + 1),
+        "ntok": range(hw.systolic_rows + 1),
+        "dst": unsigned(nb), "stride": unsigned(nb + 1), "accm": 1,
+    })
+
+
+def chunk_columns(hw: HardwareConfig) -> int:
+    """KC, the columns a weight port fetches per row and chunk: a whole number of segments and of beats, one
+    burst (``axi_max_burst_beats``) per row, but at most 1/16 of the longest row so that small configurations
+    keep small buffers (and see several chunks)."""
+    geo = EngineGeometry(hw)
+    W = hw.weights_per_beat
+    unit = max(geo.seg, W)
+    return max(unit, min(hw.axi_max_burst_beats * W, hw.gemv_max_cols // 16) // unit * unit)
+
+
+def _pow2(name, v):
+    if v < 1 or v & (v - 1):
+        raise ValueError(f"the NPU's GEMM unit needs {name} to be a power of two, not {v}")
+
+
+def _prefetch(m, name, width, depth=4):
+    """A memory-read-to-stream stage: the caller drives the read address and `issue` (only when `room`);
+    the read data (one cycle later) is written into the returned FIFO in the cycle `landing` is high."""
+    q = fifo.SyncFIFOBuffered(width=width, depth=depth)
+    m.submodules[name] = q
+    issue, landing, room = Signal(name=f"{name}_issue"), Signal(name=f"{name}_landing"), Signal(name=f"{name}_room")
+    m.d.sync += landing.eq(issue)
+    m.d.comb += [room.eq(q.level + landing < depth), q.w_en.eq(landing)]
+    return q, issue, landing, room
+
+
+def _expect_fifo(m, name, layout, depth):
+    q = fifo.SyncFIFOBuffered(width=data.Layout.cast(layout).size, depth=depth)
+    m.submodules[name] = q
+    return q, data.View(layout, q.r_data)
+
+
+class GemmUnit(wiring.Component):
+    """See the module docstring."""
+
+    def __init__(self, hw: HardwareConfig, *, chunk_beats: int | None = None):
+        try:
+            geo = EngineGeometry(hw)
+            for name, v in (("systolic_cols", hw.systolic_cols), ("systolic_rows", hw.systolic_rows),
+                            ("weight_group", hw.weight_group), ("act_block", hw.act_block),
+                            ("gemv_max_cols", hw.gemv_max_cols)):
+                _pow2(name, v)
+            if hw.axi_ports <= geo.wgt_ports:
+                raise ValueError(f"the GEMM unit needs {geo.wgt_ports} weight ports and one scale port; the "
+                                 f"config has {hw.axi_ports} AXI ports")
+            W = hw.weights_per_beat
+            kc = chunk_columns(hw) if chunk_beats is None else chunk_beats * W
+            if kc % geo.seg or kc % W or (kc // W) & (kc // W - 1):
+                raise ValueError(f"a chunk of {kc} columns must be a power-of-two number of beats ({W} columns) "
+                                 f"holding whole segments ({geo.seg})")
+            self._engine = SystolicEngine(hw)
+        except ValueError:
+            self._MustUse__silence = True
+            raise
+        self._hw, self._geo, self._kc = hw, geo, kc
+        R = geo.rows
+        members = {
+            "i_cmd": In(stream.Signature(gemm_command_layout(hw))),
+            "i_tok": In(range(max(2, R))),
+            "i_act": In(stream.Signature(act_write_layout(hw))),
+            "i_exp": In(stream.Signature(exp_write_layout(hw))),
+            "o_wcmd": Out(stream.Signature(cmd_layout(hw))),
+            "o_rcmd": Out(stream.Signature(cmd_layout(hw))),
+            "i_old": In(stream.Signature(unsigned(32))),
+            "o_y": Out(stream.Signature(unsigned(32))),
+            "o_busy": Out(1), "o_error": Out(1),
+        }
+        for p in range(geo.wgt_ports + 1):
+            members[f"m_axi{p}"] = Out(AxiReadSignature.from_config(hw))
+        super().__init__(members)
+
+    geometry = property(lambda self: self._geo)
+    chunk = property(lambda self: self._kc)
+
+    @property
+    def axi_ports(self) -> int:
+        return self._geo.wgt_ports + 1
+
+    def elaborate(self, platform):
+        m = Module()
+        hw, g = self._hw, self._geo
+        R, C2, P = g.rows, 2 * g.cols, g.wgt_ports
+        W, B = hw.weights_per_beat, hw.bytes_per_beat
+        KC = self._kc
+        CB = KC // W                                  # beats per row and chunk
+        RP = C2 // P                                  # rows per weight port
+        SPB = g.steps_per_beat
+        max_cols = hw.gemv_max_cols
+        max_groups = max(1, max_cols // g.group)
+        max_blocks = max(1, max_cols // g.block)
+        lseg, lgrp, lblk = ceil_log2(g.seg), ceil_log2(g.group), ceil_log2(g.block)
+        lc2, lrp, lkc = ceil_log2(C2), ceil_log2(RP), ceil_log2(KC)
+        A = hw.axi_addr_bits
+        m.submodules.engine = eng = self._engine
+
+        # --- the command --------------------------------------------------------------------------------
+        c = Signal(gemm_command_layout(hw))
+        nseg = Signal(range(max_cols // g.seg + 2))
+        kpad = Signal(range(max_cols + g.seg + 1))
+        ngroups = Signal(range(max_groups + 2))
+        nblocks = Signal(range(max_blocks + 2))
+        ntiles = Signal(c.rows.shape().width)
+        row_bytes = Signal(range(max_cols // 2 + 2))
+        busy = Signal()
+        go = Signal()                                 # one-cycle pulse: every sequencer starts
+        setup = Signal()
+        writing = Signal()                            # activation words still being written lane by lane
+        m.d.comb += self.i_cmd.ready.eq(~busy & ~setup)
+        m.d.sync += go.eq(0)
+        with m.If(self.i_cmd.valid & self.i_cmd.ready):
+            m.d.sync += [c.eq(self.i_cmd.p), setup.eq(1)]
+        with m.If(setup & ~writing):
+            n = c.cols
+            m.d.sync += [setup.eq(0), busy.eq(1), go.eq(1),
+                         nseg.eq((n + g.seg - 1) >> lseg), kpad.eq(((n + g.seg - 1) >> lseg) << lseg),
+                         ngroups.eq((n + g.group - 1) >> lgrp), nblocks.eq((n + g.block - 1) >> lblk),
+                         ntiles.eq((c.rows + C2 - 1) >> lc2), row_bytes.eq((n + 1) >> 1)]
+        done_parts = []                               # every sequencer's "finished" flag
+
+        def sequencer(name):
+            """A flag that is high from `go` until the sequencer clears it."""
+            run = Signal(name=f"{name}_run")
+            with m.If(go):
+                m.d.sync += run.eq(1)
+            done_parts.append(~run)
+            return run
+
+        # --- activations and exponents: written by the quantiser, read per k-step / block -------------------
+        m.submodules.act_mem = act_mem = Memory(shape=unsigned(R * 8), depth=max_cols, init=[])
+        act_w = act_mem.write_port(granularity=8)
+        act_r = act_mem.read_port()
+        m.submodules.exp_mem = exp_mem = Memory(shape=unsigned(R * EXP_BITS), depth=max_blocks, init=[])
+        exp_w = exp_mem.write_port(granularity=EXP_BITS)
+        exp_r = exp_mem.read_port()
+        lane = Signal(range(W))
+        have = Signal()
+        word = Signal.like(self.i_act.p)
+        word_tok = Signal.like(self.i_tok)            # the slot travels with the word (i_tok may move on)
+        m.d.comb += [self.i_act.ready.eq(~have), writing.eq(have | self.i_act.valid)]
+        with m.If(self.i_act.valid & ~have):
+            m.d.sync += [word.eq(self.i_act.p), word_tok.eq(self.i_tok), have.eq(1), lane.eq(0)]
+        m.d.comb += [act_w.addr.eq(Cat(lane, word.addr) if W > 1 else word.addr),
+                     act_w.data.eq(Cat(*[word.q[lane].as_unsigned()] * R)),
+                     act_w.en.eq(Mux(have, 1 << word_tok, 0))]
+        with m.If(have):
+            m.d.sync += lane.eq(lane + 1)
+            with m.If(lane == W - 1):
+                m.d.sync += have.eq(0)
+        m.d.comb += [self.i_exp.ready.eq(1), exp_w.addr.eq(self.i_exp.p.addr),
+                     exp_w.data.eq(Cat(*[self.i_exp.p.e[:EXP_BITS]] * R)),
+                     exp_w.en.eq(Mux(self.i_exp.valid, 1 << self.i_tok, 0))]
+
+        def walker(name, count, per_tile_len, rd, out):
+            """Per row tile, read words 0 .. per_tile_len - 1 of `rd` into the engine stream `out`."""
+            run = sequencer(name)
+            q, issue, _, room = _prefetch(m, f"{name}_q", len(out.p.as_value()))
+            idx = Signal(range(max_cols + g.seg + 1), name=f"{name}_idx")
+            tile = Signal.like(ntiles, name=f"{name}_tile")
+            with m.If(go):
+                m.d.sync += [idx.eq(0), tile.eq(0)]
+            m.d.comb += [issue.eq(run & room & ~go), rd.addr.eq(idx), q.w_data.eq(rd.data),
+                         out.valid.eq(q.r_rdy), out.p.eq(q.r_data), q.r_en.eq(out.ready)]
+            with m.If(issue):
+                m.d.sync += idx.eq(idx + 1)
+                with m.If(idx == per_tile_len - 1):
+                    m.d.sync += [idx.eq(0), tile.eq(tile + 1)]
+                    with m.If(tile == count - 1):
+                        m.d.sync += run.eq(0)
+
+        walker("act", ntiles, kpad, act_r, eng.i_act)
+        walker("exp", ntiles, nblocks, exp_r, eng.i_exp)
+
+        # tile commands: nseg per row tile
+        cmd_run = sequencer("cmd")
+        cmd_tile = Signal.like(ntiles)
+        with m.If(go):
+            m.d.sync += cmd_tile.eq(0)
+        m.d.comb += [eng.i_cmd.valid.eq(cmd_run & ~go), eng.i_cmd.p.eq(nseg)]
+        with m.If(eng.i_cmd.valid & eng.i_cmd.ready):
+            m.d.sync += cmd_tile.eq(cmd_tile + 1)
+            with m.If(cmd_tile == ntiles - 1):
+                m.d.sync += cmd_run.eq(0)
+
+        errors = []
+
+        def port_dma(p):
+            dma = AxiReadDma(hw, len_bits=LEN_BITS)
+            m.submodules[f"dma{p}"] = dma
+            wiring.connect(m, dma.axi, wiring.flipped(getattr(self, f"m_axi{p}")))
+            errors.append(dma.o_error)
+            return dma
+
+        expect = data.StructLayout({"row": range(max(2, C2)), "nbeats": range(max(CB, max_groups) + 2), "last": 1})
+        exp_depth = 2 * (hw.axi_max_outstanding + 2)
+
+        # --- scales: per row tile, a transfer per row into the tile's bank ---------------------------------
+        sdma = port_dma(P)
+        m.submodules.scale_mem = scale_mem = Memory(shape=unsigned(C2 * 16), depth=2 * max_groups, init=[])
+        sc_w = scale_mem.write_port(granularity=16)
+        sc_r = scale_mem.read_port()
+        s_claim, s_full = Signal(2), Signal(2)
+        s_free = Signal(2)                            # pulses from the reader: bank done
+        s_set = Signal(2)                             # pulses from the receiver: bank complete
+        s_take = Signal(2)                            # pulses from the loader: bank claimed
+        m.d.sync += [s_claim.eq((s_claim | s_take) & ~s_free), s_full.eq((s_full | s_set) & ~s_free)]
+        # loader
+        sl_run = sequencer("sload")
+        sl_bank, sl_row, sl_tile = Signal(), Signal(range(C2 + 1)), Signal.like(ntiles)
+        sl_addr = Signal(A)                           # the current row's scales
+        sl_r = Signal(c.rows.shape().width)           # the current row's index in the matrix
+        sl_active = Signal()                          # the current tile's bank is claimed
+        sx, sx_v = _expect_fifo(m, "sexp", expect, exp_depth)
+        with m.If(go):
+            m.d.sync += [sl_row.eq(0), sl_tile.eq(0), sl_addr.eq(c.sbase), sl_r.eq(0), sl_active.eq(0)]
+        with m.If(sl_run & ~go & ~sl_active & ~s_claim.bit_select(sl_bank, 1)):
+            m.d.comb += s_take.eq(Mux(sl_bank, 0b10, 0b01))
+            m.d.sync += sl_active.eq(1)
+        s_nbytes = ngroups << 1
+        real = sl_r < c.rows
+        sx_data = Signal(expect)
+        m.d.comb += [sx_data.row.eq(sl_row), sx_data.nbeats.eq(Mux(real, (s_nbytes + B - 1) >> ceil_log2(B), 0)),
+                     sx_data.last.eq(sl_row == C2 - 1), sx.w_data.eq(sx_data),
+                     sdma.i_cmd.p.addr.eq(sl_addr), sdma.i_cmd.p.nbytes.eq(s_nbytes)]
+        s_go = sl_active & sx.w_rdy & (~real | sdma.i_cmd.ready)
+        m.d.comb += [sx.w_en.eq(s_go), sdma.i_cmd.valid.eq(sl_active & sx.w_rdy & real)]
+        with m.If(s_go):
+            m.d.sync += [sl_row.eq(sl_row + 1), sl_r.eq(sl_r + 1), sl_addr.eq(sl_addr + s_nbytes)]
+            with m.If(sl_row == C2 - 1):
+                m.d.sync += [sl_row.eq(0), sl_active.eq(0), sl_bank.eq(~sl_bank), sl_tile.eq(sl_tile + 1)]
+                with m.If(sl_tile == ntiles - 1):
+                    m.d.sync += sl_run.eq(0)
+        # receiver: a beat's B/2 scales, one per cycle
+        sr_bank = Signal()
+        sr_beat = Signal(range(max_groups + 2))
+        sr_lane = Signal(range(max(2, B // 2)))
+        sr_word = Signal(8 * B)
+        sr_have = Signal()
+        with m.If(go):
+            m.d.sync += [sr_bank.eq(0), sr_beat.eq(0)]
+        head_done = Signal()
+        m.d.comb += head_done.eq(sx.r_rdy & (sx_v.nbeats == sr_beat) & ~sr_have)
+        with m.If(head_done):                          # every beat of this row is in (or it had none)
+            m.d.comb += sx.r_en.eq(1)
+            m.d.sync += sr_beat.eq(0)
+            with m.If(sx_v.last):
+                m.d.comb += s_set.eq(Mux(sr_bank, 0b10, 0b01))
+                m.d.sync += sr_bank.eq(~sr_bank)
+        m.d.comb += sdma.o_data.ready.eq(sx.r_rdy & ~head_done & ~sr_have)
+        with m.If(sdma.o_data.valid & sdma.o_data.ready):
+            m.d.sync += [sr_word.eq(sdma.o_data.p.data), sr_have.eq(1), sr_lane.eq(0)]
+        sr_group = Cat(sr_lane, (sr_beat - 1)) if B > 2 else sr_beat - 1
+        m.d.comb += [sc_w.addr.eq(Cat(sr_group[:ceil_log2(max_groups)] if max_groups > 1 else Const(0, 0), sr_bank)),
+                     sc_w.data.eq(Cat(*[sr_word.word_select(sr_lane, 16)] * C2)),
+                     sc_w.en.eq(Mux(sr_have & (sr_group < ngroups), 1 << sx_v.row, 0))]
+        with m.If(sdma.o_data.valid & sdma.o_data.ready):
+            m.d.sync += sr_beat.eq(sr_beat + 1)
+        with m.If(sr_have):
+            m.d.sync += sr_lane.eq(sr_lane + 1)
+            with m.If((sr_lane == B // 2 - 1) | (sr_group >= ngroups - 1)):
+                m.d.sync += sr_have.eq(0)
+        # reader
+        srd_run = sequencer("scale")
+        sq, s_issue, _, s_room = _prefetch(m, "scale_q", C2 * 16)
+        srd_bank, srd_g, srd_tile = Signal(), Signal(range(max_groups + 1)), Signal.like(ntiles)
+        with m.If(go):
+            m.d.sync += [srd_bank.eq(0), srd_g.eq(0), srd_tile.eq(0)]
+        m.d.comb += [s_issue.eq(srd_run & ~go & s_room & s_full.bit_select(srd_bank, 1)),
+                     sc_r.addr.eq(Cat(srd_g[:ceil_log2(max_groups)] if max_groups > 1 else Const(0, 0), srd_bank)),
+                     sq.w_data.eq(sc_r.data),
+                     eng.i_scale.valid.eq(sq.r_rdy), eng.i_scale.p.eq(sq.r_data), sq.r_en.eq(eng.i_scale.ready)]
+        with m.If(s_issue):
+            m.d.sync += srd_g.eq(srd_g + 1)
+            with m.If(srd_g == ngroups - 1):
+                m.d.comb += s_free.eq(Mux(srd_bank, 0b10, 0b01))
+                m.d.sync += [srd_g.eq(0), srd_bank.eq(~srd_bank), srd_tile.eq(srd_tile + 1)]
+                with m.If(srd_tile == ntiles - 1):
+                    m.d.sync += srd_run.eq(0)
+
+        # --- weights: per port, chunks of KC columns of its RP rows, transposed into k-steps ----------------
+        for p in range(P):
+            self._weight_port(m, p, port_dma(p), c, go, sequencer, ntiles, kpad, row_bytes, expect, exp_depth,
+                              R=R, C2=C2, RP=RP, W=W, B=B, KC=KC, CB=CB, SPB=SPB, lrp=lrp, lkc=lkc, A=A)
+
+        # --- outputs: per token row, an L2 row command and its elements through the adder ---------------------
+        out_run = sequencer("out")
+        o_tile = Signal.like(ntiles)
+        o_t = Signal(range(R + 1))
+        o_j = Signal(range(C2 + 1))
+        o_n0 = Signal.like(c.rows)                    # first output row of the tile
+        o_row = Signal.like(c.dst)                    # L2 element of (token o_t, row o_n0)
+        o_issuing = Signal()                          # the current beat's elements are being issued
+        o_len = Signal(range(C2 + 1))
+        left = c.rows - o_n0
+        m.d.comb += o_len.eq(Mux(left > C2, C2, left))
+        m.submodules.wcmdq = wq = fifo.SyncFIFOBuffered(width=len(self.o_wcmd.p.as_value()), depth=4)
+        m.d.comb += [self.o_wcmd.valid.eq(wq.r_rdy), self.o_wcmd.p.eq(wq.r_data), wq.r_en.eq(self.o_wcmd.ready)]
+        m.submodules.add = add = FpAdd()
+        m.submodules.outq = outq = fifo.SyncFIFOBuffered(width=32, depth=add.latency + 4)
+        inflight = Signal(range(add.latency + 2))
+        rcmd_pend = Signal()
+        with m.If(go):
+            m.d.sync += [o_tile.eq(0), o_t.eq(0), o_n0.eq(0), o_row.eq(c.dst), o_issuing.eq(0)]
+        beat = eng.o_y
+        real_tok = o_t < c.ntok
+        # a beat starts: a real token row queues its write (and read) command; a padding row is dropped
+        start_beat = out_run & ~go & beat.valid & ~o_issuing & wq.w_rdy & ~rcmd_pend
+        with m.If(start_beat):
+            with m.If(real_tok):
+                m.d.comb += wq.w_en.eq(1)
+                m.d.sync += [o_issuing.eq(1), o_j.eq(0), rcmd_pend.eq(c.accm)]
+        wcmd = Signal(cmd_layout(hw))
+        m.d.comb += [wcmd.addr.eq(o_row), wcmd.n.eq(o_len), wq.w_data.eq(wcmd),
+                     self.o_rcmd.valid.eq(rcmd_pend), self.o_rcmd.p.eq(wcmd)]
+        with m.If(self.o_rcmd.valid & self.o_rcmd.ready):
+            m.d.sync += rcmd_pend.eq(0)
+        fire = o_issuing & ~rcmd_pend & (~c.accm | self.i_old.valid) & (outq.level + inflight < outq.depth)
+        m.d.comb += [add.en.eq(1), add.i_valid.eq(fire), add.i_a.eq(Mux(c.accm, self.i_old.p, NEG_ZERO)),
+                     add.i_b.eq(beat.p.y[o_j]) if C2 > 1 else add.i_b.eq(beat.p.y[0]),
+                     self.i_old.ready.eq(fire & c.accm),
+                     outq.w_en.eq(add.o_valid), outq.w_data.eq(add.o_y),
+                     self.o_y.valid.eq(outq.r_rdy), self.o_y.p.eq(outq.r_data), outq.r_en.eq(self.o_y.ready)]
+        m.d.sync += inflight.eq(inflight + fire - add.o_valid)
+        end_beat = Signal()
+        with m.If(fire):
+            m.d.sync += o_j.eq(o_j + 1)
+            with m.If(o_j == o_len - 1):
+                m.d.sync += o_issuing.eq(0)
+                m.d.comb += end_beat.eq(1)
+        with m.If(start_beat & ~real_tok):
+            m.d.comb += end_beat.eq(1)
+        m.d.comb += beat.ready.eq(end_beat)
+        with m.If(end_beat):
+            m.d.sync += [o_t.eq(o_t + 1), o_row.eq(o_row + c.stride)]
+            with m.If(o_t == R - 1):
+                m.d.sync += [o_t.eq(0), o_tile.eq(o_tile + 1), o_n0.eq(o_n0 + C2),
+                             o_row.eq(c.dst + o_n0 + C2)]
+                with m.If(o_tile == ntiles - 1):
+                    m.d.sync += out_run.eq(0)
+
+        drained = ~outq.r_rdy & (inflight == 0) & ~wq.r_rdy
+        with m.If(busy & ~go & Cat(*done_parts).all() & drained):
+            m.d.sync += busy.eq(0)
+        m.d.comb += [self.o_busy.eq(busy | setup), self.o_error.eq(Cat(*errors).any())]
+        return m
+
+    def _weight_port(self, m, p, dma, c, go, sequencer, ntiles, kpad, row_bytes, expect, exp_depth, *,
+                     R, C2, RP, W, B, KC, CB, SPB, lrp, lkc, A):
+        eng = self._engine
+        lcb = ceil_log2(CB)
+        mems = []
+        for i in range(RP):
+            mem = Memory(shape=unsigned(4 * W), depth=2 * CB, init=[])
+            m.submodules[f"w{p}_row{i}"] = mem
+            mems.append((mem.write_port(), mem.read_port()))
+        claim, full = Signal(2, name=f"w{p}_claim"), Signal(2, name=f"w{p}_full")
+        take, setb, free = Signal(2, name=f"w{p}_take"), Signal(2, name=f"w{p}_set"), Signal(2, name=f"w{p}_free")
+        m.d.sync += [claim.eq((claim | take) & ~free), full.eq((full | setb) & ~free)]
+        # DMA commands: per tile, per chunk, per row
+        run = sequencer(f"wload{p}")
+        bank = Signal(name=f"w{p}_lbank")
+        row = Signal(range(RP + 1), name=f"w{p}_row")
+        tile = Signal.like(ntiles, name=f"w{p}_tile")
+        koff = Signal(range(self._hw.gemv_max_cols + KC + 1), name=f"w{p}_koff")   # the chunk's byte offset in a row
+        raddr = Signal(A, name=f"w{p}_raddr")                      # this row's chunk
+        taddr = Signal(A, name=f"w{p}_taddr")                      # the tile's first row (of this port)
+        r = Signal.like(c.rows, name=f"w{p}_r")                    # this row's index in the matrix
+        r0 = Signal.like(c.rows, name=f"w{p}_r0")                  # the tile's first row of this port
+        active = Signal(name=f"w{p}_active")
+        x, xv = _expect_fifo(m, f"w{p}_exp", expect, exp_depth)
+        first_addr = c.wbase + ((row_bytes * p) << lrp)
+        with m.If(go):
+            m.d.sync += [bank.eq(0), row.eq(0), tile.eq(0), koff.eq(0), active.eq(0),
+                         taddr.eq(first_addr), raddr.eq(first_addr), r0.eq(p * RP), r.eq(p * RP)]
+        with m.If(run & ~go & ~active & ~claim.bit_select(bank, 1)):
+            m.d.comb += take.eq(Mux(bank, 0b10, 0b01))
+            m.d.sync += active.eq(1)
+        rem = row_bytes - koff
+        nbytes = Mux(rem > KC // 2, KC // 2, rem)
+        real = r < c.rows
+        xd = Signal(expect, name=f"w{p}_xd")
+        m.d.comb += [xd.row.eq(row), xd.nbeats.eq(Mux(real, (nbytes + B - 1) >> ceil_log2(B), 0)),
+                     xd.last.eq(row == RP - 1), x.w_data.eq(xd),
+                     dma.i_cmd.p.addr.eq(raddr), dma.i_cmd.p.nbytes.eq(nbytes)]
+        fire = active & x.w_rdy & (~real | dma.i_cmd.ready)
+        m.d.comb += [x.w_en.eq(fire), dma.i_cmd.valid.eq(active & x.w_rdy & real)]
+        last_chunk = koff + KC // 2 >= row_bytes
+        with m.If(fire):
+            m.d.sync += [row.eq(row + 1), r.eq(r + 1), raddr.eq(raddr + row_bytes)]
+            with m.If(row == RP - 1):
+                m.d.sync += [row.eq(0), active.eq(0), bank.eq(~bank)]
+                with m.If(last_chunk):
+                    nt = taddr + (row_bytes << ceil_log2(C2))
+                    m.d.sync += [koff.eq(0), tile.eq(tile + 1), taddr.eq(nt), raddr.eq(nt), r0.eq(r0 + C2),
+                                 r.eq(r0 + C2)]
+                    with m.If(tile == ntiles - 1):
+                        m.d.sync += run.eq(0)
+                with m.Else():
+                    m.d.sync += [koff.eq(koff + KC // 2), raddr.eq(taddr + koff + KC // 2), r.eq(r0)]
+        # receiver: beats of row xv.row into its memory, bank by bank
+        rbank = Signal(name=f"w{p}_rbank")
+        rbeat = Signal(range(CB + 2), name=f"w{p}_rbeat")
+        with m.If(go):
+            m.d.sync += [rbank.eq(0), rbeat.eq(0)]
+        hdone = x.r_rdy & (xv.nbeats == rbeat)
+        with m.If(hdone):
+            m.d.comb += x.r_en.eq(1)
+            m.d.sync += rbeat.eq(0)
+            with m.If(xv.last):
+                m.d.comb += setb.eq(Mux(rbank, 0b10, 0b01))
+                m.d.sync += rbank.eq(~rbank)
+        m.d.comb += dma.o_data.ready.eq(x.r_rdy & ~hdone)
+        got = dma.o_data.valid & dma.o_data.ready
+        with m.If(got):
+            m.d.sync += rbeat.eq(rbeat + 1)
+        for i, (wp, _) in enumerate(mems):
+            m.d.comb += [wp.addr.eq(Cat(rbeat[:lcb] if CB > 1 else Const(0, 0), rbank)),
+                         wp.data.eq(dma.o_data.p.data), wp.en.eq(got & (xv.row == i))]
+        # reader: k-steps, SPB per engine beat, masked past cols
+        rd_run = sequencer(f"wread{p}")
+        q, issue, landing, room = _prefetch(m, f"w{p}_q", 4 * RP * SPB)
+        kb = Signal(name=f"w{p}_kbank")
+        k = Signal(range(self._hw.gemv_max_cols + KC + 1), name=f"w{p}_k")     # k-step within the tile
+        kc0 = Signal.like(k, name=f"w{p}_kc0")                                 # the chunk's first k
+        ktile = Signal.like(ntiles, name=f"w{p}_ktile")
+        with m.If(go):
+            m.d.sync += [kb.eq(0), k.eq(0), kc0.eq(0), ktile.eq(0)]
+        m.d.comb += issue.eq(rd_run & ~go & room & full.bit_select(kb, 1))
+        kin = k - kc0                                                           # within the chunk
+        for _, rp in mems:
+            m.d.comb += rp.addr.eq(Cat((kin >> ceil_log2(W))[:lcb] if CB > 1 else Const(0, 0), kb))
+        sel = Signal(range(max(2, W // SPB)), name=f"w{p}_sel")
+        kl = Signal.like(k, name=f"w{p}_kl")                                    # k of the landing read
+        with m.If(issue):
+            m.d.sync += [sel.eq((k >> ceil_log2(SPB))[:max(1, ceil_log2(W // SPB))] if W > SPB else 0), kl.eq(k)]
+        pieces = []
+        for s in range(SPB):
+            keep = kl + s < c.cols
+            for i, (_, rp) in enumerate(mems):
+                nib = rp.data.word_select(sel * SPB + s, 4) if W > 1 else rp.data[:4]
+                pieces.append(Mux(keep, nib, 0))
+        m.d.comb += [q.w_data.eq(Cat(*pieces)),
+                     eng.i_wgt[p].valid.eq(q.r_rdy), eng.i_wgt[p].p.eq(q.r_data), q.r_en.eq(eng.i_wgt[p].ready)]
+        with m.If(issue):
+            m.d.sync += k.eq(k + SPB)
+            end_chunk = (kin + SPB == KC) | (k + SPB == kpad)
+            with m.If(end_chunk):
+                m.d.comb += free.eq(Mux(kb, 0b10, 0b01))
+                m.d.sync += [kb.eq(~kb), kc0.eq(k + SPB)]
+            with m.If(k + SPB == kpad):
+                m.d.sync += [k.eq(0), kc0.eq(0), ktile.eq(ktile + 1)]
+                with m.If(ktile == ntiles - 1):
+                    m.d.sync += rd_run.eq(0)
