@@ -3,7 +3,8 @@ sums, binary16 group scales and in-order binary32 accumulation, bit-identical to
 
 Dataflow (docs/gemv.md has the full design and the measurements)::
 
-    i_cmd ─▶ CommandDecoder ─▶ per port p (N = axi_ports copies of GemvPort):
+    i_cmd ─▶ CommandDecoder ─▶ per port p (N = axi_ports copies of EnginePort: one AxiReadDma, activation
+             and exponent memories, used by GemvPort or SparsePort by mode); GemvPort (dense):
                  tile sequencer ─▶ AxiReadDma ─▶ front end: scale beats ─▶ scale bank
                                               weight beats ─▶ SegmentMac ─▶ isum bank [t, s]
                  back end: isum bank, scale bank, exponents (s-major, t-minor order)
@@ -32,7 +33,7 @@ Dataflow (docs/gemv.md has the full design and the measurements)::
   through `i_acc` in row order (without accm the same adder computes ``-0 + y``, which is ``y`` exactly).
 
 - **Sparse mode** (``sparse``: column-major matrices, group-major scales; `SparsePort`, one per AXI port,
-  which takes the port's AXI master while a sparse command runs): rows are split over the ports in whole
+  which takes the port's DMA and activation/exponent memories while a sparse command runs): rows are split over the ports in whole
   beats; each port scans the activations, fetches only the columns whose INT8 activation is non-zero (one
   contiguous transfer per column and port) and accumulates ``w[r, k] * a[k]`` into per-row segment sums; every
   segment, empty or not, is then added to the per-row binary32 sums in segment order, so the result is
@@ -47,25 +48,17 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from .axi import AxiReadDma, AxiReadSignature
+from .axi import AxiReadDma, AxiReadSignature, read_command_layout, read_data_layout
 from .config import HardwareConfig, ceil_log2
 from .fp import F16ToF32, FpAdd, FpLdexp, FpMul, IntToFp
 
-__all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "GemvPort", "SparsePort",
+__all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "GemvPort", "SparsePort", "EnginePort",
            "GemvEngine"]
 
 EXP_BITS = 10          # activation block exponents: binary32 inputs give -155..122
 NEG_ZERO = 0x80000000  # -0.0 + x == x for every x (RNE), the identity of the first addition
 LEN_BITS = 24          # DMA command byte counts
 
-
-
-def _port_dma(m, port, cfg: HardwareConfig) -> AxiReadDma:
-    """The AXI read DMA of one weight port (dense or sparse), wired to the port's master and error flag."""
-    m.submodules.dma = dma = AxiReadDma(cfg, len_bits=LEN_BITS)
-    wiring.connect(m, wiring.flipped(port.axi), dma.axi)
-    m.d.comb += port.o_error.eq(dma.o_error)
-    return dma
 
 
 def _activation_memories(m, port, cfg: HardwareConfig, max_cols: int):
@@ -76,11 +69,15 @@ def _activation_memories(m, port, cfg: HardwareConfig, max_cols: int):
                                             depth=max_cols // W, init=[])
     act_w, act_r = act_mem.write_port(), act_mem.read_port()
     m.d.comb += [act_w.en.eq(port.i_act_en), act_w.addr.eq(port.i_act_addr), act_w.data.eq(port.i_act_q)]
-    m.submodules.exp_mem = exp_mem = Memory(shape=signed(EXP_BITS), depth=max(1, max_cols // cfg.act_block),
-                                            init=[])
+    m.submodules.exp_mem = exp_mem = Memory(shape=signed(EXP_BITS), depth=_exp_depth(cfg, max_cols), init=[])
     exp_w, exp_r = exp_mem.write_port(), exp_mem.read_port()
     m.d.comb += [exp_w.en.eq(port.i_exp_en), exp_w.addr.eq(port.i_exp_addr), exp_w.data.eq(port.i_exp_e)]
     return act_r, exp_r
+
+
+def _exp_depth(cfg: HardwareConfig, max_cols: int) -> int:
+    """Words of the exponent memory: one per activation block."""
+    return max(1, max_cols // cfg.act_block)
 
 
 def command_layout(cfg: HardwareConfig) -> data.StructLayout:
@@ -287,36 +284,60 @@ def _delay(m, value, n, name):
     return value
 
 
+def _decoded_signature(cfg: HardwareConfig, max_cols: int, max_segments: int) -> wiring.Signature:
+    """The decoded command as the ports see it (`CommandDecoder`'s outputs without the ``o_`` prefix)."""
+    return wiring.Signature({k: Out(v) for k, v in decoded_shapes(cfg, max_cols, max_segments).items()})
+
+
 def _port_members(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dict:
-    """The members shared by `GemvPort` and `SparsePort`: AXI master, start, the decoded command, the
-    activation/exponent memory writes, the results and status."""
+    """The members of `EnginePort`: AXI master, start, the decoded command, the activation/exponent memory
+    writes, the results and status."""
     W = cfg.weights_per_beat
     return {
         "axi": Out(AxiReadSignature.from_config(cfg)),
         "i_start": In(1),
-        "dec": In(wiring.Signature({k: Out(v) for k, v in decoded_shapes(cfg, max_cols, max_segments).items()})),
+        "dec": In(_decoded_signature(cfg, max_cols, max_segments)),
         "i_act_en": In(1), "i_act_addr": In(range(max_cols // W)),
         "i_act_q": In(data.ArrayLayout(signed(cfg.act_bits), W)),
-        "i_exp_en": In(1), "i_exp_addr": In(range(max(1, max_cols // cfg.act_block))),
+        "i_exp_en": In(1), "i_exp_addr": In(range(_exp_depth(cfg, max_cols))),
         "i_exp_e": In(signed(EXP_BITS)),
         "o_res": Out(stream.Signature(unsigned(32))),
         "o_idle": Out(1), "o_error": Out(1),
     }
 
 
+def _datapath_members(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dict:
+    """The members shared by `GemvPort` and `SparsePort`: start, the decoded command, the port's DMA (command
+    and data streams, busy) and the read ports of its activation and exponent memories (synchronous: the
+    data is the word addressed in the previous cycle), the results and idle."""
+    W = cfg.weights_per_beat
+    return {
+        "i_start": In(1),
+        "dec": In(_decoded_signature(cfg, max_cols, max_segments)),
+        "dma_cmd": Out(stream.Signature(read_command_layout(cfg.axi_addr_bits, LEN_BITS))),
+        "dma_data": In(stream.Signature(read_data_layout(cfg.axi_data_bits))),
+        "i_dma_busy": In(1),
+        "o_act_addr": Out(range(max_cols // W)), "i_act_data": In(data.ArrayLayout(signed(cfg.act_bits), W)),
+        "o_exp_addr": Out(range(_exp_depth(cfg, max_cols))), "i_exp_data": In(signed(EXP_BITS)),
+        "o_res": Out(stream.Signature(unsigned(32))),
+        "o_idle": Out(1),
+    }
+
+
 class GemvPort(wiring.Component):
-    """One weight port of the engine: tile sequencer, read DMA, front end (scales, MACs), double-buffered
+    """The dense datapath of one weight port: tile sequencer, front end (scales, MACs), double-buffered
     isum and scale banks, binary32 back end and a result FIFO. Port `index` of `ports` takes tiles
-    ``index, index + ports, ...``.
+    ``index, index + ports, ...``. The DMA and the activation and exponent memories belong to the
+    `EnginePort` (shared with the sparse datapath).
 
     Members
     -------
-    axi : Out(AxiReadSignature)
     i_start : In(1)  (one cycle; the decoded command is stable until the port is idle)
     dec : In(the decoder's outputs)
-    i_act / i_exp : activation and exponent memory writes
+    dma_cmd : Out(stream(read_command_layout)); dma_data : In(stream(read_data_layout)); i_dma_busy : In(1)
+    o_act_addr : Out; i_act_data : In; o_exp_addr : Out; i_exp_data : In: the memories' read ports
     o_res : Out(stream(32)): this port's row results, in its row order
-    o_idle, o_error : Out(1)
+    o_idle : Out(1)
     """
 
     def __init__(self, cfg: HardwareConfig, index: int, *, max_cols: int, max_segments: int, tile_rows: int):
@@ -325,7 +346,7 @@ class GemvPort(wiring.Component):
         W = cfg.weights_per_beat
         # A chunk holds whole activation blocks (so whole segments) and is at least one full burst.
         self._chunk_beats = max(cfg.axi_max_burst_beats, cfg.act_block // W, 1)
-        super().__init__(_port_members(cfg, max_cols, max_segments))
+        super().__init__(_datapath_members(cfg, max_cols, max_segments))
 
     def elaborate(self, platform):
         m = Module()
@@ -337,10 +358,7 @@ class GemvPort(wiring.Component):
         ab = cfg.axi_addr_bits
         p = self._index
 
-        dma = _port_dma(m, self, cfg)
-
         # --- memories ----------------------------------------------------------------------------------
-        act_r, exp_r = _activation_memories(m, self, cfg, self._max_cols)
         # isum banks: [bank, t, s]; scale banks: [bank, halfword t * groups + g] in beat-wide words.
         m.submodules.isum_mem = isum_mem = Memory(shape=signed(cfg.acc_bits), depth=2 * T * S, init=[])
         isum_w, isum_r = isum_mem.write_port(), isum_mem.read_port()
@@ -379,7 +397,7 @@ class GemvPort(wiring.Component):
         seq_saddr = Signal(ab)
         seq_trows = Signal(range(T + 1))
         m.d.comb += seq_trows.eq(Mux(seq_left < T, seq_left, T))
-        cmd = dma.i_cmd
+        cmd = self.dma_cmd
         m.d.comb += cmd.valid.eq(seq_active)
         with m.If(seq_t == T):
             m.d.comb += [cmd.p.addr.eq(seq_saddr), cmd.p.nbytes.eq(seq_trows * g2)]
@@ -422,7 +440,7 @@ class GemvPort(wiring.Component):
         m.d.comb += fe_trows.eq(Mux(fe_left < T, fe_left, T))
         nsb = Signal(range(T * S + 2))               # scale beats of this tile
         m.d.comb += nsb.eq((fe_trows * g2 + B - 1) >> ceil_log2(B))
-        beat = dma.o_data
+        beat = self.dma_data
         row_phase = fe_active & ~fe_wait & ~fe_scale
         last_sel = fe_sel == d.subs - 1
         last_beat = fe_beat == d.nwb - 1
@@ -449,7 +467,7 @@ class GemvPort(wiring.Component):
         mac_valid = Signal()
         with m.If(row_phase):
             m.d.comb += [beat.ready.eq(last_sel), mac_valid.eq(beat.valid)]
-        m.d.comb += act_r.addr.eq(fe_beat)
+        m.d.comb += self.o_act_addr.eq(fe_beat)
         tile_end = Signal()
         round_end = Signal()
         with m.If(mac_valid):
@@ -496,7 +514,7 @@ class GemvPort(wiring.Component):
         ]
         m.d.comb += [
             mac.i_valid.eq(f1.valid), mac.i_first.eq(f1.first), mac.i_last.eq(f1.last),
-            mac.i_w.eq(f1.w), mac.i_a.eq(act_r.data), mac.i_nlanes.eq(f1.nl), mac.i_lvl.eq(d.lvl),
+            mac.i_w.eq(f1.w), mac.i_a.eq(self.i_act_data), mac.i_nlanes.eq(f1.nl), mac.i_lvl.eq(d.lvl),
             mac.i_sel.eq(f1.sel), mac.i_tag.eq(f1.addr),
         ]
         m.d.comb += [isum_w.en.eq(mac.o_valid), isum_w.addr.eq(mac.o_tag), isum_w.data.eq(mac.o_isum)]
@@ -543,7 +561,7 @@ class GemvPort(wiring.Component):
             sidx.eq(be_gbase + (be_s >> d.gshift)),
             isum_r.addr.eq(Cat(be_s[:lS], be_t, be_bank)),
             scale_r.addr.eq(Cat((sidx >> ceil_log2(hpw))[:ceil_log2(swords)], be_bank)),
-            exp_r.addr.eq(be_s >> d.eshift),
+            self.o_exp_addr.eq(be_s >> d.eshift),
         ]
         issue = Signal()
         m.d.comb += issue.eq(be_active & (be_s < seg_ready))
@@ -575,7 +593,7 @@ class GemvPort(wiring.Component):
         tag2 = _delay(m, tag1, l_conv, "tag_conv")
         m.d.comb += [fmul.i_valid.eq(tag2[0]), fmul.i_a.eq(a_i), fmul.i_b.eq(b_s)]
         e1 = Signal(signed(EXP_BITS))
-        m.d.comb += e1.eq(exp_r.data)
+        m.d.comb += e1.eq(self.i_exp_data)
         e_at_ldx = _delay(m, e1, l_conv + fmul.latency, "exp")
         tag3 = _delay(m, tag2, fmul.latency, "tag_mul")
         m.d.comb += [ldx.i_valid.eq(tag3[0]), ldx.i_a.eq(fmul.o_y), ldx.i_b.eq(e_at_ldx)]
@@ -600,7 +618,7 @@ class GemvPort(wiring.Component):
                                                     Mux(be_bank, bank_rows[1], bank_rows[0]), 0) - push)
         m.d.comb += [self.o_res.valid.eq(res.r_rdy), self.o_res.p.eq(res.r_data), res.r_en.eq(self.o_res.ready)]
         m.d.comb += self.o_idle.eq(~seq_active & ~fe_active & ~be_active & (reserved == 0) &
-                                   (bank_state[0] == FREE) & (bank_state[1] == FREE) & ~dma.o_busy)
+                                   (bank_state[0] == FREE) & (bank_state[1] == FREE) & ~self.i_dma_busy)
         return m
 
 
@@ -616,7 +634,7 @@ class SparsePort(wiring.Component):
     contiguous transfer of ``rows_p * 2`` bytes.
 
     - **Sequencer.** Walks the segments in order; at the first segment of a group it fetches the group's
-      scales, then scans the segment's activation words (its own copy of the activation memory) and issues
+      scales, then scans the segment's activation words (the port's activation memory, shared with `GemvPort`) and issues
       one transfer per non-zero activation, lowest column first; a segment ends with an END item. Every
       transfer (and END) is announced to the front end through an item FIFO, in order.
     - **Front end.** Scale beats go to the scale bank of the group (double-buffered); the beats of a column
@@ -632,19 +650,16 @@ class SparsePort(wiring.Component):
 
     Members
     -------
-    axi : Out(AxiReadSignature)
-    i_start : In(1)
-    dec : In(the decoder's outputs)
-    i_act_* / i_exp_* : activation and exponent memory writes (as `GemvPort`)
+    i_start, dec, dma_cmd, dma_data, i_dma_busy, o_act_addr, i_act_data, o_exp_addr, i_exp_data : as `GemvPort`
     o_res : Out(stream(32)): the port's row results, in row order
-    o_idle, o_error : Out(1)
+    o_idle : Out(1)
     """
 
     def __init__(self, cfg: HardwareConfig, index: int, *, max_cols: int, max_segments: int):
         self._cfg, self._index = cfg, index
         self._max_cols, self._max_segments = max_cols, max_segments
         self._prow_max = cfg.gemv_sparse_max_rows // cfg.axi_ports
-        super().__init__(_port_members(cfg, max_cols, max_segments))
+        super().__init__(_datapath_members(cfg, max_cols, max_segments))
 
     @property
     def min_walk(self) -> int:
@@ -663,10 +678,7 @@ class SparsePort(wiring.Component):
         d = self.dec
         ab = cfg.axi_addr_bits
 
-        dma = _port_dma(m, self, cfg)
-
         # --- memories ------------------------------------------------------------------------------------
-        act_r, exp_r = _activation_memories(m, self, cfg, self._max_cols)
         isum_layout = data.ArrayLayout(signed(cfg.acc_bits), W)
         m.submodules.isum_mem = isum_mem = Memory(shape=isum_layout, depth=2 * (PR // W), init=[])
         isum_w = isum_mem.write_port()
@@ -713,7 +725,7 @@ class SparsePort(wiring.Component):
                 m.d.comb += low.eq(i)
         k = Signal(range(self._max_cols + 1))
         m.d.comb += k.eq(Cat(low, sq_j))
-        cmd = dma.i_cmd
+        cmd = self.dma_cmd
         item_in = Signal(item_layout)
         m.d.comb += items.w_data.eq(item_in)
         with m.FSM(name="seq") as seq_fsm:
@@ -733,14 +745,14 @@ class SparsePort(wiring.Component):
                     m.next = "Load"
                 m.d.sync += [sq_j.eq(seg_lo >> lW), sq_jlast.eq((seg_hi - 1) >> lW)]
             with m.State("Load"):
-                m.d.comb += act_r.addr.eq(sq_j)
+                m.d.comb += self.o_act_addr.eq(sq_j)
                 m.next = "Mask"
             with m.State("Mask"):
                 mask = []
                 for i in range(W):
                     col = Cat(Const(i, lW), sq_j)
-                    mask.append((act_r.data[i] != 0) & (col >= seg_lo) & (col < seg_hi))
-                m.d.sync += [sq_mask.eq(Cat(*mask)), sq_q.eq(act_r.data)]
+                    mask.append((self.i_act_data[i] != 0) & (col >= seg_lo) & (col < seg_hi))
+                m.d.sync += [sq_mask.eq(Cat(*mask)), sq_q.eq(self.i_act_data)]
                 m.next = "Emit"
             with m.State("Emit"):
                 with m.If(sq_mask != 0):
@@ -777,7 +789,7 @@ class SparsePort(wiring.Component):
         fe_j = Signal(range(PR // W + 1))
         item = Signal(item_layout)
         m.d.comb += item.eq(items.r_data)
-        beat = dma.o_data
+        beat = self.dma_data
         bank_empty = Signal(2)                       # the segment in the bank had no non-zero activation
         s_free = fe_s < be_sdone + 2
         g_free = fe_g < be_gdone + 2
@@ -859,7 +871,7 @@ class SparsePort(wiring.Component):
         m.d.comb += [
             isum_rb.addr.eq(Cat((be_r >> lW)[:ceil_log2(PR // W)], be_s[0])),
             scale_r.addr.eq(Cat((be_r >> ceil_log2(hpw))[:ceil_log2(swords)], (be_s >> d.gshift)[0])),
-            exp_r.addr.eq(be_s >> d.eshift),
+            self.o_exp_addr.eq(be_s >> d.eshift),
         ]
         tag_layout = data.StructLayout({"valid": 1, "first": 1, "last": 1, "r": range(PR)})
         tag = Signal(tag_layout)
@@ -883,7 +895,7 @@ class SparsePort(wiring.Component):
         b_s = _delay(m, f16.o_y, l_conv - f16.latency, "f16")
         tag2 = _delay(m, tag1.as_value(), l_conv, "tag_conv")
         m.d.comb += [fmul.i_valid.eq(tag2[0]), fmul.i_a.eq(a_i), fmul.i_b.eq(b_s)]
-        e_at_ldx = _delay(m, exp_r.data, l_conv + fmul.latency, "exp")
+        e_at_ldx = _delay(m, self.i_exp_data, l_conv + fmul.latency, "exp")
         tag3 = _delay(m, tag2, fmul.latency, "tag_mul")
         m.d.comb += [ldx.i_valid.eq(tag3[0]), ldx.i_a.eq(fmul.o_y), ldx.i_b.eq(e_at_ldx)]
         assert ldx.latency >= 1
@@ -898,8 +910,66 @@ class SparsePort(wiring.Component):
         m.d.comb += [res.w_en.eq(push), res.w_data.eq(fadd.o_y)]
         m.d.sync += pend.eq(pend + (issue & row_ok & be_last) - push)
         m.d.comb += [self.o_res.valid.eq(res.r_rdy), self.o_res.p.eq(res.r_data), res.r_en.eq(self.o_res.ready)]
-        m.d.comb += self.o_idle.eq(seq_fsm.ongoing("Idle") & ~be_active & ~items.r_rdy & (pend == 0) & ~dma.o_busy &
+        m.d.comb += self.o_idle.eq(seq_fsm.ongoing("Idle") & ~be_active & ~items.r_rdy & (pend == 0) & ~self.i_dma_busy &
                                    ~started)
+        return m
+
+
+class EnginePort(wiring.Component):
+    """One AXI port of the engine: its read DMA and its activation and exponent memories, shared by the
+    dense (`GemvPort`) and the sparse (`SparsePort`) datapath. Only one mode runs at a time, the one the
+    decoded command selects (``dec.cmd.sparse``, stable while the engine is busy): that datapath gets the
+    start pulse, drives the DMA's commands and the memories' read addresses, takes the DMA's data beats and
+    gives the results; the other one never sees a handshake.
+
+    Members
+    -------
+    axi : Out(AxiReadSignature)
+    i_start : In(1)  (one cycle; the decoded command is stable until the port is idle)
+    dec : In(the decoder's outputs)
+    i_act_en, i_act_addr, i_act_q / i_exp_en, i_exp_addr, i_exp_e : In: activation and exponent memory writes
+    o_res : Out(stream(32)): the port's row results, in its row order (the running mode's)
+    o_idle, o_error (the DMA's sticky read error) : Out(1)
+    """
+
+    def __init__(self, cfg: HardwareConfig, index: int, *, max_cols: int, max_segments: int, tile_rows: int):
+        self._cfg, self._index = cfg, index
+        self._max_cols, self._max_segments, self._T = max_cols, max_segments, tile_rows
+        super().__init__(_port_members(cfg, max_cols, max_segments))
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg, p = self._cfg, self._index
+        m.submodules.dma = dma = AxiReadDma(cfg, len_bits=LEN_BITS)
+        wiring.connect(m, wiring.flipped(self.axi), dma.axi)
+        m.d.comb += self.o_error.eq(dma.o_error)
+        act_r, exp_r = _activation_memories(m, self, cfg, self._max_cols)
+
+        m.submodules.dense = dense = GemvPort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments,
+                                              tile_rows=self._T)
+        m.submodules.sparse = sparse = SparsePort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments)
+        wiring.connect(m, wiring.flipped(self.dec), dense.dec, sparse.dec)
+        sp = self.dec.cmd.sparse
+        for dp in (dense, sparse):
+            m.d.comb += [dp.i_dma_busy.eq(dma.o_busy), dp.i_act_data.eq(act_r.data), dp.i_exp_data.eq(exp_r.data),
+                         dp.dma_data.p.eq(dma.o_data.p)]
+        m.d.comb += [
+            dense.i_start.eq(self.i_start & ~sp), sparse.i_start.eq(self.i_start & sp),
+            # DMA commands and memory reads from the running datapath.
+            dma.i_cmd.valid.eq(Mux(sp, sparse.dma_cmd.valid, dense.dma_cmd.valid)),
+            dma.i_cmd.p.eq(Mux(sp, sparse.dma_cmd.p, dense.dma_cmd.p)),
+            dense.dma_cmd.ready.eq(dma.i_cmd.ready & ~sp), sparse.dma_cmd.ready.eq(dma.i_cmd.ready & sp),
+            act_r.addr.eq(Mux(sp, sparse.o_act_addr, dense.o_act_addr)),
+            exp_r.addr.eq(Mux(sp, sparse.o_exp_addr, dense.o_exp_addr)),
+            # DMA data beats to it.
+            dense.dma_data.valid.eq(dma.o_data.valid & ~sp), sparse.dma_data.valid.eq(dma.o_data.valid & sp),
+            dma.o_data.ready.eq(Mux(sp, sparse.dma_data.ready, dense.dma_data.ready)),
+            # Its results.
+            self.o_res.valid.eq(Mux(sp, sparse.o_res.valid, dense.o_res.valid)),
+            self.o_res.p.eq(Mux(sp, sparse.o_res.p, dense.o_res.p)),
+            dense.o_res.ready.eq(self.o_res.ready & ~sp), sparse.o_res.ready.eq(self.o_res.ready & sp),
+            self.o_idle.eq(dense.o_idle & sparse.o_idle),
+        ]
         return m
 
 
@@ -980,36 +1050,22 @@ class GemvEngine(wiring.Component):
         cfg, T, N = self._cfg, self._T, self._cfg.axi_ports
         m.submodules.dec = dec = CommandDecoder(cfg, self._max_cols, self._max_segments)
         sparse = dec.o_cmd.sparse                   # the running command's mode (stable while busy)
-        ports, sports = [], []
+        ports = []
         for p in range(N):
-            port = GemvPort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments, tile_rows=T)
-            sport = SparsePort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments)
+            port = EnginePort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments, tile_rows=T)
             m.submodules[f"port{p}"] = port
-            m.submodules[f"sparse{p}"] = sport
             ports.append(port)
-            sports.append(sport)
-            # The AXI master of port p is the dense or the sparse port's DMA, by mode; the idle one never
-            # sees a handshake.
-            axi = getattr(self, f"m_axi{p}")
-            for name, member in axi.signature.members.items():
-                mine, dn, sp = getattr(axi, name), getattr(port.axi, name), getattr(sport.axi, name)
-                if member.flow == Out:
-                    m.d.comb += mine.eq(Mux(sparse, sp, dn))
-                elif name in ("arready", "rvalid"):
-                    m.d.comb += [dn.eq(mine & ~sparse), sp.eq(mine & sparse)]
-                else:
-                    m.d.comb += [dn.eq(mine), sp.eq(mine)]
-            for pt in (port, sport):
-                for name in pt.dec.signature.members:
-                    m.d.comb += getattr(pt.dec, name).eq(getattr(dec, f"o_{name}"))
-                m.d.comb += [
-                    pt.i_act_en.eq(self.i_act.valid), pt.i_act_addr.eq(self.i_act.p.addr),
-                    pt.i_act_q.eq(self.i_act.p.q),
-                    pt.i_exp_en.eq(self.i_exp.valid), pt.i_exp_addr.eq(self.i_exp.p.addr),
-                    pt.i_exp_e.eq(self.i_exp.p.e),
-                ]
+            wiring.connect(m, wiring.flipped(getattr(self, f"m_axi{p}")), port.axi)
+            for name in port.dec.signature.members:
+                m.d.comb += getattr(port.dec, name).eq(getattr(dec, f"o_{name}"))
+            m.d.comb += [
+                port.i_act_en.eq(self.i_act.valid), port.i_act_addr.eq(self.i_act.p.addr),
+                port.i_act_q.eq(self.i_act.p.q),
+                port.i_exp_en.eq(self.i_exp.valid), port.i_exp_addr.eq(self.i_exp.p.addr),
+                port.i_exp_e.eq(self.i_exp.p.e),
+            ]
         m.d.comb += [self.i_act.ready.eq(1), self.i_exp.ready.eq(1)]
-        m.d.comb += self.o_error.eq(Cat(*[p.o_error for p in ports + sports]).any())
+        m.d.comb += self.o_error.eq(Cat(*[p.o_error for p in ports]).any())
 
         # Command: accept when idle, decode (one cycle), then start the ports unless it is bad.
         busy = Signal()
@@ -1025,8 +1081,8 @@ class GemvEngine(wiring.Component):
                 m.d.sync += [self.o_bad_cmd.eq(1), busy.eq(0)]
             with m.Else():
                 m.d.comb += start.eq(1)
-        for port, sport in zip(ports, sports):
-            m.d.comb += [port.i_start.eq(start & ~sparse), sport.i_start.eq(start & sparse)]
+        for port in ports:
+            m.d.comb += port.i_start.eq(start)
 
         # Merge in row order: dense, tile j comes from port j mod N (T rows); sparse, port p holds rows
         # p * prow .. (p + 1) * prow - 1.
@@ -1038,17 +1094,15 @@ class GemvEngine(wiring.Component):
         m.submodules.accm_add = fadd
         m.submodules.out = out = fifo.SyncFIFOBuffered(width=32, depth=fadd.latency + 4)
         inflight = Signal(range(fadd.latency + 2))
-        heads = [p.o_res for p in ports]
-        sheads = [p.o_res for p in sports]
         head_valid = Signal()
         head_data = Signal(32)
-        for k, (h, sh) in enumerate(zip(heads, sheads)):
+        for k, port in enumerate(ports):
             with m.If(mt_port == k):
-                m.d.comb += [head_valid.eq(Mux(sparse, sh.valid, h.valid)), head_data.eq(Mux(sparse, sh.p, h.p))]
+                m.d.comb += [head_valid.eq(port.o_res.valid), head_data.eq(port.o_res.p)]
         accm = dec.o_cmd.accm
         can = (out_left != 0) & head_valid & (~accm | self.i_acc.valid) & (out.level + inflight < out.depth)
-        for k, (h, sh) in enumerate(zip(heads, sheads)):
-            m.d.comb += [h.ready.eq(can & (mt_port == k) & ~sparse), sh.ready.eq(can & (mt_port == k) & sparse)]
+        for k, port in enumerate(ports):
+            m.d.comb += port.o_res.ready.eq(can & (mt_port == k))
         m.d.comb += [self.i_acc.ready.eq(can & accm), fadd.en.eq(1), fadd.i_valid.eq(can),
                      fadd.i_a.eq(Mux(accm, self.i_acc.p, NEG_ZERO)), fadd.i_b.eq(head_data),
                      out.w_en.eq(fadd.o_valid), out.w_data.eq(fadd.o_y)]
@@ -1060,7 +1114,7 @@ class GemvEngine(wiring.Component):
             with m.If(mt_cnt == mt_len - 1):
                 m.d.sync += [mt_cnt.eq(0), mt_port.eq(Mux(mt_port == N - 1, 0, mt_port + 1))]
         done = (out_left == 0) & (inflight == 0) & ~start & ~decoding & \
-            Cat(*[p.o_idle for p in ports + sports]).all()
+            Cat(*[p.o_idle for p in ports]).all()
         with m.If(busy & ~decoding & done):
             m.d.sync += busy.eq(0)
         m.d.comb += [self.o_y.valid.eq(out.r_rdy), self.o_y.p.eq(out.r_data), out.r_en.eq(self.o_y.ready)]
