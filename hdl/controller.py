@@ -47,6 +47,7 @@ from .ddrio import DdrReader
 from .ddrwrite import DdrWriter
 from .fetch import PC_BITS, insn_layout
 from .fp import FpAdd, FpMul, IntToFp
+from .gemm import GemmUnit, gemm_command_layout
 from .gemv import GemvEngine
 from .isa import (CtrlFunc, CvoFunc, DdrRegion, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache, VecFunc,
                   layout)
@@ -79,6 +80,18 @@ class Sink(enum.Enum, shape=3):
     DDR = 2
     DESC = 3
     QUANT = 4
+
+
+def _share_axi(m, out, a, b, sel_b):
+    """AXI read master `out` driven by `a`, or by `b` while `sel_b`; the idle one sees no handshake."""
+    for name, member in out.signature.members.items():
+        mine, x, y = getattr(out, name), getattr(a, name), getattr(b, name)
+        if member.flow == Out:
+            m.d.comb += mine.eq(Mux(sel_b, y, x))
+        elif name in ("arready", "rvalid"):
+            m.d.comb += [x.eq(mine & ~sel_b), y.eq(mine & sel_b)]
+        else:
+            m.d.comb += [x.eq(mine), y.eq(mine)]
 
 
 def _f32_gt(a, b):
@@ -161,10 +174,23 @@ class Controller(wiring.Component):
         wiring.connect(m, ddr_wr.axi, wiring.flipped(self.m_wr))
         m.submodules.quant = quant = ActQuantizer(hw)
         m.submodules.gemv = gemv = GemvEngine(hw)
-        connect(m, quant.o_act, gemv.i_act)
-        connect(m, quant.o_exp, gemv.i_exp)
+        m.submodules.gemm = gemm = GemmUnit(hw)
+        # The quantiser fills the GEMV engine's activation memories, or (WGEMM) token slot q_tok of the GEMM
+        # unit's; the weight ports belong to whichever of the two has the running matrix (g_is_gemm).
+        q_gemm, q_tok = Signal(), Signal.like(gemm.i_tok)
+        g_is_gemm = Signal()
+        for src, dsts in ((quant.o_act, (gemv.i_act, gemm.i_act)), (quant.o_exp, (gemv.i_exp, gemm.i_exp))):
+            for k, dst in enumerate(dsts):
+                mine = q_gemm if k else ~q_gemm
+                m.d.comb += [dst.valid.eq(src.valid & mine), dst.p.eq(src.p)]
+            m.d.comb += src.ready.eq(Mux(q_gemm, dsts[1].ready, dsts[0].ready))
+        m.d.comb += gemm.i_tok.eq(q_tok)
         for p in range(hw.axi_ports):
-            wiring.connect(m, getattr(gemv, f"m_axi{p}"), wiring.flipped(getattr(self, f"m_gemv{p}")))
+            out = getattr(self, f"m_gemv{p}")
+            if p < gemm.axi_ports:
+                _share_axi(m, out, getattr(gemv, f"m_axi{p}"), getattr(gemm, f"m_axi{p}"), g_is_gemm)
+            else:
+                wiring.connect(m, getattr(gemv, f"m_axi{p}"), wiring.flipped(out))
         m.submodules.div = div = SeqDivider()
         m.submodules.irecip = irecip = IntRecip()
         m.submodules.alu_add = alu_add = FpAdd()
@@ -362,24 +388,39 @@ class Controller(wiring.Component):
         g_active = Signal()           # from the command until the last row is in L2
         g_lo, g_n = Signal(EA), Signal(NB)
         g_pc = Signal(PC_BITS)
-        g_pend = Signal(data.StructLayout({"gemv": 1, "rd": 1, "wr": 1}))
-        m.d.comb += [
-            gemv.i_cmd.valid.eq(g_pend.gemv), gemv.i_cmd.payload.eq(g_cmd),
-            wr_g.i_cmd.valid.eq(g_pend.wr), wr_g.i_cmd.payload.addr.eq(g_lo), wr_g.i_cmd.payload.n.eq(g_n),
-            rd_g.i_cmd.valid.eq(g_pend.rd), rd_g.i_cmd.payload.addr.eq(g_lo), rd_g.i_cmd.payload.n.eq(g_n),
-        ]
-        for name, unit in (("gemv", gemv), ("rd", rd_g), ("wr", wr_g)):
+        g_pend = Signal(data.StructLayout({"gemv": 1, "rd": 1, "wr": 1, "gemm": 1}))
+        gm_cmd = Signal(gemm_command_layout(hw))
+        m.d.comb += [gemv.i_cmd.valid.eq(g_pend.gemv), gemv.i_cmd.payload.eq(g_cmd),
+                     gemm.i_cmd.valid.eq(g_pend.gemm), gemm.i_cmd.payload.eq(gm_cmd)]
+        # the engine's L2 reader and writer: one command per matrix (GEMV) or per token row (GEMM)
+        with m.If(g_is_gemm):
+            connect(m, gemm.o_wcmd, wr_g.i_cmd)
+            connect(m, gemm.o_rcmd, rd_g.i_cmd)
+            connect(m, gemm.o_y, wr_g.i_elem)
+            m.d.comb += [gemm.i_old.valid.eq(rd_g.o_elem.valid), gemm.i_old.payload.eq(rd_g.o_elem.payload.data),
+                         rd_g.o_elem.ready.eq(gemm.i_old.ready)]
+        with m.Else():
+            m.d.comb += [
+                wr_g.i_cmd.valid.eq(g_pend.wr), wr_g.i_cmd.payload.addr.eq(g_lo), wr_g.i_cmd.payload.n.eq(g_n),
+                rd_g.i_cmd.valid.eq(g_pend.rd), rd_g.i_cmd.payload.addr.eq(g_lo), rd_g.i_cmd.payload.n.eq(g_n),
+            ]
+            connect(m, gemv.o_y, wr_g.i_elem)
+            m.d.comb += [gemv.i_acc.valid.eq(rd_g.o_elem.valid), gemv.i_acc.payload.eq(rd_g.o_elem.payload.data),
+                         rd_g.o_elem.ready.eq(gemv.i_acc.ready)]
+        for name, unit in (("gemv", gemv), ("gemm", gemm)):
             with m.If(unit.i_cmd.valid & unit.i_cmd.ready):
                 m.d.sync += getattr(g_pend, name).eq(0)
-        connect(m, gemv.o_y, wr_g.i_elem)
-        m.d.comb += [gemv.i_acc.valid.eq(rd_g.o_elem.valid), gemv.i_acc.payload.eq(rd_g.o_elem.payload.data),
-                     rd_g.o_elem.ready.eq(gemv.i_acc.ready)]
-        # a rejected command sends no rows (the program ends in error; START resets the datapath)
-        with m.If(wr_g.o_done | (gemv.o_bad_cmd & ~g_pend.gemv)):
+        for name, unit in (("rd", rd_g), ("wr", wr_g)):
+            with m.If(~g_is_gemm & unit.i_cmd.valid & unit.i_cmd.ready):
+                m.d.sync += getattr(g_pend, name).eq(0)
+        # GEMV: its one row command is written (a rejected command sends no rows: the program ends in error and
+        # START resets the datapath); GEMM: the unit has sent its last element and the writer has written it
+        with m.If(Mux(g_is_gemm, ~g_pend.gemm & ~gemm.o_busy & ~wr_g.o_busy,
+                      wr_g.o_done | (gemv.o_bad_cmd & ~g_pend.gemv))):
             m.d.sync += g_active.eq(0)
         g_failed = Signal()           # the engine has finished with an error (its flags are sticky)
         g_code = Signal(ErrorCode)
-        m.d.comb += [g_failed.eq(~g_active & (gemv.o_bad_cmd | gemv.o_error)),
+        m.d.comb += [g_failed.eq(~g_active & (gemv.o_bad_cmd | gemv.o_error | gemm.o_error)),
                      g_code.eq(Mux(gemv.o_bad_cmd, ErrorCode.BAD_LENGTH, ErrorCode.BUS_ERROR))]
 
         def meets_gemv(lo, n):
@@ -519,6 +560,8 @@ class Controller(wiring.Component):
         with m.Switch(op):
             with m.Case(Opcode.WGEMV):
                 m.d.comb += d_index.eq(v[Opcode.WGEMV].desc)
+            with m.Case(Opcode.WGEMM):
+                m.d.comb += d_index.eq(v[Opcode.WGEMM].desc)
             with m.Case(Opcode.GATHER):
                 m.d.comb += d_index.eq(v[Opcode.GATHER].desc)
             with m.Case(Opcode.KVST):
@@ -568,13 +611,13 @@ class Controller(wiring.Component):
 
             with m.State("DISPATCH"):
                 with m.Switch(op):
-                    with m.Case(Opcode.GEMV, Opcode.GEMM, Opcode.MEMCPY, Opcode.WGEMM):
+                    with m.Case(Opcode.GEMV, Opcode.GEMM, Opcode.MEMCPY):
                         fail(ErrorCode.BAD_FUNCTION)
                     for o in (Opcode.CTRL, Opcode.MEMSET, Opcode.SCALAR, Opcode.VEC, Opcode.CVO, Opcode.DMA):
                         with m.Case(o):
                             m.next = o.name
-                    with m.Case(Opcode.WGEMV):
-                        with m.If(~g_active):        # the engine takes one matrix at a time
+                    with m.Case(Opcode.WGEMV, Opcode.WGEMM):
+                        with m.If(~g_active):        # one matrix at a time (the engines share the weight ports)
                             with m.If(g_failed):     # the previous one failed: its error, at its pc
                                 fail_async()
                             with m.Else():
@@ -839,6 +882,8 @@ class Controller(wiring.Component):
                 with m.Switch(op):
                     with m.Case(Opcode.WGEMV):
                         m.next = "WG"
+                    with m.Case(Opcode.WGEMM):
+                        m.next = "WM"
                     with m.Case(Opcode.GATHER):
                         m.next = "GA"
                     with m.Case(Opcode.KVST):
@@ -867,6 +912,7 @@ class Controller(wiring.Component):
                 with m.Elif(~in_l2(wd, d_rows)):
                     fail(ErrorCode.ADDRESS_RANGE)
                 with m.Else():
+                    m.d.sync += q_gemm.eq(0)
                     launch("WG_Q", bypass=1, n=d_cols, a=Src.L2, a_addr=ws, sink=Sink.QUANT)
             with m.State("WG_Q"):
                 with m.If(pdone):
@@ -877,7 +923,7 @@ class Controller(wiring.Component):
                         m.d.sync += [g_cmd.wbase.eq((wb + d_woff)[:A]), g_cmd.sbase.eq((wb + d_soff)[:A]),
                                      g_cmd.rows.eq(d_rows), g_cmd.cols.eq(d_cols), g_cmd.log2_group.eq(d_log2g),
                                      g_cmd.accm.eq(wg.accm), g_cmd.sparse.eq(wg.sparse),
-                                     g_active.eq(1), g_lo.eq(wd), g_n.eq(d_rows), g_pc.eq(pc),
+                                     g_active.eq(1), g_is_gemm.eq(0), g_lo.eq(wd), g_n.eq(d_rows), g_pc.eq(pc),
                                      g_pend.gemv.eq(1), g_pend.wr.eq(1), g_pend.rd.eq(wg.accm)]
                         with m.If(wg.async_ & ~wg.findemax):
                             retire()
@@ -892,6 +938,71 @@ class Controller(wiring.Component):
                     with m.Else():
                         retire()
             wait_pass("WG_E", lambda: (sync(emax.eq(p_result)), retire()))
+
+            # ---- WGEMM: token tiles of R tokens, one after another ----------------------------------------
+            # Per tile: a quantiser pass per token into the GEMM unit's slot t, then the unit's command (the
+            # engine slot of "Overlap", like a WGEMV's); the next tile waits for it. The last tile retires at
+            # once with async_, else when its last row is in L2.
+            wm = v[Opcode.WGEMM]
+            R = hw.systolic_rows
+            in_str, out_str = Signal(NB + 2), Signal(34)      # elements between tokens (16-byte rows)
+            wm_left = Signal(9)                               # tokens not yet in a tile
+            wm_t = Signal(range(R + 1))                       # the token being quantised, in its tile
+            wm_n = Signal(range(R + 1))                       # tokens in this tile
+            with m.State("WM"):
+                with m.If((d_kind != 0) | (d_layout != 0) | (d_log2g != (hw.weight_group.bit_length() - 1))):
+                    fail(ErrorCode.BAD_DESCRIPTOR)
+                with m.Elif((wm.tokens == 0) | (d_cols > hw.gemv_max_cols) | (d_cols == 0)):
+                    fail(ErrorCode.BAD_LENGTH)
+                with m.Else():
+                    m.d.sync += [in_str.eq((d_cols + 3) & ~3), out_str.eq((d_rows + 3) & ~3)]
+                    m.next = "WM_1"
+            with m.State("WM_1"):
+                with m.If(elem(wm.src) + (wm.tokens - 1) * in_str + d_cols > L2E):
+                    fail(ErrorCode.ADDRESS_RANGE)
+                with m.Elif(d_rows == 0):
+                    fail(ErrorCode.BAD_LENGTH)
+                with m.Elif(elem(wm.dst) + (wm.tokens - 1) * out_str + d_rows > L2E):
+                    fail(ErrorCode.ADDRESS_RANGE)
+                with m.Else():
+                    m.d.sync += [q_gemm.eq(1), ptr_a.eq(elem(wm.src)), ptr_d.eq(elem(wm.dst)), wm_left.eq(wm.tokens)]
+                    m.next = "WM_T"
+            with m.State("WM_T"):                             # a tile starts
+                m.d.sync += [wm_t.eq(0), q_tok.eq(0), wm_n.eq(Mux(wm_left > R, R, wm_left))]
+                m.next = "WM_Q"
+            with m.State("WM_Q"):
+                launch("WM_QW", bypass=1, n=d_cols, a=Src.L2, a_addr=ptr_a, sink=Sink.QUANT)
+            with m.State("WM_QW"):
+                with m.If(pdone):
+                    with m.If(quant.o_nonfinite):
+                        fail(ErrorCode.NON_FINITE)
+                    with m.Elif(wm_t + 1 != wm_n):
+                        m.d.sync += [wm_t.eq(wm_t + 1), q_tok.eq(wm_t + 1), ptr_a.eq(ptr_a + in_str)]
+                        m.next = "WM_Q"
+                    with m.Else():
+                        wb = base[DdrRegion.WEIGHTS]
+                        m.d.sync += [gm_cmd.wbase.eq((wb + d_woff)[:A]), gm_cmd.sbase.eq((wb + d_soff)[:A]),
+                                     gm_cmd.rows.eq(d_rows), gm_cmd.cols.eq(d_cols), gm_cmd.ntok.eq(wm_n),
+                                     gm_cmd.dst.eq(ptr_d), gm_cmd.stride.eq(out_str), gm_cmd.accm.eq(wm.accm),
+                                     g_active.eq(1), g_is_gemm.eq(1), g_lo.eq(ptr_d),
+                                     g_n.eq((wm_n - 1) * out_str + d_rows), g_pc.eq(pc), g_pend.gemm.eq(1),
+                                     ptr_a.eq(ptr_a + in_str), ptr_d.eq(ptr_d + out_str * R),
+                                     wm_left.eq(wm_left - wm_n)]
+                        with m.If(wm_left == wm_n):
+                            with m.If(wm.async_):
+                                retire()
+                            with m.Else():
+                                m.next = "WM_G"
+                        with m.Else():
+                            m.next = "WM_G"
+            with m.State("WM_G"):                             # wait for the tile; then the next one, or retire
+                with m.If(~g_active & ~g_pend.gemm):
+                    with m.If(g_failed):
+                        fail(g_code)
+                    with m.Elif(wm_left == 0):
+                        retire()
+                    with m.Else():
+                        m.next = "WM_T"
 
             # ---- GATHER ----------------------------------------------------------------------------------
             ga = v[Opcode.GATHER]
@@ -1053,7 +1164,7 @@ class Controller(wiring.Component):
 
         # --- activity for the counters ----------------------------------------------------------------
         m.d.comb += [
-            self.o_unit_busy.gemv.eq(gemv.o_busy),
+            self.o_unit_busy.gemv.eq(gemv.o_busy | gemm.o_busy),
             self.o_unit_busy.sfu.eq(active & ~p_bypass),
             self.o_unit_busy.dma.eq(ddr_rd.o_busy | ddr_wr.o_busy),
             self.o_unit_busy.attn.eq(busy & (op == Opcode.ATTN)),

@@ -401,34 +401,51 @@ class Machine:
     def _x_wgemm(self, i):
         """T tokens through one weight matrix on the systolic array: token t reads L2[src + t*ceil(cols/4)]
         and writes L2[dst + t*ceil(rows/4)] (16-byte word strides). Bit-identical, token by token, to
-        WGEMV (sim.systolic.gemm); the weights stream once per R tokens (R = systolic_rows)."""
+        WGEMV (sim.systolic.gemm); the weights stream once per token tile of R = systolic_rows tokens, and the
+        tiles run one after another: a non-finite input in tile j stops the instruction with the results of
+        tiles 0 .. j-1 written (docs/isa.md)."""
         d = self._desc(i.desc)
         if d.kind != 0 or d.layout != 0:
             self._err(ErrorCode.BAD_DESCRIPTOR, f"descriptor {i.desc} is not a row-major weight matrix")
+        if d.group != self.hw.weight_group:
+            self._err(ErrorCode.BAD_DESCRIPTOR, f"descriptor {i.desc} has weight groups of {d.group}; the "
+                                                f"systolic array's scale lanes take groups of {self.hw.weight_group}")
         if i.tokens == 0:
             self._err(ErrorCode.BAD_LENGTH, "WGEMM needs at least one token")
+        if d.cols > self.hw.gemv_max_cols:
+            self._err(ErrorCode.BAD_LENGTH, f"WGEMM of {d.cols} columns exceeds the activation memory "
+                                            f"({self.hw.gemv_max_cols})")
         t_count = i.tokens
         in_stride, out_stride = -(-d.cols // 4), -(-d.rows // 4)
-        xs = [self.l2[self._vec(i.src + t * in_stride, d.cols)] for t in range(t_count)]
+        srcs = [self._vec(i.src + t * in_stride, d.cols) for t in range(t_count)]
         outs = [self._vec(i.dst + t * out_stride, d.rows) for t in range(t_count)]
         entry = self.image.tensors[d.tensor]
-        passes = -(-t_count // self.hw.systolic_rows)
+        R = self.hw.systolic_rows
         ngroups = -(-d.cols // d.group)
-        read = passes * (d.rows * (d.cols + d.cols % 2) // 2 + d.rows * ngroups * 2)
-        self.counters.bytes_read["WEIGHTS"] += read
-        self.counters.elements[self._name] += t_count * d.rows * d.cols
-        if self.arithmetic == COUNT:
-            return
-        if self.arithmetic == REFERENCE:
-            w = np.asarray(self.source[d.tensor][d.row_start:d.row_start + d.rows], dtype=np.float64)
-            y = np.stack(xs) @ w.T
-        else:
-            q_w, s_w = self._int4_rows(entry, d.row_start, d.rows)
-            qa = [quantize_activations(x.astype(np.float32), self.hw.act_block) for x in xs]
-            y = gemm(q_w, s_w, np.stack([q for q, _ in qa]), np.stack([e for _, e in qa]), group=d.group,
-                     block=self.hw.act_block, tile=(self.hw.systolic_rows, 2 * self.hw.systolic_cols))
-        for t, out in enumerate(outs):
-            self.l2[out] = (self.l2[out] + y[t]) if i.accm else y[t]
+        per_tile = d.rows * (d.cols + d.cols % 2) // 2 + d.rows * ngroups * 2
+        if self.arithmetic != COUNT:
+            if self.arithmetic == REFERENCE:
+                w = np.asarray(self.source[d.tensor][d.row_start:d.row_start + d.rows], dtype=np.float64)
+            else:
+                q_w, s_w = self._int4_rows(entry, d.row_start, d.rows)
+        for t0 in range(0, t_count, R):
+            tile = range(t0, min(t_count, t0 + R))
+            xs = [self.l2[srcs[t]] for t in tile]
+            if self.arithmetic != COUNT and not all(np.all(np.isfinite(x)) for x in xs):
+                self._err(ErrorCode.NON_FINITE, f"a WGEMM input of token tile {t0 // R} holds an infinity or a NaN")
+            self.counters.bytes_read["WEIGHTS"] += per_tile
+            self.counters.elements[self._name] += len(tile) * d.rows * d.cols
+            if self.arithmetic == COUNT:
+                continue
+            if self.arithmetic == REFERENCE:
+                y = np.stack(xs) @ w.T
+            else:
+                qa = [quantize_activations(x.astype(np.float32), self.hw.act_block) for x in xs]
+                y = gemm(q_w, s_w, np.stack([q for q, _ in qa]), np.stack([e for _, e in qa]), group=d.group,
+                         block=self.hw.act_block, tile=(R, 2 * self.hw.systolic_cols))
+            for t, yt in zip(tile, y):
+                out = outs[t]
+                self.l2[out] = (self.l2[out] + yt) if i.accm else yt
 
     def _density_columns(self, d) -> int:
         layer = int(d.tensor.split(".")[1])

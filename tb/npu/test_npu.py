@@ -21,6 +21,11 @@ Tests:
   ISS's (sequential execution). First, async WGEMVs whose weight reads get SLVERR (`async_fault_programs`)
   end in BUS_ERROR at the WGEMV's index, with independent work or another WGEMV behind them, and the
   programs after them run clean.
+- ``gemm``: WGEMM on the systolic array (`gemm_programs`): several token tiles, accm, async WGEMMs with
+  passes, a DMA and a WGEMV that meet or follow their rows, ragged rows (a descriptor of 13 rows) and columns
+  (112), several row tiles and column chunks, HALT right behind one; a non-finite input in the second tile,
+  malformed WGEMMs (no tokens, a column-major matrix, groups the scale lanes do not take, ranges past L2) and
+  bus errors on the weights (async and not): DDR and the outcome equal the ISS's.
 - ``compare``: what ``python -m tb.npu`` runs: `tokens` with the float64 golden model, the results written
   to the JSON file ``NPU_RESULT`` instead of asserted.
 """
@@ -40,7 +45,7 @@ from firmware.pack import pack
 from firmware.runtime import CsrBackend, attach_rtl_device, detach_rtl_device
 from hdl import csr_map
 from hdl.config import HardwareConfig
-from hdl.isa import CtrlFunc, DdrRegion, DmaDir, ErrorCode, Opcode, VecFunc, encode
+from hdl.isa import CtrlFunc, DdrRegion, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache, VecFunc, encode
 from sim.config import ModelConfig
 from sim.iss import HARDWARE, ExecutionError, Machine
 from tb.npu.bench import NpuBench, SimDevice
@@ -303,6 +308,125 @@ def hazards_host(device, case, hw, log) -> list[str]:
             failures.append(f"{name}: DDR differs from the ISS: {'; '.join(problems)}")
         log(f"hazards: {name}: {npu.counters}")
     return failures
+
+
+# --- WGEMM on the systolic array ----------------------------------------------------------------------------
+
+def _with_descriptor(image, index, **changes):
+    """The image with descriptor `index` changed in its manifest and in DDR."""
+    d = dataclasses.replace(image.descriptors[index], **changes)
+    img = dataclasses.replace(image, ddr=image.ddr.copy(), descriptors=list(image.descriptors))
+    img.descriptors[index] = d
+    at = img.region("DESC")[0] + 32 * index
+    img.ddr[at:at + 32] = np.frombuffer(d.to_bytes(), np.uint8)
+    return img
+
+
+def gemm_programs(image, hw: HardwareConfig):
+    """(image, name, words, expected (ErrorCode, pc) or None) of directed WGEMM programs (see ``gemm``)."""
+    by = {d.tensor: d for d in image.descriptors if d.kind == 0}
+    q, o, small = (by[f"layers.1.{n}.weight"] for n in ("self_attn.q_proj", "self_attn.o_proj", "laurel.linear_left"))
+    wide, table = by["embed_tokens_per_layer.weight"], by["embed_tokens.weight"]
+    g8 = by["layers.1.laurel.linear_right.weight"]
+    colmajor = next(d for d in image.descriptors if d.kind == 0 and d.layout == 1)
+    assert (q.rows, q.cols, o.rows, o.cols, wide.cols, small.rows) == (128, 64, 64, 128, 112, 8), \
+        "the fixture's tiny shapes changed"
+    assert g8.group != hw.weight_group
+    # a ragged sub-matrix: 13 rows of the embedding table from row 5
+    entry = image.tensors[table.tensor]
+    pcols, ngroups = table.cols + table.cols % 2, -(-table.cols // table.group)
+    ragged = _with_descriptor(image, table.index, rows=13, row_start=5,
+                              weight_offset=entry.offset + 5 * pcols // 2,
+                              scale_offset=entry.scale_offset + 5 * ngroups * 2)
+    setvl = lambda n: _ctrl(CtrlFunc.SETVL, n)
+    wgemm = lambda dst, src, d, t, accm=0, a=1: encode(Opcode.WGEMM, dst=dst, src=src, desc=d.index, tokens=t,
+                                                        accm=accm, async_=a)
+    dma = lambda d, region, l2, off: encode(Opcode.DMA, dir=d, region=region, l2=l2, offset=off, async_=0)
+    load = [setvl(1024), dma(DmaDir.DDR_TO_L2, DdrRegion.CONST, 0, 0)]      # x: L2 words 0..255
+    halt = _ctrl(CtrlFunc.HALT)
+    tiles = load + [
+        wgemm(512, 0, q, 6, a=0),                        # two token tiles (4 + 2): words 512..703
+        wgemm(512, 16, q, 6, accm=1),                    # += the next six tokens' products, async
+        setvl(64), encode(Opcode.VEC, func=VecFunc.ADD, dst=704, a=512, b=512, s=0, async_=0),   # meets its rows
+        setvl(832), dma(DmaDir.L2_TO_DDR, DdrRegion.SCRATCH, 512, 0),              # words 512..719
+        wgemm(720, 0, o, 5),                             # 128 columns: two chunks; 720..799
+        setvl(320), dma(DmaDir.L2_TO_DDR, DdrRegion.LOGITS, 720, 0),              # meets its rows
+        encode(Opcode.WGEMV, dst=800, src=0, desc=small.index, accm=0, findemax=0, sparse=0, async_=1),
+        wgemm(802, 0, ragged.descriptors[table.index], 9, a=0),     # 13 rows, three token tiles: 802..837
+        wgemm(838, 0, small, 1),
+        setvl(160), dma(DmaDir.L2_TO_DDR, DdrRegion.SCRATCH, 800, 208),           # words 800..839
+        wgemm(1024, 0, q, 4), halt,                      # HALT right behind an async WGEMM
+    ]
+    wide_prog = load + [
+        wgemm(512, 0, wide, 3),                          # 256 rows (32 row tiles) x 112 columns: 512..703
+        setvl(768), dma(DmaDir.L2_TO_DDR, DdrRegion.SCRATCH, 512, 0),   # reads its rows: waits
+        halt,
+    ]
+    inf = [encode(Opcode.MEMSET, cache=ShapeCache.SCALAR, slot=1, a=0x7F80, b=0, c=0),
+           encode(Opcode.SCALAR, func=ScalarFunc.ST, d=0, a=1, b=0, imm=5 * 64 + 3)]   # token 5's x[3] = inf
+    bad = lambda *w: load + list(w) + [halt]
+    progs = [
+        (ragged, "WGEMM: token tiles, accm, async hazards, ragged rows", tiles, None),
+        (image, "WGEMM: 32 row tiles, 112 columns", wide_prog, None),
+        (image, "WGEMM: an infinity in the second token tile", load + inf + [wgemm(512, 0, q, 6), halt],
+         (ErrorCode.NON_FINITE, 4)),
+        (image, "WGEMM of no tokens", bad(wgemm(512, 0, q, 0)), (ErrorCode.BAD_LENGTH, 2)),
+        (image, "WGEMM of a column-major matrix", bad(wgemm(512, 0, colmajor, 2)), (ErrorCode.BAD_DESCRIPTOR, 2)),
+        (image, "WGEMM with groups of 8", bad(wgemm(512, 0, g8, 2)), (ErrorCode.BAD_DESCRIPTOR, 2)),
+        (image, "WGEMM source past L2", bad(wgemm(512, 4090, q, 2)), (ErrorCode.ADDRESS_RANGE, 2)),
+        (image, "WGEMM rows past L2", bad(wgemm(4000, 0, q, 6)), (ErrorCode.ADDRESS_RANGE, 2)),
+    ]
+    # bus errors: q_proj's weights outside the DDR window
+    at = image.region("DESC")[0] + 32 * q.index
+    broken = dataclasses.replace(image, ddr=image.ddr.copy())
+    broken.ddr[at:at + 8] = np.frombuffer((q.weight_offset + BAD_WEIGHT_OFFSET).to_bytes(8, "little"), np.uint8)
+    add = encode(Opcode.VEC, func=VecFunc.ADD, dst=900, a=800, b=800, s=0, async_=0)
+    progs += [
+        (broken, "a bus error on an async WGEMM, independent work after it",
+         load + [wgemm(512, 0, q, 3), setvl(64), add, halt], (ErrorCode.BUS_ERROR, 2)),
+        (broken, "a bus error on a WGEMM of two token tiles", load + [wgemm(512, 0, q, 6, a=0), halt],
+         (ErrorCode.BUS_ERROR, 2)),
+    ]
+    return progs, broken
+
+
+def gemm_host(device, case, hw, log) -> list[str]:
+    """Blocking host code of `gemm`; returns the failures (empty: pass)."""
+    image = pack(ModelConfig.from_hf(case.config), case.tensors, hw, max_positions=4)
+    npu = CsrBackend(device)
+    failures = []
+    progs, broken = gemm_programs(image, hw)
+    for img0, name, words, want in progs:
+        m, img, iss = _iss_outcome(img0, hw, words)
+        if img0 is broken and iss is None:
+            iss = want                                  # the ISS does not model bus errors
+        if iss != want:
+            failures.append(f"{name}: the ISS reports {iss}, the test expects {want}")
+        npu.load(img0, _program(words))
+        try:
+            npu.run(0, 0)
+            got = None
+        except ExecutionError as e:
+            got = (e.code, e.pc)
+        if got != want:
+            failures.append(f"{name}: the NPU ended with {got}, expected {want}")
+        problems = check_window(device, iss_ddr(m, img, _program(words)), image.regions)
+        if problems:
+            failures.append(f"{name}: DDR differs from the ISS: {'; '.join(problems)}")
+        log(f"gemm: {name}: {npu.counters}")
+    return failures
+
+
+@cocotb.test()
+async def gemm(dut):
+    hw, seed, npz, _ = params()
+    bench, device = await setup(dut, hw, seed)
+    case = load_npz(npz)
+    failures = await bridge(gemm_host)(device, case, hw, dut._log.info)
+    hi = bench.ddr_base + bench.ddr_size
+    assert all(k == "read" and a >= hi for k, a, _ in bench.faults), \
+        f"expected only the bad descriptor's weight reads outside the window: {bench.faults[:8]}"
+    assert not failures, "\n".join(failures)
 
 
 @cocotb.test()
