@@ -5,6 +5,7 @@ program, the ISA and the packer compute Gemma 3n. Hardware arithmetic is exercis
 counters and error handling here; its accuracy is measured in docs/numerics.md.
 """
 
+import dataclasses
 import numpy as np
 import pytest
 
@@ -232,6 +233,42 @@ def test_wgemm_rejects_zero_tokens_and_column_major():
         m.run([encode(Opcode.WGEMM, dst=0, src=0, desc=colmajor.index, tokens=2, accm=0, async_=0), halt],
               token=0, pos=0)
     assert e.value.code is ErrorCode.BAD_DESCRIPTOR
+
+
+def test_wgemm_group_columns_and_non_finite_tiles():
+    """WGEMM's own checks: groups other than the scale lanes' (BAD_DESCRIPTOR), more columns than the
+    activation memory (BAD_LENGTH), and a non-finite input in token tile 1 (NON_FINITE) with tile 0's rows
+    written and tile 1's untouched (docs/isa.md, WGEMM)."""
+    m, image = machine_for()
+    hw = m.hw
+    halt = encode(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)
+    run = lambda d, **kw: m.run([encode(Opcode.WGEMM, **{"dst": 1024, "src": 0, "desc": d.index, "tokens": 2,
+                                                         "accm": 0, "async_": 0, **kw}), halt], token=0, pos=0)
+    odd = next(d for d in image.descriptors if d.kind == 0 and d.layout == 0 and d.group != hw.weight_group)
+    with pytest.raises(ExecutionError, match="scale lanes take groups") as e:
+        run(odd)
+    assert e.value.code is ErrorCode.BAD_DESCRIPTOR
+    dense = next(d for d in image.descriptors if d.kind == 0 and d.layout == 0 and d.group == hw.weight_group)
+    wide = dataclasses.replace(dense, cols=hw.gemv_max_cols + 1)
+    image.descriptors[dense.index] = wide
+    try:
+        with pytest.raises(ExecutionError, match="exceeds the activation memory") as e:
+            run(wide)
+        assert e.value.code is ErrorCode.BAD_LENGTH
+    finally:
+        image.descriptors[dense.index] = dense
+    R, stride_in, stride_out = hw.systolic_rows, -(-dense.cols // 4), -(-dense.rows // 4)
+    tokens = R + 1
+    m.l2[:] = 0.5
+    m.l2[(R * stride_in) * 4 + 1] = np.inf                     # token R: the first of tile 1
+    before = m.l2.copy()
+    with pytest.raises(ExecutionError, match="token tile 1") as e:
+        run(dense, tokens=tokens)
+    assert e.value.code is ErrorCode.NON_FINITE
+    out = lambda t: slice((1024 + t * stride_out) * 4, (1024 + t * stride_out) * 4 + dense.rows)  # noqa: E731
+    for t in range(R):
+        assert np.all(m.l2[out(t)] != before[out(t)]), f"tile 0, token {t} not written"
+    np.testing.assert_array_equal(m.l2[out(R)], before[out(R)])
 
 
 def test_sparse_wgemv_reads_column_major_weights_and_group_major_scales():
