@@ -4,7 +4,8 @@ sums, binary16 group scales and in-order binary32 accumulation, bit-identical to
 Dataflow (docs/gemv.md has the full design and the measurements)::
 
     i_cmd ─▶ CommandDecoder ─▶ per port p (N = axi_ports copies of EnginePort: one AxiReadDma, activation
-             and exponent memories, used by GemvPort or SparsePort by mode); GemvPort (dense):
+             and exponent memories and one PartAccumulator (IntToFp .. FpAdd), used by GemvPort or
+             SparsePort by mode); GemvPort (dense):
                  tile sequencer ─▶ AxiReadDma ─▶ front end: scale beats ─▶ scale bank
                                               weight beats ─▶ SegmentMac ─▶ isum bank [t, s]
                  back end: isum bank, scale bank, exponents (s-major, t-minor order)
@@ -52,8 +53,8 @@ from .axi import AxiReadDma, AxiReadSignature, read_command_layout, read_data_la
 from .config import HardwareConfig, ceil_log2
 from .fp import F16ToF32, FpAdd, FpLdexp, FpMul, IntToFp
 
-__all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "GemvPort", "SparsePort", "EnginePort",
-           "GemvEngine"]
+__all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "PartAccumulator", "GemvPort",
+           "SparsePort", "EnginePort", "GemvEngine"]
 
 EXP_BITS = 10          # activation block exponents: binary32 inputs give -155..122
 NEG_ZERO = 0x80000000  # -0.0 + x == x for every x (RNE), the identity of the first addition
@@ -284,6 +285,70 @@ def _delay(m, value, n, name):
     return value
 
 
+class PartAccumulator(wiring.Component):
+    """The binary32 side of one port, shared by its dense and sparse back ends: ``part = ldexp(fp32(isum) *
+    fp32(scale), e)`` (`IntToFp` ∥ `F16ToF32`, `FpMul`, `FpLdexp`: the contract's single rounding in the
+    product, the ldexp exact but for subnormal results) and ``sum = y + part`` (`FpAdd`). A free-running
+    pipeline (no backpressure, always enabled).
+
+    Members
+    -------
+    i_valid : In(1); i_isum : In(signed(acc_bits)); i_scale : In(16) (binary16); i_exp : In(signed(EXP_BITS))
+        One part's inputs.
+    i_y : In(32)
+        The binary32 addend of that part, presented `part_latency` cycles after its inputs (so that a sum
+        leaving `o_sum` can be added to again `FpAdd.LATENCY` cycles later).
+    o_valid : Out(1); o_sum : Out(32)
+        ``y + part``, `latency` cycles after the inputs.
+    """
+
+    PART_LATENCY = max(IntToFp.LATENCY, F16ToF32.LATENCY) + FpMul.LATENCY + FpLdexp.LATENCY
+    LATENCY = PART_LATENCY + FpAdd.LATENCY
+
+    def __init__(self, cfg: HardwareConfig):
+        self._cfg = cfg
+        super().__init__({"i_valid": In(1), "i_isum": In(signed(cfg.acc_bits)), "i_scale": In(16),
+                          "i_exp": In(signed(EXP_BITS)), "i_y": In(32), "o_valid": Out(1), "o_sum": Out(32)})
+
+    @property
+    def part_latency(self) -> int:
+        """Cycles from the inputs to the addition (``i_y``)."""
+        return self.PART_LATENCY
+
+    @property
+    def latency(self) -> int:
+        """Cycles from the inputs to ``o_sum``."""
+        return self.LATENCY
+
+    def elaborate(self, platform):
+        m = Module()
+        fadd = FpAdd()
+        fmul, itof, f16, ldx = FpMul(), IntToFp(self._cfg.acc_bits), F16ToF32(), FpLdexp(EXP_BITS)
+        m.submodules += [fadd, fmul, itof, f16, ldx]
+        m.d.comb += [itof.en.eq(1), f16.en.eq(1), fmul.en.eq(1), ldx.en.eq(1), fadd.en.eq(1),
+                     itof.i_valid.eq(self.i_valid), itof.i_a.eq(self.i_isum),
+                     f16.i_valid.eq(self.i_valid), f16.i_a.eq(self.i_scale)]
+        l_conv = max(itof.latency, f16.latency)
+        a_i = _delay(m, itof.o_y, l_conv - itof.latency, "itof")
+        b_s = _delay(m, f16.o_y, l_conv - f16.latency, "f16")
+        v_mul = _delay(m, self.i_valid, l_conv, "valid_conv")
+        m.d.comb += [fmul.i_valid.eq(v_mul), fmul.i_a.eq(a_i), fmul.i_b.eq(b_s)]
+        e_at_ldx = _delay(m, self.i_exp, l_conv + fmul.latency, "exp")
+        v_ldx = _delay(m, v_mul, fmul.latency, "valid_mul")
+        m.d.comb += [ldx.i_valid.eq(v_ldx), ldx.i_a.eq(fmul.o_y), ldx.i_b.eq(e_at_ldx)]
+        v_add = _delay(m, v_ldx, ldx.latency, "valid_ldx")
+        m.d.comb += [fadd.i_valid.eq(v_add), fadd.i_a.eq(self.i_y), fadd.i_b.eq(ldx.o_y),
+                     self.o_valid.eq(fadd.o_valid), self.o_sum.eq(fadd.o_y)]
+        assert l_conv + fmul.latency + ldx.latency == self.PART_LATENCY
+        return m
+
+
+def _part_signature(cfg: HardwareConfig) -> wiring.Signature:
+    """A back end's side of the port's `PartAccumulator` (the exponent comes from the shared memory)."""
+    return wiring.Signature({"valid": Out(1), "isum": Out(signed(cfg.acc_bits)), "scale": Out(16), "y": Out(32),
+                             "sum": In(32)})
+
+
 def _decoded_signature(cfg: HardwareConfig, max_cols: int, max_segments: int) -> wiring.Signature:
     """The decoded command as the ports see it (`CommandDecoder`'s outputs without the ``o_`` prefix)."""
     return wiring.Signature({k: Out(v) for k, v in decoded_shapes(cfg, max_cols, max_segments).items()})
@@ -308,8 +373,10 @@ def _port_members(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dict
 
 def _datapath_members(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dict:
     """The members shared by `GemvPort` and `SparsePort`: start, the decoded command, the port's DMA (command
-    and data streams, busy) and the read ports of its activation and exponent memories (synchronous: the
-    data is the word addressed in the previous cycle), the results and idle."""
+    and data streams, busy), the read port of its activation memory and the address of its exponent memory
+    (synchronous: the data is the word addressed in the previous cycle), its `PartAccumulator` (``fp``: a
+    part's isum and scale in the cycle after the exponent's address, the addend ``y`` `part_latency` cycles
+    later, the ``sum`` `FpAdd.LATENCY` cycles after that), the results and idle."""
     W = cfg.weights_per_beat
     return {
         "i_start": In(1),
@@ -318,7 +385,8 @@ def _datapath_members(cfg: HardwareConfig, max_cols: int, max_segments: int) -> 
         "dma_data": In(stream.Signature(read_data_layout(cfg.axi_data_bits))),
         "i_dma_busy": In(1),
         "o_act_addr": Out(range(max_cols // W)), "i_act_data": In(data.ArrayLayout(signed(cfg.act_bits), W)),
-        "o_exp_addr": Out(range(_exp_depth(cfg, max_cols))), "i_exp_data": In(signed(EXP_BITS)),
+        "o_exp_addr": Out(range(_exp_depth(cfg, max_cols))),
+        "fp": Out(_part_signature(cfg)),
         "o_res": Out(stream.Signature(unsigned(32))),
         "o_idle": Out(1),
     }
@@ -326,16 +394,18 @@ def _datapath_members(cfg: HardwareConfig, max_cols: int, max_segments: int) -> 
 
 class GemvPort(wiring.Component):
     """The dense datapath of one weight port: tile sequencer, front end (scales, MACs), double-buffered
-    isum and scale banks, binary32 back end and a result FIFO. Port `index` of `ports` takes tiles
-    ``index, index + ports, ...``. The DMA and the activation and exponent memories belong to the
-    `EnginePort` (shared with the sparse datapath).
+    isum and scale banks, binary32 back end (its walk, the y registers; the arithmetic is the port's
+    `PartAccumulator`) and a result FIFO. Port `index` of `ports` takes tiles ``index, index + ports, ...``.
+    The DMA, the activation and exponent memories and the `PartAccumulator` belong to the `EnginePort`
+    (shared with the sparse datapath).
 
     Members
     -------
     i_start : In(1)  (one cycle; the decoded command is stable until the port is idle)
     dec : In(the decoder's outputs)
     dma_cmd : Out(stream(read_command_layout)); dma_data : In(stream(read_data_layout)); i_dma_busy : In(1)
-    o_act_addr : Out; i_act_data : In; o_exp_addr : Out; i_exp_data : In: the memories' read ports
+    o_act_addr : Out; i_act_data : In; o_exp_addr : Out: the memories' read ports
+    fp : Out(part signature): the port's `PartAccumulator` (isum, scale, addend y; the sum back)
     o_res : Out(stream(32)): this port's row results, in its row order
     o_idle : Out(1)
     """
@@ -528,10 +598,7 @@ class GemvPort(wiring.Component):
                     m.d.sync += bank_state[b].eq(FULL)
 
         # --- back end -----------------------------------------------------------------------------------
-        fadd = FpAdd()
-        fmul, itof, f16, ldx = FpMul(), IntToFp(cfg.acc_bits), F16ToF32(), FpLdexp(EXP_BITS)
-        m.submodules += [fadd, fmul, itof, f16, ldx]
-        assert T > fadd.latency, f"tile_rows ({T}) must exceed the FpAdd latency ({fadd.latency})"
+        assert T > FpAdd.LATENCY, f"tile_rows ({T}) must exceed the FpAdd latency ({FpAdd.LATENCY})"
         depth = 2 * T
         m.submodules.res = res = fifo.SyncFIFOBuffered(width=32, depth=depth)
         reserved = Signal(range(depth + 1))
@@ -583,34 +650,22 @@ class GemvPort(wiring.Component):
         tag1, half1 = Signal(len(tag)), Signal(range(hpw))
         m.d.sync += [tag1.eq(tag), half1.eq(sidx[:ceil_log2(hpw)] if hpw > 1 else 0)]
         scale_half = scale_r.data.word_select(half1, 16) if hpw > 1 else scale_r.data[:16]
-        m.d.comb += [itof.en.eq(1), f16.en.eq(1), fmul.en.eq(1), ldx.en.eq(1), fadd.en.eq(1),
-                     itof.i_valid.eq(tag1[0]), itof.i_a.eq(isum_r.data),
-                     f16.i_valid.eq(tag1[0]), f16.i_a.eq(scale_half)]
-
-        l_conv = max(itof.latency, f16.latency)
-        a_i = _delay(m, itof.o_y, l_conv - itof.latency, "itof")
-        b_s = _delay(m, f16.o_y, l_conv - f16.latency, "f16")
-        tag2 = _delay(m, tag1, l_conv, "tag_conv")
-        m.d.comb += [fmul.i_valid.eq(tag2[0]), fmul.i_a.eq(a_i), fmul.i_b.eq(b_s)]
-        e1 = Signal(signed(EXP_BITS))
-        m.d.comb += e1.eq(self.i_exp_data)
-        e_at_ldx = _delay(m, e1, l_conv + fmul.latency, "exp")
-        tag3 = _delay(m, tag2, fmul.latency, "tag_mul")
-        m.d.comb += [ldx.i_valid.eq(tag3[0]), ldx.i_a.eq(fmul.o_y), ldx.i_b.eq(e_at_ldx)]
-        tag4 = _delay(m, tag3, ldx.latency, "tag_ldx")
+        fp = self.fp
+        m.d.comb += [fp.valid.eq(tag1[0]), fp.isum.eq(isum_r.data), fp.scale.eq(scale_half)]
+        tag4 = _delay(m, tag1, PartAccumulator.PART_LATENCY, "tag_part")
         # In-order accumulation: y[t] = (first ? -0 : y[t]) + part.
         y = [Signal(32, name=f"y_{t}") for t in range(T)]
         t4 = tag4[3:]
         y_t = Signal(32)
         m.d.comb += y_t.eq(Mux(tag4[1], NEG_ZERO, Cat(*y).word_select(t4, 32)))
-        m.d.comb += [fadd.i_valid.eq(tag4[0]), fadd.i_a.eq(y_t), fadd.i_b.eq(ldx.o_y)]
-        tag5 = _delay(m, tag4, fadd.latency, "tag_add")
-        with m.If(fadd.o_valid):
+        m.d.comb += fp.y.eq(y_t)
+        tag5 = _delay(m, tag4, FpAdd.LATENCY, "tag_add")
+        with m.If(tag5[0]):
             for t in range(T):
                 with m.If(tag5[3:] == t):
-                    m.d.sync += y[t].eq(fadd.o_y)
-        push = fadd.o_valid & tag5[2]
-        m.d.comb += [res.w_en.eq(push), res.w_data.eq(fadd.o_y)]
+                    m.d.sync += y[t].eq(fp.sum)
+        push = tag5[0] & tag5[2]
+        m.d.comb += [res.w_en.eq(push), res.w_data.eq(fp.sum)]
         with m.If(self.i_start):
             m.d.sync += reserved.eq(0)
         with m.Else():
@@ -650,7 +705,7 @@ class SparsePort(wiring.Component):
 
     Members
     -------
-    i_start, dec, dma_cmd, dma_data, i_dma_busy, o_act_addr, i_act_data, o_exp_addr, i_exp_data : as `GemvPort`
+    i_start, dec, dma_cmd, dma_data, i_dma_busy, o_act_addr, i_act_data, o_exp_addr, fp : as `GemvPort`
     o_res : Out(stream(32)): the port's row results, in row order
     o_idle : Out(1)
     """
@@ -841,9 +896,6 @@ class SparsePort(wiring.Component):
             m.d.sync += fe_full.eq(fe_full + 1)
 
         # --- back end --------------------------------------------------------------------------------------
-        fadd = FpAdd()
-        fmul, itof, f16, ldx = FpMul(), IntToFp(cfg.acc_bits), F16ToF32(), FpLdexp(EXP_BITS)
-        m.submodules += [fadd, fmul, itof, f16, ldx]
         depth = 32
         m.submodules.res = res = fifo.SyncFIFOBuffered(width=32, depth=depth)
         pend = Signal(range(depth + 1))              # last-segment results issued, not yet in the FIFO
@@ -887,27 +939,17 @@ class SparsePort(wiring.Component):
         isum1 = Signal(signed(cfg.acc_bits))
         m.d.comb += isum1.eq(Mux(empty1, 0, isum_rb.data[lane1]))
         scale_half = scale_r.data.word_select(half1, 16) if hpw > 1 else scale_r.data[:16]
-        m.d.comb += [itof.en.eq(1), f16.en.eq(1), fmul.en.eq(1), ldx.en.eq(1), fadd.en.eq(1),
-                     itof.i_valid.eq(tag1.valid), itof.i_a.eq(isum1),
-                     f16.i_valid.eq(tag1.valid), f16.i_a.eq(scale_half)]
-        l_conv = max(itof.latency, f16.latency)
-        a_i = _delay(m, itof.o_y, l_conv - itof.latency, "itof")
-        b_s = _delay(m, f16.o_y, l_conv - f16.latency, "f16")
-        tag2 = _delay(m, tag1.as_value(), l_conv, "tag_conv")
-        m.d.comb += [fmul.i_valid.eq(tag2[0]), fmul.i_a.eq(a_i), fmul.i_b.eq(b_s)]
-        e_at_ldx = _delay(m, self.i_exp_data, l_conv + fmul.latency, "exp")
-        tag3 = _delay(m, tag2, fmul.latency, "tag_mul")
-        m.d.comb += [ldx.i_valid.eq(tag3[0]), ldx.i_a.eq(fmul.o_y), ldx.i_b.eq(e_at_ldx)]
-        assert ldx.latency >= 1
-        tag4p = data.View(tag_layout, _delay(m, tag3, ldx.latency - 1, "tag_ldx"))
+        fp = self.fp
+        m.d.comb += [fp.valid.eq(tag1.valid), fp.isum.eq(isum1), fp.scale.eq(scale_half)]
+        assert PartAccumulator.PART_LATENCY >= 1
+        tag4p = data.View(tag_layout, _delay(m, tag1.as_value(), PartAccumulator.PART_LATENCY - 1, "tag_part"))
         tag4 = data.View(tag_layout, _delay(m, tag4p.as_value(), 1, "tag_add"))
         m.d.comb += y_r.addr.eq(tag4p.r)             # y[r] arrives with the part
-        m.d.comb += [fadd.i_valid.eq(tag4.valid), fadd.i_a.eq(Mux(tag4.first, NEG_ZERO, y_r.data)),
-                     fadd.i_b.eq(ldx.o_y)]
-        tag5 = data.View(tag_layout, _delay(m, tag4.as_value(), fadd.latency, "tag_sum"))
-        m.d.comb += [y_w.en.eq(fadd.o_valid & ~tag5.last), y_w.addr.eq(tag5.r), y_w.data.eq(fadd.o_y)]
-        push = fadd.o_valid & tag5.last
-        m.d.comb += [res.w_en.eq(push), res.w_data.eq(fadd.o_y)]
+        m.d.comb += fp.y.eq(Mux(tag4.first, NEG_ZERO, y_r.data))
+        tag5 = data.View(tag_layout, _delay(m, tag4.as_value(), FpAdd.LATENCY, "tag_sum"))
+        m.d.comb += [y_w.en.eq(tag5.valid & ~tag5.last), y_w.addr.eq(tag5.r), y_w.data.eq(fp.sum)]
+        push = tag5.valid & tag5.last
+        m.d.comb += [res.w_en.eq(push), res.w_data.eq(fp.sum)]
         m.d.sync += pend.eq(pend + (issue & row_ok & be_last) - push)
         m.d.comb += [self.o_res.valid.eq(res.r_rdy), self.o_res.p.eq(res.r_data), res.r_en.eq(self.o_res.ready)]
         m.d.comb += self.o_idle.eq(seq_fsm.ongoing("Idle") & ~be_active & ~items.r_rdy & (pend == 0) & ~self.i_dma_busy &
@@ -916,11 +958,12 @@ class SparsePort(wiring.Component):
 
 
 class EnginePort(wiring.Component):
-    """One AXI port of the engine: its read DMA and its activation and exponent memories, shared by the
-    dense (`GemvPort`) and the sparse (`SparsePort`) datapath. Only one mode runs at a time, the one the
-    decoded command selects (``dec.cmd.sparse``, stable while the engine is busy): that datapath gets the
-    start pulse, drives the DMA's commands and the memories' read addresses, takes the DMA's data beats and
-    gives the results; the other one never sees a handshake.
+    """One AXI port of the engine: its read DMA, its activation and exponent memories and its binary32
+    pipeline (`PartAccumulator`), shared by the dense (`GemvPort`) and the sparse (`SparsePort`) datapath.
+    Only one mode runs at a time, the one the decoded command selects (``dec.cmd.sparse``, stable while the
+    engine is busy): that datapath gets the start pulse, drives the DMA's commands, the memories' read
+    addresses and the pipeline's inputs, takes the DMA's data beats and gives the results; the other one never
+    sees a handshake, and its pipeline inputs are ignored.
 
     Members
     -------
@@ -950,9 +993,11 @@ class EnginePort(wiring.Component):
         m.submodules.sparse = sparse = SparsePort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments)
         wiring.connect(m, wiring.flipped(self.dec), dense.dec, sparse.dec)
         sp = self.dec.cmd.sparse
+        m.submodules.part = part = PartAccumulator(cfg)
+        m.d.comb += part.i_exp.eq(exp_r.data)
         for dp in (dense, sparse):
-            m.d.comb += [dp.i_dma_busy.eq(dma.o_busy), dp.i_act_data.eq(act_r.data), dp.i_exp_data.eq(exp_r.data),
-                         dp.dma_data.p.eq(dma.o_data.p)]
+            m.d.comb += [dp.i_dma_busy.eq(dma.o_busy), dp.i_act_data.eq(act_r.data), dp.dma_data.p.eq(dma.o_data.p),
+                         dp.fp.sum.eq(part.o_sum)]
         m.d.comb += [
             dense.i_start.eq(self.i_start & ~sp), sparse.i_start.eq(self.i_start & sp),
             # DMA commands and memory reads from the running datapath.
@@ -961,6 +1006,10 @@ class EnginePort(wiring.Component):
             dense.dma_cmd.ready.eq(dma.i_cmd.ready & ~sp), sparse.dma_cmd.ready.eq(dma.i_cmd.ready & sp),
             act_r.addr.eq(Mux(sp, sparse.o_act_addr, dense.o_act_addr)),
             exp_r.addr.eq(Mux(sp, sparse.o_exp_addr, dense.o_exp_addr)),
+            part.i_valid.eq(Mux(sp, sparse.fp.valid, dense.fp.valid)),
+            part.i_isum.eq(Mux(sp, sparse.fp.isum, dense.fp.isum)),
+            part.i_scale.eq(Mux(sp, sparse.fp.scale, dense.fp.scale)),
+            part.i_y.eq(Mux(sp, sparse.fp.y, dense.fp.y)),
             # DMA data beats to it.
             dense.dma_data.valid.eq(dma.o_data.valid & ~sp), sparse.dma_data.valid.eq(dma.o_data.valid & sp),
             dma.o_data.ready.eq(Mux(sp, sparse.dma_data.ready, dense.dma_data.ready)),

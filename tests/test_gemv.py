@@ -1,13 +1,15 @@
 """GEMV engine parts in the Amaranth simulator: INT4 unpack + W4A8 products + exact segment sums
-(`SegmentMac`) against `sim.numerics` unpacking and NumPy integer sums, and the command decoder against the
-contract's segment, group and row arithmetic. The whole engine runs in the cocotb bench (test_gemv_engine.py)."""
+(`SegmentMac`) against `sim.numerics` unpacking and NumPy integer sums, the command decoder against the
+contract's segment, group and row arithmetic, and the shared binary32 pipeline (`PartAccumulator`) against
+NumPy binary32 arithmetic, the expression `sim.numerics.gemv` uses. The whole engine runs in the cocotb bench
+(test_gemv_engine.py)."""
 
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
 from hdl.config import HardwareConfig
-from hdl.gemv import CommandDecoder, GemvEngine, SegmentMac, command_layout
+from hdl.gemv import EXP_BITS, CommandDecoder, GemvEngine, PartAccumulator, SegmentMac, command_layout
 from sim.numerics import pack_int4, segment_size, unpack_int4
 
 TINY = HardwareConfig.preset("tiny")
@@ -201,3 +203,59 @@ def test_engine_parameter_errors():
         engine_params(TINY, max_cols=1000)
     with pytest.raises(ValueError, match="tile_rows must be a power of two above the FpAdd latency"):
         engine_params(TINY, tile_rows=4)
+
+
+def rtl_part_accumulator(cfg, isum, scale, exp, y, valid):
+    """Feeds one part per cycle (`valid` gaps included) through PartAccumulator, each addend `part_latency`
+    cycles after its part; returns the sums as float32 and the cycles at which they left."""
+    dut = PartAccumulator(cfg)
+    n = len(isum)
+    got, when = [], []
+
+    async def bench(ctx):
+        for k in range(n + dut.latency + 2):
+            if k < n:
+                ctx.set(dut.i_valid, int(valid[k]))
+                ctx.set(dut.i_isum, int(isum[k]))
+                ctx.set(dut.i_scale, int(scale[k:k + 1].view(np.uint16)[0]))
+                ctx.set(dut.i_exp, int(exp[k]))
+            else:
+                ctx.set(dut.i_valid, 0)
+            j = k - dut.part_latency
+            ctx.set(dut.i_y, int(y[j:j + 1].view(np.uint32)[0]) if 0 <= j < n else 0)
+            await ctx.tick()
+            if ctx.get(dut.o_valid):
+                got.append(ctx.get(dut.o_sum))
+                when.append(k + 1)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    return np.array(got, dtype=np.uint32).view(np.float32), when
+
+
+def test_part_accumulator_random():
+    """y + ldexp(fp32(isum) * fp32(scale), e) in binary32, bit for bit: isums up to 2**24 - 1, any finite
+    binary16 scale (subnormal, zero, negative), exponents down to subnormal and zero results, signed-zero
+    addends; results `latency` cycles after their inputs."""
+    cfg = KV260
+    rng = np.random.default_rng(12)
+    n = 400
+    isum = rng.integers(-(1 << 24) + 1, 1 << 24, n) >> rng.integers(0, 24, n)
+    isum[rng.random(n) < 0.05] = 0
+    scale = (rng.standard_normal(n) * np.exp2(rng.integers(-24, 15, n))).astype(np.float16)
+    scale[~np.isfinite(scale)] = 1.0
+    scale[rng.random(n) < 0.05] = np.float16(-0.0)
+    exp = rng.integers(-160, 60, n)
+    exp[rng.random(n) < 0.05] = -(1 << (EXP_BITS - 1))
+    y = (rng.standard_normal(n) * np.exp2(rng.integers(-140, 60, n))).astype(np.float32)
+    y[rng.random(n) < 0.1] = np.float32(-0.0)
+    y[rng.random(n) < 0.1] = np.float32(0.0)
+    valid = rng.random(n) < 0.8
+    got, when = rtl_part_accumulator(cfg, isum, scale, exp, y, valid)
+    with np.errstate(over="ignore"):
+        want = y + np.ldexp(isum.astype(np.float32) * scale.astype(np.float32), exp.astype(np.int32))
+    assert want.dtype == np.float32 and np.all(np.isfinite(want))
+    np.testing.assert_array_equal(got.view(np.uint32), want[valid].view(np.uint32))
+    assert when == [k + PartAccumulator.LATENCY for k in np.flatnonzero(valid)]
