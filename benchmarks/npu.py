@@ -10,6 +10,8 @@
    fit never saw).
 4. Prints E4B on kv260 (300 MHz, 19.2 GB/s peak, the stated efficiencies) with the fitted costs, per unit
    and per instruction class, and writes the tables to ``build/benchmarks/npu.md``.
+
+``--gemm``: only WGEMM on the tiny NPU, against WGEMVs of the same products and against the array's bound.
 """
 
 from __future__ import annotations
@@ -77,13 +79,46 @@ def calibrate(hw: HardwareConfig, npz: Path, tokens: int, seed: int = 1, log=pri
     return rates, rows, val
 
 
+def gemm_table(hw: HardwareConfig, npz: Path, seed: int = 1) -> list[str]:
+    """WGEMM on the tiny NPU (RTL cycles, `tb.npu.calibrate.gemm_programs`) against the same products as
+    WGEMVs and against the array's bound (one k-step per cycle: token tiles x row tiles x padded K)."""
+    __import__("conftest")
+    from tb.npu import npu_verilog
+    with tempfile.TemporaryDirectory() as tmp:
+        res = Path(tmp) / "gemm.json"
+        run(None, verilog=npu_verilog(hw), toplevel="npu", test_module="tb.npu.calibrate",
+            build_name=f"npu_{hw.name}", extra_env={"NPU_HW": hw.name, "SEED": str(seed), "NPU_NPZ": str(npz),
+                                                     "NPU_RESULT": str(res), "NPU_CALIBRATE": "gemm"})
+        got = {r["name"]: r["cycles"] for r in json.loads(res.read_text())}
+    seg = min(hw.weight_group, hw.act_block)
+    out = ["## WGEMM on the systolic array (tiny NPU in Verilator, CYCLES less the activation load)", "",
+           f"Array {hw.systolic_rows} x {hw.systolic_cols} ({2 * hw.systolic_rows * hw.systolic_cols} MACs per "
+           "cycle); bound = token tiles x row tiles x padded K (one k-step per cycle).", "",
+           "| matrix | tokens | WGEMM cycles | bound | of bound | T x WGEMV cycles | WGEMM speed-up |",
+           "|---|---|---|---|---|---|---|"]
+    for name in sorted(k for k in got if k.startswith("wgemm_")):
+        shape, t = name[len("wgemm_"):].rsplit("_t", 1)
+        rows, cols = map(int, shape.split("x"))
+        t = int(t)
+        base = got[f"load_{shape}"]
+        wm, wv = got[name] - base, got[f"wgemv_{shape}_t{t}"] - base
+        bound = -(-t // hw.systolic_rows) * -(-rows // (2 * hw.systolic_cols)) * -(-cols // seg) * seg
+        out.append(f"| {rows} x {cols} | {t} | {wm:,} | {bound:,} | {100 * bound / wm:.0f} % | {wv:,} | "
+                   f"{wv / wm:.2f} |")
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.npu", description=__doc__.splitlines()[0])
     p.add_argument("--npz", default=str(FIXTURE))
     p.add_argument("--tokens", type=int, default=4)
     p.add_argument("--positions", type=int, nargs="+", default=[128, 1024, 4096])
+    p.add_argument("--gemm", action="store_true", help="only the WGEMM table (systolic array in the NPU)")
     args = p.parse_args(argv)
     hw = HardwareConfig.preset("tiny")
+    if args.gemm:
+        print("\n".join(gemm_table(hw, Path(args.npz))))
+        return 0
     rates, rows, val = calibrate(hw, Path(args.npz), args.tokens)
     out = ["## Calibration (tiny NPU in Verilator, CYCLES from START to DONE)", "",
            "| micro-program | measured cycles | fitted model | error |", "|---|---|---|---|"]

@@ -4,7 +4,9 @@ performance model (`firmware.perf.fit_rates`; `python -m benchmarks.npu` runs it
 Every program is run on the RTL (CYCLES from START to DONE) and through the ISS's ``count`` arithmetic (its
 passes and instructions). Each repeats one kind of work `REPS` times at two sizes, so the fit separates the
 fixed cost of a pass from its elements. The results go to the JSON file ``NPU_RESULT``:
-``[{"name", "cycles", "words"}]`` (the host rebuilds the ISS counters from the words).
+``[{"name", "cycles", "words"}]`` (the host rebuilds the ISS counters from the words). With
+``NPU_CALIBRATE=gemm`` the programs are `gemm_programs` instead: WGEMMs of 1, 4 and 8 tokens against the
+same products as WGEMVs.
 """
 
 from __future__ import annotations
@@ -54,18 +56,43 @@ def micro_programs(image, hw: HardwareConfig) -> dict[str, list[int]]:
     return {k: v + [halt] for k, v in progs.items()}
 
 
-def calibrate_host(device, case, hw, log) -> list[dict]:
-    cfg = ModelConfig.from_hf(case.config)
-    image = pack(cfg, case.tensors, hw, max_positions=4)
+def gemm_programs(image, hw: HardwareConfig) -> dict[str, list[int]]:
+    """name -> program: one WGEMM of T tokens, or T WGEMVs (the same products on the GEMV engine), for two
+    matrices (128 x 64: 16 row tiles, one chunk; 64 x 128: 8 row tiles, two chunks)."""
+    by = {d.tensor: d for d in image.descriptors if d.kind == 0}
+    halt = _ctrl(CtrlFunc.HALT)
+    load = [_ctrl(CtrlFunc.SETVL, 1024),
+            encode(Opcode.DMA, dir=DmaDir.DDR_TO_L2, region=DdrRegion.CONST, l2=0, offset=0, async_=0)]
+    progs = {}
+    for name in ("layers.1.self_attn.q_proj.weight", "layers.1.self_attn.o_proj.weight"):
+        d = by[name]
+        ins, outs = -(-d.cols // 4), -(-d.rows // 4)
+        for t in (1, 4, 8):
+            progs[f"wgemm_{d.rows}x{d.cols}_t{t}"] = load + [
+                encode(Opcode.WGEMM, dst=1024, src=0, desc=d.index, tokens=t, accm=0, async_=0), halt]
+            progs[f"wgemv_{d.rows}x{d.cols}_t{t}"] = load + [
+                encode(Opcode.WGEMV, dst=1024 + k * outs, src=k * ins, desc=d.index, accm=0, findemax=0, sparse=0,
+                       async_=0) for k in range(t)] + [halt]
+        progs[f"load_{d.rows}x{d.cols}"] = load + [halt]
+    return progs
+
+
+def _measure(device, image, progs, log) -> list[dict]:
     npu = CsrBackend(device)
     out = []
-    for name, words in micro_programs(image, hw).items():
+    for name, words in progs.items():
         npu.load(image, Program(words=words, steps=[name] * len(words)))
         npu.run(0, 0)
         cycles = npu.csr_read64("CYCLES")
         log(f"calibrate {name}: {cycles} cycles")
         out.append({"name": name, "cycles": cycles, "words": [int(w) for w in words]})
     return out
+
+
+def calibrate_host(device, case, hw, log) -> list[dict]:
+    image = pack(ModelConfig.from_hf(case.config), case.tensors, hw, max_positions=4)
+    progs = gemm_programs(image, hw) if bench_env("NPU_CALIBRATE", "micro") == "gemm" else micro_programs(image, hw)
+    return _measure(device, image, progs, log)
 
 
 @cocotb.test()
