@@ -42,9 +42,10 @@ from amaranth import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["QNAN", "QNAN16", "FpAdd", "FpMul", "IntToFp", "F16ToF32", "F32ToF16", "FpLdexp"]
+__all__ = ["QNAN", "QNAN16", "NEG_ZERO", "FpAdd", "FpMul", "IntToFp", "F16ToF32", "F32ToF16", "FpLdexp"]
 
 QNAN = 0x7FC00000
+NEG_ZERO = 0x80000000   # -0.0: x + -0.0 == x exactly for every x (RNE), an adder's identity
 """The canonical quiet NaN every primitive returns for a NaN result."""
 
 QNAN16 = 0x7E00

@@ -55,15 +55,14 @@ from amaranth.lib.wiring import In, Out
 
 from .axi import AxiReadDma, AxiReadSignature
 from .config import HardwareConfig, ceil_log2
-from .fp import FpAdd
+from .fp import NEG_ZERO, FpAdd
+from .gemv import LEN_BITS
 from .l2 import cmd_layout, l2_geometry
 from .quant import act_write_layout, exp_write_layout
 from .systolic import EXP_BITS, EngineGeometry, SystolicEngine
 
 __all__ = ["GemmUnit", "gemm_command_layout", "chunk_columns"]
 
-LEN_BITS = 24
-NEG_ZERO = 0x80000000        # -0 + y == y exactly: the adder's identity without accm
 
 
 def gemm_command_layout(hw: HardwareConfig) -> data.StructLayout:
@@ -108,6 +107,34 @@ def _expect_fifo(m, name, layout, depth):
     q = fifo.SyncFIFOBuffered(width=data.Layout.cast(layout).size, depth=depth)
     m.submodules[name] = q
     return q, data.View(layout, q.r_data)
+
+
+class _Banks:
+    """Two buffer banks passed from a loader (claims one, then fills it), a receiver (marks it complete) and a
+    reader (empties it, which frees it). ``claimed(b)``, ``complete(b)``: the bank's state; ``take(b)``,
+    ``done(b)``, ``free(b)``: the three parties' one-cycle pulses (comb statements in the current context)."""
+
+    def __init__(self, m, name):
+        self._m = m
+        self._claim, self._full = Signal(2, name=f"{name}_claim"), Signal(2, name=f"{name}_full")
+        self._take, self._set, self._free = (Signal(2, name=f"{name}_{k}") for k in ("take", "set", "free"))
+        m.d.sync += [self._claim.eq((self._claim | self._take) & ~self._free),
+                     self._full.eq((self._full | self._set) & ~self._free)]
+
+    claimed = lambda self, b: self._claim.bit_select(b, 1)      # noqa: E731
+    complete = lambda self, b: self._full.bit_select(b, 1)      # noqa: E731
+
+    def _pulse(self, sig, b):
+        self._m.d.comb += sig.eq(Mux(b, 0b10, 0b01))
+
+    def take(self, b):
+        self._pulse(self._take, b)
+
+    def done(self, b):
+        self._pulse(self._set, b)
+
+    def free(self, b):
+        self._pulse(self._free, b)
 
 
 class GemmUnit(wiring.Component):
@@ -278,11 +305,7 @@ class GemmUnit(wiring.Component):
         m.submodules.scale_mem = scale_mem = Memory(shape=unsigned(C2 * 16), depth=2 * max_groups, init=[])
         sc_w = scale_mem.write_port(granularity=16)
         sc_r = scale_mem.read_port()
-        s_claim, s_full = Signal(2), Signal(2)
-        s_free = Signal(2)                            # pulses from the reader: bank done
-        s_set = Signal(2)                             # pulses from the receiver: bank complete
-        s_take = Signal(2)                            # pulses from the loader: bank claimed
-        m.d.sync += [s_claim.eq((s_claim | s_take) & ~s_free), s_full.eq((s_full | s_set) & ~s_free)]
+        sbanks = _Banks(m, "s")
         # loader
         sl_run = sequencer("sload")
         sl_bank, sl_row, sl_tile = Signal(), Signal(range(C2 + 1)), Signal.like(ntiles)
@@ -292,8 +315,8 @@ class GemmUnit(wiring.Component):
         sx, sx_v = _expect_fifo(m, "sexp", expect, exp_depth)
         with m.If(go):
             m.d.sync += [sl_row.eq(0), sl_tile.eq(0), sl_addr.eq(c.sbase), sl_r.eq(0), sl_active.eq(0)]
-        with m.If(sl_run & ~go & ~sl_active & ~s_claim.bit_select(sl_bank, 1)):
-            m.d.comb += s_take.eq(Mux(sl_bank, 0b10, 0b01))
+        with m.If(sl_run & ~go & ~sl_active & ~sbanks.claimed(sl_bank)):
+            sbanks.take(sl_bank)
             m.d.sync += sl_active.eq(1)
         s_nbytes = ngroups << 1
         real = sl_r < c.rows
@@ -323,7 +346,7 @@ class GemmUnit(wiring.Component):
             m.d.comb += sx.r_en.eq(1)
             m.d.sync += sr_beat.eq(0)
             with m.If(sx_v.last):
-                m.d.comb += s_set.eq(Mux(sr_bank, 0b10, 0b01))
+                sbanks.done(sr_bank)
                 m.d.sync += sr_bank.eq(~sr_bank)
         m.d.comb += sdma.o_data.ready.eq(sx.r_rdy & ~head_done & ~sr_have)
         with m.If(sdma.o_data.valid & sdma.o_data.ready):
@@ -344,14 +367,14 @@ class GemmUnit(wiring.Component):
         srd_bank, srd_g, srd_tile = Signal(), Signal(range(max_groups + 1)), Signal.like(ntiles)
         with m.If(go):
             m.d.sync += [srd_bank.eq(0), srd_g.eq(0), srd_tile.eq(0)]
-        m.d.comb += [s_issue.eq(srd_run & ~go & s_room & s_full.bit_select(srd_bank, 1)),
+        m.d.comb += [s_issue.eq(srd_run & ~go & s_room & sbanks.complete(srd_bank)),
                      sc_r.addr.eq(Cat(srd_g[:ceil_log2(max_groups)] if max_groups > 1 else Const(0, 0), srd_bank)),
                      sq.w_data.eq(sc_r.data),
                      eng.i_scale.valid.eq(sq.r_rdy), eng.i_scale.p.eq(sq.r_data), sq.r_en.eq(eng.i_scale.ready)]
         with m.If(s_issue):
             m.d.sync += srd_g.eq(srd_g + 1)
             with m.If(srd_g == ngroups - 1):
-                m.d.comb += s_free.eq(Mux(srd_bank, 0b10, 0b01))
+                sbanks.free(srd_bank)
                 m.d.sync += [srd_g.eq(0), srd_bank.eq(~srd_bank), srd_tile.eq(srd_tile + 1)]
                 with m.If(srd_tile == ntiles - 1):
                     m.d.sync += srd_run.eq(0)
@@ -432,9 +455,7 @@ class GemmUnit(wiring.Component):
             mem = Memory(shape=unsigned(4 * W), depth=2 * CB, init=[])
             m.submodules[f"w{p}_row{i}"] = mem
             mems.append((mem.write_port(), mem.read_port()))
-        claim, full = Signal(2, name=f"w{p}_claim"), Signal(2, name=f"w{p}_full")
-        take, setb, free = Signal(2, name=f"w{p}_take"), Signal(2, name=f"w{p}_set"), Signal(2, name=f"w{p}_free")
-        m.d.sync += [claim.eq((claim | take) & ~free), full.eq((full | setb) & ~free)]
+        banks = _Banks(m, f"w{p}")
         # DMA commands: per tile, per chunk, per row
         run = sequencer(f"wload{p}")
         bank = Signal(name=f"w{p}_lbank")
@@ -451,8 +472,8 @@ class GemmUnit(wiring.Component):
         with m.If(go):
             m.d.sync += [bank.eq(0), row.eq(0), tile.eq(0), koff.eq(0), active.eq(0),
                          taddr.eq(first_addr), raddr.eq(first_addr), r0.eq(p * RP), r.eq(p * RP)]
-        with m.If(run & ~go & ~active & ~claim.bit_select(bank, 1)):
-            m.d.comb += take.eq(Mux(bank, 0b10, 0b01))
+        with m.If(run & ~go & ~active & ~banks.claimed(bank)):
+            banks.take(bank)
             m.d.sync += active.eq(1)
         rem = row_bytes - koff
         nbytes = Mux(rem > KC // 2, KC // 2, rem)
@@ -486,7 +507,7 @@ class GemmUnit(wiring.Component):
             m.d.comb += x.r_en.eq(1)
             m.d.sync += rbeat.eq(0)
             with m.If(xv.last):
-                m.d.comb += setb.eq(Mux(rbank, 0b10, 0b01))
+                banks.done(rbank)
                 m.d.sync += rbank.eq(~rbank)
         m.d.comb += dma.o_data.ready.eq(x.r_rdy & ~hdone)
         got = dma.o_data.valid & dma.o_data.ready
@@ -504,7 +525,7 @@ class GemmUnit(wiring.Component):
         ktile = Signal.like(ntiles, name=f"w{p}_ktile")
         with m.If(go):
             m.d.sync += [kb.eq(0), k.eq(0), kc0.eq(0), ktile.eq(0)]
-        m.d.comb += issue.eq(rd_run & ~go & room & full.bit_select(kb, 1))
+        m.d.comb += issue.eq(rd_run & ~go & room & banks.complete(kb))
         kin = k - kc0                                                           # within the chunk
         for _, rp in mems:
             m.d.comb += rp.addr.eq(Cat((kin >> ceil_log2(W))[:lcb] if CB > 1 else Const(0, 0), kb))
@@ -524,7 +545,7 @@ class GemmUnit(wiring.Component):
             m.d.sync += k.eq(k + SPB)
             end_chunk = (kin + SPB == KC) | (k + SPB == kpad)
             with m.If(end_chunk):
-                m.d.comb += free.eq(Mux(kb, 0b10, 0b01))
+                banks.free(kb)
                 m.d.sync += [kb.eq(~kb), kc0.eq(k + SPB)]
             with m.If(k + SPB == kpad):
                 m.d.sync += [k.eq(0), kc0.eq(0), ktile.eq(ktile + 1)]

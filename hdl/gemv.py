@@ -51,13 +51,12 @@ from amaranth.lib.wiring import In, Out
 
 from .axi import AxiReadDma, AxiReadSignature, read_command_layout, read_data_layout
 from .config import HardwareConfig, ceil_log2
-from .fp import F16ToF32, FpAdd, FpLdexp, FpMul, IntToFp
+from .fp import NEG_ZERO, F16ToF32, FpAdd, FpLdexp, FpMul, IntToFp
 
 __all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "PartAccumulator", "GemvPort",
            "SparsePort", "EnginePort", "GemvEngine"]
 
 EXP_BITS = 10          # activation block exponents: binary32 inputs give -155..122
-NEG_ZERO = 0x80000000  # -0.0 + x == x for every x (RNE), the identity of the first addition
 LEN_BITS = 24          # DMA command byte counts
 
 

@@ -30,7 +30,7 @@ from amaranth.lib.wiring import In, Out
 from hdl.isa import CvoFunc, VecFunc
 from sim import sfu as model
 
-from .fp import QNAN, FpAdd, FpLdexp, FpMul, _Pipe
+from .fp import NEG_ZERO, QNAN, FpAdd, FpLdexp, FpMul, _Pipe
 
 __all__ = ["Flow", "SegmentPoly", "Recip", "FlowUnit", "SfuOp", "op_of", "command_layout", "Sfu",
            "recip_flow", "sqrt_flow", "exp_flow", "tanh_flow", "trig_flow", "gelu_flow"]
@@ -43,7 +43,6 @@ def _f32_bits(x) -> int:
 ONE = _f32_bits(1.0)
 INF = 0x7F800000
 NEG_INF = 0xFF800000
-NEG_ZERO = 0x80000000
 
 
 class Flow:

@@ -31,7 +31,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .config import HardwareConfig
-from .fp import F16ToF32, FpAdd, FpLdexp, FpMul, IntToFp
+from .fp import NEG_ZERO, F16ToF32, FpAdd, FpLdexp, FpMul, IntToFp
 
 __all__ = ["tag_layout", "row_layout", "res_layout", "step_layout", "pack_pair", "extract_pair", "SystolicPE",
            "NaivePE", "SystolicColumn", "Skew", "SystolicArray", "NaiveArray", "ScaleLane", "SystolicEngine",
@@ -39,7 +39,6 @@ __all__ = ["tag_layout", "row_layout", "res_layout", "step_layout", "pack_pair",
 
 P_BITS = 48          # DSP48E2 accumulator
 EXP_BITS = 9         # activation block exponents: [-155, 122] (sim.systolic.EXP_BITS)
-NEG_ZERO = 0x8000_0000
 
 # What travels with the last k-step of a segment (through the rows, into the drain, into the lanes):
 # which hold bank has this segment's exponents and scales, whether the segment starts/ends its tile, and

@@ -404,28 +404,27 @@ def gemm_host(device, case, hw, log) -> list[str]:
     return run_directed(device, hw, progs, broken, log, "gemm")
 
 
-@cocotb.test()
-async def gemm(dut):
+async def _directed(dut, host):
+    """Run a directed-program host (`gemm_host`, `hazards_host`: each includes programs whose weights lie
+    outside the DDR window) and check its failures and the bench's out-of-window accesses."""
     hw, seed, npz, _ = params()
     bench, device = await setup(dut, hw, seed)
     case = load_npz(npz)
-    failures = await bridge(gemm_host)(device, case, hw, dut._log.info)
-    hi = bench.ddr_base + bench.ddr_size
-    assert all(k == "read" and a >= hi for k, a, _ in bench.faults), \
-        f"expected only the bad descriptor's weight reads outside the window: {bench.faults[:8]}"
-    assert not failures, "\n".join(failures)
-
-
-@cocotb.test()
-async def hazards(dut):
-    hw, seed, npz, _ = params()
-    bench, device = await setup(dut, hw, seed)
-    case = load_npz(npz)
-    failures = await bridge(hazards_host)(device, case, hw, dut._log.info)
+    failures = await bridge(host)(device, case, hw, dut._log.info)
     hi = bench.ddr_base + bench.ddr_size
     assert bench.faults and all(k == "read" and a >= hi for k, a, _ in bench.faults), \
         f"expected only the bad descriptor's weight reads outside the window: {bench.faults[:8]}"
     assert not failures, "\n".join(failures)
+
+
+@cocotb.test()
+async def gemm(dut):
+    await _directed(dut, gemm_host)
+
+
+@cocotb.test()
+async def hazards(dut):
+    await _directed(dut, hazards_host)
 
 
 @cocotb.test()
