@@ -34,6 +34,10 @@ the rows the engine has yet to write waits until they are written; the next WGEM
 and HALT wait for it. The results are therefore those of sequential execution (the ISS) for any program. An
 async WGEMV that fails (a bus error on its weights) is reported at the next instruction boundary, FENCE or
 HALT, with ERROR_PC = the WGEMV's index; instructions issued after it may have run.
+
+WGEMM runs per token tile of ``systolic_rows`` tokens: a quantiser pass per token into the GEMM unit
+(`hdl.gemm`), then the tile takes the engine's place above (its output rows are the running range); the
+last tile may retire at once with ``async_``, the others are waited for.
 """
 
 from __future__ import annotations
@@ -115,7 +119,8 @@ class Controller(wiring.Component):
     o_error_code : Out(ErrorCode); o_error_pc : Out(PC_BITS)
     o_retire : Out(1)                    pulse per executed instruction
     o_unit_busy : Out(StructLayout)      gemv, sfu, attn, dma, issue_wait: per-cycle activity for counters
-    m_gemv<p> : Out(AxiReadSignature)    the GEMV engine's weight readers
+    m_gemv<p> : Out(AxiReadSignature)    the weight readers: the GEMV engine's, or the GEMM unit's on the
+                                         first ``wgt_ports + 1`` while a WGEMM tile runs
     m_rd : Out(AxiReadSignature)         the DdrReader (descriptors, DMA, GATHER, K/V rows)
     m_wr : Out(AxiWriteSignature)        the DdrWriter (DMA to DDR, KVST)
     """
