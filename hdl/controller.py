@@ -118,7 +118,7 @@ class Controller(wiring.Component):
     o_busy, o_done, o_error : Out(1)     o_done / o_error stay until the next start
     o_error_code : Out(ErrorCode); o_error_pc : Out(PC_BITS)
     o_retire : Out(1)                    pulse per executed instruction
-    o_unit_busy : Out(StructLayout)      gemv, sfu, attn, dma, issue_wait: per-cycle activity for counters
+    o_unit_busy : Out(StructLayout)      gemv, gemm, sfu, attn, dma, issue_wait: per-cycle activity for counters
     m_gemv<p> : Out(AxiReadSignature)    the weight readers: the GEMV engine's, or the GEMM unit's on the
                                          first ``wgt_ports + 1`` while a WGEMM tile runs
     m_rd : Out(AxiReadSignature)         the DdrReader (descriptors, DMA, GATHER, K/V rows)
@@ -134,7 +134,8 @@ class Controller(wiring.Component):
             "i_token": In(32), "i_pos": In(32), "i_desc_count": In(32),
             "o_stop": Out(1), "o_busy": Out(1), "o_done": Out(1), "o_error": Out(1),
             "o_error_code": Out(ErrorCode), "o_error_pc": Out(PC_BITS), "o_retire": Out(1),
-            "o_unit_busy": Out(data.StructLayout({"gemv": 1, "sfu": 1, "attn": 1, "dma": 1, "issue_wait": 1})),
+            "o_unit_busy": Out(data.StructLayout({"gemv": 1, "gemm": 1, "sfu": 1, "attn": 1, "dma": 1,
+                                                  "issue_wait": 1})),
             "m_rd": Out(AxiReadSignature.from_config(hw)),
             "m_wr": Out(AxiWriteSignature.from_config(hw)),
         }
@@ -1169,7 +1170,8 @@ class Controller(wiring.Component):
 
         # --- activity for the counters ----------------------------------------------------------------
         m.d.comb += [
-            self.o_unit_busy.gemv.eq(gemv.o_busy | gemm.o_busy),
+            self.o_unit_busy.gemv.eq(gemv.o_busy),
+            self.o_unit_busy.gemm.eq(gemm.o_busy),
             self.o_unit_busy.sfu.eq(active & ~p_bypass),
             self.o_unit_busy.dma.eq(ddr_rd.o_busy | ddr_wr.o_busy),
             self.o_unit_busy.attn.eq(busy & (op == Opcode.ATTN)),

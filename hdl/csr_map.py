@@ -59,7 +59,7 @@ STATUS_BUSY, STATUS_DONE, STATUS_ERROR = 1 << 0, 1 << 1, 1 << 2
 COUNTERS = (
     ("CYCLES", "cycles from START to DONE (or ERROR)"),
     ("INSNS", "instructions retired"),
-    ("GEMV_BUSY", "cycles the GEMV engine computed"),
+    ("GEMV_BUSY", "cycles the GEMV engine computed (WGEMV)"),
     ("GEMV_STALL", "cycles the GEMV engine had work but waited for weight beats"),
     ("SFU_BUSY", "cycles the SFU/vector unit computed"),
     ("ATTN_BUSY", "cycles the attention unit computed"),
@@ -67,6 +67,7 @@ COUNTERS = (
     ("ISSUE_STALL", "cycles the issue stage waited on a hazard or a busy unit"),
     ("BYTES_READ", "bytes read from DDR, all ports"),
     ("BYTES_WRITTEN", "bytes written to DDR, all ports"),
+    ("GEMM_BUSY", "cycles the GEMM unit (systolic array) held a WGEMM token tile"),
 )
 
 

@@ -31,14 +31,14 @@ from amaranth.lib.wiring import In, Out
 from .axi import AxiReadArbiter, AxiReadSignature, AxiSignature, AxiWriteSignature
 from .config import HardwareConfig
 from .controller import REGIONS, Controller
+from . import csr_map
 from .csr import AxiLiteSignature, CsrBlock, port_name
 from .csr_map import ISA_VERSION, NPU_ID, by_name
 from .fetch import Fetch
 
 __all__ = ["Npu", "COUNTERS"]
 
-COUNTERS = ("CYCLES", "INSNS", "GEMV_BUSY", "GEMV_STALL", "SFU_BUSY", "ATTN_BUSY", "DMA_BUSY", "ISSUE_STALL",
-            "BYTES_READ", "BYTES_WRITTEN")
+COUNTERS = tuple(name for name, _ in csr_map.COUNTERS)
 
 
 def preset_hash(hw: HardwareConfig) -> int:
@@ -148,6 +148,7 @@ class Npu(wiring.Component):
             "ISSUE_STALL": u.issue_wait & running,
             "BYTES_READ": beats_r * B,
             "BYTES_WRITTEN": bytes_w,
+            "GEMM_BUSY": u.gemm,
         }
         for name in COUNTERS:
             c = Signal(64, name=f"cnt_{name.lower()}")

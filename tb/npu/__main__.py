@@ -20,8 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-COUNTER_COLUMNS = ("CYCLES", "INSNS", "GEMV_BUSY", "GEMV_STALL", "SFU_BUSY", "ATTN_BUSY", "DMA_BUSY",
-                   "ISSUE_STALL", "BYTES_READ", "BYTES_WRITTEN")
+from hdl import csr_map
+
+COUNTER_COLUMNS = tuple(name for name, _ in csr_map.COUNTERS)
 
 
 def simulate(npz: Path, tokens: int, hw_name: str, seed: int) -> dict:

@@ -45,7 +45,8 @@ from firmware.pack import pack
 from firmware.runtime import CsrBackend, attach_rtl_device, detach_rtl_device
 from hdl import csr_map
 from hdl.config import HardwareConfig
-from hdl.isa import CtrlFunc, DdrRegion, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache, VecFunc, encode
+from hdl.isa import (CtrlFunc, DdrRegion, DecodeError, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache, VecFunc,
+                     decode, encode)
 from sim.config import ModelConfig
 from sim.iss import HARDWARE, ExecutionError, Machine
 from tb.npu.bench import NpuBench, SimDevice
@@ -305,8 +306,27 @@ def run_directed(device, hw, cases, broken, log, tag) -> list[str]:
         problems = check_window(device, iss_ddr(m, img, _program(words)), img0.regions)
         if problems:
             failures.append(f"{name}: DDR differs from the ISS: {'; '.join(problems)}")
+        failures += [f"{name}: {p}" for p in _unit_counter_problems(words, npu.counters, got is None)]
         log(f"{tag}: {name}: {npu.counters}")
     return failures
+
+
+def _unit_counter_problems(words, counters, completed) -> list[str]:
+    """The GEMV and GEMM busy counters against the program: zero for a unit no instruction uses, and non-zero
+    for the GEMM unit when a WGEMM of at least one token ran in a program that completed."""
+    ops = []
+    for w in words:
+        try:
+            ops.append(decode(w))
+        except DecodeError:
+            pass
+    problems = []
+    for unit, op in (("GEMV_BUSY", Opcode.WGEMV), ("GEMM_BUSY", Opcode.WGEMM)):
+        if not any(i.op == op for i in ops) and counters[unit]:
+            problems.append(f"{unit} = {counters[unit]} with no {op.name} in the program")
+    if completed and any(i.op == Opcode.WGEMM and i.tokens for i in ops) and not counters["GEMM_BUSY"]:
+        problems.append("GEMM_BUSY = 0 after a WGEMM ran")
+    return problems
 
 
 def hazards_host(device, case, hw, log) -> list[str]:
