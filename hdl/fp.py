@@ -13,7 +13,8 @@ Components
 ----------
 `FpAdd` (a + b), `FpMul` (a * b), `IntToFp(width)` (signed integer -> binary32), `F16ToF32` (binary16 ->
 binary32, exact), `F32ToF16` (binary32 -> binary16, RNE), `FpLdexp(exp_width)` (a * 2**k, exactly
-``np.ldexp`` on float32).
+``np.ldexp`` on float32), `IntScaleMul(int_bits)` (integer times binary16 scale, the fused and bit-identical
+form of ``FpMul(IntToFp(x), F16ToF32(s))`` for integers of at most 25 bits).
 
 Arithmetic: round to nearest, ties to even; subnormal inputs and outputs are fully supported (no flush to
 zero); overflow rounds to ±inf; x + (-x) = +0; (-0) + (-0) = -0. Every NaN result is the canonical quiet
@@ -33,7 +34,7 @@ holds at most one of: an 8-10 bit exponent add/compare, a 31-bit magnitude compa
 3-5 LUT levels or one CARRY8 chain, which is the usual budget for 300 MHz. `FpMul`'s 24x24 significand
 product is written as a plain multiply followed by two register stages, so Yosys/Vivado map it to two
 DSP48E2 (27x18 each) with the product pipeline registers (MREG/PREG) absorbed. Latencies: FpAdd 6,
-FpMul 6, IntToFp 4, F16ToF32 4, F32ToF16 3, FpLdexp 4 (see each class).
+FpMul 6, IntToFp 4, F16ToF32 4, F32ToF16 3, FpLdexp 4, IntScaleMul 6 (see each class).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from amaranth import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["QNAN", "QNAN16", "NEG_ZERO", "FpAdd", "FpMul", "IntToFp", "F16ToF32", "F32ToF16", "FpLdexp"]
+__all__ = ["QNAN", "QNAN16", "NEG_ZERO", "FpAdd", "FpMul", "IntToFp", "F16ToF32", "F32ToF16", "FpLdexp",
+           "IntScaleMul", "INT_SCALE_MAX_BITS"]
 
 QNAN = 0x7FC00000
 NEG_ZERO = 0x80000000   # -0.0: x + -0.0 == x exactly for every x (RNE), an adder's identity
@@ -414,6 +416,113 @@ class F32ToF16(_Unary):
             m.d.comb += y.eq(Cat(Const(0x7C00, 15), s["sign"]))
         with m.Else():
             m.d.comb += y.eq(Cat(packed[:15], s["sign"]))
+        y = p.stage(y=y)["y"]
+        _finish(m, self, p, y)
+        return m
+
+
+INT_SCALE_MAX_BITS = 25
+"""The widest integer `IntScaleMul` takes: every 25-bit signed integer (magnitude at most 2**24) is exact in
+binary32, which is what makes the fused product equal to ``FpMul(IntToFp(x), F16ToF32(s))``."""
+
+
+class IntScaleMul(_Binary):
+    """``fp32(x) * fp32(s)`` for a signed `int_bits`-bit integer ``x = i_a[:int_bits]`` and a binary16 scale
+    ``s = i_b[:16]``, RNE: bit-identical to ``FpMul(IntToFp(int_bits)(x), F16ToF32(s))`` (and to NumPy
+    ``np.float32(x) * np.float32(np.float16(s))``; NaN results are `QNAN`), in one multiply. Latency 6.
+
+    Why one rounding is enough: for ``int_bits <= 25`` the conversion ``fp32(x)`` is exact (|x| <= 2**24)
+    and ``fp32(s)`` is always exact, so the binary32 product is the exact integer product
+    ``|x| * significand(s)`` (at most ``int_bits - 1 + 11`` bits) rounded once. Its value is at least
+    ``2**-24`` (the smallest binary16 subnormal) and below ``2**24 * 2**16``, so it is always a normal
+    binary32 number: no subnormal result, no overflow. Specials follow FpMul: a NaN scale or ``0 * inf``
+    gives `QNAN`; ``x * inf`` is ±inf; a zero product is a signed zero, ``sign(x) ^ sign(s)`` with
+    ``fp32(0) = +0`` (so ``0 * -1.0 = -0.0``).
+
+    Stages: (1) |x| (one carry chain), binary16 decode and the special cases; (2, 3) the unsigned
+    ``(int_bits) x 11``-bit product, written as a plain multiply followed by a register so that it maps to
+    one DSP48E2 with its M and P registers; (4) leading-zero count of the product; (5) the normalising
+    left shift and the binary32 exponent (an 8-bit add), in parallel; (6) the RNE increment on the packed
+    ``exponent << 23 | fraction`` word (a carry out of the fraction walks into the exponent) and the
+    special-case select. Products of at most 24 bits (``int_bits <= 14``) are exact: stage 6 then has no
+    adder.
+
+    Parameters
+    ----------
+    int_bits : width of the signed integer, 2..25 (`INT_SCALE_MAX_BITS`). A wider integer could round in
+        ``fp32(x)``, and a fused product would then differ from the two-rounding composition.
+    """
+
+    LATENCY = 6
+
+    def __init__(self, int_bits: int):
+        if isinstance(int_bits, bool) or not isinstance(int_bits, int) or not 2 <= int_bits <= INT_SCALE_MAX_BITS:
+            self._MustUse__silence = True
+            raise ValueError(f"IntScaleMul int_bits must be an integer 2..{INT_SCALE_MAX_BITS} (an integer exact "
+                             f"in binary32), not {int_bits!r}")
+        self._int_bits = int_bits
+        super().__init__()
+
+    @property
+    def int_bits(self) -> int:
+        return self._int_bits
+
+    @property
+    def product_bits(self) -> int:
+        """Width of the exact integer product |x| * significand: |x| <= 2**(int_bits-1), significand < 2**11."""
+        return self._int_bits + 10
+
+    def elaborate(self, platform):
+        m = Module()
+        p = _Pipe(m, self.en, self.i_valid)
+        n, pw = self._int_bits, self.product_bits
+        # Stage 1: magnitude and sign of x (|-2**(n-1)| = 2**(n-1) still fits n unsigned bits); binary16
+        # fields; special cases.
+        x = self.i_a[:n].as_signed()
+        mag = Signal(n)
+        m.d.comb += mag.eq(Mux(x < 0, -x, x))
+        h = self.i_b[:16]
+        e, f = h[10:15], h[:10]
+        inf_s = (e == 31) & (f == 0)
+        nan = ((e == 31) & (f != 0)) | (inf_s & (x == 0))
+        s = p.stage(sign=(x < 0) ^ h[15], mag=mag, sig=Cat(f, e != 0), eff=Mux(e == 0, 1, e),
+                    special=e == 31, nan=nan)
+        # Stages 2, 3: the exact product (DSP48E2 M and P registers).
+        prod = Signal(pw)
+        m.d.comb += prod.eq(s["mag"] * s["sig"])
+        s = p.stage(sign=s["sign"], prod=prod, eff=s["eff"], special=s["special"], nan=s["nan"])
+        s = p.stage(**s)
+        # Stage 4: leading zeros. The product's value is prod * 2**(eff - 25).
+        lz, zero = _lzc(s["prod"])
+        lzr = Signal(range(pw))
+        m.d.comb += lzr.eq(lz)
+        s = p.stage(sign=s["sign"], prod=s["prod"], lz=lzr, zero=zero, eff=s["eff"], special=s["special"],
+                    nan=s["nan"])
+        # Stage 5: normalise (hidden bit to the MSB) and the biased exponent of that MSB:
+        # 127 + (pw - 1 - lz) + (eff - 25), which lies in [103, 167] for a non-zero product.
+        norm = Signal(pw)
+        exp = Signal(8)
+        m.d.comb += [norm.eq(s["prod"] << s["lz"]), exp.eq(s["eff"] + (pw + 101) - s["lz"])]
+        s = p.stage(sign=s["sign"], norm=norm, exp=exp, zero=s["zero"], special=s["special"], nan=s["nan"])
+        # Stage 6: round to nearest even and pack. The 23 fraction bits sit below the hidden bit.
+        norm = s["norm"]
+        if pw <= 24:
+            frac = Cat(Const(0, 24 - pw), norm[:pw - 1])
+            packed = Cat(frac, s["exp"])
+        else:
+            frac = norm[pw - 24:pw - 1]
+            rnd = norm[pw - 25]
+            rest = norm[:pw - 25].any() if pw > 25 else Const(0, 1)
+            inc = rnd & (rest | frac[0])
+            packed = Signal(31)
+            m.d.comb += packed.eq(Cat(frac, s["exp"]) + inc)
+        y = Signal(32)
+        with m.If(s["special"]):
+            m.d.comb += y.eq(Mux(s["nan"], QNAN, Cat(Const(_INF, 31), s["sign"])))
+        with m.Elif(s["zero"]):
+            m.d.comb += y.eq(Cat(Const(0, 31), s["sign"]))
+        with m.Else():
+            m.d.comb += y.eq(Cat(packed, s["sign"]))
         y = p.stage(y=y)["y"]
         _finish(m, self, p, y)
         return m

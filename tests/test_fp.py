@@ -8,9 +8,12 @@ holds. NaN results are compared by NaN-ness (the RTL returns the canonical QNAN)
 
 import numpy as np
 import pytest
+from amaranth import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
-from hdl.fp import QNAN, QNAN16, F16ToF32, F32ToF16, FpAdd, FpLdexp, FpMul, IntToFp
+from hdl.fp import QNAN, QNAN16, F16ToF32, F32ToF16, FpAdd, FpLdexp, FpMul, IntScaleMul, IntToFp
 
 CORNERS = np.array([
     0x00000000, 0x80000000,                 # ±0
@@ -35,8 +38,11 @@ def bits(x):
 
 def simulate(dut, a, b=None, *, en_prob=1.0, seed=0):
     """Push `a` (and `b`) through `dut`, one vector per enabled cycle; return the outputs in order."""
-    a = [int(v) for v in np.asarray(a, dtype=np.uint64)]
-    b = None if b is None else [int(v) for v in np.asarray(b, dtype=np.uint64)]
+    def ints(v):        # lists pass through (wide words of several lanes are Python ints)
+        return [int(w) for w in (v if isinstance(v, list) else np.asarray(v, dtype=np.uint64))]
+    wide = isinstance(a, list)
+    a = ints(a)
+    b = None if b is None else ints(b)
     rng = np.random.default_rng(seed)
     out = []
     first = []
@@ -69,7 +75,7 @@ def simulate(dut, a, b=None, *, en_prob=1.0, seed=0):
     sim.run()
     if en_prob >= 1:
         assert first == [dut.latency], f"first result after {first} cycles, latency says {dut.latency}"
-    return np.array(out, dtype=np.uint32)
+    return out if wide else np.array(out, dtype=np.uint32)
 
 
 def check(got, want):
@@ -242,3 +248,156 @@ def test_f32_to_f16_every_boundary_verilator():
     from tb.runner import run
     run(F32ToF16Lanes(4), toplevel="f32_to_f16", test_module="tb.ddrio.test_f32_to_f16",
         extra_env={"VECTORS": "100000", "SEED": "5"})
+
+
+
+# --- IntScaleMul: integer x binary16 scale, fused --------------------------------------------------------
+# Golden: the composition the unit replaces, FpMul(IntToFp(x), F16ToF32(s)), whose bit-exact model is NumPy
+# float32 (the tests above): np.float32(x) * np.float32(np.float16(s)), NaN results the canonical QNAN.
+# Integer widths the users instantiate: 4 (hdl.ddrio INT4), 16 (tiny: systolic field, GEMV segment sums) and
+# 18 (kv260: both); 25 is the widest allowed.
+
+
+class _IntScaleLanes(wiring.Component):
+    """`lanes` IntScaleMul units side by side on shared en/valid: pysim's cost is mostly per cycle, so
+    many vectors per cycle make the exhaustive scale sweeps affordable."""
+
+    def __init__(self, int_bits, lanes):
+        self.int_bits, self.lanes = int_bits, lanes
+        self.latency = IntScaleMul.LATENCY
+        super().__init__({"en": In(1), "i_valid": In(1), "i_a": In(32 * lanes), "i_b": In(16 * lanes),
+                          "o_valid": Out(1), "o_y": Out(32 * lanes)})
+
+    def elaborate(self, platform):
+        m = Module()
+        for i in range(self.lanes):
+            u = m.submodules[f"u{i}"] = IntScaleMul(self.int_bits)
+            m.d.comb += [u.en.eq(self.en), u.i_valid.eq(self.i_valid), u.i_a.eq(self.i_a[32 * i:32 * i + 32]),
+                         u.i_b.eq(self.i_b[16 * i:16 * i + 16]), self.o_y[32 * i:32 * i + 32].eq(u.o_y)]
+        m.d.comb += self.o_valid.eq(m.submodules["u0"].o_valid)
+        return m
+
+
+def _pack_lanes(v, lanes, width):
+    return [sum(int(w) << (width * i) for i, w in enumerate(row)) for row in np.asarray(v).reshape(-1, lanes)]
+
+
+def rtl_int_scale(int_bits, x, h, *, lanes=16, en_prob=1.0, seed=0):
+    """IntScaleMul(int_bits) on integers `x` and binary16 bit patterns `h`, `lanes` units in parallel."""
+    x, h = np.asarray(x, np.int64), np.asarray(h, np.int64)
+    n = len(x)
+    pad = -n % lanes
+    xs = np.concatenate([x, np.zeros(pad, np.int64)]) & ((1 << int_bits) - 1)
+    hs = np.concatenate([h, np.zeros(pad, np.int64)]) & 0xFFFF
+    words = simulate(_IntScaleLanes(int_bits, lanes), _pack_lanes(xs, lanes, 32), _pack_lanes(hs, lanes, 16),
+                     en_prob=en_prob, seed=seed)
+    return np.array([(w >> (32 * i)) & 0xFFFFFFFF for w in map(int, words) for i in range(lanes)],
+                    np.uint32)[:n]
+
+
+def int_scale_want(x, h):
+    with np.errstate(all="ignore"):
+        return np.asarray(x, np.int64).astype(np.float32) * \
+            (np.asarray(h, np.int64) & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+def int_scale_directed(int_bits):
+    """0, ±1, ±2, both extremes, ±2**k and ±(2**k - 1) for every k that fits."""
+    lo, hi = -(1 << (int_bits - 1)), (1 << (int_bits - 1)) - 1
+    v = {0, 1, -1, 2, -2, lo, hi, lo + 1, hi - 1}
+    for k in range(1, int_bits):
+        v |= {1 << k, -(1 << k), (1 << k) - 1, -((1 << k) - 1), (1 << k) + 1, -((1 << k) + 1)}
+    return np.array(sorted(x for x in v if lo <= x <= hi), np.int64)
+
+
+def int_scale_ties(int_bits, rng, n):
+    """Integer magnitudes and odd normal binary16 significands whose exact product lies exactly halfway
+    between two binary32 neighbours. The product ``k * sig`` (both odd) has exactly 25 bits, so its kept 24
+    bits are followed by a lone 1; ``(k << j) * sig`` is then a tie too. Random k give both parities of the
+    kept LSB (ties to even rounds half of them up). Needs int_bits >= 16 (k has 14 or 15 bits)."""
+    sig = rng.integers(1024, 2048, n, dtype=np.int64) | 1
+    k = rng.integers(-(-(1 << 24) // sig), ((1 << 25) - 1) // sig + 1, dtype=np.int64) | 1
+    k = np.where(k * sig >= 1 << 25, k - 2, k)
+    kb = np.array([int(v).bit_length() for v in k])
+    ok = kb <= int_bits - 1
+    sig, k, kb = sig[ok], k[ok], kb[ok]
+    j = np.array([rng.integers(0, int_bits - b) for b in kb], np.int64)
+    mag = k << j
+    mag = np.where(mag > 1 << (int_bits - 1), k, mag)
+    for mg, sg in zip(mag.tolist(), sig.tolist()):            # the construction, checked exactly
+        p = mg * sg
+        tail = p.bit_length() - 24
+        assert tail >= 1 and p & ((1 << tail) - 1) == 1 << (tail - 1), (mg, sg)
+    return mag, sig
+
+
+def int_scale_pairs_to_bits(mag, sig, rng):
+    """Random signs on the integers; binary16 patterns with significand `sig` (normal), random sign and
+    exponent."""
+    x = np.where(rng.random(len(mag)) < 0.5, -mag, mag)
+    h = (rng.integers(0, 2, len(sig)) << 15) | (rng.integers(1, 31, len(sig)) << 10) | (sig - 1024)
+    return x, h
+
+
+@pytest.mark.parametrize("int_bits", [4, 16, 18])
+def test_int_scale_mul_every_scale(int_bits):
+    """Every one of the 65,536 binary16 patterns (zeros, subnormals, normals, infinities, every NaN) times
+    two integers of the directed set each (in rotation, so each directed integer meets ~65536 * 2 / len
+    scales), plus the special and subnormal-edge scales times the whole directed set."""
+    d = int_scale_directed(int_bits)
+    h_all = np.arange(1 << 16, dtype=np.int64)
+    idx = np.arange(1 << 16)
+    x_rot = np.concatenate([d[idx % len(d)], d[(idx * 7 + len(d) // 2) % len(d)]])
+    h_rot = np.concatenate([h_all, h_all])
+    edges = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x83FF, 0x0400, 0x8400, 0x3C00, 0xBC00, 0x7BFF,
+                      0xFBFF, 0x7C00, 0xFC00, 0x7C01, 0xFE00, 0x7E00, 0x7FFF], np.int64)
+    xe, he = np.meshgrid(d, edges)
+    x = np.concatenate([x_rot, xe.ravel()])
+    h = np.concatenate([h_rot, he.ravel()])
+    check(rtl_int_scale(int_bits, x, h), int_scale_want(x, h))
+
+
+@pytest.mark.parametrize("int_bits", [16, 18, 25])
+def test_int_scale_mul_ties_and_random(int_bits):
+    """Round-to-even ties at the 24-bit boundary, their neighbours one unit either side, seeded random
+    integer x binary16 pairs (all bit patterns) and random integers times every significand (normal and
+    subnormal, random exponents)."""
+    rng = np.random.default_rng(100 + int_bits)
+    mag, sig = int_scale_ties(int_bits, rng, 1500)
+    assert len(mag) > 1000
+    mag = np.concatenate([mag, mag - 1, mag + 1])
+    sig = np.concatenate([sig, sig, sig])
+    xt, ht = int_scale_pairs_to_bits(mag, sig, rng)
+    lo, hi = -(1 << (int_bits - 1)), 1 << (int_bits - 1)
+    xr = rng.integers(lo, hi, 4000, dtype=np.int64)
+    hr = rng.integers(0, 1 << 16, 4000, dtype=np.int64)
+    sig_all = np.arange(2048, dtype=np.int64)                 # hidden bit + fraction, 0..1023 subnormal
+    hs = (rng.integers(0, 2, 2048) << 15) | np.where(sig_all >= 1024, rng.integers(1, 31, 2048) << 10, 0) | \
+        (sig_all & 0x3FF)
+    xs = rng.integers(lo, hi, 2048, dtype=np.int64)
+    x = np.concatenate([xt, xr, xs])
+    h = np.concatenate([ht, hr, hs])
+    check(rtl_int_scale(int_bits, x, h), int_scale_want(x, h))
+
+
+def test_int_scale_mul_enable_holds_every_stage():
+    rng = np.random.default_rng(23)
+    x = rng.integers(-(1 << 17), 1 << 17, 1600, dtype=np.int64)
+    h = rng.integers(0, 1 << 16, 1600, dtype=np.int64)
+    check(rtl_int_scale(18, x, h, lanes=4, en_prob=0.6, seed=5), int_scale_want(x, h))
+
+
+def test_int_scale_mul_single_unit_latency():
+    """One unit on its own (the plain `simulate` harness checks the first result's cycle against LATENCY)."""
+    x = np.array([0, 1, -1, 5, -(1 << 24), (1 << 24) - 1, 3, 0], np.int64)
+    h = np.array([0xBC00, 0x8000, 0x0001, 0x7C00, 0x3C01, 0x7BFF, 0x7E01, 0xFC00], np.int64)
+    got = simulate(IntScaleMul(25), x & ((1 << 25) - 1), h)
+    check(got, int_scale_want(x, h))
+    # A few results spelled out: 0 * -1.0 = -0.0, 1 * -0.0 = -0.0, 0 * -inf = NaN.
+    assert got[0] == 0x80000000 and got[1] == 0x80000000 and got[-1] == QNAN
+
+
+def test_int_scale_mul_rejects_inexact_widths():
+    for bad in (1, 26, 32, True, 8.0):
+        with pytest.raises(ValueError, match=f"IntScaleMul int_bits must be an integer 2..25 .*not {bad!r}"):
+            IntScaleMul(bad)
