@@ -38,10 +38,12 @@ from hdl.config import HardwareConfig
 from sim.config import ModelConfig
 
 __all__ = ["Rates", "TokenEstimate", "Schedule", "estimate", "cycles_of", "schedule", "features", "fit_rates",
-           "main", "PASS_KINDS"]
+           "main", "PASS_KINDS", "FITTED", "Wgemm", "GemmGeometry", "wgemm_cost", "wgemm_bounds", "PrefillEstimate",
+           "prefill"]
 
 DDR_PEAK_BYTES_PER_S = 19.2e9          # KV260: DDR4-2400, 64 bit (shared/reference/perf-anchors.md)
 PASS_KINDS = ("sfu", "reduce", "copy", "ddr_read", "ddr_write")
+DESC_ELEMENTS = 8                      # a descriptor load: one DDR read pass of 8 words (sim.iss._count_passes)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,10 @@ class Rates:
     ddr_write_pass: float = 14.7       # ... of a DDR write (until the last response)
     alu_op: float = 8.7                # a scalar-ALU add or multiply
     gemv_fixed: float = 88.4           # per WGEMV beyond its bytes
+    # WGEMM (`wgemm_cost`), fitted to the RTL cycles of docs/systolic.md's table (tiny NPU)
+    gemm_quant: float = 29.9           # per token's quantiser pass beyond its elements (start, block latency, lanes)
+    gemm_tile: float = 70.9            # per token tile: unit start, first DDR latency, engine latency, hand-off
+    gemm_row: float = 8.9              # per token row of a row tile beyond its elements: the L2 row command
 
 
 @dataclass
@@ -90,8 +96,122 @@ def _stream_rate(hw: HardwareConfig, rates: Rates) -> float:
     return min(beat_rate * rates.gemv_efficiency, ddr_rate)
 
 
-def cycles_of(counters, hw: HardwareConfig, rates: Rates) -> tuple[dict, dict]:
-    """(cycles per unit, cycles per opcode) of one run whose `counters` the ISS recorded."""
+# --- WGEMM ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Wgemm:
+    """One WGEMM instruction: `tokens` token vectors through a `rows` x `cols` row-major weight matrix."""
+    rows: int
+    cols: int
+    tokens: int
+
+    def __post_init__(self):
+        for name in ("rows", "cols", "tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"Wgemm.{name} must be a positive integer, not {v!r}")
+
+
+@dataclass(frozen=True)
+class GemmGeometry:
+    """The sizes of the GEMM unit that its cycles depend on, from `HardwareConfig` (hdl/gemm.py, hdl/systolic.py)."""
+    R: int          # token rows of the array (systolic_rows): tokens per tile
+    C2: int         # output rows per row tile (2 x systolic_cols)
+    seg: int        # k-steps of a segment (the reduction is padded to whole segments)
+    ports: int      # weight ports (the scales use one more)
+    rp: int         # rows per weight port in a row tile
+    kc: int         # columns per row and chunk (one DMA transfer per row and chunk)
+    beat: int       # bytes per AXI beat
+    max_tokens: int  # tokens one WGEMM instruction carries (its `tokens` field)
+
+    @classmethod
+    def of(cls, hw: HardwareConfig) -> "GemmGeometry":
+        from hdl.gemm import chunk_columns
+        from hdl.isa import FORMATS, Opcode
+        from hdl.systolic import EngineGeometry
+        g = EngineGeometry(hw)
+        width = next(f.width for f in FORMATS[Opcode.WGEMM] if f.name == "tokens")
+        return cls(R=g.rows, C2=2 * g.cols, seg=g.seg, ports=g.wgt_ports, rp=2 * g.cols // g.wgt_ports,
+                   kc=chunk_columns(hw), beat=hw.bytes_per_beat, max_tokens=(1 << width) - 1)
+
+
+def _wgemm_bytes(g: Wgemm, hw: HardwareConfig) -> int:
+    """Weight + scale bytes of one pass over the matrix (what `sim.iss` counts per token tile)."""
+    return g.rows * (g.cols + g.cols % 2) // 2 + g.rows * -(-g.cols // hw.weight_group) * 2
+
+
+def _wgemm_terms(g: Wgemm, hw: HardwareConfig, rates: Rates):
+    """One WGEMM's cycles as ``known + sum(coef[k] * rates.k)`` (the form `fit_rates` needs), and the cycles of
+    its last token tile (what an async WGEMM leaves running). Each `max` below is resolved at `rates`.
+
+    Per instruction: its descriptor load (a DDR read pass of 8 elements; `issue` comes from the instruction
+    count). Per token tile of n <= R tokens (hdl/controller.py WM_T .. WM_G, one tile after another):
+    n quantiser passes (``cols`` elements at one per cycle + `gemm_quant`), then the GEMM unit
+    (hdl/gemm.py): `gemm_tile` + the first chunk's fetch (not overlapped), then per row tile j of 2C rows
+    ``max(kpad, fetch_j, out_{j-1})`` (the array's k-steps; the weight port's beats of the tile's chunks, the
+    scale port's, the tile's bytes at the DDR rate; the previous row tile's output, which drains while this
+    one computes), then the last row tile's output. The output of a row tile of ``nr`` rows is
+    ``n * (nr + gemm_row) + (R - n)`` cycles: one element per cycle and a row command per token row, one
+    cycle per padding row."""
+    geo = GemmGeometry.of(hw)
+    if g.cols > hw.gemv_max_cols:
+        raise ValueError(f"a WGEMM of {g.cols} columns exceeds the GEMM unit's activation memory "
+                         f"({hw.gemv_max_cols} columns)")
+    port = rates.gemv_efficiency                                   # beats per cycle a read DMA sustains
+    ddr = DDR_PEAK_BYTES_PER_S * rates.ddr_efficiency / hw.clock_hz
+    kpad = -(-g.cols // geo.seg) * geo.seg
+    row_bytes = (g.cols + 1) // 2
+    half = geo.kc // 2
+    chunks = [min(half, row_bytes - off) for off in range(0, row_bytes, half)]
+    beats_row = sum(-(-b // geo.beat) for b in chunks)              # one transfer per row and chunk
+    scale_beats_row = -(-(-(-g.cols // hw.weight_group) * 2) // geo.beat)
+    rt = -(-g.rows // geo.C2)
+    coef: Counter = Counter({"ddr_read_pass": 1})                  # the descriptor (+ DESC_ELEMENTS)
+    known = 0.0
+    last = 0.0
+    for t0 in range(0, g.tokens, geo.R):
+        n = min(geo.R, g.tokens - t0)
+        tk, tc = float(n * g.cols), Counter({"gemm_quant": n, "gemm_tile": 1})
+        tk += min(geo.rp, g.rows) * -(-chunks[0] // geo.beat) / port
+        prev_out = None
+        for j in range(rt):
+            nr = min(geo.C2, g.rows - j * geo.C2)
+            fetch = max(min(geo.rp, nr) * beats_row, nr * scale_beats_row) / port
+            fetch = max(fetch, (nr * (row_bytes + 2 * -(-g.cols // hw.weight_group))) / ddr)
+            out = (n * (nr + rates.gemm_row) + (geo.R - n), n * nr + (geo.R - n), n)   # (cycles, known, rows)
+            stage = max(kpad, fetch)
+            if prev_out is not None and prev_out[0] > stage:
+                tk, tc["gemm_row"] = tk + prev_out[1], tc["gemm_row"] + prev_out[2]
+            else:
+                tk += stage
+            prev_out = out
+        tk, tc["gemm_row"] = tk + prev_out[1], tc["gemm_row"] + prev_out[2]
+        known += tk
+        coef.update(tc)
+        last = tk + sum(v * getattr(rates, k) for k, v in tc.items())
+    return known, coef, last
+
+
+def wgemm_cost(g: Wgemm, hw: HardwareConfig, rates: Rates = Rates()) -> float:
+    """Cycles of one WGEMM on the NPU, without its `issue` (`_wgemm_terms`)."""
+    known, coef, _ = _wgemm_terms(g, hw, rates)
+    return known + DESC_ELEMENTS / rates.elements_per_cycle + sum(v * getattr(rates, k) for k, v in coef.items())
+
+
+def wgemm_bounds(g: Wgemm, hw: HardwareConfig, rates: Rates = Rates()) -> tuple[float, float]:
+    """(array bound, weight-stream bound) in cycles: one k-step per cycle over token tiles x row tiles x padded
+    K; the matrix's bytes once per token tile at the DDR's rate (peak x ``ddr_efficiency``)."""
+    geo = GemmGeometry.of(hw)
+    tiles = -(-g.tokens // geo.R)
+    array = tiles * -(-g.rows // geo.C2) * -(-g.cols // geo.seg) * geo.seg
+    stream = tiles * _wgemm_bytes(g, hw) / (DDR_PEAK_BYTES_PER_S * rates.ddr_efficiency / hw.clock_hz)
+    return float(array), stream
+
+
+def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dict, dict]:
+    """(cycles per unit, cycles per opcode) of one run whose `counters` the ISS recorded; `gemms` are the run's
+    WGEMMs (`Wgemm`: the ISS counts their instructions and bytes, not their shapes): unit ``gemm`` (the
+    quantiser passes and the GEMM unit), their descriptor loads in ``ddr_read``."""
     ins = counters.instructions
     n_wgemv = sum(v for k, v in ins.items() if k == "WGEMV")
     per_kind = {k: getattr(rates, f"{k}_pass") for k in PASS_KINDS}
@@ -104,8 +224,16 @@ def cycles_of(counters, hw: HardwareConfig, rates: Rates) -> tuple[dict, dict]:
     weights = counters.gemv_bytes / _stream_rate(hw, rates) + n_wgemv * rates.gemv_fixed
     units["weights"] += weights
     by_op["WGEMV"] += weights
+    gemm_bytes = 0
+    for g in gemms:
+        desc = rates.ddr_read_pass + DESC_ELEMENTS / rates.elements_per_cycle
+        cost = wgemm_cost(g, hw, rates)
+        units["ddr_read"] += desc
+        units["gemm"] += cost - desc
+        by_op["WGEMM"] += cost
+        gemm_bytes += -(-g.tokens // hw.systolic_rows) * _wgemm_bytes(g, hw)
     # the DDR movers share port 0 with the fetch: their bytes take at least the DDR time
-    other = counters.total_read() + sum(counters.bytes_written.values()) - counters.gemv_bytes
+    other = counters.total_read() + sum(counters.bytes_written.values()) - counters.gemv_bytes - gemm_bytes
     ddr_rate = min(hw.bytes_per_beat, DDR_PEAK_BYTES_PER_S * rates.ddr_efficiency / hw.clock_hz)
     moved = units["ddr_read"] + units["ddr_write"]
     if moved < other / ddr_rate:
@@ -150,7 +278,11 @@ def schedule(machine, words, hw: HardwareConfig, rates: Rates, *, token: int, po
 
     def trace(pc, insn, m):
         cur = m.counters
-        units, by_op = cycles_of(_minus(cur, state["prev"]), hw, rates)
+        gemms = []
+        if insn.op is Opcode.WGEMM:
+            d = m.image.descriptors[insn.desc]
+            gemms = [Wgemm(d.rows, d.cols, insn.tokens)]
+        units, by_op = cycles_of(_minus(cur, state["prev"]), hw, rates, gemms)
         state["prev"] = _copy(cur)
         out.units.update(units)
         out.by_opcode.update(by_op)
@@ -166,6 +298,18 @@ def schedule(machine, words, hw: HardwareConfig, rates: Rates, *, token: int, po
                 g_end = t + stream
             else:
                 t += stream
+        elif insn.op is Opcode.WGEMM:
+            # token tiles one after another; with async_ the last one runs on beside later instructions
+            t = max(t, g_end)
+            last = _wgemm_terms(gemms[0], hw, rates)[2] if insn.async_ else 0.0
+            t += front - last
+            if insn.async_:
+                d, R = gemms[0], hw.systolic_rows
+                stride = -(-d.rows // 4) * 4
+                n_last = d.tokens - (d.tokens - 1) // R * R
+                lo = insn.dst * 4 + (d.tokens - n_last) * stride
+                state["g"] = (lo, lo + (n_last - 1) * stride + d.rows)
+                g_end = t + last
         elif insn.op is Opcode.CTRL and insn.func in (CtrlFunc.FENCE, CtrlFunc.HALT):
             t = max(t, g_end) + front
         else:
@@ -180,33 +324,54 @@ def schedule(machine, words, hw: HardwareConfig, rates: Rates, *, token: int, po
     return out
 
 
-def features(counters, hw: HardwareConfig, rates: Rates) -> dict:
-    """The coefficients of each fitted cost in a run's cycle count (`fit_rates`): cycles = sum(f * cost)."""
-    f = {"issue": sum(counters.instructions.values()), "alu_op": counters.alu_ops,
-         "gemv_fixed": counters.instructions.get("WGEMV", 0)}
+def features(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> dict:
+    """The coefficients of each fitted cost in a run's cycle count (`fit_rates`): cycles = sum(f * cost), plus
+    the cycles at known rates (``_elements``, ``_streaming``, ``_gemm``). A WGEMM's coefficients depend on which
+    term of each of its `max`es wins, resolved at `rates` (`_wgemm_terms`)."""
+    f = Counter({"issue": sum(counters.instructions.values()), "alu_op": counters.alu_ops,
+                 "gemv_fixed": counters.instructions.get("WGEMV", 0)})
     for k in PASS_KINDS:
         f[f"{k}_pass"] = sum(n for (op, kind), n in counters.passes.items() if kind == k)
     elements = sum(counters.pass_elements.values())
     streaming = counters.gemv_bytes / _stream_rate(hw, rates)
-    return f | {"_elements": elements, "_streaming": streaming}
+    known = 0.0
+    for g in gemms:
+        k, coef, _ = _wgemm_terms(g, hw, rates)
+        known += k
+        elements += DESC_ELEMENTS
+        f.update(coef)
+    return dict(f) | {"_elements": elements, "_streaming": streaming, "_gemm": known}
 
 
-def fit_rates(samples, hw: HardwareConfig, base: Rates = Rates(),
-              fit=("issue", "sfu_pass", "reduce_pass", "copy_pass", "ddr_read_pass", "ddr_write_pass", "alu_op",
-                   "gemv_fixed")) -> Rates:
-    """Least-squares costs from RTL runs: `samples` = [(counters, measured_cycles)]; elements move at
-    `base.elements_per_cycle` and weights at `base`'s streaming rate (both measured separately). Costs that no
-    sample exercises keep their `base` value."""
-    rows, rhs = [], []
-    for counters, cycles in samples:
-        f = features(counters, hw, base)
-        rows.append([f[k] for k in fit])
-        rhs.append(cycles - f["_elements"] / base.elements_per_cycle - f["_streaming"])
-    a, b = np.array(rows, float), np.array(rhs, float)
-    used = np.any(a != 0, axis=0)
-    sol = np.linalg.lstsq(a[:, used], b, rcond=None)[0]
-    values = dict(zip([k for k, u in zip(fit, used) if u], sol))
-    return replace(base, **{k: float(v) for k, v in values.items()})
+FITTED = ("issue", "sfu_pass", "reduce_pass", "copy_pass", "ddr_read_pass", "ddr_write_pass", "alu_op", "gemv_fixed",
+          "gemm_quant", "gemm_tile", "gemm_row")
+
+
+def fit_rates(samples, hw: HardwareConfig, base: Rates = Rates(), fit=FITTED, iterations: int = 20) -> Rates:
+    """Least-squares costs from RTL runs: `samples` = [(counters, measured_cycles)] or [(counters,
+    measured_cycles, wgemms)]; elements move at `base.elements_per_cycle` and weights at `base`'s streaming
+    rate (both measured separately); costs not in `fit` count at their `base` value. Costs that no sample
+    exercises keep their `base` value. A WGEMM's
+    features depend on the costs (which term of a `max` wins), so the fit is repeated with its own result until
+    the features stop changing."""
+    rates = base
+    for _ in range(iterations):
+        rows, rhs = [], []
+        for sample in samples:
+            counters, cycles, gemms = sample if len(sample) == 3 else (*sample, ())
+            f = features(counters, hw, rates, gemms)
+            rows.append([f.get(k, 0) for k in fit])
+            fixed = sum(v * getattr(base, k) for k, v in f.items() if not k.startswith("_") and k not in fit)
+            rhs.append(cycles - f["_elements"] / base.elements_per_cycle - f["_streaming"] - f["_gemm"] - fixed)
+        a, b = np.array(rows, float), np.array(rhs, float)
+        used = np.any(a != 0, axis=0)
+        sol = np.linalg.lstsq(a[:, used], b, rcond=None)[0]
+        values = dict(zip([k for k, u in zip(fit, used) if u], sol))
+        new = replace(base, **{k: float(v) for k, v in values.items()})
+        if new == rates:
+            break
+        rates = new
+    return rates
 
 
 def estimate(cfg: ModelConfig, hw: HardwareConfig, positions: list[int], rates: Rates = Rates()) \
@@ -229,11 +394,111 @@ def estimate(cfg: ModelConfig, hw: HardwareConfig, positions: list[int], rates: 
     return out
 
 
+# --- prefill (a model estimate: the compiler emits no prefill program) ------------------------------------------
+
+@dataclass
+class PrefillEstimate:
+    """T prompt tokens: the decode program's projections as WGEMMs over token tiles, everything else of each
+    token as the decode model costs it at that token's position, the output section once (the last token's
+    logits). A model estimate from WGEMM/WGEMV costs, not a compiled program."""
+    tokens: int
+    clock_hz: float
+    gemm: float = 0.0             # cycles of the projection WGEMMs (all layers, all tokens)
+    rest: float = 0.0             # the other per-token work of the T tokens (attention, norms, SFU, sparse WGEMV)
+    head: float = 0.0             # the output section once: AltUp unembed, final norm, LM head, soft-cap
+    array_bound: float = 0.0      # the projections at one k-step per cycle (token tiles x row tiles x padded K)
+    stream_bound: float = 0.0     # the projections' bytes once per token tile at the DDR rate
+    decode: float = 0.0           # the same T tokens decoded one by one (the decode model at each position)
+    projections: int = 0          # projection matrices per token (WGEMMs of T tokens each)
+
+    @property
+    def cycles(self) -> float:
+        return self.gemm + self.rest + self.head
+
+    @property
+    def seconds(self) -> float:
+        return self.cycles / self.clock_hz
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def _over_positions(cost, tokens: int, breaks) -> float:
+    """sum(cost(p) for p in range(tokens)) for a cost that is affine between the positions in `breaks` (a
+    sliding window of w keys: n = min(p + 1, w) bends at p = w - 1) from a few evaluations."""
+    cuts = sorted({b for b in breaks if 0 <= b < tokens - 1})
+    total, a = 0.0, 0
+    for b in cuts + [tokens - 1]:
+        total += (b - a + 1) * (cost(a) + cost(b)) / 2 if b > a else cost(a)
+        a = b + 1
+    return total
+
+
+def prefill(cfg: ModelConfig, hw: HardwareConfig, tokens: list[int], rates: Rates = Rates()) \
+        -> list[PrefillEstimate]:
+    """Prefill estimates for prompts of each length in `tokens` (`PrefillEstimate`). The projections are the
+    decode program's dense row-major WGEMVs before its output section (firmware/compiler.py: PLE and AltUp
+    projections, q/k/v/o, LAuReL, gate/up/down of dense layers, the router, the per-layer gate and projection);
+    the column-major W_down of sparse layers (which WGEMM cannot read) stays a per-token sparse WGEMV."""
+    from hdl.isa import CtrlFunc, Opcode, decode, encode
+    from sim.iss import COUNT, Machine
+    from .compiler import compile_token
+    from .pack import pack
+
+    image = pack(cfg, None, hw, max_positions=max(tokens) + 1, fill=False)
+    program = compile_token(cfg, image, hw)
+    nop, halt = encode(Opcode.CTRL, func=CtrlFunc.NOP, imm=0), encode(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)
+    body, headless, shapes = [], [], []        # the token without its output section (5): with and without
+    for w, step in zip(program.words, program.steps):   # the projections
+        if step.startswith("5 ") or step == "end":
+            continue
+        headless.append(w)
+        i = decode(w)
+        if i.op is Opcode.WGEMV and not i.sparse and image.descriptors[i.desc].layout == 0:
+            d = image.descriptors[i.desc]
+            shapes.append((d.rows, d.cols))
+            w = nop
+        body.append(w)
+    body.append(halt)
+    headless.append(halt)
+
+    def run(words, pos):
+        return schedule(Machine(image, hw, COUNT), words, hw, rates, token=2, pos=pos).cycles
+
+    def rest(pos):
+        return run(body, pos) - len(shapes) * rates.issue          # the NOPs in the projections' places
+
+    def token(pos):
+        return run(program.words, pos)
+
+    breaks = (cfg.sliding_window - 1,) if cfg.sliding_window else ()
+    geo = GemmGeometry.of(hw)
+    per_insn = geo.max_tokens // geo.R * geo.R                      # whole tiles per WGEMM instruction
+    out = []
+    for t in tokens:
+        e = PrefillEstimate(tokens=t, clock_hz=hw.clock_hz, projections=len(shapes))
+        for rows, cols in shapes:
+            for t0 in range(0, t, per_insn):
+                g = Wgemm(rows, cols, min(per_insn, t - t0))
+                e.gemm += wgemm_cost(g, hw, rates) + rates.issue
+            array, stream = wgemm_bounds(Wgemm(rows, cols, t), hw, rates)
+            e.array_bound += array
+            e.stream_bound += stream
+        e.rest = _over_positions(rest, t, breaks)
+        e.head = token(t - 1) - run(headless, t - 1)
+        e.decode = _over_positions(token, t, breaks)
+        out.append(e)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m firmware.perf", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="e4b")
     p.add_argument("--hw", default="kv260")
     p.add_argument("--positions", type=int, nargs="+", default=[128, 1024, 4096])
+    p.add_argument("--prefill", type=int, nargs="*", default=[32, 128, 512],
+                   help="prompt lengths of the prefill estimate (none: skip it)")
     for f in fields(Rates):
         p.add_argument("--" + f.name.replace("_", "-"), type=float, default=f.default)
     args = p.parse_args(argv)
@@ -249,7 +514,26 @@ def main(argv=None) -> int:
               f" {100 * e.roofline_fraction:>7.1f}%")
         top = sorted(e.by_opcode.items(), key=lambda kv: -kv[1])
         print(" " * 9 + "by instruction: " + ", ".join(f"{k} {100 * v / e.total_cycles:.1f}%" for k, v in top[:6]))
+    if args.prefill:
+        _print_prefill(prefill(cfg, hw, args.prefill, rates), hw)
     return 0
+
+
+def _print_prefill(estimates: list[PrefillEstimate], hw: HardwareConfig) -> None:
+    geo = GemmGeometry.of(hw)
+    n = estimates[0].projections
+    print(f"\nprefill: a MODEL ESTIMATE from the WGEMM and WGEMV costs, not a compiled program (the compiler emits "
+          f"no prefill program). The {n} projection matrices of a token run as WGEMMs over token tiles of "
+          f"{geo.R} on the {geo.R} x {geo.C2 // 2} array; the rest of each token (attention, norms, SFU passes, "
+          f"sparse W_down) costs what it costs in the decode model at that position; the output section once.")
+    print(f"{'tokens':>6} {'WGEMM Mcyc':>10} {'array bnd':>10} {'stream bnd':>10} {'rest Mcyc':>10} {'head Mcyc':>9} "
+          f"{'prefill s':>9} {'tok/s':>7} {'decode s':>9} {'speed-up':>8}")
+    for e in estimates:
+        print(f"{e.tokens:>6} {e.gemm / 1e6:>10.1f} {e.array_bound / 1e6:>10.1f} {e.stream_bound / 1e6:>10.1f} "
+              f"{e.rest / 1e6:>10.1f} {e.head / 1e6:>9.1f} {e.seconds:>9.2f} {e.tok_s:>7.1f} "
+              f"{e.decode / e.clock_hz:>9.2f} {e.decode / e.cycles:>8.2f}")
+    print("  array bnd: one k-step per cycle (token tiles x row tiles x padded K); stream bnd: the projections' "
+          "weights once per token tile at the DDR rate; decode s: the same tokens decoded one by one")
 
 
 if __name__ == "__main__":
