@@ -32,7 +32,7 @@ from sim import sfu as model
 
 from .fp import NEG_ZERO, QNAN, FpAdd, FpLdexp, FpMul, _Pipe
 
-__all__ = ["Flow", "SegmentPoly", "Recip", "FlowUnit", "SfuOp", "op_of", "command_layout", "Sfu",
+__all__ = ["Flow", "SegmentPoly", "SharedPoly", "with_shared_poly", "Recip", "FlowUnit", "SfuOp", "op_of", "command_layout", "Sfu",
            "recip_flow", "sqrt_flow", "exp_flow", "tanh_flow", "trig_flow", "gelu_flow"]
 
 
@@ -55,6 +55,7 @@ class Flow:
         self.m, self.en, self.prefix, self.dry = m, en, prefix, dry
         self._n = 0
         self._delays = {}
+        self._serving = None
 
     def _name(self, what):
         self._n += 1
@@ -66,17 +67,20 @@ class Flow:
         self.m.submodules[self._name(what)] = elaboratable
         return elaboratable
 
-    def delay(self, node, t: int):
-        """`node` delayed until time `t` (registers gated by en; shared between users)."""
+    def delay(self, node, t: int, *, valid: bool = False):
+        """`node` delayed until time `t` (registers gated by en; shared between users).
+
+        Data delay lines are reset-less, so synthesis maps them to shift registers (SRL16E/SRLC32E hold
+        no reset); a ``valid=True`` line (a flag that reset must clear) keeps its reset."""
         v, t0 = node
         if isinstance(v, Const):
             return v
         if t < t0:
             raise ValueError(f"cannot move a value from time {t0} back to {t}")
-        key = (id(v), t0)
+        key = (id(v), t0, valid)
         chain = self._delays.setdefault(key, [v])
         while len(chain) <= t - t0:
-            r = Signal(Value.cast(v).shape(), name=self._name("d"))
+            r = Signal(Value.cast(v).shape(), name=self._name("v" if valid else "d"), reset_less=not valid)
             with self.m.If(self.en):
                 self.m.d.sync += r.eq(chain[-1])
             chain.append(r)
@@ -92,7 +96,7 @@ class Flow:
         v = Value.cast(fn(*vals))
         if not register:
             return v, t
-        r = Signal(v.shape(), name=self._name("c"))
+        r = Signal(v.shape(), name=self._name("c"), reset_less=True)
         with self.m.If(self.en):
             self.m.d.sync += r.eq(v)
         return r, t + 1
@@ -126,7 +130,9 @@ class Flow:
         return port.data, t + 1
 
     def poly(self, table, index, t):
-        """`SegmentPoly` on ``table[index]`` at ``t``."""
+        """`SegmentPoly` on ``table[index]`` at ``t`` (inside `SharedPoly.serving`: the shared evaluator)."""
+        if self._serving is not None:
+            return self._serving.request(table, index, t)
         poly = self.sub("poly", SegmentPoly(table))
         (vi, vt), t0 = self.align(index, t)
         self.m.d.comb += [poly.en.eq(self.en), poly.i_valid.eq(1), poly.i_index.eq(vi), poly.i_t.eq(vt)]
@@ -216,8 +222,94 @@ class SegmentPoly(wiring.Component):
         h = f.mul(h, t)
         h = f.add(h, coeff(0, h))
         assert h[1] == self.latency, h
-        m.d.comb += [self.o_y.eq(h[0]), self.o_valid.eq(f.delay((self.i_valid, 0), h[1]))]
+        m.d.comb += [self.o_y.eq(h[0]), self.o_valid.eq(f.delay((self.i_valid, 0), h[1], valid=True))]
         return m
+
+
+class SharedPoly:
+    """One `SegmentPoly` for several builders that never run on the same element: their tables are
+    concatenated into one ROM (each at its own base row) and the evaluator's index and ``t`` are picked per
+    element by a condition node. Every request's operands wait until the common start time `start` (the
+    latest request's), and every request gets the same output node at ``start + latency``.
+
+    Use `with_shared_poly` (it learns `start` from a dry layout); inside ``with shared.serving(when):``
+    every `Flow.poly` call becomes a request selected by the 1-bit node `when` (the first request is the
+    default: its `when` is not read)."""
+
+    def __init__(self, f: Flow, start: int | None):
+        self.f, self._start = f, start
+        self._requests = []            # (table, index node, t node, when node)
+        self._when = None
+        self._out = None
+
+    @property
+    def start(self) -> int:
+        return self._start if self._start is not None else max(
+            max(i[1], t[1]) for _, i, t, _ in self._requests)
+
+    def serving(self, when):
+        shared = self
+
+        class _Serving:
+            def __enter__(self):
+                shared._when, shared.f._serving = when, shared
+
+            def __exit__(self, *exc):
+                shared._when, shared.f._serving = None, None
+
+        return _Serving()
+
+    def request(self, table, index, t):
+        latency = 1 + 3 * (FpMul.LATENCY + FpAdd.LATENCY)          # SegmentPoly.latency
+        self._requests.append((np.asarray(table), index, t, self._when))
+        if self._start is None:                                     # learning pass: as if not shared
+            return Signal(32, name=self.f._name("sp")), max(index[1], t[1]) + latency
+        if max(index[1], t[1]) > self._start:
+            raise ValueError(f"a shared evaluator request at time {max(index[1], t[1])} comes after the "
+                             f"start {self._start} learnt from the dry layout")
+        if self._out is None:
+            self._out = Signal(32, name=self.f._name("sp"))
+        return self._out, self._start + latency
+
+    def finish(self):
+        """Lay out the evaluator with the concatenated table and the per-element index/t selection."""
+        f = self.f
+        if not self._requests:
+            return
+        table = np.concatenate([r[0] for r in self._requests])
+        bits = max(1, (len(table) - 1).bit_length())
+        bases = np.cumsum([0] + [len(r[0]) for r in self._requests])[:-1]
+        idx = [f.comb(lambda i, b=int(b): (i + b)[:bits], r[1], register=False)
+               for b, r in zip(bases, self._requests)]
+        whens = [r[3] for r in self._requests[1:]]
+
+        def pick(*vals):
+            ws, vs = vals[:len(whens)], vals[len(whens):]
+            y = vs[0]
+            for w, v in zip(ws, vs[1:]):
+                y = Mux(w, v, y)
+            return y
+
+        index = f.comb(pick, *whens, *idx, register=False)
+        t = f.comb(pick, *whens, *[r[2] for r in self._requests], register=False)
+        f._serving = None
+        y, t_out = f.poly(table, (f.delay(index, self._start), self._start), (f.delay(t, self._start), self._start))
+        if self._out is not None:
+            f.m.d.comb += self._out.eq(y)
+            assert t_out == self._start + 1 + 3 * (FpMul.LATENCY + FpAdd.LATENCY)
+
+
+def with_shared_poly(f: Flow, graph):
+    """``graph(f, shared) -> result`` laid out on `f` with one `SharedPoly`: first on a dry `Flow` (to learn
+    the latest request's time, the shared start), then for real."""
+    m = Module()
+    m._MustUse__silence = True
+    probe = SharedPoly(Flow(m, Const(1), dry=True), None)
+    graph(probe.f, probe)
+    shared = SharedPoly(f, probe.start)
+    y = graph(f, shared)
+    shared.finish()
+    return y
 
 
 # --- function builders (each is the sim.sfu function of the same name, scheduled) ------------------------
@@ -416,7 +508,7 @@ class FlowUnit(wiring.Component):
         f = Flow(m, self.en, "u")
         y = self._build(f, (self.i_a, 0), (self.i_b, 0))
         assert y[1] == self.latency
-        m.d.comb += [self.o_y.eq(y[0]), self.o_valid.eq(f.delay((self.i_valid, 0), y[1]))]
+        m.d.comb += [self.o_y.eq(y[0]), self.o_valid.eq(f.delay((self.i_valid, 0), y[1], valid=True))]
         return m
 
 
@@ -478,9 +570,16 @@ def _is(op, *ops):
     return Cat(*[op == o.value for o in ops]).any()
 
 
-def _datapath(f, a, b, op, s, s_inv, emax, pos, sub_emax, recip_scale, accm):
+def _datapath(f, *nodes):
     """The element-wise graph of every operation; returns (result node, reduction operand node)."""
+    return with_shared_poly(f, lambda f, shared: _datapath_graph(f, shared, *nodes))
+
+
+def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_scale, accm):
+    """`_datapath` with the exp, tanh, sqrt/rsqrt and sin-turns evaluators served by `shared` (no op uses
+    two of them; GELU's reciprocal keeps its own evaluator, so its exp -> recip chain runs at full rate)."""
     O = SfuOp
+    family = lambda *ops: f.comb(lambda o: _is(o, *ops), op, register=False)
     sube = f.comb(lambda o, e: e & _is(o, *CVO_ELEMENTWISE), op, sub_emax, register=False)
     x = f.comb(lambda e, d, v: Mux(e, d, v), sube, f.sub_(a, emax), a)
 
@@ -496,16 +595,19 @@ def _datapath(f, a, b, op, s, s_inv, emax, pos, sub_emax, recip_scale, accm):
     relu = f.comb(lambda v: _fmax(v, Const(0, 32)), a1)
     gelu_op = f.comb(lambda o: _is(o, O.GELU, O.GELU_MUL), op, register=False)
     v = f.mul(f.add(f.mul(f.const(GELU_K1), m1), f.const(GELU_K0)), x)
-    e = exp_flow(f, f.comb(lambda g, vv, xx: Mux(g, vv, xx), gelu_op, v, x))
+    with shared.serving(None):                       # the default: EXP, GELU, GELU_MUL
+        e = exp_flow(f, f.comb(lambda g, vv, xx: Mux(g, vv, xx), gelu_op, v, x))
     r = recip_flow(f, f.comb(lambda g, e1, xx: Mux(g, e1, xx), gelu_op, f.add(e, f.const(ONE)), x))
     g = f.mul(x, r)
     g = f.comb(lambda xx, yy: Mux(_is_nan(xx), QNAN, Mux(xx == NEG_INF, NEG_ZERO, yy)), x, g)
     gm = f.mul(g, b)
-    t = tanh_flow(f, f.comb(lambda o, p, xx: Mux(o == O.SOFTCAP.value, p, xx), op, m1, x, register=False))
+    with shared.serving(family(O.TANH, O.SOFTCAP)):
+        t = tanh_flow(f, f.comb(lambda o, p, xx: Mux(o == O.SOFTCAP.value, p, xx), op, m1, x, register=False))
     tc = f.mul(t, s)
-    q = sqrt_flow(f, x, f.comb(lambda o: o == O.RSQRT.value, op, register=False))
-    tr = trig_flow(f, x, a, b, pos, f.comb(lambda o: _is(o, O.ROPE_COS, O.ROPE_SIN), op, register=False),
-                   f.comb(lambda o: _is(o, O.COS, O.ROPE_COS), op, register=False))
+    with shared.serving(family(O.SQRT, O.RSQRT)):
+        q = sqrt_flow(f, x, f.comb(lambda o: o == O.RSQRT.value, op, register=False))
+    with shared.serving(family(O.SIN, O.COS, O.ROPE_SIN, O.ROPE_COS)):
+        tr = trig_flow(f, x, a, b, pos, family(O.ROPE_COS, O.ROPE_SIN), family(O.COS, O.ROPE_COS))
     choices = [((O.ADD, O.SUB, O.ADDS, O.FMAS), a1), ((O.RELU_SUBS,), relu), ((O.MUL, O.MULS, O.SCALE), m1),
                ((O.COPY,), a), ((O.EXP,), e), ((O.SQRT, O.RSQRT), q), ((O.RECIP,), r), ((O.TANH,), t),
                ((O.SOFTCAP,), tc), ((O.GELU,), g), ((O.GELU_MUL,), gm),
@@ -597,7 +699,9 @@ class Sfu(wiring.Component):
         y, rv = _datapath(f, n0(p.a), n0(p.b), n0(op), n0(cmd.s), n0(cmd.s_inv), n0(cmd.emax), n0(cmd.pos),
                           n0(cmd.sub_emax), n0(cmd.recip_scale), n0(cmd.accm))
         assert y[1] == self.latency
-        (yv, rvv, t_valid, t_last, t_red), _ = f.align(y, rv, n0(take), n0(remaining == 1), n0(is_red))
+        # t_last and t_red are read only together with t_valid: data lines; t_valid keeps its reset.
+        (yv, rvv, t_last, t_red), t_out = f.align(y, rv, n0(remaining == 1), n0(is_red))
+        t_valid = f.delay(n0(take), t_out, valid=True)
 
         # Reduction lanes (element i -> lane i mod P) behind one adder (max: a comparator of equal latency).
         lanes_n = self.lanes
@@ -608,8 +712,9 @@ class Sfu(wiring.Component):
         m.submodules.lane_add = ladd
         la, lb, lv, ld = Signal(32), Signal(32), Signal(), Signal(lbits)
         m.d.comb += [ladd.en.eq(en), ladd.i_valid.eq(lv), ladd.i_a.eq(la), ladd.i_b.eq(lb)]
-        mx = [Signal(32, name=f"max{i}") for i in range(ladd.latency)]
-        dst = [Signal(lbits, name=f"dst{i}") for i in range(ladd.latency)]
+        # read only with ladd.o_valid: reset-less (shift registers)
+        mx = [Signal(32, name=f"max{i}", reset_less=True) for i in range(ladd.latency)]
+        dst = [Signal(lbits, name=f"dst{i}", reset_less=True) for i in range(ladd.latency)]
         with m.If(en):
             m.d.sync += [mx[0].eq(_fmax(la, lb)), dst[0].eq(ld)]
             m.d.sync += [mx[i].eq(mx[i - 1]) for i in range(1, len(mx))]

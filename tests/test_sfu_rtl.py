@@ -99,3 +99,53 @@ def test_rope_matches_model(cosine):
     unit = FlowUnit(lambda fl, a, b: trig_flow(fl, a, a, b, _const_node(pos, 32), _const_node(1), _const_node(cosine)))
     got = simulate(unit, hi, lo)
     check(got, (model.rope_cos if cosine else model.rope_sin)(f, pos))
+
+
+# --- the shared evaluator: a different function on every element -----------------------------------------
+
+from amaranth import Cat, Mux  # noqa: E402
+
+from hdl.config import PRESETS  # noqa: E402
+from hdl.sfu import Sfu, with_shared_poly  # noqa: E402
+
+# family code in b[0:3] -> the sim.sfu function that element must get
+MIXED = [model.exp, model.tanh, model.sqrt, model.rsqrt, model.sin, model.cos]
+
+
+def _mixed(f, a, b):
+    """exp, tanh, sqrt/rsqrt and sin/cos on one `SharedPoly`, the function picked per element by b[0:3]."""
+    def graph(f, shared):
+        fam = lambda *k: f.comb(lambda v: Cat(*[v[:3] == i for i in k]).any(), b, register=False)
+        with shared.serving(None):
+            e = exp_flow(f, a)
+        with shared.serving(fam(1)):
+            t = tanh_flow(f, a)
+        with shared.serving(fam(2, 3)):
+            q = sqrt_flow(f, a, fam(3))
+        with shared.serving(fam(4, 5)):
+            s = trig_flow(f, a, a, b, _const_node(0, 32), _const_node(0), fam(5))
+        return f.comb(lambda v, ye, yt, yq, ys: Mux(v[:3] == 1, yt, Mux((v[:3] == 2) | (v[:3] == 3), yq,
+                                                       Mux(v[:3] >= 4, ys, ye))), b, e, t, q, s)
+    return with_shared_poly(f, graph)
+
+
+@pytest.mark.parametrize("en_prob", [1.0, 0.8])
+def test_shared_poly_switches_function_every_element(en_prob):
+    x = unary_vectors(21, scale=6)
+    rng = np.random.default_rng(22)
+    fam = rng.integers(0, len(MIXED), len(x)).astype(np.uint32)
+    fam[: 2 * len(MIXED)] = np.tile(np.arange(len(MIXED)), 2)      # every switch, from the first element
+    unit = FlowUnit(_mixed)
+    got = simulate(unit, x, fam, en_prob=en_prob, seed=5)
+    with np.errstate(all="ignore"):
+        want = np.choose(fam, [fn(f32(x)).astype(np.float32).view(np.uint32) for fn in MIXED])
+    check(got, want.view(np.float32))
+
+
+def test_sfu_latency_unchanged():
+    """The firmware perf model (firmware.perf sfu_pass) is calibrated on this latency; the shared evaluator
+    waits for the latest of its users (exp), which is not on the longest (GELU) path's tail."""
+    for preset in ("kv260", "tiny"):
+        dut = Sfu(PRESETS[preset])
+        dut._MustUse__silence = True                     # only its latency is read; it is not simulated
+        assert dut.latency == 191, preset
