@@ -11,7 +11,13 @@ instructions, the bytes each DDR region moves, and the controller's **passes** b
 - passes: each pass costs its fixed overhead (``sfu_pass``, ``reduce_pass``, ``copy_pass``,
   ``ddr_read_pass``, ``ddr_write_pass``: pipeline fill and drain, DDR latency) plus its elements at
   ``elements_per_cycle``;
-- ``alu_op`` per scalar-ALU operation and ``issue`` per instruction (fetch, decode, dispatch).
+- ``alu_op`` per scalar-ALU operation and ``issue`` per instruction (fetch, decode, dispatch);
+- WGEMM (`wgemm_cost`, unit ``gemm``): per token tile of R = ``systolic_rows`` tokens, a quantiser pass per
+  token (``cols`` elements + ``gemm_quant``), then the GEMM unit: ``gemm_tile`` + the first weight chunk's
+  fetch, per row tile of 2C = ``2 * systolic_cols`` rows the slowest of its padded-K k-steps, its chunk
+  fetches and the previous row tile's output (one element per cycle + ``gemm_row`` per token row), then the
+  last output. The ISS counts a WGEMM's instruction and bytes, not its shape, so the shapes (`Wgemm`) are
+  passed beside the counters (`schedule` takes them from the descriptors).
 
 The controller issues in order and runs its passes one at a time; only the GEMV engine's weight stream of an
 async WGEMV runs beside them (docs/architecture.md, "Overlap"). `schedule` replays the program instruction by
@@ -20,8 +26,10 @@ instruction whose L2 ranges meet the rows still being written waits for them (th
 this is slightly pessimistic), the next WGEMV, FENCE and HALT wait for the engine. `fit_rates` calibrates
 the costs from RTL measurements (``(counters, cycles)`` pairs: micro-programs that isolate each kind and
 whole tokens, from the full-chip bench, `tb/npu`); the defaults are the values fitted from the tiny NPU
-(docs/architecture.md, "Performance"). ``python -m firmware.perf --model e4b --hw kv260 --positions 128 1024
-4096`` prints the breakdown per unit and per instruction class.
+(docs/architecture.md, "Performance"; the WGEMM costs from docs/systolic.md's RTL table). ``python -m
+firmware.perf --model e4b --hw kv260 --positions 128 1024 4096 --prefill 32 128 512`` prints the breakdown per
+unit and per instruction class, then `prefill`: a model estimate of a prompt's time with the projections as
+WGEMMs (the compiler emits no prefill program).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import copy
 import sys
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -125,6 +134,7 @@ class GemmGeometry:
     max_tokens: int  # tokens one WGEMM instruction carries (its `tokens` field)
 
     @classmethod
+    @lru_cache(maxsize=None)
     def of(cls, hw: HardwareConfig) -> "GemmGeometry":
         from hdl.gemm import chunk_columns
         from hdl.isa import FORMATS, Opcode
@@ -166,11 +176,8 @@ def _wgemm_terms(g: Wgemm, hw: HardwareConfig, rates: Rates):
     beats_row = sum(-(-b // geo.beat) for b in chunks)              # one transfer per row and chunk
     scale_beats_row = -(-(-(-g.cols // hw.weight_group) * 2) // geo.beat)
     rt = -(-g.rows // geo.C2)
-    coef: Counter = Counter({"ddr_read_pass": 1})                  # the descriptor (+ DESC_ELEMENTS)
-    known = 0.0
-    last = 0.0
-    for t0 in range(0, g.tokens, geo.R):
-        n = min(geo.R, g.tokens - t0)
+
+    def tile(n):
         tk, tc = float(n * g.cols), Counter({"gemm_quant": n, "gemm_tile": 1})
         tk += min(geo.rp, g.rows) * -(-chunks[0] // geo.beat) / port
         prev_out = None
@@ -186,9 +193,17 @@ def _wgemm_terms(g: Wgemm, hw: HardwareConfig, rates: Rates):
                 tk += stage
             prev_out = out
         tk, tc["gemm_row"] = tk + prev_out[1], tc["gemm_row"] + prev_out[2]
-        known += tk
-        coef.update(tc)
-        last = tk + sum(v * getattr(rates, k) for k, v in tc.items())
+        return tk, tc
+
+    full, part = divmod(g.tokens, geo.R)
+    coef: Counter = Counter({"ddr_read_pass": 1})                  # the descriptor (+ DESC_ELEMENTS)
+    known = 0.0
+    for n, count in ((geo.R, full), (part, 1 if part else 0)):
+        if count:
+            tk, tc = tile(n)
+            known += count * tk
+            coef.update({k: count * v for k, v in tc.items()})
+            last = tk + sum(v * getattr(rates, k) for k, v in tc.items())
     return known, coef, last
 
 
