@@ -4,10 +4,12 @@ The DDR ends of the controller's passes (docs/architecture.md, "The NPU in RTL")
 `lib.stream`, one AXI4 read port on the other side. The command layouts of both directions live here.
 
 `DdrReader` reads ``n`` elements stored as binary32 (`DdrFormat.F32`, raw bits), binary16
-(`DdrFormat.F16`, converted exactly by `hdl.fp.F16ToF32`) or scaled INT4 (`DdrFormat.INT4`: two values
-per byte, low nibble first as `sim.numerics.unpack_int4`; value ``i`` is multiplied by the binary16 scale
-``i >> log2_group`` of the scale array at ``saddr``: ``fp32(q) * fp32(scale)`` with `hdl.fp.IntToFp`,
-`F16ToF32` and `FpMul`, exact, so ``0 * negative scale = -0.0`` exactly as NumPy float32). It reads the
+(`DdrFormat.F16`, converted exactly as ``1 * fp32(h)``) or scaled INT4 (`DdrFormat.INT4`: two values per
+byte, low nibble first as `sim.numerics.unpack_int4`; value ``i`` is multiplied by the binary16 scale
+``i >> log2_group`` of the scale array at ``saddr``: ``fp32(q) * fp32(scale)``, exact (a 4-bit integer
+times an 11-bit significand has at most 14 bits), so ``0 * negative scale = -0.0`` exactly as NumPy
+float32). Both are one `hdl.fp.IntScaleMul(4)`, bit-identical to ``FpMul(IntToFp(q), F16ToF32(s))``
+(every 4-bit integer, and 1, is exact in binary32). It reads the
 data (and the scales) through one `hdl.axi.AxiReadDma` in commands of at most one burst
 (``axi_max_burst_beats`` beats), each a multiple of the beat size except the last, so the start-aligned
 beats of consecutive commands form one continuous start-aligned byte stream. Data and scale commands are
@@ -30,13 +32,12 @@ from amaranth.lib.wiring import In, Out
 
 from .axi import AxiReadDma, AxiReadSignature
 from .config import HardwareConfig, ceil_log2
-from .fp import F16ToF32, FpMul, IntToFp
+from .fp import IntScaleMul
 
 __all__ = ["DdrFormat", "N_BITS", "DdrReader", "reader_cmd_layout", "writer_cmd_layout",
            "elem_layout", "reader_buffer_beats"]
 
 N_BITS = 24                        # element count width of a command
-_ONE = 0x3F800000                  # binary32 1.0
 
 
 class DdrFormat(enum.IntEnum):
@@ -112,8 +113,8 @@ class DdrReader(wiring.Component):
     @property
     def latency(self) -> int:
         """Conversion pipeline depth: an element leaves ``o_elem`` this many cycles after its beat is
-        consumed (IntToFp / F16ToF32 in parallel, then FpMul)."""
-        return F16ToF32.LATENCY + FpMul.LATENCY
+        consumed (one IntScaleMul)."""
+        return IntScaleMul.LATENCY
 
     def elaborate(self, platform):
         m = Module()
@@ -235,14 +236,11 @@ class DdrReader(wiring.Component):
         scale = shead[:W].word_select(sidx, 16) if B > 2 else shead[:16]
         err = head[W] | (int4 & shead[W])
 
-        # --- conversion: F16ToF32 (the data half, or the INT4 scale) and IntToFp(q) in parallel, then FpMul
-        # by fp32(q) (INT4) or 1.0 (F16, exact); F32 bits bypass in a delay line of the same depth ----------
-        m.submodules.cvt16 = cvt16 = F16ToF32()
-        m.submodules.cvtq = cvtq = IntToFp(4)
-        m.submodules.mul = mul = FpMul()
-        for u in (cvt16, cvtq):
-            m.d.comb += [u.en.eq(en), u.i_valid.eq(take)]
-        m.d.comb += [cvt16.i_a.eq(Mux(int4, scale, h16)), cvtq.i_a.eq(q4)]
+        # --- conversion: q * fp32(scale) (INT4) or 1 * fp32(h) (F16, exact) in one IntScaleMul; F32 bits
+        # bypass in a delay line of the same depth ----------------------------------------------------------
+        m.submodules.mul = mul = IntScaleMul(4)
+        m.d.comb += [mul.en.eq(en), mul.i_valid.eq(take), mul.i_a.eq(Mux(int4, q4, 1)),
+                     mul.i_b.eq(Mux(int4, scale, h16))]
         side = data.StructLayout({"fmt": 2, "raw": 32, "last": 1, "err": 1})
         stages = [Signal(side, name="side_in")]
         m.d.comb += [stages[0].fmt.eq(fmt), stages[0].raw.eq(w32), stages[0].last.eq(last), stages[0].err.eq(err)]
@@ -251,10 +249,7 @@ class DdrReader(wiring.Component):
             with m.If(en):
                 m.d.sync += s.eq(stages[-1])
             stages.append(s)
-        mid = stages[cvt16.latency]
-        assert cvt16.latency == cvtq.latency
-        m.d.comb += [mul.en.eq(en), mul.i_valid.eq(cvt16.o_valid), mul.i_a.eq(cvt16.o_y),
-                     mul.i_b.eq(Mux(mid.fmt == DdrFormat.INT4, cvtq.o_y, _ONE))]
+        assert mul.latency == self.latency
         out = stages[-1]
         o = self.o_elem
         m.d.comb += [

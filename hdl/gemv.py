@@ -4,12 +4,12 @@ sums, binary16 group scales and in-order binary32 accumulation, bit-identical to
 Dataflow (docs/gemv.md has the full design and the measurements)::
 
     i_cmd ─▶ CommandDecoder ─▶ per port p (N = axi_ports copies of EnginePort: one AxiReadDma, activation
-             and exponent memories and one PartAccumulator (IntToFp .. FpAdd), used by GemvPort or
+             and exponent memories and one PartAccumulator (IntScaleMul .. FpAdd), used by GemvPort or
              SparsePort by mode); GemvPort (dense):
                  tile sequencer ─▶ AxiReadDma ─▶ front end: scale beats ─▶ scale bank
                                               weight beats ─▶ SegmentMac ─▶ isum bank [t, s]
                  back end: isum bank, scale bank, exponents (s-major, t-minor order)
-                     ─▶ IntToFp ∥ F16ToF32 ─▶ FpMul ─▶ FpLdexp ─▶ FpAdd (y[t] += part) ─▶ result FIFO
+                     ─▶ IntScaleMul ─▶ FpLdexp ─▶ FpAdd (y[t] += part) ─▶ result FIFO
            ─▶ merge in row order ─▶ FpAdd (accm: old + y; else -0 + y) ─▶ o_y
 
 - **Rows over ports.** Rows are cut into tiles of `tile_rows` (T) consecutive rows; tile j goes to port
@@ -51,10 +51,10 @@ from amaranth.lib.wiring import In, Out
 
 from .axi import AxiReadDma, AxiReadSignature, read_command_layout, read_data_layout
 from .config import HardwareConfig, ceil_log2
-from .fp import NEG_ZERO, F16ToF32, FpAdd, FpLdexp, FpMul, IntToFp
+from .fp import INT_SCALE_MAX_BITS, NEG_ZERO, FpAdd, FpLdexp, IntScaleMul
 
-__all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "PartAccumulator", "GemvPort",
-           "SparsePort", "EnginePort", "GemvEngine"]
+__all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "segment_sum_bits", "PartAccumulator",
+           "GemvPort", "SparsePort", "EnginePort", "GemvEngine"]
 
 EXP_BITS = 10          # activation block exponents: binary32 inputs give -155..122
 LEN_BITS = 24          # DMA command byte counts
@@ -284,11 +284,38 @@ def _delay(m, value, n, name):
     return value
 
 
+def segment_sum_bits(cfg: HardwareConfig) -> int:
+    """Signed width that holds every segment sum the engine forms, and the proof that ``fp32(isum)`` is exact.
+
+    A segment is ``min(group, act_block)`` columns (`CommandDecoder`: ``lseg = min(log2_group,
+    log2(act_block))``; the sparse back end cuts its per-row sums at the same ``lseg`` boundaries), so at
+    most ``act_block`` products, each at most ``8 * 2**(act_bits - 1)`` in magnitude (INT4 -8 times INT8
+    -128): ``|isum| <= act_block * 2**(act_bits + 2)`` (kv260: 64 * 1024 = 2**16, 18 bits; tiny: 2**14, 16
+    bits). `IntScaleMul` needs every value of that width exact in binary32 (at most 25 bits); a config beyond
+    that raises ValueError."""
+    bound = cfg.act_block * 8 * 2 ** (cfg.act_bits - 1)
+    bits = bound.bit_length() + 1
+    if bits > INT_SCALE_MAX_BITS or bits > cfg.acc_bits:
+        raise ValueError(f"GEMV segment sums reach {bound} (act_block {cfg.act_block} x INT4 x INT{cfg.act_bits}), "
+                         f"{bits} signed bits: they must fit {min(INT_SCALE_MAX_BITS, cfg.acc_bits)} bits (exact in "
+                         f"binary32 and in acc_bits) for the fused scale product")
+    return bits
+
+
 class PartAccumulator(wiring.Component):
     """The binary32 side of one port, shared by its dense and sparse back ends: ``part = ldexp(fp32(isum) *
-    fp32(scale), e)`` (`IntToFp` ∥ `F16ToF32`, `FpMul`, `FpLdexp`: the contract's single rounding in the
-    product, the ldexp exact but for subnormal results) and ``sum = y + part`` (`FpAdd`). A free-running
-    pipeline (no backpressure, always enabled).
+    fp32(scale), e)`` (`IntScaleMul`, `FpLdexp`: the contract's single rounding in the product, one exact
+    integer multiply, since ``|isum|`` is bounded by `segment_sum_bits`; the ldexp exact but for subnormal
+    results) and ``sum = y + part`` (`FpAdd`). A free-running pipeline (no backpressure, always enabled).
+
+    Parameters
+    ----------
+    cfg : HardwareConfig
+    isum_bits : int, optional
+        Signed width of the isums it takes (the low bits of ``i_isum``, which keeps the ``acc_bits`` width):
+        by default 25, every ``|isum| <= 2**24`` (the numerics contract's exact range); `EnginePort` passes
+        `segment_sum_bits` (kv260: 18), which bounds every sum its back ends produce and narrows the
+        multiplier, the leading-zero count and the shifter.
 
     Members
     -------
@@ -301,11 +328,16 @@ class PartAccumulator(wiring.Component):
         ``y + part``, `latency` cycles after the inputs.
     """
 
-    PART_LATENCY = max(IntToFp.LATENCY, F16ToF32.LATENCY) + FpMul.LATENCY + FpLdexp.LATENCY
+    PART_LATENCY = IntScaleMul.LATENCY + FpLdexp.LATENCY
     LATENCY = PART_LATENCY + FpAdd.LATENCY
 
-    def __init__(self, cfg: HardwareConfig):
-        self._cfg = cfg
+    def __init__(self, cfg: HardwareConfig, isum_bits: int = INT_SCALE_MAX_BITS):
+        if isinstance(isum_bits, bool) or not isinstance(isum_bits, int) or \
+                not 2 <= isum_bits <= min(INT_SCALE_MAX_BITS, cfg.acc_bits):
+            self._MustUse__silence = True
+            raise ValueError(f"PartAccumulator isum_bits must be an integer 2..{min(INT_SCALE_MAX_BITS, cfg.acc_bits)} "
+                             f"(exact in binary32 and within acc_bits), not {isum_bits!r}")
+        self._cfg, self._isum_bits = cfg, isum_bits
         super().__init__({"i_valid": In(1), "i_isum": In(signed(cfg.acc_bits)), "i_scale": In(16),
                           "i_exp": In(signed(EXP_BITS)), "i_y": In(32), "o_valid": Out(1), "o_sum": Out(32)})
 
@@ -321,24 +353,18 @@ class PartAccumulator(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        fadd = FpAdd()
-        fmul, itof, f16, ldx = FpMul(), IntToFp(self._cfg.acc_bits), F16ToF32(), FpLdexp(EXP_BITS)
-        m.submodules += [fadd, fmul, itof, f16, ldx]
-        m.d.comb += [itof.en.eq(1), f16.en.eq(1), fmul.en.eq(1), ldx.en.eq(1), fadd.en.eq(1),
-                     itof.i_valid.eq(self.i_valid), itof.i_a.eq(self.i_isum),
-                     f16.i_valid.eq(self.i_valid), f16.i_a.eq(self.i_scale)]
-        l_conv = max(itof.latency, f16.latency)
-        a_i = _delay(m, itof.o_y, l_conv - itof.latency, "itof")
-        b_s = _delay(m, f16.o_y, l_conv - f16.latency, "f16")
-        v_mul = _delay(m, self.i_valid, l_conv, "valid_conv")
-        m.d.comb += [fmul.i_valid.eq(v_mul), fmul.i_a.eq(a_i), fmul.i_b.eq(b_s)]
-        e_at_ldx = _delay(m, self.i_exp, l_conv + fmul.latency, "exp")
-        v_ldx = _delay(m, v_mul, fmul.latency, "valid_mul")
+        fadd, fmul, ldx = FpAdd(), IntScaleMul(self._isum_bits), FpLdexp(EXP_BITS)
+        m.submodules += [fadd, fmul, ldx]
+        m.d.comb += [fmul.en.eq(1), ldx.en.eq(1), fadd.en.eq(1),
+                     fmul.i_valid.eq(self.i_valid), fmul.i_a.eq(self.i_isum[:self._isum_bits]),
+                     fmul.i_b.eq(self.i_scale)]
+        e_at_ldx = _delay(m, self.i_exp, fmul.latency, "exp")
+        v_ldx = _delay(m, self.i_valid, fmul.latency, "valid_mul")
         m.d.comb += [ldx.i_valid.eq(v_ldx), ldx.i_a.eq(fmul.o_y), ldx.i_b.eq(e_at_ldx)]
         v_add = _delay(m, v_ldx, ldx.latency, "valid_ldx")
         m.d.comb += [fadd.i_valid.eq(v_add), fadd.i_a.eq(self.i_y), fadd.i_b.eq(ldx.o_y),
                      self.o_valid.eq(fadd.o_valid), self.o_sum.eq(fadd.o_y)]
-        assert l_conv + fmul.latency + ldx.latency == self.PART_LATENCY
+        assert fmul.latency + ldx.latency == self.PART_LATENCY
         return m
 
 
@@ -992,7 +1018,7 @@ class EnginePort(wiring.Component):
         m.submodules.sparse = sparse = SparsePort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments)
         wiring.connect(m, wiring.flipped(self.dec), dense.dec, sparse.dec)
         sp = self.dec.cmd.sparse
-        m.submodules.part = part = PartAccumulator(cfg)
+        m.submodules.part = part = PartAccumulator(cfg, segment_sum_bits(cfg))
         m.d.comb += part.i_exp.eq(exp_r.data)
         for dp in (dense, sparse):
             m.d.comb += [dp.i_dma_busy.eq(dma.o_busy), dp.i_act_data.eq(act_r.data), dp.dma_data.p.eq(dma.o_data.p),
@@ -1086,6 +1112,7 @@ class GemvEngine(wiring.Component):
             raise ValueError(f"tile_rows must be a power of two above the FpAdd latency ({lat}), not {tile_rows!r}")
         if cfg.act_block > max_cols:
             raise ValueError(f"act_block ({cfg.act_block}) exceeds max_cols ({max_cols})")
+        segment_sum_bits(cfg)                # the ports' PartAccumulator needs exact segment sums
         return max_cols, tile_rows
 
     cfg = property(lambda self: self._cfg)

@@ -15,8 +15,9 @@ Built bottom-up from small components:
 * `SystolicArray`: skews + C columns. Activations flow right along token rows, weights flow down columns;
   every PE(t, c) accumulates output rows 2c and 2c+1 of token t.
 * `ScaleLane`: one per column, the binary32 back end of the numerics contract: sign-correct the two
-  fields, ``part = ldexp(fp32(isum) × fp32(scale), e)``, ``y ← y + part`` in segment order (the first
-  segment adds to -0.0, which is exact), into a two-bank y memory. Uses `hdl.fp`.
+  fields, ``part = ldexp(fp32(isum) × fp32(scale), e)`` (the product in one `IntScaleMul`: a field is at
+  most 22 bits, so exact in binary32), ``y ← y + part`` in segment order (the first segment adds to -0.0,
+  which is exact), into a two-bank y memory. Uses `hdl.fp`.
 * `SystolicEngine`: the tile engine. Streams in: tile commands, weight beats (``wgt_ports`` streams of
   ``axi_data_bits``), activations (one INT8 per token row per k-step), block exponents, binary16 scales;
   streams out: one beat per token row of 2C binary32 (the y banks are the output deskew). Ready/valid on
@@ -31,7 +32,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .config import HardwareConfig
-from .fp import NEG_ZERO, F16ToF32, FpAdd, FpLdexp, FpMul, IntToFp
+from .fp import INT_SCALE_MAX_BITS, NEG_ZERO, FpAdd, FpLdexp, IntScaleMul
 
 __all__ = ["tag_layout", "row_layout", "res_layout", "step_layout", "pack_pair", "extract_pair", "SystolicPE",
            "NaivePE", "SystolicColumn", "Skew", "SystolicArray", "NaiveArray", "ScaleLane", "SystolicEngine",
@@ -335,13 +336,19 @@ class ScaleLane(wiring.Component):
     """
 
     # Pipeline timing from the hdl.fp primitives' latencies (cycles after an item's arrival).
-    CONV_LATENCY = max(IntToFp.LATENCY, F16ToF32.LATENCY)
+    MUL_LATENCY = IntScaleMul.LATENCY                     # fp32(isum) × fp32(scale), fused
     SCALE_READ = 1                                        # the high field's scale: the cycle after arrival
-    EXP_READ = 2 + CONV_LATENCY + FpMul.LATENCY           # the high field's exponent, at the FpLdexp input
+    EXP_READ = 2 + MUL_LATENCY                            # the high field's exponent, at the FpLdexp input
     LATENCY = EXP_READ + FpLdexp.LATENCY + FpAdd.LATENCY  # arrival to the y write
 
     def __init__(self, rows: int, field: int):
         _check_int("rows", rows)
+        # fp32(isum) is exact, so that the fused product is bit-identical to FpMul(IntToFp, F16ToF32), when
+        # every signed `field`-bit value is: field <= 25 (EngineGeometry's DSP packing keeps it <= 22).
+        if isinstance(field, bool) or not isinstance(field, int) or not 2 <= field <= INT_SCALE_MAX_BITS:
+            _silence(self)
+            raise ValueError(f"ScaleLane field must be an integer 2..{INT_SCALE_MAX_BITS} (sums exact in binary32), "
+                             f"not {field!r}")
         self._rows, self._field = rows, field
         super().__init__({
             "i_res": In(res_layout(field)),
@@ -359,12 +366,10 @@ class ScaleLane(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         R, f = self._rows, self._field
-        m.submodules.i2f = i2f = IntToFp(f)
-        m.submodules.f16 = f16 = F16ToF32()
-        m.submodules.mul = mul = FpMul()
+        m.submodules.mul = mul = IntScaleMul(f)
         m.submodules.ldexp = ldexp = FpLdexp(EXP_BITS)
         m.submodules.add = add = FpAdd()
-        for u in (i2f, f16, mul, ldexp, add):
+        for u in (mul, ldexp, add):
             m.d.comb += u.en.eq(1)
 
         # Serialise: an item arrives every other cycle at most; its low field goes in the cycle after it
@@ -391,13 +396,9 @@ class ScaleLane(wiring.Component):
         with m.Else():
             m.d.sync += s1.valid.eq(0)
 
-        # Convert the integer and the scale in parallel (equal latencies after padding), multiply.
-        m.d.comb += [i2f.i_valid.eq(s1.valid), i2f.i_a.eq(v1), f16.i_valid.eq(s1.valid), f16.i_a.eq(s1_scale)]
-        xf = _delay(m, i2f.o_y, self.CONV_LATENCY - i2f.latency, "xf")
-        sf = _delay(m, f16.o_y, self.CONV_LATENCY - f16.latency, "sf")
-        s2 = _delay(m, s1, self.CONV_LATENCY, "meta_conv")
-        m.d.comb += [mul.i_valid.eq(s2.valid), mul.i_a.eq(xf), mul.i_b.eq(sf)]
-        s3 = _delay(m, s2, mul.latency, "meta_mul")
+        # fp32(isum) × fp32(scale): one exact integer product, rounded once.
+        m.d.comb += [mul.i_valid.eq(s1.valid), mul.i_a.eq(v1), mul.i_b.eq(s1_scale)]
+        s3 = _delay(m, s1, self.MUL_LATENCY, "meta_mul")
         m.d.comb += [ldexp.i_valid.eq(s3.valid), ldexp.i_a.eq(mul.o_y),
                      ldexp.i_b.eq(self.i_exp[s3.tag.seg_bank][s3.row])]
         s4 = _delay(m, s3, ldexp.latency, "meta_ldexp")
