@@ -9,7 +9,8 @@ import pytest
 from amaranth.sim import Simulator
 
 from hdl.config import HardwareConfig
-from hdl.gemv import EXP_BITS, CommandDecoder, GemvEngine, PartAccumulator, SegmentMac, command_layout
+from hdl.gemv import (EXP_BITS, CommandDecoder, GemvEngine, PartAccumulator, SegmentMac, command_layout,
+                      segment_sum_bits)
 from sim.numerics import pack_int4, segment_size, unpack_int4
 
 TINY = HardwareConfig.preset("tiny")
@@ -205,10 +206,11 @@ def test_engine_parameter_errors():
         engine_params(TINY, tile_rows=4)
 
 
-def rtl_part_accumulator(cfg, isum, scale, exp, y, valid):
-    """Feeds one part per cycle (`valid` gaps included) through PartAccumulator, each addend `part_latency`
-    cycles after its part; returns the sums as float32 and the cycles at which they left."""
-    dut = PartAccumulator(cfg)
+def rtl_part_accumulator(cfg, isum, scale, exp, y, valid, isum_bits=None):
+    """Feeds one part per cycle (`valid` gaps included) through PartAccumulator (``isum_bits`` wide, default
+    its own), each addend `part_latency` cycles after its part; returns the sums as float32 and the cycles
+    at which they left."""
+    dut = PartAccumulator(cfg) if isum_bits is None else PartAccumulator(cfg, isum_bits)
     n = len(isum)
     got, when = [], []
 
@@ -259,3 +261,29 @@ def test_part_accumulator_random():
     assert want.dtype == np.float32 and np.all(np.isfinite(want))
     np.testing.assert_array_equal(got.view(np.uint32), want[valid].view(np.uint32))
     assert when == [k + PartAccumulator.LATENCY for k in np.flatnonzero(valid)]
+
+
+def test_part_accumulator_at_the_engine_width():
+    """The width the engine builds it with (`segment_sum_bits`: 18 on kv260) takes every segment sum the
+    engine can make: the extremes ±act_block·8·128 (all −8 weights times all ∓128 activations), one less, and
+    random sums in range, bit for bit against NumPy binary32."""
+    cfg = KV260
+    bits = segment_sum_bits(cfg)
+    worst = cfg.act_block * 8 * 2 ** (cfg.act_bits - 1)
+    assert bits == worst.bit_length() + 1 == 18
+    rng = np.random.default_rng(13)
+    edge = np.array([worst, -worst, worst - 1, -worst + 1, 0, 1, -1])
+    isum = np.concatenate([edge, rng.integers(-worst, worst + 1, 200)])
+    n = len(isum)
+    scale = (rng.standard_normal(n) * np.exp2(rng.integers(-24, 15, n))).astype(np.float16)
+    scale[~np.isfinite(scale)] = np.float16(65504.0)
+    scale[:len(edge)] = np.float16(65504.0)             # the largest products
+    exp = rng.integers(-160, 60, n)
+    y = (rng.standard_normal(n) * np.exp2(rng.integers(-100, 40, n))).astype(np.float32)
+    valid = rng.random(n) < 0.9
+    got, _ = rtl_part_accumulator(cfg, isum, scale, exp, y, valid, isum_bits=bits)
+    with np.errstate(over="ignore"):
+        want = y + np.ldexp(isum.astype(np.float32) * scale.astype(np.float32), exp.astype(np.int32))
+    np.testing.assert_array_equal(got.view(np.uint32), want[valid].view(np.uint32))
+    with pytest.raises(ValueError):
+        segment_sum_bits(cfg.replace(act_block=1024, weight_group=1024, act_bits=16))
