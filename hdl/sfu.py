@@ -32,7 +32,8 @@ from sim import sfu as model
 
 from .fp import NEG_ZERO, QNAN, FpAdd, FpLdexp, FpMul, _Pipe
 
-__all__ = ["Flow", "SegmentPoly", "SharedPoly", "with_shared_poly", "Recip", "FlowUnit", "SfuOp", "op_of", "command_layout", "Sfu",
+__all__ = ["Flow", "SegmentPoly", "Shared", "SharedPoly", "SharedMul", "SharedLdexp", "with_shared",
+           "Recip", "FlowUnit", "SfuOp", "op_of", "command_layout", "Sfu",
            "recip_flow", "sqrt_flow", "exp_flow", "tanh_flow", "trig_flow", "gelu_flow"]
 
 
@@ -226,26 +227,66 @@ class SegmentPoly(wiring.Component):
         return m
 
 
-class SharedPoly:
-    """One `SegmentPoly` for several builders that never run on the same element: their tables are
-    concatenated into one ROM (each at its own base row) and the evaluator's index and ``t`` are picked per
-    element by a condition node. Every request's operands wait until the common start time `start` (the
-    latest request's), and every request gets the same output node at ``start + latency``.
+class _Shared:
+    """One unit serving several requests that never run on the same element. Every request's operands wait
+    until the common start time (the latest request's), every request gets the same output node at
+    ``start + latency``, and the unit's operands are picked per element by the requests' 1-bit `when`
+    nodes (the first request is the default: its `when` is not read).
 
-    Use `with_shared_poly` (it learns `start` from a dry layout); inside ``with shared.serving(when):``
-    every `Flow.poly` call becomes a request selected by the 1-bit node `when` (the first request is the
-    default: its `when` is not read)."""
+    ``start=None`` (a learning layout): each request is answered as if it had the unit to itself, and
+    `learnt` is the latest request time; `with_shared` repeats dry layouts until the starts settle."""
+
+    latency = 0
 
     def __init__(self, f: Flow, start: int | None):
         self.f, self._start = f, start
-        self._requests = []            # (table, index node, t node, when node)
-        self._when = None
+        self._requests = []            # (operand nodes, when node, extra)
         self._out = None
+        self._when = None
 
     @property
-    def start(self) -> int:
-        return self._start if self._start is not None else max(
-            max(i[1], t[1]) for _, i, t, _ in self._requests)
+    def learnt(self) -> int | None:
+        return max((max(n[1] for n in r[0]) for r in self._requests), default=None)
+
+    def _request(self, nodes, when, extra=None):
+        self._requests.append((nodes, when, extra))
+        t_in = max(n[1] for n in nodes)
+        if self._start is None or self.f.dry and t_in > self._start:
+            return Signal(32, name=self.f._name("sh")), t_in + self.latency
+        if t_in > self._start:
+            raise ValueError(f"{type(self).__name__}: a request at time {t_in} comes after the start "
+                             f"{self._start} learnt from the dry layouts")
+        if self._out is None:
+            self._out = Signal(32, name=self.f._name("sh"))
+        return self._out, self._start + self.latency
+
+    def _pick(self, operand_nodes):
+        """The per-element choice among the requests' `operand_nodes` (one node per request)."""
+        whens = [r[1] for r in self._requests[1:]]
+
+        def pick(*vals):
+            ws, vs = vals[:len(whens)], vals[len(whens):]
+            y = vs[0]
+            for w, v in zip(ws, vs[1:]):
+                y = Mux(w, v, y)
+            return y
+
+        v = self.f.comb(pick, *whens, *operand_nodes, register=False)
+        return self.f.delay(v, self._start), self._start
+
+    def finish(self):
+        if self._requests:
+            y, t = self._build()
+            assert t == self._start + self.latency
+            if self._out is not None:
+                self.f.m.d.comb += self._out.eq(y)
+
+
+class SharedPoly(_Shared):
+    """One `SegmentPoly` for several builders: their tables are concatenated into one ROM (each at its
+    own base row); inside ``with shared.serving(when):`` every `Flow.poly` call is a request."""
+
+    latency = 1 + 3 * (FpMul.LATENCY + FpAdd.LATENCY)           # SegmentPoly.latency
 
     def serving(self, when):
         shared = self
@@ -260,53 +301,86 @@ class SharedPoly:
         return _Serving()
 
     def request(self, table, index, t):
-        latency = 1 + 3 * (FpMul.LATENCY + FpAdd.LATENCY)          # SegmentPoly.latency
-        self._requests.append((np.asarray(table), index, t, self._when))
-        if self._start is None:                                     # learning pass: as if not shared
-            return Signal(32, name=self.f._name("sp")), max(index[1], t[1]) + latency
-        if max(index[1], t[1]) > self._start:
-            raise ValueError(f"a shared evaluator request at time {max(index[1], t[1])} comes after the "
-                             f"start {self._start} learnt from the dry layout")
-        if self._out is None:
-            self._out = Signal(32, name=self.f._name("sp"))
-        return self._out, self._start + latency
+        return self._request([index, t], self._when, np.asarray(table))
+
+    def _build(self):
+        f = self.f
+        table = np.concatenate([r[2] for r in self._requests])
+        bits = max(1, (len(table) - 1).bit_length())
+        bases = np.cumsum([0] + [len(r[2]) for r in self._requests])[:-1]
+        index = self._pick([f.comb(lambda i, b=int(b): (i + b)[:bits], r[0][0], register=False)
+                            for b, r in zip(bases, self._requests)])
+        t = self._pick([r[0][1] for r in self._requests])
+        return f.poly(table, index, t)
+
+
+class _SharedBinary(_Shared):
+    unit = None
+
+    def __call__(self, a, b, when=None):
+        return self._request([a, b], when)
+
+    def _build(self):
+        return self.unit(self._pick([r[0][0] for r in self._requests]),
+                         self._pick([r[0][1] for r in self._requests]))
+
+
+class SharedMul(_SharedBinary):
+    """One `FpMul` for several requests: ``shared.mul(a, b, when)``."""
+    latency = FpMul.LATENCY
+
+    def unit(self, a, b):
+        return self.f.mul(a, b)
+
+
+class SharedLdexp(_SharedBinary):
+    """One `FpLdexp(10)` for several requests: ``shared.ldexp(a, k, when)``."""
+    latency = FpLdexp.LATENCY
+
+    def unit(self, a, k):
+        return self.f.ldexp(a, k)
+
+
+class Shared:
+    """The shared units of one graph: `poly` (`SharedPoly`; ``serving(when)`` is its), `mul`, `ldexp`."""
+
+    KINDS = {"poly": SharedPoly, "mul": SharedMul, "ldexp": SharedLdexp}
+
+    def __init__(self, f: Flow, starts: dict | None = None):
+        self.f = f
+        self.units = {k: cls(f, (starts or {}).get(k)) for k, cls in self.KINDS.items()}
+        self.poly, self.mul, self.ldexp = (self.units[k] for k in ("poly", "mul", "ldexp"))
+
+    def serving(self, when):
+        return self.poly.serving(when)
+
+    @property
+    def learnt(self) -> dict:
+        return {k: u.learnt for k, u in self.units.items()}
 
     def finish(self):
-        """Lay out the evaluator with the concatenated table and the per-element index/t selection."""
-        f = self.f
-        if not self._requests:
-            return
-        table = np.concatenate([r[0] for r in self._requests])
-        bits = max(1, (len(table) - 1).bit_length())
-        bases = np.cumsum([0] + [len(r[0]) for r in self._requests])[:-1]
-        idx = [f.comb(lambda i, b=int(b): (i + b)[:bits], r[1], register=False)
-               for b, r in zip(bases, self._requests)]
-        whens = [r[3] for r in self._requests[1:]]
-
-        def pick(*vals):
-            ws, vs = vals[:len(whens)], vals[len(whens):]
-            y = vs[0]
-            for w, v in zip(ws, vs[1:]):
-                y = Mux(w, v, y)
-            return y
-
-        index = f.comb(pick, *whens, *idx, register=False)
-        t = f.comb(pick, *whens, *[r[2] for r in self._requests], register=False)
-        f._serving = None
-        y, t_out = f.poly(table, (f.delay(index, self._start), self._start), (f.delay(t, self._start), self._start))
-        if self._out is not None:
-            f.m.d.comb += self._out.eq(y)
-            assert t_out == self._start + 1 + 3 * (FpMul.LATENCY + FpAdd.LATENCY)
+        for u in self.units.values():
+            u.finish()
 
 
-def with_shared_poly(f: Flow, graph):
-    """``graph(f, shared) -> result`` laid out on `f` with one `SharedPoly`: first on a dry `Flow` (to learn
-    the latest request's time, the shared start), then for real."""
-    m = Module()
-    m._MustUse__silence = True
-    probe = SharedPoly(Flow(m, Const(1), dry=True), None)
-    graph(probe.f, probe)
-    shared = SharedPoly(f, probe.start)
+def with_shared(f: Flow, graph):
+    """``graph(f, shared) -> result`` laid out on `f` with one `Shared` set of units. Dry layouts first
+    learn each unit's start (the latest request's time; a request may depend on another shared unit's
+    output, so they repeat until the starts settle), then the graph is laid out for real."""
+    starts = None
+    for _ in range(16):
+        m = Module()
+        m._MustUse__silence = True
+        probe = Shared(Flow(m, Const(1), dry=True), starts)
+        graph(probe.f, probe)
+        learnt = {k: v if starts is None or starts[k] is None or v is None else max(v, starts[k])
+                  for k, v in probe.learnt.items()}
+        if learnt == starts:
+            break
+        starts = learnt
+    else:
+        raise RuntimeError("shared unit start times did not settle")
+    shared = Shared(f, starts)
     y = graph(f, shared)
     shared.finish()
     return y
@@ -349,8 +423,9 @@ def recip_flow(f, x):
     return f.comb(special, x, y)
 
 
-def sqrt_flow(f, x, rs):
-    """`sim.sfu.sqrt` (``rs`` = 0) or `sim.sfu.rsqrt` (``rs`` = 1): one evaluator, both tables."""
+def sqrt_flow(f, x, rs, ldexp=None):
+    """`sim.sfu.sqrt` (``rs`` = 0) or `sim.sfu.rsqrt` (``rs`` = 1): one evaluator, both tables.
+    `ldexp(p, k)`: the final scaling's unit (default: its own `FpLdexp`)."""
     e_lo, binades, j_bits = model.SQRT_GEOM
     a2, e = _normalise(f, x)
     z = f.comb(lambda b, ee: Cat(b[:23], Mux(ee[0], 128, 127)), a2, e, register=False)   # m * 2**(e&1)
@@ -360,7 +435,7 @@ def sqrt_flow(f, x, rs):
     index2 = f.comb(lambda i, r: Cat(i, r), index, rs, register=False)
     assert rows == 1 << len(index[0])
     p = f.poly(table, index2, t)
-    y = f.ldexp(p, f.comb(lambda ee, r: Mux(r, -(ee >> 1), ee >> 1), e, rs, register=False))
+    y = (ldexp or f.ldexp)(p, f.comb(lambda ee, r: Mux(r, -(ee >> 1), ee >> 1), e, rs, register=False))
 
     def special(v, yy, r):
         zero = v[:31] == 0
@@ -373,8 +448,8 @@ def sqrt_flow(f, x, rs):
     return f.comb(special, x, y, rs)
 
 
-def exp_flow(f, x):
-    """`sim.sfu.exp` (Cody-Waite)."""
+def exp_flow(f, x, ldexp=None):
+    """`sim.sfu.exp` (Cody-Waite). `ldexp(p, k)`: the final scaling's unit (default: its own `FpLdexp`)."""
     lo, hi = (_f32_bits(v) for v in model.EXP_CLAMP)
     xc = f.comb(lambda v: Mux(_key(v) < _key(Const(lo, 32)), lo, Mux(_key(v) > _key(Const(hi, 32)), hi, v)), x)
     tm = f.add(f.mul(xc, f.const(_f32_bits(model.EXP_INV))), f.const(_f32_bits(model.EXP_MAGIC)))
@@ -385,7 +460,7 @@ def exp_flow(f, x):
     r = f.sub_(r1, f.mul(nf, f.const(_f32_bits(model.EXP_L_LO))))
     index = f.comb(lambda v: v[:5], n, register=False)
     p = f.poly(model.table("exp"), index, r)
-    y = f.ldexp(p, f.comb(lambda v: v >> 5, n, register=False))
+    y = (ldexp or f.ldexp)(p, f.comb(lambda v: v >> 5, n, register=False))
     return f.comb(lambda v, yy: Mux(_is_nan(v), QNAN, yy), x, y)
 
 
@@ -572,12 +647,14 @@ def _is(op, *ops):
 
 def _datapath(f, *nodes):
     """The element-wise graph of every operation; returns (result node, reduction operand node)."""
-    return with_shared_poly(f, lambda f, shared: _datapath_graph(f, shared, *nodes))
+    return with_shared(f, lambda f, shared: _datapath_graph(f, shared, *nodes))
 
 
 def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_scale, accm):
-    """`_datapath` with the exp, tanh, sqrt/rsqrt and sin-turns evaluators served by `shared` (no op uses
-    two of them; GELU's reciprocal keeps its own evaluator, so its exp -> recip chain runs at full rate)."""
+    """`_datapath` with the exp, tanh, sqrt/rsqrt and sin-turns evaluators served by `shared.poly` (no op uses
+    two of them; GELU's reciprocal keeps its own evaluator, so its exp -> recip chain runs at full rate), the
+    final ldexp of exp and sqrt/rsqrt by `shared.ldexp`, GELU_MUL's ``·b`` and SOFTCAP's ``·c`` by
+    `shared.mul`."""
     O = SfuOp
     family = lambda *ops: f.comb(lambda o: _is(o, *ops), op, register=False)
     sube = f.comb(lambda o, e: e & _is(o, *CVO_ELEMENTWISE), op, sub_emax, register=False)
@@ -596,16 +673,17 @@ def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_sc
     gelu_op = f.comb(lambda o: _is(o, O.GELU, O.GELU_MUL), op, register=False)
     v = f.mul(f.add(f.mul(f.const(GELU_K1), m1), f.const(GELU_K0)), x)
     with shared.serving(None):                       # the default: EXP, GELU, GELU_MUL
-        e = exp_flow(f, f.comb(lambda g, vv, xx: Mux(g, vv, xx), gelu_op, v, x))
+        e = exp_flow(f, f.comb(lambda g, vv, xx: Mux(g, vv, xx), gelu_op, v, x), ldexp=shared.ldexp)
     r = recip_flow(f, f.comb(lambda g, e1, xx: Mux(g, e1, xx), gelu_op, f.add(e, f.const(ONE)), x))
     g = f.mul(x, r)
     g = f.comb(lambda xx, yy: Mux(_is_nan(xx), QNAN, Mux(xx == NEG_INF, NEG_ZERO, yy)), x, g)
-    gm = f.mul(g, b)
+    gm = shared.mul(g, b)                           # GELU_MUL's product, the default of the shared mul
     with shared.serving(family(O.TANH, O.SOFTCAP)):
         t = tanh_flow(f, f.comb(lambda o, p, xx: Mux(o == O.SOFTCAP.value, p, xx), op, m1, x, register=False))
-    tc = f.mul(t, s)
+    tc = shared.mul(t, s, family(O.SOFTCAP))
     with shared.serving(family(O.SQRT, O.RSQRT)):
-        q = sqrt_flow(f, x, f.comb(lambda o: o == O.RSQRT.value, op, register=False))
+        q = sqrt_flow(f, x, f.comb(lambda o: o == O.RSQRT.value, op, register=False),
+                      ldexp=lambda p, k: shared.ldexp(p, k, family(O.SQRT, O.RSQRT)))
     with shared.serving(family(O.SIN, O.COS, O.ROPE_SIN, O.ROPE_COS)):
         tr = trig_flow(f, x, a, b, pos, family(O.ROPE_COS, O.ROPE_SIN), family(O.COS, O.ROPE_COS))
     choices = [((O.ADD, O.SUB, O.ADDS, O.FMAS), a1), ((O.RELU_SUBS,), relu), ((O.MUL, O.MULS, O.SCALE), m1),
