@@ -32,7 +32,7 @@ from sim import sfu as model
 
 from .fp import NEG_ZERO, QNAN, FpAdd, FpLdexp, FpMul, _Pipe
 
-__all__ = ["Flow", "SegmentPoly", "Shared", "SharedPoly", "SharedMul", "SharedLdexp", "with_shared",
+__all__ = ["Flow", "SegmentPoly", "Shared", "with_shared",
            "Recip", "FlowUnit", "SfuOp", "op_of", "command_layout", "Sfu",
            "recip_flow", "sqrt_flow", "exp_flow", "tanh_flow", "trig_flow", "gelu_flow"]
 
@@ -109,18 +109,27 @@ class Flow:
         m.d.comb += [unit.en.eq(self.en), unit.i_valid.eq(1), unit.i_a.eq(va), unit.i_b.eq(vb)]
         return unit.o_y, t + unit.latency
 
-    def add(self, a, b):
-        return self._unit(FpAdd(), a, b)
+    def _shared(self, kind, share, a, b):
+        """Inside `Shared.serving`: the request of a `share`-tagged operation (None outside)."""
+        if share is None or self._serving is None:
+            return None
+        shared, when = self._serving
+        return shared.unit(kind, share).request([a, b], when)
 
-    def sub_(self, a, b):
+    def add(self, a, b, share=None):
+        """a + b; `share`: a tag for `Shared` (outside `Shared.serving` it changes nothing)."""
+        return self._shared("add", share, a, b) or self._unit(FpAdd(), a, b)
+
+    def sub_(self, a, b, share=None):
         """a - b as a + (-b) (IEEE subtraction)."""
-        return self.add(a, self.comb(_neg, b, register=False))
+        return self.add(a, self.comb(_neg, b, register=False), share)
 
-    def mul(self, a, b):
-        return self._unit(FpMul(), a, b)
+    def mul(self, a, b, share=None):
+        return self._shared("mul", share, a, b) or self._unit(FpMul(), a, b)
 
-    def ldexp(self, a, k, exp_width=10):
-        return self._unit(FpLdexp(exp_width), a, k)
+    def ldexp(self, a, k, share=None):
+        """a * 2**k (`FpLdexp(10)`)."""
+        return self._shared("ldexp", share, a, k) or self._unit(FpLdexp(10), a, k)
 
     def rom(self, words, width, addr):
         """``words[addr]`` from a ROM: address at time T, data at T + 1."""
@@ -131,9 +140,10 @@ class Flow:
         return port.data, t + 1
 
     def poly(self, table, index, t):
-        """`SegmentPoly` on ``table[index]`` at ``t`` (inside `SharedPoly.serving`: the shared evaluator)."""
+        """`SegmentPoly` on ``table[index]`` at ``t`` (inside `Shared.serving`: the shared evaluator)."""
         if self._serving is not None:
-            return self._serving.request(table, index, t)
+            shared, when = self._serving
+            return shared.unit("poly").request([index, t], when, np.asarray(table))
         poly = self.sub("poly", SegmentPoly(table))
         (vi, vt), t0 = self.align(index, t)
         self.m.d.comb += [poly.en.eq(self.en), poly.i_valid.eq(1), poly.i_index.eq(vi), poly.i_t.eq(vt)]
@@ -233,126 +243,102 @@ class _Shared:
     ``start + latency``, and the unit's operands are picked per element by the requests' 1-bit `when`
     nodes (the first request is the default: its `when` is not read).
 
-    ``start=None`` (a learning layout): each request is answered as if it had the unit to itself, and
-    `learnt` is the latest request time; `with_shared` repeats dry layouts until the starts settle."""
+    ``start=None`` (a learning layout): each request is answered as if it had the unit to itself; in a dry
+    layout a request later than `start` is answered the same way. `learnt` is the latest request time;
+    `with_shared` repeats dry layouts until the starts settle."""
 
-    latency = 0
-
-    def __init__(self, f: Flow, start: int | None):
-        self.f, self._start = f, start
-        self._requests = []            # (operand nodes, when node, extra)
+    def __init__(self, f: Flow, start: int | None, latency: int, build):
+        self.f, self._start, self.latency, self._build = f, start, latency, build
+        self._requests = []            # (operand nodes, when node, table or None)
         self._out = None
-        self._when = None
 
     @property
-    def learnt(self) -> int | None:
-        return max((max(n[1] for n in r[0]) for r in self._requests), default=None)
+    def learnt(self) -> int:
+        return max(max(n[1] for n in r[0]) for r in self._requests)
 
-    def _request(self, nodes, when, extra=None):
-        self._requests.append((nodes, when, extra))
+    def request(self, nodes, when, table=None):
+        self._requests.append((nodes, when, table))
         t_in = max(n[1] for n in nodes)
         if self._start is None or self.f.dry and t_in > self._start:
             return Signal(32, name=self.f._name("sh")), t_in + self.latency
         if t_in > self._start:
-            raise ValueError(f"{type(self).__name__}: a request at time {t_in} comes after the start "
-                             f"{self._start} learnt from the dry layouts")
+            raise ValueError(f"shared unit: a request at time {t_in} comes after the start {self._start} "
+                             f"learnt from the dry layouts")
         if self._out is None:
             self._out = Signal(32, name=self.f._name("sh"))
         return self._out, self._start + self.latency
 
-    def _pick(self, operand_nodes):
-        """The per-element choice among the requests' `operand_nodes` (one node per request)."""
+    def pick(self, operand_nodes):
+        """The per-element choice among the requests' `operand_nodes` (one node per request), at `start`."""
         whens = [r[1] for r in self._requests[1:]]
 
-        def pick(*vals):
+        def choose(*vals):
             ws, vs = vals[:len(whens)], vals[len(whens):]
             y = vs[0]
             for w, v in zip(ws, vs[1:]):
                 y = Mux(w, v, y)
             return y
 
-        v = self.f.comb(pick, *whens, *operand_nodes, register=False)
+        v = self.f.comb(choose, *whens, *operand_nodes, register=False)
         return self.f.delay(v, self._start), self._start
 
     def finish(self):
-        if self._requests:
-            y, t = self._build()
-            assert t == self._start + self.latency
-            if self._out is not None:
-                self.f.m.d.comb += self._out.eq(y)
+        y, t = self._build(self)
+        assert t == self._start + self.latency
+        if self._out is not None:
+            self.f.m.d.comb += self._out.eq(y)
 
 
-class SharedPoly(_Shared):
-    """One `SegmentPoly` for several builders: their tables are concatenated into one ROM (each at its
-    own base row); inside ``with shared.serving(when):`` every `Flow.poly` call is a request."""
-
-    latency = 1 + 3 * (FpMul.LATENCY + FpAdd.LATENCY)           # SegmentPoly.latency
-
-    def serving(self, when):
-        shared = self
-
-        class _Serving:
-            def __enter__(self):
-                shared._when, shared.f._serving = when, shared
-
-            def __exit__(self, *exc):
-                shared._when, shared.f._serving = None, None
-
-        return _Serving()
-
-    def request(self, table, index, t):
-        return self._request([index, t], self._when, np.asarray(table))
-
-    def _build(self):
-        f = self.f
-        table = np.concatenate([r[2] for r in self._requests])
-        bits = max(1, (len(table) - 1).bit_length())
-        bases = np.cumsum([0] + [len(r[2]) for r in self._requests])[:-1]
-        index = self._pick([f.comb(lambda i, b=int(b): (i + b)[:bits], r[0][0], register=False)
-                            for b, r in zip(bases, self._requests)])
-        t = self._pick([r[0][1] for r in self._requests])
-        return f.poly(table, index, t)
+def _build_poly(u):
+    """`SegmentPoly` on the concatenated tables, each request's index offset by its table's base row."""
+    f = u.f
+    table = np.concatenate([r[2] for r in u._requests])
+    bits = max(1, (len(table) - 1).bit_length())
+    bases = np.cumsum([0] + [len(r[2]) for r in u._requests])[:-1]
+    index = u.pick([f.comb(lambda i, b=int(b): (i + b)[:bits], r[0][0], register=False)
+                    for b, r in zip(bases, u._requests)])
+    return f.poly(table, index, u.pick([r[0][1] for r in u._requests]))
 
 
-class _SharedBinary(_Shared):
-    unit = None
-
-    def __call__(self, a, b, when=None):
-        return self._request([a, b], when)
-
-    def _build(self):
-        return self.unit(self._pick([r[0][0] for r in self._requests]),
-                         self._pick([r[0][1] for r in self._requests]))
-
-
-class SharedMul(_SharedBinary):
-    """One `FpMul` for several requests: ``shared.mul(a, b, when)``."""
-    latency = FpMul.LATENCY
-
-    def unit(self, a, b):
-        return self.f.mul(a, b)
-
-
-class SharedLdexp(_SharedBinary):
-    """One `FpLdexp(10)` for several requests: ``shared.ldexp(a, k, when)``."""
-    latency = FpLdexp.LATENCY
-
-    def unit(self, a, k):
-        return self.f.ldexp(a, k)
+def _build_binary(kind):
+    return lambda u: getattr(u.f, kind)(u.pick([r[0][0] for r in u._requests]),
+                                        u.pick([r[0][1] for r in u._requests]))
 
 
 class Shared:
-    """The shared units of one graph: `poly` (`SharedPoly`; ``serving(when)`` is its), `mul`, `ldexp`."""
+    """The shared units of one graph, made on first request: one `SegmentPoly` (``"poly"``; its requests'
+    tables are concatenated into one ROM, each at its own base row) and one `FpAdd`/`FpMul`/`FpLdexp` per
+    tag. Inside ``with shared.serving(when):`` every `Flow.poly` call, and every ``Flow.add/sub_/mul/ldexp``
+    call given a ``share`` tag, is a request selected by the 1-bit node `when` (None: the default);
+    ``shared.mul(a, b, when, tag)`` requests a multiplier directly."""
 
-    KINDS = {"poly": SharedPoly, "mul": SharedMul, "ldexp": SharedLdexp}
+    _LATENCY = {"poly": 1 + 3 * (FpMul.LATENCY + FpAdd.LATENCY),       # SegmentPoly.latency
+                "add": FpAdd.LATENCY, "mul": FpMul.LATENCY, "ldexp": FpLdexp.LATENCY}
 
     def __init__(self, f: Flow, starts: dict | None = None):
-        self.f = f
-        self.units = {k: cls(f, (starts or {}).get(k)) for k, cls in self.KINDS.items()}
-        self.poly, self.mul, self.ldexp = (self.units[k] for k in ("poly", "mul", "ldexp"))
+        self.f, self._starts, self.units = f, starts or {}, {}
+
+    def unit(self, kind, tag=""):
+        key = (kind, tag)
+        if key not in self.units:
+            build = _build_poly if kind == "poly" else _build_binary(kind)
+            self.units[key] = _Shared(self.f, self._starts.get(key), self._LATENCY[kind], build)
+        return self.units[key]
 
     def serving(self, when):
-        return self.poly.serving(when)
+        shared, f = self, self.f
+
+        class _Serving:
+            def __enter__(self):
+                f._serving = (shared, when)
+
+            def __exit__(self, *exc):
+                f._serving = None
+
+        return _Serving()
+
+    def mul(self, a, b, when=None, tag="out"):
+        return self.unit("mul", tag).request([a, b], when)
 
     @property
     def learnt(self) -> dict:
@@ -373,8 +359,7 @@ def with_shared(f: Flow, graph):
         m._MustUse__silence = True
         probe = Shared(Flow(m, Const(1), dry=True), starts)
         graph(probe.f, probe)
-        learnt = {k: v if starts is None or starts[k] is None or v is None else max(v, starts[k])
-                  for k, v in probe.learnt.items()}
+        learnt = {k: max(v, (starts or {}).get(k, v)) for k, v in probe.learnt.items()}
         if learnt == starts:
             break
         starts = learnt
@@ -388,13 +373,13 @@ def with_shared(f: Flow, graph):
 
 # --- function builders (each is the sim.sfu function of the same name, scheduled) ------------------------
 
-def _logseg(f, z, e_lo: int, j_bits: int, binades: int):
+def _logseg(f, z, e_lo: int, j_bits: int, binades: int, share=None):
     """`sim.sfu.logseg_index` of a positive binary32 node `z`: (index, exact t = z - segment start)."""
     low = 23 - j_bits
     eb = max(1, (binades - 1).bit_length())
     index = f.comb(lambda v: Cat(v[low:23], (v[23:31] - (127 + e_lo))[:eb]), z, register=False)
     start = f.comb(lambda v: Cat(Const(0, low), v[low:31], Const(1, 1)), z, register=False)   # -start
-    return index, f.add(z, start)
+    return index, f.add(z, start, share)
 
 
 def _normalise(f, mag):
@@ -423,19 +408,18 @@ def recip_flow(f, x):
     return f.comb(special, x, y)
 
 
-def sqrt_flow(f, x, rs, ldexp=None):
-    """`sim.sfu.sqrt` (``rs`` = 0) or `sim.sfu.rsqrt` (``rs`` = 1): one evaluator, both tables.
-    `ldexp(p, k)`: the final scaling's unit (default: its own `FpLdexp`)."""
+def sqrt_flow(f, x, rs):
+    """`sim.sfu.sqrt` (``rs`` = 0) or `sim.sfu.rsqrt` (``rs`` = 1): one evaluator, both tables."""
     e_lo, binades, j_bits = model.SQRT_GEOM
     a2, e = _normalise(f, x)
     z = f.comb(lambda b, ee: Cat(b[:23], Mux(ee[0], 128, 127)), a2, e, register=False)   # m * 2**(e&1)
-    index, t = _logseg(f, z, e_lo, j_bits, binades)
+    index, t = _logseg(f, z, e_lo, j_bits, binades, "t")
     rows = len(model.table("sqrt"))
     table = np.concatenate([model.table("sqrt"), model.table("rsqrt")])
     index2 = f.comb(lambda i, r: Cat(i, r), index, rs, register=False)
     assert rows == 1 << len(index[0])
     p = f.poly(table, index2, t)
-    y = (ldexp or f.ldexp)(p, f.comb(lambda ee, r: Mux(r, -(ee >> 1), ee >> 1), e, rs, register=False))
+    y = f.ldexp(p, f.comb(lambda ee, r: Mux(r, -(ee >> 1), ee >> 1), e, rs, register=False), "scale")
 
     def special(v, yy, r):
         zero = v[:31] == 0
@@ -448,19 +432,19 @@ def sqrt_flow(f, x, rs, ldexp=None):
     return f.comb(special, x, y, rs)
 
 
-def exp_flow(f, x, ldexp=None):
-    """`sim.sfu.exp` (Cody-Waite). `ldexp(p, k)`: the final scaling's unit (default: its own `FpLdexp`)."""
+def exp_flow(f, x):
+    """`sim.sfu.exp` (Cody-Waite)."""
     lo, hi = (_f32_bits(v) for v in model.EXP_CLAMP)
     xc = f.comb(lambda v: Mux(_key(v) < _key(Const(lo, 32)), lo, Mux(_key(v) > _key(Const(hi, 32)), hi, v)), x)
-    tm = f.add(f.mul(xc, f.const(_f32_bits(model.EXP_INV))), f.const(_f32_bits(model.EXP_MAGIC)))
+    tm = f.add(f.mul(xc, f.const(_f32_bits(model.EXP_INV)), "m"), f.const(_f32_bits(model.EXP_MAGIC)))
     magic = _f32_bits(model.EXP_MAGIC)
     n = f.comb(lambda v: (v.as_signed() - magic)[:16].as_signed(), tm, register=False)
     nf = f.add(tm, f.const(_f32_bits(-model.EXP_MAGIC)))
     r1 = f.sub_(xc, f.mul(nf, f.const(_f32_bits(model.EXP_L_HI))))
-    r = f.sub_(r1, f.mul(nf, f.const(_f32_bits(model.EXP_L_LO))))
+    r = f.sub_(r1, f.mul(nf, f.const(_f32_bits(model.EXP_L_LO))), "t")
     index = f.comb(lambda v: v[:5], n, register=False)
     p = f.poly(model.table("exp"), index, r)
-    y = (ldexp or f.ldexp)(p, f.comb(lambda v: v >> 5, n, register=False))
+    y = f.ldexp(p, f.comb(lambda v: v >> 5, n, register=False), "scale")
     return f.comb(lambda v, yy: Mux(_is_nan(v), QNAN, yy), x, y)
 
 
@@ -471,7 +455,7 @@ def tanh_flow(f, x):
     a = f.comb(lambda v: v[:31], x, register=False)
     inside = f.comb(lambda v: (v >= lo) & (v < hi), a, register=False)
     z = f.comb(lambda v, i: Mux(i, v, lo), a, inside, register=False)
-    index, t = _logseg(f, z, e_lo, j_bits, binades)
+    index, t = _logseg(f, z, e_lo, j_bits, binades, "t")
     p = f.poly(model.table("tanh"), index, t)
 
     def out(v, i, pp):
@@ -490,9 +474,9 @@ def sin_turns_flow(f, turn):
     z = f.to_fp(g, 0)
     inside = f.comb(lambda v: (v >= lo) & (v < ONE), z, register=False)
     zz = f.comb(lambda v, i: Mux(i, v, lo), z, inside, register=False)
-    index, t = _logseg(f, zz, e_lo, j_bits, binades)
+    index, t = _logseg(f, zz, e_lo, j_bits, binades, "t")
     p = f.poly(model.table("sin"), index, t)
-    small = f.mul(z, f.const(_f32_bits(model.HALF_PI)))
+    small = f.mul(z, f.const(_f32_bits(model.HALF_PI)), "m")
     q1 = f.comb(lambda t: t[63], turn, register=False)
 
     def out(v, i, pp, sm, neg):
@@ -651,10 +635,11 @@ def _datapath(f, *nodes):
 
 
 def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_scale, accm):
-    """`_datapath` with the exp, tanh, sqrt/rsqrt and sin-turns evaluators served by `shared.poly` (no op uses
-    two of them; GELU's reciprocal keeps its own evaluator, so its exp -> recip chain runs at full rate), the
-    final ldexp of exp and sqrt/rsqrt by `shared.ldexp`, GELU_MUL's ``·b`` and SOFTCAP's ``·c`` by
-    `shared.mul`."""
+    """`_datapath` with the exp, tanh, sqrt/rsqrt and sin-turns builders served by `shared` (no op uses two
+    of them): one evaluator for their four tables, one adder for their evaluator argument ``t`` (the
+    segment offset; exp's ``r``), one ldexp for exp's and sqrt's final scaling, one multiplier for exp's
+    ``x/ln2`` and sin's small-argument ``z·π/2``; and one multiplier for GELU_MUL's ``·b`` and SOFTCAP's
+    ``·c``. GELU's reciprocal keeps its own evaluator, so its exp -> recip chain runs at full rate."""
     O = SfuOp
     family = lambda *ops: f.comb(lambda o: _is(o, *ops), op, register=False)
     sube = f.comb(lambda o, e: e & _is(o, *CVO_ELEMENTWISE), op, sub_emax, register=False)
@@ -673,7 +658,7 @@ def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_sc
     gelu_op = f.comb(lambda o: _is(o, O.GELU, O.GELU_MUL), op, register=False)
     v = f.mul(f.add(f.mul(f.const(GELU_K1), m1), f.const(GELU_K0)), x)
     with shared.serving(None):                       # the default: EXP, GELU, GELU_MUL
-        e = exp_flow(f, f.comb(lambda g, vv, xx: Mux(g, vv, xx), gelu_op, v, x), ldexp=shared.ldexp)
+        e = exp_flow(f, f.comb(lambda g, vv, xx: Mux(g, vv, xx), gelu_op, v, x))
     r = recip_flow(f, f.comb(lambda g, e1, xx: Mux(g, e1, xx), gelu_op, f.add(e, f.const(ONE)), x))
     g = f.mul(x, r)
     g = f.comb(lambda xx, yy: Mux(_is_nan(xx), QNAN, Mux(xx == NEG_INF, NEG_ZERO, yy)), x, g)
@@ -682,8 +667,7 @@ def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_sc
         t = tanh_flow(f, f.comb(lambda o, p, xx: Mux(o == O.SOFTCAP.value, p, xx), op, m1, x, register=False))
     tc = shared.mul(t, s, family(O.SOFTCAP))
     with shared.serving(family(O.SQRT, O.RSQRT)):
-        q = sqrt_flow(f, x, f.comb(lambda o: o == O.RSQRT.value, op, register=False),
-                      ldexp=lambda p, k: shared.ldexp(p, k, family(O.SQRT, O.RSQRT)))
+        q = sqrt_flow(f, x, f.comb(lambda o: o == O.RSQRT.value, op, register=False))
     with shared.serving(family(O.SIN, O.COS, O.ROPE_SIN, O.ROPE_COS)):
         tr = trig_flow(f, x, a, b, pos, family(O.ROPE_COS, O.ROPE_SIN), family(O.COS, O.ROPE_COS))
     choices = [((O.ADD, O.SUB, O.ADDS, O.FMAS), a1), ((O.RELU_SUBS,), relu), ((O.MUL, O.MULS, O.SCALE), m1),

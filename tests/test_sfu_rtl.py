@@ -113,16 +113,17 @@ MIXED = [model.exp, model.tanh, model.sqrt, model.rsqrt, model.sin, model.cos]
 
 
 def _mixed(f, a, b):
-    """exp, tanh, sqrt/rsqrt and sin/cos on one `SharedPoly` (and exp's and sqrt's ldexp on one
-    `SharedLdexp`), the function picked per element by b[0:3]."""
+    """exp, tanh, sqrt/rsqrt and sin/cos on one `Shared` set (one evaluator, one argument adder, one
+    scaling ldexp, one multiplier: the builders' tagged operations), the function picked per element by
+    b[0:3]."""
     def graph(f, shared):
         fam = lambda *k: f.comb(lambda v: Cat(*[v[:3] == i for i in k]).any(), b, register=False)
         with shared.serving(None):
-            e = exp_flow(f, a, ldexp=shared.ldexp)
+            e = exp_flow(f, a)
         with shared.serving(fam(1)):
             t = tanh_flow(f, a)
         with shared.serving(fam(2, 3)):
-            q = sqrt_flow(f, a, fam(3), ldexp=lambda p, k: shared.ldexp(p, k, fam(2, 3)))
+            q = sqrt_flow(f, a, fam(3))
         with shared.serving(fam(4, 5)):
             s = trig_flow(f, a, a, b, _const_node(0, 32), _const_node(0), fam(5))
         return f.comb(lambda v, ye, yt, yq, ys: Mux(v[:3] == 1, yt, Mux((v[:3] == 2) | (v[:3] == 3), yq,
