@@ -9,6 +9,9 @@ Pieces
   function is the model's operation sequence, scheduled.
 - `SegmentPoly`: the evaluator ``((c3*t + c2)*t + c1)*t + c0`` (`sim.sfu.horner`) with the coefficient
   table of `sim.sfu.table` in ROMs (one port per coefficient, read in the cycle it is used).
+- `Shared` / `with_shared`: one unit (an evaluator with the concatenated tables, or a tagged adder,
+  multiplier, ldexp) for builders that never run on the same element, picked per element by op; the
+  requests wait (shift registers) for the latest of them, a start time learnt from dry layouts.
 - Function builders (`recip_flow`, `sqrt_flow`, `exp_flow`, `tanh_flow`, `trig_flow`, `gelu_flow`):
   each lays out one `sim.sfu` function on a `Flow`; `FlowUnit` wraps one as a small component for unit
   tests, `Recip` is the reciprocal alone.

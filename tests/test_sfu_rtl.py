@@ -133,10 +133,13 @@ def _mixed(f, a, b):
 
 @pytest.mark.parametrize("en_prob", [1.0, 0.8])
 def test_shared_poly_switches_function_every_element(en_prob):
-    x = unary_vectors(21, scale=6)
+    # sin/cos next to multiples of pi/2 take the small-argument branch (z*pi/2 on the shared multiplier)
+    near = (np.pi / 2 * np.arange(1, 9)).astype(np.float32).view(np.uint32)
+    x = np.concatenate([unary_vectors(21, scale=6), near, near])
     rng = np.random.default_rng(22)
     fam = rng.integers(0, len(MIXED), len(x)).astype(np.uint32)
     fam[: 2 * len(MIXED)] = np.tile(np.arange(len(MIXED)), 2)      # every switch, from the first element
+    fam[-2 * len(near):] = np.repeat([4, 5], len(near))
     unit = FlowUnit(_mixed)
     got = simulate(unit, x, fam, en_prob=en_prob, seed=5)
     with np.errstate(all="ignore"):
