@@ -26,7 +26,7 @@ instruction whose L2 ranges meet the rows still being written waits for them (th
 this is slightly pessimistic), the next WGEMV, FENCE and HALT wait for the engine. `fit_rates` calibrates
 the costs from RTL measurements (``(counters, cycles)`` pairs: micro-programs that isolate each kind and
 whole tokens, from the full-chip bench, `tb/npu`); the defaults are the values fitted from the tiny NPU
-(docs/architecture.md, "Performance"; the WGEMM costs from docs/systolic.md's RTL table). ``python -m
+(docs/architecture.md, "Performance"; the WGEMM costs from the WGEMMs of docs/systolic.md's table). ``python -m
 firmware.perf --model e4b --hw kv260 --positions 128 1024 4096 --prefill 32 128 512`` prints the breakdown per
 unit and per instruction class, then `prefill`: a model estimate of a prompt's time with the projections as
 WGEMMs (the compiler emits no prefill program).
@@ -70,10 +70,11 @@ class Rates:
     ddr_write_pass: float = 14.7       # ... of a DDR write (until the last response)
     alu_op: float = 8.7                # a scalar-ALU add or multiply
     gemv_fixed: float = 88.4           # per WGEMV beyond its bytes
-    # WGEMM (`wgemm_cost`), fitted to the RTL cycles of docs/systolic.md's table (tiny NPU)
-    gemm_quant: float = 29.9           # per token's quantiser pass beyond its elements (start, block latency, lanes)
-    gemm_tile: float = 70.9            # per token tile: unit start, first DDR latency, engine latency, hand-off
-    gemm_row: float = 8.9              # per token row of a row tile beyond its elements: the L2 row command
+    # WGEMM (`wgemm_cost`), fitted to the RTL cycles of the six WGEMMs of docs/systolic.md's table (tiny NPU,
+    # tb.npu.calibrate NPU_CALIBRATE=gemm, re-measured at b83a969; tests/test_perf.py RTL_WGEMM_FIT)
+    gemm_quant: float = 30.9           # per token's quantiser pass beyond its elements (start, block latency, lanes)
+    gemm_tile: float = 62.3            # per token tile: unit start, first DDR latency, engine latency, hand-off
+    gemm_row: float = 8.4              # per token row of a row tile beyond its elements: the L2 row command
 
 
 @dataclass

@@ -103,11 +103,20 @@ def test_fit_recovers_known_costs(tiny):
 
 # --- WGEMM and prefill ----------------------------------------------------------------------------------------
 
-# RTL cycles of one WGEMM on the tiny NPU (Verilator; CYCLES of the program less its activation load):
-# docs/systolic.md "In the NPU" (`python -m benchmarks.npu --gemm`). (rows, cols, tokens) -> cycles.
-RTL_WGEMM = {(128, 64, 1): 1272, (128, 64, 4): 1657, (128, 64, 8): 3283,
-             (64, 128, 1): 1340, (64, 128, 4): 1859, (64, 128, 8): 3687}
-RTL_WGEMM_BOUND = 0.005            # the model's relative error on those points (largest observed: 0.16 %)
+# RTL cycles of one WGEMM on the tiny NPU in Verilator (CYCLES of the program less the same program without the
+# WGEMM), measured at commit b83a969 with `tb.npu.calibrate`: NPU_CALIBRATE=gemm (the six WGEMMs of
+# docs/systolic.md's table, which was measured before the fused scale multiplier: up to 2.2 % more cycles) and
+# NPU_CALIBRATE=gemm_shapes (ragged rows and columns, partial and several token tiles). (rows, cols, tokens) ->
+# cycles. The defaults of `Rates` are fitted to the first six; the others are validation.
+RTL_WGEMM_FIT = {(128, 64, 1): 1264, (128, 64, 4): 1621, (128, 64, 8): 3215,
+                 (64, 128, 1): 1332, (64, 128, 4): 1851, (64, 128, 8): 3675}
+RTL_WGEMM_VALIDATION = {
+    (128, 64, 2): 1369, (128, 64, 3): 1474, (128, 64, 12): 4809, (64, 128, 2): 1505, (64, 128, 12): 5499,
+    (32, 64, 1): 496, (32, 64, 4): 817, (32, 64, 8): 1607, (112, 64, 4): 1487, (112, 64, 5): 2596,
+    (256, 112, 1): 3875, (256, 112, 4): 4343, (256, 112, 7): 8503, (320, 64, 4): 3229, (64, 64, 4): 1085,
+    (64, 64, 16): 4259}
+FIT_BOUND = 0.002                  # largest relative error observed: 0.16 %
+VALIDATION_BOUND = 0.025           # largest relative error observed: 2.04 % (32 x 64, 4 tokens)
 
 
 def _wgemm_sample(shape, cycles):
@@ -127,14 +136,15 @@ def _wgemm_total(shape, hw, rates):
 def test_wgemm_cost_matches_the_rtl():
     hw = HardwareConfig.preset("tiny")
     rates = Rates()
-    for shape, cycles in RTL_WGEMM.items():
-        pred = _wgemm_total(shape, hw, rates)
-        assert abs(pred - cycles) <= RTL_WGEMM_BOUND * cycles, (shape, cycles, pred)
-    # the defaults are the least-squares fit of these points (the other costs at their calibrated values)
-    fitted = fit_rates([_wgemm_sample(s, c) for s, c in RTL_WGEMM.items()], hw, rates,
+    for points, bound in ((RTL_WGEMM_FIT, FIT_BOUND), (RTL_WGEMM_VALIDATION, VALIDATION_BOUND)):
+        for shape, cycles in points.items():
+            pred = _wgemm_total(shape, hw, rates)
+            assert abs(pred - cycles) <= bound * cycles, (shape, cycles, pred)
+    # the defaults are the least-squares fit of the six (the other costs at their calibrated values)
+    fitted = fit_rates([_wgemm_sample(s, c) for s, c in RTL_WGEMM_FIT.items()], hw, rates,
                        fit=("gemm_quant", "gemm_tile", "gemm_row"))
     for name in ("gemm_quant", "gemm_tile", "gemm_row"):
-        assert getattr(fitted, name) == pytest.approx(getattr(rates, name), abs=0.06), name
+        assert getattr(fitted, name) == pytest.approx(getattr(rates, name), abs=0.05), name
 
 
 def test_fit_recovers_known_wgemm_costs():

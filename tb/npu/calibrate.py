@@ -6,7 +6,9 @@ passes and instructions). Each repeats one kind of work `REPS` times at two size
 fixed cost of a pass from its elements. The results go to the JSON file ``NPU_RESULT``:
 ``[{"name", "cycles", "words"}]`` (the host rebuilds the ISS counters from the words). With
 ``NPU_CALIBRATE=gemm`` the programs are `gemm_programs` instead: WGEMMs of 1, 4 and 8 tokens against the
-same products as WGEMVs.
+same products as WGEMVs; with ``NPU_CALIBRATE=gemm_shapes`` they are `gemm_shape_programs`: WGEMMs of more
+shapes and token counts (ragged rows and columns, partial and several token tiles) for the WGEMM cost of
+`firmware.perf` (`tests/test_perf.py` holds the cycles measured with it).
 """
 
 from __future__ import annotations
@@ -77,6 +79,28 @@ def gemm_programs(image, hw: HardwareConfig) -> dict[str, list[int]]:
     return progs
 
 
+GEMM_SHAPES = (("layers.0.self_attn.q_proj.weight", (2, 3, 12)), ("layers.0.self_attn.o_proj.weight", (2, 12)),
+               ("layers.0.self_attn.k_proj.weight", (1, 4, 8)), ("per_layer_model_projection.weight", (4, 5)),
+               ("embed_tokens_per_layer.weight", (1, 4, 7)), ("embed_tokens.weight", (4,)),
+               ("altup_projections.0.weight", (4, 16)))
+
+
+def gemm_shape_programs(image, hw: HardwareConfig) -> dict[str, list[int]]:
+    """name -> program: the activation load, then one WGEMM of T tokens (``wgemm_<rows>x<cols>_t<T>``), for the
+    matrices and token counts of `GEMM_SHAPES`; ``load`` is the load alone."""
+    by = {d.tensor: d for d in image.descriptors if d.kind == 0}
+    halt = _ctrl(CtrlFunc.HALT)
+    load = [_ctrl(CtrlFunc.SETVL, 1024),
+            encode(Opcode.DMA, dir=DmaDir.DDR_TO_L2, region=DdrRegion.CONST, l2=0, offset=0, async_=0)]
+    progs = {"load": load + [halt]}
+    for name, tokens in GEMM_SHAPES:
+        d = by[name]
+        for t in tokens:
+            progs[f"wgemm_{d.rows}x{d.cols}_t{t}"] = load + [
+                encode(Opcode.WGEMM, dst=1024, src=0, desc=d.index, tokens=t, accm=0, async_=0), halt]
+    return progs
+
+
 def _measure(device, image, progs, log) -> list[dict]:
     npu = CsrBackend(device)
     out = []
@@ -91,7 +115,8 @@ def _measure(device, image, progs, log) -> list[dict]:
 
 def calibrate_host(device, case, hw, log) -> list[dict]:
     image = pack(ModelConfig.from_hf(case.config), case.tensors, hw, max_positions=4)
-    progs = gemm_programs(image, hw) if bench_env("NPU_CALIBRATE", "micro") == "gemm" else micro_programs(image, hw)
+    mode = bench_env("NPU_CALIBRATE", "micro")
+    progs = {"gemm": gemm_programs, "gemm_shapes": gemm_shape_programs}.get(mode, micro_programs)(image, hw)
     return _measure(device, image, progs, log)
 
 
