@@ -160,7 +160,8 @@ def test_fit_recovers_known_wgemm_costs():
 
 
 @pytest.mark.parametrize("hw", [HardwareConfig.preset("tiny"), HardwareConfig.preset("kv260"),
-                                HardwareConfig.preset("kv260").replace(systolic_cols=32)], ids=lambda h: f"{h.name}-{h.systolic_cols}")
+                                HardwareConfig.preset("kv260").replace(systolic_cols=32)],
+                         ids=lambda h: f"{h.name}-{h.systolic_cols}")
 def test_wgemm_structure(hw):
     """More tokens, rows or columns never cost less; a WGEMM never beats the array's bound (one k-step per
     cycle) or, at full port efficiency, its weight stream; a token tile costs about as much with 1 or R tokens
@@ -183,9 +184,9 @@ def test_wgemm_structure(hw):
                 array, stream = wgemm_bounds(g, hw, rates)
                 assert c >= array and c >= stream * rates.ddr_efficiency, (g, c, array, stream)
             for t in tok_list:
-                assert wgemm_cost(Wgemm(rows + geo.C2, cols, t), hw, rates) > wgemm_cost(Wgemm(rows, cols, t), hw, rates)
-                assert wgemm_cost(Wgemm(rows, cols + hw.act_block, t), hw, rates) > \
-                    wgemm_cost(Wgemm(rows, cols, t), hw, rates)
+                c = wgemm_cost(Wgemm(rows, cols, t), hw, rates)
+                assert wgemm_cost(Wgemm(rows + geo.C2, cols, t), hw, rates) > c       # one more row tile
+                assert wgemm_cost(Wgemm(rows, cols + hw.act_block, t), hw, rates) > c  # one more block of K
     # the array bound counts token tiles, row tiles and padded K
     array, _ = wgemm_bounds(Wgemm(geo.C2 + 1, hw.act_block + 1, geo.R + 1), hw, rates)
     seg = min(hw.weight_group, hw.act_block)
