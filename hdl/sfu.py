@@ -313,7 +313,7 @@ class Shared:
     tables are concatenated into one ROM, each at its own base row) and one `FpAdd`/`FpMul`/`FpLdexp` per
     tag. Inside ``with shared.serving(when):`` every `Flow.poly` call, and every ``Flow.add/sub_/mul/ldexp``
     call given a ``share`` tag, is a request selected by the 1-bit node `when` (None: the default);
-    ``shared.mul(a, b, when, tag)`` requests a multiplier directly."""
+    ``shared.binary(kind, tag, a, b, when)`` requests an ``"add"``/``"mul"``/``"ldexp"`` unit directly."""
 
     _LATENCY = {"poly": 1 + 3 * (FpMul.LATENCY + FpAdd.LATENCY),       # SegmentPoly.latency
                 "add": FpAdd.LATENCY, "mul": FpMul.LATENCY, "ldexp": FpLdexp.LATENCY}
@@ -340,8 +340,8 @@ class Shared:
 
         return _Serving()
 
-    def mul(self, a, b, when=None, tag="out"):
-        return self.unit("mul", tag).request([a, b], when)
+    def binary(self, kind, tag, a, b, when=None):
+        return self.unit(kind, tag).request([a, b], when)
 
     @property
     def learnt(self) -> dict:
@@ -641,8 +641,8 @@ def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_sc
     """`_datapath` with the exp, tanh, sqrt/rsqrt and sin-turns builders served by `shared` (no op uses two
     of them): one evaluator for their four tables, one adder for their evaluator argument ``t`` (the
     segment offset; exp's ``r``), one ldexp for exp's and sqrt's final scaling, one multiplier for exp's
-    ``x/ln2`` and sin's small-argument ``z·π/2``; and one multiplier for GELU_MUL's ``·b`` and SOFTCAP's
-    ``·c``. GELU's reciprocal keeps its own evaluator, so its exp -> recip chain runs at full rate."""
+    ``x/ln2`` and sin's small-argument ``z·π/2``; one multiplier for GELU_MUL's ``·b`` and SOFTCAP's
+    ``·c``; one adder for A1 (ADD/SUB/ADDS/FMAS/RELU_SUBS) and GELU's ``1 + e``. GELU's reciprocal keeps its own evaluator, so its exp -> recip chain runs at full rate."""
     O = SfuOp
     family = lambda *ops: f.comb(lambda o: _is(o, *ops), op, register=False)
     sube = f.comb(lambda o, e: e & _is(o, *CVO_ELEMENTWISE), op, sub_emax, register=False)
@@ -656,19 +656,20 @@ def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_sc
     a1a = f.comb(lambda o, p, v: Mux(o == O.FMAS.value, p, v), op, m1, x, register=False)
     a1b = f.comb(lambda o, vb, vs: Mux(_is(o, O.ADD, O.FMAS), vb, Mux(o == O.SUB.value, _neg(vb),
                                        Mux(o == O.ADDS.value, vs, _neg(vs)))), op, b, s, register=False)
-    a1 = f.add(a1a, a1b)
+    a1 = shared.binary("add", "a1", a1a, a1b)        # ADD/SUB/ADDS/FMAS/RELU_SUBS; GELU's 1 + e below
     relu = f.comb(lambda v: _fmax(v, Const(0, 32)), a1)
     gelu_op = f.comb(lambda o: _is(o, O.GELU, O.GELU_MUL), op, register=False)
     v = f.mul(f.add(f.mul(f.const(GELU_K1), m1), f.const(GELU_K0)), x)
     with shared.serving(None):                       # the default: EXP, GELU, GELU_MUL
         e = exp_flow(f, f.comb(lambda g, vv, xx: Mux(g, vv, xx), gelu_op, v, x))
-    r = recip_flow(f, f.comb(lambda g, e1, xx: Mux(g, e1, xx), gelu_op, f.add(e, f.const(ONE)), x))
+    e1 = shared.binary("add", "a1", e, f.const(ONE), gelu_op)
+    r = recip_flow(f, f.comb(lambda g, ee, xx: Mux(g, ee, xx), gelu_op, e1, x))
     g = f.mul(x, r)
     g = f.comb(lambda xx, yy: Mux(_is_nan(xx), QNAN, Mux(xx == NEG_INF, NEG_ZERO, yy)), x, g)
-    gm = shared.mul(g, b)                           # GELU_MUL's product, the default of the shared mul
+    gm = shared.binary("mul", "out", g, b)          # GELU_MUL's product, the default of the shared mul
     with shared.serving(family(O.TANH, O.SOFTCAP)):
         t = tanh_flow(f, f.comb(lambda o, p, xx: Mux(o == O.SOFTCAP.value, p, xx), op, m1, x, register=False))
-    tc = shared.mul(t, s, family(O.SOFTCAP))
+    tc = shared.binary("mul", "out", t, s, family(O.SOFTCAP))
     with shared.serving(family(O.SQRT, O.RSQRT)):
         q = sqrt_flow(f, x, f.comb(lambda o: o == O.RSQRT.value, op, register=False))
     with shared.serving(family(O.SIN, O.COS, O.ROPE_SIN, O.ROPE_COS)):
