@@ -44,11 +44,13 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 __all__ = ["QNAN", "QNAN16", "NEG_ZERO", "FpAdd", "FpMul", "IntToFp", "F16ToF32", "F32ToF16", "FpLdexp",
-           "IntScaleMul", "INT_SCALE_MAX_BITS"]
+           "IntScaleMul", "INT_SCALE_MAX_BITS", "check_int_scale_bits"]
 
 QNAN = 0x7FC00000
-NEG_ZERO = 0x80000000   # -0.0: x + -0.0 == x exactly for every x (RNE), an adder's identity
 """The canonical quiet NaN every primitive returns for a NaN result."""
+
+NEG_ZERO = 0x80000000
+"""-0.0: ``x + -0.0 == x`` exactly for every x (RNE), an adder's identity."""
 
 QNAN16 = 0x7E00
 """The canonical binary16 quiet NaN `F32ToF16` returns for a NaN input."""
@@ -187,11 +189,18 @@ class _Primitive(wiring.Component):
     def latency(self) -> int:
         return self.LATENCY
 
-    def _check_width(self, what: str, v) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or not 2 <= v <= 32:
+    def _check_width(self, what: str, v, hi: int = 32, why: str = "") -> int:
+        try:
+            return _check_width(type(self).__name__, what, v, hi, why)
+        except ValueError:
             self._MustUse__silence = True        # a rejected component is not an unused one
-            raise ValueError(f"{type(self).__name__} {what} must be an integer 2..32, not {v!r}")
-        return v
+            raise
+
+
+def _check_width(owner: str, what: str, v, hi: int, why: str = "") -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 2 <= v <= hi:
+        raise ValueError(f"{owner} {what} must be an integer 2..{hi}{why}, not {v!r}")
+    return v
 
 
 class _Unary(_Primitive):
@@ -426,6 +435,12 @@ INT_SCALE_MAX_BITS = 25
 binary32, which is what makes the fused product equal to ``FpMul(IntToFp(x), F16ToF32(s))``."""
 
 
+def check_int_scale_bits(owner: str, name: str, bits, limit: int = INT_SCALE_MAX_BITS) -> int:
+    """`bits` if it is an integer 2..`limit` (at most `INT_SCALE_MAX_BITS`: every such signed integer is exact
+    in binary32, so `IntScaleMul` equals ``FpMul(IntToFp, F16ToF32)``); else ValueError naming `owner`.`name`."""
+    return _check_width(owner, name, bits, min(limit, INT_SCALE_MAX_BITS), " (integers exact in binary32)")
+
+
 class IntScaleMul(_Binary):
     """``fp32(x) * fp32(s)`` for a signed `int_bits`-bit integer ``x = i_a[:int_bits]`` and a binary16 scale
     ``s = i_b[:16]``, RNE: bit-identical to ``FpMul(IntToFp(int_bits)(x), F16ToF32(s))`` (and to NumPy
@@ -456,11 +471,7 @@ class IntScaleMul(_Binary):
     LATENCY = 6
 
     def __init__(self, int_bits: int):
-        if isinstance(int_bits, bool) or not isinstance(int_bits, int) or not 2 <= int_bits <= INT_SCALE_MAX_BITS:
-            self._MustUse__silence = True
-            raise ValueError(f"IntScaleMul int_bits must be an integer 2..{INT_SCALE_MAX_BITS} (an integer exact "
-                             f"in binary32), not {int_bits!r}")
-        self._int_bits = int_bits
+        self._int_bits = self._check_width("int_bits", int_bits, INT_SCALE_MAX_BITS, " (integers exact in binary32)")
         super().__init__()
 
     @property

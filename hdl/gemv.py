@@ -51,7 +51,7 @@ from amaranth.lib.wiring import In, Out
 
 from .axi import AxiReadDma, AxiReadSignature, read_command_layout, read_data_layout
 from .config import HardwareConfig, ceil_log2
-from .fp import INT_SCALE_MAX_BITS, NEG_ZERO, FpAdd, FpLdexp, IntScaleMul
+from .fp import INT_SCALE_MAX_BITS, NEG_ZERO, FpAdd, FpLdexp, IntScaleMul, check_int_scale_bits
 
 __all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "segment_sum_bits", "PartAccumulator",
            "GemvPort", "SparsePort", "EnginePort", "GemvEngine"]
@@ -332,11 +332,11 @@ class PartAccumulator(wiring.Component):
     LATENCY = PART_LATENCY + FpAdd.LATENCY
 
     def __init__(self, cfg: HardwareConfig, isum_bits: int = INT_SCALE_MAX_BITS):
-        if isinstance(isum_bits, bool) or not isinstance(isum_bits, int) or \
-                not 2 <= isum_bits <= min(INT_SCALE_MAX_BITS, cfg.acc_bits):
+        try:
+            check_int_scale_bits("PartAccumulator", "isum_bits", isum_bits, cfg.acc_bits)
+        except ValueError:
             self._MustUse__silence = True
-            raise ValueError(f"PartAccumulator isum_bits must be an integer 2..{min(INT_SCALE_MAX_BITS, cfg.acc_bits)} "
-                             f"(exact in binary32 and within acc_bits), not {isum_bits!r}")
+            raise
         self._cfg, self._isum_bits = cfg, isum_bits
         super().__init__({"i_valid": In(1), "i_isum": In(signed(cfg.acc_bits)), "i_scale": In(16),
                           "i_exp": In(signed(EXP_BITS)), "i_y": In(32), "o_valid": Out(1), "o_sum": Out(32)})

@@ -23,6 +23,7 @@ Pieces
 
 from __future__ import annotations
 
+import contextlib
 import enum as _enum
 
 import numpy as np
@@ -209,9 +210,11 @@ class SegmentPoly(wiring.Component):
         super().__init__({"en": In(1), "i_valid": In(1), "i_index": In(self._index_bits), "i_t": In(32),
                           "o_valid": Out(1), "o_y": Out(32)})
 
+    LATENCY = 1 + 3 * (FpMul.LATENCY + FpAdd.LATENCY)     # the ROM read, then three multiply-adds
+
     @property
     def latency(self) -> int:
-        return 1 + 3 * (FpMul.LATENCY + FpAdd.LATENCY)
+        return self.LATENCY
 
     def elaborate(self, platform):
         m = Module()
@@ -315,7 +318,7 @@ class Shared:
     call given a ``share`` tag, is a request selected by the 1-bit node `when` (None: the default);
     ``shared.binary(kind, tag, a, b, when)`` requests an ``"add"``/``"mul"``/``"ldexp"`` unit directly."""
 
-    _LATENCY = {"poly": 1 + 3 * (FpMul.LATENCY + FpAdd.LATENCY),       # SegmentPoly.latency
+    _LATENCY = {"poly": SegmentPoly.LATENCY,
                 "add": FpAdd.LATENCY, "mul": FpMul.LATENCY, "ldexp": FpLdexp.LATENCY}
 
     def __init__(self, f: Flow, starts: dict | None = None):
@@ -328,17 +331,13 @@ class Shared:
             self.units[key] = _Shared(self.f, self._starts.get(key), self._LATENCY[kind], build)
         return self.units[key]
 
+    @contextlib.contextmanager
     def serving(self, when):
-        shared, f = self, self.f
-
-        class _Serving:
-            def __enter__(self):
-                f._serving = (shared, when)
-
-            def __exit__(self, *exc):
-                f._serving = None
-
-        return _Serving()
+        self.f._serving = (self, when)
+        try:
+            yield
+        finally:
+            self.f._serving = None
 
     def binary(self, kind, tag, a, b, when=None):
         return self.unit(kind, tag).request([a, b], when)

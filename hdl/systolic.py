@@ -32,7 +32,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .config import HardwareConfig
-from .fp import INT_SCALE_MAX_BITS, NEG_ZERO, FpAdd, FpLdexp, IntScaleMul
+from .fp import NEG_ZERO, FpAdd, FpLdexp, IntScaleMul, check_int_scale_bits
 
 __all__ = ["tag_layout", "row_layout", "res_layout", "step_layout", "pack_pair", "extract_pair", "SystolicPE",
            "NaivePE", "SystolicColumn", "Skew", "SystolicArray", "NaiveArray", "ScaleLane", "SystolicEngine",
@@ -345,10 +345,11 @@ class ScaleLane(wiring.Component):
         _check_int("rows", rows)
         # fp32(isum) is exact, so that the fused product is bit-identical to FpMul(IntToFp, F16ToF32), when
         # every signed `field`-bit value is: field <= 25 (EngineGeometry's DSP packing keeps it <= 22).
-        if isinstance(field, bool) or not isinstance(field, int) or not 2 <= field <= INT_SCALE_MAX_BITS:
+        try:
+            check_int_scale_bits("ScaleLane", "field", field)
+        except ValueError:
             _silence(self)
-            raise ValueError(f"ScaleLane field must be an integer 2..{INT_SCALE_MAX_BITS} (sums exact in binary32), "
-                             f"not {field!r}")
+            raise
         self._rows, self._field = rows, field
         super().__init__({
             "i_res": In(res_layout(field)),

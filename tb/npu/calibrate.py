@@ -58,20 +58,28 @@ def micro_programs(image, hw: HardwareConfig) -> dict[str, list[int]]:
     return {k: v + [halt] for k, v in progs.items()}
 
 
+# WGEMM programs: the activations (1,024 binary32 from the CONST region) loaded to L2 word 0, outputs at 1024.
+_GEMM_LOAD = [_ctrl(CtrlFunc.SETVL, 1024),
+              encode(Opcode.DMA, dir=DmaDir.DDR_TO_L2, region=DdrRegion.CONST, l2=0, offset=0, async_=0)]
+
+
+def _wgemm_program(d, tokens: int) -> list[int]:
+    """The activation load, one WGEMM of `tokens` tokens through descriptor `d`, HALT."""
+    return _GEMM_LOAD + [encode(Opcode.WGEMM, dst=1024, src=0, desc=d.index, tokens=tokens, accm=0, async_=0),
+                         _ctrl(CtrlFunc.HALT)]
+
+
 def gemm_programs(image, hw: HardwareConfig) -> dict[str, list[int]]:
     """name -> program: one WGEMM of T tokens, or T WGEMVs (the same products on the GEMV engine), for two
     matrices (128 x 64: 16 row tiles, one chunk; 64 x 128: 8 row tiles, two chunks)."""
     by = {d.tensor: d for d in image.descriptors if d.kind == 0}
-    halt = _ctrl(CtrlFunc.HALT)
-    load = [_ctrl(CtrlFunc.SETVL, 1024),
-            encode(Opcode.DMA, dir=DmaDir.DDR_TO_L2, region=DdrRegion.CONST, l2=0, offset=0, async_=0)]
+    halt, load = _ctrl(CtrlFunc.HALT), _GEMM_LOAD
     progs = {}
     for name in ("layers.1.self_attn.q_proj.weight", "layers.1.self_attn.o_proj.weight"):
         d = by[name]
         ins, outs = -(-d.cols // 4), -(-d.rows // 4)
         for t in (1, 4, 8):
-            progs[f"wgemm_{d.rows}x{d.cols}_t{t}"] = load + [
-                encode(Opcode.WGEMM, dst=1024, src=0, desc=d.index, tokens=t, accm=0, async_=0), halt]
+            progs[f"wgemm_{d.rows}x{d.cols}_t{t}"] = _wgemm_program(d, t)
             progs[f"wgemv_{d.rows}x{d.cols}_t{t}"] = load + [
                 encode(Opcode.WGEMV, dst=1024 + k * outs, src=k * ins, desc=d.index, accm=0, findemax=0, sparse=0,
                        async_=0) for k in range(t)] + [halt]
@@ -89,15 +97,11 @@ def gemm_shape_programs(image, hw: HardwareConfig) -> dict[str, list[int]]:
     """name -> program: the activation load, then one WGEMM of T tokens (``wgemm_<rows>x<cols>_t<T>``), for the
     matrices and token counts of `GEMM_SHAPES`; ``load`` is the load alone."""
     by = {d.tensor: d for d in image.descriptors if d.kind == 0}
-    halt = _ctrl(CtrlFunc.HALT)
-    load = [_ctrl(CtrlFunc.SETVL, 1024),
-            encode(Opcode.DMA, dir=DmaDir.DDR_TO_L2, region=DdrRegion.CONST, l2=0, offset=0, async_=0)]
-    progs = {"load": load + [halt]}
+    progs = {"load": _GEMM_LOAD + [_ctrl(CtrlFunc.HALT)]}
     for name, tokens in GEMM_SHAPES:
         d = by[name]
         for t in tokens:
-            progs[f"wgemm_{d.rows}x{d.cols}_t{t}"] = load + [
-                encode(Opcode.WGEMM, dst=1024, src=0, desc=d.index, tokens=t, accm=0, async_=0), halt]
+            progs[f"wgemm_{d.rows}x{d.cols}_t{t}"] = _wgemm_program(d, t)
     return progs
 
 
