@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from .config import HardwareConfig, PRESETS
+from .dsp import XilinxTarget
 from .synth import ROOT, format_table, synthesize
 
 __all__ = ["top", "build", "main", "TOPS"]
@@ -92,8 +93,8 @@ def build(hw: str = "kv260", out: str | Path | None = None, *, synth: bool = Tru
     stage(1, "elaborate", f"{type(design).__name__} for {cfg.name}: {cfg.axi_ports} x {cfg.axi_data_bits}-bit "
                           f"AXI4 ports, {cfg.gemv_lanes} GEMV lanes, {cfg.clock_hz / 1e6:g} MHz")
     # One Amaranth conversion (minutes for the whole NPU): RTLIL, from which Yosys writes the Verilog and
-    # synthesises.
-    il_text = rtlil.convert(design, name=TOP_NAME, emit_src=False)
+    # synthesises. Elaborated for the device: vendor primitives (`hdl.dsp`) where the RTL has them.
+    il_text = rtlil.convert(design, name=TOP_NAME, emit_src=False, platform=XilinxTarget(cfg.device.name))
     vfile = out / f"{TOP_NAME}.v"
     vfile.write_text(verilog._convert_rtlil_text(il_text))
     stage(2, "verilog", str(vfile))

