@@ -6,7 +6,7 @@ Stages, one progress line each::
     [1/5] elaborate   top(cfg)                      the whole NPU (`hdl.npu.Npu`); ``--top gemv``: the GEMV engine
     [2/5] verilog     <out>/npu_top.v
     [3/5] rtlil       <out>/npu_top.il
-    [4/5] yosys       synth_xilinx -family xcup -> utilisation table vs the device budget
+    [4/5] yosys       synth_xilinx -family xcup -> utilisation table vs the device budget, and per block
     [5/5] vivado      <out>/vivado/{build.tcl, npu_top.xdc}; runs when `vivado` is on PATH
 
 Vivado is not open source and not installable here: without it the build stops after writing its inputs,
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .config import HardwareConfig, PRESETS
 from .dsp import XilinxTarget
-from .synth import ROOT, format_table, synthesize
+from .synth import ROOT, format_breakdown, format_table, synthesize
 
 __all__ = ["top", "build", "main", "TOPS"]
 
@@ -76,9 +76,17 @@ write_checkpoint -force {TOP_NAME}_routed.dcp
 """
 
 
+KEEP_DEPTH = 3
+
+
 def build(hw: str = "kv260", out: str | Path | None = None, *, synth: bool = True, which: str = "npu",
-          log=print) -> dict:
-    """Run the build; returns a dict of the files written and the utilisation (or None without synth)."""
+          keep_depth: int = KEEP_DEPTH, log=print) -> dict:
+    """Run the build; returns a dict of the files written and the utilisation (or None without synth).
+
+    `keep_depth`: the Yosys estimate keeps the design's blocks down to this depth below the top (3: the
+    NPU's units such as ``ctl.gemv`` and ``ctl.gemm`` and their parts such as ``ctl.gemm.engine`` and
+    ``ctl.gemv.port0``) and reports each (`hdl.synth.synthesize`); 0 flattens the whole design (slower:
+    more than two hours for the kv260 NPU)."""
     cfg = HardwareConfig.preset(hw)
     out = Path(out or ROOT / "build" / hw).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -103,10 +111,14 @@ def build(hw: str = "kv260", out: str | Path | None = None, *, synth: bool = Tru
     stage(3, "rtlil", str(ilfile))
     util = None
     if synth:
-        util = synthesize(design, TOP_NAME, build_dir=out / "synth", rtlil_text=il_text,
+        util = synthesize(design, TOP_NAME, build_dir=out / "synth", rtlil_text=il_text, keep_depth=keep_depth,
                           log=lambda msg: log(f"      {msg}"))
         stage(4, "yosys", f"done; log in {out / 'synth' / 'synth.log'}")
-        log(format_table(util, cfg.device))
+        report = format_table(util, cfg.device)
+        if util.blocks:
+            report += "\n\n" + format_breakdown(util, cfg.device)
+        (out / "utilisation.txt").write_text(report + "\n")
+        log(report)
     else:
         stage(4, "yosys", "skipped (--no-synth)")
     vdir = out / "vivado"
@@ -133,8 +145,11 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="build directory (default build/<hw>)")
     parser.add_argument("--no-synth", action="store_true", help="skip the Yosys utilisation estimate")
     parser.add_argument("--top", default="npu", choices=TOPS, help="what to build (default: the whole NPU)")
+    parser.add_argument("--flat", action="store_true",
+                        help="estimate on the fully flattened design (default: the units kept as blocks, "
+                             f"{KEEP_DEPTH} levels deep, with a per-block breakdown)")
     args = parser.parse_args(argv)
-    build(args.hw, args.out, synth=not args.no_synth, which=args.top)
+    build(args.hw, args.out, synth=not args.no_synth, which=args.top, keep_depth=0 if args.flat else KEEP_DEPTH)
     return 0
 
 

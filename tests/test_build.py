@@ -34,6 +34,11 @@ def test_build_tiny():
     # The LUT count in the table is a positive number: the design was really synthesised.
     lut = next(line for line in text.splitlines() if line.startswith("LUT"))
     assert int(lut.split()[1]) > 1000
+    # The per-block breakdown (the engine's ports kept as blocks) ends in the same total, and is saved.
+    total = next(line for line in text.splitlines() if line.startswith("total "))
+    assert total.split()[1] == lut.split()[1]
+    assert any(line.startswith("port0 ") for line in text.splitlines()), text
+    assert total in (out / "utilisation.txt").read_text()
 
 
 def test_build_npu_tiny_no_synth():
