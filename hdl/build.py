@@ -116,9 +116,12 @@ def build(hw: str = "kv260", out: str | Path | None = None, *, synth: bool = Tru
         stage(4, "yosys", f"done; log in {out / 'synth' / 'synth.log'}")
         report = format_table(util, cfg.device)
         if util.blocks:
-            report += "\n\n" + format_breakdown(util, cfg.device)
-        (out / "utilisation.txt").write_text(report + "\n")
+            report += "\n\nby unit\n" + format_breakdown(util, cfg.device, depth=2)
         log(report)
+        if util.blocks:
+            report += "\n\nby block\n" + format_breakdown(util, cfg.device)
+        (out / "utilisation.txt").write_text(report + "\n")
+        log(f"      every block: {out / 'utilisation.txt'}")
     else:
         stage(4, "yosys", "skipped (--no-synth)")
     vdir = out / "vivado"

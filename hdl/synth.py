@@ -23,7 +23,8 @@ from pathlib import Path
 
 from .config import XCK26, DeviceBudget
 
-__all__ = ["Utilisation", "synthesize", "format_table", "format_breakdown", "block_modules", "YosysNotFound"]
+__all__ = ["Utilisation", "synthesize", "format_table", "format_breakdown", "group_blocks", "block_modules",
+           "YosysNotFound"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,12 +81,27 @@ def format_table(util: Utilisation, device: DeviceBudget = XCK26) -> str:
     return "\n".join(lines)
 
 
-def format_breakdown(util: Utilisation, device: DeviceBudget = XCK26) -> str:
-    """One row per kept block (`synthesize(keep_depth=...)`), largest LUT count first, then the total."""
+def group_blocks(util: Utilisation, depth: int) -> dict[str, Utilisation]:
+    """`util.blocks` summed by the first `depth` parts of their names (``ctl.gemm.engine`` → ``ctl.gemm``
+    at depth 2); a block above that depth keeps only its own cells (``ctl`` → ``ctl (own)``)."""
+    groups: dict[str, dict] = {}
+    for name, b in util.blocks.items():
+        parts = name.split(".")
+        key = ".".join(parts[:depth]) if len(parts) >= depth else f"{name} (own)"
+        cells = groups.setdefault(key, {})
+        for t, k in b.cells.items():
+            cells[t] = cells.get(t, 0) + k
+    return {k: Utilisation.from_cells(k, c) for k, c in groups.items()}
+
+
+def format_breakdown(util: Utilisation, device: DeviceBudget = XCK26, *, depth: int | None = None) -> str:
+    """One row per kept block (`synthesize(keep_depth=...)`), or per group of blocks at `depth`
+    (`group_blocks`), largest LUT count first, then the total."""
     if not util.blocks:
         return ""
+    blocks = util.blocks if depth is None else group_blocks(util, depth)
     lines = [f"{'block':<28} {'LUT':>8} {'FF':>8} {'DSP':>5} {'BRAM36':>7} {'URAM':>5}"]
-    for name, b in sorted(util.blocks.items(), key=lambda kv: -kv[1].lut):
+    for name, b in sorted(blocks.items(), key=lambda kv: -kv[1].lut):
         lines.append(f"{name:<28} {b.lut:>8} {b.ff:>8} {b.dsp:>5} {b.bram36:>7g} {b.uram:>5}")
     lines.append(f"{'total':<28} {util.lut:>8} {util.ff:>8} {util.dsp:>5} {util.bram36:>7g} {util.uram:>5}")
     return "\n".join(lines)

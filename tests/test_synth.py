@@ -2,7 +2,7 @@
 blocks are the ones asked for, and the totals bound the flat synthesis of the same design from above
 (flat, Yosys also removes what a block drives but nobody reads, e.g. the last column's activation copies)."""
 
-from hdl.synth import block_modules, format_breakdown, synthesize
+from hdl.synth import block_modules, format_breakdown, group_blocks, synthesize
 from hdl.systolic import SystolicArray
 
 
@@ -22,6 +22,10 @@ def test_blocks_add_up_and_match_the_flat_estimate():
     assert hier.ff - flat.ff >= 2 * (8 + 5)
     table = format_breakdown(hier)
     assert table.splitlines()[-1].split()[:3] == ["total", str(hier.lut), str(hier.ff)]
+    by_column = group_blocks(hier, 1)
+    assert set(by_column) == {"(top)", "row_skew", "col_skew", "col_0", "col_1"}
+    assert by_column["col_0"].dsp == 2
+    assert sum(g.lut for g in by_column.values()) == hier.lut
 
 
 def test_block_modules_by_depth():
