@@ -83,11 +83,12 @@ def format_table(util: Utilisation, device: DeviceBudget = XCK26) -> str:
 
 def group_blocks(util: Utilisation, depth: int) -> dict[str, Utilisation]:
     """`util.blocks` summed by the first `depth` parts of their names (``ctl.gemm.engine`` → ``ctl.gemm``
-    at depth 2); a block above that depth keeps only its own cells (``ctl`` → ``ctl (own)``)."""
+    at depth 2); a block above that depth with blocks below it is its own cells (``ctl`` → ``ctl (own)``)."""
     groups: dict[str, dict] = {}
+    parents = {".".join(n.split(".")[:i]) for n in util.blocks for i in range(1, n.count(".") + 1)}
     for name, b in util.blocks.items():
         parts = name.split(".")
-        key = ".".join(parts[:depth]) if len(parts) >= depth else f"{name} (own)"
+        key = ".".join(parts[:depth]) if len(parts) >= depth else f"{name} (own)" if name in parents else name
         cells = groups.setdefault(key, {})
         for t, k in b.cells.items():
             cells[t] = cells.get(t, 0) + k
