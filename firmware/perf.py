@@ -66,14 +66,14 @@ class Rates:
     sfu_pass: float = 198.4            # fixed cycles of a pass through the SFU (its latency, start, end)
     reduce_pass: float = 233.7         # ... of a reduction (plus the lane tree)
     copy_pass: float = 6.7             # ... of an L2 copy (to L2 or a scalar)
-    ddr_read_pass: float = 20.0        # ... of a DDR read (latency of the memory model)
+    ddr_read_pass: float = 16.0        # ... of a DDR read (latency of the memory model)
     ddr_write_pass: float = 14.7       # ... of a DDR write (until the last response)
     alu_op: float = 8.7                # a scalar-ALU add or multiply
-    gemv_fixed: float = 88.4           # per WGEMV beyond its bytes
+    gemv_fixed: float = 84.4           # per WGEMV beyond its bytes
     # WGEMM (`wgemm_cost`), fitted to the RTL cycles of the six WGEMMs of docs/systolic.md's table (tiny NPU,
     # tb.npu.calibrate NPU_CALIBRATE=gemm, re-measured at b83a969; tests/test_perf.py RTL_WGEMM_FIT)
-    gemm_quant: float = 30.9           # per token's quantiser pass beyond its elements (start, block latency, lanes)
-    gemm_tile: float = 62.3            # per token tile: unit start, first DDR latency, engine latency, hand-off
+    gemm_quant: float = 30.3           # per token's quantiser pass beyond its elements (start, block latency, lanes)
+    gemm_tile: float = 66.9            # per token tile: unit start, first DDR latency, engine latency, hand-off
     gemm_row: float = 8.4              # per token row of a row tile beyond its elements: the L2 row command
 
 

@@ -116,7 +116,7 @@ RTL_WGEMM_VALIDATION = {
     (256, 112, 1): 3875, (256, 112, 4): 4343, (256, 112, 7): 8503, (320, 64, 4): 3229, (64, 64, 4): 1085,
     (64, 64, 16): 4259}
 FIT_BOUND = 0.002                  # largest relative error observed: 0.16 %
-VALIDATION_BOUND = 0.025           # largest relative error observed: 2.04 % (32 x 64, 4 tokens)
+VALIDATION_BOUND = 0.025           # largest relative error observed: 1.82 % (32 x 64, 4 tokens)
 
 
 def _wgemm_sample(shape, cycles):
