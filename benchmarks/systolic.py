@@ -108,16 +108,18 @@ def table(fit, res, latency) -> str:
     return "\n".join(lines)
 
 
-def _yosys_pe(family: str) -> dict:
-    """Synthesise the single packed PE for `family` with the same script as hdl.synth (xc7 shows what a
-    Yosys DSP48E1 mapping absorbs; Yosys 0.70 packs only the multiplier into a DSP48E2)."""
+def _yosys_pe(family: str, *, instance: bool) -> dict:
+    """Synthesise the single packed PE for `family` with the same script as hdl.synth: as elaborated for
+    the device (the `hdl.dsp.DspMacc` DSP48E2 instance; xcup only) or as plain RTL, its simulation form (xc7
+    shows what a Yosys DSP48E1 mapping absorbs; Yosys 0.70 packs only the multiplier into a DSP48E2)."""
     from hdl.synth import _yosys_command, synthesize
     from hdl.systolic import SystolicPE
     from sim.systolic import field_bits
-    synthesize(SystolicPE(field_bits(64)), "systolic_pe")            # writes the RTLIL
-    rel = "build/synth/systolic_pe"
-    script = (f"read_rtlil {rel}/systolic_pe.il; synth_xilinx -family {family} -flatten -noiopad -noclkbuf "
-              f"-top systolic_pe; delete t:$scopeinfo; tee -q -o {rel}/util_{family}.json stat -json")
+    name = "systolic_pe" if instance else "systolic_pe_rtl"
+    synthesize(SystolicPE(field_bits(64)), name, platform="xilinx" if instance else None)   # writes the RTLIL
+    rel = f"build/synth/{name}"
+    script = (f"read_rtlil {rel}/{name}.il; synth_xilinx -family {family} -flatten -noiopad -noclkbuf "
+              f"-top {name}; delete t:$scopeinfo; tee -q -o {rel}/util_{family}.json stat -json")
     subprocess.run(_yosys_command() + ["-q", "-p", script], cwd=ROOT, check=True, capture_output=True)
     stat = json.loads((ROOT / rel / f"util_{family}.json").read_text())
     return stat.get("design", stat)["num_cells_by_type"]
@@ -131,18 +133,21 @@ def synth_table(full: bool) -> str:
     from sim.systolic import field_bits
     f = field_bits(64)
     rows = []
-    for name, comp in [("8 x 8 array, packed PEs", SystolicArray(8, 8, f)),
+    for name, comp in [("8 x 8 array, packed PEs (DSP48E2 instances)", SystolicArray(8, 8, f)),
                        ("8 x 8 array, naive PEs", NaiveArray(8, 8, f))]:
         u = synthesize(comp, "systolic_" + re.sub(r"\W+", "_", name))
         rows.append((name, u.dsp, u.lut, u.ff, u.seconds))
     if full:
-        u = synthesize(SystolicEngine(PRESETS["kv260"]), "systolic_engine_kv260")
-        rows.append(("kv260 engine (32 x 32 + 32 scale lanes)", u.dsp, u.lut, u.ff, u.seconds))
+        kv = PRESETS["kv260"]
+        u = synthesize(SystolicEngine(kv), "systolic_engine_kv260")
+        rows.append((f"kv260 engine ({kv.systolic_rows} x {kv.systolic_cols} + {kv.systolic_cols} scale lanes)",
+                     u.dsp, u.lut, u.ff, u.seconds))
     lines = ["| design (Yosys synth_xilinx -family xcup) | DSP48E2 | LUT | FF | synth time |", "|---|---|---|---|---|"]
     lines += [f"| {n} | {d} | {lut:,} | {ff:,} | {s:.0f} s |" for n, d, lut, ff, s in rows]
-    xc7, xcup = _yosys_pe("xc7"), _yosys_pe("xcup")
     fmt = lambda cells: ", ".join(f"{v} {k}" for k, v in sorted(cells.items()))  # noqa: E731
-    lines += ["", f"One packed PE, xcup: {fmt(xcup)}.", f"One packed PE, xc7: {fmt(xc7)}."]
+    lines += ["", f"One packed PE (DSP48E2 instance), xcup: {fmt(_yosys_pe('xcup', instance=True))}.",
+              f"One packed PE as plain RTL, xcup: {fmt(_yosys_pe('xcup', instance=False))}.",
+              f"One packed PE as plain RTL, xc7: {fmt(_yosys_pe('xc7', instance=False))}."]
     return "\n".join(lines)
 
 
