@@ -7,7 +7,10 @@ Built bottom-up from small components:
 * `SystolicPE`: one DSP48E2. The packed weight pair ``wp = w0 + w1·2**F`` (27-bit port) times one INT8
   activation (18-bit port), accumulated over a segment in the 48-bit P register (``P ← M`` on the first
   product of a segment, ``P ← P + M`` after). At a segment's end P is captured into the drain register.
-* `SystolicColumn`: R PEs sharing a column's weight pair (packed once at the top, passed down), with a
+  The slice is `hdl.dsp.DspMacc`: a DSP48E2 instance when elaborated for the device, its registers in
+  simulation.
+* `SystolicColumn`: R PEs sharing a column's weight pair (packed once at the top, passed down the DSP
+  column's A cascade), with a
   drain chain that shifts captured sums *up* while the skewed captures move *down*: the two waves never
   collide, so a segment drains one sum every other cycle — exactly one INT per cycle once split into its
   two fields — provided a segment lasts at least 2R steps.
