@@ -112,11 +112,12 @@ def _yosys_pe(family: str, *, instance: bool) -> dict:
     """Synthesise the single packed PE for `family` with the same script as hdl.synth: as elaborated for
     the device (the `hdl.dsp.DspMacc` DSP48E2 instance; xcup only) or as plain RTL, its simulation form (xc7
     shows what a Yosys DSP48E1 mapping absorbs; Yosys 0.70 packs only the multiplier into a DSP48E2)."""
+    from hdl.dsp import XILINX
     from hdl.synth import _yosys_command, synthesize
     from hdl.systolic import SystolicPE
     from sim.systolic import field_bits
     name = "systolic_pe" if instance else "systolic_pe_rtl"
-    synthesize(SystolicPE(field_bits(64)), name, platform="xilinx" if instance else None)   # writes the RTLIL
+    synthesize(SystolicPE(field_bits(64)), name, platform=XILINX if instance else None)   # writes the RTLIL
     rel = f"build/synth/{name}"
     script = (f"read_rtlil {rel}/{name}.il; synth_xilinx -family {family} -flatten -noiopad -noclkbuf "
               f"-top {name}; delete t:$scopeinfo; tee -q -o {rel}/util_{family}.json stat -json")

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from .config import HardwareConfig, PRESETS
-from .dsp import XilinxTarget
+from .dsp import XILINX
 from .synth import ROOT, format_breakdown, format_table, synthesize
 
 __all__ = ["top", "build", "main", "TOPS"]
@@ -102,7 +102,7 @@ def build(hw: str = "kv260", out: str | Path | None = None, *, synth: bool = Tru
                           f"AXI4 ports, {cfg.gemv_lanes} GEMV lanes, {cfg.clock_hz / 1e6:g} MHz")
     # One Amaranth conversion (minutes for the whole NPU): RTLIL, from which Yosys writes the Verilog and
     # synthesises. Elaborated for the device: vendor primitives (`hdl.dsp`) where the RTL has them.
-    il_text = rtlil.convert(design, name=TOP_NAME, emit_src=False, platform=XilinxTarget(cfg.device.name))
+    il_text = rtlil.convert(design, name=TOP_NAME, emit_src=False, platform=XILINX)
     vfile = out / f"{TOP_NAME}.v"
     vfile.write_text(verilog._convert_rtlil_text(il_text))
     stage(2, "verilog", str(vfile))

@@ -35,15 +35,14 @@ from amaranth import ClockSignal, Const, Instance, Module, Mux, ResetSignal, Sig
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from .fp import _check_width
+from sim.systolic import MUL_A_BITS, MUL_B_BITS, P_BITS
 
-__all__ = ["XilinxTarget", "uses_xilinx_primitives", "DspMacc", "A_BITS", "B_BITS", "P_BITS", "OPMODE_PM",
-           "OPMODE_M"]
+from .fp import _check_width, rejecting
 
-A_BITS = 30          # the A port and the A cascade; the multiplier takes its low 27 bits
-B_BITS = 18
-P_BITS = 48
-MULT_A_BITS = 27
+__all__ = ["XilinxTarget", "XILINX", "uses_xilinx_primitives", "DspMacc", "A_BITS", "MUL_A_BITS", "MUL_B_BITS",
+           "P_BITS", "OPMODE_PM", "OPMODE_M"]
+
+A_BITS = 30          # the A port and the A cascade; the multiplier takes its low MUL_A_BITS (27)
 
 # OPMODE[8:0] = {W[1:0], Z[2:0], Y[1:0], X[1:0]} (UG579, table 2-7 to 2-10): X = Y = 01 selects the two
 # partial products M; Z = 010 selects P (accumulate), Z = 000 selects 0 (restart); W = 00 is 0.
@@ -57,11 +56,11 @@ class XilinxTarget:
 
     xilinx_primitives = "ultrascale_plus"
 
-    def __init__(self, device: str = "xck26"):
-        self.device = device
-
     def __repr__(self):
-        return f"XilinxTarget({self.device!r})"
+        return "XilinxTarget()"
+
+
+XILINX = XilinxTarget()
 
 
 def uses_xilinx_primitives(platform) -> bool:
@@ -97,12 +96,9 @@ class DspMacc(wiring.Component):
     LATENCY = 3
 
     def __init__(self, a_bits: int, b_bits: int, *, cascade: bool = False):
-        try:
-            _check_width("DspMacc", "a_bits", a_bits, MULT_A_BITS, " (the DSP48E2 multiplier's A input)")
-            _check_width("DspMacc", "b_bits", b_bits, B_BITS, " (the DSP48E2 multiplier's B input)")
-        except ValueError:
-            self._MustUse__silence = True        # rejected: no "created but never used" warning
-            raise
+        with rejecting(self):
+            _check_width("DspMacc", "a_bits", a_bits, MUL_A_BITS, " (the DSP48E2 multiplier's A input)")
+            _check_width("DspMacc", "b_bits", b_bits, MUL_B_BITS, " (the DSP48E2 multiplier's B input)")
         self._a_bits, self._b_bits, self._cascade = a_bits, b_bits, bool(cascade)
         super().__init__({
             "i_a": In(signed(a_bits)), "i_acin": In(signed(A_BITS)), "o_acout": Out(signed(A_BITS)),
@@ -132,7 +128,7 @@ class DspMacc(wiring.Component):
                 i_A=Const(0, A_BITS) if self._cascade else _sext(m, self.i_a, A_BITS, "a_port"),
                 i_ACIN=self.i_acin if self._cascade else Const(0, A_BITS),
                 o_ACOUT=self.o_acout,
-                i_B=_sext(m, self.i_b, B_BITS, "b_port"), i_BCIN=Const(0, B_BITS),
+                i_B=_sext(m, self.i_b, MUL_B_BITS, "b_port"), i_BCIN=Const(0, MUL_B_BITS),
                 i_C=Const(0, P_BITS), i_D=Const(0, 27), i_PCIN=Const(0, P_BITS),
                 i_CARRYIN=zero, i_CARRYCASCIN=zero, i_MULTSIGNIN=zero, i_CARRYINSEL=Const(0, 3),
                 i_INMODE=Const(0, 5), i_ALUMODE=Const(0, 4),
@@ -148,10 +144,10 @@ class DspMacc(wiring.Component):
         # Behavioural: the same registers.
         a2 = Signal(signed(A_BITS), reset_less=True)
         b2 = Signal(signed(self._b_bits), reset_less=True)
-        mreg = Signal(signed(MULT_A_BITS + B_BITS), reset_less=True)
+        mreg = Signal(signed(MUL_A_BITS + MUL_B_BITS), reset_less=True)
         restart = Signal()                                        # the OPMODE register (RSTCTRL)
         preg = Signal(signed(P_BITS), reset_less=True)
-        m.d.sync += [a2.eq(a_in), b2.eq(self.i_b), mreg.eq(a2[:MULT_A_BITS].as_signed() * b2),
+        m.d.sync += [a2.eq(a_in), b2.eq(self.i_b), mreg.eq(a2[:MUL_A_BITS].as_signed() * b2),
                      restart.eq(self.i_restart), preg.eq(mreg + Mux(restart, 0, preg))]
         m.d.comb += [self.o_acout.eq(a2), self.o_p.eq(preg)]
         return m

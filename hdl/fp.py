@@ -39,12 +39,14 @@ FpMul 6, IntToFp 4, F16ToF32 4, F32ToF16 3, FpLdexp 4, IntScaleMul 6 (see each c
 
 from __future__ import annotations
 
+import contextlib
+
 from amaranth import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 __all__ = ["QNAN", "QNAN16", "NEG_ZERO", "FpAdd", "FpMul", "IntToFp", "F16ToF32", "F32ToF16", "FpLdexp",
-           "IntScaleMul", "INT_SCALE_MAX_BITS", "check_int_scale_bits"]
+           "IntScaleMul", "INT_SCALE_MAX_BITS", "check_int_scale_bits", "rejecting"]
 
 QNAN = 0x7FC00000
 """The canonical quiet NaN every primitive returns for a NaN result."""
@@ -190,11 +192,19 @@ class _Primitive(wiring.Component):
         return self.LATENCY
 
     def _check_width(self, what: str, v, hi: int = 32, why: str = "") -> int:
-        try:
+        with rejecting(self):
             return _check_width(type(self).__name__, what, v, hi, why)
-        except ValueError:
-            self._MustUse__silence = True        # a rejected component is not an unused one
-            raise
+
+
+@contextlib.contextmanager
+def rejecting(component):
+    """Around a constructor's parameter checks: a ValueError marks `component` as never to be elaborated (a
+    rejected component is not an unused one: no "created but never used" warning), and propagates."""
+    try:
+        yield
+    except ValueError:
+        component._MustUse__silence = True
+        raise
 
 
 def _check_width(owner: str, what: str, v, hi: int, why: str = "") -> int:
@@ -471,7 +481,8 @@ class IntScaleMul(_Binary):
     LATENCY = 6
 
     def __init__(self, int_bits: int):
-        self._int_bits = self._check_width("int_bits", int_bits, INT_SCALE_MAX_BITS, " (integers exact in binary32)")
+        with rejecting(self):
+            self._int_bits = check_int_scale_bits("IntScaleMul", "int_bits", int_bits)
         super().__init__()
 
     @property

@@ -49,9 +49,11 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from sim import numerics
+
 from .axi import AxiReadDma, AxiReadSignature, read_command_layout, read_data_layout
 from .config import HardwareConfig, ceil_log2
-from .fp import INT_SCALE_MAX_BITS, NEG_ZERO, FpAdd, FpLdexp, IntScaleMul, check_int_scale_bits
+from .fp import INT_SCALE_MAX_BITS, NEG_ZERO, FpAdd, FpLdexp, IntScaleMul, check_int_scale_bits, rejecting
 
 __all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "segment_sum_bits", "PartAccumulator",
            "GemvPort", "SparsePort", "EnginePort", "GemvEngine"]
@@ -291,10 +293,10 @@ def segment_sum_bits(cfg: HardwareConfig) -> int:
     log2(act_block))``; the sparse back end cuts its per-row sums at the same ``lseg`` boundaries), so at
     most ``act_block`` products, each at most ``8 * 2**(act_bits - 1)`` in magnitude (INT4 -8 times INT8
     -128): ``|isum| <= act_block * 2**(act_bits + 2)`` (kv260: 64 * 1024 = 2**16, 18 bits; tiny: 2**14, 16
-    bits). `IntScaleMul` needs every value of that width exact in binary32 (at most 25 bits); a config beyond
-    that raises ValueError."""
-    bound = cfg.act_block * 8 * 2 ** (cfg.act_bits - 1)
-    bits = bound.bit_length() + 1
+    bits; `sim.numerics.segment_sum_bits`, as the systolic field). `IntScaleMul` needs every value of that
+    width exact in binary32 (at most 25 bits); a config beyond that raises ValueError."""
+    bits = numerics.segment_sum_bits(cfg.act_block, cfg.act_bits)
+    bound = numerics.segment_sum_bound(cfg.act_block, cfg.act_bits)
     if bits > INT_SCALE_MAX_BITS or bits > cfg.acc_bits:
         raise ValueError(f"GEMV segment sums reach {bound} (act_block {cfg.act_block} x INT4 x INT{cfg.act_bits}), "
                          f"{bits} signed bits: they must fit {min(INT_SCALE_MAX_BITS, cfg.acc_bits)} bits (exact in "
@@ -332,11 +334,8 @@ class PartAccumulator(wiring.Component):
     LATENCY = PART_LATENCY + FpAdd.LATENCY
 
     def __init__(self, cfg: HardwareConfig, isum_bits: int = INT_SCALE_MAX_BITS):
-        try:
+        with rejecting(self):
             check_int_scale_bits("PartAccumulator", "isum_bits", isum_bits, cfg.acc_bits)
-        except ValueError:
-            self._MustUse__silence = True
-            raise
         self._cfg, self._isum_bits = cfg, isum_bits
         super().__init__({"i_valid": In(1), "i_isum": In(signed(cfg.acc_bits)), "i_scale": In(16),
                           "i_exp": In(signed(EXP_BITS)), "i_y": In(32), "o_valid": Out(1), "o_sum": Out(32)})

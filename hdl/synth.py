@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import XCK26, DeviceBudget
+from .dsp import XILINX
 
 __all__ = ["Utilisation", "synthesize", "format_table", "format_breakdown", "group_blocks", "block_modules",
            "YosysNotFound"]
@@ -130,14 +131,14 @@ def _yosys_command() -> list[str]:
 
 def synthesize(component, name: str, build_dir: Path | None = None, *, uram: bool = True,
                log=None, rtlil_text: str | None = None, keep_depth: int = 0,
-               platform="xilinx") -> Utilisation:
+               platform=XILINX) -> Utilisation:
     """Synthesise `component` for UltraScale+ and return its estimated utilisation.
 
     `build_dir` must lie inside the repository (YoWASP's sandbox); default ``build/synth/<name>``.
     `log(msg)` receives progress lines. `rtlil_text`: the component's RTLIL, when the caller already has it
     (converting a whole NPU takes minutes). `platform`: what the component is elaborated for; the default
-    ``"xilinx"`` is `hdl.dsp.XilinxTarget` (vendor primitives where the RTL has them, as the Vivado flow
-    builds it); None elaborates the simulation form.
+    `hdl.dsp.XILINX` selects vendor primitives where the RTL has them (as the Vivado flow builds it); None
+    elaborates the simulation form.
 
     `keep_depth` = 0 flattens the whole design. With D > 0 the submodules down to D levels below the top are
     kept as blocks (Yosys ``keep_hierarchy``; everything inside a block is flattened into it) and the result
@@ -160,19 +161,16 @@ def synthesize(component, name: str, build_dir: Path | None = None, *, uram: boo
     t0 = time.monotonic()
     say(f"[synth] {name}: writing RTLIL")
     if rtlil_text is None:
-        if platform == "xilinx":
-            from .dsp import XilinxTarget
-            platform = XilinxTarget()
         rtlil_text = rtlil.convert(component, name=name, emit_src=False, platform=platform)
     (build_dir / f"{name}.il").write_text(rtlil_text)
     keep = block_modules(rtlil_text, name, keep_depth) if keep_depth else []
-    # Yosys selection syntax: the module's RTLIL name with its backslash.
-    keep_cmd = "".join(f"setattr -mod -set keep_hierarchy 1 {_select_name(n)}; " for n in keep)
-    script = (f"read_rtlil {rel}/{name}.il; {keep_cmd}"
-              f"synth_xilinx -family xcup -flatten -noiopad -noclkbuf {'-uram ' if uram else ''}-top {name}; "
-              f"delete t:$scopeinfo; tee -q -o {rel}/util.json stat -json -tech xilinx")
+    script = [f"read_rtlil {rel}/{name}.il",
+              # Yosys selection syntax: the module's RTLIL name with its backslash.
+              *(f"setattr -mod -set keep_hierarchy 1 {_select_name(n)}" for n in keep),
+              f"synth_xilinx -family xcup -flatten -noiopad -noclkbuf {'-uram ' if uram else ''}-top {name}",
+              "delete t:$scopeinfo", f"tee -q -o {rel}/util.json stat -json -tech xilinx"]
     say(f"[synth] {name}: yosys synth_xilinx -family xcup (log: {rel}/synth.log)")
-    (build_dir / "synth.ys").write_text(script.replace("; ", "\n") + "\n")
+    (build_dir / "synth.ys").write_text("\n".join(script) + "\n")
     proc = subprocess.run(_yosys_command() + ["-q", "-l", f"{rel}/synth.log", "-s", f"{rel}/synth.ys"], cwd=ROOT,
                           capture_output=True, text=True)
     if proc.returncode:

@@ -35,14 +35,13 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .config import HardwareConfig
-from .dsp import A_BITS, MULT_A_BITS, DspMacc
-from .fp import NEG_ZERO, FpAdd, FpLdexp, IntScaleMul, check_int_scale_bits
+from .dsp import A_BITS, MUL_A_BITS, P_BITS, DspMacc
+from .fp import NEG_ZERO, FpAdd, FpLdexp, IntScaleMul, check_int_scale_bits, rejecting
 
 __all__ = ["tag_layout", "row_layout", "res_layout", "step_layout", "pack_pair", "extract_pair", "SystolicPE",
            "NaivePE", "SystolicColumn", "Skew", "SystolicArray", "NaiveArray", "ScaleLane", "SystolicEngine",
            "EngineGeometry", "EXP_BITS", "P_BITS"]
 
-P_BITS = 48          # DSP48E2 accumulator
 EXP_BITS = 9         # activation block exponents: [-155, 122] (sim.systolic.EXP_BITS)
 
 # What travels with the last k-step of a segment (through the rows, into the drain, into the lanes):
@@ -116,10 +115,10 @@ class SystolicPE(wiring.Component):
 
     def __init__(self, field: int, act_bits: int = 8, *, cascade: bool = False):
         _check_int("field", field, 2)
-        if field + 5 > MULT_A_BITS:
+        if field + 5 > MUL_A_BITS:
             _silence(self)
             raise ValueError(f"field {field} is too wide: the packed pair (F + 5 = {field + 5} bits) must fit "
-                             f"the DSP48E2 multiplier's {MULT_A_BITS}-bit A input")
+                             f"the DSP48E2 multiplier's {MUL_A_BITS}-bit A input")
         self._field, self._act_bits, self._cascade = field, act_bits, bool(cascade)
         super().__init__({
             "i_a": In(row_layout(act_bits)), "o_a": Out(row_layout(act_bits)),
@@ -357,11 +356,8 @@ class ScaleLane(wiring.Component):
         _check_int("rows", rows)
         # fp32(isum) is exact, so that the fused product is bit-identical to FpMul(IntToFp, F16ToF32), when
         # every signed `field`-bit value is: field <= 25 (EngineGeometry's DSP packing keeps it <= 22).
-        try:
+        with rejecting(self):
             check_int_scale_bits("ScaleLane", "field", field)
-        except ValueError:
-            _silence(self)
-            raise
         self._rows, self._field = rows, field
         super().__init__({
             "i_res": In(res_layout(field)),

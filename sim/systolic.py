@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .numerics import INT4_MAX, INT4_MIN, segment_size
+from .numerics import INT4_MAX, INT4_MIN, segment_size, segment_sum_bits
 
 __all__ = [
     "EXP_BITS", "field_bits", "pack_pair", "extract_pair", "array_segment_sums", "scale_and_accumulate",
@@ -58,11 +58,8 @@ def field_bits(seg: int, act_bits: int = 8) -> int:
     activations), so F is one bit more than that needs. The packed weight (F + 5 bits) must fit the
     27-bit port and the high sum must fit the 48-bit accumulator above F.
     """
-    if not isinstance(seg, int) or seg < 1:
-        raise ValueError(f"segment length must be a positive integer, not {seg!r}")
-    worst = seg * 8 * 2 ** (act_bits - 1)
-    f = worst.bit_length() + 1
-    if f + 5 > MUL_A_BITS or f + worst.bit_length() + 1 > P_BITS or act_bits > MUL_B_BITS:
+    f = segment_sum_bits(seg, act_bits)
+    if f + 5 > MUL_A_BITS or 2 * f > P_BITS or act_bits > MUL_B_BITS:
         raise ValueError(f"a segment of {seg} INT4 x INT{act_bits} products does not fit two per DSP48E2 "
                          f"(field of {f} bits)")
     return f
