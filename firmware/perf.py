@@ -55,6 +55,11 @@ PASS_KINDS = ("sfu", "reduce", "copy", "ddr_read", "ddr_write")
 DESC_ELEMENTS = 8                      # a descriptor load: one DDR read pass of 8 words (sim.iss._count_passes)
 
 
+def _desc_cycles(rates: "Rates") -> float:
+    """One descriptor load: a DDR read pass of `DESC_ELEMENTS` elements."""
+    return rates.ddr_read_pass + DESC_ELEMENTS / rates.elements_per_cycle
+
+
 @dataclass(frozen=True)
 class Rates:
     """Per-kind costs (the things RTL measurements calibrate; `fit_rates`)."""
@@ -211,6 +216,7 @@ def _wgemm_terms(g: Wgemm, hw: HardwareConfig, rates: Rates):
 def wgemm_cost(g: Wgemm, hw: HardwareConfig, rates: Rates = Rates()) -> float:
     """Cycles of one WGEMM on the NPU, without its `issue` (`_wgemm_terms`)."""
     known, coef, _ = _wgemm_terms(g, hw, rates)
+    # coef counts the descriptor's ddr_read_pass (the form fit_rates needs): add only its elements here
     return known + DESC_ELEMENTS / rates.elements_per_cycle + sum(v * getattr(rates, k) for k, v in coef.items())
 
 
@@ -242,7 +248,7 @@ def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dic
     by_op["WGEMV"] += weights
     gemm_bytes = 0
     for g in gemms:
-        desc = rates.ddr_read_pass + DESC_ELEMENTS / rates.elements_per_cycle
+        desc = _desc_cycles(rates)
         cost = wgemm_cost(g, hw, rates)
         units["ddr_read"] += desc
         units["gemm"] += cost - desc
@@ -289,6 +295,7 @@ def schedule(machine, words, hw: HardwareConfig, rates: Rates, *, token: int, po
     """Run `words` on the ISS `machine` (its counters keep counting) and replay the run on the NPU's
     timing: per instruction, the controller's time (issue, passes, ALU) and the engine's weight stream."""
     from hdl.isa import CtrlFunc, Opcode
+    from hdl.l2 import LANES
     out = Schedule()
     state = {"prev": _copy(machine.counters), "t": 0.0, "g_end": 0.0, "g": (0, 0)}
 
@@ -321,9 +328,9 @@ def schedule(machine, words, hw: HardwareConfig, rates: Rates, *, token: int, po
             t += front - last
             if insn.async_:
                 d, R = gemms[0], hw.systolic_rows
-                stride = -(-d.rows // 4) * 4
+                stride = -(-d.rows // LANES) * LANES                    # token rows start on L2 words
                 n_last = d.tokens - (d.tokens - 1) // R * R
-                lo = insn.dst * 4 + (d.tokens - n_last) * stride
+                lo = insn.dst * LANES + (d.tokens - n_last) * stride
                 state["g"] = (lo, lo + (n_last - 1) * stride + d.rows)
                 g_end = t + last
         elif insn.op is Opcode.CTRL and insn.func in (CtrlFunc.FENCE, CtrlFunc.HALT):

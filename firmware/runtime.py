@@ -188,7 +188,7 @@ class CsrBackend:
         while not status & (csr_map.STATUS_DONE | csr_map.STATUS_ERROR):
             self.device.wait_interrupt()
             status = self.csr_read("STATUS")
-        self._counters = {name: self.csr_read64(name) for name, _ in csr_map.COUNTERS}
+        self._counters = {name: self.csr_read64(name) for name in csr_map.COUNTER_NAMES}
         if status & csr_map.STATUS_ERROR:
             code, pc = self.csr_read("ERROR_CODE"), self.csr_read("ERROR_PC")
             self.csr_write("CTRL", csr_map.CTRL_IRQ_ACK)

@@ -20,7 +20,7 @@ from .isa import DdrRegion
 
 __all__ = ["Register", "Field", "REGISTERS", "by_name", "ADDR_BITS", "NPU_ID", "markdown_table",
            "CTRL_START", "CTRL_CLEAR_COUNTERS", "CTRL_IRQ_ACK", "STATUS_BUSY", "STATUS_DONE", "STATUS_ERROR",
-           "COUNTERS"]
+           "COUNTERS", "COUNTER_NAMES"]
 
 ADDR_BITS = 12                  # a 4 KiB register window
 NPU_ID = 0x4733_4E31            # "G3N1"
@@ -69,6 +69,7 @@ COUNTERS = (
     ("BYTES_WRITTEN", "bytes written to DDR, all ports"),
     ("GEMM_BUSY", "cycles the GEMM unit (systolic array) held a WGEMM token tile"),
 )
+COUNTER_NAMES = tuple(name for name, _ in COUNTERS)
 
 
 def _build() -> tuple[Register, ...]:

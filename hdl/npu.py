@@ -38,7 +38,7 @@ from .fetch import Fetch
 
 __all__ = ["Npu", "COUNTERS"]
 
-COUNTERS = tuple(name for name, _ in csr_map.COUNTERS)
+COUNTERS = csr_map.COUNTER_NAMES
 
 
 def preset_hash(hw: HardwareConfig) -> int:

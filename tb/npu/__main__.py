@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hdl import csr_map
 
-COUNTER_COLUMNS = tuple(name for name, _ in csr_map.COUNTERS)
+COUNTER_COLUMNS = csr_map.COUNTER_NAMES
 
 
 def simulate(npz: Path, tokens: int, hw_name: str, seed: int) -> dict:
