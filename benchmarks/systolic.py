@@ -92,8 +92,9 @@ def table(fit, res, latency) -> str:
     p, f = fit[c0]
     extra = tiles(cfg, r0, t0) * p + f
     lines += [f"Check: {r0} x {c0} at {t0} tokens simulated whole: {direct} cycles; extrapolated: {extra}.", ""]
-    lines += ["| GEMM (rows x cols) | tokens | tiles | cycles (RTL) | time at 300 MHz | ideal (MACs / 2048) | "
-              "weight bound (4 x 16 B) | of ideal | of max(ideal, weight bound) |",
+    lines += [f"| GEMM (rows x cols) | tokens | tiles | cycles (RTL) | time at {cfg.clock_hz / 1e6:.0f} MHz | "
+              f"ideal (MACs / {peak}) | weight bound ({cfg.axi_ports} x {cfg.bytes_per_beat} B) | of ideal | "
+              "of max(ideal, weight bound) |",
               "|---|---|---|---|---|---|---|---|---|"]
     for rows, cols, what in SHAPES:
         p, f = fit[cols]
