@@ -453,8 +453,9 @@ class GemvPort(wiring.Component):
         p = self._index
 
         # --- memories ----------------------------------------------------------------------------------
-        # isum banks: [bank, t, s]; scale banks: [bank, halfword t * groups + g] in beat-wide words.
-        m.submodules.isum_mem = isum_mem = Memory(shape=signed(cfg.acc_bits), depth=2 * T * S, init=[])
+        # isum banks: [bank, t, s]; scale banks: [bank, halfword t * groups + g] in beat-wide words. A segment
+        # sum fits `segment_sum_bits` (kv260: 18), so the banks keep that width, not acc_bits.
+        m.submodules.isum_mem = isum_mem = Memory(shape=signed(segment_sum_bits(cfg)), depth=2 * T * S, init=[])
         isum_w, isum_r = isum_mem.write_port(), isum_mem.read_port()
         hpw = B // 2                                # binary16 scales per beat
         swords = max(1, T * S // hpw)
@@ -758,7 +759,8 @@ class SparsePort(wiring.Component):
         ab = cfg.axi_addr_bits
 
         # --- memories ------------------------------------------------------------------------------------
-        isum_layout = data.ArrayLayout(signed(cfg.acc_bits), W)
+        # Every partial sum of a segment is bounded like the whole one: `segment_sum_bits` (kv260: 18) wide.
+        isum_layout = data.ArrayLayout(signed(segment_sum_bits(cfg)), W)
         m.submodules.isum_mem = isum_mem = Memory(shape=isum_layout, depth=2 * (PR // W), init=[])
         isum_w = isum_mem.write_port()
         isum_ra = isum_mem.read_port(transparent_for=(isum_w,))     # front end read-modify-write

@@ -7,7 +7,9 @@ mapped to the fabric resources the XCK26 budget is written in: LUTs, flip-flops,
 RAMs (two RAMB18E2 count as one) and URAM288.
 
 These are pre-implementation estimates: Vivado packs LUTs (LUT6_2) and optimises control sets, so the
-numbers are calibration-grade, not sign-off (docs/architecture.md).
+numbers are calibration-grade, not sign-off (docs/architecture.md). ``-widemux 5`` lets Yosys build
+selects of five or more inputs from LUT6s and the slices' MUXF7/MUXF8, as Vivado does (a 32:1 select of
+one bit: about 9 LUTs instead of 15).
 """
 
 from __future__ import annotations
@@ -167,7 +169,7 @@ def synthesize(component, name: str, build_dir: Path | None = None, *, uram: boo
     script = [f"read_rtlil {rel}/{name}.il",
               # Yosys selection syntax: the module's RTLIL name with its backslash.
               *(f"setattr -mod -set keep_hierarchy 1 {_select_name(n)}" for n in keep),
-              f"synth_xilinx -family xcup -flatten -noiopad -noclkbuf {'-uram ' if uram else ''}-top {name}",
+              f"synth_xilinx -family xcup -widemux 5 -flatten -noiopad -noclkbuf {'-uram ' if uram else ''}-top {name}",
               "delete t:$scopeinfo", f"tee -q -o {rel}/util.json stat -json -tech xilinx"]
     say(f"[synth] {name}: yosys synth_xilinx -family xcup (log: {rel}/synth.log)")
     (build_dir / "synth.ys").write_text("\n".join(script) + "\n")

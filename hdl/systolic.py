@@ -6,14 +6,14 @@ Built bottom-up from small components:
 
 * `SystolicPE`: one DSP48E2. The packed weight pair ``wp = w0 + w1·2**F`` (27-bit port) times one INT8
   activation (18-bit port), accumulated over a segment in the 48-bit P register (``P ← M`` on the first
-  product of a segment, ``P ← P + M`` after). At a segment's end P is captured into the drain register.
-  The slice is `hdl.dsp.DspMacc`: a DSP48E2 instance when elaborated for the device, its registers in
-  simulation.
+  product of a segment, ``P ← P + M`` after). At a segment's end P is captured into the PE's capture
+  register (a clock enable, no select logic). The slice is `hdl.dsp.DspMacc`: a DSP48E2 instance when
+  elaborated for the device, its registers in simulation.
 * `SystolicColumn`: R PEs sharing a column's weight pair (packed once at the top, passed down the DSP
-  column's A cascade), with a
-  drain chain that shifts captured sums *up* while the skewed captures move *down*: the two waves never
-  collide, so a segment drains one sum every other cycle — exactly one INT per cycle once split into its
-  two fields — provided a segment lasts at least 2R steps.
+  column's A cascade), and the column's drain: one R:1 select over the PEs' capture registers that reads
+  row t's sum 2t cycles after row 0's (row t captures t cycles after row 0, so each is read after it is
+  written and long before the next segment overwrites it) — one packed pair every other cycle, exactly one
+  INT per cycle once split into its two fields — provided a segment lasts at least 2R steps.
 * `Skew`: the input skew (element i delayed i cycles), for the rows' activations and the columns' weights.
 * `SystolicArray`: skews + C columns. Activations flow right along token rows, weights flow down columns;
   every PE(t, c) accumulates output rows 2c and 2c+1 of token t.
@@ -29,7 +29,7 @@ Built bottom-up from small components:
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -56,7 +56,7 @@ def row_layout(act_bits: int = 8) -> data.StructLayout:
 
 
 def res_layout(field: int) -> data.StructLayout:
-    """A captured segment sum in the drain chain: the low 2F bits of P hold both fields exactly."""
+    """A captured segment sum leaving a column: the low 2F bits of P hold both fields exactly."""
     return data.StructLayout({"valid": 1, "p": signed(2 * field), "tag": tag_layout})
 
 
@@ -85,6 +85,12 @@ def _check_int(name, v, minimum=1):
         raise ValueError(f"{name} must be an integer >= {minimum}, not {v!r}")
 
 
+def _pe_members(act_bits: int, field: int, w_shape) -> dict:
+    return {"i_a": In(row_layout(act_bits)), "o_a": Out(row_layout(act_bits)),
+            "i_w": In(w_shape), "o_w": Out(w_shape),
+            "o_sum": Out(signed(2 * field)), "o_done": Out(1), "o_tag": Out(tag_layout)}
+
+
 class SystolicPE(wiring.Component):
     """One processing element: two INT4×INT8 multiply-accumulates in one DSP48E2 (`hdl.dsp.DspMacc`).
 
@@ -101,14 +107,16 @@ class SystolicPE(wiring.Component):
     o_a : Out(row_layout)           the same, one cycle later, to the right
     i_w : In(signed(30))            packed weight pair (F + 5 significant bits) from above
     o_w : Out(signed(30))           the same, one cycle later, downwards (the DSP's A register, ``ACOUT``)
-    i_res : In(res_layout)          drain chain from below
-    o_res : Out(res_layout)         drain chain upwards: a captured segment sum, else what came from below
+    o_sum : Out(signed(2F))         capture register: the last finished segment's sum (low 2F bits of P)
+    o_done : Out(1)                 ``o_sum`` takes a new sum at the end of this cycle
+    o_tag : Out(tag_layout)         that sum's tag (valid with ``o_done``)
 
     Latency: a product whose inputs are at ``i_a``/``i_w`` in cycle x is in P at x + 3; a segment's sum is
-    in ``o_res`` at x + 4 after its last step.
+    in ``o_sum`` at x + 4 after its last step (``o_done`` in x + 3).
 
-    In the DSP: A/B registers, the product register M, the accumulator P and its restart (OPMODE). In
-    fabric: the activation's copy for the right neighbour, the segment flags and the drain register.
+    In the DSP: A/B/M/P registers, the accumulator P and its restart (OPMODE). In fabric: the activation's
+    copy for the right neighbour, the segment flags and the capture register (2F flip-flops with a clock
+    enable, no logic in front of them).
     """
 
     latency = DspMacc.LATENCY + 1
@@ -120,11 +128,7 @@ class SystolicPE(wiring.Component):
             raise ValueError(f"field {field} is too wide: the packed pair (F + 5 = {field + 5} bits) must fit "
                              f"the DSP48E2 multiplier's {MUL_A_BITS}-bit A input")
         self._field, self._act_bits, self._cascade = field, act_bits, bool(cascade)
-        super().__init__({
-            "i_a": In(row_layout(act_bits)), "o_a": Out(row_layout(act_bits)),
-            "i_w": In(signed(A_BITS)), "o_w": Out(signed(A_BITS)),
-            "i_res": In(res_layout(field)), "o_res": Out(res_layout(field)),
-        })
+        super().__init__(_pe_members(act_bits, field, signed(A_BITS)))
 
     def elaborate(self, platform):
         m = Module()
@@ -132,23 +136,31 @@ class SystolicPE(wiring.Component):
         m.submodules.mac = mac = DspMacc(f + 5, self._act_bits, cascade=self._cascade)
         m.d.comb += [(mac.i_acin if self._cascade else mac.i_a).eq(self.i_w), self.o_w.eq(mac.o_acout),
                      mac.i_b.eq(self.i_a.a)]
-        # The activation's copy for the right neighbour, and the flags that travel with the product.
-        a_r = Signal(signed(self._act_bits), reset_less=True)
-        fl_r = Signal(data.StructLayout({"last": 1, "tag": tag_layout}))
-        fl_m, fl_p = Signal.like(fl_r), Signal.like(fl_r)
-        m.d.sync += [a_r.eq(self.i_a.a), fl_r.last.eq(self.i_a.last), fl_r.tag.eq(self.i_a.tag),
-                     fl_m.eq(fl_r), fl_p.eq(fl_m)]
-        m.d.comb += [self.o_a.a.eq(a_r), self.o_a.last.eq(fl_r.last), self.o_a.tag.eq(fl_r.tag)]
+        fl_m, fl_p = _pe_flags(m, self)
         # Restart after a segment's last product: the product entering P next cycle follows the one whose
         # flags are in fl_m now.
         m.d.comb += mac.i_restart.eq(fl_m.last)
-        p = mac.o_p
-        # Drain: capture a finished segment, otherwise pass what comes from below.
-        with m.If(fl_p.last):
-            m.d.sync += [self.o_res.valid.eq(1), self.o_res.p.eq(p[:2 * f]), self.o_res.tag.eq(fl_p.tag)]
-        with m.Else():
-            m.d.sync += self.o_res.eq(self.i_res)
+        _capture(m, self, fl_p, mac.o_p[:2 * f])
         return m
+
+
+def _pe_flags(m: Module, pe):
+    """The activation's copy for the right neighbour, and the flags that travel with the product: returns
+    the flags in step with M (``fl_m``) and with P (``fl_p``)."""
+    a_r = Signal(signed(pe._act_bits), reset_less=True)
+    fl_r = Signal(data.StructLayout({"last": 1, "tag": tag_layout}))
+    fl_m, fl_p = Signal.like(fl_r), Signal.like(fl_r)
+    m.d.sync += [a_r.eq(pe.i_a.a), fl_r.last.eq(pe.i_a.last), fl_r.tag.eq(pe.i_a.tag),
+                 fl_m.eq(fl_r), fl_p.eq(fl_m)]
+    m.d.comb += [pe.o_a.a.eq(a_r), pe.o_a.last.eq(fl_r.last), pe.o_a.tag.eq(fl_r.tag)]
+    return fl_m, fl_p
+
+
+def _capture(m: Module, pe, fl_p, value):
+    """The capture register: `value` (the finished segment's sum) when P holds a segment's last product."""
+    with m.If(fl_p.last):
+        m.d.sync += pe.o_sum.eq(value)
+    m.d.comb += [pe.o_done.eq(fl_p.last), pe.o_tag.eq(fl_p.tag)]
 
 
 class NaivePE(wiring.Component):
@@ -156,54 +168,51 @@ class NaivePE(wiring.Component):
     INT4×INT8 multiplies and two accumulators (Yosys gives each multiply its own DSP48E2). Same ports as
     `SystolicPE` except ``i_w``/``o_w`` carry the two raw INT4 weights."""
 
+    latency = SystolicPE.latency
+
     def __init__(self, field: int, act_bits: int = 8):
         self._field, self._act_bits = field, act_bits
-        super().__init__({
-            "i_a": In(row_layout(act_bits)), "o_a": Out(row_layout(act_bits)),
-            "i_w": In(data.ArrayLayout(signed(4), 2)), "o_w": Out(data.ArrayLayout(signed(4), 2)),
-            "i_res": In(res_layout(field)), "o_res": Out(res_layout(field)),
-        })
+        super().__init__(_pe_members(act_bits, field, data.ArrayLayout(signed(4), 2)))
 
     def elaborate(self, platform):
         m = Module()
         f = self._field
-        a_r = Signal(signed(self._act_bits), reset_less=True)
         # Two separate weight registers: a multiply on a slice of one wide register trips an assertion in
         # Yosys 0.70's ABC9 reintegration.
         w_r = [Signal(signed(4), reset_less=True) for i in range(2)]
-        fl_r = Signal(data.StructLayout({"last": 1, "tag": tag_layout}))
-        m.d.sync += [a_r.eq(self.i_a.a), w_r[0].eq(self.i_w[0]), w_r[1].eq(self.i_w[1]),
-                     fl_r.last.eq(self.i_a.last), fl_r.tag.eq(self.i_a.tag)]
-        m.d.comb += [self.o_a.a.eq(a_r), self.o_a.last.eq(fl_r.last), self.o_a.tag.eq(fl_r.tag),
-                     self.o_w[0].eq(w_r[0]), self.o_w[1].eq(w_r[1])]
-        fl_m, fl_p = Signal.like(fl_r), Signal.like(fl_r)
-        m.d.sync += [fl_m.eq(fl_r), fl_p.eq(fl_m)]
+        m.d.sync += [w_r[0].eq(self.i_w[0]), w_r[1].eq(self.i_w[1])]
+        m.d.comb += [self.o_w[0].eq(w_r[0]), self.o_w[1].eq(w_r[1])]
+        fl_m, fl_p = _pe_flags(m, self)
+        a_r = self.o_a.a
         acc = []
         for i in range(2):
             mul = Signal(signed(4 + self._act_bits), reset_less=True)
             p = Signal(signed(P_BITS), reset_less=True)
             m.d.sync += [mul.eq(a_r * w_r[i]), p.eq(mul + Mux(fl_p.last, 0, p))]
             acc.append(p)
-        with m.If(fl_p.last):
-            # Same drain word as the packed PE: lo + hi·2**F.
-            m.d.sync += [self.o_res.valid.eq(1),
-                         self.o_res.p.eq(Cat(acc[0][:f], (acc[1] - acc[0][f - 1])[:f])),
-                         self.o_res.tag.eq(fl_p.tag)]
-        with m.Else():
-            m.d.sync += self.o_res.eq(self.i_res)
+        # Same capture word as the packed PE: lo + hi·2**F.
+        _capture(m, self, fl_p, Cat(acc[0][:f], (acc[1] - acc[0][f - 1])[:f]))
         return m
 
 
 class SystolicColumn(wiring.Component):
-    """R PEs of one array column: output rows 2c and 2c+1 for the R token rows.
+    """R PEs of one array column: output rows 2c and 2c+1 for the R token rows, and the column's drain.
+
+    The drain reads the PEs' capture registers through one R:1 select into the output register: row 0's
+    capture starts a walk that reads row t in the cycle 2t after it (row t captured t cycles after row 0,
+    so it is read after it is written and, with segments of at least 2R steps, before the next segment's
+    sum replaces it). The segment's tag is row 0's. Per PE this costs 2F flip-flops with a clock enable;
+    the select is about 2F·R/3 LUTs per column where a capture-or-shift chain costs 2F·R.
 
     Members
     -------
     i_a : In(ArrayLayout(row_layout, R))   the rows' activations from the left
     o_a : Out(ArrayLayout(row_layout, R))  to the next column
     i_w : In(ArrayLayout(signed(4), 2))    the column's weight pair (packed here, once)
-    o_res : Out(res_layout)                drain output at the top: row t's sum 2t cycles after row 0's
+    o_res : Out(res_layout)                drain output: row t's sum 2t cycles after row 0's
     """
+
+    latency = SystolicPE.latency + 1     # the step's last product into the PE to row 0 at ``o_res``
 
     def __init__(self, rows: int, field: int, act_bits: int = 8, *, naive: bool = False):
         _check_int("rows", rows)
@@ -217,8 +226,9 @@ class SystolicColumn(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
+        R = self._rows
         pes = []
-        for t in range(self._rows):
+        for t in range(R):
             pe = (NaivePE(self._field, self._act_bits) if self._naive else
                   SystolicPE(self._field, self._act_bits, cascade=t > 0))
             m.submodules[f"pe_{t}"] = pe
@@ -228,9 +238,25 @@ class SystolicColumn(wiring.Component):
             m.d.comb += pes[0].i_w.eq(self.i_w)
         else:
             m.d.comb += pes[0].i_w.eq(pack_pair(self.i_w[0], self.i_w[1], self._field))
-        for t in range(1, self._rows):
-            m.d.comb += [pes[t].i_w.eq(pes[t - 1].o_w), pes[t - 1].i_res.eq(pes[t].o_res)]
-        m.d.comb += self.o_res.eq(pes[0].o_res)       # pes[R-1].i_res stays 0: nothing below
+        for t in range(1, R):
+            m.d.comb += pes[t].i_w.eq(pes[t - 1].o_w)
+
+        # The drain walk: `row` is the next row to read, on the cycles with `turn` set.
+        walking = Signal()
+        turn = Signal()
+        row = Signal(range(R))
+        tag = Signal(tag_layout)
+        with m.If(walking & turn):
+            m.d.sync += [self.o_res.p.eq(Array(pe.o_sum for pe in pes)[row]), self.o_res.tag.eq(tag),
+                         row.eq(row + 1), turn.eq(0)]
+            with m.If(row == R - 1):
+                m.d.sync += [walking.eq(0), row.eq(0)]
+        with m.Else():
+            m.d.sync += turn.eq(1)
+        m.d.sync += self.o_res.valid.eq(walking & turn)
+        # Row 0 capturing a new sum (re)starts the walk; the next cycle reads row 0.
+        with m.If(pes[0].o_done):
+            m.d.sync += [walking.eq(1), turn.eq(1), row.eq(0), tag.eq(pes[0].o_tag)]
         return m
 
 
@@ -273,7 +299,7 @@ class SystolicArray(wiring.Component):
     o_res : Out(ArrayLayout(res_layout, C))   per column, the drain output (valid every other cycle)
     """
 
-    latency = SystolicPE.latency
+    latency = SystolicColumn.latency
 
     def __init__(self, rows: int, cols: int, field: int, act_bits: int = 8, *, naive: bool = False):
         _check_int("rows", rows)

@@ -167,11 +167,12 @@ def test_instance_configuration_and_the_a_cascade():
 
 def test_pe_fabric_with_the_instance():
     # In the DSP: A/B/M/P registers and the accumulator. In fabric (Yosys synth_xilinx -family xcup): the
-    # activation copy (8), three flag registers (3 x 5) and the drain register (1 + 2F + 4).
+    # activation copy (8), three flag registers (3 x 5) and the capture register (2F, a clock enable and
+    # no select logic: the column's drain reads it).
     field = 18
     u = synthesize(SystolicPE(field), "systolic_pe_dsp")
     assert u.dsp == 1
-    assert u.ff == 8 + 3 * 5 + (1 + 2 * field + 4)
-    assert u.lut <= 2 * field + 8
+    assert u.ff == 8 + 3 * 5 + 2 * field
+    assert u.lut == 0
     u_rtl = synthesize(SystolicPE(field), "systolic_pe_rtl", platform=None)
     assert u_rtl.dsp == 1 and u_rtl.ff > u.ff + 60
