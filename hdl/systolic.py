@@ -442,7 +442,7 @@ class ScaleLane(wiring.Component):
         # cycle before the add (a row/field is written once per segment, at least `seg` cycles apart).
         mems = []
         for fld in range(2):
-            mem = Memory(shape=unsigned(32), depth=2 * R, init=[])
+            mem = Memory(shape=unsigned(32), depth=2 * R, init=[], attrs={"ram_style": "block"})
             m.submodules[f"y{fld}"] = mem
             mems.append(mem)
         s4_pre = _delay(m, s3, ldexp.latency - 1, "meta_pre")     # s4 one cycle early: read address
