@@ -197,7 +197,7 @@ class SegmentMac(wiring.Component):
         # Segment accumulation.
         acc = Signal(signed(cfg.acc_bits))
         nxt = Signal(signed(cfg.acc_bits))
-        m.d.comb += nxt.eq(Mux(first, total, acc + total))
+        m.d.comb += nxt.eq(Mux(first, 0, acc) + total)
         with m.If(valid):
             m.d.sync += acc.eq(nxt)
         m.d.sync += [self.o_valid.eq(valid & last), self.o_isum.eq(nxt), self.o_tag.eq(tag)]
@@ -913,8 +913,9 @@ class SparsePort(wiring.Component):
         for i in range(W):
             m.d.sync += f_prod[i].eq(wq[i] * item.a)
         m.d.comb += [isum_w.en.eq(f_valid), isum_w.addr.eq(f_addr)]
+        # The first column of a segment adds to 0: a gate in front of the adder's input, in the adder's LUTs.
         for i in range(W):
-            m.d.comb += isum_w.data[i].eq(Mux(f_first, f_prod[i], isum_ra.data[i] + f_prod[i]))
+            m.d.comb += isum_w.data[i].eq(Mux(f_first, 0, isum_ra.data[i]) + f_prod[i])
         # A segment's bank is complete two cycles after its END (the last write has landed).
         end_d = _delay(m, items.r_en & (item.kind == END), 2, "end")
         fe_full = Signal(range(S + 2))
