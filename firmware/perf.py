@@ -230,6 +230,21 @@ def wgemm_bounds(g: Wgemm, hw: HardwareConfig, rates: Rates = Rates()) -> tuple[
     return float(array), stream
 
 
+def sparse_gemv_cycles(rows: int, cols: int, group: int, nonzero: int, hw: HardwareConfig) -> int:
+    """Engine cycles of a sparse WGEMV beyond which its bytes do not matter (`hdl.gemv.SparsePort`, per
+    port, the ports in parallel): the back end adds one binary32 part per row of the port and segment, every
+    segment (at least `SparsePort.MIN_WALK` per walk), and the front end takes `CYCLES_PER_BEAT` cycles per
+    weight beat of each non-zero column; the two overlap (double-buffered banks)."""
+    from hdl.gemv import SparsePort
+    W = hw.weights_per_beat
+    prow = -(-rows // (hw.axi_ports * W)) * W                   # the rows of port 0, the largest share
+    nseg = -(-cols // min(group, hw.act_block))
+    back = nseg * max(prow, SparsePort.MIN_WALK)
+    scales = -(-cols // group) * (prow * 2 // hw.bytes_per_beat)   # scale beats, one per cycle
+    front = nonzero * (prow // W) * SparsePort.CYCLES_PER_BEAT + scales
+    return max(back, front)
+
+
 def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dict, dict]:
     """(cycles per unit, cycles per opcode) of one run whose `counters` the ISS recorded; `gemms` are the run's
     WGEMMs (`Wgemm`: the ISS counts their instructions and bytes, not their shapes): unit ``gemm`` (the
@@ -243,7 +258,12 @@ def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dic
         c = n * per_kind[kind] + counters.pass_elements[(op, kind)] / rates.elements_per_cycle
         units[kind] += c
         by_op[op] += c
-    weights = counters.gemv_bytes / _stream_rate(hw, rates) + n_wgemv * rates.gemv_fixed
+    rate = _stream_rate(hw, rates)
+    weights = counters.gemv_bytes / rate + n_wgemv * rates.gemv_fixed
+    for (rows, cols, group, nz), n in counters.sparse_gemvs.items():
+        # a sparse WGEMV takes the longer of its bytes (counted above) and its binary32 parts
+        nbytes = nz * rows // 2 + rows * -(-cols // group) * 2
+        weights += n * max(0.0, sparse_gemv_cycles(rows, cols, group, nz, hw) - nbytes / rate)
     units["weights"] += weights
     by_op["WGEMV"] += weights
     gemm_bytes = 0

@@ -735,6 +735,9 @@ class SparsePort(wiring.Component):
     o_idle : Out(1)
     """
 
+    #: Cycles the front end spends on one weight beat: it updates W / CYCLES_PER_BEAT rows per cycle.
+    CYCLES_PER_BEAT = 4
+
     def __init__(self, cfg: HardwareConfig, index: int, *, max_cols: int, max_segments: int):
         self._cfg, self._index = cfg, index
         self._max_cols, self._max_segments = max_cols, max_segments
@@ -742,10 +745,17 @@ class SparsePort(wiring.Component):
         super().__init__(_datapath_members(cfg, max_cols, max_segments))
 
     @property
+    def update_lanes(self) -> int:
+        """Rows of isum the front end updates per cycle (kv260: 8 of a beat's 32)."""
+        return max(1, self._cfg.weights_per_beat // self.CYCLES_PER_BEAT)
+
+    #: Issue cycles of the shortest row walk: a row's y is read one cycle before its addition and written
+    #: FpAdd.LATENCY cycles after it.
+    MIN_WALK = FpAdd.LATENCY + 2
+
+    @property
     def min_walk(self) -> int:
-        """Issue cycles of the shortest row walk: a row's y is read one cycle before its addition and
-        written FpAdd.LATENCY cycles after it."""
-        return FpAdd.LATENCY + 2
+        return self.MIN_WALK
 
     def elaborate(self, platform):
         m = Module()
@@ -758,10 +768,12 @@ class SparsePort(wiring.Component):
         d = self.dec
         ab = cfg.axi_addr_bits
 
+        L = self.update_lanes                        # isum rows updated per cycle, per memory word
+        lL, Q = ceil_log2(L), W // L                 # Q cycles per weight beat
         # --- memories ------------------------------------------------------------------------------------
         # Every partial sum of a segment is bounded like the whole one: `segment_sum_bits` (kv260: 18) wide.
-        isum_layout = data.ArrayLayout(signed(segment_sum_bits(cfg)), W)
-        m.submodules.isum_mem = isum_mem = Memory(shape=isum_layout, depth=2 * (PR // W), init=[])
+        isum_layout = data.ArrayLayout(signed(segment_sum_bits(cfg)), L)
+        m.submodules.isum_mem = isum_mem = Memory(shape=isum_layout, depth=2 * (PR // L), init=[])
         isum_w = isum_mem.write_port()
         isum_ra = isum_mem.read_port(transparent_for=(isum_w,))     # front end read-modify-write
         isum_rb = isum_mem.read_port()                               # back end
@@ -867,7 +879,7 @@ class SparsePort(wiring.Component):
         be_sdone = Signal(range(S + 2))
         be_gdone = Signal(range(S + 2))
         fe_sw = Signal(range(swords + 1))
-        fe_j = Signal(range(PR // W + 1))
+        fe_j = Signal(range(PR // L + 1))           # isum word: beat j of the column is words jQ .. jQ + Q - 1
         item = Signal(item_layout)
         m.d.comb += item.eq(items.r_data)
         beat = self.dma_data
@@ -876,10 +888,13 @@ class SparsePort(wiring.Component):
         g_free = fe_g < be_gdone + 2
         f_valid = Signal()
         f_first = Signal()
-        f_addr = Signal(range(2 * (PR // W)))
-        f_prod = Signal(data.ArrayLayout(signed(cfg.WEIGHT_BITS + cfg.act_bits), W))
-        wq = Signal(data.ArrayLayout(signed(cfg.WEIGHT_BITS), W))
-        m.d.comb += wq.eq(beat.p.data)
+        f_addr = Signal(range(2 * (PR // L)))
+        f_prod = Signal(data.ArrayLayout(signed(cfg.WEIGHT_BITS + cfg.act_bits), L))
+        # This cycle's L weights: part fe_j mod Q of the beat (held on the stream until its last part).
+        wq = Signal(data.ArrayLayout(signed(cfg.WEIGHT_BITS), L))
+        part = fe_j[:ceil_log2(Q)] if Q > 1 else 0
+        m.d.comb += wq.eq(beat.p.data.word_select(part, cfg.WEIGHT_BITS * L) if Q > 1 else beat.p.data)
+        beat_done = (part == Q - 1) if Q > 1 else 1
         col_beat = Signal()
         with m.If(items.r_rdy):
             with m.Switch(item.kind):
@@ -894,10 +909,10 @@ class SparsePort(wiring.Component):
                                 m.d.sync += [fe_sw.eq(0), fe_g.eq(fe_g + 1)]
                 with m.Case(COL):
                     with m.If(s_free):
-                        m.d.comb += [beat.ready.eq(1), col_beat.eq(beat.valid)]
+                        m.d.comb += [beat.ready.eq(beat_done), col_beat.eq(beat.valid)]
                         with m.If(beat.valid):
                             m.d.sync += fe_j.eq(fe_j + 1)
-                            with m.If(beat.p.last):
+                            with m.If(beat.p.last & beat_done):
                                 m.d.comb += items.r_en.eq(1)
                                 m.d.sync += fe_j.eq(0)
                 with m.Case(END):
@@ -908,13 +923,13 @@ class SparsePort(wiring.Component):
                             with m.If(fe_s[0] == b):
                                 m.d.sync += bank_empty[b].eq(item.first)
         # Read-modify-write of the isum word: read now, add the registered products next cycle.
-        m.d.comb += isum_ra.addr.eq(Cat(fe_j[:ceil_log2(PR // W)], fe_s[0]))
+        m.d.comb += isum_ra.addr.eq(Cat(fe_j[:ceil_log2(PR // L)], fe_s[0]))
         m.d.sync += [f_valid.eq(col_beat), f_first.eq(item.first), f_addr.eq(isum_ra.addr)]
-        for i in range(W):
+        for i in range(L):
             m.d.sync += f_prod[i].eq(wq[i] * item.a)
         m.d.comb += [isum_w.en.eq(f_valid), isum_w.addr.eq(f_addr)]
         # The first column of a segment adds to 0: a gate in front of the adder's input, in the adder's LUTs.
-        for i in range(W):
+        for i in range(L):
             m.d.comb += isum_w.data[i].eq(Mux(f_first, 0, isum_ra.data[i]) + f_prod[i])
         # A segment's bank is complete two cycles after its END (the last write has landed).
         end_d = _delay(m, items.r_en & (item.kind == END), 2, "end")
@@ -948,7 +963,7 @@ class SparsePort(wiring.Component):
                 with m.If(be_last):
                     m.d.sync += be_active.eq(0)
         m.d.comb += [
-            isum_rb.addr.eq(Cat((be_r >> lW)[:ceil_log2(PR // W)], be_s[0])),
+            isum_rb.addr.eq(Cat((be_r >> lL)[:ceil_log2(PR // L)], be_s[0])),
             scale_r.addr.eq(Cat((be_r >> ceil_log2(hpw))[:ceil_log2(swords)], (be_s >> d.gshift)[0])),
             self.o_exp_addr.eq(be_s >> d.eshift),
         ]
@@ -958,10 +973,10 @@ class SparsePort(wiring.Component):
                      tag.r.eq(be_r)]
         # b1: memory data.
         tag1 = Signal(tag_layout)
-        lane1 = Signal(range(W))
+        lane1 = Signal(range(L))
         half1 = Signal(range(hpw))
         empty1 = Signal()
-        m.d.sync += [tag1.eq(tag), lane1.eq(be_r[:lW]), half1.eq(be_r[:ceil_log2(hpw)] if hpw > 1 else 0),
+        m.d.sync += [tag1.eq(tag), lane1.eq(be_r[:lL] if L > 1 else 0), half1.eq(be_r[:ceil_log2(hpw)] if hpw > 1 else 0),
                      empty1.eq(bank_empty.bit_select(be_s[0], 1))]
         isum1 = Signal(signed(cfg.acc_bits))
         m.d.comb += isum1.eq(Mux(empty1, 0, isum_rb.data[lane1]))

@@ -72,6 +72,9 @@ class Counters:
     pass_elements: Counter = field(default_factory=Counter)
     alu_ops: int = 0                                               # scalar-ALU operations (add, mul, int->float)
     gemv_bytes: int = 0                                            # weight + scale bytes streamed by WGEMV
+    # sparse WGEMVs by shape, (rows, cols, group, non-zero columns) -> count: their time is bound by the
+    # engine's per-row binary32 parts, not by their bytes (firmware.perf.sparse_gemv_cycles)
+    sparse_gemvs: Counter = field(default_factory=Counter)
 
     def total_read(self) -> int:
         return sum(self.bytes_read.values())
@@ -384,6 +387,7 @@ class Machine:
                 np.count_nonzero(quantize_activations(x.astype(np.float32), self.hw.act_block)[0])
             read = nz * d.rows // 2
             self.counters.weight_bytes_skipped += (d.cols - nz) * d.rows // 2
+            self.counters.sparse_gemvs[(d.rows, d.cols, d.group, int(nz))] += 1
         else:
             read = d.rows * pcols // 2
         self.counters.bytes_read["WEIGHTS"] += read + d.rows * ngroups * 2
