@@ -295,6 +295,8 @@ def test_sparse_wgemv_reads_column_major_weights_and_group_major_scales():
         # bytes: the columns whose quantised activation is non-zero, plus every scale
         ngroups = -(-d.cols // d.group)
         assert m.counters.bytes_read["WEIGHTS"] == np.count_nonzero(q_a) * d.rows // 2 + d.rows * ngroups * 2
+        # and its shape for the performance model (firmware.perf.sparse_gemv_cycles)
+        assert m.counters.sparse_gemvs == {(d.rows, d.cols, d.group, np.count_nonzero(q_a)): 1}
     # an activation far below its block's maximum quantises to 0: its column is skipped, as the engine does
     x = np.zeros(d.cols, np.float32)
     x[:3] = [40.0, 1e-6, -3.0]

@@ -101,6 +101,28 @@ def test_fit_recovers_known_costs(tiny):
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6, abs=1e-6), name
 
 
+def test_sparse_wgemv_costs_its_binary32_parts():
+    from sim.iss import Counters
+    from firmware.perf import _stream_rate, sparse_gemv_cycles
+    hw = HardwareConfig.preset("kv260")
+    # E4B's sparse W_down at 5 %: 2048 rows over 4 ports (512 each), 16384 columns in 256 segments of 64, one
+    # part per row and segment: 256 x 512 cycles (the RTL measures 132,972, docs/gemv.md).
+    assert sparse_gemv_cycles(2048, 16384, 128, 819, hw) == 256 * 512
+    # Every column non-zero: the front end, 16 beats of the port's 512 rows per column at 4 cycles a beat,
+    # plus the 128 groups' scale beats (512 rows x 2 bytes / 16 per beat).
+    assert sparse_gemv_cycles(2048, 16384, 128, 16384, hw) == 16384 * 16 * 4 + 128 * 64
+    # In the token model: the longer of the bytes at the stream rate and the parts; dense WGEMVs unchanged.
+    nbytes = 819 * 2048 // 2 + 2048 * 128 * 2
+    c = Counters()
+    c.instructions["WGEMV"] = 1
+    c.gemv_bytes = nbytes
+    c.sparse_gemvs[(2048, 16384, 128, 819)] = 1
+    free = Rates(**FREE)
+    assert cycles_of(c, hw, free)[0]["weights"] == pytest.approx(256 * 512)
+    c.sparse_gemvs.clear()
+    assert cycles_of(c, hw, free)[0]["weights"] == pytest.approx(nbytes / _stream_rate(hw, free))
+
+
 # --- WGEMM and prefill ----------------------------------------------------------------------------------------
 
 # RTL cycles of one WGEMM on the tiny NPU in Verilator (CYCLES of the program less the same program without the
