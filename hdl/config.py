@@ -215,7 +215,7 @@ PRESETS: dict[str, HardwareConfig] = {
     "kv260": HardwareConfig(
         name="kv260", clock_hz=300_000_000, axi_ports=4, axi_data_bits=128, axi_addr_bits=40,
         axi_id_bits=6, axi_max_burst_beats=16, axi_max_outstanding=8, act_bits=8, acc_bits=32,
-        act_block=64, weight_group=128, systolic_rows=32, systolic_cols=16,
+        act_block=64, weight_group=128, systolic_rows=32, systolic_cols=8,
         l2_bytes=1 << 20, constant_cache_bytes=64 << 10, l2_scratch_bytes=128 << 10, sfu_reduce_lanes=8,
         gemv_max_cols=16384, gemv_sparse_max_rows=2048),
     # Small enough that the full chip simulates in seconds in Verilator; same structure.
