@@ -72,24 +72,59 @@ class Flow:
         self.m.submodules[self._name(what)] = elaboratable
         return elaboratable
 
+    #: A data delay of at least RING_STAGES enabled cycles and RING_BITS bits goes into a block-RAM ring
+    #: (`_ring`) instead of a register chain (which synthesis maps to SRLC32E shift registers, one LUT per
+    #: 32 stages of one bit): kv260's SFU has 24 such delays of 6 to 32 bits over 48 to 191 cycles.
+    RING_STAGES = 48
+    RING_BITS = 6
+    RING_DEPTH = 512                 # one RAMB18E2 (512 x 36); longer than any SFU delay
+
     def delay(self, node, t: int, *, valid: bool = False):
-        """`node` delayed until time `t` (registers gated by en; shared between users).
+        """`node` delayed until time `t` (gated by en; shared between users: each delay starts from the
+        longest tap of the same value already built below `t`).
 
         Data delay lines are reset-less, so synthesis maps them to shift registers (SRL16E/SRLC32E hold
-        no reset); a ``valid=True`` line (a flag that reset must clear) keeps its reset."""
+        no reset), or, when long and wide enough, to a block-RAM ring; a ``valid=True`` line (a flag that
+        reset must clear) keeps its reset and stays in registers."""
         v, t0 = node
         if isinstance(v, Const):
             return v
         if t < t0:
             raise ValueError(f"cannot move a value from time {t0} back to {t}")
-        key = (id(v), t0, valid)
-        chain = self._delays.setdefault(key, [v])
-        while len(chain) <= t - t0:
-            r = Signal(Value.cast(v).shape(), name=self._name("v" if valid else "d"), reset_less=not valid)
+        d = t - t0
+        taps = self._delays.setdefault((id(v), t0, valid), {0: v})
+        if d in taps:
+            return taps[d]
+        j = max(k for k in taps if k < d)
+        shape = Value.cast(v).shape()
+        if not valid and d - j >= self.RING_STAGES and shape.width >= self.RING_BITS:
+            taps[d] = self._ring(taps[j], d - j, shape)
+            return taps[d]
+        for k in range(j + 1, d + 1):
+            r = Signal(shape, name=self._name("v" if valid else "d"), reset_less=not valid)
             with self.m.If(self.en):
-                self.m.d.sync += r.eq(chain[-1])
-            chain.append(r)
-        return chain[t - t0]
+                self.m.d.sync += r.eq(taps[k - 1])
+            taps[k] = r
+        return taps[d]
+
+    def _ring(self, x, stages: int, shape):
+        """`x` delayed by `stages` enabled cycles in a block-RAM ring: written at the Flow's write pointer
+        every enabled cycle, read `stages - 1` entries behind it into the read port's register."""
+        assert 2 <= stages <= self.RING_DEPTH
+        m = self.m
+        if getattr(self, "_wp", None) is None:
+            self._wp = Signal(range(self.RING_DEPTH), name=f"{self.prefix}_ring_wp")
+            with m.If(self.en):
+                m.d.sync += self._wp.eq(self._wp + 1)
+        mem = self.sub("ring", memory.Memory(shape=shape.width, depth=self.RING_DEPTH, init=[],
+                                             attrs={"ram_style": "block"}))
+        wr, rd = mem.write_port(), mem.read_port(domain="sync", transparent_for=())
+        lag = (self._wp - (stages - 1))[:len(self._wp)]
+        m.d.comb += [wr.en.eq(self.en), wr.addr.eq(self._wp), wr.data.eq(x),
+                     rd.en.eq(self.en), rd.addr.eq(lag)]
+        y = Signal(shape, name=self._name("ring"))
+        m.d.comb += y.eq(rd.data)
+        return y
 
     def align(self, *nodes):
         t = max(n[1] for n in nodes)
