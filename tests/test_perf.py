@@ -106,7 +106,7 @@ def test_sparse_wgemv_costs_its_binary32_parts():
     from firmware.perf import _stream_rate, sparse_gemv_cycles
     hw = HardwareConfig.preset("kv260")
     # E4B's sparse W_down at 5 %: 2048 rows over 4 ports (512 each), 16384 columns in 256 segments of 64, one
-    # part per row and segment: 256 x 512 cycles (the RTL measures 132,972, docs/gemv.md).
+    # part per row and segment: 256 x 512 cycles (the RTL measures 132,969, docs/gemv.md).
     assert sparse_gemv_cycles(2048, 16384, 128, 819, hw) == 256 * 512
     # Every column non-zero: the front end, 16 beats of the port's 512 rows per column at 4 cycles a beat,
     # plus the 128 groups' scale beats (512 rows x 2 bytes / 16 per beat).
