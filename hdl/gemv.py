@@ -718,9 +718,10 @@ class SparsePort(wiring.Component):
       one transfer per non-zero activation, lowest column first; a segment ends with an END item. Every
       transfer (and END) is announced to the front end through an item FIFO, in order.
     - **Front end.** Scale beats go to the scale bank of the group (double-buffered); the beats of a column
-      update the segment's isum bank (double-buffered, W sums per word) with ``isum[r] += w[r, k] * a[k]``,
-      W rows per beat, one beat per cycle (a read-modify-write whose read port is transparent to the write,
-      so back-to-back updates of the same word are exact); the first column of a segment overwrites.
+      update the segment's isum bank (double-buffered, `update_lanes` = W / CYCLES_PER_BEAT sums per word)
+      with ``isum[r] += w[r, k] * a[k]``, W / CYCLES_PER_BEAT rows per cycle (a read-modify-write whose
+      read port is transparent to the write, so back-to-back updates of the same word are exact); the first
+      column of a segment overwrites.
     - **Back end.** For every segment, *including the segments without any non-zero activation* (their sums
       are 0 and their parts ±0 are added as in `sim.numerics.gemv`: they decide the sign of zero results),
       walks the port's rows: ``part = ldexp(fp32(isum) * fp32(scale), e)``, ``y[r] = y[r] + part`` with y in a
