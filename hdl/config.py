@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["HardwareConfig", "DeviceBudget", "PRESETS", "XCK26", "ceil_log2"]
+__all__ = ["HardwareConfig", "DeviceBudget", "PRESETS", "XCK26", "ceil_log2", "DSP48E2_MUL_A_BITS",
+           "DSP48E2_MUL_B_BITS", "DSP48E2_P_BITS", "segment_sum_bound", "segment_sum_bits"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,26 @@ class DeviceBudget:
 # Zynq UltraScale+ XCK26 (K26 SOM), DS987: 117,120 CLB LUTs, 234,240 CLB flip-flops, 1,248 DSP48E2,
 # 144 36 Kb block RAMs (5.1 Mb), 64 UltraRAMs (18 Mb).
 XCK26 = DeviceBudget("xck26-sfvc784-2LV-c", lut=117_120, ff=234_240, dsp=1_248, bram36=144, uram=64)
+
+# DSP48E2 (UG579): the multiplier's A/D-side and B-side widths and the P accumulator. The systolic PE's two
+# products per slice are sized against them (hdl.dsp, hdl.systolic, sim.systolic).
+DSP48E2_MUL_A_BITS = 27
+DSP48E2_MUL_B_BITS = 18
+DSP48E2_P_BITS = 48
+
+
+def segment_sum_bound(seg: int, act_bits: int = 8) -> int:
+    """The largest magnitude of a sum of `seg` INT4 x INT(`act_bits`) products: ``seg * 8 * 2**(act_bits -
+    1)`` (all -8 weights times all -2**(act_bits - 1) activations). The one statement of it: the GEMV
+    engine's isum width, the systolic field spacing and the golden models (`sim.numerics`) use it."""
+    if isinstance(seg, bool) or not isinstance(seg, int) or seg < 1:
+        raise ValueError(f"segment length must be a positive integer, not {seg!r}")
+    return seg * 2 ** (HardwareConfig.WEIGHT_BITS - 1) * 2 ** (act_bits - 1)
+
+
+def segment_sum_bits(seg: int, act_bits: int = 8) -> int:
+    """Signed width that holds every sum of `seg` INT4 x INT(`act_bits`) products (`segment_sum_bound`)."""
+    return segment_sum_bound(seg, act_bits).bit_length() + 1
 
 
 def ceil_log2(x: int) -> int:

@@ -35,7 +35,9 @@ from amaranth import ClockSignal, Const, Instance, Module, Mux, ResetSignal, Sig
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from sim.systolic import MUL_A_BITS, MUL_B_BITS, P_BITS
+from .config import DSP48E2_MUL_A_BITS as MUL_A_BITS
+from .config import DSP48E2_MUL_B_BITS as MUL_B_BITS
+from .config import DSP48E2_P_BITS as P_BITS
 
 from .fp import _check_width, rejecting
 

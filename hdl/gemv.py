@@ -49,8 +49,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from sim import numerics
-
+from . import config
 from .axi import AxiReadDma, AxiReadSignature, read_command_layout, read_data_layout
 from .config import HardwareConfig, ceil_log2
 from .fp import INT_SCALE_MAX_BITS, NEG_ZERO, FpAdd, FpLdexp, IntScaleMul, check_int_scale_bits, rejecting
@@ -293,10 +292,10 @@ def segment_sum_bits(cfg: HardwareConfig) -> int:
     log2(act_block))``; the sparse back end cuts its per-row sums at the same ``lseg`` boundaries), so at
     most ``act_block`` products, each at most ``8 * 2**(act_bits - 1)`` in magnitude (INT4 -8 times INT8
     -128): ``|isum| <= act_block * 2**(act_bits + 2)`` (kv260: 64 * 1024 = 2**16, 18 bits; tiny: 2**14, 16
-    bits; `sim.numerics.segment_sum_bits`, as the systolic field). `IntScaleMul` needs every value of that
+    bits; `hdl.config.segment_sum_bits`, as the systolic field). `IntScaleMul` needs every value of that
     width exact in binary32 (at most 25 bits); a config beyond that raises ValueError."""
-    bits = numerics.segment_sum_bits(cfg.act_block, cfg.act_bits)
-    bound = numerics.segment_sum_bound(cfg.act_block, cfg.act_bits)
+    bits = config.segment_sum_bits(cfg.act_block, cfg.act_bits)
+    bound = config.segment_sum_bound(cfg.act_block, cfg.act_bits)
     if bits > INT_SCALE_MAX_BITS or bits > cfg.acc_bits:
         raise ValueError(f"GEMV segment sums reach {bound} (act_block {cfg.act_block} x INT4 x INT{cfg.act_bits}), "
                          f"{bits} signed bits: they must fit {min(INT_SCALE_MAX_BITS, cfg.acc_bits)} bits (exact in "

@@ -74,7 +74,7 @@ class Flow:
 
     #: A data delay of at least RING_STAGES enabled cycles and RING_BITS bits goes into a block-RAM ring
     #: (`_ring`) instead of a register chain (which synthesis maps to SRLC32E shift registers, one LUT per
-    #: 32 stages of one bit): kv260's SFU has 24 such delays of 6 to 32 bits over 48 to 191 cycles.
+    #: 32 stages of one bit): kv260's SFU has 26 such delays of 6 to 32 bits over 48 to 191 cycles.
     RING_STAGES = 48
     RING_BITS = 6
     RING_DEPTH = 512                 # one RAMB18E2 (512 x 36); longer than any SFU delay

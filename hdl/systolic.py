@@ -34,8 +34,8 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from .config import HardwareConfig
-from .dsp import A_BITS, MUL_A_BITS, P_BITS, DspMacc
+from .config import HardwareConfig, segment_sum_bits
+from .dsp import A_BITS, MUL_A_BITS, MUL_B_BITS, P_BITS, DspMacc
 from .fp import NEG_ZERO, FpAdd, FpLdexp, IntScaleMul, check_int_scale_bits, rejecting
 
 __all__ = ["tag_layout", "row_layout", "res_layout", "step_layout", "pack_pair", "extract_pair", "SystolicPE",
@@ -122,11 +122,11 @@ class SystolicPE(wiring.Component):
     latency = DspMacc.LATENCY + 1
 
     def __init__(self, field: int, act_bits: int = 8, *, cascade: bool = False):
-        _check_int("field", field, 2)
-        if field + 5 > MUL_A_BITS:
-            _silence(self)
-            raise ValueError(f"field {field} is too wide: the packed pair (F + 5 = {field + 5} bits) must fit "
-                             f"the DSP48E2 multiplier's {MUL_A_BITS}-bit A input")
+        with rejecting(self):
+            _check_int("field", field, 2)
+            if field + 5 > MUL_A_BITS:
+                raise ValueError(f"field {field} is too wide: the packed pair (F + 5 = {field + 5} bits) must "
+                                 f"fit the DSP48E2 multiplier's {MUL_A_BITS}-bit A input")
         self._field, self._act_bits, self._cascade = field, act_bits, bool(cascade)
         super().__init__(_pe_members(act_bits, field, signed(A_BITS)))
 
@@ -336,12 +336,6 @@ def NaiveArray(rows: int, cols: int, field: int, act_bits: int = 8) -> SystolicA
     return SystolicArray(rows, cols, field, act_bits, naive=True)
 
 
-def _silence(component):
-    """Mark a component whose constructor rejected its parameters as deliberately never elaborated (else
-    Amaranth warns about an unused elaboratable when it is collected)."""
-    component._MustUse__silence = True
-
-
 def _delay(m: Module, sig, n: int, name: str):
     """`sig` delayed by n cycles (a chain of reset-less registers)."""
     for i in range(n):
@@ -476,9 +470,8 @@ class EngineGeometry:
         self.group, self.block = cfg.weight_group, cfg.act_block
         self.beat_bits, self.act_bits = cfg.axi_data_bits, cfg.act_bits
         self.seg = min(self.group, self.block)
-        worst = self.seg * 8 * 2 ** (self.act_bits - 1)
-        self.field = worst.bit_length() + 1                       # sim.systolic.field_bits
-        if self.field + 5 > 27 or self.act_bits > 18:
+        self.field = segment_sum_bits(self.seg, self.act_bits)      # as sim.systolic.field_bits
+        if self.field + 5 > MUL_A_BITS or 2 * self.field > P_BITS or self.act_bits > MUL_B_BITS:
             raise ValueError(f"segments of {self.seg} products do not fit two per DSP48E2")
         self.step_bits = 2 * self.cols * 4
         if self.step_bits % self.beat_bits and self.beat_bits % self.step_bits:
@@ -521,7 +514,7 @@ class SystolicEngine(wiring.Component):
     """
 
     def __init__(self, cfg: HardwareConfig):
-        try:
+        with rejecting(self):           # never elaborated: not an unused-component mistake
             geo = EngineGeometry(cfg)
             R, C = geo.rows, geo.cols
             # The hold banks for exponents and scales (one per segment parity) are rewritten two segments
@@ -533,9 +526,6 @@ class SystolicEngine(wiring.Component):
             # A y entry is read again one segment after it was read for the add; the add must be done by then.
             if geo.seg <= ScaleLane.LATENCY - ScaleLane.EXP_READ:
                 raise ValueError(f"segments of {geo.seg} steps are shorter than the scale lane's add loop")
-        except ValueError:
-            _silence(self)          # never elaborated: not an unused-component mistake
-            raise
         self._cfg, self._geo = cfg, geo
         self._lanes = [ScaleLane(geo.rows, geo.field) for _ in range(geo.cols)]
         super().__init__({

@@ -26,6 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
+# The worst INT4 x INT8 segment sum sizes hardware too; it lives in hdl.config (hdl never imports sim).
+from hdl.config import segment_sum_bits, segment_sum_bound
+
 __all__ = [
     "INT4_MIN", "INT4_MAX", "INT8_MAX", "pack_int4", "unpack_int4", "quantize_weights",
     "dequantize_weights", "quantize_activations", "dequantize_activations", "segment_size",
@@ -142,19 +145,6 @@ def segment_size(group: int, block: int) -> int:
     if large % small:
         raise ValueError(f"weight group ({group}) and activation block ({block}) must divide one another")
     return small
-
-
-def segment_sum_bound(seg: int, act_bits: int = 8) -> int:
-    """The largest magnitude of a sum of `seg` INT4 x INT(`act_bits`) products: ``seg * 8 * 2**(act_bits -
-    1)`` (all -8 weights times all -2**(act_bits - 1) activations)."""
-    if isinstance(seg, bool) or not isinstance(seg, int) or seg < 1:
-        raise ValueError(f"segment length must be a positive integer, not {seg!r}")
-    return seg * -INT4_MIN * 2 ** (act_bits - 1)
-
-
-def segment_sum_bits(seg: int, act_bits: int = 8) -> int:
-    """Signed width that holds every sum of `seg` INT4 x INT(`act_bits`) products (`segment_sum_bound`)."""
-    return segment_sum_bound(seg, act_bits).bit_length() + 1
 
 
 def gemv(q_w: np.ndarray, scale_w: np.ndarray, q_a: np.ndarray, e_a: np.ndarray, *, group: int, block: int,

@@ -34,6 +34,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hdl.config import DSP48E2_MUL_A_BITS as MUL_A_BITS
+from hdl.config import DSP48E2_MUL_B_BITS as MUL_B_BITS
+from hdl.config import DSP48E2_P_BITS as P_BITS
+
 from .numerics import INT4_MAX, INT4_MIN, segment_size, segment_sum_bits
 
 __all__ = [
@@ -45,9 +49,6 @@ __all__ = [
 # smallest subnormal and of the largest finite value): 9-bit two's complement holds them.
 EXP_BITS = 9
 ACT_MIN, ACT_MAX = -128, 127     # the INT8 range the PE handles (the quantiser uses only ±127)
-P_BITS = 48                      # DSP48E2 accumulator
-MUL_A_BITS = 27                  # DSP48E2 multiplier port widths (A/D side and B side)
-MUL_B_BITS = 18
 
 
 def field_bits(seg: int, act_bits: int = 8) -> int:

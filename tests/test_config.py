@@ -122,3 +122,19 @@ def test_hardware_presets():
 def test_hardware_config_errors(change, exc, message):
     with pytest.raises(exc, match=message):
         HW["kv260"].replace(**change)
+
+
+def test_hdl_never_imports_sim_tb_or_firmware():
+    # STYLE 25: the gateware stands alone; facts shared with the golden models (the DSP48E2 widths, the worst
+    # segment sum) live in hdl.config, which sim imports. A fresh interpreter imports every hdl module.
+    # One known exception remains: hdl.sfu takes its ROM tables and constants from sim.sfu (open on issue 7).
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    code = ("import importlib, pkgutil, sys, hdl\n"
+            "for m in pkgutil.iter_modules(hdl.__path__):\n"
+            "    importlib.import_module('hdl.' + m.name)\n"
+            "print(sorted(n for n in sys.modules if n.split('.')[0] in ('sim', 'tb', 'firmware')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['sim', 'sim.sfu']", out.stdout
