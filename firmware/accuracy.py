@@ -81,15 +81,17 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--group", type=int, help="weight group (0 = one scale per row)")
     p.add_argument("--block", type=int, help="activation block")
+    p.add_argument("--kv-format", choices=("fp16", "int8"), help="KV cache format (default: the preset's)")
     p.add_argument("--int4-exact", action="store_true",
                    help="weights replaced by their INT4 values in both models (isolates the other arithmetic)")
     args = p.parse_args(argv)
     cfg = ModelConfig.preset(args.model)
     hw = HardwareConfig.preset(args.hw)
-    changes = {k: v for k, v in (("weight_group", args.group), ("act_block", args.block)) if v is not None}
+    changes = {k: v for k, v in (("weight_group", args.group), ("act_block", args.block),
+                                 ("kv_format", args.kv_format)) if v is not None}
     hw = hw.replace(**changes)
     print(f"model {args.model}, hardware {hw.name}: weight group {hw.weight_group or 'row'}, "
-          f"activation block {hw.act_block}, {args.steps} greedy steps"
+          f"activation block {hw.act_block}, KV cache {hw.kv_format}, {args.steps} greedy steps"
           + (", weights INT4-exact in both models" if args.int4_exact else ""))
     print(f"{'seed':>5} {'max |dlogit|':>13} {'top-1':>7} {'mean KL':>9} {'max KL':>9}")
     for seed in args.seeds:

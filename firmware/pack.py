@@ -11,8 +11,10 @@ CONST       binary32 vectors and small matrices: norm gains, ``correct_output_sc
             prediction and correction coefficients, RoPE frequency tables (in turns, two words each)
 WEIGHTS     INT4 matrices (two per byte, low nibble first) followed by their binary16 group scales
             (row-major [rows, groups]; group-major [groups, rows] for column-major matrices)
-KV          the KV cache: per cache layer, K then V, binary16, ``capacity`` positions
-            (sliding layers keep a ring of `sliding_window` positions; full layers `max_positions`)
+KV          the KV cache: per cache layer, ``capacity`` positions (sliding layers keep a ring of
+            `sliding_window` positions; full layers `max_positions`); ``kv_format`` "fp16": K then V,
+            binary16; "int8": INT4 planes and scales as `sim.numerics.KvInt8Layout` (the V planes'
+            constant scales are the WEIGHTS entry ``kv.v_plane_scales``, the slots' scale offset)
 LOGITS      the token's soft-capped logits, binary32
 PROGRAM     the token program (written by the compiler)
 ==========  ==========================================================================================
@@ -38,7 +40,7 @@ import numpy as np
 from hdl.config import HardwareConfig
 from sim.config import ModelConfig
 from sim.gemma3n import resolve_tensor_names
-from sim.numerics import pack_int4, quantize_weights
+from sim.numerics import KvInt8Layout, pack_int4, quantize_weights, v_plane_scales
 
 __all__ = ["Image", "TensorEntry", "Descriptor", "pack", "DESC_BYTES", "DescKind", "Layout",
            "rope_turn_table", "logit_chunk_rows"]
@@ -91,7 +93,8 @@ class Descriptor:
     def to_bytes(self) -> bytes:
         """32 bytes, little-endian: u64 weight_offset, u64 scale_offset, u32 rows, u32 cols,
         u8 kind, u8 layout, u8 log2(group), u8 heads, u16 head_dim, u16 reserved. KV slots store their
-        capacity in `rows` and K/V width in `cols` (heads * head_dim)."""
+        capacity in `rows` and K/V width in `cols` (heads * head_dim); their `layout` is the cache format (0
+        binary16, 1 INT8 planes) and, for INT8, `scale_offset` the WEIGHTS offset of the V planes' scales."""
         rows = self.capacity if self.kind == DescKind.KV else self.rows
         cols = self.heads * self.head_dim if self.kind == DescKind.KV else self.cols
         glog = int(math.log2(self.group)) if self.group else 0
@@ -244,14 +247,25 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
     entries: dict[str, TensorEntry] = {}
     descs: list[Descriptor] = []
     kv_slots = {}
+    int8_kv = hw.kv_format == "int8"
+    vscale_off = 0
+    if int8_kv:
+        n = 2 * cfg.head_dim * 2
+        vscale_off = alloc.take("WEIGHTS", n, 64)
+        entries["kv.v_plane_scales"] = TensorEntry("kv.v_plane_scales", "WEIGHTS", vscale_off,
+                                                   (2, cfg.head_dim), "fp16", nbytes=n)
     for layer in cfg.kv_cache_layers:
         cap = cfg.sliding_window if cfg.is_sliding(layer) else max_positions
         cap = min(cap, max_positions)
-        nbytes = 2 * cap * cfg.kv_dim * 2   # K and V, binary16
+        if int8_kv:
+            nbytes = KvInt8Layout(cap, cfg.num_key_value_heads, cfg.head_dim, hw.act_block).nbytes
+        else:
+            nbytes = 2 * cap * cfg.kv_dim * 2   # K and V, binary16
         off = alloc.take("KV", nbytes, 64)
         kv_slots[layer] = len(descs)
         descs.append(Descriptor(len(descs), DescKind.KV, f"kv:{layer}", weight_offset=off, capacity=cap,
-                                heads=cfg.num_key_value_heads, head_dim=cfg.head_dim))
+                                heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, scale_offset=vscale_off,
+                                layout=int(int8_kv)))
     if len(descs) > 256:
         raise ValueError(f"{len(descs)} KV cache layers do not fit the 8-bit slot field of ATTN/KVST")
     for name, shape in expected.items():
@@ -314,7 +328,9 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
         e = entries[name]
         if progress is not None:
             progress(n_done, len(names), name)
-        if e.format == "u0.64":
+        if name == "kv.v_plane_scales":
+            image.view("WEIGHTS", e.offset, e.nbytes)[:] = v_plane_scales(cfg.head_dim).astype("<f2").view(np.uint8).reshape(-1)
+        elif e.format == "u0.64":
             table = rope_turn_table(cfg.rope_theta_sliding if name == "rope.sliding" else cfg.rope_theta_full,
                                     cfg.head_dim)
             image.view("CONST", e.offset, e.nbytes)[:] = table.astype("<u4").view(np.uint8)

@@ -266,6 +266,15 @@ def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dic
         weights += n * max(0.0, sparse_gemv_cycles(rows, cols, group, nz, hw) - nbytes / rate)
     units["weights"] += weights
     by_op["WGEMV"] += weights
+    # INT8 ATTN's GEMVs over the KV planes: the same engine costs, but inside ATTN (not a weight stream that
+    # an async WGEMV could hide)
+    kv = counters.attn_gemv_bytes / rate + counters.attn_gemvs * rates.gemv_fixed
+    for (rows, cols, group, nz), n in counters.attn_sparse_gemvs.items():
+        nbytes = nz * rows // 2 + rows * -(-cols // group) * 2
+        kv += n * max(0.0, sparse_gemv_cycles(rows, cols, group, nz, hw) - nbytes / rate)
+    if kv:
+        units["kv_stream"] += kv
+        by_op["ATTN"] += kv
     gemm_bytes = 0
     for g in gemms:
         desc = _desc_cycles(rates)
@@ -275,7 +284,8 @@ def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dic
         by_op["WGEMM"] += cost
         gemm_bytes += -(-g.tokens // hw.systolic_rows) * _wgemm_bytes(g, hw)
     # the DDR movers share port 0 with the fetch: their bytes take at least the DDR time
-    other = counters.total_read() + sum(counters.bytes_written.values()) - counters.gemv_bytes - gemm_bytes
+    other = (counters.total_read() + sum(counters.bytes_written.values()) - counters.gemv_bytes - gemm_bytes
+             - counters.attn_gemv_bytes)
     ddr_rate = min(hw.bytes_per_beat, DDR_PEAK_BYTES_PER_S * rates.ddr_efficiency / hw.clock_hz)
     moved = units["ddr_read"] + units["ddr_write"]
     if moved < other / ddr_rate:
@@ -542,13 +552,16 @@ def main(argv=None) -> int:
     p.add_argument("--positions", type=int, nargs="+", default=[128, 1024, 4096])
     p.add_argument("--prefill", type=int, nargs="*", default=[32, 128, 512],
                    help="prompt lengths of the prefill estimate (none: skip it)")
+    p.add_argument("--kv-format", choices=("fp16", "int8"), help="KV cache format (default: the preset's)")
     for f in fields(Rates):
         p.add_argument("--" + f.name.replace("_", "-"), type=float, default=f.default)
     args = p.parse_args(argv)
     rates = Rates(**{f.name: getattr(args, f.name) for f in fields(Rates)})
     cfg, hw = ModelConfig.preset(args.model), HardwareConfig.preset(args.hw)
-    print(f"{args.model} on {args.hw} at {hw.clock_hz / 1e6:.0f} MHz; {rates}")
-    units = ("weights",) + PASS_KINDS + ("scalar_alu", "issue")
+    if args.kv_format:
+        hw = hw.replace(kv_format=args.kv_format)
+    print(f"{args.model} on {args.hw} (KV cache {hw.kv_format}) at {hw.clock_hz / 1e6:.0f} MHz; {rates}")
+    units = ("weights", "kv_stream") + PASS_KINDS + ("scalar_alu", "issue")
     print(f"{'position':>8} " + " ".join(f"{u:>10}" for u in units) + f" {'hidden':>10} {'total Mcyc':>10} {'tok/s':>6} "
           f"{'roofline':>8} {'fraction':>8}")
     for e in estimate(cfg, hw, args.positions, rates):

@@ -60,6 +60,13 @@ def ceil_log2(x: int) -> int:
     return (x - 1).bit_length()
 
 
+KV_FORMATS = ("fp16", "int8")
+# The INT8 KV cache's number format (docs/numerics.md "KV cache"; sim.numerics): values q = 16·hi + lo with
+# hi, lo two's complement INT4, so |q| <= 119; the V planes' GEMVs use one scale group per row (2**16 columns).
+KV_Q_MAX = 119
+V_PLANE_LOG2_GROUP = 16
+
+
 def _is_pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
@@ -98,6 +105,11 @@ class HardwareConfig:
     gemv_sparse_max_rows : GEMV block: the most rows of a sparse (column-major) GEMV; every port keeps
         per-row integer sums and binary32 accumulators for its share (a power of two, at least one beat of
         INT4 weights per port; E4B's hidden size 2048 on kv260).
+    kv_format : the KV cache format: ``"fp16"`` (binary16 K and V; ATTN runs on the SFU, one element per
+        cycle) or ``"int8"`` (power-of-two scaled INT8 K and V held as two INT4 planes; ATTN's dot products
+        run on the GEMV engine at the weight-stream rate). docs/numerics.md, "KV cache".
+    kv_max_head_dim : INT8 KV cache: the widest head KVST quantises (the KV packer's memory; a multiple of 8
+        and of a beat of INT4 weights, and at most ``gemv_sparse_max_rows``, the V GEMVs' rows).
     """
 
     name: str
@@ -123,6 +135,9 @@ class HardwareConfig:
     # --- GEMV block (hdl/gemv.py) ---
     gemv_max_cols: int = 16384
     gemv_sparse_max_rows: int = 2048
+    # --- KV cache (sim/iss.py ATTN/KVST, firmware/pack.py, docs/numerics.md "KV cache") ---
+    kv_format: str = "fp16"
+    kv_max_head_dim: int = 256
 
     # The weight format is part of the architecture, not a knob: INT4, two per byte, low nibble first.
     WEIGHT_BITS = 4
@@ -140,6 +155,9 @@ class HardwareConfig:
                       "systolic_rows", "systolic_cols"):
             integer(field)
         integer("weight_group", minimum=0)
+        if self.kv_format not in KV_FORMATS:
+            raise ValueError(f"kv_format must be one of {', '.join(KV_FORMATS)}, not {self.kv_format!r}")
+        integer("kv_max_head_dim", 8)
         if not isinstance(self.name, str) or not self.name:
             raise TypeError(f"name must be a non-empty string, not {self.name!r}")
         if not _is_pow2(integer("axi_data_bits", 32)) or self.axi_data_bits > 1024:
@@ -185,6 +203,11 @@ class HardwareConfig:
         if self.acc_bits < need:
             raise ValueError(f"acc_bits ({self.acc_bits}) cannot hold a sum of {span} INT4 x INT{self.act_bits} "
                              f"products exactly; need at least {need}")
+        unit = max(8, self.weights_per_beat)
+        if self.kv_max_head_dim % unit or self.kv_max_head_dim > self.gemv_sparse_max_rows:
+            raise ValueError(f"kv_max_head_dim must be a multiple of {unit} (8 and a beat of INT4 weights) and "
+                             f"at most gemv_sparse_max_rows ({self.gemv_sparse_max_rows}), not "
+                             f"{self.kv_max_head_dim!r}")
 
     # --- derived --------------------------------------------------------------------------------
 
@@ -238,12 +261,14 @@ PRESETS: dict[str, HardwareConfig] = {
         axi_id_bits=6, axi_max_burst_beats=16, axi_max_outstanding=8, act_bits=8, acc_bits=32,
         act_block=64, weight_group=128, systolic_rows=32, systolic_cols=8,
         l2_bytes=1 << 20, constant_cache_bytes=64 << 10, l2_scratch_bytes=128 << 10, sfu_reduce_lanes=8,
-        gemv_max_cols=16384, gemv_sparse_max_rows=2048),
+        gemv_max_cols=16384, gemv_sparse_max_rows=2048, kv_format="int8"),
     # Small enough that the full chip simulates in seconds in Verilator; same structure.
     "tiny": HardwareConfig(
         name="tiny", clock_hz=100_000_000, axi_ports=2, axi_data_bits=64, axi_addr_bits=32,
         axi_id_bits=4, axi_max_burst_beats=16, axi_max_outstanding=4, act_bits=8, acc_bits=32,
         act_block=16, weight_group=32, systolic_rows=4, systolic_cols=4,
         l2_bytes=64 << 10, constant_cache_bytes=4 << 10, l2_scratch_bytes=16 << 10, sfu_reduce_lanes=8,
-        gemv_max_cols=1024, gemv_sparse_max_rows=128),
+        gemv_max_cols=1024, gemv_sparse_max_rows=128, kv_format="int8", kv_max_head_dim=128),
 }
+# The binary16 KV cache (ATTN on the SFU) on the tiny NPU: the other `kv_format`, kept buildable and tested.
+PRESETS["tiny_fp16"] = PRESETS["tiny"].replace(name="tiny_fp16", kv_format="fp16")

@@ -20,9 +20,16 @@ composition table), so the results are bit-identical to the ISS's hardware arith
 - RMSNORM / RMSNORM_NG per HD segment: SUMSQ -> s; s * fp32(1/HD) and + S[s] in the scalar ALU; RSQRT;
   MULS into dst; (RMSNORM) MUL by the gain.
 - ROPE per head: four MULs into the scratch, then SUB and ADD into dst.
-- ATTN per KV group: per visible position (oldest first) the K row (binary16 -> binary32) into the scratch
-  and one DOT per head into the scores; per head MAX, EXP(s - max), SUM, RECIP, MULS; per position the V row
-  and, per head, MULS (first position) or FMAS into dst.
+- ATTN per KV group, binary16 cache (``kv_format`` "fp16"): per visible position (oldest first) the K row
+  (binary16 -> binary32) into the scratch and one DOT per head into the scores; per head MAX, EXP(s - max),
+  SUM, RECIP, MULS; per position the V row and, per head, MULS (first position) or FMAS into dst.
+- ATTN per KV group, INT8 cache ("int8", the presets): per head, the query into the quantiser, two GEMV
+  engine commands over the slot's K planes (lo, then hi with accm) into the scratch, MAX, EXP(s - max), SUM,
+  RECIP, MUL by the V row scales (from DDR), then per chunk of ``gemv_max_cols`` positions the weights into
+  the quantiser and two sparse engine commands over the V planes (accm after the first) into dst, then MULS by
+  the reciprocal. KVST per head: K into the quantiser (limit 119) and the `KvPacker`, its two plane rows and
+  scale rows out to DDR; V into the quantiser twice (its row exponent, then the values at that exponent), its
+  two plane columns and its row scale out. The slot layout is `sim.numerics.KvInt8Layout`.
 - CVO SCALE with recip_scale and SOFTCAP first take RECIP(S0); REDUCE/ROPE functions with accm add the
   staged result to dst afterwards (the SFU's accm covers the element-wise functions).
 
@@ -46,7 +53,7 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
-from .config import HardwareConfig
+from .config import V_PLANE_LOG2_GROUP, HardwareConfig, ceil_log2
 from .ddrio import DdrReader
 from .ddrwrite import DdrWriter
 from .fetch import PC_BITS, insn_layout
@@ -56,7 +63,7 @@ from .gemv import GemvEngine
 from .isa import (CtrlFunc, CvoFunc, DdrRegion, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache, VecFunc,
                   layout)
 from .l2 import L2, ElemReader, ElemWriter
-from .quant import ActQuantizer
+from .quant import ActQuantizer, KvPacker
 from .seq import IntRecip, SeqDivider
 from .sfu import REDUCE_OPS, Sfu, SfuOp, _is_nan, _key
 
@@ -65,11 +72,12 @@ __all__ = ["Controller", "Src", "BSrc", "Sink", "REGIONS"]
 REGIONS = tuple(DdrRegion)
 
 
-class Src(enum.Enum, shape=2):
+class Src(enum.Enum, shape=3):
     L2 = 0
     PAIRS = 1
     DDR = 2
     REG = 3
+    PACK = 4          # the KV packer's plane words and scales (INT8 KV cache: KVST)
 
 
 class BSrc(enum.Enum, shape=2):
@@ -181,15 +189,22 @@ class Controller(wiring.Component):
         m.submodules.quant = quant = ActQuantizer(hw)
         m.submodules.gemv = gemv = GemvEngine(hw)
         m.submodules.gemm = gemm = GemmUnit(hw)
+        int8_kv = hw.kv_format == "int8"
+        if int8_kv:
+            m.submodules.packer = packer = KvPacker(hw, hw.kv_max_head_dim)
         # The quantiser fills the GEMV engine's activation memories, or (WGEMM) token slot q_tok of the GEMM
-        # unit's; the weight ports belong to whichever of the two has the running matrix (g_is_gemm).
+        # unit's, or (INT8 KVST, p_qpack) the KV packer; the weight ports belong to whichever of the GEMV engine
+        # and the GEMM unit has the running matrix (g_is_gemm).
         q_gemm, q_tok = Signal(), Signal.like(gemm.i_tok)
+        p_qpack = Signal()
         g_is_gemm = Signal()
-        for src, dsts in ((quant.o_act, (gemv.i_act, gemm.i_act)), (quant.o_exp, (gemv.i_exp, gemm.i_exp))):
+        for src, dsts in ((quant.o_act, (gemv.i_act, gemm.i_act) + ((packer.i_act,) if int8_kv else ())),
+                          (quant.o_exp, (gemv.i_exp, gemm.i_exp) + ((packer.i_exp,) if int8_kv else ()))):
+            sel = [~q_gemm & ~p_qpack, q_gemm & ~p_qpack, p_qpack]
             for k, dst in enumerate(dsts):
-                mine = q_gemm if k else ~q_gemm
-                m.d.comb += [dst.valid.eq(src.valid & mine), dst.p.eq(src.p)]
-            m.d.comb += src.ready.eq(Mux(q_gemm, dsts[1].ready, dsts[0].ready))
+                m.d.comb += [dst.valid.eq(src.valid & sel[k]), dst.p.eq(src.p)]
+            m.d.comb += src.ready.eq(Mux(p_qpack, dsts[-1].ready if int8_kv else 1,
+                                         Mux(q_gemm, dsts[1].ready, dsts[0].ready)))
         m.d.comb += gemm.i_tok.eq(q_tok)
         for p in range(hw.axi_ports):
             out = getattr(self, f"m_gemv{p}")
@@ -235,6 +250,9 @@ class Controller(wiring.Component):
         p_ddr_log2g = Signal(5)
         p_wr_addr = Signal(A)
         p_wr_fmt = Signal()
+        p_qlimit, p_qforce = Signal(), Signal()         # quantiser options (INT8 KV: limit 119, a forced exponent)
+        p_qe = Signal.like(quant.i_cmd.payload.e)
+        p_psel = Signal(2)                              # Src.PACK: which packer stream
         p_result = Signal(32)
         p_err = Signal()             # a bus error seen during the pass
 
@@ -246,7 +264,7 @@ class Controller(wiring.Component):
         pstart = Signal()             # one-cycle pulse from the sequencer
         pdone = Signal()              # one-cycle pulse: the pass has completed
         pending = Signal(data.StructLayout({"rd_a": 1, "rd_b": 1, "ddr_rd": 1, "ddr_wr": 1, "wr": 1, "sfu": 1,
-                                            "quant": 1}))
+                                            "quant": 1, "pack": 1}))
         active = Signal()
         a_sent = Signal()             # REG source: the element has been sent
         sunk = Signal(NB)             # elements taken by REG/DESC sinks
@@ -261,7 +279,8 @@ class Controller(wiring.Component):
                          pending.ddr_wr.eq(p_sink == Sink.DDR),
                          pending.wr.eq(p_sink == Sink.L2),
                          pending.sfu.eq(~p_bypass),
-                         pending.quant.eq(p_sink == Sink.QUANT)]
+                         pending.quant.eq(p_sink == Sink.QUANT),
+                         pending.pack.eq(p_a == Src.PACK)]
 
         # commands
         m.d.comb += [
@@ -281,9 +300,16 @@ class Controller(wiring.Component):
             sfu.i_cmd.payload.accm.eq(p_accm), sfu.i_cmd.payload.s.eq(p_s), sfu.i_cmd.payload.s_inv.eq(p_s_inv),
             sfu.i_cmd.payload.emax.eq(p_emax), sfu.i_cmd.payload.pos.eq(self.i_pos),
             quant.i_cmd.valid.eq(pending.quant), quant.i_cmd.payload.n.eq(p_n),
+            quant.i_cmd.payload.limit.eq(p_qlimit), quant.i_cmd.payload.force.eq(p_qforce),
+            quant.i_cmd.payload.e.eq(p_qe),
         ]
-        for name, unit in (("rd_a", rd_a), ("rd_b", rd_b), ("ddr_rd", ddr_rd), ("ddr_wr", ddr_wr), ("wr", wr),
-                           ("sfu", sfu), ("quant", quant)):
+        units = [("rd_a", rd_a), ("rd_b", rd_b), ("ddr_rd", ddr_rd), ("ddr_wr", ddr_wr), ("wr", wr), ("sfu", sfu),
+                 ("quant", quant)]
+        if int8_kv:
+            m.d.comb += [packer.i_cmd.valid.eq(pending.pack), packer.i_cmd.payload.sel.eq(p_psel),
+                         packer.i_cmd.payload.n.eq(p_n)]
+            units.append(("pack", packer))
+        for name, unit in units:
             with m.If(unit.i_cmd.valid & unit.i_cmd.ready):
                 m.d.sync += getattr(pending, name).eq(0)
 
@@ -314,6 +340,10 @@ class Controller(wiring.Component):
                 m.d.comb += [a_valid.eq(active & ~a_sent), a_data.eq(p_a_val)]
                 with m.If(a_valid & a_ready):
                     m.d.sync += a_sent.eq(1)
+            if int8_kv:
+                with m.Case(Src.PACK):
+                    m.d.comb += [a_valid.eq(packer.o_elem.valid), a_data.eq(packer.o_elem.payload),
+                                 packer.o_elem.ready.eq(a_ready)]
         with m.If(pstart):
             m.d.sync += have_hi.eq(0)
         with m.Switch(p_b):
@@ -501,13 +531,13 @@ class Controller(wiring.Component):
         def launch(nxt, **kw):
             """Set the pass fields (defaults for the rest) and go to `nxt` after the pass."""
             defaults = dict(op=SfuOp.COPY, bypass=0, a=Src.L2, b=BSrc.NONE, sink=Sink.L2, sub_emax=0,
-                            recip_scale=0, accm=0)
+                            recip_scale=0, accm=0, qlimit=0, qforce=0, qpack=0)
             defaults.update(kw)
             sigs = dict(op=p_op, bypass=p_bypass, n=p_n, a=p_a, a_addr=p_a_addr, a_val=p_a_val, b=p_b,
                         b_addr=p_b_addr, b_val=p_b_val, s=p_s, s_inv=p_s_inv, emax=p_emax, sub_emax=p_sub_emax,
                         recip_scale=p_recip_scale, accm=p_accm, sink=p_sink, dst=p_dst, ddr_addr=p_ddr_addr,
                         ddr_fmt=p_ddr_fmt, ddr_saddr=p_ddr_saddr, ddr_log2g=p_ddr_log2g, wr_addr=p_wr_addr,
-                        wr_fmt=p_wr_fmt)
+                        wr_fmt=p_wr_fmt, qlimit=p_qlimit, qforce=p_qforce, qe=p_qe, qpack=p_qpack, psel=p_psel)
             for key, val in defaults.items():
                 m.d.sync += Value.cast(sigs[key]).eq(Value.cast(val) if isinstance(val, enum.Enum) else val)
             m.d.sync += pstart_r.eq(1)
@@ -1036,137 +1066,334 @@ class Controller(wiring.Component):
                        ddr_addr=(wb + d_woff + tmp)[:A], ddr_saddr=(wb + d_soff + (tmp2 << 1))[:A],
                        ddr_log2g=d_log2g, sink=Sink.L2, dst=gd)
 
-            # ---- KVST ------------------------------------------------------------------------------------
-            kv = v[Opcode.KVST]
-            kk, kvv = elem(kv.k), elem(kv.v)
-            with m.State("KV"):
-                with m.If(d_kind != 2):
-                    fail(ErrorCode.BAD_DESCRIPTOR)
-                with m.Elif((d_cols == 0) | (d_rows == 0)):
-                    fail(ErrorCode.BAD_LENGTH)
-                with m.Elif(~in_l2(kk, d_cols)):
-                    fail(ErrorCode.ADDRESS_RANGE)
-                with m.Elif(~in_l2(kvv, d_cols)):
-                    fail(ErrorCode.ADDRESS_RANGE)
-                with m.Else():
-                    m.d.comb += [div.i_start.eq(1), div.i_num.eq(self.i_pos), div.i_den.eq(d_rows)]
-                    m.next = "KV_1"
-            with m.State("KV_1"):
-                with m.If(~div.o_busy):
-                    m.d.sync += [tmp.eq(div.o_r * d_cols), tmp2.eq((d_rows + div.o_r) * d_cols)]
-                    m.next = "KV_2"
-            kvb = base[DdrRegion.KV] + d_woff
-            with m.State("KV_2"):
-                launch("KV_3", bypass=1, n=d_cols, a=Src.L2, a_addr=kk, sink=Sink.DDR,
-                       wr_addr=(kvb + (tmp << 1))[:A], wr_fmt=1)
-            wait_pass("KV_3", lambda: launch("RETIRE_PASS", bypass=1, n=d_cols, a=Src.L2, a_addr=kvv, sink=Sink.DDR,
-                                             wr_addr=(kvb + (tmp2 << 1))[:A], wr_fmt=1))
-
-            # ---- ATTN ------------------------------------------------------------------------------------
-            at = v[Opcode.ATTN]
-            aq, ad = elem(at.q), elem(at.dst)
-            f_heads, f_hd, f_win = fmap_r.data[0:16], fmap_r.data[16:32], fmap_r.data[32:48]
-            with m.State("AT"):
-                m.d.sync += [a_heads.eq(f_heads), a_hd.eq(f_hd), a_win.eq(f_win), a_cap.eq(d_rows)]
-                with m.If(d_kind != 2):
-                    fail(ErrorCode.BAD_DESCRIPTOR)
-                with m.Elif((f_hd != d_head_dim) | (at.kv_head >= d_heads) | (f_heads == 0)):
-                    fail(ErrorCode.BAD_LENGTH)
-                with m.Elif(((f_win == 0) | (f_win > d_rows)) & (self.i_pos >= d_rows)):
-                    fail(ErrorCode.ADDRESS_RANGE)
-                with m.Else():
-                    seen = Mux((f_win == 0) | (self.i_pos + 1 <= f_win), self.i_pos + 1, f_win)
-                    m.d.sync += a_n.eq(seen)
-                    m.next = "AT_1"
-            with m.State("AT_1"):
-                with m.If(a_heads * a_n + a_hd > SCR):
-                    fail(ErrorCode.BAD_LENGTH)
-                with m.Elif(~in_l2(aq, a_heads * a_hd) | ~in_l2(ad, a_heads * a_hd)):
-                    fail(ErrorCode.ADDRESS_RANGE)
-                with m.Else():
-                    m.d.comb += [div.i_start.eq(1), div.i_num.eq(self.i_pos + 1 - a_n), div.i_den.eq(a_cap)]
-                    m.next = "AT_2"
-            kv_row = Signal(A)        # DDR address of the current position's K row (V: + capacity rows)
-            row_bytes = d_cols << 1
-            with m.State("AT_2"):
-                with m.If(~div.o_busy):
-                    m.d.sync += [a_r.eq(div.o_r), a_t.eq(0), tmp.eq(div.o_r * d_cols)]
-                    m.next = "AT_3"
-            with m.State("AT_3"):
-                first_row = (base[DdrRegion.KV] + d_woff + (tmp << 1) + ((at.kv_head * a_hd) << 1))[:A]
-                m.d.sync += [kv_row.eq(first_row), addr1.eq(first_row)]   # addr1: phase 3 starts there again
-                m.next = "AT_K"
-
-            sc_base = SB + a_hd                     # scores: [heads][n] after the K/V row
-            # phase 1: per position, the K row, then a DOT per head into scores[h][t]
-            with m.State("AT_K"):
-                with m.If(a_t == a_n):
-                    m.d.sync += h.eq(0)
-                    m.next = "AT_SM"
-                with m.Else():
-                    m.d.sync += h.eq(0)
-                    launch("AT_KD", bypass=1, n=a_hd, a=Src.DDR, ddr_addr=kv_row, ddr_fmt=1, sink=Sink.L2, dst=SB)
-            wait_pass("AT_KD", go("AT_DOT"))
-            def next_position(state):
-                """Advance to the next visible position: ring slot + 1 (wrapping to slot 0), its K row."""
-                with m.If(a_r + 1 == a_cap):
-                    m.d.sync += [a_r.eq(0), kv_row.eq((base[DdrRegion.KV] + d_woff + ((at.kv_head * a_hd) << 1))[:A])]
-                with m.Else():
-                    m.d.sync += [a_r.eq(a_r + 1), kv_row.eq(kv_row + row_bytes)]
-                m.d.sync += a_t.eq(a_t + 1)
-                m.next = state
-
-            with m.State("AT_DOT"):
-                with m.If(h == a_heads):
-                    next_position("AT_K")
-                with m.Else():
-                    launch("AT_DOTW", op=SfuOp.DOT, n=a_hd, a=Src.L2, a_addr=aq + h * a_hd, b=BSrc.L2, b_addr=SB,
-                           sink=Sink.L2, dst=sc_base + h * a_n + a_t)
-            wait_pass("AT_DOTW", lambda: (sync(h.eq(h + 1)), go("AT_DOT")()))
-            # phase 2: softmax per head
-            srow = sc_base + h * a_n
-            with m.State("AT_SM"):
-                with m.If(h == a_heads):
-                    m.d.sync += [a_t.eq(0), kv_row.eq(addr1)]
-                    m.d.comb += [div.i_start.eq(1), div.i_num.eq(self.i_pos + 1 - a_n), div.i_den.eq(a_cap)]
-                    m.next = "AT_V0"
-                with m.Else():
-                    launch("AT_SM1", op=SfuOp.MAX, n=a_n, a=Src.L2, a_addr=srow, sink=Sink.REG)
-            wait_pass("AT_SM1", lambda: launch("AT_SM2", op=SfuOp.EXP, n=a_n, a=Src.L2, a_addr=srow, emax=p_result,
-                                               sub_emax=1, sink=Sink.L2, dst=srow))
-            wait_pass("AT_SM2", lambda: launch("AT_SM3", op=SfuOp.SUM, n=a_n, a=Src.L2, a_addr=srow, sink=Sink.REG))
-            wait_pass("AT_SM3", lambda: launch("AT_SM4", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=p_result,
-                                               sink=Sink.REG))
-            wait_pass("AT_SM4", lambda: launch("AT_SM5", op=SfuOp.MULS, n=a_n, a=Src.L2, a_addr=srow, s=p_result,
-                                               sink=Sink.L2, dst=srow))
-            wait_pass("AT_SM5", lambda: (sync(h.eq(h + 1)), go("AT_SM")()))
-            # phase 3: per position, the V row, then per head dst += p * V
-            with m.State("AT_V0"):
-                with m.If(~div.o_busy):
-                    m.d.sync += a_r.eq(div.o_r)
-                    m.next = "AT_V"
-            with m.State("AT_V"):
-                with m.If(a_t == a_n):
-                    retire()
-                with m.Else():
-                    m.d.sync += h.eq(0)
-                    launch("AT_VD", bypass=1, n=a_hd, a=Src.DDR, ddr_addr=(kv_row + a_cap * row_bytes)[:A], ddr_fmt=1,
-                           sink=Sink.L2, dst=SB)
-            wait_pass("AT_VD", go("AT_P"))
-            with m.State("AT_P"):
-                with m.If(h == a_heads):
-                    next_position("AT_V")
-                with m.Else():
-                    launch("AT_PW", bypass=1, n=1, a=Src.L2, a_addr=sc_base + h * a_n + a_t, sink=Sink.REG)
-            with m.State("AT_PW"):
-                with m.If(pdone):
-                    dsth = ad + h * a_hd
-                    with m.If(a_t == 0):
-                        launch("AT_PV", op=SfuOp.MULS, n=a_hd, a=Src.L2, a_addr=SB, s=p_result, sink=Sink.L2, dst=dsth)
+            if not int8_kv:
+                # ---- KVST ------------------------------------------------------------------------------------
+                kv = v[Opcode.KVST]
+                kk, kvv = elem(kv.k), elem(kv.v)
+                with m.State("KV"):
+                    with m.If((d_kind != 2) | (d_layout != 0)):
+                        fail(ErrorCode.BAD_DESCRIPTOR)
+                    with m.Elif((d_cols == 0) | (d_rows == 0)):
+                        fail(ErrorCode.BAD_LENGTH)
+                    with m.Elif(~in_l2(kk, d_cols)):
+                        fail(ErrorCode.ADDRESS_RANGE)
+                    with m.Elif(~in_l2(kvv, d_cols)):
+                        fail(ErrorCode.ADDRESS_RANGE)
                     with m.Else():
-                        launch("AT_PV", op=SfuOp.FMAS, n=a_hd, a=Src.L2, a_addr=SB, s=p_result, b=BSrc.L2,
-                               b_addr=dsth, sink=Sink.L2, dst=dsth)
-            wait_pass("AT_PV", lambda: (sync(h.eq(h + 1)), go("AT_P")()))
+                        m.d.comb += [div.i_start.eq(1), div.i_num.eq(self.i_pos), div.i_den.eq(d_rows)]
+                        m.next = "KV_1"
+                with m.State("KV_1"):
+                    with m.If(~div.o_busy):
+                        m.d.sync += [tmp.eq(div.o_r * d_cols), tmp2.eq((d_rows + div.o_r) * d_cols)]
+                        m.next = "KV_2"
+                kvb = base[DdrRegion.KV] + d_woff
+                with m.State("KV_2"):
+                    launch("KV_3", bypass=1, n=d_cols, a=Src.L2, a_addr=kk, sink=Sink.DDR,
+                           wr_addr=(kvb + (tmp << 1))[:A], wr_fmt=1)
+                wait_pass("KV_3", lambda: launch("RETIRE_PASS", bypass=1, n=d_cols, a=Src.L2, a_addr=kvv, sink=Sink.DDR,
+                                                 wr_addr=(kvb + (tmp2 << 1))[:A], wr_fmt=1))
+
+                # ---- ATTN ------------------------------------------------------------------------------------
+                at = v[Opcode.ATTN]
+                aq, ad = elem(at.q), elem(at.dst)
+                f_heads, f_hd, f_win = fmap_r.data[0:16], fmap_r.data[16:32], fmap_r.data[32:48]
+                with m.State("AT"):
+                    m.d.sync += [a_heads.eq(f_heads), a_hd.eq(f_hd), a_win.eq(f_win), a_cap.eq(d_rows)]
+                    with m.If((d_kind != 2) | (d_layout != 0)):
+                        fail(ErrorCode.BAD_DESCRIPTOR)
+                    with m.Elif((f_hd != d_head_dim) | (at.kv_head >= d_heads) | (f_heads == 0)):
+                        fail(ErrorCode.BAD_LENGTH)
+                    with m.Elif(((f_win == 0) | (f_win > d_rows)) & (self.i_pos >= d_rows)):
+                        fail(ErrorCode.ADDRESS_RANGE)
+                    with m.Else():
+                        seen = Mux((f_win == 0) | (self.i_pos + 1 <= f_win), self.i_pos + 1, f_win)
+                        m.d.sync += a_n.eq(seen)
+                        m.next = "AT_1"
+                with m.State("AT_1"):
+                    with m.If(a_heads * a_n + a_hd > SCR):
+                        fail(ErrorCode.BAD_LENGTH)
+                    with m.Elif(~in_l2(aq, a_heads * a_hd) | ~in_l2(ad, a_heads * a_hd)):
+                        fail(ErrorCode.ADDRESS_RANGE)
+                    with m.Else():
+                        m.d.comb += [div.i_start.eq(1), div.i_num.eq(self.i_pos + 1 - a_n), div.i_den.eq(a_cap)]
+                        m.next = "AT_2"
+                kv_row = Signal(A)        # DDR address of the current position's K row (V: + capacity rows)
+                row_bytes = d_cols << 1
+                with m.State("AT_2"):
+                    with m.If(~div.o_busy):
+                        m.d.sync += [a_r.eq(div.o_r), a_t.eq(0), tmp.eq(div.o_r * d_cols)]
+                        m.next = "AT_3"
+                with m.State("AT_3"):
+                    first_row = (base[DdrRegion.KV] + d_woff + (tmp << 1) + ((at.kv_head * a_hd) << 1))[:A]
+                    m.d.sync += [kv_row.eq(first_row), addr1.eq(first_row)]   # addr1: phase 3 starts there again
+                    m.next = "AT_K"
+
+                sc_base = SB + a_hd                     # scores: [heads][n] after the K/V row
+                # phase 1: per position, the K row, then a DOT per head into scores[h][t]
+                with m.State("AT_K"):
+                    with m.If(a_t == a_n):
+                        m.d.sync += h.eq(0)
+                        m.next = "AT_SM"
+                    with m.Else():
+                        m.d.sync += h.eq(0)
+                        launch("AT_KD", bypass=1, n=a_hd, a=Src.DDR, ddr_addr=kv_row, ddr_fmt=1, sink=Sink.L2, dst=SB)
+                wait_pass("AT_KD", go("AT_DOT"))
+                def next_position(state):
+                    """Advance to the next visible position: ring slot + 1 (wrapping to slot 0), its K row."""
+                    with m.If(a_r + 1 == a_cap):
+                        m.d.sync += [a_r.eq(0), kv_row.eq((base[DdrRegion.KV] + d_woff + ((at.kv_head * a_hd) << 1))[:A])]
+                    with m.Else():
+                        m.d.sync += [a_r.eq(a_r + 1), kv_row.eq(kv_row + row_bytes)]
+                    m.d.sync += a_t.eq(a_t + 1)
+                    m.next = state
+
+                with m.State("AT_DOT"):
+                    with m.If(h == a_heads):
+                        next_position("AT_K")
+                    with m.Else():
+                        launch("AT_DOTW", op=SfuOp.DOT, n=a_hd, a=Src.L2, a_addr=aq + h * a_hd, b=BSrc.L2, b_addr=SB,
+                               sink=Sink.L2, dst=sc_base + h * a_n + a_t)
+                wait_pass("AT_DOTW", lambda: (sync(h.eq(h + 1)), go("AT_DOT")()))
+                # phase 2: softmax per head
+                srow = sc_base + h * a_n
+                with m.State("AT_SM"):
+                    with m.If(h == a_heads):
+                        m.d.sync += [a_t.eq(0), kv_row.eq(addr1)]
+                        m.d.comb += [div.i_start.eq(1), div.i_num.eq(self.i_pos + 1 - a_n), div.i_den.eq(a_cap)]
+                        m.next = "AT_V0"
+                    with m.Else():
+                        launch("AT_SM1", op=SfuOp.MAX, n=a_n, a=Src.L2, a_addr=srow, sink=Sink.REG)
+                wait_pass("AT_SM1", lambda: launch("AT_SM2", op=SfuOp.EXP, n=a_n, a=Src.L2, a_addr=srow, emax=p_result,
+                                                   sub_emax=1, sink=Sink.L2, dst=srow))
+                wait_pass("AT_SM2", lambda: launch("AT_SM3", op=SfuOp.SUM, n=a_n, a=Src.L2, a_addr=srow, sink=Sink.REG))
+                wait_pass("AT_SM3", lambda: launch("AT_SM4", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=p_result,
+                                                   sink=Sink.REG))
+                wait_pass("AT_SM4", lambda: launch("AT_SM5", op=SfuOp.MULS, n=a_n, a=Src.L2, a_addr=srow, s=p_result,
+                                                   sink=Sink.L2, dst=srow))
+                wait_pass("AT_SM5", lambda: (sync(h.eq(h + 1)), go("AT_SM")()))
+                # phase 3: per position, the V row, then per head dst += p * V
+                with m.State("AT_V0"):
+                    with m.If(~div.o_busy):
+                        m.d.sync += a_r.eq(div.o_r)
+                        m.next = "AT_V"
+                with m.State("AT_V"):
+                    with m.If(a_t == a_n):
+                        retire()
+                    with m.Else():
+                        m.d.sync += h.eq(0)
+                        launch("AT_VD", bypass=1, n=a_hd, a=Src.DDR, ddr_addr=(kv_row + a_cap * row_bytes)[:A], ddr_fmt=1,
+                               sink=Sink.L2, dst=SB)
+                wait_pass("AT_VD", go("AT_P"))
+                with m.State("AT_P"):
+                    with m.If(h == a_heads):
+                        next_position("AT_V")
+                    with m.Else():
+                        launch("AT_PW", bypass=1, n=1, a=Src.L2, a_addr=sc_base + h * a_n + a_t, sink=Sink.REG)
+                with m.State("AT_PW"):
+                    with m.If(pdone):
+                        dsth = ad + h * a_hd
+                        with m.If(a_t == 0):
+                            launch("AT_PV", op=SfuOp.MULS, n=a_hd, a=Src.L2, a_addr=SB, s=p_result, sink=Sink.L2, dst=dsth)
+                        with m.Else():
+                            launch("AT_PV", op=SfuOp.FMAS, n=a_hd, a=Src.L2, a_addr=SB, s=p_result, b=BSrc.L2,
+                                   b_addr=dsth, sink=Sink.L2, dst=dsth)
+                wait_pass("AT_PV", lambda: (sync(h.eq(h + 1)), go("AT_P")()))
+            else:
+                # ---- INT8 KV cache (docs/numerics.md "KV cache", sim.numerics.KvInt8Layout) ----------------
+                # Slot layout: per head j, the planes K_hi, K_lo, V_hi, V_lo of C·D/2 bytes (kb), then per head
+                # the K scales hi/lo of C·nb binary16 (ksb), then per head the V scales of C binary16 (vsb).
+                MAXHD = hw.kv_max_head_dim
+                LB = ceil_log2(hw.act_block)
+                MAXC = hw.gemv_max_cols
+                kv8_plane, kv8_ks = Signal(32), Signal(32)      # C·D/2, C·nb·2 bytes
+                kb, ksb, vsb = Signal(A), Signal(A), Signal(A)
+                rowoff, srow = Signal(32), Signal(32)          # KVST: the ring slot's row in a plane / K scales
+                j8 = Signal(8)                                  # KVST: head
+                hb = Signal(16)                                 # KVST: element offset of head j in k and v
+                nb = (d_head_dim + hw.act_block - 1) >> LB
+                slot_base = (base[DdrRegion.KV] + d_woff)[:A]
+                bad_hd = (d_head_dim[0:3] != 0) | (d_head_dim == 0) | (d_head_dim > MAXHD)
+
+                # ---- KVST: per head, K (one quantiser pass), V (its row exponent, then the values) ----------
+                kv = v[Opcode.KVST]
+                kk, kvv = elem(kv.k), elem(kv.v)
+                with m.State("KV"):
+                    with m.If((d_kind != 2) | (d_layout != 1)):
+                        fail(ErrorCode.BAD_DESCRIPTOR)
+                    with m.Elif(bad_hd | (d_cols == 0) | (d_rows == 0) | (d_heads == 0)):
+                        fail(ErrorCode.BAD_LENGTH)
+                    with m.Elif(~in_l2(kk, d_cols) | ~in_l2(kvv, d_cols)):
+                        fail(ErrorCode.ADDRESS_RANGE)
+                    with m.Else():
+                        m.d.comb += [div.i_start.eq(1), div.i_num.eq(self.i_pos), div.i_den.eq(d_rows)]
+                        m.next = "KV_1"
+                with m.State("KV_1"):
+                    with m.If(~div.o_busy):
+                        m.d.sync += [kv8_plane.eq((d_rows * d_head_dim) >> 1), kv8_ks.eq((d_rows * nb) << 1),
+                                     rowoff.eq((div.o_r * d_head_dim) >> 1), srow.eq((div.o_r * nb) << 1),
+                                     tmp2.eq(div.o_r)]
+                        m.next = "KV_2"
+                with m.State("KV_2"):
+                    m.d.sync += [tmp.eq(d_heads * kv8_plane), addr1.eq(d_heads * kv8_ks)]
+                    m.next = "KV_3"
+                with m.State("KV_3"):
+                    m.d.sync += [kb.eq(slot_base), ksb.eq(slot_base + (tmp << 2)),
+                                 vsb.eq(slot_base + (tmp << 2) + (addr1 << 1) + (tmp2 << 1)), j8.eq(0), hb.eq(0)]
+                    m.next = "KV_K"
+                with m.State("KV_K"):
+                    with m.If(j8 == d_heads):
+                        retire()
+                    with m.Else():
+                        m.d.comb += packer.i_clear.eq(1)
+                        launch("KV_KQ", bypass=1, n=d_head_dim, a=Src.L2, a_addr=kk + hb, sink=Sink.QUANT,
+                               qlimit=1, qpack=1)
+                with m.State("KV_KQ"):
+                    with m.If(pdone):
+                        with m.If(quant.o_nonfinite | (packer.o_emax > 11)):     # 2**(e+4) beyond binary16
+                            fail(ErrorCode.NON_FINITE)
+                        with m.Else():
+                            launch("KV_K1", bypass=1, n=d_head_dim >> 3, a=Src.PACK, psel=0, sink=Sink.DDR,
+                                   wr_addr=(kb + rowoff)[:A], wr_fmt=0)
+                wait_pass("KV_K1", lambda: launch("KV_K2", bypass=1, n=d_head_dim >> 3, a=Src.PACK, psel=1,
+                                                  sink=Sink.DDR, wr_addr=(kb + kv8_plane + rowoff)[:A], wr_fmt=0))
+                wait_pass("KV_K2", lambda: launch("KV_K3", bypass=1, n=nb, a=Src.PACK, psel=2, sink=Sink.DDR,
+                                                  wr_addr=(ksb + srow)[:A], wr_fmt=1))
+                wait_pass("KV_K3", lambda: launch("KV_K4", bypass=1, n=nb, a=Src.PACK, psel=3, sink=Sink.DDR,
+                                                  wr_addr=(ksb + kv8_ks + srow)[:A], wr_fmt=1))
+                with m.State("KV_K4"):
+                    with m.If(pdone):
+                        with m.If(p_err):
+                            fail(ErrorCode.BUS_ERROR)
+                        with m.Else():
+                            m.d.comb += packer.i_clear.eq(1)
+                            launch("KV_VA", bypass=1, n=d_head_dim, a=Src.L2, a_addr=kvv + hb, sink=Sink.QUANT,
+                                   qlimit=1, qpack=1)
+                with m.State("KV_VA"):
+                    with m.If(pdone):
+                        with m.If(quant.o_nonfinite | (packer.o_emax > 15)):     # 2**e beyond binary16
+                            fail(ErrorCode.NON_FINITE)
+                        with m.Else():
+                            launch("KV_VB", bypass=1, n=d_head_dim, a=Src.L2, a_addr=kvv + hb, sink=Sink.QUANT,
+                                   qlimit=1, qforce=1, qe=packer.o_emax, qpack=1)
+                wait_pass("KV_VB", lambda: launch("KV_V1", bypass=1, n=d_head_dim >> 3, a=Src.PACK, psel=0,
+                                                  sink=Sink.DDR, wr_addr=(kb + (kv8_plane << 1) + rowoff)[:A],
+                                                  wr_fmt=0))
+                wait_pass("KV_V1", lambda: launch("KV_V2", bypass=1, n=d_head_dim >> 3, a=Src.PACK, psel=1,
+                                                  sink=Sink.DDR,
+                                                  wr_addr=(kb + (kv8_plane << 1) + kv8_plane + rowoff)[:A],
+                                                  wr_fmt=0))
+                wait_pass("KV_V2", lambda: launch("KV_V3", bypass=1, n=1, a=Src.REG, a_val=packer.o_vscale,
+                                                  sink=Sink.DDR, wr_addr=vsb, wr_fmt=1))
+                wait_pass("KV_V3", lambda: (sync(j8.eq(j8 + 1), hb.eq(hb + d_head_dim), kb.eq(kb + (kv8_plane << 2)),
+                                                 ksb.eq(ksb + (kv8_ks << 1)), vsb.eq(vsb + (d_rows << 1))),
+                                            go("KV_K")()))
+
+                # ---- ATTN: per head, scores = two GEMVs over the K planes, softmax on the SFU, the V row scales
+                # folded into the weights, out = two sparse GEMVs over the V planes per chunk, times recip(sum)
+                at = v[Opcode.ATTN]
+                aq, ad = elem(at.q), elem(at.dst)
+                f_heads, f_hd, f_win = fmap_r.data[0:16], fmap_r.data[16:32], fmap_r.data[32:48]
+                a_rz = Signal(32)
+                c0, clen = Signal(NB), Signal(NB)
+                vtab = (base[DdrRegion.WEIGHTS] + d_soff)[:A]
+                dsth = Signal(EA)
+                m.d.comb += dsth.eq(ad + h * a_hd)
+                with m.State("AT"):
+                    m.d.sync += [a_heads.eq(f_heads), a_hd.eq(f_hd), a_win.eq(f_win), a_cap.eq(d_rows)]
+                    with m.If(g_active):                   # the engine is busy with an async WGEMV: wait
+                        pass
+                    with m.Elif(g_failed):
+                        fail_async()
+                    with m.Elif((d_kind != 2) | (d_layout != 1)):
+                        fail(ErrorCode.BAD_DESCRIPTOR)
+                    with m.Elif(bad_hd | (f_hd != d_head_dim) | (at.kv_head >= d_heads) | (f_heads == 0)):
+                        fail(ErrorCode.BAD_LENGTH)
+                    with m.Elif(((f_win == 0) | (f_win > d_rows)) & (self.i_pos >= d_rows)):
+                        fail(ErrorCode.ADDRESS_RANGE)
+                    with m.Elif((f_win != 0) & (f_win < d_rows)):
+                        fail(ErrorCode.BAD_LENGTH)
+                    with m.Else():
+                        seen = Mux((f_win == 0) | (self.i_pos + 1 <= f_win), self.i_pos + 1, f_win)
+                        m.d.sync += a_n.eq(seen)
+                        m.next = "AT_1"
+                with m.State("AT_1"):
+                    with m.If(a_n > SCR):
+                        fail(ErrorCode.BAD_LENGTH)
+                    with m.Elif(~in_l2(aq, a_heads * a_hd) | ~in_l2(ad, a_heads * a_hd)):
+                        fail(ErrorCode.ADDRESS_RANGE)
+                    with m.Else():
+                        m.d.sync += [kv8_plane.eq((d_rows * d_head_dim) >> 1), kv8_ks.eq((d_rows * nb) << 1)]
+                        m.next = "AT_2"
+                with m.State("AT_2"):
+                    m.d.sync += [tmp.eq(at.kv_head * kv8_plane), tmp2.eq(d_heads * kv8_plane),
+                                 addr1.eq(at.kv_head * kv8_ks)]
+                    m.next = "AT_3"
+                with m.State("AT_3"):
+                    m.d.sync += [kb.eq(slot_base + (tmp << 2)), ksb.eq(slot_base + (tmp2 << 2) + (addr1 << 1)),
+                                 tmp.eq(d_heads * kv8_ks), rowoff.eq((at.kv_head * d_rows) << 1)]
+                    m.next = "AT_4"
+                with m.State("AT_4"):
+                    m.d.sync += [vsb.eq(slot_base + (tmp2 << 2) + (tmp << 1) + rowoff), h.eq(0)]
+                    m.next = "AT_H"
+
+                def engine(nxt, wbase, sbase, rows, cols, log2g, accm, sparse, lo, n):
+                    m.d.sync += [g_cmd.wbase.eq(wbase), g_cmd.sbase.eq(sbase), g_cmd.rows.eq(rows),
+                                 g_cmd.cols.eq(cols), g_cmd.log2_group.eq(log2g), g_cmd.accm.eq(accm),
+                                 g_cmd.sparse.eq(sparse), g_active.eq(1), g_is_gemm.eq(0), g_lo.eq(lo), g_n.eq(n),
+                                 g_pc.eq(pc), g_pend.gemv.eq(1), g_pend.wr.eq(1), g_pend.rd.eq(accm)]
+                    m.next = nxt
+
+                def after_engine(state, nxt_fn):
+                    with m.State(state):
+                        with m.If(~g_active):
+                            with m.If(g_failed):
+                                fail(g_code)
+                            with m.Else():
+                                nxt_fn()
+
+                with m.State("AT_H"):
+                    with m.If(h == a_heads):
+                        retire()
+                    with m.Else():
+                        m.d.sync += q_gemm.eq(0)
+                        launch("AT_Q", bypass=1, n=a_hd, a=Src.L2, a_addr=aq + h * a_hd, sink=Sink.QUANT)
+                with m.State("AT_Q"):
+                    with m.If(pdone):
+                        with m.If(quant.o_nonfinite):
+                            fail(ErrorCode.NON_FINITE)
+                        with m.Else():
+                            engine("AT_K1", (kb + kv8_plane)[:A], (ksb + kv8_ks)[:A], a_n, a_hd, LB, 0, 0, SB, a_n)
+                after_engine("AT_K1", lambda: engine("AT_K2", kb, ksb, a_n, a_hd, LB, 1, 0, SB, a_n))
+                after_engine("AT_K2", lambda: launch("AT_S1", op=SfuOp.MAX, n=a_n, a=Src.L2, a_addr=SB, sink=Sink.REG))
+                wait_pass("AT_S1", lambda: launch("AT_S2", op=SfuOp.EXP, n=a_n, a=Src.L2, a_addr=SB, emax=p_result,
+                                                  sub_emax=1, sink=Sink.L2, dst=SB))
+                wait_pass("AT_S2", lambda: launch("AT_S3", op=SfuOp.SUM, n=a_n, a=Src.L2, a_addr=SB, sink=Sink.REG))
+                wait_pass("AT_S3", lambda: launch("AT_S4", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=p_result,
+                                                  sink=Sink.REG))
+                wait_pass("AT_S4", lambda: (sync(a_rz.eq(p_result)),
+                                            launch("AT_S5", op=SfuOp.MUL, n=a_n, a=Src.DDR, ddr_addr=vsb, ddr_fmt=1,
+                                                   b=BSrc.L2, b_addr=SB, sink=Sink.L2, dst=SB)))
+                wait_pass("AT_S5", lambda: (sync(c0.eq(0)), go("AT_V")()))
+                with m.State("AT_V"):
+                    with m.If(c0 == a_n):
+                        launch("AT_O", op=SfuOp.MULS, n=a_hd, a=Src.L2, a_addr=dsth, s=a_rz, sink=Sink.L2, dst=dsth)
+                    with m.Else():
+                        left = a_n - c0
+                        m.d.sync += clen.eq(Mux(left > MAXC, MAXC, left))
+                        launch("AT_VQ", bypass=1, n=Mux(left > MAXC, MAXC, left), a=Src.L2, a_addr=SB + c0,
+                               sink=Sink.QUANT)
+                voff = (c0 * a_hd) >> 1
+                with m.State("AT_VQ"):
+                    with m.If(pdone):
+                        with m.If(quant.o_nonfinite):
+                            fail(ErrorCode.NON_FINITE)
+                        with m.Else():
+                            engine("AT_V1", (kb + (kv8_plane << 1) + kv8_plane + voff)[:A], (vtab + (a_hd << 1))[:A],
+                                   a_hd, clen, V_PLANE_LOG2_GROUP, c0 != 0, 1, dsth, a_hd)
+                after_engine("AT_V1", lambda: engine("AT_V2", (kb + (kv8_plane << 1) + voff)[:A], vtab, a_hd, clen,
+                                                     V_PLANE_LOG2_GROUP, 1, 1, dsth, a_hd))
+                after_engine("AT_V2", lambda: (sync(c0.eq(c0 + clen)), go("AT_V")()))
+                wait_pass("AT_O", lambda: (sync(h.eq(h + 1)), go("AT_H")()))
 
         # --- activity for the counters ----------------------------------------------------------------
         m.d.comb += [

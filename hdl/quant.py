@@ -4,15 +4,23 @@ straight into the GEMV engine's activation and exponent memories (`hdl.gemv.Gemv
 
 Per block of ``act_block`` (B) elements (the last block of a command may be shorter)::
 
-    e = the smallest integer with max|x| * 2**-e <= 127      (0 for an all-zero block)
+    e = the smallest integer with max|x| * 2**-e <= L        (0 for an all-zero block)
     q = rne(x * 2**-e)                                       (exact scaling, one rounding, ties to even)
+
+with the limit L = 127 (`Q_MAX`, WGEMV) or, with the command's ``limit`` bit, L = 119 (`KV_Q_MAX`: the INT8 KV
+cache, whose q is split into two INT4 nibbles; `sim.numerics.quantize_activations` with ``limit``). With the
+command's ``force`` bit every block takes the command's exponent ``e`` instead (q as above; the caller keeps
+``|q| <= L``): the second pass over a V row, at the row's largest block exponent (`KvPacker.o_emax`).
 
 **Exponent.** ``max|x|`` is the largest 31-bit magnitude pattern (binary32 magnitudes order as unsigned
 integers, subnormals included). Written as ``M * 2**(Eeff - 150)`` with the 24-bit integer mantissa M
 (hidden bit included for normal numbers, ``Eeff = max(E, 1)``) and p = the bit length of M (24 for normal
-numbers), ``e = Eeff - 150 + p - 7 + (M > 127 * 2**(p - 7))``: the binary32 exponent and one mantissa compare
-(``p - 7`` alone when p <= 7, where M <= 127 * 2**(p - 7) always holds). For normal numbers this is the
-contract's ``k - 7`` / ``k - 6``; a leading-one search only matters for an all-subnormal block.
+numbers), ``e = Eeff - 150 + p - 7 + (M * 2**(7 - p) > L)``: the binary32 exponent and one mantissa compare,
+``M > L << (p - 7)`` for p >= 7 and ``M > L >> (7 - p)`` below (exact: the left side's low bits are 0). For
+p <= 7 the compare is never true with L = 127; with L = 119 it is for M = 15, 30..31, 60..63, 120..127 (p = 4
+.. 7). For normal numbers this is the contract's ``k - 7`` / ``k - 6``; a leading-one search only matters for
+an all-subnormal block. L = 127 and 119 differ in one bit (bit 3), so the limit costs one variable bit per
+compare.
 
 **Quantisation.** ``|x| * 2**-e = M * 2**-(e + 150 - Eeff)``; the shift is at least -6 (a subnormal in a
 block with e = -155) and at most 17 for the block maximum, more for small elements. The mantissa is shifted
@@ -21,8 +29,9 @@ then right by ``min(t, 31)``: integer part, guard bit, and a sticky bit from the
 round-to-nearest-even; the sign is applied after the rounding (``|q| <= 127``, so INT8 never overflows).
 
 **Dataflow.** Elements are written in order into a ring of ``2 * B`` binary32 words while the block's
-running maximum is kept; a complete block (its maximum, length and number queued in a small FIFO) is read
-back one element per cycle, starting in the cycle after its last element arrived or right after the
+running maximum is kept; a complete block (its maximum, length and number, and its command's limit and
+force bits, queued in a small FIFO; a forced exponent travels in place of the maximum) is read back one
+element per cycle, starting in the cycle after its last element arrived or right after the
 previous block, and every ring slot is free again once its read is issued. The unread elements never
 exceed one block plus the one being filled, so the unit takes one element per cycle sustained, across
 blocks, short last blocks and back-to-back commands (a command is accepted in the cycle its predecessor's
@@ -40,19 +49,22 @@ GEMV engine is always ready).
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from .config import HardwareConfig, ceil_log2
+from .config import KV_Q_MAX, HardwareConfig, ceil_log2
 from .gemv import EXP_BITS
 
-__all__ = ["ActQuantizer", "act_write_layout", "exp_write_layout", "command_layout", "Q_MAX"]
+__all__ = ["ActQuantizer", "KvPacker", "act_write_layout", "exp_write_layout", "command_layout",
+           "pack_command_layout", "Q_MAX", "KV_Q_MAX", "EXP_MIN"]
 
 Q_MAX = 127          # sim.numerics.INT8_MAX: the block exponent makes every |q| <= 127
 N_BITS = 16          # command column count
-
+EXP_MIN = -(1 << (EXP_BITS - 1))     # KvPacker.o_emax after a clear: below every exponent
+# The exponent formula compares a 7-bit-normalised mantissa with the limit, so any limit in [64, 127] works.
+assert 64 <= KV_Q_MAX <= Q_MAX
 
 
 def act_write_layout(hw: HardwareConfig) -> data.StructLayout:
@@ -67,7 +79,10 @@ def exp_write_layout(hw: HardwareConfig) -> data.StructLayout:
 
 
 def command_layout() -> data.StructLayout:
-    return data.StructLayout({"n": unsigned(N_BITS)})
+    """One quantiser command: ``n`` columns; ``limit`` 1 = block exponents for ``|q| <= KV_Q_MAX`` (else
+    `Q_MAX`); ``force`` 1 = every block of the command uses exponent ``e`` (a raw ``n`` alone, fields 0, is the
+    WGEMV command)."""
+    return data.StructLayout({"n": unsigned(N_BITS), "limit": 1, "force": 1, "e": signed(EXP_BITS)})
 
 
 class ActQuantizer(wiring.Component):
@@ -80,10 +95,14 @@ class ActQuantizer(wiring.Component):
 
     Members
     -------
-    i_cmd : In(stream({n: unsigned(16)}))
+    i_cmd : In(stream({n: unsigned(16), limit: 1, force: 1, e: signed(EXP_BITS)}))
         Quantise the next n (1..gemv_max_cols) elements of ``i_elem`` as columns 0..n-1. Accepted when the
         previous command's elements have all been taken (in the cycle its last one is). n = 0 is accepted
         once the unit is idle, writes nothing and pulses ``o_done``. Columns past ``gemv_max_cols`` wrap.
+        ``limit``: 0 = block exponents for ``|q| <= 127``, 1 = ``|q| <= 119``. ``force``: 1 = every block of
+        the command uses exponent ``e`` (written to ``o_exp`` too); the caller keeps ``|q|`` within the limit
+        (an ``e`` too small for a block gives unspecified q). The options belong to their command, also
+        when commands follow each other back to back.
     i_elem : In(stream(unsigned(32)))
         The activations, raw binary32 bits.
     o_act : Out(stream(act_write_layout))
@@ -134,16 +153,19 @@ class ActQuantizer(wiring.Component):
         return 4
 
     @staticmethod
-    def _block_exponent(m, amax) -> Signal:
-        """The block exponent of a 31-bit magnitude pattern (see the module docstring), combinational."""
+    def _block_exponent(m, amax, limit) -> Signal:
+        """The block exponent of a 31-bit magnitude pattern (see the module docstring), combinational;
+        `limit` (1 bit) selects ``|q| <= KV_Q_MAX`` over ``|q| <= Q_MAX``."""
         e_fld, frac = amax[23:31], amax[0:23]
         mant = Signal(24)
         m.d.comb += mant.eq(Cat(frac, e_fld != 0))
-        c = Signal(signed(6))                      # p - 7 + (mant > 127 * 2**(p - 7)), in -6 .. 18
+        lim = Signal(7)                            # 127 or 119: the two constants differ in bit 3 only
+        m.d.comb += lim.eq(Mux(limit, KV_Q_MAX, Q_MAX))
+        c = Signal(signed(6))                      # p - 7 + (mant * 2**(7 - p) > lim), in -6 .. 18
         for p in range(24, 0, -1):
             cond = m.If if p == 24 else m.Elif
             with cond(mant[p - 1]):
-                gt = (mant > (Q_MAX << (p - 7))) if p > 7 else Const(0, 1)
+                gt = mant[:p] > (Cat(Const(0, p - 7), lim) if p >= 7 else lim[7 - p:])
                 m.d.comb += c.eq(p - 7 + gt)
         e = Signal(signed(EXP_BITS))
         e_eff = Mux(e_fld == 0, 1, e_fld)
@@ -166,12 +188,19 @@ class ActQuantizer(wiring.Component):
         occ = Signal(range(2 * B + 1))
 
         # One entry per complete block: at most one per element in the ring, so 2 * B entries never fill.
+        # The command's options travel with its blocks (the fill side may be a command ahead of the read-back);
+        # a forced exponent takes the place of the maximum, which is then not needed.
         meta_layout = data.StructLayout({
             "lidx": unsigned(LB),             # index of the block's last element
             "blk": exp_addr_shape,            # block number within the command
             "last": 1,                        # the command's last block
             "nf": 1,                          # an inf or NaN in the block
-            "amax": unsigned(31),             # largest magnitude pattern
+            "limit": 1,                       # the command's limit bit (|q| <= KV_Q_MAX)
+            "force": 1,                       # the command's force bit: key.e is the block exponent
+            "key": data.UnionLayout({
+                "amax": unsigned(31),         # largest magnitude pattern (force = 0)
+                "e": signed(EXP_BITS),        # the command's exponent (force = 1)
+            }),
         })
         m.submodules.blocks = blocks = fifo.SyncFIFO(width=meta_layout.size, depth=2 * B)
         new_blk = Signal(meta_layout)
@@ -188,6 +217,8 @@ class ActQuantizer(wiring.Component):
         f_col = Signal(LC + 1)
         f_max = Signal(31)
         f_nf = Signal()
+        f_limit, f_force = Signal(), Signal()
+        f_e = Signal(signed(EXP_BITS))
         x = self.i_elem.payload
         take = Signal()
         m.d.comb += [self.i_elem.ready.eq(f_busy & (occ != 2 * B) & blocks.w_rdy),
@@ -199,7 +230,12 @@ class ActQuantizer(wiring.Component):
         end_blk = (f_col[:LB] == B - 1) | last_elem if LB else Const(1, 1)
         m.d.comb += [wr.en.eq(take), wr.addr.eq(wp), wr.data.eq(x)]
         m.d.comb += [new_blk.lidx.eq(f_col[:LB]), new_blk.blk.eq(f_col[LB:]), new_blk.last.eq(last_elem),
-                     new_blk.nf.eq(new_nf), new_blk.amax.eq(new_max), blocks.w_en.eq(take & end_blk)]
+                     new_blk.nf.eq(new_nf), new_blk.limit.eq(f_limit), new_blk.force.eq(f_force),
+                     blocks.w_en.eq(take & end_blk)]
+        with m.If(f_force):
+            m.d.comb += new_blk.key.e.eq(f_e)
+        with m.Else():
+            m.d.comb += new_blk.key.amax.eq(new_max)
         m.d.sync += occ.eq(occ + take - issue)
         with m.If(take):
             m.d.sync += [wp.eq(wp + 1), f_col.eq(f_col + 1), f_left.eq(f_left - 1)]
@@ -217,7 +253,8 @@ class ActQuantizer(wiring.Component):
         m.d.comb += self.i_cmd.ready.eq(fill_free & ((n != 0) | (pending == 0)))
         cmd_take = self.i_cmd.valid & self.i_cmd.ready
         with m.If(cmd_take & (n != 0)):
-            m.d.sync += [f_busy.eq(1), f_left.eq(n), f_col.eq(0)]
+            m.d.sync += [f_busy.eq(1), f_left.eq(n), f_col.eq(0), f_limit.eq(self.i_cmd.p.limit),
+                         f_force.eq(self.i_cmd.p.force), f_e.eq(self.i_cmd.p.e)]
         m.d.comb += zero_done.eq(cmd_take & (n == 0))
         m.d.sync += pending.eq(pending + (cmd_take & (n != 0)) - done_last)
 
@@ -230,7 +267,8 @@ class ActQuantizer(wiring.Component):
         q_nf = Signal()                       # inf/NaN seen so far in the command being read back
         cur = data.View(meta_layout, blocks.r_data)
         m.d.comb += issue.eq(blocks.r_rdy & adv)
-        e_cur = self._block_exponent(m, cur.amax)
+        e_cur = Signal(signed(EXP_BITS))
+        m.d.comb += e_cur.eq(Mux(cur.force, cur.key.e, self._block_exponent(m, cur.key.amax, cur.limit)))
         first = q_idx == 0
         lastel = q_idx == cur.lidx
         nf_cur = Mux(first & (cur.blk == 0), 0, q_nf) | cur.nf
@@ -299,4 +337,183 @@ class ActQuantizer(wiring.Component):
         with m.Elif(zero_done):
             m.d.sync += self.o_nonfinite.eq(0)
         m.d.comb += self.o_busy.eq(pending != 0)
+        return m
+
+
+# binary32 exponent fields of the KV packer's power-of-two scales: 2**e is written with its field clamped to
+# [97, 255]. binary16 rounds every magnitude below 2**-25 to 0 (2**-25 itself is a tie, to the even 0), so
+# 2**-30 converts exactly as any smaller 2**e would (and the field never goes negative); 255 is +inf, as
+# binary32 2**e is for e >= 128.
+SCALE_FIELD_MIN = 97
+SCALE_FIELD_MAX = 255
+
+
+def pack_command_layout() -> data.StructLayout:
+    """One `KvPacker` read command: ``sel`` (0 hi plane words, 1 lo plane words, 2 hi scales, 3 lo scales)
+    and ``n`` elements."""
+    return data.StructLayout({"sel": 2, "n": unsigned(N_BITS)})
+
+
+class KvPacker(wiring.Component):
+    """The INT8 KV cache's packer (KVST): keeps one quantised K or V row, as the quantiser writes it, and
+    reads it back as the KV cache stores it (`sim.numerics.quantize_kv_k` / ``quantize_kv_v``,
+    docs/numerics.md "KV cache"): two INT4 planes and power-of-two scales.
+
+    The quantiser (`ActQuantizer`, command bit ``limit`` = 1, so ``|q| <= KV_Q_MAX``) writes the row's INT8
+    words and block exponents into ``i_act`` / ``i_exp``, exactly as it writes the GEMV engine's memories.
+    Each value is split as ``q = 16 * hi + lo`` with ``hi = (q + 8) >> 4`` (arithmetic shift, in [-7, 7]) and
+    ``lo = q - 16 * hi`` (in [-8, 7]): the 4-bit code of lo is ``q & 0xF``, that of hi is ``q[4:8] + q[3]``
+    (mod 16), a 4-bit increment done on the eight lanes being read, not on every stored lane.
+
+    A V row takes two quantiser passes: pass A (``limit``) only to learn the row's largest block exponent
+    (``o_emax``, after an ``i_clear``), pass B (``limit``, ``force``, ``e = o_emax``) writes the row at one
+    exponent, whose scale is ``o_vscale``.
+
+    Storage: the words in a memory of ``max_elems / W`` words of W INT8 lanes (only the low 8 bits of each
+    lane: ``|q| <= 119``), the exponents in one of ``ceil(max_elems / B)`` entries, both with a combinational read
+    port (distributed RAM) and both rounded up to a power-of-two depth (at least 2). Write and read
+    addresses wrap modulo that depth: a row longer than ``max_elems`` overwrites its start. A read in the
+    cycle of a write to the same entry sees the old contents.
+
+    Parameters
+    ----------
+    hw : HardwareConfig
+        ``weights_per_beat`` (W), ``act_block`` (B), ``act_bits`` (at least 8) and ``gemv_max_cols`` are used.
+    max_elems : int
+        The longest row (``hw.kv_max_head_dim`` in the NPU); a positive multiple of W and 8 (a last block
+        shorter than B is a block of its own, as in the quantiser).
+
+    Members
+    -------
+    i_act : In(stream(act_write_layout))
+        Word ``addr`` = columns ``addr*W .. addr*W+W-1`` (`ActQuantizer.o_act`); always ready.
+    i_exp : In(stream(exp_write_layout))
+        Block ``addr``'s exponent (`ActQuantizer.o_exp`); always ready.
+    i_clear : In(1)
+        Pulse: ``o_emax`` restarts from the smallest ``signed(EXP_BITS)`` value (a write in the same cycle
+        counts, as if it came after the clear).
+    o_emax : Out(signed(EXP_BITS))
+        The largest exponent written through ``i_exp`` since the last ``i_clear`` (or reset); registered,
+        updated in the cycle after the write.
+    o_vscale : Out(32)
+        binary32 bits of ``2**o_emax``, exponent field clamped to [97, 255] (`SCALE_FIELD_MIN`): 2**-30 for
+        anything smaller, +inf above 2**127. Combinational from ``o_emax``.
+    i_cmd : In(stream({sel: 2, n: unsigned(16)}))
+        Read n elements k = 0 .. n-1 (e_k = block k's exponent; k past the memories wraps like the writes):
+
+        - sel 0: hi plane words: the hi nibbles of columns 8k .. 8k+7, column 8k in bits 0..3 (the bytes of
+          `sim.numerics.pack_int4` of hi as a little-endian uint32);
+        - sel 1: lo plane words, the same with the lo nibbles;
+        - sel 2: hi scales, binary32 ``2**(e_k + 4)``;  sel 3: lo scales, ``2**e_k`` (both clamped as
+          ``o_vscale``).
+
+        Accepted when no command is in progress (``o_busy`` low); n = 0 produces nothing.
+    o_elem : Out(stream(unsigned(32)))
+        The elements, one per cycle while ready; a registered output.
+    o_busy : Out(1)
+        High from the cycle after a command (n > 0) is accepted until its last element has been taken.
+
+    Latency: the first element of a command is valid `latency` cycles after the command is accepted.
+    """
+
+    def __init__(self, hw: HardwareConfig, max_elems: int = 256):
+        if not isinstance(hw, HardwareConfig):
+            self._MustUse__silence = True
+            raise TypeError(f"hw must be a HardwareConfig, not {hw!r}")
+        if hw.act_bits < 8:
+            self._MustUse__silence = True
+            raise ValueError(f"act_bits must be at least 8 (INT8 KV values reach +-{KV_Q_MAX}), "
+                             f"not {hw.act_bits!r}")
+        unit = max(8, hw.weights_per_beat)                      # both powers of two: the larger is a multiple
+        if isinstance(max_elems, bool) or not isinstance(max_elems, int) or max_elems <= 0 or max_elems % unit:
+            self._MustUse__silence = True
+            raise ValueError(f"max_elems must be a positive multiple of {unit} (8 and a beat of INT4 weights), "
+                             f"not {max_elems!r}")
+        self._hw = hw
+        self._max_elems = max_elems
+        super().__init__({
+            "i_act": In(stream.Signature(act_write_layout(hw))),
+            "i_exp": In(stream.Signature(exp_write_layout(hw))),
+            "i_clear": In(1),
+            "o_emax": Out(signed(EXP_BITS), init=EXP_MIN),
+            "o_vscale": Out(32),
+            "i_cmd": In(stream.Signature(pack_command_layout())),
+            "o_elem": Out(stream.Signature(unsigned(32))),
+            "o_busy": Out(1),
+        })
+
+    hw = property(lambda self: self._hw)
+    max_elems = property(lambda self: self._max_elems)
+
+    @property
+    def latency(self) -> int:
+        """Cycles from a command's acceptance to its first element on ``o_elem``: the count is loaded, then
+        the element is read and registered."""
+        return 2
+
+    @staticmethod
+    def _pow2_bits(m, biased, name) -> Value:
+        """binary32 bits of a power of two from its biased exponent (signed), the field clamped."""
+        fld = Signal(8, name=name)
+        m.d.comb += fld.eq(Mux(biased < SCALE_FIELD_MIN, SCALE_FIELD_MIN,
+                               Mux(biased > SCALE_FIELD_MAX, SCALE_FIELD_MAX, biased)))
+        return Cat(Const(0, 23), fld, Const(0, 1))
+
+    def elaborate(self, platform):
+        m = Module()
+        hw = self._hw
+        W, B = hw.weights_per_beat, hw.act_block
+        G = W // 8                                    # 8-column groups (one plane word each) per stored word
+        LG = ceil_log2(G)
+        w_depth = 1 << ceil_log2(max(2, self._max_elems // W))
+        e_depth = 1 << ceil_log2(max(2, -(-self._max_elems // B)))
+        k_bits = max(LG + ceil_log2(w_depth), ceil_log2(e_depth))
+
+        # ---- Writes: the quantiser's words and exponents; the running maximum exponent ---------------------
+        m.submodules.words = words = Memory(shape=data.ArrayLayout(signed(8), W), depth=w_depth, init=[])
+        m.submodules.exps = exps = Memory(shape=signed(EXP_BITS), depth=e_depth, init=[])
+        w_wr, w_rd = words.write_port(), words.read_port(domain="comb")
+        e_wr, e_rd = exps.write_port(), exps.read_port(domain="comb")
+        m.d.comb += [self.i_act.ready.eq(1), self.i_exp.ready.eq(1),
+                     w_wr.en.eq(self.i_act.valid), w_wr.addr.eq(self.i_act.p.addr),   # addr wraps (truncated)
+                     e_wr.en.eq(self.i_exp.valid), e_wr.addr.eq(self.i_exp.p.addr), e_wr.data.eq(self.i_exp.p.e)]
+        for i in range(W):
+            m.d.comb += w_wr.data[i].eq(self.i_act.p.q[i])                           # |q| <= 119: low 8 bits
+
+        emax = Signal(signed(EXP_BITS))
+        m.d.comb += emax.eq(Mux(self.i_clear, EXP_MIN, self.o_emax))
+        with m.If(self.i_exp.valid & (self.i_exp.p.e > emax)):
+            m.d.sync += self.o_emax.eq(self.i_exp.p.e)
+        with m.Else():
+            m.d.sync += self.o_emax.eq(emax)
+        m.d.comb += self.o_vscale.eq(self._pow2_bits(m, self.o_emax + 127, "vscale_field"))
+
+        # ---- Reads: element k of the running command into the o_elem register -------------------------------
+        r_left = Signal(N_BITS)
+        r_k = Signal(k_bits)                          # wraps with the memories (power-of-two depths)
+        r_sel = Signal(2)
+        m.d.comb += [w_rd.addr.eq(r_k[LG:]), e_rd.addr.eq(r_k)]
+
+        grp = w_rd.data.as_value().word_select(r_k[:LG], 64) if G > 1 else w_rd.data.as_value()
+        nibbles = []
+        for i in range(8):
+            q = grp[8 * i:8 * i + 8]
+            hi = Signal(4, name=f"hi_{i}")
+            m.d.comb += hi.eq(q[4:8] + q[3])          # ((q + 8) >> 4) & 0xF
+            nibbles.append(Mux(r_sel[0], q[0:4], hi))
+        plane = Cat(*nibbles)
+        e_k = e_rd.data
+        scale = self._pow2_bits(m, e_k + Mux(r_sel[0], 127, 127 + 4), "scale_field")
+
+        load = Signal()
+        m.d.comb += [self.o_busy.eq((r_left != 0) | self.o_elem.valid),
+                     self.i_cmd.ready.eq(~self.o_busy),
+                     load.eq((r_left != 0) & (~self.o_elem.valid | self.o_elem.ready))]
+        with m.If(self.i_cmd.valid & self.i_cmd.ready):
+            m.d.sync += [r_left.eq(self.i_cmd.p.n), r_k.eq(0), r_sel.eq(self.i_cmd.p.sel)]
+        with m.If(load):
+            m.d.sync += [self.o_elem.valid.eq(1), self.o_elem.payload.eq(Mux(r_sel[1], scale, plane)),
+                         r_left.eq(r_left - 1), r_k.eq(r_k + 1)]
+        with m.Elif(self.o_elem.ready):
+            m.d.sync += self.o_elem.valid.eq(0)
         return m

@@ -37,7 +37,8 @@ from hdl.isa import (
 
 from .config import ModelConfig
 from . import sfu
-from .numerics import gemv, quantize_activations, unpack_int4
+from .numerics import (V_PLANE_LOG2_GROUP, KvInt8Layout, gemv, pack_int4, quantize_activations, quantize_kv_k,
+                       quantize_kv_v, unpack_int4)
 from .systolic import gemm
 
 __all__ = ["Machine", "Counters", "ExecutionError", "REFERENCE", "HARDWARE", "COUNT"]
@@ -75,6 +76,11 @@ class Counters:
     # sparse WGEMVs by shape, (rows, cols, group, non-zero columns) -> count: their time is bound by the
     # engine's per-row binary32 parts, not by their bytes (firmware.perf.sparse_gemv_cycles)
     sparse_gemvs: Counter = field(default_factory=Counter)
+    # ATTN on the GEMV engine (kv_format "int8"): its engine commands, their bytes (KV planes and scales; not
+    # in gemv_bytes) and its sparse commands by shape (as sparse_gemvs)
+    attn_gemvs: int = 0
+    attn_gemv_bytes: int = 0
+    attn_sparse_gemvs: Counter = field(default_factory=Counter)
 
     def total_read(self) -> int:
         return sum(self.bytes_read.values())
@@ -205,6 +211,8 @@ class Machine:
                                    if e.region == "CONST")
         self.logits = np.zeros(self.model.vocab_size, dtype=self.dtype)   # mirror of the LOGITS region
         self.reset_kv()
+        if arithmetic == HARDWARE:
+            self._load_kv()
 
     # --- host interface --------------------------------------------------------------------------------
 
@@ -214,18 +222,74 @@ class Machine:
             self._kv = kv
             return
         for d in self.image.descriptors:
-            if d.kind == 2:
-                shape = (d.capacity, d.heads, d.head_dim)
+            if d.kind != 2:
+                continue
+            shape = (d.capacity, d.heads, d.head_dim)
+            if self._int8_kv():
+                nb = -(-d.head_dim // self.hw.act_block)
+                kv[d.index] = {"k_hi": np.zeros(shape, np.int8), "k_lo": np.zeros(shape, np.int8),
+                               "ks_hi": np.zeros(shape[:2] + (nb,), np.float16),
+                               "ks_lo": np.zeros(shape[:2] + (nb,), np.float16),
+                               "v_hi": np.zeros(shape, np.int8), "v_lo": np.zeros(shape, np.int8),
+                               "vs": np.zeros(shape[:2], np.float16)}
+            else:
                 kv[d.index] = (np.zeros(shape, self.dtype if self.arithmetic == REFERENCE else np.float16),
                                np.zeros(shape, self.dtype if self.arithmetic == REFERENCE else np.float16),
                                np.full(d.capacity, -1, np.int64))
         self._kv = kv
 
-    def kv_cache(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
-        """(K, V) of KV slot `slot` (descriptor index), each ``[capacity, heads, head_dim]`` (binary16 in hardware
-        arithmetic): what the NPU holds in its KV region (firmware.pack layout)."""
-        k, v, _ = self._kv[slot]
-        return k, v
+    def _int8_kv(self) -> bool:
+        """The INT8 KV cache runs in hardware arithmetic; reference arithmetic keeps exact K and V."""
+        return self.hw.kv_format == "int8" and self.arithmetic != REFERENCE
+
+    def kv_cache(self, slot: int):
+        """The ISS's copy of KV slot `slot` (descriptor index). ``kv_format`` "fp16" (and reference arithmetic):
+        (K, V), each ``[capacity, heads, head_dim]`` (binary16 in hardware arithmetic). "int8": a dict of the
+        planes ``k_hi, k_lo, v_hi, v_lo`` ``[capacity, heads, head_dim]`` (INT4 values), the K scales ``ks_hi,
+        ks_lo`` ``[capacity, heads, ceil(head_dim / act_block)]`` and the V scales ``vs`` ``[capacity, heads]``
+        (binary16)."""
+        kv = self._kv[slot]
+        return kv if isinstance(kv, dict) else kv[:2]
+
+    def _load_kv(self) -> None:
+        """The INT8 KV cache the image's KV region holds (zeros from `firmware.pack`; a bench may prepare one),
+        read as the NPU reads it: the inverse of `kv_bytes`."""
+        base, size = self.image.region("KV")
+        for d in self.image.descriptors:
+            if d.kind != 2 or d.layout != 1 or not self._int8_kv():
+                continue        # binary16 slots start empty: their positions are tracked, not in DDR
+            kv = self._kv[d.index]
+            raw = self.image.ddr[base + d.weight_offset: base + size]
+            lay = KvInt8Layout(d.capacity, d.heads, d.head_dim, self.hw.act_block)
+            C, D = d.capacity, d.head_dim
+            nb = kv["ks_hi"].shape[2]
+            for j in range(d.heads):
+                for name, at in (("k_hi", lay.k_hi), ("k_lo", lay.k_lo), ("v_hi", lay.v_hi), ("v_lo", lay.v_lo)):
+                    kv[name][:, j] = unpack_int4(raw[at(j):at(j) + lay.plane].reshape(C, D // 2))
+                for name, at in (("ks_hi", lay.ks_hi), ("ks_lo", lay.ks_lo)):
+                    kv[name][:, j] = raw[at(j):at(j) + lay.kscale].view("<f2").reshape(C, nb)
+                kv["vs"][:, j] = raw[lay.vs(j):lay.vs(j) + 2 * C].view("<f2")
+
+    def kv_bytes(self, slot: int) -> np.ndarray:
+        """KV slot `slot` as the NPU holds it in its KV region (firmware.pack layout), uint8, from the ISS's copy
+        (hardware arithmetic)."""
+        d = self.image.descriptors[slot]
+        kv = self._kv[slot]
+        if not isinstance(kv, dict):
+            k, v, _ = kv
+            return np.concatenate([k.astype("<f2").reshape(-1), v.astype("<f2").reshape(-1)]).view(np.uint8)
+        lay = KvInt8Layout(d.capacity, d.heads, d.head_dim, self.hw.act_block)
+        out = np.zeros(lay.nbytes, np.uint8)
+
+        def put(off, raw):
+            out[off:off + raw.size] = raw
+        for j in range(d.heads):
+            for name, at in (("k_hi", lay.k_hi), ("k_lo", lay.k_lo), ("v_hi", lay.v_hi), ("v_lo", lay.v_lo)):
+                put(at(j), pack_int4(kv[name][:, j]).reshape(-1))          # [C, D]: a K row or a V column per position
+            put(lay.ks_hi(j), kv["ks_hi"][:, j].astype("<f2").reshape(-1).view(np.uint8))
+            put(lay.ks_lo(j), kv["ks_lo"][:, j].astype("<f2").reshape(-1).view(np.uint8))
+            put(lay.vs(j), kv["vs"][:, j].astype("<f2").view(np.uint8))
+        return out
 
     def run(self, program: list[int], *, token: int, pos: int, trace=None) -> None:
         """Execute a whole program (until HALT) for one token at one position.
@@ -337,7 +401,30 @@ class Machine:
             elif op is Opcode.GATHER:
                 add("ddr_read", d.cols)
             elif op is Opcode.KVST:
-                add("ddr_write", d.cols, 2)
+                if self.hw.kv_format == "int8":
+                    # per KV head: K one quantiser pass into the packer, V two, then the planes' words (8
+                    # nibbles each) and the scales out to DDR
+                    nb = -(-d.head_dim // self.hw.act_block)
+                    add("copy", d.head_dim, 3 * d.heads)       # K; V twice (its row exponent, then q)
+                    add("ddr_write", d.head_dim // 8, 4 * d.heads)
+                    add("ddr_write", nb, 2 * d.heads)
+                    add("ddr_write", 1, d.heads)
+                else:
+                    add("ddr_write", d.cols, 2)
+            elif self.hw.kv_format == "int8":
+                heads, hd, window = (int(v) for v in self.shape_cache[ShapeCache.FMAP][i.shape_ptr])
+                n = min(self.pos + 1, window) if window else self.pos + 1
+                chunks = -(-n // self.hw.gemv_max_cols)
+                # per head: q into the quantiser, the two K GEMVs (engine), MAX, EXP, SUM, RECIP, the V row
+                # scales (from DDR) times the weights, per chunk the weights into the quantiser and two V GEMVs,
+                # then the output times recip(sum)
+                add("copy", hd, heads)
+                add("reduce", n, 2 * heads)
+                add("sfu", n, 2 * heads)
+                add("sfu", 1, heads)
+                add("copy", n, heads)
+                c.passes[(i.op.name, "copy")] += heads * (chunks - 1)
+                add("sfu", hd, heads)
             else:
                 heads, hd, window = (int(v) for v in self.shape_cache[ShapeCache.FMAP][i.shape_ptr])
                 n = min(self.pos + 1, window) if window else self.pos + 1
@@ -665,17 +752,33 @@ class Machine:
         else:
             self.shape_cache[i.cache][i.slot] = (i.a, i.b, i.c)
 
-    def _x_kvst(self, i):
-        d = self._desc(i.slot)
+    def _kv_desc(self, index):
+        d = self._desc(index)
         if d.kind != 2:
-            self._err(ErrorCode.BAD_DESCRIPTOR, f"descriptor {i.slot} is not a KV slot")
+            self._err(ErrorCode.BAD_DESCRIPTOR, f"descriptor {index} is not a KV slot")
+        fmt = int(self.hw.kv_format == "int8")
+        if d.layout != fmt:
+            self._err(ErrorCode.BAD_DESCRIPTOR, f"KV slot {index} holds the {('fp16', 'int8')[d.layout % 2]} format; "
+                                                f"this NPU's cache is {self.hw.kv_format}")
+        if fmt:
+            self._check_int8_slot(d)
+        return d
+
+    def _x_kvst(self, i):
+        d = self._kv_desc(i.slot)
         w = d.heads * d.head_dim
-        self.counters.bytes_written["KV"] += 2 * w * 2
+        if self.hw.kv_format == "int8":     # per head: K's two planes and scales, V's two planes and scale
+            nb = -(-d.head_dim // self.hw.act_block)
+            self.counters.bytes_written["KV"] += d.heads * (2 * d.head_dim + 4 * nb + 2)
+        else:
+            self.counters.bytes_written["KV"] += 2 * w * 2
         self.counters.elements[self._name] += 2 * w
         if self.arithmetic == COUNT:
             self._vec(i.k, w)
             self._vec(i.v, w)
             return
+        if self._int8_kv():
+            return self._kvst_int8(i, d)
         k_store, v_store, positions = self._kv[d.index]
         slot = self.pos % d.capacity
         k_store[slot] = self.l2[self._vec(i.k, w)].reshape(d.heads, d.head_dim)
@@ -683,9 +786,7 @@ class Machine:
         positions[slot] = self.pos
 
     def _x_attn(self, i):
-        d = self._desc(i.slot)
-        if d.kind != 2:
-            self._err(ErrorCode.BAD_DESCRIPTOR, f"descriptor {i.slot} is not a KV slot")
+        d = self._kv_desc(i.slot)
         heads, head_dim, window = (int(v) for v in self.shape_cache[ShapeCache.FMAP][i.shape_ptr])
         if head_dim != d.head_dim or i.kv_head >= d.heads or heads <= 0:
             self._err(ErrorCode.BAD_LENGTH, f"ATTN shape ({heads} heads of {head_dim}) does not match the slot")
@@ -694,16 +795,27 @@ class Machine:
         if (not window or window > d.capacity) and self.pos >= d.capacity:
             self._err(ErrorCode.ADDRESS_RANGE, f"position {self.pos} exceeds the KV slot ({d.capacity} positions)")
         seen = min(self.pos + 1, window) if window else self.pos + 1
-        if heads * seen + head_dim > self.scratch_elements:
-            self._err(ErrorCode.BAD_LENGTH, f"ATTN over {seen} positions of {heads} heads needs "
-                                            f"{heads * seen + head_dim} elements of L2 scratch; there are "
-                                            f"{self.scratch_elements} (HardwareConfig.l2_scratch_bytes)")
+        int8 = self.hw.kv_format == "int8"
+        if int8 and window and window < d.capacity:
+            self._err(ErrorCode.BAD_LENGTH, f"INT8 ATTN needs a ring as wide as the window ({window}), "
+                                            f"not {d.capacity} positions")
+        # fp16: the scores of every head and the K/V row; int8: one head's scores at a time
+        need = seen if int8 else heads * seen + head_dim
+        if need > self.scratch_elements:
+            self._err(ErrorCode.BAD_LENGTH, f"ATTN over {seen} positions of {heads} heads needs {need} elements "
+                                            f"of L2 scratch; there are {self.scratch_elements} "
+                                            f"(HardwareConfig.l2_scratch_bytes)")
         if self.arithmetic == COUNT:
-            self.counters.bytes_read["KV"] += 2 * seen * head_dim * 2
-            self.counters.elements[self._name] += heads * seen * head_dim
             self._vec(i.q, heads * head_dim)
             self._vec(i.dst, heads * head_dim)
+            if int8:
+                self._attn_int8_counts(heads, head_dim, seen, [seen] * heads)
+                return
+            self.counters.bytes_read["KV"] += 2 * seen * head_dim * 2
+            self.counters.elements[self._name] += heads * seen * head_dim
             return
+        if self._int8_kv():
+            return self._attn_int8(i, d, heads, head_dim, seen)
         k_store, v_store, positions = self._kv[d.index]
         lo = self.pos - window + 1 if window else 0
         visible = np.nonzero((positions >= max(lo, 0)) & (positions <= self.pos))[0]
@@ -723,6 +835,88 @@ class Machine:
         for t in range(1, v.shape[0]):
             out = out + p[:, t, None] * v[t][None, :]
         self.l2[self._vec(i.dst, heads * head_dim)] = out.reshape(-1)
+
+    def _kvst_int8(self, i, d):
+        """KVST into the INT8 cache (docs/numerics.md, "KV cache"): per KV head in order, K quantised per
+        `act_block` elements, then V per row (power-of-two scales, |q| <= 119), each split into two INT4 planes
+        and written with its scales. A non-finite input or a scale beyond binary16 stops the instruction with
+        the heads (and the head's K) before it written, as the controller does."""
+        w, hd = d.heads * d.head_dim, d.head_dim
+        k = self.l2[self._vec(i.k, w)].astype(np.float32).reshape(d.heads, hd)
+        v = self.l2[self._vec(i.v, w)].astype(np.float32).reshape(d.heads, hd)
+        kv = self._kv[d.index]
+        r = self.pos % d.capacity
+        big = "a KVST value is too large for the binary16 scales of the INT8 KV cache"
+        for j in range(d.heads):
+            if not np.all(np.isfinite(k[j])):
+                self._err(ErrorCode.NON_FINITE, "a KVST input holds an infinity or a NaN")
+            kh, kl, sh, sl = quantize_kv_k(k[j], self.hw.act_block)
+            if not np.all(np.isfinite(sh)):
+                self._err(ErrorCode.NON_FINITE, big)
+            kv["k_hi"][r, j], kv["k_lo"][r, j], kv["ks_hi"][r, j], kv["ks_lo"][r, j] = kh, kl, sh, sl
+            if not np.all(np.isfinite(v[j])):
+                self._err(ErrorCode.NON_FINITE, "a KVST input holds an infinity or a NaN")
+            vh, vl, vs = quantize_kv_v(v[j])
+            if not np.isfinite(vs):
+                self._err(ErrorCode.NON_FINITE, big)
+            kv["v_hi"][r, j], kv["v_lo"][r, j], kv["vs"][r, j] = vh, vl, vs
+
+    def _check_int8_slot(self, d):
+        """An INT8 KV slot: the descriptor's format, and a head the packer and the V GEMVs take."""
+        if d.head_dim % 8 or d.head_dim > self.hw.kv_max_head_dim:
+            self._err(ErrorCode.BAD_LENGTH, f"the INT8 KV cache needs a head_dim that is a multiple of 8 and at "
+                                            f"most {self.hw.kv_max_head_dim} (kv_max_head_dim), not {d.head_dim}")
+
+    def _attn_int8_counts(self, heads, hd, n, nonzero):
+        """Bytes and engine commands of one INT8 ATTN over `n` positions; `nonzero[h]` V columns fetched for head
+        h (the sparse GEMV skips the positions whose quantised weight is 0)."""
+        c, hw = self.counters, self.hw
+        nb = -(-hd // hw.act_block)
+        k_bytes = 2 * (n * hd // 2 + n * nb * 2)                   # both planes and their scales, per head
+        for h in range(heads):
+            v_bytes = 0
+            for c0 in range(0, n, hw.gemv_max_cols):
+                cols = min(n, c0 + hw.gemv_max_cols) - c0
+                nz = nonzero[h][c0 // hw.gemv_max_cols] if isinstance(nonzero[h], list) else cols
+                v_bytes += 2 * (nz * hd // 2 + hd * 2)
+                c.attn_sparse_gemvs[(hd, cols, 1 << V_PLANE_LOG2_GROUP, int(nz))] += 2
+                c.attn_gemvs += 2
+            c.attn_gemvs += 2
+            c.attn_gemv_bytes += k_bytes + v_bytes
+            c.bytes_read["KV"] += k_bytes + v_bytes + n * 2           # + the V row scales
+            c.elements[self._name] += 2 * n * hd
+
+    def _attn_int8(self, i, d, heads, hd, n):
+        """ATTN on the INT8 cache: per head, the scores as two GEMVs over the K planes (lo, then hi with accm), the
+        softmax on the SFU, the V row scales folded into its weights, and the output as two sparse GEMVs over the
+        V planes per chunk of `gemv_max_cols` positions, times recip(sum). Positions in ring-slot order."""
+        hw, fn, B = self.hw, self.f, self.hw.act_block
+        kv = self._kv[d.index]
+        j = i.kv_head
+        q = self.l2[self._vec(i.q, heads * hd)].astype(np.float32).reshape(heads, hd)
+        dst = self._vec(i.dst, heads * hd)
+        one = np.ones((hd, 1), np.float16)
+        nonzero = []
+        for h in range(heads):                   # head by head: a bad query stops with the heads before it written
+            if not np.all(np.isfinite(q[h])):
+                self._attn_int8_counts(h, hd, n, nonzero)
+                self._err(ErrorCode.NON_FINITE, "an ATTN query holds an infinity or a NaN")
+            qa, qe = quantize_activations(q[h], B)
+            s = gemv(kv["k_lo"][:n, j], kv["ks_lo"][:n, j], qa, qe, group=B, block=B)
+            s = gemv(kv["k_hi"][:n, j], kv["ks_hi"][:n, j], qa, qe, group=B, block=B, acc=s)
+            e = fn.exp(s - fn.reduce_max(s))
+            r = fn.recip(fn.reduce_sum(e))
+            x = kv["vs"][:n, j].astype(np.float32) * e
+            o, nz = None, []
+            for c0 in range(0, n, hw.gemv_max_cols):
+                c1 = min(n, c0 + hw.gemv_max_cols)
+                xa, xe = quantize_activations(x[c0:c1], B)
+                nz.append(int(np.count_nonzero(xa)))
+                for plane, scale in (("v_lo", one), ("v_hi", one * np.float16(16))):
+                    o = gemv(kv[plane][c0:c1, j].T, scale, xa, xe, group=1 << V_PLANE_LOG2_GROUP, block=B, acc=o)
+            self.l2[dst.start + h * hd: dst.start + (h + 1) * hd] = o * r
+            nonzero.append(nz)
+        self._attn_int8_counts(heads, hd, n, nonzero)
 
     def _x_cvo(self, i):
         self.counters.elements[self._name] += i.length

@@ -32,11 +32,17 @@ from hdl.config import segment_sum_bits, segment_sum_bound
 __all__ = [
     "INT4_MIN", "INT4_MAX", "INT8_MAX", "pack_int4", "unpack_int4", "quantize_weights",
     "dequantize_weights", "quantize_activations", "dequantize_activations", "segment_size",
-    "segment_sum_bound", "segment_sum_bits", "gemv",
+    "segment_sum_bound", "segment_sum_bits", "gemv", "KV_Q_MAX", "split_int8", "pow2_binary16",
+    "quantize_kv_k", "quantize_kv_v", "KvInt8Layout", "v_plane_scales", "V_PLANE_LOG2_GROUP",
 ]
 
 INT4_MIN, INT4_MAX = -8, 7
 INT8_MAX = 127
+# INT8 KV cache values: q = 16·hi + lo with hi, lo two's complement INT4, so that the GEMV engine (INT4 x INT8)
+# computes with them as two planes; |q| <= KV_Q_MAX = 119 keeps both nibbles in [-8, 7] (docs/numerics.md, "KV
+# cache"). The V planes' GEMVs have one scale group per row (V_PLANE_LOG2_GROUP: 2**16 columns covers any
+# command). Both live in hdl.config with the hardware that uses them.
+from hdl.config import KV_Q_MAX, V_PLANE_LOG2_GROUP  # noqa: E402
 
 
 def pack_int4(q: np.ndarray) -> np.ndarray:
@@ -106,18 +112,22 @@ def dequantize_weights(q: np.ndarray, scale: np.ndarray, group: int) -> np.ndarr
     return q.astype(np.float64) * s
 
 
-def _block_exponent(amax: np.ndarray) -> np.ndarray:
-    """The smallest e with amax * 2**-e <= 127, from the binary32 exponent and one mantissa compare:
-    amax = m * 2**k, m in [0.5, 1); e = k - 7 if m <= 127/128 else k - 6. amax = 0 gives e = 0."""
+def _block_exponent(amax: np.ndarray, limit: int = INT8_MAX) -> np.ndarray:
+    """The smallest e with amax * 2**-e <= limit (64 <= limit <= 127), from the binary32 exponent and one
+    mantissa compare: amax = m * 2**k, m in [0.5, 1); e = k - 7 if m <= limit/128 else k - 6. amax = 0 gives
+    e = 0."""
+    if not 64 <= limit <= 127:
+        raise ValueError(f"the quantiser's limit must be in [64, 127], not {limit!r}")
     m, k = np.frexp(amax.astype(np.float32))
-    e = np.where(m <= np.float32(127.0 / 128.0), k - 7, k - 6)
+    e = np.where(m <= np.float32(limit / 128.0), k - 7, k - 6)
     return np.where(amax > 0, e, 0).astype(np.int32)
 
 
-def quantize_activations(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+def quantize_activations(x: np.ndarray, block: int, limit: int = INT8_MAX) -> tuple[np.ndarray, np.ndarray]:
     """Block floating point: per block of `block` elements (a last, shorter block allowed), exponent
-    ``e`` = the smallest with ``max|x| * 2**-e <= 127``, and ``q = rne(x * 2**-e)`` (an exact scaling, then
-    one rounding to the nearest integer, ties to even). Input binary32; returns ``(q int8, e int32)``."""
+    ``e`` = the smallest with ``max|x| * 2**-e <= limit`` (127; `KV_Q_MAX` for the INT8 KV cache), and
+    ``q = rne(x * 2**-e)`` (an exact scaling, then one rounding to the nearest integer, ties to even, so
+    ``|q| <= limit``). Input binary32; returns ``(q int8, e int32)``."""
     x = np.asarray(x)
     if x.dtype != np.float32:
         raise TypeError(f"activations are binary32, not {x.dtype}")
@@ -128,7 +138,7 @@ def quantize_activations(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndar
     n = x.shape[0]
     nb = _groups(n, block)
     xp = np.pad(x, (0, nb * block - n)).reshape(nb, block)
-    e = _block_exponent(np.max(np.abs(xp), axis=1))
+    e = _block_exponent(np.max(np.abs(xp), axis=1), limit)
     q = np.rint(np.ldexp(xp.astype(np.float64), -e[:, None]))  # exact in float64, then RNE
     return q.astype(np.int8).reshape(-1)[:n], e
 
@@ -174,3 +184,97 @@ def gemv(q_w: np.ndarray, scale_w: np.ndarray, q_a: np.ndarray, e_a: np.ndarray,
     if acc is not None:
         y = np.asarray(acc, dtype=np.float32) + y
     return y.astype(np.float32)
+
+
+# --- the INT8 KV cache (HardwareConfig.kv_format == "int8") ------------------------------------------------
+
+def split_int8(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``q = 16·hi + lo`` with ``hi = floor((q + 8) / 16)`` and ``lo = q - 16·hi``: for ``|q| <= KV_Q_MAX`` both
+    are INT4 (hi in [-7, 7], lo in [-8, 7]). Returns ``(hi, lo)`` as int8."""
+    q = np.asarray(q).astype(np.int16)
+    if q.size and np.max(np.abs(q)) > KV_Q_MAX:
+        raise ValueError(f"INT8 KV values must lie in [-{KV_Q_MAX}, {KV_Q_MAX}]")
+    hi = (q + 8) >> 4
+    return hi.astype(np.int8), (q - 16 * hi).astype(np.int8)
+
+
+def pow2_binary16(e: np.ndarray) -> np.ndarray:
+    """binary16 ``2**e``, rounded to nearest even: exact for -24 <= e <= 15, 0 below (2**-25 ties to 0),
+    +inf above."""
+    e = np.asarray(e, dtype=np.int64)
+    with np.errstate(over="ignore"):
+        return np.ldexp(1.0, np.clip(e, -40, 40)).astype(np.float16)
+
+
+def quantize_kv_k(k: np.ndarray, block: int):
+    """One K row (binary32 [head_dim]) into the INT8 KV format: per block of `block` elements a power-of-two
+    exponent with ``|q| <= KV_Q_MAX`` (`quantize_activations` with that limit), ``q`` split into two INT4
+    planes, and the planes' binary16 scales ``2**(e + 4)`` (hi) and ``2**e`` (lo). Then ``k ≈ Σ`` over the
+    planes of ``plane · scale``: the GEMV engine's dot product with a query is that of the lo plane plus that
+    of the hi plane. Returns ``(hi, lo, scale_hi, scale_lo)``."""
+    q, e = quantize_activations(np.asarray(k, np.float32), block, KV_Q_MAX)
+    hi, lo = split_int8(q)
+    return hi, lo, pow2_binary16(e + 4), pow2_binary16(e)
+
+
+def quantize_kv_v(v: np.ndarray):
+    """One V row (binary32 [head_dim]) into the INT8 KV format: one power-of-two exponent for the whole row
+    (``|q| <= KV_Q_MAX``), ``q`` split into two INT4 planes, and the row's binary16 scale ``2**e`` (folded
+    into the softmax weights by ATTN; the planes' own scales are the constants 16 and 1). Returns
+    ``(hi, lo, scale)``."""
+    v = np.asarray(v, np.float32)
+    q, e = quantize_activations(v, v.shape[0], KV_Q_MAX)
+    hi, lo = split_int8(q)
+    return hi, lo, pow2_binary16(e[0])
+
+
+class KvInt8Layout:
+    """Where one KV slot's INT8 cache lives in its slice of the KV region (bytes from the slot's offset), for
+    `capacity` positions (C) of `heads` KV heads (H) of `head_dim` (D) elements, K scaled per `block` (B)
+    elements. Per head j, four INT4 planes of ``C·D/2`` bytes, each usable as a GEMV matrix as it stands:
+
+    - ``k_hi(j)``, ``k_lo(j)``: row-major ``[C, D]`` (position p = row p): dense GEMVs, one row per position;
+    - ``v_hi(j)``, ``v_lo(j)``: column-major ``[D, C]`` (position p = column p, D/2 bytes): sparse GEMVs;
+
+    then per head the K planes' binary16 scales, row-major ``[C, ceil(D/B)]``: ``ks_hi(j)`` (``2**(e+4)``) and
+    ``ks_lo(j)`` (``2**e``); then per head the V rows' binary16 scales ``vs(j)`` ``[C]``. The V planes' own
+    scales are the constants 16 and 1 (one group per row), a table in WEIGHTS shared by every slot
+    (`v_plane_scales`)."""
+
+    def __init__(self, capacity: int, heads: int, head_dim: int, block: int):
+        if head_dim % 2:
+            raise ValueError(f"the INT8 KV planes need an even head_dim, not {head_dim}")
+        self.capacity, self.heads, self.head_dim, self.block = capacity, heads, head_dim, block
+        self.plane = capacity * head_dim // 2
+        self.kblocks = -(-head_dim // block)
+        self.kscale = capacity * self.kblocks * 2
+        self.scales_base = 4 * heads * self.plane
+        self.vs_base = self.scales_base + 2 * heads * self.kscale
+        self.nbytes = self.vs_base + heads * capacity * 2
+
+    def k_hi(self, j: int) -> int:
+        return 4 * j * self.plane
+
+    def k_lo(self, j: int) -> int:
+        return self.k_hi(j) + self.plane
+
+    def v_hi(self, j: int) -> int:
+        return self.k_hi(j) + 2 * self.plane
+
+    def v_lo(self, j: int) -> int:
+        return self.k_hi(j) + 3 * self.plane
+
+    def ks_hi(self, j: int) -> int:
+        return self.scales_base + 2 * j * self.kscale
+
+    def ks_lo(self, j: int) -> int:
+        return self.ks_hi(j) + self.kscale
+
+    def vs(self, j: int) -> int:
+        return self.vs_base + 2 * j * self.capacity
+
+
+def v_plane_scales(head_dim: int) -> np.ndarray:
+    """The V planes' binary16 scales, ``[2, head_dim]``: the hi plane's 16, the lo plane's 1 (one group per row:
+    the sparse GEMV's group-major scales of a single group)."""
+    return np.stack([np.full(head_dim, 16.0), np.ones(head_dim)]).astype(np.float16)

@@ -98,7 +98,11 @@ def test_hardware_arithmetic_is_deterministic_and_counts_bytes():
     assert c.bytes_read["WEIGHTS"] + c.weight_bytes_skipped == len(tokens) * (dense + sum(row.values()))
     assert c.weight_bytes_skipped > 0
     assert c.bytes_written["LOGITS"] == len(tokens) * cfg.vocab_size * 4
-    assert c.bytes_written["KV"] == len(tokens) * len(cfg.kv_cache_layers) * 2 * cfg.kv_dim * 2
+    # KV: per cache layer and KV head, int8 (the tiny preset) two planes of K and V (head_dim/2 bytes each), K's
+    # two binary16 scales per act_block and V's one per row
+    assert HW["tiny"].kv_format == "int8"
+    per_head = 2 * cfg.head_dim + 4 * -(-cfg.head_dim // HW["tiny"].act_block) + 2
+    assert c.bytes_written["KV"] == len(tokens) * len(cfg.kv_cache_layers) * cfg.num_key_value_heads * per_head
 
 
 def machine_for(cfg=None, hw="tiny"):

@@ -42,8 +42,38 @@ def test_tokens_bit_identical_to_the_iss():
 
 
 @pytest.mark.slow
+def test_tokens_bit_identical_to_the_iss_with_the_binary16_kv_cache():
+    """The other `kv_format` (ATTN on the SFU): its own Verilator build (``build/sim/npu_tiny_fp16``), 3 tokens."""
+    simulate(HardwareConfig.preset("tiny_fp16"), "tokens", seed=2,
+             env={"NPU_NPZ": str(FIXTURE), "NPU_TOKENS": "3"})
+
+
+@pytest.mark.slow
 def test_async_wgemv_hazards_give_sequential_results():
     _bench("hazards")
+
+
+@pytest.mark.slow
+def test_int8_attention_and_kvst_give_the_iss_results():
+    """ATTN/KVST on a random INT8 KV cache (tb.npu.test_npu.attention_programs): two V chunks, a sliding ring,
+    KVST then ATTN, an async WGEMV before ATTN, and the errors."""
+    _bench("attention")
+
+
+def test_attention_programs_have_the_expected_iss_outcomes():
+    """The directed ATTN/KVST programs mean what they say: the ISS ends each one as the bench expects, and the
+    good ones write finite, non-trivial outputs."""
+    from firmware.pack import pack
+    from sim.config import ModelConfig
+    from tb.npu.test_npu import ATTN_POS, _iss_outcome, attention_programs
+    case = load_npz(FIXTURE)
+    image = pack(ModelConfig.from_hf(case.config), case.tensors, HW, max_positions=ATTN_POS + 4)
+    for img, name, words, want, pos in attention_programs(image, HW):
+        m, _, got = _iss_outcome(img, HW, words, pos=pos)
+        assert got == want, name
+        if want is None:
+            out = m.l2[64 * 4:64 * 4 + 64]
+            assert np.all(np.isfinite(out)) and np.count_nonzero(out) == 64, name
 
 
 @pytest.mark.slow
@@ -73,7 +103,7 @@ def test_cli_argument_errors(capsys, tmp_path):
         (["--hf-npz", str(tmp_path / "none.npz")], "no such file"),
         (["--hf-npz", str(FIXTURE), "--tokens", "0"], "must be a positive integer, not '0'"),
         (["--hf-npz", str(FIXTURE), "--tokens", "17"], "has only 16 input ids"),
-        (["--hf-npz", str(FIXTURE), "--hw", "big"], "--hw must be one of kv260, tiny, not 'big'"),
+        (["--hf-npz", str(FIXTURE), "--hw", "big"], "--hw must be one of kv260, tiny, tiny_fp16, not 'big'"),
     ]:
         with pytest.raises(SystemExit) as e:
             main(argv)

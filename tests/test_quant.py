@@ -2,7 +2,9 @@
 `sim.numerics.quantize_activations`: the activation and exponent memories it writes (as the GEMV engine's
 i_act / i_exp would store them) are compared as integer arrays with the model's q and e, for seeded random
 vectors spread over the whole binary32 range, directed corners, random stalls on every stream and
-back-to-back commands; plus the inf/NaN flag, command ordering and a cycle-exact throughput check."""
+back-to-back commands; plus the inf/NaN flag, command ordering and a cycle-exact throughput check. The
+INT8 KV cache's command options too: ``limit`` (``|q| <= KV_Q_MAX``, `quantize_activations` with that
+limit) and ``force`` (one given exponent for every block: `quantize_forced`), mixed back to back."""
 
 import random
 
@@ -17,9 +19,10 @@ from hdl.axi import AxiReadSignature
 from hdl.config import HardwareConfig
 from hdl.gemv import EXP_BITS, GemvEngine
 from hdl.gemv import command_layout as gemv_command_layout
-from hdl.quant import ActQuantizer, act_write_layout, exp_write_layout
+from hdl.quant import KV_Q_MAX, Q_MAX, ActQuantizer, act_write_layout, exp_write_layout
 from hdl.quant import command_layout as quant_command_layout
-from sim.numerics import quantize_activations
+from sim.numerics import INT8_MAX, quantize_activations
+from sim.numerics import KV_Q_MAX as SIM_KV_Q_MAX
 from tb.quant.vectors import F32_MAX, spread_vector
 from tb.runner import run
 
@@ -36,12 +39,28 @@ def _sext(v: int, bits: int) -> int:
     return v - (1 << bits) if v >> (bits - 1) else v
 
 
-def rtl_quantize(hw, vectors, *, seed=0, p_idle=0.0, p_stall=0.0, cmd_gap=0, max_cycles=None):
+NO_OPTS = (0, 0, 0)                 # (limit, force, e): the WGEMV command
+
+
+def quantize_forced(x, e: int) -> np.ndarray:
+    """The ``force`` option's model: q = rne(x * 2**-e) per element (exact scaling in float64, one RNE)."""
+    return np.rint(np.ldexp(np.asarray(x, np.float32).astype(np.float64), -e)).astype(np.int64)
+
+
+def forced_exponent(x, block: int, limit: int = KV_Q_MAX) -> int:
+    """The exponent ATTN/KVST force for a V row: the largest block exponent at `limit` (all |q| <= limit)."""
+    return int(np.max(quantize_activations(np.asarray(x, np.float32), block, limit)[1]))
+
+
+def rtl_quantize(hw, vectors, *, opts=None, seed=0, p_idle=0.0, p_stall=0.0, cmd_gap=0, max_cycles=None):
     """Runs `vectors` (binary32 arrays, or raw uint32 bit patterns) through ActQuantizer as back-to-back
-    commands. Returns a dict: ``act`` / ``exp``: every accepted write in order as (cycle, addr, value) with
+    commands, with the command options `opts` (one ``(limit, force, e)`` per vector; default all 0).
+    Returns a dict: ``act`` / ``exp``: every accepted write in order as (cycle, addr, value) with
     value a tuple of W lane integers / an exponent; ``done``: (cycle, o_nonfinite) per o_done pulse;
     ``take``: the cycles in which an element was accepted; ``cmd``: the command acceptance cycles."""
     dut = ActQuantizer(hw)
+    opts = list(opts) if opts is not None else [NO_OPTS] * len(vectors)
+    assert len(opts) == len(vectors)
     W, A = hw.weights_per_beat, hw.act_bits
     act_l, exp_l = act_write_layout(hw), exp_write_layout(hw)
     rng = random.Random(seed)
@@ -52,13 +71,16 @@ def rtl_quantize(hw, vectors, *, seed=0, p_idle=0.0, p_stall=0.0, cmd_gap=0, max
     cycle = [0]
 
     async def commands(ctx):
-        for b in bits:
+        for b, (limit, force, e) in zip(bits, opts):
             for _ in range(cmd_gap):
                 await ctx.tick()
             while p_idle and rng.random() < p_idle:
                 await ctx.tick()
             ctx.set(dut.i_cmd.valid, 1)
             ctx.set(dut.i_cmd.p.n, len(b))
+            ctx.set(dut.i_cmd.p.limit, limit)
+            ctx.set(dut.i_cmd.p.force, force)
+            ctx.set(dut.i_cmd.p.e, e)
             await ctx.tick().until(dut.i_cmd.ready)
             ctx.set(dut.i_cmd.valid, 0)
 
@@ -130,20 +152,30 @@ def memories(hw, vectors, res):
     return images
 
 
-def expected(hw, x):
-    """The model's memory images: q padded with zeros to whole words, one exponent per block."""
-    W = hw.weights_per_beat
-    q, e = quantize_activations(np.asarray(x, dtype=np.float32), hw.act_block)
+def expected(hw, x, opt=NO_OPTS):
+    """The model's memory images: q padded with zeros to whole words, one exponent per block. `opt` is the
+    command's ``(limit, force, e)``: limit 1 is `quantize_activations` at KV_Q_MAX, force 1 is
+    `quantize_forced` with e in every block (the caller's guarantee |q| <= the limit is asserted)."""
+    W, B = hw.weights_per_beat, hw.act_block
+    limit, force, e_forced = opt
+    x = np.asarray(x, dtype=np.float32)
+    lim = KV_Q_MAX if limit else INT8_MAX
+    if force:
+        q, e = quantize_forced(x, e_forced), np.full(-(-len(x) // B), e_forced)
+        assert np.all(np.abs(q) <= lim), f"forced exponent {e_forced} breaks the caller's guarantee |q| <= {lim}"
+    else:
+        q, e = quantize_activations(x, B, lim)
     q = np.pad(q.astype(np.int64), (0, -len(q) % W)).reshape(-1, W)
     return q, e.astype(np.int64)
 
 
-def check(hw, vectors, res, what):
+def check(hw, vectors, res, what, opts=None):
     assert len(res["done"]) == len(vectors), f"{what}: {len(res['done'])} o_done pulses for {len(vectors)} commands"
-    for k, (v, (act, exp)) in enumerate(zip(vectors, memories(hw, vectors, res))):
-        q, e = expected(hw, v)
-        np.testing.assert_array_equal(exp, e, err_msg=f"{what}: command {k} (n={len(v)}) exponents")
-        np.testing.assert_array_equal(act, q, err_msg=f"{what}: command {k} (n={len(v)}) activations")
+    opts = list(opts) if opts is not None else [NO_OPTS] * len(vectors)
+    for k, (v, opt, (act, exp)) in enumerate(zip(vectors, opts, memories(hw, vectors, res))):
+        q, e = expected(hw, v, opt)
+        np.testing.assert_array_equal(exp, e, err_msg=f"{what}: command {k} (n={len(v)}, options {opt}) exponents")
+        np.testing.assert_array_equal(act, q, err_msg=f"{what}: command {k} (n={len(v)}, options {opt}) activations")
         assert res["done"][k][1] == 0, f"{what}: command {k}: o_nonfinite on finite input"
     # o_done of command k follows its last word's write.
     W = hw.weights_per_beat
@@ -297,6 +329,121 @@ def test_throughput_one_element_per_cycle(hw):
         want.append(q_free - 1 + dut.latency)
         k += n
     assert [d for d, _ in res["done"]] == want
+
+# ---- The INT8 KV cache's options: limit (|q| <= 119) and a forced exponent ------------------------------------
+
+def test_kv_q_max_is_the_models():
+    """hdl.quant's limits are sim.numerics' (hdl never imports sim, so the test ties them)."""
+    assert (Q_MAX, KV_Q_MAX) == (INT8_MAX, SIM_KV_Q_MAX)
+
+
+def kv_limit_corners() -> list[np.ndarray]:
+    """Blocks whose maximum sits on the 119 boundary: exactly 119 * 2**k (e = k, q = +-119) and the next
+    binary32 above (e = k + 1), for normal and subnormal k, and subnormal maxima at every leading-one position
+    where L = 119 and 127 differ (M = 15, 30, 60, 120 round up; 14, 29, 59, 119 do not), plus mantissas just
+    below / above 119/128 of a binary32 exponent."""
+    f = np.float32
+    vs = []
+    for k in (-149, -140, -126, -7, 0, 5, 120):
+        top = f(119 * 2.0 ** k)
+        above = np.nextafter(top, f(np.inf))
+        vs.append(np.array([top, -top, -top / 2, np.nextafter(top, f(0))], f))
+        vs.append(np.array([-above, top, above / 3, f(0.5 * 2.0 ** k)], f))
+    for m in (14, 15, 29, 30, 59, 60, 119, 120, 127, 7, 8):            # subnormal maxima m * 2**-149
+        vs.append(np.array([m, 0x80000000 | (m // 2), 1, m - 1], np.uint32).view(f))
+    for mant in (0x6E0000, 0x6E0001, 0x6DFFFF, 0x7FFFFF, 0x000000):     # 119/128 = 0.9296875 = 1.859375 / 2
+        for ef in (1, 2, 127, 254):
+            vs.append(np.array([((ef << 23) | mant), ((ef << 23) | mant) - 1, 1 << 23], np.uint32).view(f))
+    return vs
+
+
+@pytest.mark.parametrize("hw", [TINY, KV260, NARROW, WIDE], ids=lambda h: h.name)
+def test_limit_random_vectors_with_stalls(hw):
+    """limit = 1 on seeded random vectors over the whole binary32 range (the lengths of the WGEMV test), with
+    random bubbles and stalls: bit-exact against quantize_activations(x, block, 119)."""
+    rng = np.random.default_rng(21)
+    vectors = [spread_vector(rng, n, hw.act_block) for n in random_lengths(hw, rng)]
+    opts = [(1, 0, 0)] * len(vectors)
+    res = rtl_quantize(hw, vectors, opts=opts, seed=23, p_idle=0.3, p_stall=0.3)
+    check(hw, vectors, res, f"{hw.name} limit 119 random, stalls (seed 21/23)", opts)
+
+
+@pytest.mark.parametrize("hw", [TINY, NARROW], ids=lambda h: h.name)
+def test_limit_corners(hw):
+    """limit = 1 on the WGEMV corners (zeros, huge, ties, subnormal blocks) and on the 119 boundary; every
+    |q| <= 119 and q = +-119 is reached."""
+    vectors = corner_vectors(hw.act_block) + kv_limit_corners()
+    q, e = quantize_activations(np.array([119, -119, 119.5], np.float32), 64, SIM_KV_Q_MAX)
+    assert e.tolist() == [1] and q.tolist() == [60, -60, 60]
+    q, e = quantize_activations(np.array([119, -119, 59.5], np.float32), 64, SIM_KV_Q_MAX)
+    assert e.tolist() == [0] and q.tolist() == [119, -119, 60]
+    opts = [(1, 0, 0)] * len(vectors)
+    res = rtl_quantize(hw, vectors, opts=opts, seed=25, p_idle=0.2, p_stall=0.2)
+    check(hw, vectors, res, f"{hw.name} limit 119 corners", opts)
+
+
+def forced_cases(hw, rng) -> tuple[list[np.ndarray], list[tuple[int, int, int]]]:
+    """V rows as ATTN/KVST force them: e = the largest block exponent at limit 119 (so every |q| <= 119), also
+    larger exponents (+1, +30: small elements shift out past the 31-bit window and round to 0), rows with
+    very different block scales, subnormal rows, and exact ties at the forced exponent."""
+    B = hw.act_block
+    vectors, opts = [], []
+    for n in (B, 3 * B + 5, 2 * B, 1, 40):
+        v = spread_vector(rng, n, B)
+        for extra in (0, 1, 30):
+            vectors.append(v)
+            opts.append((1, 1, forced_exponent(v, B) + extra))
+        w = (rng.standard_normal(n) * np.exp2(rng.integers(-20, 20))).astype(np.float32)
+        vectors.append(w)
+        opts.append((1, 1, forced_exponent(w, B)))
+    ties = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 118.5, -118.5, 117.5, 3.5, 119, -119, 0.25, -0.75], np.float64)
+    for k in (-148, -140, -20, 0, 10, 100):                # -148: 118.5 * 2**k is still exact
+        v = (ties * 2.0 ** k).astype(np.float32)
+        vectors.append(v)
+        opts.append((1, 1, k))
+    sub = np.array([1, 2, 3, 0x7FFFFF, 0x400000, 0x80000005], np.uint32).view(np.float32)
+    vectors.append(sub)
+    opts.append((1, 1, forced_exponent(sub, B)))
+    vectors.append(np.zeros(B + 3, np.float32))
+    opts.append((1, 1, 0))
+    return vectors, opts
+
+
+@pytest.mark.parametrize("hw", [TINY, KV260, NARROW], ids=lambda h: h.name)
+def test_forced_exponent(hw):
+    """force = 1: every block of the command takes e (o_exp carries it), q = rne(x * 2**-e) per element
+    (`quantize_forced`); random bubbles and stalls."""
+    rng = np.random.default_rng(31)
+    vectors, opts = forced_cases(hw, rng)
+    res = rtl_quantize(hw, vectors, opts=opts, seed=33, p_idle=0.2, p_stall=0.3)
+    check(hw, vectors, res, f"{hw.name} forced exponents (seed 31/33)", opts)
+
+
+@pytest.mark.parametrize("hw", [TINY, KV260, NARROW, WIDE], ids=lambda h: h.name)
+@pytest.mark.parametrize("flow", ["no stalls", "stalls"])
+def test_options_back_to_back(hw, flow):
+    """Commands with different options (WGEMV, limit, limit + force, force alone) back to back, always valid
+    input: the fill side takes the next command's elements while the previous one's blocks are read back, so
+    each block must use its own command's options (carried in the block FIFO)."""
+    rng = np.random.default_rng(41)
+    B = hw.act_block
+    vectors, opts = [], []
+    for _ in range(14):
+        n = int(rng.integers(1, 3 * B + 2))
+        v = spread_vector(rng, n, B) if rng.random() < 0.5 else \
+            (rng.standard_normal(n) * np.exp2(rng.integers(-30, 30))).astype(np.float32)
+        kind = int(rng.integers(0, 4))
+        limit, force = (0, 0) if kind == 0 else (1, 0) if kind == 1 else (1, 1) if kind == 2 else (0, 1)
+        e = forced_exponent(v, B, KV_Q_MAX if limit else Q_MAX) if force else int(rng.integers(-512, 512))
+        vectors.append(v)
+        opts.append((limit, force, e))               # e is ignored without force: random there
+    stall = 0.3 if flow == "stalls" else 0.0
+    res = rtl_quantize(hw, vectors, opts=opts, seed=43, p_stall=stall)
+    check(hw, vectors, res, f"{hw.name} mixed options back to back, {flow} (seed 41/43)", opts)
+    if flow == "no stalls":
+        takes = res["take"]
+        assert takes[-1] - takes[0] == len(takes) - 1, "options cost throughput: not one element per cycle"
+
 
 def test_parameter_errors():
     with pytest.raises(ValueError, match="act_bits must be at least 8"):

@@ -28,11 +28,14 @@ def test_e4b_weight_and_kv_bytes_match_a_hand_count():
     for pos, c in res.items():
         assert c.weight_bytes_skipped == skipped
         assert c.bytes_read["WEIGHTS"] == weights - skipped
-        # Window-aware KV reads: 7 full layers see pos + 1 positions, 28 sliding layers min(pos + 1, 512);
-        # K and V of 2 heads x 256 in binary16.
+        # Window-aware KV reads: 7 full layers see pos + 1 positions, 28 sliding layers min(pos + 1, 512).
+        # The INT8 cache (docs/numerics.md), per query head (8 per layer; the 4 of a KV group each read their
+        # KV head): K's two planes of 128 bytes and their 2 x 4 binary16 scales per position, V's two planes of
+        # 128 bytes and its binary16 row scale per position, and the V planes' scale table (2 x 256 binary16).
         seen = 7 * (pos + 1) + 28 * min(pos + 1, 512)
-        assert c.bytes_read["KV"] == seen * 2 * kv * 2
-        assert c.bytes_written["KV"] == 20 * 2 * kv * 2
+        assert c.bytes_read["KV"] == 8 * (seen * (2 * 128 + 2 * 4 * 2 + 2 * 128 + 2) + 35 * 2 * 256 * 2)
+        # per cache layer and KV head: the four planes' 128-byte rows, 8 K scales, 1 V scale
+        assert c.bytes_written["KV"] == 20 * 2 * (4 * 128 + 8 * 2 + 2)
         assert c.bytes_written["LOGITS"] == V * 4
     # perf-anchors: INT4 AltUp with the W_down skip streams 2,108 MB at L = 128 with per-row scales;
     # group-128 scales add 1/64 of a byte per weight.

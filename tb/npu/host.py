@@ -49,15 +49,14 @@ def load_npz(path: str | Path) -> Case:
 
 
 def iss_kv_region(machine: Machine, image: Image) -> np.ndarray:
-    """The KV region as the NPU holds it (firmware.pack layout: per cache layer, K then V, binary16,
-    ``capacity`` positions of ``heads * head_dim``), built from the ISS's KV cache."""
+    """The KV region as the NPU holds it (firmware.pack layout, either ``kv_format``), built from the ISS's KV
+    cache (sim.iss keeps the cache outside its DDR image)."""
     base, size = image.region("KV")
     kv = np.zeros(size, np.uint8)
     for d in image.descriptors:
         if d.kind != DescKind.KV:
             continue
-        k, v = machine.kv_cache(d.index)        # sim.iss keeps the cache outside its DDR image
-        raw = np.concatenate([k.astype("<f2").reshape(-1), v.astype("<f2").reshape(-1)]).view(np.uint8)
+        raw = machine.kv_bytes(d.index)
         kv[d.weight_offset:d.weight_offset + raw.size] = raw
     return kv
 

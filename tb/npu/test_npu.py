@@ -284,20 +284,22 @@ def async_fault_programs(image, hw: HardwareConfig):
 
 
 def run_directed(device, hw, cases, broken, log, tag) -> list[str]:
-    """Run (image, name, words, expected outcome) programs on the NPU and the ISS; returns the failures. On
+    """Run (image, name, words, expected outcome[, position]) programs on the NPU and the ISS; returns the
+    failures. On
     `broken` (an image whose weights point outside the DDR window) the ISS, which does not model bus errors,
     is taken to agree with the expected outcome."""
     npu = CsrBackend(device)
     failures = []
-    for img0, name, words, want in cases:
-        m, img, iss = _iss_outcome(img0, hw, words)
+    for img0, name, words, want, *at in cases:
+        pos = at[0] if at else 0
+        m, img, iss = _iss_outcome(img0, hw, words, pos=pos)
         if img0 is broken and iss is None:
             iss = want
         if iss != want:
             failures.append(f"{name}: the ISS reports {iss}, the test expects {want}")
         npu.load(img0, _program(words))
         try:
-            npu.run(0, 0)
+            npu.run(0, pos)
             got = None
         except ExecutionError as e:
             got = (e.code, e.pc)
@@ -312,8 +314,9 @@ def run_directed(device, hw, cases, broken, log, tag) -> list[str]:
 
 
 def _unit_counter_problems(words, counters, completed) -> list[str]:
-    """The GEMV and GEMM busy counters against the program: zero for a unit no instruction uses, and non-zero
-    for the GEMM unit when a WGEMM of at least one token ran in a program that completed."""
+    """The GEMV and GEMM busy counters against the program: zero for a unit no instruction uses (the GEMV
+    engine: WGEMV, and ATTN on the INT8 KV cache), and non-zero for the GEMM unit when a WGEMM of at least one
+    token ran in a program that completed."""
     ops = []
     for w in words:
         try:
@@ -321,8 +324,9 @@ def _unit_counter_problems(words, counters, completed) -> list[str]:
         except DecodeError:
             pass
     problems = []
-    for unit, op in (("GEMV_BUSY", Opcode.WGEMV), ("GEMM_BUSY", Opcode.WGEMM)):
-        if not any(i.op == op for i in ops) and counters[unit]:
+    for unit, users in (("GEMV_BUSY", (Opcode.WGEMV, Opcode.ATTN)), ("GEMM_BUSY", (Opcode.WGEMM,))):
+        op = users[0]
+        if not any(i.op in users for i in ops) and counters[unit]:
             problems.append(f"{unit} = {counters[unit]} with no {op.name} in the program")
     if completed and any(i.op == Opcode.WGEMM and i.tokens for i in ops) and not counters["GEMM_BUSY"]:
         problems.append("GEMM_BUSY = 0 after a WGEMM ran")
@@ -335,6 +339,95 @@ def hazards_host(device, case, hw, log) -> list[str]:
     bad, faulty = async_fault_programs(image, hw)
     cases = [(bad, *c) for c in faulty] + [(image, *c) for c in hazard_programs(image, hw)]
     return run_directed(device, hw, cases, bad, log, "hazards")
+
+
+# --- ATTN and KVST on the INT8 KV cache ---------------------------------------------------------------------
+
+ATTN_POS = 1100      # beyond tiny's gemv_max_cols (1024): the V GEMVs run in two chunks
+
+
+def _random_kv(image, hw: HardwareConfig, seed: int = 7):
+    """`image` with every INT8 KV slot filled at random: planes of random nibbles, K scales 2**(e+4) / 2**e
+    and V row scales 2**e for small random e (sim.numerics.KvInt8Layout)."""
+    from sim.numerics import KvInt8Layout
+    rng = np.random.default_rng(seed)
+    img = dataclasses.replace(image, ddr=image.ddr.copy())
+    base = img.region("KV")[0]
+    for d in img.descriptors:
+        if d.kind != 2:
+            continue
+        lay = KvInt8Layout(d.capacity, d.heads, d.head_dim, hw.act_block)
+        at = base + d.weight_offset
+        img.ddr[at:at + lay.scales_base] = rng.integers(0, 256, lay.scales_base, dtype=np.uint8)
+        for j in range(d.heads):
+            e = rng.integers(-6, -2, d.capacity * lay.kblocks)
+            for off, bias in ((lay.ks_hi(j), 4), (lay.ks_lo(j), 0)):
+                img.ddr[at + off:at + off + lay.kscale] = np.exp2(e + bias).astype("<f2").view(np.uint8)
+            vs = np.exp2(rng.integers(-3, 2, d.capacity)).astype("<f2").view(np.uint8)
+            img.ddr[at + lay.vs(j):at + lay.vs(j) + 2 * d.capacity] = vs
+    return img
+
+
+def attention_programs(image, hw: HardwareConfig):
+    """(image, name, words, expected (ErrorCode, pc) or None, position) of directed ATTN/KVST programs on a
+    random INT8 KV cache: full attention over 1,101 positions (two V chunks) for both KV heads, a sliding ring,
+    KVST then ATTN, ATTN waiting for an async WGEMV, and the errors (a non-finite query, K or V value, a
+    scale beyond binary16, a window narrower than its ring, a slot descriptor of the other format). Results
+    leave through LOGITS."""
+    from firmware.compiler import SHAPE_FULL, SHAPE_SLIDING
+    cfg = ModelConfig.from_hf(image.config)
+    img = _random_kv(image, hw)
+    full = img.kv_slots[next(i for i in cfg.kv_cache_layers if not cfg.is_sliding(i))]
+    slide = img.kv_slots[next(i for i in cfg.kv_cache_layers if cfg.is_sliding(i))]
+    hd, group = cfg.head_dim, cfg.num_attention_heads // cfg.num_key_value_heads
+    w = group * hd // 4                                     # L2 words of one group's queries / outputs
+    halt = _ctrl(CtrlFunc.HALT)
+    setvl = lambda n: _ctrl(CtrlFunc.SETVL, n)
+    dma = lambda d, region, l2, off: encode(Opcode.DMA, dir=d, region=region, l2=l2, offset=off, async_=0)
+    shape = lambda slot, win: encode(Opcode.MEMSET, cache=ShapeCache.FMAP, slot=slot, a=group, b=hd, c=win)
+    attn = lambda dst, q, slot, kvh, ptr: encode(Opcode.ATTN, dst=dst, q=q, slot=slot, kv_head=kvh, shape_ptr=ptr,
+                                                 async_=0)
+    kvst = lambda k, v, slot: encode(Opcode.KVST, k=k, v=v, slot=slot, shape_ptr=0, async_=0)
+    store = lambda elem, hi16: [encode(Opcode.MEMSET, cache=ShapeCache.SCALAR, slot=1, a=hi16, b=0, c=0),
+                                encode(Opcode.SCALAR, func=ScalarFunc.ST, d=0, a=1, b=0, imm=elem)]
+    # L2 words: queries / K and V rows from CONST at 0.. (2w), outputs at 64.., the WGEMV's rows at 128..
+    head = [setvl(2 * group * hd), dma(DmaDir.DDR_TO_L2, DdrRegion.CONST, 0, 0),
+            shape(SHAPE_FULL, 0), shape(SHAPE_SLIDING, cfg.sliding_window)]
+    out = lambda n: [setvl(n), dma(DmaDir.L2_TO_DDR, DdrRegion.LOGITS, 64, 0)]
+    both = [attn(64, 0, full, 0, SHAPE_FULL), attn(64 + w, w, full, 1, SHAPE_FULL)]
+    q_inf = store(hd + 3, 0x7F80)                           # head 1's query element 3 = inf
+    kv_w = cfg.num_key_value_heads * hd // 4
+    qproj = next(d for d in img.descriptors if d.tensor == "layers.0.self_attn.q_proj.weight")
+    wgemv = encode(Opcode.WGEMV, dst=128, src=0, desc=qproj.index, accm=0, findemax=0, sparse=0, async_=1)
+    p = len(head)
+    cases = [
+        ("full attention over 1,101 positions, both KV heads", head + both + out(2 * group * hd) + [halt], None,
+         ATTN_POS),
+        ("sliding attention on a full ring", head + [attn(64, 0, slide, 1, SHAPE_SLIDING)] + out(group * hd)
+         + [halt], None, ATTN_POS),
+        ("KVST, then attention over the new row", head + [kvst(0, kv_w, full), attn(64, 0, full, 0, SHAPE_FULL)]
+         + out(group * hd) + [halt], None, 37),
+        ("attention while an async WGEMV runs", head + [setvl(64), wgemv, attn(64, 0, full, 1, SHAPE_FULL),
+         setvl(512), dma(DmaDir.L2_TO_DDR, DdrRegion.SCRATCH, 64, 0), halt], None, 9),
+        ("a query holding an infinity", head + q_inf + both + [halt], (ErrorCode.NON_FINITE, p + 2), 5),
+        ("KVST of a V row holding an infinity", head + store(4 * kv_w + hd + 1, 0x7F80) + [kvst(0, kv_w, full), halt],
+         (ErrorCode.NON_FINITE, p + 2), 6),
+        ("KVST of a K value beyond the binary16 scales", head + store(hd + 2, 0x4900) + [kvst(0, kv_w, full), halt],
+         (ErrorCode.NON_FINITE, p + 2), 6),
+        ("a window narrower than its ring", head + [shape(SHAPE_SLIDING, cfg.sliding_window - 1),
+         attn(64, 0, slide, 0, SHAPE_SLIDING), halt], (ErrorCode.BAD_LENGTH, p + 1), 2),
+    ]
+    wrong = _with_descriptor(img, full, layout=0)
+    progs = [(img, *c) for c in cases]
+    progs.append((wrong, "a binary16 slot descriptor", head + [attn(64, 0, full, 0, SHAPE_FULL), halt],
+                  (ErrorCode.BAD_DESCRIPTOR, p), 3))
+    return progs
+
+
+def attention_host(device, case, hw, log) -> list[str]:
+    """Blocking host code of `attention`; returns the failures (empty: pass)."""
+    image = pack(ModelConfig.from_hf(case.config), case.tensors, hw, max_positions=ATTN_POS + 4)
+    return run_directed(device, hw, attention_programs(image, hw), None, log, "attention")
 
 
 # --- WGEMM on the systolic array ----------------------------------------------------------------------------
@@ -445,6 +538,15 @@ async def gemm(dut):
 @cocotb.test()
 async def hazards(dut):
     await _directed(dut, hazards_host)
+
+
+@cocotb.test()
+async def attention(dut):
+    hw, seed, npz, _ = params()
+    bench, device = await setup(dut, hw, seed)
+    failures = await bridge(attention_host)(device, load_npz(npz), hw, dut._log.info)
+    assert not bench.faults, f"accesses outside the DDR window: {bench.faults[:8]}"
+    assert not failures, "\n".join(failures)
 
 
 @cocotb.test()
