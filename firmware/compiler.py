@@ -67,6 +67,10 @@ def _f32_bits(x: float) -> int:
     return struct.unpack("<I", struct.pack("<f", x))[0]
 
 
+# Double buffers of `_Emitter.prefetch`: norm gains and scales; the AltUp modality router.
+PREFETCH_PAIRS = (("gain", "gain2"), ("router", "router2"))
+
+
 class _Emitter:
     def __init__(self, cfg: ModelConfig, image: Image, hw: HardwareConfig):
         self.cfg, self.image, self.hw = cfg, image, hw
@@ -75,17 +79,22 @@ class _Emitter:
         self.vl = None
         self.hd = None
         self.l2 = L2Map(hw.l2_program_words)
+        self.vl_after: list[int | None] = []      # the vector length in effect after each word
+        self.last_stream: int | None = None       # index of the last async WGEMV
+        self.last_use: dict[str, int] = {}        # prefetch buffer -> index of its last reader
+        self.turn: dict[tuple, int] = {}          # prefetch buffer pair -> the one to fill next
 
     def emit(self, op: Opcode, **fields):
         self.prog.words.append(encode(op, l2_words=self.l2.words, **fields))
         self.prog.steps.append(self.step)
+        self.vl_after.append(self.vl)
 
     # --- small building blocks ----------------------------------------------------------------------
 
     def setvl(self, n: int):
         if n != self.vl:
-            self.emit(Opcode.CTRL, func=CtrlFunc.SETVL, imm=n)
             self.vl = n
+            self.emit(Opcode.CTRL, func=CtrlFunc.SETVL, imm=n)
 
     def sethd(self, n: int):
         if n != self.hd:
@@ -115,16 +124,66 @@ class _Emitter:
         # async: the engine streams the weights while later independent passes run (the NPU tracks the hazards
         # on dst, docs/architecture.md "Overlap")
         self.emit(Opcode.WGEMV, dst=dst, src=src, desc=d.index, accm=accm, findemax=0, sparse=sparse, async_=1)
+        self.last_stream = len(self.prog.words) - 1
+
+    def prefetch(self, name: str, pair: tuple[str, str] = PREFETCH_PAIRS[0]) -> int:
+        """Load the CONST vector `name` (a norm gain, a scale, the AltUp router) into the next buffer of `pair`
+        (`PREFETCH_PAIRS`), as early as it can go: right behind the last async WGEMV, so that the DMA runs under its weight stream, but after the
+        buffer's last reader. The words in between neither read nor write the buffer (only these DMAs write it,
+        only the readers `use` records read it), so the results are those of loading it in place; the vector
+        length in force there is restored after the DMA. Returns the buffer's L2 word address."""
+        buf = pair[self.turn.get(pair, 0)]
+        self.turn[pair] = 1 - self.turn.get(pair, 0)
+        e = self.image.tensors[name]
+        n = e.nbytes // 4
+        if e.offset % 16:
+            raise ValueError(f"constant {name!r} is not 16-byte aligned in CONST")
+        words, steps = self.prog.words, self.prog.steps
+        end = len(words)
+        pos = end if self.last_stream is None else max(self.last_stream + 1, self.last_use.get(buf, -1) + 1)
+        before = self.vl_after[pos - 1] if pos else None
+        new = []
+        if before != n:
+            new.append((CtrlFunc.SETVL, n))
+        new.append(None)
+        if pos < end and before != n and before is not None:
+            new.append((CtrlFunc.SETVL, before))
+        ins_words, ins_vl = [], []
+        vl = before
+        for item in new:
+            if item is None:
+                ins_words.append(encode(Opcode.DMA, l2_words=self.l2.words, dir=DmaDir.DDR_TO_L2,
+                                        region=DdrRegion.CONST, l2=self.l2[buf], offset=e.offset // 16, async_=0))
+            else:
+                vl = item[1]
+                ins_words.append(encode(Opcode.CTRL, l2_words=self.l2.words, func=item[0], imm=vl))
+            ins_vl.append(vl)
+        words[pos:pos] = ins_words
+        steps[pos:pos] = [self.step] * len(ins_words)
+        self.vl_after[pos:pos] = ins_vl
+        k = len(ins_words)
+        self.last_use = {b: (i + k if i >= pos else i) for b, i in self.last_use.items()}
+        if pos == end:
+            self.vl = vl
+        return self.l2[buf]
+
+    def use(self, buf_addr: int):
+        """The word just emitted is the last so far to read the prefetch buffer at `buf_addr`."""
+        for b in (b for pair in PREFETCH_PAIRS for b in pair):
+            if self.l2[b] == buf_addr:
+                self.last_use[b] = len(self.prog.words) - 1
 
     def rmsnorm(self, dst: int, src: int, n: int, seg: int, gain: str | None):
-        self.setvl(n)
-        self.sethd(seg)
         if gain is None:
+            self.setvl(n)
+            self.sethd(seg)
             self.vec(VecFunc.RMSNORM_NG, dst=dst, a=src, s=EPS)
         else:
-            self.dma_in(gain, self.l2["gain"])
+            g = self.prefetch(gain)
             self.setvl(n)
-            self.vec(VecFunc.RMSNORM, dst=dst, a=src, b=self.l2["gain"], s=EPS)
+            self.sethd(seg)
+            self.vec(VecFunc.RMSNORM, dst=dst, a=src, b=g, s=EPS)
+            self.use(g)
 
     def sub(self, i: int, name: str) -> str:
         return f"layers.{i}.{name}"
@@ -149,11 +208,12 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
     for k in range(n):
         m.alloc(f"xs{k}", D)
         m.alloc(f"pred{k}", D)
-    for name, size in (("x0", D), ("pli", L * P), ("ple", L * P), ("gain", max(D, hd)), ("t", D), ("xn", D),
+    for name, size in (("x0", D), ("pli", L * P), ("ple", L * P), ("gain", max(D, hd)), ("gain2", max(D, hd)),
+                       ("t", D), ("xn", D),
                        ("lt", cfg.laurel_rank), ("lr", D), ("laurel", D), ("q", cfg.q_dim), ("k", cfg.kv_dim),
                        ("v", cfg.kv_dim), ("attn", cfg.q_dim), ("o", D), ("xa", D), ("h", D), ("gate", F),
                        ("up", F), ("centred", F), ("dn", D), ("out", D), ("innov", D), ("gi", D), ("pg", P), ("pp", D),
-                       ("router", n * D), ("coefs", n * n * n), ("mvec", n), ("u", D), ("acc", D),
+                       ("router", n * D), ("router2", n * D), ("coefs", n * n * n), ("mvec", n), ("u", D), ("acc", D),
                        ("rope.sliding", hd), ("rope.full", hd), ("cs.sliding", hd), ("cs.full", hd),
                        ("logits", logit_chunk_rows(cfg, hw))):
         m.alloc(name, size)
@@ -276,10 +336,11 @@ def _router(e: _Emitter, i: int, src: int):
     e.rmsnorm(m["t"], src, D, D, e.sub(i, "altup.router_norm.weight"))
     e.setvl(D)
     e.vec(VecFunc.MULS, dst=m["t"], a=m["t"], s=INV_D)
-    e.dma_in(e.sub(i, "altup.modality_router.weight"), m["router"])
+    w = e.prefetch(e.sub(i, "altup.modality_router.weight"), PREFETCH_PAIRS[1])
     e.setvl(D)
     for j in range(n):
-        e.vec(VecFunc.DOT, a=m["router"] + j * D // 4, b=m["t"], s=0)
+        e.vec(VecFunc.DOT, a=w + j * D // 4, b=m["t"], s=0)
+        e.use(w)
         e.scalar(ScalarFunc.TANH, d=0, a=0)
         e.scalar(ScalarFunc.ST, a=0, imm=m["mvec"] * 4 + j)
 
@@ -404,9 +465,10 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
         e.vec(VecFunc.FMAS, dst=m[f"xs{r}"], a=m["innov"], b=m[f"pred{r}"], s=0)
     e.step = L + "4.E PLE: gate(xs[active] * correct_output_scale) * pli, project, norm, add to xs[1:]"
     if cfg.altup_correct_scale:
-        e.dma_in(e.sub(i, "altup.correct_output_scale"), m["gain"])
+        g = e.prefetch(e.sub(i, "altup.correct_output_scale"))
         e.setvl(D)
-        e.vec(VecFunc.MUL, dst=m["gi"], a=m[f"xs{a}"], b=m["gain"])
+        e.vec(VecFunc.MUL, dst=m["gi"], a=m[f"xs{a}"], b=g)
+        e.use(g)
     else:
         e.setvl(D)
         e.vec(VecFunc.COPY, dst=m["gi"], a=m[f"xs{a}"])
