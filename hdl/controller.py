@@ -1066,22 +1066,26 @@ class Controller(wiring.Component):
                        ddr_addr=(wb + d_woff + tmp)[:A], ddr_saddr=(wb + d_soff + (tmp2 << 1))[:A],
                        ddr_log2g=d_log2g, sink=Sink.L2, dst=gd)
 
-            if not int8_kv:
-                # ---- KVST ------------------------------------------------------------------------------------
-                kv = v[Opcode.KVST]
-                kk, kvv = elem(kv.k), elem(kv.v)
+            kv = v[Opcode.KVST]
+            kk, kvv = elem(kv.k), elem(kv.v)
+
+            def kvst_checks(fmt, bad_length):
+                """KVST's first state: the slot (its format), its lengths and the L2 ranges; then the ring slot
+                POS mod capacity in the divider."""
                 with m.State("KV"):
-                    with m.If((d_kind != 2) | (d_layout != 0)):
+                    with m.If((d_kind != 2) | (d_layout != fmt)):
                         fail(ErrorCode.BAD_DESCRIPTOR)
-                    with m.Elif((d_cols == 0) | (d_rows == 0)):
+                    with m.Elif(bad_length | (d_cols == 0) | (d_rows == 0)):
                         fail(ErrorCode.BAD_LENGTH)
-                    with m.Elif(~in_l2(kk, d_cols)):
-                        fail(ErrorCode.ADDRESS_RANGE)
-                    with m.Elif(~in_l2(kvv, d_cols)):
+                    with m.Elif(~in_l2(kk, d_cols) | ~in_l2(kvv, d_cols)):
                         fail(ErrorCode.ADDRESS_RANGE)
                     with m.Else():
                         m.d.comb += [div.i_start.eq(1), div.i_num.eq(self.i_pos), div.i_den.eq(d_rows)]
                         m.next = "KV_1"
+
+            if not int8_kv:
+                # ---- KVST ------------------------------------------------------------------------------------
+                kvst_checks(0, 0)
                 with m.State("KV_1"):
                     with m.If(~div.o_busy):
                         m.d.sync += [tmp.eq(div.o_r * d_cols), tmp2.eq((d_rows + div.o_r) * d_cols)]
@@ -1215,18 +1219,7 @@ class Controller(wiring.Component):
                 bad_hd = (d_head_dim[0:3] != 0) | (d_head_dim == 0) | (d_head_dim > MAXHD)
 
                 # ---- KVST: per head, K (one quantiser pass), V (its row exponent, then the values) ----------
-                kv = v[Opcode.KVST]
-                kk, kvv = elem(kv.k), elem(kv.v)
-                with m.State("KV"):
-                    with m.If((d_kind != 2) | (d_layout != 1)):
-                        fail(ErrorCode.BAD_DESCRIPTOR)
-                    with m.Elif(bad_hd | (d_cols == 0) | (d_rows == 0) | (d_heads == 0)):
-                        fail(ErrorCode.BAD_LENGTH)
-                    with m.Elif(~in_l2(kk, d_cols) | ~in_l2(kvv, d_cols)):
-                        fail(ErrorCode.ADDRESS_RANGE)
-                    with m.Else():
-                        m.d.comb += [div.i_start.eq(1), div.i_num.eq(self.i_pos), div.i_den.eq(d_rows)]
-                        m.next = "KV_1"
+                kvst_checks(1, bad_hd | (d_heads == 0))
                 with m.State("KV_1"):
                     with m.If(~div.o_busy):
                         m.d.sync += [kv8_plane.eq((d_rows * d_head_dim) >> 1), kv8_ks.eq((d_rows * nb) << 1),

@@ -198,11 +198,12 @@ class _Primitive(wiring.Component):
 
 @contextlib.contextmanager
 def rejecting(component):
-    """Around a constructor's parameter checks: a ValueError marks `component` as never to be elaborated (a
-    rejected component is not an unused one: no "created but never used" warning), and propagates."""
+    """Around a constructor's parameter checks: a ValueError or TypeError marks `component` as never to be
+    elaborated (a rejected component is not an unused one: no "created but never used" warning), and
+    propagates."""
     try:
         yield
-    except ValueError:
+    except (TypeError, ValueError):
         component._MustUse__silence = True
         raise
 

@@ -55,6 +55,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .config import KV_Q_MAX, HardwareConfig, ceil_log2
+from .fp import rejecting
 from .gemv import EXP_BITS
 
 __all__ = ["ActQuantizer", "KvPacker", "act_write_layout", "exp_write_layout", "command_layout",
@@ -65,6 +66,14 @@ N_BITS = 16          # command column count
 EXP_MIN = -(1 << (EXP_BITS - 1))     # KvPacker.o_emax after a clear: below every exponent
 # The exponent formula compares a 7-bit-normalised mantissa with the limit, so any limit in [64, 127] works.
 assert 64 <= KV_Q_MAX <= Q_MAX
+
+
+def _check_hw(hw, why: str) -> None:
+    """The hardware parameters both units need: a HardwareConfig whose activations hold INT8."""
+    if not isinstance(hw, HardwareConfig):
+        raise TypeError(f"hw must be a HardwareConfig, not {hw!r}")
+    if hw.act_bits < 8:
+        raise ValueError(f"act_bits must be at least 8 ({why}), not {hw.act_bits!r}")
 
 
 def act_write_layout(hw: HardwareConfig) -> data.StructLayout:
@@ -124,17 +133,11 @@ class ActQuantizer(wiring.Component):
     """
 
     def __init__(self, hw: HardwareConfig):
-        if not isinstance(hw, HardwareConfig):
-            self._MustUse__silence = True
-            raise TypeError(f"hw must be a HardwareConfig, not {hw!r}")
-        if hw.act_bits < 8:
-            self._MustUse__silence = True
-            raise ValueError(f"act_bits must be at least 8 (quantised activations reach +-{Q_MAX}), "
-                             f"not {hw.act_bits!r}")
-        if hw.gemv_max_cols >= 1 << N_BITS:
-            self._MustUse__silence = True
-            raise ValueError(f"gemv_max_cols must be below {1 << N_BITS} (the command's {N_BITS}-bit column "
-                             f"count), not {hw.gemv_max_cols!r}")
+        with rejecting(self):
+            _check_hw(hw, f"quantised activations reach +-{Q_MAX}")
+            if hw.gemv_max_cols >= 1 << N_BITS:
+                raise ValueError(f"gemv_max_cols must be below {1 << N_BITS} (the command's {N_BITS}-bit column "
+                                 f"count), not {hw.gemv_max_cols!r}")
         self._hw = hw
         super().__init__({
             "i_cmd": In(stream.Signature(command_layout())),
@@ -417,18 +420,12 @@ class KvPacker(wiring.Component):
     """
 
     def __init__(self, hw: HardwareConfig, max_elems: int = 256):
-        if not isinstance(hw, HardwareConfig):
-            self._MustUse__silence = True
-            raise TypeError(f"hw must be a HardwareConfig, not {hw!r}")
-        if hw.act_bits < 8:
-            self._MustUse__silence = True
-            raise ValueError(f"act_bits must be at least 8 (INT8 KV values reach +-{KV_Q_MAX}), "
-                             f"not {hw.act_bits!r}")
-        unit = max(8, hw.weights_per_beat)                      # both powers of two: the larger is a multiple
-        if isinstance(max_elems, bool) or not isinstance(max_elems, int) or max_elems <= 0 or max_elems % unit:
-            self._MustUse__silence = True
-            raise ValueError(f"max_elems must be a positive multiple of {unit} (8 and a beat of INT4 weights), "
-                             f"not {max_elems!r}")
+        with rejecting(self):
+            _check_hw(hw, f"INT8 KV values reach +-{KV_Q_MAX}")
+            unit = max(8, hw.weights_per_beat)                  # both powers of two: the larger is a multiple
+            if isinstance(max_elems, bool) or not isinstance(max_elems, int) or max_elems <= 0 or max_elems % unit:
+                raise ValueError(f"max_elems must be a positive multiple of {unit} (8 and a beat of INT4 "
+                                 f"weights), not {max_elems!r}")
         self._hw = hw
         self._max_elems = max_elems
         super().__init__({
