@@ -253,10 +253,11 @@ class Machine:
 
     def _load_kv(self) -> None:
         """The INT8 KV cache the image's KV region holds (zeros from `firmware.pack`; a bench may prepare one),
-        read as the NPU reads it: the inverse of `kv_bytes`."""
+        read as the NPU reads it: the inverse of `kv_bytes` (for every slot: one whose descriptor names the
+        other format is never used, and its bytes stay as they are)."""
         base, size = self.image.region("KV")
         for d in self.image.descriptors:
-            if d.kind != 2 or d.layout != 1 or not self._int8_kv():
+            if d.kind != 2 or not self._int8_kv():
                 continue        # binary16 slots start empty: their positions are tracked, not in DDR
             kv = self._kv[d.index]
             raw = self.image.ddr[base + d.weight_offset: base + size]

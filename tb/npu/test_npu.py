@@ -390,7 +390,8 @@ def attention_programs(image, hw: HardwareConfig):
     kvst = lambda k, v, slot: encode(Opcode.KVST, k=k, v=v, slot=slot, shape_ptr=0, async_=0)
     store = lambda elem, hi16: [encode(Opcode.MEMSET, cache=ShapeCache.SCALAR, slot=1, a=hi16, b=0, c=0),
                                 encode(Opcode.SCALAR, func=ScalarFunc.ST, d=0, a=1, b=0, imm=elem)]
-    # L2 words: queries / K and V rows from CONST at 0.. (2w), outputs at 64.., the WGEMV's rows at 128..
+    # L2 words: queries / K and V rows from CONST at 0.. (2w), outputs at 64.., the WGEMV's rows at 128..; only
+    # what a program writes leaves (L2 keeps the previous program's data on the NPU, not in the ISS)
     head = [setvl(2 * group * hd), dma(DmaDir.DDR_TO_L2, DdrRegion.CONST, 0, 0),
             shape(SHAPE_FULL, 0), shape(SHAPE_SLIDING, cfg.sliding_window)]
     out = lambda n: [setvl(n), dma(DmaDir.L2_TO_DDR, DdrRegion.LOGITS, 64, 0)]
@@ -407,8 +408,8 @@ def attention_programs(image, hw: HardwareConfig):
          + [halt], None, ATTN_POS),
         ("KVST, then attention over the new row", head + [kvst(0, kv_w, full), attn(64, 0, full, 0, SHAPE_FULL)]
          + out(group * hd) + [halt], None, 37),
-        ("attention while an async WGEMV runs", head + [setvl(64), wgemv, attn(64, 0, full, 1, SHAPE_FULL),
-         setvl(512), dma(DmaDir.L2_TO_DDR, DdrRegion.SCRATCH, 64, 0), halt], None, 9),
+        ("attention while an async WGEMV runs", head + [setvl(64), wgemv, attn(64, 0, full, 1, SHAPE_FULL)]
+         + out(group * hd) + [setvl(qproj.rows), dma(DmaDir.L2_TO_DDR, DdrRegion.SCRATCH, 128, 0), halt], None, 9),
         ("a query holding an infinity", head + q_inf + both + [halt], (ErrorCode.NON_FINITE, p + 2), 5),
         ("KVST of a V row holding an infinity", head + store(4 * kv_w + hd + 1, 0x7F80) + [kvst(0, kv_w, full), halt],
          (ErrorCode.NON_FINITE, p + 2), 6),
