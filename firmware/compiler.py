@@ -358,14 +358,20 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     _router(e, i, m[f"xs{a}"])
     e.step = L + "4.A AltUp predict: pred[r] = xs[r] + sum_c C[r][c] xs[c]"
     e.dma_in(e.sub(i, "altup.prediction_coefs.weight"), m["coefs"])
-    for r in range(n):
-        e.setvl(n)
-        for c in range(n):
-            e.vec(VecFunc.DOT, a=m["coefs"] + (r * n + c) * n // 4, b=m["mvec"], s=c)
-        e.setvl(D)
-        e.vec(VecFunc.COPY, dst=m[f"pred{r}"], a=m[f"xs{r}"])
-        for c in range(n):
-            e.vec(VecFunc.FMAS, dst=m[f"pred{r}"], a=m[f"xs{c}"], b=m[f"pred{r}"], s=c)
+
+    def predict(rows):
+        for r in rows:
+            e.setvl(n)
+            for c in range(n):
+                e.vec(VecFunc.DOT, a=m["coefs"] + (r * n + c) * n // 4, b=m["mvec"], s=c)
+            e.setvl(D)
+            e.vec(VecFunc.COPY, dst=m[f"pred{r}"], a=m[f"xs{r}"])
+            for c in range(n):
+                e.vec(VecFunc.FMAS, dst=m[f"pred{r}"], a=m[f"xs{c}"], b=m[f"pred{r}"], s=c)
+    # Only the active stream's prediction is needed now; the others are first read by the correction, so
+    # they run under the gate projection's weight stream (the coefficients and the router's mvec stay in L2
+    # until the correction's router and coefficients replace them).
+    predict([a])
     x_in = m[f"pred{a}"]
     e.step = L + "4.B input norm"
     e.rmsnorm(m["xn"], x_in, D, D, e.sub(i, "input_layernorm.weight"))
@@ -423,6 +429,8 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     e.step = L + "4.D FFN: pre-norm, gate"
     e.rmsnorm(m["h"], m["xa"], D, D, e.sub(i, "pre_feedforward_layernorm.weight"))
     e.wgemv(e.sub(i, "mlp.gate_proj.weight"), m["gate"], m["h"])
+    e.step = L + "4.A AltUp predict, the other streams (under the gate projection's stream)"
+    predict([r for r in range(n) if r != a])
     sparse = cfg.activation_sparsity_pattern[i] > 0
     up_step = L + "4.D FFN: up, GELU(gate) * up, down" + (" (sparse: zero columns skipped)" if sparse else "")
     e.step = up_step
@@ -456,13 +464,18 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     e.dma_in(e.sub(i, "altup.correction_coefs.weight"), m["coefs"])
     e.setvl(D)
     e.vec(VecFunc.SUB, dst=m["innov"], a=m["out"], b=x_in)
-    e.const(4, "one")
-    for r in range(n):
-        e.setvl(n)
-        e.vec(VecFunc.DOT, a=m["coefs"] + r * n // 4, b=m["mvec"], s=0)
-        e.scalar(ScalarFunc.ADD, d=0, a=0, b=4)
-        e.setvl(D)
-        e.vec(VecFunc.FMAS, dst=m[f"xs{r}"], a=m["innov"], b=m[f"pred{r}"], s=0)
+
+    def correct(rows):
+        e.const(4, "one")
+        for r in rows:
+            e.setvl(n)
+            e.vec(VecFunc.DOT, a=m["coefs"] + r * n // 4, b=m["mvec"], s=0)
+            e.scalar(ScalarFunc.ADD, d=0, a=0, b=4)
+            e.setvl(D)
+            e.vec(VecFunc.FMAS, dst=m[f"xs{r}"], a=m["innov"], b=m[f"pred{r}"], s=0)
+    # The PLE reads only the active stream: the other streams' corrections run under its two weight streams.
+    others = [r for r in range(n) if r != a]
+    correct([a])
     e.step = L + "4.E PLE: gate(xs[active] * correct_output_scale) * pli, project, norm, add to xs[1:]"
     if cfg.altup_correct_scale:
         g = e.prefetch(e.sub(i, "altup.correct_output_scale"))
@@ -476,9 +489,17 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     e.wgemv(e.sub(i, "per_layer_input_gate.weight"), m["pg"], m["gi"])
     if P % 4:
         raise ValueError(f"hidden_size_per_layer_input must be a multiple of 4, not {P}")
+    half = (len(others) + 1) // 2
+    step = e.step
+    e.step = L + "4.E AltUp correct, the other streams (under the PLE streams)"
+    correct(others[:half])
+    e.step = step
     e.setvl(P)
     e.vec(VecFunc.GELU_MUL, dst=m["pg"], a=m["pg"], b=m["pli"] + i * P // 4)
     e.wgemv(e.sub(i, "per_layer_projection.weight"), m["pp"], m["pg"])
+    e.step = L + "4.E AltUp correct, the other streams (under the PLE streams)"
+    correct(others[half:])
+    e.step = step
     e.rmsnorm(m["pp"], m["pp"], D, D, e.sub(i, "post_per_layer_input_norm.weight"))
     e.setvl(D)
     for r in range(1, n):
