@@ -309,3 +309,42 @@ def test_sparse_wgemv_reads_column_major_weights_and_group_major_scales():
     m.run([encode(Opcode.WGEMV, dst=1024, src=0, desc=d.index, accm=0, findemax=0, sparse=1, async_=0), halt],
           token=0, pos=0)
     assert m.counters.bytes_read["WEIGHTS"] == 2 * d.rows // 2 + d.rows * -(-d.cols // d.group) * 2
+
+
+def test_compiler_moves_independent_work_under_weight_streams():
+    """The program's overlap structure (the perf model's hidden cycles depend on it): every norm-gain, scale and
+    router DMA sits right behind an async WGEMV (or its SETVL) or at a point where no stream has started, and
+    the inactive AltUp predictions and corrections follow a WGEMV whose rows they do not read."""
+    from hdl.isa import DmaDir, decode
+    cfg = PRESETS["e4b"].replace(num_hidden_layers=3, intermediate_size=PRESETS["e4b"].intermediate_size[:3],
+                                 activation_sparsity_pattern=(0.95, 0.0, 0.0), layer_types=(
+                                     "sliding_attention", "full_attention", "sliding_attention"),
+                                 num_kv_shared_layers=1, vocab_size=512, vocab_size_per_layer_input=256)
+    image = pack(cfg, None, HW["kv260"], max_positions=8, fill=False)
+    prog = compile_token(cfg, image, HW["kv260"])
+    ops = [decode(w) for w in prog.words]
+    gains = {e.offset // 16 for n, e in image.tensors.items() if e.region == "CONST" and
+             (n.endswith("norm.weight") or n.endswith("correct_output_scale") or n.endswith("modality_router.weight"))}
+    first_stream = next(k for k, o in enumerate(ops) if o.op is Opcode.WGEMV)
+
+    def prefetch(o):
+        return o.op is Opcode.DMA and o.dir is DmaDir.DDR_TO_L2 and o.offset in gains
+
+    behind, total = 0, 0
+    for k, o in enumerate(ops):
+        if prefetch(o) and k > first_stream:
+            total += 1
+            back = k - 1              # over the SETVLs and other prefetches placed behind the same WGEMV
+            while ops[back].op is Opcode.CTRL and ops[back].func is CtrlFunc.SETVL or prefetch(ops[back]):
+                back -= 1
+            behind += ops[back].op is Opcode.WGEMV and bool(ops[back].async_)
+    # the rest wait for their buffer's last reader, which comes after the last WGEMV
+    assert total >= 9 * cfg.num_hidden_layers and behind >= 0.75 * total, (behind, total)
+    for i in range(cfg.num_hidden_layers):
+        for what, after in (("4.A AltUp predict, the other streams", f"layers.{i}.mlp.gate_proj.weight"),
+                            ("4.E AltUp correct, the other streams", f"layers.{i}.per_layer_input_gate.weight")):
+            k = prog.steps.index(f"layer {i}: {what} (under the " + ("gate projection's stream)" if "predict" in what
+                                                                     else "PLE streams)"))
+            w = max(j for j in range(k) if ops[j].op is Opcode.WGEMV)
+            assert image.descriptors[ops[w].desc].tensor == after, (i, what)
+            assert ops[w].async_
