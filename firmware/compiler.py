@@ -111,13 +111,18 @@ class _Emitter:
         """S[reg] = scalar constant `name` (from the scalars vector loaded into L2 at start)."""
         self.scalar(ScalarFunc.LD, d=reg, imm=self.l2["scalars"] * 4 + self.image.scalar_index[name])
 
-    def dma_in(self, name: str, dst: int):
+    def _const_dma(self, name: str, dst: int) -> tuple[int, dict]:
+        """The element count of CONST vector `name` and the fields of the DMA that loads it into L2 at `dst`."""
         e = self.image.tensors[name]
-        n = e.nbytes // 4
         if e.offset % 16:
             raise ValueError(f"constant {name!r} is not 16-byte aligned in CONST")
+        return e.nbytes // 4, dict(dir=DmaDir.DDR_TO_L2, region=DdrRegion.CONST, l2=dst, offset=e.offset // 16,
+                                   async_=0)
+
+    def dma_in(self, name: str, dst: int):
+        n, fields = self._const_dma(name, dst)
         self.setvl(n)
-        self.emit(Opcode.DMA, dir=DmaDir.DDR_TO_L2, region=DdrRegion.CONST, l2=dst, offset=e.offset // 16, async_=0)
+        self.emit(Opcode.DMA, **fields)
 
     def wgemv(self, name: str, dst: int, src: int, *, accm=0, sparse=0, row_start=0, rows=None):
         d = self.image.descriptor(name, row_start, rows)
@@ -128,16 +133,13 @@ class _Emitter:
 
     def prefetch(self, name: str, pair: tuple[str, str] = PREFETCH_PAIRS[0]) -> int:
         """Load the CONST vector `name` (a norm gain, a scale, the AltUp router) into the next buffer of `pair`
-        (`PREFETCH_PAIRS`), as early as it can go: right behind the last async WGEMV, so that the DMA runs under its weight stream, but after the
-        buffer's last reader. The words in between neither read nor write the buffer (only these DMAs write it,
+        (`PREFETCH_PAIRS`), as early as it can go: right behind the last async WGEMV, so that the DMA runs under
+        its weight stream, but after the buffer's last reader. The words in between neither read nor write the buffer (only these DMAs write it,
         only the readers `use` records read it), so the results are those of loading it in place; the vector
         length in force there is restored after the DMA. Returns the buffer's L2 word address."""
         buf = pair[self.turn.get(pair, 0)]
         self.turn[pair] = 1 - self.turn.get(pair, 0)
-        e = self.image.tensors[name]
-        n = e.nbytes // 4
-        if e.offset % 16:
-            raise ValueError(f"constant {name!r} is not 16-byte aligned in CONST")
+        n, dma = self._const_dma(name, self.l2[buf])
         words, steps = self.prog.words, self.prog.steps
         end = len(words)
         pos = end if self.last_stream is None else max(self.last_stream + 1, self.last_use.get(buf, -1) + 1)
@@ -152,8 +154,7 @@ class _Emitter:
         vl = before
         for item in new:
             if item is None:
-                ins_words.append(encode(Opcode.DMA, l2_words=self.l2.words, dir=DmaDir.DDR_TO_L2,
-                                        region=DdrRegion.CONST, l2=self.l2[buf], offset=e.offset // 16, async_=0))
+                ins_words.append(encode(Opcode.DMA, l2_words=self.l2.words, **dma))
             else:
                 vl = item[1]
                 ins_words.append(encode(Opcode.CTRL, l2_words=self.l2.words, func=item[0], imm=vl))

@@ -259,19 +259,22 @@ def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dic
         units[kind] += c
         by_op[op] += c
     rate = _stream_rate(hw, rates)
-    weights = counters.gemv_bytes / rate + n_wgemv * rates.gemv_fixed
-    for (rows, cols, group, nz), n in counters.sparse_gemvs.items():
-        # a sparse WGEMV takes the longer of its bytes (counted above) and its binary32 parts
-        nbytes = nz * rows // 2 + rows * -(-cols // group) * 2
-        weights += n * max(0.0, sparse_gemv_cycles(rows, cols, group, nz, hw) - nbytes / rate)
+
+    def sparse_extra(shapes):
+        """A sparse GEMV takes the longer of its bytes (counted with the rest) and its binary32 parts."""
+        extra = 0.0
+        for (rows, cols, group, nz), n in shapes.items():
+            nbytes = nz * rows // 2 + rows * -(-cols // group) * 2
+            extra += n * max(0.0, sparse_gemv_cycles(rows, cols, group, nz, hw) - nbytes / rate)
+        return extra
+
+    weights = counters.gemv_bytes / rate + n_wgemv * rates.gemv_fixed + sparse_extra(counters.sparse_gemvs)
     units["weights"] += weights
     by_op["WGEMV"] += weights
     # INT8 ATTN's GEMVs over the KV planes: the same engine costs, but inside ATTN (not a weight stream that
     # an async WGEMV could hide)
-    kv = counters.attn_gemv_bytes / rate + counters.attn_gemvs * rates.gemv_fixed
-    for (rows, cols, group, nz), n in counters.attn_sparse_gemvs.items():
-        nbytes = nz * rows // 2 + rows * -(-cols // group) * 2
-        kv += n * max(0.0, sparse_gemv_cycles(rows, cols, group, nz, hw) - nbytes / rate)
+    kv = (counters.attn_gemv_bytes / rate + counters.attn_gemvs * rates.gemv_fixed
+          + sparse_extra(counters.attn_sparse_gemvs))
     if kv:
         units["kv_stream"] += kv
         by_op["ATTN"] += kv

@@ -226,7 +226,7 @@ class Machine:
                 continue
             shape = (d.capacity, d.heads, d.head_dim)
             if self._int8_kv():
-                nb = -(-d.head_dim // self.hw.act_block)
+                nb = self._kv_layout(d).kblocks
                 kv[d.index] = {"k_hi": np.zeros(shape, np.int8), "k_lo": np.zeros(shape, np.int8),
                                "ks_hi": np.zeros(shape[:2] + (nb,), np.float16),
                                "ks_lo": np.zeros(shape[:2] + (nb,), np.float16),
@@ -237,6 +237,9 @@ class Machine:
                                np.zeros(shape, self.dtype if self.arithmetic == REFERENCE else np.float16),
                                np.full(d.capacity, -1, np.int64))
         self._kv = kv
+
+    def _kv_layout(self, d) -> KvInt8Layout:
+        return KvInt8Layout(d.capacity, d.heads, d.head_dim, self.hw.act_block)
 
     def _int8_kv(self) -> bool:
         """The INT8 KV cache runs in hardware arithmetic; reference arithmetic keeps exact K and V."""
@@ -261,9 +264,8 @@ class Machine:
                 continue        # binary16 slots start empty: their positions are tracked, not in DDR
             kv = self._kv[d.index]
             raw = self.image.ddr[base + d.weight_offset: base + size]
-            lay = KvInt8Layout(d.capacity, d.heads, d.head_dim, self.hw.act_block)
-            C, D = d.capacity, d.head_dim
-            nb = kv["ks_hi"].shape[2]
+            lay = self._kv_layout(d)
+            C, D, nb = d.capacity, d.head_dim, lay.kblocks
             for j in range(d.heads):
                 for name, at in (("k_hi", lay.k_hi), ("k_lo", lay.k_lo), ("v_hi", lay.v_hi), ("v_lo", lay.v_lo)):
                     kv[name][:, j] = unpack_int4(raw[at(j):at(j) + lay.plane].reshape(C, D // 2))
@@ -279,7 +281,7 @@ class Machine:
         if not isinstance(kv, dict):
             k, v, _ = kv
             return np.concatenate([k.astype("<f2").reshape(-1), v.astype("<f2").reshape(-1)]).view(np.uint8)
-        lay = KvInt8Layout(d.capacity, d.heads, d.head_dim, self.hw.act_block)
+        lay = self._kv_layout(d)
         out = np.zeros(lay.nbytes, np.uint8)
 
         def put(off, raw):
@@ -405,7 +407,7 @@ class Machine:
                 if self.hw.kv_format == "int8":
                     # per KV head: K one quantiser pass into the packer, V two, then the planes' words (8
                     # nibbles each) and the scales out to DDR
-                    nb = -(-d.head_dim // self.hw.act_block)
+                    nb = self._kv_layout(d).kblocks
                     add("copy", d.head_dim, 3 * d.heads)       # K; V twice (its row exponent, then q)
                     add("ddr_write", d.head_dim // 8, 4 * d.heads)
                     add("ddr_write", nb, 2 * d.heads)
@@ -769,8 +771,7 @@ class Machine:
         d = self._kv_desc(i.slot)
         w = d.heads * d.head_dim
         if self.hw.kv_format == "int8":     # per head: K's two planes and scales, V's two planes and scale
-            nb = -(-d.head_dim // self.hw.act_block)
-            self.counters.bytes_written["KV"] += d.heads * (2 * d.head_dim + 4 * nb + 2)
+            self.counters.bytes_written["KV"] += d.heads * self._kv_layout(d).position_bytes
         else:
             self.counters.bytes_written["KV"] += 2 * w * 2
         self.counters.elements[self._name] += 2 * w
@@ -810,7 +811,7 @@ class Machine:
             self._vec(i.q, heads * head_dim)
             self._vec(i.dst, heads * head_dim)
             if int8:
-                self._attn_int8_counts(heads, head_dim, seen, [seen] * heads)
+                self._attn_int8_counts(d, heads, seen, [seen] * heads)
                 return
             self.counters.bytes_read["KV"] += 2 * seen * head_dim * 2
             self.counters.elements[self._name] += heads * seen * head_dim
@@ -863,17 +864,16 @@ class Machine:
             kv["v_hi"][r, j], kv["v_lo"][r, j], kv["vs"][r, j] = vh, vl, vs
 
     def _check_int8_slot(self, d):
-        """An INT8 KV slot: the descriptor's format, and a head the packer and the V GEMVs take."""
+        """An INT8 KV slot: a head the packer and the V GEMVs take."""
         if d.head_dim % 8 or d.head_dim > self.hw.kv_max_head_dim:
             self._err(ErrorCode.BAD_LENGTH, f"the INT8 KV cache needs a head_dim that is a multiple of 8 and at "
                                             f"most {self.hw.kv_max_head_dim} (kv_max_head_dim), not {d.head_dim}")
 
-    def _attn_int8_counts(self, heads, hd, n, nonzero):
-        """Bytes and engine commands of one INT8 ATTN over `n` positions; `nonzero[h]` V columns fetched for head
-        h (the sparse GEMV skips the positions whose quantised weight is 0)."""
-        c, hw = self.counters, self.hw
-        nb = -(-hd // hw.act_block)
-        k_bytes = 2 * (n * hd // 2 + n * nb * 2)                   # both planes and their scales, per head
+    def _attn_int8_counts(self, d, heads, n, nonzero):
+        """Bytes and engine commands of one INT8 ATTN over `n` positions of slot `d`; `nonzero[h]` V columns
+        fetched for head h (the sparse GEMV skips the positions whose quantised weight is 0)."""
+        c, hw, hd = self.counters, self.hw, d.head_dim
+        k_bytes = 2 * (n * hd // 2 + n * self._kv_layout(d).kblocks * 2)     # both planes and their scales
         for h in range(heads):
             v_bytes = 0
             for c0 in range(0, n, hw.gemv_max_cols):
@@ -896,11 +896,12 @@ class Machine:
         j = i.kv_head
         q = self.l2[self._vec(i.q, heads * hd)].astype(np.float32).reshape(heads, hd)
         dst = self._vec(i.dst, heads * hd)
-        one = np.ones((hd, 1), np.float16)
+        # the V planes' scales as the slot's table in WEIGHTS holds them ([2, hd]: the hi plane's, the lo plane's)
+        v_hi_s, v_lo_s = self.image.view("WEIGHTS", d.scale_offset, 4 * hd).view("<f2").reshape(2, hd, 1)
         nonzero = []
         for h in range(heads):                   # head by head: a bad query stops with the heads before it written
             if not np.all(np.isfinite(q[h])):
-                self._attn_int8_counts(h, hd, n, nonzero)
+                self._attn_int8_counts(d, h, n, nonzero)
                 self._err(ErrorCode.NON_FINITE, "an ATTN query holds an infinity or a NaN")
             qa, qe = quantize_activations(q[h], B)
             s = gemv(kv["k_lo"][:n, j], kv["ks_lo"][:n, j], qa, qe, group=B, block=B)
@@ -913,11 +914,11 @@ class Machine:
                 c1 = min(n, c0 + hw.gemv_max_cols)
                 xa, xe = quantize_activations(x[c0:c1], B)
                 nz.append(int(np.count_nonzero(xa)))
-                for plane, scale in (("v_lo", one), ("v_hi", one * np.float16(16))):
+                for plane, scale in (("v_lo", v_lo_s), ("v_hi", v_hi_s)):
                     o = gemv(kv[plane][c0:c1, j].T, scale, xa, xe, group=1 << V_PLANE_LOG2_GROUP, block=B, acc=o)
             self.l2[dst.start + h * hd: dst.start + (h + 1) * hd] = o * r
             nonzero.append(nz)
-        self._attn_int8_counts(heads, hd, n, nonzero)
+        self._attn_int8_counts(d, heads, n, nonzero)
 
     def _x_cvo(self, i):
         self.counters.elements[self._name] += i.length

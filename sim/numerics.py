@@ -251,6 +251,8 @@ class KvInt8Layout:
         self.scales_base = 4 * heads * self.plane
         self.vs_base = self.scales_base + 2 * heads * self.kscale
         self.nbytes = self.vs_base + heads * capacity * 2
+        # one position of one head: its four plane rows, its K scales (two planes) and its V scale
+        self.position_bytes = 4 * (head_dim // 2) + 2 * self.kblocks * 2 + 2
 
     def k_hi(self, j: int) -> int:
         return 4 * j * self.plane

@@ -20,7 +20,7 @@ from hdl.gemv import EXP_BITS
 from hdl.quant import EXP_MIN, ActQuantizer, KvPacker
 from sim.numerics import (KV_Q_MAX, pack_int4, pow2_binary16, quantize_activations, quantize_kv_k,
                           quantize_kv_v)
-from tb.quant.vectors import F32_MAX, spread_vector
+from tb.quant.vectors import F32_MAX, send_words, spread_vector
 
 TINY = HardwareConfig.preset("tiny")
 KV260 = HardwareConfig.preset("kv260")
@@ -80,14 +80,7 @@ async def quantise(ctx, quant, x, *, limit=1, force=0, e=0, rng=None, p_idle=0.0
     ctx.set(quant.i_cmd.valid, 1)
     await ctx.tick().until(quant.i_cmd.ready)
     ctx.set(quant.i_cmd.valid, 0)
-    for v in np.asarray(x, np.float32).view(np.uint32):
-        while rng is not None and rng.random() < p_idle:
-            ctx.set(quant.i_elem.valid, 0)
-            await ctx.tick()
-        ctx.set(quant.i_elem.valid, 1)
-        ctx.set(quant.i_elem.payload, int(v))
-        await ctx.tick().until(quant.i_elem.ready)
-    ctx.set(quant.i_elem.valid, 0)
+    await send_words(ctx, quant.i_elem, np.asarray(x, np.float32).view(np.uint32), rng=rng, p_idle=p_idle)
     await ctx.tick().until(~quant.o_busy)
 
 

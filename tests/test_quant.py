@@ -23,7 +23,7 @@ from hdl.quant import KV_Q_MAX, Q_MAX, ActQuantizer, act_write_layout, exp_write
 from hdl.quant import command_layout as quant_command_layout
 from sim.numerics import INT8_MAX, quantize_activations
 from sim.numerics import KV_Q_MAX as SIM_KV_Q_MAX
-from tb.quant.vectors import F32_MAX, spread_vector
+from tb.quant.vectors import F32_MAX, send_words, spread_vector
 from tb.runner import run
 
 TINY = HardwareConfig.preset("tiny")
@@ -85,15 +85,7 @@ def rtl_quantize(hw, vectors, *, opts=None, seed=0, p_idle=0.0, p_stall=0.0, cmd
             ctx.set(dut.i_cmd.valid, 0)
 
     async def elements(ctx):
-        for b in bits:
-            for v in b:
-                while p_idle and rng.random() < p_idle:
-                    ctx.set(dut.i_elem.valid, 0)
-                    await ctx.tick()
-                ctx.set(dut.i_elem.valid, 1)
-                ctx.set(dut.i_elem.payload, int(v))
-                await ctx.tick().until(dut.i_elem.ready)
-        ctx.set(dut.i_elem.valid, 0)
+        await send_words(ctx, dut.i_elem, [v for b in bits for v in b], rng=rng, p_idle=p_idle)
 
     async def sinks(ctx):
         limit = max_cycles or 50 * sum(len(b) for b in bits) + 200

@@ -1,11 +1,12 @@
-"""Seeded binary32 activation vectors for the quantiser's tests (pysim, tests/test_quant.py) and its
-end-to-end WGEMV bench (tb/quant/test_quant_gemv.py)."""
+"""Seeded binary32 activation vectors for the quantiser's tests (pysim, tests/test_quant.py,
+tests/test_kvpack.py) and its end-to-end WGEMV bench (tb/quant/test_quant_gemv.py), and the pysim driver of
+its element stream."""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["F32_MAX", "spread_vector"]
+__all__ = ["F32_MAX", "spread_vector", "send_words"]
 
 F32_MAX = np.finfo(np.float32).max
 
@@ -27,3 +28,17 @@ def spread_vector(rng: np.random.Generator, n: int, block: int, *, scales=(-160,
     x[rng.random(n) < 0.05] = 0.0
     x[rng.random(n) < 0.03] = -0.0
     return x.astype(np.float32)
+
+
+async def send_words(ctx, port, words, *, rng=None, p_idle: float = 0.0) -> None:
+    """Drive the stream `port` (an Amaranth simulator testbench's view) with `words` (raw 32-bit patterns) in
+    order, each held until accepted; before each, `valid` drops for a cycle with probability `p_idle` (drawn
+    from `rng`, a `random.Random`), repeatedly. `valid` is low at the end."""
+    for v in words:
+        while p_idle and rng.random() < p_idle:
+            ctx.set(port.valid, 0)
+            await ctx.tick()
+        ctx.set(port.valid, 1)
+        ctx.set(port.payload, int(v))
+        await ctx.tick().until(port.ready)
+    ctx.set(port.valid, 0)
