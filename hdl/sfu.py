@@ -37,7 +37,7 @@ from sim import sfu as model
 from .fp import NEG_ZERO, QNAN, FpAdd, FpLdexp, FpMul, _Pipe
 
 __all__ = ["Flow", "SegmentPoly", "Shared", "with_shared",
-           "Recip", "FlowUnit", "SfuOp", "op_of", "command_layout", "Sfu",
+           "Recip", "FlowUnit", "SfuOp", "SHORT_OPS", "op_of", "command_layout", "Sfu",
            "recip_flow", "sqrt_flow", "exp_flow", "tanh_flow", "trig_flow", "gelu_flow"]
 
 
@@ -625,12 +625,17 @@ _SEQUENCED = ("ROPE", "RMSNORM", "RMSNORM_NG")
 # value, the VEC functions the SFU runs in one pass are 16 + their `VecFunc` value (`op_of`); the values
 # stay below 64, so the shape is unsigned(6).
 SfuOp = enum.Enum("SfuOp", {**{f.name: f.value for f in CvoFunc},
-                            **{f.name: _VEC_BASE + f.value for f in VecFunc if f.name not in _SEQUENCED}})
+                            **{f.name: _VEC_BASE + f.value for f in VecFunc if f.name not in _SEQUENCED},
+                            "MULS_MUL": 48})
 SfuOp.__doc__ = ("SFU operations: CvoFunc values, and 16 + VecFunc value for the one-pass VEC functions "
-                 "(the segmented VEC ROPE/RMSNORM and ATTN are sequenced by the controller from these).")
+                 "(the segmented VEC ROPE/RMSNORM and ATTN are sequenced by the controller from these); "
+                 "MULS_MUL = (a * s) * b, two roundings, the controller's RMSNORM scale-and-gain pass.")
 REDUCE_OPS = (SfuOp.REDUCE_SUM, SfuOp.REDUCE_MAX, SfuOp.SUMSQ, SfuOp.SUM, SfuOp.MAX, SfuOp.DOT)
 MAX_OPS = (SfuOp.REDUCE_MAX, SfuOp.MAX)
 # CVO functions whose input may have the running max subtracted (sub_emax) and the result accumulated (accm)
+# Operations on the short path (M1, A1, a select: `Sfu.short_latency` stages instead of `Sfu.latency`)
+SHORT_OPS = (SfuOp.ADD, SfuOp.SUB, SfuOp.MUL, SfuOp.MULS, SfuOp.ADDS, SfuOp.FMAS, SfuOp.COPY, SfuOp.RELU_SUBS,
+             SfuOp.MULS_MUL) + REDUCE_OPS
 CVO_ELEMENTWISE = tuple(op for op in SfuOp if op.value < _VEC_BASE and op not in REDUCE_OPS
                         and op not in (SfuOp.ROPE_COS, SfuOp.ROPE_SIN))
 
@@ -667,7 +672,8 @@ def _is(op, *ops):
 
 
 def _datapath(f, *nodes):
-    """The element-wise graph of every operation; returns (result node, reduction operand node)."""
+    """The element-wise graph of every operation; returns (result node of the long path, reduction operand
+    node, result node of the short path: `SHORT_OPS` take that one)."""
     return with_shared(f, lambda f, shared: _datapath_graph(f, shared, *nodes))
 
 
@@ -676,7 +682,9 @@ def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_sc
     of them): one evaluator for their four tables, one adder for their evaluator argument ``t`` (the
     segment offset; exp's ``r``), one ldexp for exp's and sqrt's final scaling, one multiplier for exp's
     ``x/ln2`` and sin's small-argument ``z·π/2``; one multiplier for GELU_MUL's ``·b`` and SOFTCAP's
-    ``·c``; one adder for A1 (ADD/SUB/ADDS/FMAS/RELU_SUBS) and GELU's ``1 + e``. GELU's reciprocal keeps its own evaluator, so its exp -> recip chain runs at full rate."""
+    ``·c``; one adder for GELU's ``1 + e``. GELU's reciprocal keeps its own evaluator, so its exp -> recip chain
+    runs at full rate. The short path's adder A1 (ADD/SUB/ADDS/FMAS/RELU_SUBS) is its own: the shared units
+    start late, on the GELU path."""
     O = SfuOp
     family = lambda *ops: f.comb(lambda o: _is(o, *ops), op, register=False)
     sube = f.comb(lambda o, e: e & _is(o, *CVO_ELEMENTWISE), op, sub_emax, register=False)
@@ -687,16 +695,21 @@ def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_sc
                    Mux(_is(o, O.SOFTCAP) | (_is(o, O.SCALE) & r), vsi, vs)))
 
     m1 = f.mul(x, f.comb(m1b, op, recip_scale, b, s, s_inv, x, register=False))
+    # The short path (SHORT_OPS): M1, then its own adder A1 (ADD/SUB/ADDS/FMAS/RELU_SUBS) and multiplier M2
+    # (MULS_MUL's M1 * b), a result select.
     a1a = f.comb(lambda o, p, v: Mux(o == O.FMAS.value, p, v), op, m1, x, register=False)
     a1b = f.comb(lambda o, vb, vs: Mux(_is(o, O.ADD, O.FMAS), vb, Mux(o == O.SUB.value, _neg(vb),
                                        Mux(o == O.ADDS.value, vs, _neg(vs)))), op, b, s, register=False)
-    a1 = shared.binary("add", "a1", a1a, a1b)        # ADD/SUB/ADDS/FMAS/RELU_SUBS; GELU's 1 + e below
+    a1 = f.add(a1a, a1b)
     relu = f.comb(lambda v: _fmax(v, Const(0, 32)), a1)
+    m2 = f.mul(m1, b)
+    short = [((O.ADD, O.SUB, O.ADDS, O.FMAS), a1), ((O.RELU_SUBS,), relu), ((O.MUL, O.MULS), m1), ((O.MULS_MUL,), m2),
+             ((O.COPY,), a)]
     gelu_op = f.comb(lambda o: _is(o, O.GELU, O.GELU_MUL), op, register=False)
     v = f.mul(f.add(f.mul(f.const(GELU_K1), m1), f.const(GELU_K0)), x)
     with shared.serving(None):                       # the default: EXP, GELU, GELU_MUL
         e = exp_flow(f, f.comb(lambda g, vv, xx: Mux(g, vv, xx), gelu_op, v, x))
-    e1 = shared.binary("add", "a1", e, f.const(ONE), gelu_op)
+    e1 = shared.binary("add", "e1", e, f.const(ONE), gelu_op)
     r = recip_flow(f, f.comb(lambda g, ee, xx: Mux(g, ee, xx), gelu_op, e1, x))
     g = f.mul(x, r)
     g = f.comb(lambda xx, yy: Mux(_is_nan(xx), QNAN, Mux(xx == NEG_INF, NEG_ZERO, yy)), x, g)
@@ -708,26 +721,30 @@ def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_sc
         q = sqrt_flow(f, x, f.comb(lambda o: o == O.RSQRT.value, op, register=False))
     with shared.serving(family(O.SIN, O.COS, O.ROPE_SIN, O.ROPE_COS)):
         tr = trig_flow(f, x, a, b, pos, family(O.ROPE_COS, O.ROPE_SIN), family(O.COS, O.ROPE_COS))
-    choices = [((O.ADD, O.SUB, O.ADDS, O.FMAS), a1), ((O.RELU_SUBS,), relu), ((O.MUL, O.MULS, O.SCALE), m1),
-               ((O.COPY,), a), ((O.EXP,), e), ((O.SQRT, O.RSQRT), q), ((O.RECIP,), r), ((O.TANH,), t),
-               ((O.SOFTCAP,), tc), ((O.GELU,), g), ((O.GELU_MUL,), gm),
-               ((O.SIN, O.COS, O.ROPE_SIN, O.ROPE_COS), tr)]
+    long = [((O.SCALE,), m1), ((O.EXP,), e), ((O.SQRT, O.RSQRT), q), ((O.RECIP,), r), ((O.TANH,), t),
+            ((O.SOFTCAP,), tc), ((O.GELU,), g), ((O.GELU_MUL,), gm), ((O.SIN, O.COS, O.ROPE_SIN, O.ROPE_COS), tr)]
 
-    def select(o, *vals):
-        y = Const(0, 32)
-        for (ops, _), val in zip(choices, vals):
-            y = Mux(_is(o, *ops), val, y)
-        return y
+    def select(choices):
+        def pick(o, *vals):
+            y = Const(0, 32)
+            for (ops, _), val in zip(choices, vals):
+                y = Mux(_is(o, *ops), val, y)
+            return y
+        return f.comb(pick, op, *[c[1] for c in choices])
 
-    y = f.comb(select, op, *[c[1] for c in choices])
+    y = select(long)
     acc = f.comb(lambda c, o: c & _is(o, *CVO_ELEMENTWISE), accm, op, register=False)
     y = f.comb(lambda c, ya, yy: Mux(c, ya, yy), acc, f.add(y, b), y)
     rv = f.comb(lambda o, p, va: Mux(_is(o, O.SUMSQ, O.DOT), p, va), op, m1, a, register=False)
-    return y, rv
+    return y, rv, select(short)
 
 
 class Sfu(wiring.Component):
     """The stream SFU: every `SfuOp` on binary32 streams, one element per cycle, bit-identical to `sim.sfu`.
+
+    Two exits: `SHORT_OPS` (the element-wise arithmetic, COPY and the reductions) leave the pipeline
+    `short_latency` stages in, the functions at `latency`. A short command is taken only when no element of a
+    long one is still in flight, so results leave in command order and never meet at the output.
 
     Parameters
     ----------
@@ -737,7 +754,7 @@ class Sfu(wiring.Component):
     -------
     i_cmd : In(stream.Signature(command_layout(hw)))
         A command is taken when the previous one has taken all its elements (a reduction: when its result
-        has left). Elements of consecutive commands follow each other in the pipeline without a gap.
+        has left; a `SHORT_OPS` command: when no long element is in flight either). Elements of consecutive commands follow each other in the pipeline without a gap.
     i_data : In(stream.Signature(DATA_LAYOUT))
         ``{a, b}`` binary32 operands per element (RoPE: ``a`` = high, ``b`` = low word of the u0.64
         frequency; CVO with ``accm``: ``b`` = the value added to the result).
@@ -760,12 +777,19 @@ class Sfu(wiring.Component):
         m._MustUse__silence = True
         f = Flow(m, Const(1), dry=True)
         nodes = [(Signal(32), 0)] * 2 + [(Signal(6), 0)] + [(Signal(32), 0)] * 4 + [(Signal(1), 0)] * 3
-        self._latency = _datapath(f, *nodes)[0][1]
+        y, _, ys = _datapath(f, *nodes)
+        self._latency, self._short_latency = y[1], ys[1]
 
     @property
     def latency(self) -> int:
-        """Cycles from an element's input transfer to its result at ``o_data`` (no stalls), every op."""
+        """Cycles from an element's input transfer to its result at ``o_data`` (no stalls), every op but
+        `SHORT_OPS`."""
         return self._latency
+
+    @property
+    def short_latency(self) -> int:
+        """The same for the element-wise `SHORT_OPS` (a reduction's elements reach its lanes then)."""
+        return self._short_latency
 
     @property
     def lanes(self) -> int:
@@ -782,7 +806,9 @@ class Sfu(wiring.Component):
         remaining = Signal.like(cmd.length)
         is_red = _is(op, *REDUCE_OPS)
 
-        m.d.comb += self.i_cmd.ready.eq(~busy)
+        # elements of long commands in flight: a short command waits for them to leave
+        long_n = Signal(range(self.latency + 2))
+        m.d.comb += self.i_cmd.ready.eq(~busy & ~(_is(Value.cast(self.i_cmd.payload.op), *SHORT_OPS) & (long_n != 0)))
         take = Signal()
         m.d.comb += [self.i_data.ready.eq(busy & en & (remaining != 0)),
                      take.eq(self.i_data.valid & self.i_data.ready)]
@@ -796,12 +822,20 @@ class Sfu(wiring.Component):
 
         p = self.i_data.payload
         n0 = lambda v: (v, 0)
-        y, rv = _datapath(f, n0(p.a), n0(p.b), n0(op), n0(cmd.s), n0(cmd.s_inv), n0(cmd.emax), n0(cmd.pos),
-                          n0(cmd.sub_emax), n0(cmd.recip_scale), n0(cmd.accm))
-        assert y[1] == self.latency
-        # t_last and t_red are read only together with t_valid: data lines; t_valid keeps its reset.
-        (yv, rvv, t_last, t_red), t_out = f.align(y, rv, n0(remaining == 1), n0(is_red))
-        t_valid = f.delay(n0(take), t_out, valid=True)
+        y, rv, ys = _datapath(f, n0(p.a), n0(p.b), n0(op), n0(cmd.s), n0(cmd.s_inv), n0(cmd.emax), n0(cmd.pos),
+                              n0(cmd.sub_emax), n0(cmd.recip_scale), n0(cmd.accm))
+        assert (y[1], ys[1]) == (self.latency, self.short_latency)
+        is_short = _is(op, *SHORT_OPS)
+        # t_last and t_red are read only together with t_valid: data lines; the valids keep their reset.
+        (ysv, rvv, t_last, t_red), t_short = f.align(ys, rv, n0(remaining == 1), n0(is_red))
+        t_valid = f.delay(n0(take & is_short), t_short, valid=True)
+        (yv,), t_out = f.align(y)
+        l_valid = f.delay(n0(take & ~is_short), t_out, valid=True)
+        inc, dec = take & ~is_short, l_valid & en
+        with m.If(inc & ~dec):
+            m.d.sync += long_n.eq(long_n + 1)
+        with m.Elif(dec & ~inc):
+            m.d.sync += long_n.eq(long_n - 1)
 
         # Reduction lanes (element i -> lane i mod P) behind one adder (max: a comparator of equal latency).
         lanes_n = self.lanes
@@ -869,6 +903,6 @@ class Sfu(wiring.Component):
                 with m.If(self.o_data.ready):
                     m.d.sync += busy.eq(0)
                     m.next = "Feed"
-        m.d.comb += [self.o_data.valid.eq((t_valid & ~t_red) | result_valid),
-                     self.o_data.payload.eq(Mux(result_valid, lanes[0], yv))]
+        m.d.comb += [self.o_data.valid.eq((t_valid & ~t_red) | l_valid | result_valid),
+                     self.o_data.payload.eq(Mux(result_valid, lanes[0], Mux(t_valid, ysv, yv)))]
         return m

@@ -14,7 +14,7 @@ from tb.runner import run
 def _run(testcase, **env):
     hw = PRESETS["tiny"]
     dut = Sfu(hw)
-    env = {"NPU_HW": hw.name, "LATENCY": str(dut.latency), **env}
+    env = {"NPU_HW": hw.name, "LATENCY": str(dut.latency), "SHORT_LATENCY": str(dut.short_latency), **env}
     run(dut, toplevel="sfu", test_module="tb.sfu.test_sfu", build_name="sfu_tiny", testcase=testcase,
         extra_env=env)
 
@@ -22,6 +22,13 @@ def _run(testcase, **env):
 @pytest.mark.slow
 def test_sfu_every_op_random_stalls():
     _run("every_op_random_stalls", SEED="1", ROUNDS="4", STALL="1")
+
+
+@pytest.mark.slow
+def test_sfu_every_op_back_to_back():
+    # no stalls: commands follow each other as soon as the SFU takes them, so short commands meet long
+    # elements still in flight (the in-order exit rule)
+    _run("every_op_random_stalls", SEED="5", ROUNDS="4", STALL="0")
 
 
 @pytest.mark.slow

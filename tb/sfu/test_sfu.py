@@ -54,7 +54,8 @@ def expected(op, a, b, c, hw):
             return np.array([red[op]()], F32)
         vec = {O.ADD: lambda: fa + fb, O.SUB: lambda: fa - fb, O.MUL: lambda: fa * fb, O.MULS: lambda: fa * s,
                O.ADDS: lambda: fa + s, O.FMAS: lambda: fa * s + fb, O.COPY: lambda: fa.copy(),
-               O.RELU_SUBS: lambda: np.maximum(fa - s, F32(0)), O.GELU_MUL: lambda: model.gelu_tanh(fa) * fb}
+               O.RELU_SUBS: lambda: np.maximum(fa - s, F32(0)), O.GELU_MUL: lambda: model.gelu_tanh(fa) * fb,
+               O.MULS_MUL: lambda: (fa * s) * fb}
         if op in vec:
             return np.asarray(vec[op](), F32)
         x = fa - emax if c["sub_emax"] else fa
@@ -166,19 +167,13 @@ async def every_op_random_stalls(dut):
     dut._log.info(f"{len(cmds)} commands, {k} results in {cycles} cycles")
 
 
-@cocotb.test()
-async def latency_and_full_rate(dut):
-    """No stalls: the first result comes `latency` cycles after the first element, then one per cycle."""
-    hw = PRESETS[bench_env("NPU_HW", "tiny")]
-    latency = int(bench_env("LATENCY", "0"))
-    n = 64
-    rng = np.random.default_rng(5)
-    a, b = u32(rng.standard_normal(n).astype(F32)), u32(rng.standard_normal(n).astype(F32))
-    await reset(dut)
-    layout = command_layout(hw)
+async def _timed(dut, layout, op, a, b):
+    """One command of len(a) elements with no stalls: (cycle of the first input, cycles of the results,
+    results)."""
+    n = len(a)
     dut.o_data__ready.value = 1
     dut.i_cmd__valid.value = 1
-    dut.i_cmd__payload.value = int(layout.const(dict(op=SfuOp.GELU_MUL, length=n)).as_bits())
+    dut.i_cmd__payload.value = int(layout.const(dict(op=op, length=n)).as_bits())
     await FallingEdge(dut.clk)
     dut.i_cmd__valid.value = 0
     first_in, times, outs, i, cycle = None, [], [], 0, 0
@@ -196,12 +191,29 @@ async def latency_and_full_rate(dut):
         await FallingEdge(dut.clk)
         cycle += 1
         assert cycle < 1000
-    assert times[0] - first_in == latency, f"first result after {times[0] - first_in} cycles, latency {latency}"
-    assert times[-1] - times[0] == n - 1, "not one result per cycle"
-    with np.errstate(all="ignore"):
-        compare(SfuOp.GELU_MUL, outs, model.gelu_tanh(f32(a)) * f32(b), a)
-    # a reduction: cycles from the last element to the scalar
     dut.i_data__valid.value = 0
+    return first_in, times, outs
+
+
+@cocotb.test()
+async def latency_and_full_rate(dut):
+    """No stalls: the first result comes `latency` (GELU_MUL) or `short_latency` (ADD) cycles after the
+    first element, then one per cycle."""
+    hw = PRESETS[bench_env("NPU_HW", "tiny")]
+    n = 64
+    rng = np.random.default_rng(5)
+    a, b = u32(rng.standard_normal(n).astype(F32)), u32(rng.standard_normal(n).astype(F32))
+    await reset(dut)
+    layout = command_layout(hw)
+    for op, latency, want in ((SfuOp.GELU_MUL, int(bench_env("LATENCY", "0")), lambda: model.gelu_tanh(f32(a)) * f32(b)),
+                              (SfuOp.ADD, int(bench_env("SHORT_LATENCY", "0")), lambda: f32(a) + f32(b))):
+        first_in, times, outs = await _timed(dut, layout, op, a, b)
+        assert times[0] - first_in == latency, \
+            f"{op.name}: first result after {times[0] - first_in} cycles, latency {latency}"
+        assert times[-1] - times[0] == n - 1, f"{op.name}: not one result per cycle"
+        with np.errstate(all="ignore"):
+            compare(op, outs, want(), a)
+    # a reduction: cycles from the last element to the scalar
     dut.i_cmd__valid.value = 1
     dut.i_cmd__payload.value = int(layout.const(dict(op=SfuOp.DOT, length=n)).as_bits())
     await FallingEdge(dut.clk)
@@ -222,4 +234,5 @@ async def latency_and_full_rate(dut):
         cycle += 1
         assert cycle < 2000
     compare(SfuOp.DOT, [got], np.array([model.reduce_sum(f32(a) * f32(b), hw)]), a)
-    dut._log.info(f"SFU latency {latency}; reduction of {n}: scalar {cycle - last_in} cycles after the last element")
+    dut._log.info(f"SFU latency {bench_env('LATENCY', '?')}, short {bench_env('SHORT_LATENCY', '?')}; reduction of "
+                  f"{n}: scalar {cycle - last_in} cycles after the last element")
