@@ -1,8 +1,9 @@
 """``python -m benchmarks.npu``: calibrate the performance model with the RTL and predict E4B on the KV260.
 
 1. Runs `tb.npu.calibrate` on the full-chip Verilator model (tiny preset): micro-programs that each repeat
-   one kind of controller work (a NOP, VEC passes of 4 and 64 elements, reductions, DMA in and out, scalar
-   loads, scalar-ALU adds, SFU scalars, WGEMVs), CYCLES measured from START to DONE.
+   one kind of controller work (a NOP, VEC passes of 4 and 64 elements on the SFU's short and long paths,
+   reductions, DMA in and out, scalar loads, scalar-ALU adds, SFU scalars, WGEMVs), CYCLES measured from
+   START to DONE.
 2. Counts the same programs with the ISS (``count`` arithmetic: passes, instructions, bytes) and fits the
    costs of `firmware.perf.Rates` by least squares (`firmware.perf.fit_rates`).
 3. Runs tokens of an oracle fixture on the RTL (`python -m tb.npu` machinery) and compares the measured
@@ -124,8 +125,8 @@ def main(argv=None) -> int:
            "| micro-program | measured cycles | fitted model | error |", "|---|---|---|---|"]
     out += [f"| {n} | {c:,} | {p:,.0f} | {100 * (p - c) / c:+.1f} % |" for n, c, p in rows]
     out += ["", "Fitted costs (cycles): " + ", ".join(f"{k} {getattr(rates, k):.1f}" for k in
-                                                      ("issue", "sfu_pass", "reduce_pass", "copy_pass", "ddr_read_pass",
-                                                       "ddr_write_pass", "alu_op", "gemv_fixed")), "",
+                                                      ("issue", "sfu_pass", "vec_pass", "reduce_pass", "copy_pass",
+                                                       "ddr_read_pass", "ddr_write_pass", "alu_op", "gemv_fixed")), "",
             "## Validation: whole tokens of the fixture (not used by the fit)", "",
             "| step | logits = ISS | DDR = ISS | max diff to float64 | measured CYCLES | model | error | "
             "model: stream hidden | GEMV busy | GEMV stall | SFU busy | ATTN busy | DMA busy | issue stall | "

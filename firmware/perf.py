@@ -8,7 +8,7 @@ instructions, the bytes each DDR region moves, and the controller's **passes** b
 - ``weights``: WGEMV weight + scale bytes at the GEMV engine's streaming rate (ports x beat x
   ``gemv_efficiency``, capped by the DDR at ``ddr_efficiency``) plus ``gemv_fixed`` per WGEMV (quantiser
   hand-off, first-beat latency, the engine's tail);
-- passes: each pass costs its fixed overhead (``sfu_pass``, ``reduce_pass``, ``copy_pass``,
+- passes: each pass costs its fixed overhead (``sfu_pass``, ``vec_pass``, ``reduce_pass``, ``copy_pass``,
   ``ddr_read_pass``, ``ddr_write_pass``: pipeline fill and drain, DDR latency) plus its elements at
   ``elements_per_cycle``;
 - ``alu_op`` per scalar-ALU operation and ``issue`` per instruction (fetch, decode, dispatch);
@@ -51,7 +51,7 @@ __all__ = ["Rates", "TokenEstimate", "Schedule", "estimate", "cycles_of", "sched
            "prefill"]
 
 DDR_PEAK_BYTES_PER_S = 19.2e9          # KV260: DDR4-2400, 64 bit (shared/reference/perf-anchors.md)
-PASS_KINDS = ("sfu", "reduce", "copy", "ddr_read", "ddr_write")
+PASS_KINDS = ("sfu", "vec", "reduce", "copy", "ddr_read", "ddr_write")
 DESC_ELEMENTS = 8                      # a descriptor load: one DDR read pass of 8 words (sim.iss._count_passes)
 
 
@@ -68,8 +68,9 @@ class Rates:
     elements_per_cycle: float = 1.0    # elements per cycle of a pass (the SFU and the L2 movers take one)
     # fitted by `python -m benchmarks.npu` on the tiny NPU (docs/architecture.md, "Performance")
     issue: float = 3.7                 # cycles per instruction: fetch, decode, dispatch, retire
-    sfu_pass: float = 198.4            # fixed cycles of a pass through the SFU (its latency, start, end)
-    reduce_pass: float = 233.7         # ... of a reduction (plus the lane tree)
+    sfu_pass: float = 198.4            # fixed cycles of a pass through the SFU's functions (its latency, start, end)
+    vec_pass: float = 28.4             # ... of an element-wise pass on the SFU's short path (hdl.sfu.SHORT_OPS)
+    reduce_pass: float = 63.7          # ... of a reduction (the short path, plus the lane tree)
     copy_pass: float = 6.7             # ... of an L2 copy (to L2 or a scalar)
     ddr_read_pass: float = 16.0        # ... of a DDR read (latency of the memory model)
     ddr_write_pass: float = 14.7       # ... of a DDR write (until the last response)
@@ -399,7 +400,7 @@ def features(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> dict:
     return dict(f) | {"_elements": elements, "_streaming": streaming, "_gemm": known}
 
 
-FITTED = ("issue", "sfu_pass", "reduce_pass", "copy_pass", "ddr_read_pass", "ddr_write_pass", "alu_op", "gemv_fixed",
+FITTED = ("issue", "sfu_pass", "vec_pass", "reduce_pass", "copy_pass", "ddr_read_pass", "ddr_write_pass", "alu_op", "gemv_fixed",
           "gemm_quant", "gemm_tile", "gemm_row")
 
 

@@ -840,18 +840,12 @@ class Controller(wiring.Component):
                 m.d.sync += alu_cnt.eq(alu_cnt - 1)
                 with m.If(alu_cnt == 0):
                     launch("RMS_4", op=SfuOp.RSQRT, n=1, a=Src.REG, a_val=alu_y, sink=Sink.REG)
-            wait_pass("RMS_4", lambda: launch("RMS_5", op=SfuOp.MULS, n=hd, a=Src.L2, a_addr=ptr_a, s=p_result,
-                                              sink=Sink.L2, dst=ptr_d))
-
-            def rms_next():
-                with m.If(ve.func == VecFunc.RMSNORM):
-                    launch("RMS_6", op=SfuOp.MUL, n=hd, a=Src.L2, a_addr=ptr_d, b=BSrc.L2, b_addr=vb,
-                           sink=Sink.L2, dst=ptr_d)
-                with m.Else():
-                    m.d.sync += [cnt.eq(cnt - 1), ptr_a.eq(ptr_a + hd), ptr_d.eq(ptr_d + hd)]
-                    m.next = "RMS_0"
-            wait_pass("RMS_5", rms_next)
-            wait_pass("RMS_6", lambda: (sync([cnt.eq(cnt - 1), ptr_a.eq(ptr_a + hd),
+            # x * rsqrt, and with the gain (x * rsqrt) * g: one pass on the SFU's short path
+            gained = ve.func == VecFunc.RMSNORM
+            wait_pass("RMS_4", lambda: launch("RMS_5", op=Mux(gained, SfuOp.MULS_MUL, SfuOp.MULS), n=hd, a=Src.L2,
+                                              a_addr=ptr_a, b=Mux(gained, BSrc.L2, BSrc.NONE), b_addr=vb,
+                                              s=p_result, sink=Sink.L2, dst=ptr_d))
+            wait_pass("RMS_5", lambda: (sync([cnt.eq(cnt - 1), ptr_a.eq(ptr_a + hd),
                                                             ptr_d.eq(ptr_d + hd)]), go("RMS_0")()))
 
             # ROPE per head: t0 = x1*cos, t1 = x2*sin, t2 = x2*cos, t3 = x1*sin; d1 = t0 - t1; d2 = t2 + t3
@@ -950,17 +944,22 @@ class Controller(wiring.Component):
                 with m.Else():
                     m.d.sync += q_gemm.eq(0)
                     launch("WG_Q", bypass=1, n=d_cols, a=Src.L2, a_addr=ws, sink=Sink.QUANT)
+            def gemv_start(wbase, sbase, rows, cols, log2g, accm, sparse, lo, n):
+                """Hand the GEMV engine its command (the quantiser holds the activations): `rows` x `cols` from
+                DDR `wbase`/`sbase` into L2 elements [lo, lo + n), accumulating with `accm`."""
+                m.d.sync += [g_cmd.wbase.eq(wbase), g_cmd.sbase.eq(sbase), g_cmd.rows.eq(rows), g_cmd.cols.eq(cols),
+                             g_cmd.log2_group.eq(log2g), g_cmd.accm.eq(accm), g_cmd.sparse.eq(sparse),
+                             g_active.eq(1), g_is_gemm.eq(0), g_lo.eq(lo), g_n.eq(n), g_pc.eq(pc),
+                             g_pend.gemv.eq(1), g_pend.wr.eq(1), g_pend.rd.eq(accm)]
+
             with m.State("WG_Q"):
                 with m.If(pdone):
                     with m.If(quant.o_nonfinite):
                         fail(ErrorCode.NON_FINITE)
                     with m.Else():
                         wb = base[DdrRegion.WEIGHTS]
-                        m.d.sync += [g_cmd.wbase.eq((wb + d_woff)[:A]), g_cmd.sbase.eq((wb + d_soff)[:A]),
-                                     g_cmd.rows.eq(d_rows), g_cmd.cols.eq(d_cols), g_cmd.log2_group.eq(d_log2g),
-                                     g_cmd.accm.eq(wg.accm), g_cmd.sparse.eq(wg.sparse),
-                                     g_active.eq(1), g_is_gemm.eq(0), g_lo.eq(wd), g_n.eq(d_rows), g_pc.eq(pc),
-                                     g_pend.gemv.eq(1), g_pend.wr.eq(1), g_pend.rd.eq(wg.accm)]
+                        gemv_start((wb + d_woff)[:A], (wb + d_soff)[:A], d_rows, d_cols, d_log2g, wg.accm, wg.sparse,
+                                   wd, d_rows)
                         with m.If(wg.async_ & ~wg.findemax):
                             retire()
                         with m.Else():
@@ -1083,6 +1082,34 @@ class Controller(wiring.Component):
                         m.d.comb += [div.i_start.eq(1), div.i_num.eq(self.i_pos), div.i_den.eq(d_rows)]
                         m.next = "KV_1"
 
+            at = v[Opcode.ATTN]
+            aq, ad = elem(at.q), elem(at.dst)
+            f_heads, f_hd, f_win = fmap_r.data[0:16], fmap_r.data[16:32], fmap_r.data[32:48]
+
+            def attn_checks(fmt, bad_length, narrow_ring, uses_engine):
+                """ATTN's first state: the slot (its format), the head shape against the FMAP entry, the window
+                (beyond the ring: ADDRESS_RANGE; narrower than the ring with `narrow_ring`: BAD_LENGTH); the
+                positions seen into `a_n`. With `uses_engine` it first waits for an async WGEMV to finish."""
+                busy, failed = (g_active, g_failed) if uses_engine else (Const(0), Const(0))
+                with m.State("AT"):
+                    m.d.sync += [a_heads.eq(f_heads), a_hd.eq(f_hd), a_win.eq(f_win), a_cap.eq(d_rows)]
+                    with m.If(busy):
+                        pass
+                    with m.Elif(failed):
+                        fail_async()
+                    with m.Elif((d_kind != 2) | (d_layout != fmt)):
+                        fail(ErrorCode.BAD_DESCRIPTOR)
+                    with m.Elif(bad_length | (f_hd != d_head_dim) | (at.kv_head >= d_heads) | (f_heads == 0)):
+                        fail(ErrorCode.BAD_LENGTH)
+                    with m.Elif(((f_win == 0) | (f_win > d_rows)) & (self.i_pos >= d_rows)):
+                        fail(ErrorCode.ADDRESS_RANGE)
+                    with m.Elif(narrow_ring & (f_win != 0) & (f_win < d_rows)):
+                        fail(ErrorCode.BAD_LENGTH)
+                    with m.Else():
+                        seen = Mux((f_win == 0) | (self.i_pos + 1 <= f_win), self.i_pos + 1, f_win)
+                        m.d.sync += a_n.eq(seen)
+                        m.next = "AT_1"
+
             if not int8_kv:
                 # ---- KVST ------------------------------------------------------------------------------------
                 kvst_checks(0, 0)
@@ -1098,21 +1125,7 @@ class Controller(wiring.Component):
                                                  wr_addr=(kvb + (tmp2 << 1))[:A], wr_fmt=1))
 
                 # ---- ATTN ------------------------------------------------------------------------------------
-                at = v[Opcode.ATTN]
-                aq, ad = elem(at.q), elem(at.dst)
-                f_heads, f_hd, f_win = fmap_r.data[0:16], fmap_r.data[16:32], fmap_r.data[32:48]
-                with m.State("AT"):
-                    m.d.sync += [a_heads.eq(f_heads), a_hd.eq(f_hd), a_win.eq(f_win), a_cap.eq(d_rows)]
-                    with m.If((d_kind != 2) | (d_layout != 0)):
-                        fail(ErrorCode.BAD_DESCRIPTOR)
-                    with m.Elif((f_hd != d_head_dim) | (at.kv_head >= d_heads) | (f_heads == 0)):
-                        fail(ErrorCode.BAD_LENGTH)
-                    with m.Elif(((f_win == 0) | (f_win > d_rows)) & (self.i_pos >= d_rows)):
-                        fail(ErrorCode.ADDRESS_RANGE)
-                    with m.Else():
-                        seen = Mux((f_win == 0) | (self.i_pos + 1 <= f_win), self.i_pos + 1, f_win)
-                        m.d.sync += a_n.eq(seen)
-                        m.next = "AT_1"
+                attn_checks(0, 0, 0, uses_engine=False)
                 with m.State("AT_1"):
                     with m.If(a_heads * a_n + a_hd > SCR):
                         fail(ErrorCode.BAD_LENGTH)
@@ -1209,7 +1222,10 @@ class Controller(wiring.Component):
                 MAXHD = hw.kv_max_head_dim
                 LB = ceil_log2(hw.act_block)
                 MAXC = hw.gemv_max_cols
-                kv8_plane, kv8_ks = Signal(32), Signal(32)      # C·D/2, C·nb·2 bytes
+                # The slot's sizes, from the descriptor (stable from KVST's and ATTN's first state on), one product
+                # each for both instructions: C·D/2 and C·nb·2 bytes per head, then times the heads (two cycles
+                # later; both instructions read them no earlier).
+                kv8_plane, kv8_ks, kv8_planes, kv8_kss = Signal(32), Signal(32), Signal(32), Signal(32)
                 kb, ksb, vsb = Signal(A), Signal(A), Signal(A)
                 rowoff, srow = Signal(32), Signal(32)          # KVST: the ring slot's row in a plane / K scales
                 j8 = Signal(8)                                  # KVST: head
@@ -1217,17 +1233,18 @@ class Controller(wiring.Component):
                 nb = (d_head_dim + hw.act_block - 1) >> LB
                 slot_base = (base[DdrRegion.KV] + d_woff)[:A]
                 bad_hd = (d_head_dim[0:3] != 0) | (d_head_dim == 0) | (d_head_dim > MAXHD)
+                m.d.sync += [kv8_plane.eq((d_rows * d_head_dim) >> 1), kv8_ks.eq((d_rows * nb) << 1),
+                             kv8_planes.eq(d_heads * kv8_plane), kv8_kss.eq(d_heads * kv8_ks)]
 
                 # ---- KVST: per head, K (one quantiser pass), V (its row exponent, then the values) ----------
                 kvst_checks(1, bad_hd | (d_heads == 0))
                 with m.State("KV_1"):
                     with m.If(~div.o_busy):
-                        m.d.sync += [kv8_plane.eq((d_rows * d_head_dim) >> 1), kv8_ks.eq((d_rows * nb) << 1),
-                                     rowoff.eq((div.o_r * d_head_dim) >> 1), srow.eq((div.o_r * nb) << 1),
+                        m.d.sync += [rowoff.eq((div.o_r * d_head_dim) >> 1), srow.eq((div.o_r * nb) << 1),
                                      tmp2.eq(div.o_r)]
                         m.next = "KV_2"
                 with m.State("KV_2"):
-                    m.d.sync += [tmp.eq(d_heads * kv8_plane), addr1.eq(d_heads * kv8_ks)]
+                    m.d.sync += [tmp.eq(kv8_planes), addr1.eq(kv8_kss)]
                     m.next = "KV_3"
                 with m.State("KV_3"):
                     m.d.sync += [kb.eq(slot_base), ksb.eq(slot_base + (tmp << 2)),
@@ -1283,57 +1300,33 @@ class Controller(wiring.Component):
 
                 # ---- ATTN: per head, scores = two GEMVs over the K planes, softmax on the SFU, the V row scales
                 # folded into the weights, out = two sparse GEMVs over the V planes per chunk, times recip(sum)
-                at = v[Opcode.ATTN]
-                aq, ad = elem(at.q), elem(at.dst)
-                f_heads, f_hd, f_win = fmap_r.data[0:16], fmap_r.data[16:32], fmap_r.data[32:48]
                 a_rz = Signal(32)
                 c0, clen = Signal(NB), Signal(NB)
                 vtab = (base[DdrRegion.WEIGHTS] + d_soff)[:A]
                 dsth = Signal(EA)
                 m.d.comb += dsth.eq(ad + h * a_hd)
-                with m.State("AT"):
-                    m.d.sync += [a_heads.eq(f_heads), a_hd.eq(f_hd), a_win.eq(f_win), a_cap.eq(d_rows)]
-                    with m.If(g_active):                   # the engine is busy with an async WGEMV: wait
-                        pass
-                    with m.Elif(g_failed):
-                        fail_async()
-                    with m.Elif((d_kind != 2) | (d_layout != 1)):
-                        fail(ErrorCode.BAD_DESCRIPTOR)
-                    with m.Elif(bad_hd | (f_hd != d_head_dim) | (at.kv_head >= d_heads) | (f_heads == 0)):
-                        fail(ErrorCode.BAD_LENGTH)
-                    with m.Elif(((f_win == 0) | (f_win > d_rows)) & (self.i_pos >= d_rows)):
-                        fail(ErrorCode.ADDRESS_RANGE)
-                    with m.Elif((f_win != 0) & (f_win < d_rows)):
-                        fail(ErrorCode.BAD_LENGTH)
-                    with m.Else():
-                        seen = Mux((f_win == 0) | (self.i_pos + 1 <= f_win), self.i_pos + 1, f_win)
-                        m.d.sync += a_n.eq(seen)
-                        m.next = "AT_1"
+                # the engine runs its GEMVs: an async WGEMV must finish first; a sliding ring is the window
+                attn_checks(1, bad_hd, 1, uses_engine=True)
                 with m.State("AT_1"):
                     with m.If(a_n > SCR):
                         fail(ErrorCode.BAD_LENGTH)
                     with m.Elif(~in_l2(aq, a_heads * a_hd) | ~in_l2(ad, a_heads * a_hd)):
                         fail(ErrorCode.ADDRESS_RANGE)
                     with m.Else():
-                        m.d.sync += [kv8_plane.eq((d_rows * d_head_dim) >> 1), kv8_ks.eq((d_rows * nb) << 1)]
                         m.next = "AT_2"
                 with m.State("AT_2"):
-                    m.d.sync += [tmp.eq(at.kv_head * kv8_plane), tmp2.eq(d_heads * kv8_plane),
-                                 addr1.eq(at.kv_head * kv8_ks)]
+                    m.d.sync += [tmp.eq(at.kv_head * kv8_plane), tmp2.eq(kv8_planes), addr1.eq(at.kv_head * kv8_ks)]
                     m.next = "AT_3"
                 with m.State("AT_3"):
                     m.d.sync += [kb.eq(slot_base + (tmp << 2)), ksb.eq(slot_base + (tmp2 << 2) + (addr1 << 1)),
-                                 tmp.eq(d_heads * kv8_ks), rowoff.eq((at.kv_head * d_rows) << 1)]
+                                 tmp.eq(kv8_kss), rowoff.eq((at.kv_head * d_rows) << 1)]
                     m.next = "AT_4"
                 with m.State("AT_4"):
                     m.d.sync += [vsb.eq(slot_base + (tmp2 << 2) + (tmp << 1) + rowoff), h.eq(0)]
                     m.next = "AT_H"
 
-                def engine(nxt, wbase, sbase, rows, cols, log2g, accm, sparse, lo, n):
-                    m.d.sync += [g_cmd.wbase.eq(wbase), g_cmd.sbase.eq(sbase), g_cmd.rows.eq(rows),
-                                 g_cmd.cols.eq(cols), g_cmd.log2_group.eq(log2g), g_cmd.accm.eq(accm),
-                                 g_cmd.sparse.eq(sparse), g_active.eq(1), g_is_gemm.eq(0), g_lo.eq(lo), g_n.eq(n),
-                                 g_pc.eq(pc), g_pend.gemv.eq(1), g_pend.wr.eq(1), g_pend.rd.eq(accm)]
+                def engine(nxt, *args):
+                    gemv_start(*args)
                     m.next = nxt
 
                 def after_engine(state, nxt_fn):

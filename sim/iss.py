@@ -67,8 +67,9 @@ class Counters:
     weight_bytes_skipped: int = 0                                  # sparse WGEMV columns not fetched
     elements: Counter = field(default_factory=Counter)             # opcode name -> elements processed
     # The RTL controller's passes (docs/architecture.md): (opcode name, kind) -> passes and elements. Kinds: "sfu"
-    # (through the SFU), "reduce" (through the SFU to one result), "copy" (L2 -> L2 or a scalar), "ddr_read",
-    # "ddr_write".
+    # (through the SFU's long path: the functions), "vec" (its short path: the element-wise arithmetic,
+    # `hdl.sfu.SHORT_OPS`), "reduce" (the short path to one result), "copy" (L2 -> L2 or a scalar),
+    # "ddr_read", "ddr_write".
     passes: Counter = field(default_factory=Counter)
     pass_elements: Counter = field(default_factory=Counter)
     alu_ops: int = 0                                               # scalar-ALU operations (add, mul, int->float)
@@ -378,22 +379,22 @@ class Machine:
             elif f in (VecFunc.RMSNORM, VecFunc.RMSNORM_NG):
                 seg = n // hd
                 add("reduce", hd, seg)
-                add("sfu", 1, seg)
-                add("sfu", hd, seg * (2 if f is VecFunc.RMSNORM else 1))
+                add("sfu", 1, seg)                                       # rsqrt
+                add("vec", hd, seg)                                      # x * r (* g: MULS_MUL)
                 c.alu_ops += 2 * seg
             elif f is VecFunc.ROPE:
-                add("sfu", hd // 2, 6 * (n // hd))
+                add("vec", hd // 2, 6 * (n // hd))
             else:
-                add("sfu", n)
+                add("sfu" if f is VecFunc.GELU_MUL else "vec", n)
         elif op is Opcode.CVO:
             f, n = i.func, i.length
             if f in (CvoFunc.SOFTCAP,) or (f is CvoFunc.SCALE and i.recip_scale):
                 add("sfu", 1)
             add("reduce" if f in (CvoFunc.REDUCE_SUM, CvoFunc.REDUCE_MAX) else "sfu", n)
             if i.accm and f in (CvoFunc.REDUCE_SUM, CvoFunc.REDUCE_MAX):
-                add("sfu", 1)
+                add("vec", 1)                                            # + the previous result
             elif i.accm and f in (CvoFunc.ROPE_COS, CvoFunc.ROPE_SIN):
-                add("sfu", n)
+                add("vec", n)
         elif op in (Opcode.WGEMV, Opcode.GATHER, Opcode.KVST, Opcode.ATTN):
             add("ddr_read", 8)                                           # the descriptor
             d = self.image.descriptors[i.slot if op in (Opcode.KVST, Opcode.ATTN) else i.desc]
@@ -423,21 +424,23 @@ class Machine:
                 # then the output times recip(sum)
                 add("copy", hd, heads)
                 add("reduce", n, 2 * heads)
-                add("sfu", n, 2 * heads)
+                add("sfu", n, heads)                                     # exp
+                add("vec", n, heads)                                     # the V row scales
                 add("sfu", 1, heads)
                 add("copy", n, heads)
                 c.passes[(i.op.name, "copy")] += heads * (chunks - 1)
-                add("sfu", hd, heads)
+                add("vec", hd, heads)
             else:
                 heads, hd, window = (int(v) for v in self.shape_cache[ShapeCache.FMAP][i.shape_ptr])
                 n = min(self.pos + 1, window) if window else self.pos + 1
                 add("ddr_read", hd, 2 * n)                               # K and V rows
                 add("reduce", hd, n * heads)                             # scores
                 add("reduce", n, 2 * heads)                              # max, sum
-                add("sfu", n, 2 * heads)                                 # exp, scale
+                add("sfu", n, heads)                                     # exp
+                add("vec", n, heads)                                     # scale
                 add("sfu", 1, heads)                                     # recip
                 add("copy", 1, n * heads)                                # p into a scalar
-                add("sfu", hd, n * heads)                                # p * V
+                add("vec", hd, n * heads)                                # p * V
         elif op is Opcode.WGEMM:
             pass
 

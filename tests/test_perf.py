@@ -4,11 +4,11 @@ from dataclasses import replace
 
 import pytest
 
-from firmware.perf import DDR_PEAK_BYTES_PER_S, Rates, cycles_of, estimate, fit_rates
+from firmware.perf import DDR_PEAK_BYTES_PER_S, PASS_KINDS, Rates, cycles_of, estimate, fit_rates
 from hdl.config import HardwareConfig
 from sim.config import ModelConfig
 
-FREE = dict(issue=0, sfu_pass=0, reduce_pass=0, copy_pass=0, ddr_read_pass=0, ddr_write_pass=0, alu_op=0,
+FREE = dict(issue=0, sfu_pass=0, vec_pass=0, reduce_pass=0, copy_pass=0, ddr_read_pass=0, ddr_write_pass=0, alu_op=0,
             gemv_fixed=0)
 
 
@@ -65,7 +65,7 @@ def _overlap_runs(async_):
 
 def test_schedule_hides_the_weight_stream_only_under_independent_work():
     out, r = _overlap_runs(async_=1)
-    after = 2 * r.issue + r.sfu_pass + 64           # SETVL, then the ADD's issue and SFU pass
+    after = 2 * r.issue + r.vec_pass + 64           # SETVL, then the ADD's issue and its pass (short path)
     hidden, stream = out["independent"]
     assert hidden == pytest.approx(min(stream, after))
     hidden, _ = out["reads the rows"]
@@ -80,14 +80,14 @@ def test_fit_recovers_known_costs(tiny):
     from collections import Counter
     from sim.iss import Counters
     _, hw = tiny
-    truth = Rates(issue=5, sfu_pass=190, reduce_pass=231, copy_pass=9, ddr_read_pass=60, ddr_write_pass=70,
+    truth = Rates(issue=5, sfu_pass=190, vec_pass=27, reduce_pass=231, copy_pass=9, ddr_read_pass=60, ddr_write_pass=70,
                   alu_op=11, gemv_fixed=123)
     rng = np.random.default_rng(0)
     samples = []
     for _ in range(20):
         c = Counters()
         c.instructions = Counter({"VEC.ADD": int(rng.integers(1, 500)), "WGEMV": int(rng.integers(0, 50))})
-        for kind in ("sfu", "reduce", "copy", "ddr_read", "ddr_write"):
+        for kind in PASS_KINDS:
             n = int(rng.integers(0, 300))
             c.passes[("VEC", kind)] = n
             c.pass_elements[("VEC", kind)] = n * int(rng.integers(1, 64))
@@ -249,7 +249,7 @@ def test_schedule_runs_an_async_wgemm_beside_independent_work():
                      encode(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)]
             s = schedule(Machine(image, hw, COUNT), words, hw, rates, token=0, pos=0)
             out[async_, case] = s.hidden
-    after = 2 * rates.issue + rates.sfu_pass + 64
+    after = 2 * rates.issue + rates.vec_pass + 64
     assert out[1, "independent"] == pytest.approx(min(last, after))
     assert out[1, "reads the rows"] == pytest.approx(rates.issue)
     assert out[0, "independent"] == 0 and out[0, "reads the rows"] == 0
@@ -299,3 +299,36 @@ def test_cli_prints_decode_and_prefill(capsys):
     assert [r[0] for r in rows] == ["2", "5"] and all(len(r) == 10 for r in rows)
     assert main(["--model", "tiny", "--hw", "tiny", "--positions", "3", "--prefill"]) == 0
     assert "prefill" not in capsys.readouterr().out
+
+
+def test_pass_kinds_follow_the_sfu_paths():
+    """The ISS counts a VEC pass as "vec" exactly when its SFU operation takes the short path
+    (`hdl.sfu.SHORT_OPS`), as "reduce" for the reductions and as "sfu" for the functions; RMSNORM is a
+    reduction, the rsqrt and one scale(-and-gain) pass (MULS_MUL) per segment."""
+    from firmware.pack import pack
+    from hdl.isa import CtrlFunc, Opcode, VecFunc, encode
+    from hdl.sfu import REDUCE_OPS, SHORT_OPS, SfuOp, op_of
+    from sim.iss import COUNT, Machine
+    cfg, hw = ModelConfig.preset("tiny"), HardwareConfig.preset("tiny")
+    image = pack(cfg, None, hw, max_positions=4, fill=False)
+
+    def kinds(func, n=64, hd=None):
+        words = [encode(Opcode.CTRL, func=CtrlFunc.SETVL, imm=n)]
+        if hd:
+            words.append(encode(Opcode.CTRL, func=CtrlFunc.SETHD, imm=hd))
+        words += [encode(Opcode.VEC, func=func, dst=2048, a=0, b=1024, s=0, async_=0),
+                  encode(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)]
+        m = Machine(image, hw, COUNT)
+        m.run(words, token=0, pos=0)
+        return {kind: (n, m.counters.pass_elements[k]) for k, n in m.counters.passes.items() for kind in [k[1]]}
+
+    singles = [f for f in VecFunc if f.name not in ("ROPE", "RMSNORM", "RMSNORM_NG")]
+    # every short operation is a one-pass VEC function, a reduction or RMSNORM's MULS_MUL
+    assert set(SHORT_OPS) <= {op_of(f) for f in singles} | set(REDUCE_OPS) | {SfuOp.MULS_MUL}
+    for f in singles:
+        op = op_of(f)
+        want = "reduce" if op in REDUCE_OPS else "vec" if op in SHORT_OPS else "sfu"
+        assert kinds(f) == {want: (1, 64)}, f.name
+    assert kinds(VecFunc.RMSNORM, 64, 32) == {"reduce": (2, 64), "sfu": (2, 2), "vec": (2, 64)}
+    assert kinds(VecFunc.RMSNORM_NG, 64, 32) == {"reduce": (2, 64), "sfu": (2, 2), "vec": (2, 64)}
+    assert kinds(VecFunc.ROPE, 64, 32) == {"vec": (12, 192)}

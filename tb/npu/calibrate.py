@@ -46,6 +46,7 @@ def micro_programs(image, hw: HardwareConfig) -> dict[str, list[int]]:
         vec = lambda f, s=0: encode(Opcode.VEC, func=f, dst=64, a=0, b=32, s=s, async_=0)   # noqa: E731
         progs[f"vec_add_{n}"] = [_ctrl(CtrlFunc.SETVL, n)] + [vec(VecFunc.ADD)] * REPS
         progs[f"vec_sum_{n}"] = [_ctrl(CtrlFunc.SETVL, n)] + [vec(VecFunc.SUM, 1)] * REPS
+        progs[f"vec_gelu_mul_{n}"] = [_ctrl(CtrlFunc.SETVL, n)] + [vec(VecFunc.GELU_MUL)] * REPS
         progs[f"dma_in_{n}"] = [_ctrl(CtrlFunc.SETVL, n)] + [
             encode(Opcode.DMA, dir=DmaDir.DDR_TO_L2, region=DdrRegion.CONST, l2=0, offset=0, async_=0)] * REPS
         progs[f"dma_out_{n}"] = [_ctrl(CtrlFunc.SETVL, n)] + [
