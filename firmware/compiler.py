@@ -19,7 +19,7 @@ from hdl.config import HardwareConfig
 from hdl.isa import CtrlFunc, CvoFunc, DdrRegion, DmaDir, Opcode, ScalarFunc, ShapeCache, VecFunc, encode
 from sim.config import ModelConfig
 
-from .pack import Image, Layout, logit_chunk_rows
+from .pack import Image, Layout, folded_router_name, logit_chunk_rows
 
 __all__ = ["compile_token", "Program", "L2Map"]
 
@@ -199,6 +199,9 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
     if cfg.altup_num_inputs % 4:
         raise ValueError(f"altup_num_inputs must be a multiple of 4 (AltUp coefficient rows in whole L2 words), "
                          f"not {cfg.altup_num_inputs}")
+    if cfg.altup_num_inputs > INV_D:
+        raise ValueError(f"altup_num_inputs must be at most {INV_D} (the prediction coefficients take S0..S{{n-1}}, "
+                         f"below the constants in S{INV_D}..S7), not {cfg.altup_num_inputs}")
     e = _Emitter(cfg, image, hw)
     D, n, P, L = cfg.hidden_size, cfg.altup_num_inputs, cfg.hidden_size_per_layer_input, cfg.num_hidden_layers
     hd, F = cfg.head_dim, max(cfg.intermediate_size)
@@ -210,7 +213,7 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
         m.alloc(f"xs{k}", D)
         m.alloc(f"pred{k}", D)
     for name, size in (("x0", D), ("pli", L * P), ("ple", L * P), ("gain", max(D, hd)), ("gain2", max(D, hd)),
-                       ("t", D), ("xn", D),
+                       ("xn", D),
                        ("lt", cfg.laurel_rank), ("lr", D), ("laurel", D), ("q", cfg.q_dim), ("k", cfg.kv_dim),
                        ("v", cfg.kv_dim), ("attn", cfg.q_dim), ("o", D), ("xa", D), ("h", D), ("gate", F),
                        ("up", F), ("centred", F), ("dn", D), ("out", D), ("innov", D), ("gi", D), ("pg", P), ("pp", D),
@@ -331,17 +334,24 @@ def _magnitude_match(e: _Emitter, buf: int):
 
 
 def _router(e: _Emitter, i: int, src: int):
-    """mvec = tanh(W_router (rmsnorm(src) / D)), n values."""
+    """mvec = tanh(W_router (rmsnorm(src) * g / D)), n values, computed as tanh((W' src) * rs): the router-norm
+    gain g is folded into the router's columns at pack time (W', `firmware.pack.folded_router`) and
+    rs = (sum(src^2) * (1/D) + eps)^-1/2 * (1/D) uses RMSNORM's mean and epsilon. One SUMSQ and one DOT per
+    router row over src, no normalised copy of it. Uses S0 and S1."""
     cfg, m = e.cfg, e.l2
     D, n = cfg.hidden_size, cfg.altup_num_inputs
-    e.rmsnorm(m["t"], src, D, D, e.sub(i, "altup.router_norm.weight"))
     e.setvl(D)
-    e.vec(VecFunc.MULS, dst=m["t"], a=m["t"], s=INV_D)
-    w = e.prefetch(e.sub(i, "altup.modality_router.weight"), PREFETCH_PAIRS[1])
+    e.vec(VecFunc.SUMSQ, a=src, s=1)
+    e.scalar(ScalarFunc.MUL, d=1, a=1, b=INV_D)
+    e.scalar(ScalarFunc.ADD, d=1, a=1, b=EPS)
+    e.scalar(ScalarFunc.RSQRT, d=1, a=1)
+    e.scalar(ScalarFunc.MUL, d=1, a=1, b=INV_D)              # S1 = rs
+    w = e.prefetch(folded_router_name(i), PREFETCH_PAIRS[1])
     e.setvl(D)
     for j in range(n):
-        e.vec(VecFunc.DOT, a=w + j * D // 4, b=m["t"], s=0)
+        e.vec(VecFunc.DOT, a=w + j * D // 4, b=src, s=0)
         e.use(w)
+        e.scalar(ScalarFunc.MUL, d=0, a=0, b=1)
         e.scalar(ScalarFunc.TANH, d=0, a=0)
         e.scalar(ScalarFunc.ST, a=0, imm=m["mvec"] * 4 + j)
 
@@ -366,9 +376,8 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
             for c in range(n):
                 e.vec(VecFunc.DOT, a=m["coefs"] + (r * n + c) * n // 4, b=m["mvec"], s=c)
             e.setvl(D)
-            e.vec(VecFunc.COPY, dst=m[f"pred{r}"], a=m[f"xs{r}"])
-            for c in range(n):
-                e.vec(VecFunc.FMAS, dst=m[f"pred{r}"], a=m[f"xs{c}"], b=m[f"pred{r}"], s=c)
+            for c in range(n):      # the first FMAS adds xs[r] itself: pred[r] needs no copy of it first
+                e.vec(VecFunc.FMAS, dst=m[f"pred{r}"], a=m[f"xs{c}"], b=m[f"xs{r}" if c == 0 else f"pred{r}"], s=c)
     # Only the active stream's prediction is needed now; the others are first read by the correction, so
     # they run under the gate projection's weight stream (the coefficients and the router's mvec stay in L2
     # until the correction's router and coefficients replace them).

@@ -8,7 +8,8 @@ region      contents
 DESC        descriptor table, 32 bytes each: KV-cache slots first (ATTN/KVST address them with 8 bits),
             then one per weight matrix (or row chunk of one: the LM head is split to fit L2)
 CONST       binary32 vectors and small matrices: norm gains, ``correct_output_scale``, the AltUp router,
-            prediction and correction coefficients, RoPE frequency tables (in turns, two words each)
+            prediction and correction coefficients, RoPE frequency tables (in turns, two words each), and
+            tensors derived from the checkpoint at pack time (`folded_router`)
 WEIGHTS     INT4 matrices (two per byte, low nibble first) followed by their binary16 group scales
             (row-major [rows, groups]; group-major [groups, rows] for column-major matrices)
 KV          the KV cache: per cache layer, ``capacity`` positions (sliding layers keep a ring of
@@ -43,7 +44,7 @@ from sim.gemma3n import resolve_tensor_names
 from sim.numerics import KvInt8Layout, pack_int4, quantize_weights, v_plane_scales
 
 __all__ = ["Image", "TensorEntry", "Descriptor", "pack", "DESC_BYTES", "DescKind", "Layout",
-           "rope_turn_table", "logit_chunk_rows"]
+           "rope_turn_table", "logit_chunk_rows", "folded_router", "folded_router_name"]
 
 ALIGN = 4096
 DESC_BYTES = 32
@@ -172,6 +173,25 @@ def logit_chunk_rows(cfg: ModelConfig, hw: HardwareConfig) -> int:
     return min(cfg.vocab_size, hw.l2_bytes // 16, 1 << 15)
 
 
+def folded_router_name(layer: int) -> str:
+    """The CONST entry of layer `layer`'s AltUp router with the router-norm gain folded in (`folded_router`)."""
+    return f"layers.{layer}.altup.modality_router_folded"
+
+
+def folded_router(cfg: ModelConfig, layer: int, router, gain) -> np.ndarray:
+    """``W'[j, k] = W[j, k] * g[k]`` in float64: layer `layer`'s ``altup.modality_router.weight`` [n, D] with
+    ``altup.router_norm.weight`` [D] folded into its columns, so that the router
+    ``tanh(W (rmsnorm(x) * g / D))`` is ``tanh((W' x) * (mean(x^2) + eps)^-1/2 / D)``: one SUMSQ and n DOTs
+    over the raw x, no normalised copy of it. The packer stores it once rounded to binary32."""
+    p = f"layers.{layer}.altup."
+    w, g = np.asarray(router, dtype=np.float64), np.asarray(gain, dtype=np.float64)
+    for name, v, shape in (("modality_router.weight", w, (cfg.altup_num_inputs, cfg.hidden_size)),
+                           ("router_norm.weight", g, (cfg.hidden_size,))):
+        if v.shape != shape:
+            raise ValueError(f"tensor {p + name!r} has shape {v.shape}; expected {shape}")
+    return w * g
+
+
 def scalar_constants(cfg: ModelConfig) -> tuple[dict[str, int], np.ndarray]:
     """The model's scalar constants, in one CONST vector (float64 here; binary32 in the image), and the
     index of each: programs load them with SCALAR LD instead of rounding them into immediates."""
@@ -295,6 +315,11 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
                 assert layout == Layout.ROW, "row chunks of a column-major matrix have no contiguous scales"
                 descs.append(Descriptor(len(descs), DescKind.INT4, name, r0, r1 - r0, cols,
                                         off + r0 * pcols // 2, soff + r0 * ngroups * 2, layout, group))
+    folded = {folded_router_name(i): i for i in range(cfg.num_hidden_layers)}    # derived: name -> layer
+    n = cfg.altup_num_inputs * cfg.hidden_size * 4
+    for name in folded:
+        entries[name] = TensorEntry(name, "CONST", alloc.take("CONST", n), (cfg.altup_num_inputs, cfg.hidden_size),
+                                    "fp32", nbytes=n)
     for theta_name in ("rope.sliding", "rope.full"):
         n = cfg.head_dim // 2 * 8
         entries[theta_name] = TensorEntry(theta_name, "CONST", alloc.take("CONST", n), (cfg.head_dim // 2, 2),
@@ -336,7 +361,14 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
             image.view("CONST", e.offset, e.nbytes)[:] = table.astype("<u4").view(np.uint8)
             image.const64[name] = table.astype(np.float64)
         elif e.format == "fp32":
-            v = scalars if name == "scalars" else np.asarray(_load(tensors[by_name[name]]), dtype=np.float64)
+            if name == "scalars":
+                v = scalars
+            elif name in folded:
+                p = f"layers.{folded[name]}.altup."
+                v = folded_router(cfg, folded[name], _load(tensors[by_name[p + "modality_router.weight"]]),
+                                  _load(tensors[by_name[p + "router_norm.weight"]]))
+            else:
+                v = np.asarray(_load(tensors[by_name[name]]), dtype=np.float64)
             image.view("CONST", e.offset, e.nbytes)[:] = v.astype("<f4").reshape(-1).view(np.uint8)
             image.const64[name] = v.reshape(-1)
         else:

@@ -185,6 +185,9 @@ def test_compiler_rejects_altup_streams_not_in_whole_words():
     cfg = ModelConfig.from_hf({**PRESETS["tiny"].to_hf(), "altup_num_inputs": 3})
     with pytest.raises(ValueError, match="altup_num_inputs must be a multiple of 4"):
         compile_token(cfg, None, HW["tiny"])
+    cfg = ModelConfig.from_hf({**PRESETS["tiny"].to_hf(), "altup_num_inputs": 8})
+    with pytest.raises(ValueError, match="altup_num_inputs must be at most 5"):
+        compile_token(cfg, None, HW["tiny"])
 
 
 @pytest.mark.parametrize("tokens", [1, 5])
@@ -324,7 +327,7 @@ def test_compiler_moves_independent_work_under_weight_streams():
     prog = compile_token(cfg, image, HW["kv260"])
     ops = [decode(w) for w in prog.words]
     gains = {e.offset // 16 for n, e in image.tensors.items() if e.region == "CONST" and
-             (n.endswith("norm.weight") or n.endswith("correct_output_scale") or n.endswith("modality_router.weight"))}
+             (n.endswith("norm.weight") or n.endswith("correct_output_scale") or n.endswith("modality_router_folded"))}
     first_stream = next(k for k, o in enumerate(ops) if o.op is Opcode.WGEMV)
 
     def prefetch(o):

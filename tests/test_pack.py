@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from firmware.pack import DESC_BYTES, Layout, pack, rope_turn_table
+from firmware.pack import DESC_BYTES, Layout, folded_router, folded_router_name, pack, rope_turn_table
 from hdl.config import PRESETS as HW
 from sim.checkpoint import Checkpoint, write_checkpoint
 from sim.config import PRESETS
@@ -72,6 +72,44 @@ def test_constants_and_descriptors_read_back(packed):
             assert (soff, rows, cols, 1 << glog) == (d.scale_offset, d.rows, d.cols, d.group)
     # KV slots come first so that ATTN/KVST's 8-bit slot field reaches them.
     assert sorted(image.kv_slots.values()) == list(range(len(CFG.kv_cache_layers)))
+
+
+def test_router_norm_gain_is_folded_into_the_router(packed):
+    """Every layer's CONST router for the compiled program is modality_router * router_norm gain, column by
+    column: the float64 product (what reference arithmetic reads) rounded once to binary32 (the bytes)."""
+    image, bf16, _ = packed
+    n, D = CFG.altup_num_inputs, CFG.hidden_size
+    for i in range(CFG.num_hidden_layers):
+        p = f"layers.{i}.altup."
+        router, gain = bf16[p + "modality_router.weight"], bf16[p + "router_norm.weight"]
+        want = np.array([[router[j, k] * gain[k] for k in range(D)] for j in range(n)])
+        e = image.tensors[folded_router_name(i)]
+        assert (e.region, e.shape, e.format) == ("CONST", (n, D), "fp32")
+        np.testing.assert_array_equal(image.const64[e.name].reshape(n, D), want, err_msg=e.name)
+        got = image.view("CONST", e.offset, e.nbytes).view("<f4").reshape(n, D)
+        np.testing.assert_array_equal(got, want.astype(np.float32), err_msg=e.name)
+        assert not np.array_equal(got, router.astype(np.float32)), "the gain is not folded in"
+
+
+def test_folded_router_checks_its_inputs():
+    tensors = random_tensors(CFG, 0)
+    n, D = CFG.altup_num_inputs, CFG.hidden_size
+    router, gain = tensors["layers.1.altup.modality_router.weight"], tensors["layers.1.altup.router_norm.weight"]
+    with pytest.raises(ValueError, match=rf"tensor 'layers\.1\.altup\.modality_router\.weight' has shape "
+                                         rf"\({D}, {n}\); expected \({n}, {D}\)"):
+        folded_router(CFG, 1, router.T, gain)
+    with pytest.raises(ValueError, match=rf"tensor 'layers\.1\.altup\.router_norm\.weight' has shape "
+                                         rf"\(1, {D}\); expected \({D},\)"):
+        folded_router(CFG, 1, router, gain[None])
+    # through the packer: a wrong-shape or missing source of the fold is named with its expected shape
+    tensors["layers.1.altup.router_norm.weight"] = gain[:-1]
+    with pytest.raises(ValueError, match=rf"tensor 'layers\.1\.altup\.router_norm\.weight' has shape "
+                                         rf"\({D - 1},\); expected \({D},\)"):
+        pack(CFG, tensors, HW["tiny"])
+    del tensors["layers.1.altup.router_norm.weight"]
+    with pytest.raises(ValueError, match=rf"missing tensor 'layers\.1\.altup\.router_norm\.weight' "
+                                         rf"\(expected shape \({D},\)\)"):
+        pack(CFG, tensors, HW["tiny"])
 
 
 def test_regions_and_manifest(packed):
