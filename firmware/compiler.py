@@ -19,7 +19,7 @@ from hdl.config import HardwareConfig
 from hdl.isa import CtrlFunc, CvoFunc, DdrRegion, DmaDir, Opcode, ScalarFunc, ShapeCache, VecFunc, encode
 from sim.config import ModelConfig
 
-from .pack import Image, Layout, folded_router_name, logit_chunk_rows
+from .pack import Image, Layout, ffn_piece_rows, folded_router_name, logit_chunk_rows
 
 __all__ = ["compile_token", "Program", "L2Map"]
 
@@ -83,11 +83,33 @@ class _Emitter:
         self.last_stream: int | None = None       # index of the last async WGEMV
         self.last_use: dict[str, int] = {}        # prefetch buffer -> index of its last reader
         self.turn: dict[tuple, int] = {}          # prefetch buffer pair -> the one to fill next
+        self.engine: tuple[int, int] | None = None   # (src word, cols) the GEMV engine holds (WGEMV reuse)
 
     def emit(self, op: Opcode, **fields):
         self.prog.words.append(encode(op, l2_words=self.l2.words, **fields))
         self.prog.steps.append(self.step)
         self.vl_after.append(self.vl)
+        self._forget_overwritten(op, fields)
+
+    def _forget_overwritten(self, op: Opcode, f: dict):
+        """Forget the engine's vector (no later WGEMV may `reuse` it) when the word just emitted writes into
+        its L2 source or quantises something else into the engine (INT8 ATTN)."""
+        if self.engine is None:
+            return
+        if op is Opcode.ATTN:
+            self.engine = None
+            return
+        reduction = op is Opcode.VEC and f["func"] in (VecFunc.SUMSQ, VecFunc.SUM, VecFunc.MAX, VecFunc.DOT)
+        ranges = {Opcode.VEC: lambda: None if reduction else (f["dst"], self.vl),
+                  Opcode.CVO: lambda: (f["dst"], f["length"]),
+                  Opcode.DMA: lambda: (f["l2"], self.vl) if f["dir"] is DmaDir.DDR_TO_L2 else None,
+                  Opcode.GATHER: lambda: (f["dst"], self.image.descriptors[f["desc"]].cols),
+                  Opcode.WGEMV: lambda: (f["dst"], self.image.descriptors[f["desc"]].rows),
+                  Opcode.SCALAR: lambda: (f["imm"] / 4, 1) if f["func"] is ScalarFunc.ST else None}
+        w = ranges.get(op, lambda: None)()
+        src, cols = self.engine
+        if w is not None and w[0] * 4 < src * 4 + cols and src * 4 < w[0] * 4 + (w[1] or 0):
+            self.engine = None
 
     # --- small building blocks ----------------------------------------------------------------------
 
@@ -125,10 +147,18 @@ class _Emitter:
         self.emit(Opcode.DMA, **fields)
 
     def wgemv(self, name: str, dst: int, src: int, *, accm=0, sparse=0, row_start=0, rows=None):
+        """An async WGEMV of matrix `name` (rows from `row_start`) on the vector at `src`: with `reuse` when the
+        GEMV engine still holds that vector, quantised by an earlier WGEMV, and nothing has written it since
+        (docs/isa.md, WGEMV)."""
         d = self.image.descriptor(name, row_start, rows)
+        reuse = int(self.engine == (src, d.cols))
         # async: the engine streams the weights while later independent passes run (the NPU tracks the hazards
         # on dst, docs/architecture.md "Overlap")
-        self.emit(Opcode.WGEMV, dst=dst, src=src, desc=d.index, accm=accm, findemax=0, sparse=sparse, async_=1)
+        self.emit(Opcode.WGEMV, dst=dst, src=src, desc=d.index, accm=accm, findemax=0, sparse=sparse, reuse=reuse,
+                  async_=1)
+        if not reuse:
+            self.engine = (src, d.cols)
+            self._forget_overwritten(Opcode.WGEMV, dict(dst=dst, desc=d.index))
         self.last_stream = len(self.prog.words) - 1
 
     def prefetch(self, name: str, pair: tuple[str, str] = PREFETCH_PAIRS[0]) -> int:
@@ -221,6 +251,13 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
                        ("rope.sliding", hd), ("rope.full", hd), ("cs.sliding", hd), ("cs.full", hd),
                        ("logits", logit_chunk_rows(cfg, hw))):
         m.alloc(name, size)
+    if cfg.vocab_size > logit_chunk_rows(cfg, hw):
+        # a second logits buffer lets a chunk's soft-cap and store run under the next chunk's weight stream;
+        # without room for it the chunks run one after another (the same results)
+        try:
+            m.alloc("logits2", logit_chunk_rows(cfg, hw))
+        except ValueError:
+            pass
 
     # --- 0. constants and per-token tables --------------------------------------------------------------
     e.step = "setup: scalar constants"
@@ -303,17 +340,31 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
     e.rmsnorm(m["acc"], m["acc"], D, D, "norm.weight")
     head = "embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
     chunk = logit_chunk_rows(cfg, hw)
-    for r0 in range(0, cfg.vocab_size, chunk):
-        rows = min(chunk, cfg.vocab_size - r0)
+    bufs = [m["logits"]] + ([m["logits2"]] if "logits2" in m.buffers else [])
+
+    def finish(r0, rows, buf):
+        """Soft-cap the chunk of logits at `buf` and store it."""
         e.step = f"5 LM head rows {r0}..{r0 + rows - 1}, soft-cap, store logits"
-        e.wgemv(head, m["logits"], m["acc"], row_start=r0, rows=rows)
         if cfg.final_logit_softcapping is not None:
             e.const(0, "softcap")
-            e.emit(Opcode.CVO, func=CvoFunc.SOFTCAP, src=m["logits"], dst=m["logits"], length=rows, sub_emax=0,
+            e.emit(Opcode.CVO, func=CvoFunc.SOFTCAP, src=buf, dst=buf, length=rows, sub_emax=0,
                    recip_scale=0, accm=0, async_=0)
         e.setvl(rows)
-        e.emit(Opcode.DMA, dir=DmaDir.L2_TO_DDR, region=DdrRegion.LOGITS, l2=m["logits"], offset=r0 * 4 // 16,
-               async_=0)
+        e.emit(Opcode.DMA, dir=DmaDir.L2_TO_DDR, region=DdrRegion.LOGITS, l2=buf, offset=r0 * 4 // 16, async_=0)
+
+    pending = None
+    for k, r0 in enumerate(range(0, cfg.vocab_size, chunk)):
+        rows = min(chunk, cfg.vocab_size - r0)
+        e.step = f"5 LM head rows {r0}..{r0 + rows - 1}, soft-cap, store logits"
+        e.wgemv(head, bufs[k % len(bufs)], m["acc"], row_start=r0, rows=rows)
+        if pending is not None:          # the previous chunk, under this one's stream (the other buffer)
+            finish(*pending)
+        pending = (r0, rows, bufs[k % len(bufs)])
+        if len(bufs) == 1:
+            finish(*pending)
+            pending = None
+    if pending is not None:
+        finish(*pending)
     e.step = "end"
     e.emit(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)
     e.prog.l2_map = dict(m.buffers)
@@ -436,15 +487,23 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     e.vec(VecFunc.ADD, dst=m["xa"], a=m["xa"], b=m["laurel"])
     e.const(0, "inv_sqrt2")
     e.vec(VecFunc.MULS, dst=m["xa"], a=m["xa"], s=0)
-    e.step = L + "4.D FFN: pre-norm, gate"
+    gate_step = L + "4.D FFN: pre-norm, gate"
+    e.step = gate_step
     e.rmsnorm(m["h"], m["xa"], D, D, e.sub(i, "pre_feedforward_layernorm.weight"))
-    e.wgemv(e.sub(i, "mlp.gate_proj.weight"), m["gate"], m["h"])
-    e.step = L + "4.A AltUp predict, the other streams (under the gate projection's stream)"
-    predict([r for r in range(n) if r != a])
+    # The gate and up projections run in pieces of rows (firmware.pack.ffn_piece_rows; the engine keeps h, so
+    # only the first quantises it): GELU(gate) * up of a piece runs under the next up piece's weight stream.
+    piece = ffn_piece_rows(cfg, i)
+    starts = range(0, F, piece)
+    for r0 in starts:
+        e.wgemv(e.sub(i, "mlp.gate_proj.weight"), m["gate"] + r0 // 4, m["h"], row_start=r0, rows=piece)
+        if r0 == 0:
+            e.step = L + "4.A AltUp predict, the other streams (under the gate projection's stream)"
+            predict([r for r in range(n) if r != a])
+            e.step = gate_step
     sparse = cfg.activation_sparsity_pattern[i] > 0
     up_step = L + "4.D FFN: up, GELU(gate) * up, down" + (" (sparse: zero columns skipped)" if sparse else "")
     e.step = up_step
-    e.wgemv(e.sub(i, "mlp.up_proj.weight"), m["up"], m["h"])       # streams while the top-k runs
+    e.wgemv(e.sub(i, "mlp.up_proj.weight"), m["up"], m["h"], rows=piece)     # streams while the top-k runs
     if sparse:
         e.step = L + "4.D Gaussian top-k: cutoff = mean + z * std (population)"
         e.setvl(F)
@@ -462,8 +521,11 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
         e.scalar(ScalarFunc.ADD, d=3, a=0, b=3)                  # cutoff
         e.vec(VecFunc.RELU_SUBS, dst=m["gate"], a=m["gate"], s=3)
     e.step = up_step
-    e.setvl(F)
-    e.vec(VecFunc.GELU_MUL, dst=m["gate"], a=m["gate"], b=m["up"])
+    for prev, r0 in zip(starts, list(starts[1:]) + [None]):
+        if r0 is not None:
+            e.wgemv(e.sub(i, "mlp.up_proj.weight"), m["up"] + r0 // 4, m["h"], row_start=r0, rows=piece)
+        e.setvl(piece)
+        e.vec(VecFunc.GELU_MUL, dst=m["gate"] + prev // 4, a=m["gate"] + prev // 4, b=m["up"] + prev // 4)
     down = e.sub(i, "mlp.down_proj.weight")
     e.wgemv(down, m["dn"], m["gate"], sparse=int(sparse and e.image.tensors[down].layout == Layout.COL))
     e.rmsnorm(m["dn"], m["dn"], D, D, e.sub(i, "post_feedforward_layernorm.weight"))

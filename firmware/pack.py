@@ -44,7 +44,7 @@ from sim.gemma3n import resolve_tensor_names
 from sim.numerics import KvInt8Layout, pack_int4, quantize_weights, v_plane_scales
 
 __all__ = ["Image", "TensorEntry", "Descriptor", "pack", "DESC_BYTES", "DescKind", "Layout",
-           "rope_turn_table", "logit_chunk_rows", "folded_router", "folded_router_name"]
+           "rope_turn_table", "logit_chunk_rows", "ffn_piece_rows", "folded_router", "folded_router_name"]
 
 ALIGN = 4096
 DESC_BYTES = 32
@@ -132,6 +132,14 @@ class Image:
                 return d
         raise KeyError(f"no descriptor for {tensor!r} at row {row_start}" + (f" with {rows} rows" if rows else ""))
 
+    def matrices(self) -> dict[str, Descriptor]:
+        """Tensor name -> the descriptor of the whole matrix (not its row chunks or pieces), every INT4 matrix."""
+        out = {}
+        for d in self.descriptors:
+            if d.kind == DescKind.INT4 and d.row_start == 0 and d.rows == self.tensors[d.tensor].shape[0]:
+                out.setdefault(d.tensor, d)
+        return out
+
     def manifest(self) -> dict:
         return {
             "format": "gemma3n-npu-image/1",
@@ -171,6 +179,23 @@ def logit_chunk_rows(cfg: ModelConfig, hw: HardwareConfig) -> int:
     """LM-head rows computed per WGEMV: one chunk of logits takes at most a quarter of L2 and fits the
     16-bit length of the CVO that soft-caps it."""
     return min(cfg.vocab_size, hw.l2_bytes // 16, 1 << 15)
+
+
+def ffn_piece_rows(cfg: ModelConfig, layer: int) -> int:
+    """Rows of each piece the gate and up projections of layer `layer` run in (one WGEMV each, with their
+    own descriptors): four pieces when they come in whole L2 words, else two, else one. The compiler runs
+    GELU(gate) * up of one piece under the next piece's weight stream (firmware.compiler)."""
+    f = cfg.intermediate_size[layer]
+    return f // 4 if f % 16 == 0 else f // 2 if f % 8 == 0 else f
+
+
+def _row_chunk(cfg: ModelConfig, hw: HardwareConfig, name: str, rows: int) -> int:
+    """Rows per extra descriptor of matrix `name`: the LM head's chunks, the FFN gate/up pieces, else all."""
+    if name in ("embed_tokens.weight", "lm_head.weight"):
+        return logit_chunk_rows(cfg, hw)
+    if name.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight")):
+        return ffn_piece_rows(cfg, int(name.split(".")[1]))
+    return rows
 
 
 def folded_router_name(layer: int) -> str:
@@ -306,9 +331,9 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
         entries[name] = TensorEntry(name, "WEIGHTS", off, shape, "int4", layout, group, soff, nbytes,
                                     rows * ngroups * 2)
         # One descriptor for the whole matrix (GEMVs, and row gathers from embedding tables); the LM head
-        # also gets one per chunk of rows.
+        # also gets one per chunk of rows, the FFN gate and up projections one per piece (`_row_chunk`).
         descs.append(Descriptor(len(descs), DescKind.INT4, name, 0, rows, cols, off, soff, layout, group))
-        chunk = logit_chunk_rows(cfg, hw) if name == "embed_tokens.weight" else rows
+        chunk = _row_chunk(cfg, hw, name, rows)
         for r0 in range(0, rows, chunk):
             r1 = min(rows, r0 + chunk)
             if (r0, r1) != (0, rows):

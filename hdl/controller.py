@@ -226,6 +226,7 @@ class Controller(wiring.Component):
         hd = Signal(32)
         inv_hd = Signal(32)
         emax = Signal(32)
+        act_n = Signal(range(hw.gemv_max_cols + 1))     # activations the GEMV engine holds (WGEMV reuse)
         m.submodules.fmap = fmap = memory.Memory(shape=48, depth=64, init=[])
         fmap_w = fmap.write_port()
         fmap_r = fmap.read_port(domain="comb")
@@ -923,8 +924,28 @@ class Controller(wiring.Component):
             wait_pass("DESC_W", after_desc)
 
             # ---- WGEMV -----------------------------------------------------------------------------------
+            def gemv_start(wbase, sbase, rows, cols, log2g, accm, sparse, lo, n):
+                """Hand the GEMV engine its command (the quantiser holds the activations): `rows` x `cols` from
+                DDR `wbase`/`sbase` into L2 elements [lo, lo + n), accumulating with `accm`."""
+                m.d.sync += [g_cmd.wbase.eq(wbase), g_cmd.sbase.eq(sbase), g_cmd.rows.eq(rows), g_cmd.cols.eq(cols),
+                             g_cmd.log2_group.eq(log2g), g_cmd.accm.eq(accm), g_cmd.sparse.eq(sparse),
+                             g_active.eq(1), g_is_gemm.eq(0), g_lo.eq(lo), g_n.eq(n), g_pc.eq(pc),
+                             g_pend.gemv.eq(1), g_pend.wr.eq(1), g_pend.rd.eq(accm)]
+
             wg = v[Opcode.WGEMV]
             ws, wd = elem(wg.src), elem(wg.dst)
+
+            def wg_run():
+                """The engine has its activations (a quantiser pass, or `reuse`): start it; an async WGEMV
+                retires now, the others when the engine is done."""
+                wb = base[DdrRegion.WEIGHTS]
+                gemv_start((wb + d_woff)[:A], (wb + d_soff)[:A], d_rows, d_cols, d_log2g, wg.accm, wg.sparse, wd,
+                           d_rows)
+                with m.If(wg.async_ & ~wg.findemax):
+                    retire()
+                with m.Else():
+                    m.next = "WG_G"
+
             with m.State("WG"):
                 with m.If(d_kind != 0):
                     fail(ErrorCode.BAD_DESCRIPTOR)
@@ -941,29 +962,20 @@ class Controller(wiring.Component):
                     fail(ErrorCode.BAD_LENGTH)
                 with m.Elif(~in_l2(wd, d_rows)):
                     fail(ErrorCode.ADDRESS_RANGE)
+                with m.Elif(wg.reuse & (d_cols != act_n)):
+                    fail(ErrorCode.BAD_LENGTH)
+                with m.Elif(wg.reuse):
+                    wg_run()
                 with m.Else():
-                    m.d.sync += q_gemm.eq(0)
+                    m.d.sync += [q_gemm.eq(0), act_n.eq(d_cols)]
                     launch("WG_Q", bypass=1, n=d_cols, a=Src.L2, a_addr=ws, sink=Sink.QUANT)
-            def gemv_start(wbase, sbase, rows, cols, log2g, accm, sparse, lo, n):
-                """Hand the GEMV engine its command (the quantiser holds the activations): `rows` x `cols` from
-                DDR `wbase`/`sbase` into L2 elements [lo, lo + n), accumulating with `accm`."""
-                m.d.sync += [g_cmd.wbase.eq(wbase), g_cmd.sbase.eq(sbase), g_cmd.rows.eq(rows), g_cmd.cols.eq(cols),
-                             g_cmd.log2_group.eq(log2g), g_cmd.accm.eq(accm), g_cmd.sparse.eq(sparse),
-                             g_active.eq(1), g_is_gemm.eq(0), g_lo.eq(lo), g_n.eq(n), g_pc.eq(pc),
-                             g_pend.gemv.eq(1), g_pend.wr.eq(1), g_pend.rd.eq(accm)]
 
             with m.State("WG_Q"):
                 with m.If(pdone):
                     with m.If(quant.o_nonfinite):
                         fail(ErrorCode.NON_FINITE)
                     with m.Else():
-                        wb = base[DdrRegion.WEIGHTS]
-                        gemv_start((wb + d_woff)[:A], (wb + d_soff)[:A], d_rows, d_cols, d_log2g, wg.accm, wg.sparse,
-                                   wd, d_rows)
-                        with m.If(wg.async_ & ~wg.findemax):
-                            retire()
-                        with m.Else():
-                            m.next = "WG_G"
+                        wg_run()
             with m.State("WG_G"):
                 with m.If(~g_active):
                     with m.If(g_failed):
@@ -1108,6 +1120,8 @@ class Controller(wiring.Component):
                     with m.Else():
                         seen = Mux((f_win == 0) | (self.i_pos + 1 <= f_win), self.i_pos + 1, f_win)
                         m.d.sync += a_n.eq(seen)
+                        if uses_engine:
+                            m.d.sync += act_n.eq(0)      # its GEMVs quantise into the engine (WGEMV reuse)
                         m.next = "AT_1"
 
             if not int8_kv:

@@ -203,6 +203,8 @@ class Machine:
         self.vl = 0
         self.hd = 0
         self.emax = self.dtype(0)
+        # the GEMV engine's activations (WGEMV `reuse`): the last vector quantised into it and its length ACT_N
+        self.act_x, self.act_n = None, 0
         self.token = 0
         self.pos = 0
         self.counters = Counters()
@@ -307,6 +309,7 @@ class Machine:
         self.s[:] = 0
         self.vl = self.hd = 0
         self.emax = self.dtype(0)
+        self.act_x, self.act_n = None, 0
         for pc, word in enumerate(program):
             try:
                 insn = decode(word, l2_words=self.l2_words)
@@ -399,7 +402,8 @@ class Machine:
             add("ddr_read", 8)                                           # the descriptor
             d = self.image.descriptors[i.slot if op in (Opcode.KVST, Opcode.ATTN) else i.desc]
             if op is Opcode.WGEMV:
-                add("copy", d.cols)                                      # L2 -> quantiser
+                if not i.reuse:
+                    add("copy", d.cols)                                  # L2 -> quantiser
                 if i.findemax:
                     add("reduce", d.rows)
             elif op is Opcode.GATHER:
@@ -451,6 +455,8 @@ class Machine:
         if d.kind != 0:
             self._err(ErrorCode.BAD_DESCRIPTOR, f"descriptor {i.desc} is not a weight matrix")
         x = self.l2[self._vec(i.src, d.cols)]
+        if i.reuse:            # the engine's activations, not src (checked below, after the shape checks)
+            self.touched.pop()
         if i.sparse and d.layout != 1:
             self._err(ErrorCode.BAD_DESCRIPTOR, f"sparse WGEMV needs a column-major matrix ({d.tensor})")
         if not i.sparse and d.layout != 0:
@@ -459,8 +465,17 @@ class Machine:
             self._err(ErrorCode.BAD_LENGTH, f"WGEMV of {d.rows} x {d.cols} exceeds the GEMV engine (at most "
                                             f"{self.hw.gemv_max_cols} columns; sparse: an even number of rows, at "
                                             f"most {self.hw.gemv_sparse_max_rows})")
-        if self.arithmetic != COUNT and not np.all(np.isfinite(x)):
-            self._err(ErrorCode.NON_FINITE, "a WGEMV input holds an infinity or a NaN")
+        if i.reuse:
+            self._vec(i.dst, d.rows)
+            self.touched.pop()
+            if d.cols != self.act_n:
+                self._err(ErrorCode.BAD_LENGTH, f"WGEMV reuse of {d.cols} activations, but the GEMV engine holds "
+                                                f"{self.act_n}")
+            x = self.act_x
+        else:
+            if self.arithmetic != COUNT and not np.all(np.isfinite(x)):
+                self._err(ErrorCode.NON_FINITE, "a WGEMV input holds an infinity or a NaN")
+            self.act_x, self.act_n = x.copy(), d.cols
         entry = self.image.tensors[d.tensor]
         ngroups = -(-d.cols // d.group)
         if self.arithmetic == COUNT:
@@ -801,6 +816,8 @@ class Machine:
             self._err(ErrorCode.ADDRESS_RANGE, f"position {self.pos} exceeds the KV slot ({d.capacity} positions)")
         seen = min(self.pos + 1, window) if window else self.pos + 1
         int8 = self.hw.kv_format == "int8"
+        if int8:
+            self.act_x, self.act_n = None, 0        # its GEMVs quantise into the engine (WGEMV reuse)
         if int8 and window and window < d.capacity:
             self._err(ErrorCode.BAD_LENGTH, f"INT8 ATTN needs a ring as wide as the window ({window}), "
                                             f"not {d.capacity} positions")

@@ -11,7 +11,7 @@ import pytest
 
 from firmware.asm import disassemble
 from firmware.compiler import compile_token
-from firmware.pack import pack
+from firmware.pack import ffn_piece_rows, pack
 from firmware.runtime import Runtime
 from hdl.config import PRESETS as HW
 from hdl.isa import CtrlFunc, ErrorCode, Opcode, encode
@@ -82,10 +82,14 @@ def test_hardware_arithmetic_is_deterministic_and_counts_bytes():
         np.testing.assert_array_equal(la, lb)
         assert la.dtype == np.float32 and np.all(np.abs(la) <= cfg.final_logit_softcapping)
     c = a.machine.counters
-    # WGEMVs per token, counted from the model: LAuReL 2, Q, O, gate, up, down, PLE gate and projection,
-    # plus K and V on cache layers; the PLE projection, AltUp projections and unprojections; LM-head chunks.
+    # WGEMVs per token, counted from the model: LAuReL 2, Q, O, the gate and up pieces, down, PLE gate and
+    # projection, plus K and V on cache layers; the PLE projection, AltUp projections and unprojections;
+    # LM-head chunks.
     n = cfg.altup_num_inputs
-    per_token = sum(9 + (0 if cfg.is_kv_shared(i) else 2) for i in range(cfg.num_hidden_layers)) + 1 + 2 * (n - 1)
+    pieces = [cfg.intermediate_size[i] // ffn_piece_rows(cfg, i) for i in range(cfg.num_hidden_layers)]
+    assert pieces == [4] * cfg.num_hidden_layers
+    per_token = sum(7 + 2 * pieces[i] + (0 if cfg.is_kv_shared(i) else 2) for i in range(cfg.num_hidden_layers)) \
+        + 1 + 2 * (n - 1)
     per_token += -(-cfg.vocab_size // min(cfg.vocab_size, HW["tiny"].l2_bytes // 16, 1 << 15))
     assert c.instructions["WGEMV"] == len(tokens) * per_token
     # Bytes: every INT4 matrix once per token (the PLE table only as one gathered row, the embedding as the
@@ -140,7 +144,8 @@ def test_out_of_range_accesses_stop_with_the_error_code():
         m.run([setvl, bad, halt], token=0, pos=0)
     assert e.value.code is ErrorCode.ADDRESS_RANGE
     # A descriptor that does not exist.
-    bad = encode(Opcode.WGEMV, dst=0, src=0, desc=len(image.descriptors), accm=0, findemax=0, sparse=0, async_=0)
+    bad = encode(Opcode.WGEMV, dst=0, src=0, desc=len(image.descriptors), accm=0, findemax=0, sparse=0, reuse=0,
+                 async_=0)
     with pytest.raises(ExecutionError, match="descriptor .* does not exist") as e:
         m.run([bad, halt], token=0, pos=0)
     assert e.value.code is ErrorCode.BAD_DESCRIPTOR
@@ -220,7 +225,7 @@ def test_wgemm_equals_wgemv_per_token(tokens):
         single = Machine(image, hw, "hardware")
         for t in range(tokens):
             single.l2[:d.cols] = xs[t].astype(np.float32)
-            single.run([encode(Opcode.WGEMV, dst=dst, src=0, desc=d.index, accm=0, findemax=0, sparse=0,
+            single.run([encode(Opcode.WGEMV, dst=dst, src=0, desc=d.index, accm=0, findemax=0, sparse=0, reuse=0,
                                async_=0), halt], token=0, pos=0)
             np.testing.assert_array_equal(got[t], single.l2[dst * 4:dst * 4 + d.rows], err_msg=f"token {t}")
         passes = -(-tokens // hw.systolic_rows)
@@ -294,7 +299,7 @@ def test_sparse_wgemv_reads_column_major_weights_and_group_major_scales():
         x[rng.random(d.cols) >= density] = 0.0
         m = Machine(image, hw, "hardware")
         m.l2[:d.cols] = x
-        m.run([encode(Opcode.WGEMV, dst=1024, src=0, desc=d.index, accm=0, findemax=0, sparse=1, async_=0), halt],
+        m.run([encode(Opcode.WGEMV, dst=1024, src=0, desc=d.index, accm=0, findemax=0, sparse=1, reuse=0, async_=0), halt],
               token=0, pos=0)
         q_a, e_a = quantize_activations(x, hw.act_block)
         np.testing.assert_array_equal(m.l2[4096:4096 + d.rows],
@@ -309,7 +314,7 @@ def test_sparse_wgemv_reads_column_major_weights_and_group_major_scales():
     x[:3] = [40.0, 1e-6, -3.0]
     m = Machine(image, hw, "hardware")
     m.l2[:d.cols] = x
-    m.run([encode(Opcode.WGEMV, dst=1024, src=0, desc=d.index, accm=0, findemax=0, sparse=1, async_=0), halt],
+    m.run([encode(Opcode.WGEMV, dst=1024, src=0, desc=d.index, accm=0, findemax=0, sparse=1, reuse=0, async_=0), halt],
           token=0, pos=0)
     assert m.counters.bytes_read["WEIGHTS"] == 2 * d.rows // 2 + d.rows * -(-d.cols // d.group) * 2
 
@@ -351,3 +356,64 @@ def test_compiler_moves_independent_work_under_weight_streams():
             w = max(j for j in range(k) if ops[j].op is Opcode.WGEMV)
             assert image.descriptors[ops[w].desc].tensor == after, (i, what)
             assert ops[w].async_
+
+
+@pytest.mark.parametrize("arithmetic", ["hardware", "reference"])
+def test_wgemv_reuse_computes_with_the_engines_activations(arithmetic):
+    """WGEMV `reuse` skips the quantiser pass: the GEMV engine keeps the last vector it quantised, so a reuse
+    after the source changed still computes with the old vector (in both arithmetics), costs no copy pass,
+    and stops with BAD_LENGTH when the engine holds nothing (START) or a vector of another length."""
+    from hdl.isa import VecFunc
+    from sim.iss import COUNT
+    cfg, hw = PRESETS["tiny"], HW["tiny"]
+    tensors = random_tensors(cfg, 0)
+    image = pack(cfg, tensors, hw)
+    by = {k: d for k, d in image.matrices().items() if d.layout == 0}
+    q, gate = by["layers.0.self_attn.q_proj.weight"], by["layers.0.mlp.gate_proj.weight"]
+    wide = next(d for d in by.values() if d.cols != q.cols)
+    halt = encode(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)
+    load = [encode(Opcode.CTRL, func=CtrlFunc.SETVL, imm=q.cols)]
+    x = np.random.default_rng(3).standard_normal(q.cols)
+    gemv = lambda dst, d, reuse: encode(Opcode.WGEMV, dst=dst, src=0, desc=d.index, accm=0, findemax=0, sparse=0,
+                                        reuse=reuse, async_=0)
+    square = encode(Opcode.VEC, func=VecFunc.MUL, dst=0, a=0, b=0, s=0, async_=0)
+    def machine():
+        mm = Machine(image, hw, arithmetic, source=tensors if arithmetic == "reference" else None)
+        mm.l2[:q.cols] = x
+        return mm
+
+    m = machine()
+    m.run(load + [gemv(64, q, 0), square, gemv(128, gate, 1), halt], token=0, pos=0)
+    got = m.l2[512:512 + gate.rows].copy()
+    x2 = m.l2[:q.cols].copy()
+    fresh = machine()
+    fresh.run(load + [gemv(128, gate, 0), halt], token=0, pos=0)
+    np.testing.assert_array_equal(got, fresh.l2[512:512 + gate.rows])
+    assert not np.array_equal(x2, fresh.l2[:q.cols])                 # the source did change
+    counted = Machine(image, hw, COUNT)
+    counted.run(load + [gemv(64, q, 0), gemv(128, gate, 1), halt], token=0, pos=0)
+    assert counted.counters.passes[("WGEMV", "copy")] == 1
+    for words, pc in ((load + [gemv(128, gate, 1), halt], 1), (load + [gemv(64, q, 0), gemv(128, wide, 1), halt], 2)):
+        with pytest.raises(ExecutionError, match="reuse") as e:
+            machine().run(words, token=0, pos=0)
+        assert e.value.code is ErrorCode.BAD_LENGTH and e.value.pc == pc
+    # a new program run starts with nothing held (START)
+    with pytest.raises(ExecutionError, match="reuse"):
+        m.run(load + [gemv(128, gate, 1), halt], token=0, pos=0)
+
+
+def test_compiler_reuses_the_engines_activations():
+    """The E4B-shaped program quantises each vector once: K and V reuse Q's input, the gate and up pieces the
+    first gate piece's, the LM-head chunks the first chunk's; no reuse follows a write to its source."""
+    from hdl.isa import decode
+    cfg = ModelConfig.preset("e4b")
+    hw = HW["kv260"]
+    image = pack(cfg, None, hw, max_positions=8, fill=False)
+    prog = compile_token(cfg, image, hw)
+    ins = [decode(w) for w in prog.words]
+    wg = [(i, s) for i, s in zip(ins, prog.steps) if i.op is Opcode.WGEMV]
+    reused = [s for i, s in wg if i.reuse]
+    chunks = -(-cfg.vocab_size // min(cfg.vocab_size, hw.l2_bytes // 16, 1 << 15))
+    # per layer 3 gate and 4 up pieces, K and V on cache layers; 8 LM-head chunks; the 3 AltUp projections of
+    # x0 (the PLE projection quantised it)
+    assert len(reused) == 7 * cfg.num_hidden_layers + 2 * len(cfg.kv_cache_layers) + (chunks - 1) + 3

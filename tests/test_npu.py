@@ -53,6 +53,28 @@ def test_async_wgemv_hazards_give_sequential_results():
     _bench("hazards")
 
 
+def test_hazard_programs_have_the_expected_iss_outcomes():
+    """The directed async-WGEMV and WGEMV-reuse programs mean what they say: the ISS ends each one as the bench
+    expects, and the reuse program's rows after the source changed are those of the old source."""
+    from firmware.pack import pack
+    from sim.config import ModelConfig
+    from tb.npu.test_npu import _iss_outcome, hazard_programs
+    case = load_npz(FIXTURE)
+    image = pack(ModelConfig.from_hf(case.config), case.tensors, HW, max_positions=4)
+    progs = {name: (words, want) for name, words, want in hazard_programs(image, HW)}
+    for name, (words, want) in progs.items():
+        assert _iss_outcome(image, HW, words)[2] == want, name
+    words, _ = progs["WGEMV reuse: the engine's activations"]
+    m, _, _ = _iss_outcome(image, HW, words)
+    from hdl.isa import decode, encode
+    gate = decode(words[4])
+    assert gate.reuse
+    alone = encode(gate.op, **{**gate.fields, "reuse": 0})
+    fresh, _, _ = _iss_outcome(image, HW, words[:2] + [alone] + words[-1:])       # the gate WGEMV of x alone
+    rows = slice(128 * 4, 128 * 4 + 128)
+    np.testing.assert_array_equal(m.l2[rows], fresh.l2[rows])
+
+
 @pytest.mark.slow
 def test_int8_attention_and_kvst_give_the_iss_results():
     """ATTN/KVST on a random INT8 KV cache (tb.npu.test_npu.attention_programs): two V chunks, a sliding ring,

@@ -52,7 +52,7 @@ def _overlap_runs(async_):
     out = {}
     for case, a in (("independent", 1024), ("reads the rows", 512)):
         words = [encode(Opcode.CTRL, func=CtrlFunc.SETVL, imm=d.cols),
-                 encode(Opcode.WGEMV, dst=512, src=0, desc=d.index, accm=0, findemax=0, sparse=0, async_=async_),
+                 encode(Opcode.WGEMV, dst=512, src=0, desc=d.index, accm=0, findemax=0, sparse=0, reuse=0, async_=async_),
                  encode(Opcode.CTRL, func=CtrlFunc.SETVL, imm=64),
                  encode(Opcode.VEC, func=VecFunc.ADD, dst=2048, a=a, b=a, s=0, async_=0),
                  encode(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)]

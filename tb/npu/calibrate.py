@@ -55,7 +55,7 @@ def micro_programs(image, hw: HardwareConfig) -> dict[str, list[int]]:
     progs["scalar_add"] = [encode(Opcode.SCALAR, func=ScalarFunc.ADD, d=1, a=1, b=2, imm=0)] * REPS
     progs["scalar_recip"] = [encode(Opcode.SCALAR, func=ScalarFunc.RECIP, d=1, a=3, b=0, imm=0)] * REPS
     progs["wgemv"] = [_ctrl(CtrlFunc.SETVL, 4)] + [
-        encode(Opcode.WGEMV, dst=128, src=0, desc=mat.index, accm=0, findemax=0, sparse=0, async_=0)] * REPS
+        encode(Opcode.WGEMV, dst=128, src=0, desc=mat.index, accm=0, findemax=0, sparse=0, reuse=0, async_=0)] * REPS
     return {k: v + [halt] for k, v in progs.items()}
 
 
@@ -73,7 +73,7 @@ def _wgemm_program(d, tokens: int) -> list[int]:
 def gemm_programs(image, hw: HardwareConfig) -> dict[str, list[int]]:
     """name -> program: one WGEMM of T tokens, or T WGEMVs (the same products on the GEMV engine), for two
     matrices (128 x 64: 16 row tiles, one chunk; 64 x 128: 8 row tiles, two chunks)."""
-    by = {d.tensor: d for d in image.descriptors if d.kind == 0}
+    by = image.matrices()
     halt, load = _ctrl(CtrlFunc.HALT), _GEMM_LOAD
     progs = {}
     for name in ("layers.1.self_attn.q_proj.weight", "layers.1.self_attn.o_proj.weight"):
@@ -83,7 +83,7 @@ def gemm_programs(image, hw: HardwareConfig) -> dict[str, list[int]]:
             progs[f"wgemm_{d.rows}x{d.cols}_t{t}"] = _wgemm_program(d, t)
             progs[f"wgemv_{d.rows}x{d.cols}_t{t}"] = load + [
                 encode(Opcode.WGEMV, dst=1024 + k * outs, src=k * ins, desc=d.index, accm=0, findemax=0, sparse=0,
-                       async_=0) for k in range(t)] + [halt]
+                       reuse=0, async_=0) for k in range(t)] + [halt]
         progs[f"load_{d.rows}x{d.cols}"] = load + [halt]
     return progs
 
@@ -97,7 +97,7 @@ GEMM_SHAPES = (("layers.0.self_attn.q_proj.weight", (2, 3, 12)), ("layers.0.self
 def gemm_shape_programs(image, hw: HardwareConfig) -> dict[str, list[int]]:
     """name -> program: the activation load, then one WGEMM of T tokens (``wgemm_<rows>x<cols>_t<T>``), for the
     matrices and token counts of `GEMM_SHAPES`; ``load`` is the load alone."""
-    by = {d.tensor: d for d in image.descriptors if d.kind == 0}
+    by = image.matrices()
     progs = {"load": _GEMM_LOAD + [_ctrl(CtrlFunc.HALT)]}
     for name, tokens in GEMM_SHAPES:
         d = by[name]

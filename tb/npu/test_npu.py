@@ -226,14 +226,14 @@ def hazard_programs(image, hw: HardwareConfig) -> list[tuple[str, list[int], tup
     in-flight WGEMV can meet (a pass reading its rows at once, a pass writing its source, an independent pass
     beside it, the next WGEMV with accm on the same rows, a partial overwrite of those rows, a DMA reading
     them, FENCE, HALT right behind one) and an error while one runs. Results leave through SCRATCH/LOGITS."""
-    dense = {d.tensor: d for d in image.descriptors if d.kind == 0 and d.layout == 0 and d.cols == 64}
+    dense = {k: d for k, d in image.matrices().items() if d.layout == 0 and d.cols == 64}
     q, gate, up, small = (dense[f"layers.0.{n}.weight"] for n in
                           ("self_attn.q_proj", "mlp.gate_proj", "mlp.up_proj", "laurel.linear_left"))
     assert q.rows == gate.rows == up.rows == 128 and small.rows == 8, "the fixture's tiny shapes changed"
     setvl = lambda n: _ctrl(CtrlFunc.SETVL, n)
     vec = lambda f, dst, a, b=0: encode(Opcode.VEC, func=f, dst=dst, a=a, b=b, s=0, async_=0)
     wgemv = lambda dst, d, accm=0: encode(Opcode.WGEMV, dst=dst, src=0, desc=d.index, accm=accm, findemax=0,
-                                          sparse=0, async_=1)
+                                          sparse=0, reuse=0, async_=1)
     dma = lambda d, region, l2, off: encode(Opcode.DMA, dir=d, region=region, l2=l2, offset=off, async_=0)
     # L2 words: x 0..15, A 64..95, B 128..159, C 192..223, D 256..287, E 320..321
     body = [
@@ -253,8 +253,23 @@ def hazard_programs(image, hw: HardwareConfig) -> list[tuple[str, list[int], tup
         wgemv(64, small),                                # HALT right behind a WGEMV
     ]
     halt = _ctrl(CtrlFunc.HALT)
+    reuse = lambda dst, d: encode(Opcode.WGEMV, dst=dst, src=0, desc=d.index, accm=0, findemax=0, sparse=0,
+                                  reuse=1, async_=1)
+    wide = next(d for d in image.descriptors if d.kind == 0 and d.layout == 0 and d.cols == 128)
+    held = [
+        setvl(64), dma(DmaDir.DDR_TO_L2, DdrRegion.CONST, 0, 0),
+        wgemv(64, q),                                    # A = Wq x (quantises x into the engine)
+        vec(VecFunc.MUL, 0, 0, 0),                       # x = x * x, while A streams
+        reuse(128, gate),                                # B = Wg x: the engine's x, not L2's x^2
+        reuse(192, up),                                  # C = Wu x
+        wgemv(256, small),                               # E = Ws x^2 (quantises again)
+        setvl(1024), dma(DmaDir.L2_TO_DDR, DdrRegion.SCRATCH, 0, 0),      # x^2, A..E out
+    ]
     return [("hazards", body + [halt], None),
-            ("an error while a WGEMV runs", body[:3] + [0xE << 60, halt], (ErrorCode.BAD_OPCODE, 3))]
+            ("an error while a WGEMV runs", body[:3] + [0xE << 60, halt], (ErrorCode.BAD_OPCODE, 3)),
+            ("WGEMV reuse: the engine's activations", held + [halt], None),
+            ("WGEMV reuse before any quantiser pass", held[:2] + [reuse(128, gate), halt], (ErrorCode.BAD_LENGTH, 2)),
+            ("WGEMV reuse of another length", held[:3] + [reuse(128, wide), halt], (ErrorCode.BAD_LENGTH, 3))]
 
 
 BAD_WEIGHT_OFFSET = 1 << 28     # beyond the bench's 64 MiB DDR window: the RAM answers SLVERR
@@ -270,7 +285,7 @@ def async_fault_programs(image, hw: HardwareConfig):
     at = bad.region("DESC")[0] + 32 * d.index
     bad.ddr[at:at + 8] = np.frombuffer((d.weight_offset + BAD_WEIGHT_OFFSET).to_bytes(8, "little"), np.uint8)
     wgemv = lambda dst, desc: encode(Opcode.WGEMV, dst=dst, src=0, desc=desc.index, accm=0, findemax=0,
-                                     sparse=0, async_=1)
+                                     sparse=0, reuse=0, async_=1)
     head = [_ctrl(CtrlFunc.SETVL, 64), encode(Opcode.DMA, dir=DmaDir.DDR_TO_L2, region=DdrRegion.CONST, l2=0,
                                               offset=0, async_=0), wgemv(64, d)]
     halt = _ctrl(CtrlFunc.HALT)
@@ -399,7 +414,7 @@ def attention_programs(image, hw: HardwareConfig):
     q_inf = store(hd + 3, 0x7F80)                           # head 1's query element 3 = inf
     kv_w = cfg.num_key_value_heads * hd // 4
     qproj = next(d for d in img.descriptors if d.tensor == "layers.0.self_attn.q_proj.weight")
-    wgemv = encode(Opcode.WGEMV, dst=128, src=0, desc=qproj.index, accm=0, findemax=0, sparse=0, async_=1)
+    wgemv = encode(Opcode.WGEMV, dst=128, src=0, desc=qproj.index, accm=0, findemax=0, sparse=0, reuse=0, async_=1)
     p = len(head)
     cases = [
         ("full attention over 1,101 positions, both KV heads", head + both + out(2 * group * hd) + [halt], None,
@@ -418,6 +433,10 @@ def attention_programs(image, hw: HardwareConfig):
         ("a window narrower than its ring", head + [shape(SHAPE_SLIDING, cfg.sliding_window - 1),
          attn(64, 0, slide, 0, SHAPE_SLIDING), halt], (ErrorCode.BAD_LENGTH, p + 1), 2),
     ]
+    reuse = encode(Opcode.WGEMV, dst=128, src=0, desc=qproj.index, accm=0, findemax=0, sparse=0, reuse=1, async_=1)
+    cases.append(("WGEMV reuse after an ATTN (its GEMVs quantised into the engine)",
+                  head + [setvl(64), wgemv, attn(64, 0, full, 1, SHAPE_FULL), reuse, halt],
+                  (ErrorCode.BAD_LENGTH, p + 3), 9))
     wrong = _with_descriptor(img, full, layout=0)
     progs = [(img, *c) for c in cases]
     progs.append((wrong, "a binary16 slot descriptor", head + [attn(64, 0, full, 0, SHAPE_FULL), halt],
@@ -445,7 +464,7 @@ def _with_descriptor(image, index, **changes):
 
 def gemm_programs(image, hw: HardwareConfig):
     """(image, name, words, expected (ErrorCode, pc) or None) of directed WGEMM programs (see ``gemm``)."""
-    by = {d.tensor: d for d in image.descriptors if d.kind == 0}
+    by = image.matrices()
     q, o, small = (by[f"layers.1.{n}.weight"] for n in ("self_attn.q_proj", "self_attn.o_proj", "laurel.linear_left"))
     wide, table = by["embed_tokens_per_layer.weight"], by["embed_tokens.weight"]
     g8 = by["layers.1.laurel.linear_right.weight"]
@@ -472,7 +491,7 @@ def gemm_programs(image, hw: HardwareConfig):
         setvl(832), dma(DmaDir.L2_TO_DDR, DdrRegion.SCRATCH, 512, 0),              # words 512..719
         wgemm(720, 0, o, 5),                             # 128 columns: two chunks; 720..799
         setvl(320), dma(DmaDir.L2_TO_DDR, DdrRegion.LOGITS, 720, 0),              # meets its rows
-        encode(Opcode.WGEMV, dst=800, src=0, desc=small.index, accm=0, findemax=0, sparse=0, async_=1),
+        encode(Opcode.WGEMV, dst=800, src=0, desc=small.index, accm=0, findemax=0, sparse=0, reuse=0, async_=1),
         wgemm(802, 0, ragged.descriptors[table.index], 9, a=0),     # 13 rows, three token tiles: 802..837
         wgemm(838, 0, small, 1),
         setvl(160), dma(DmaDir.L2_TO_DDR, DdrRegion.SCRATCH, 800, 208),           # words 800..839
