@@ -443,15 +443,12 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     shared = cfg.is_kv_shared(i)
     laurel = L + "4.C LAuReL: xn + norm(R(L(xn)))"
     q_step = L + f"4.B Q projection, QK-norm, RoPE ({kind})"
+    # xn is quantised once, for LAuReL's left matrix; Q, K and V `reuse` it. LAuReL's right matrix (input lt)
+    # comes after them, its norm and merge under o_proj's stream.
     e.step = laurel
     e.wgemv(e.sub(i, "laurel.linear_left.weight"), m["lt"], m["xn"])
-    e.wgemv(e.sub(i, "laurel.linear_right.weight"), m["lr"], m["lt"])
     e.step = q_step
     e.wgemv(e.sub(i, "self_attn.q_proj.weight"), m["q"], m["xn"])
-    e.step = laurel
-    e.rmsnorm(m["lr"], m["lr"], D, D, e.sub(i, "laurel.post_laurel_norm.weight"))
-    e.setvl(D)
-    e.vec(VecFunc.ADD, dst=m["laurel"], a=m["xn"], b=m["lr"])
     kv = L + "4.B K projection, K-norm, RoPE; V projection, V-norm; store to the KV cache"
 
     def norm_rope(buf, n, gain):
@@ -469,6 +466,10 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
         e.step = kv
         e.wgemv(e.sub(i, "self_attn.v_proj.weight"), m["v"], m["xn"])
         norm_rope("k", cfg.kv_dim, "self_attn.k_norm.weight")
+    e.step = laurel
+    e.wgemv(e.sub(i, "laurel.linear_right.weight"), m["lr"], m["lt"])
+    if not shared:
+        e.step = kv
         e.rmsnorm(m["v"], m["v"], cfg.kv_dim, hd, None)
         e.emit(Opcode.KVST, k=m["k"], v=m["v"], slot=e.image.kv_slots[i], shape_ptr=0, async_=0)
     src = cfg.kv_source(i)
@@ -481,6 +482,11 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
                shape_ptr=SHAPE_SLIDING if cfg.is_sliding(i) else SHAPE_FULL, async_=0)
     e.step = L + "4.B-5 o_proj, 4.C post-attention norm, residual, LAuReL merge / sqrt(2)"
     e.wgemv(e.sub(i, "self_attn.o_proj.weight"), m["o"], m["attn"])
+    e.step = laurel
+    e.rmsnorm(m["lr"], m["lr"], D, D, e.sub(i, "laurel.post_laurel_norm.weight"))
+    e.setvl(D)
+    e.vec(VecFunc.ADD, dst=m["laurel"], a=m["xn"], b=m["lr"])
+    e.step = L + "4.B-5 o_proj, 4.C post-attention norm, residual, LAuReL merge / sqrt(2)"
     e.rmsnorm(m["o"], m["o"], D, D, e.sub(i, "post_attention_layernorm.weight"))
     e.setvl(D)
     e.vec(VecFunc.ADD, dst=m["xa"], a=x_in, b=m["o"])

@@ -403,8 +403,8 @@ def test_wgemv_reuse_computes_with_the_engines_activations(arithmetic):
 
 
 def test_compiler_reuses_the_engines_activations():
-    """The E4B-shaped program quantises each vector once: K and V reuse Q's input, the gate and up pieces the
-    first gate piece's, the LM-head chunks the first chunk's; no reuse follows a write to its source."""
+    """The E4B-shaped program quantises each vector once: Q, K and V reuse LAuReL's input, the gate and up
+    pieces the first gate piece's, the LM-head chunks the first chunk's."""
     from hdl.isa import decode
     cfg = ModelConfig.preset("e4b")
     hw = HW["kv260"]
@@ -414,6 +414,6 @@ def test_compiler_reuses_the_engines_activations():
     wg = [(i, s) for i, s in zip(ins, prog.steps) if i.op is Opcode.WGEMV]
     reused = [s for i, s in wg if i.reuse]
     chunks = -(-cfg.vocab_size // min(cfg.vocab_size, hw.l2_bytes // 16, 1 << 15))
-    # per layer 3 gate and 4 up pieces, K and V on cache layers; 8 LM-head chunks; the 3 AltUp projections of
-    # x0 (the PLE projection quantised it)
-    assert len(reused) == 7 * cfg.num_hidden_layers + 2 * len(cfg.kv_cache_layers) + (chunks - 1) + 3
+    # per layer Q, 3 gate and 4 up pieces, K and V on cache layers; 8 LM-head chunks; the 3 AltUp projections
+    # of x0 (the PLE projection quantised it)
+    assert len(reused) == 8 * cfg.num_hidden_layers + 2 * len(cfg.kv_cache_layers) + (chunks - 1) + 3
