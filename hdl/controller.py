@@ -1102,21 +1102,19 @@ class Controller(wiring.Component):
                 """ATTN's first state: the slot (its format), the head shape against the FMAP entry, the window
                 (beyond the ring: ADDRESS_RANGE; narrower than the ring with `narrow_ring`: BAD_LENGTH); the
                 positions seen into `a_n`. With `uses_engine` it first waits for an async WGEMV to finish."""
-                busy, failed = (g_active, g_failed) if uses_engine else (Const(0), Const(0))
+                checks = [(g_active, lambda: None), (g_failed, fail_async)] if uses_engine else []
+                checks += [
+                    ((d_kind != 2) | (d_layout != fmt), lambda: fail(ErrorCode.BAD_DESCRIPTOR)),
+                    (bad_length | (f_hd != d_head_dim) | (at.kv_head >= d_heads) | (f_heads == 0),
+                     lambda: fail(ErrorCode.BAD_LENGTH)),
+                    (((f_win == 0) | (f_win > d_rows)) & (self.i_pos >= d_rows), lambda: fail(ErrorCode.ADDRESS_RANGE))]
+                if narrow_ring:
+                    checks.append(((f_win != 0) & (f_win < d_rows), lambda: fail(ErrorCode.BAD_LENGTH)))
                 with m.State("AT"):
                     m.d.sync += [a_heads.eq(f_heads), a_hd.eq(f_hd), a_win.eq(f_win), a_cap.eq(d_rows)]
-                    with m.If(busy):
-                        pass
-                    with m.Elif(failed):
-                        fail_async()
-                    with m.Elif((d_kind != 2) | (d_layout != fmt)):
-                        fail(ErrorCode.BAD_DESCRIPTOR)
-                    with m.Elif(bad_length | (f_hd != d_head_dim) | (at.kv_head >= d_heads) | (f_heads == 0)):
-                        fail(ErrorCode.BAD_LENGTH)
-                    with m.Elif(((f_win == 0) | (f_win > d_rows)) & (self.i_pos >= d_rows)):
-                        fail(ErrorCode.ADDRESS_RANGE)
-                    with m.Elif(narrow_ring & (f_win != 0) & (f_win < d_rows)):
-                        fail(ErrorCode.BAD_LENGTH)
+                    for k, (cond, act) in enumerate(checks):
+                        with (m.Elif if k else m.If)(cond):
+                            act()
                     with m.Else():
                         seen = Mux((f_win == 0) | (self.i_pos + 1 <= f_win), self.i_pos + 1, f_win)
                         m.d.sync += a_n.eq(seen)
