@@ -69,7 +69,7 @@ class Rates:
     # fitted by `python -m benchmarks.npu` on the tiny NPU (docs/architecture.md, "Performance")
     issue: float = 3.7                 # cycles per instruction: fetch, decode, dispatch, retire
     sfu_pass: float = 198.4            # fixed cycles of a pass through the SFU's functions (its latency, start, end)
-    vec_pass: float = 28.4             # ... of an element-wise pass on the SFU's short path (hdl.sfu.SHORT_OPS)
+    vec_pass: float = 30.7             # ... of an element-wise pass on the SFU's short path (hdl.sfu.SHORT_OPS)
     reduce_pass: float = 63.7          # ... of a reduction (the short path, plus the lane tree)
     copy_pass: float = 6.7             # ... of an L2 copy (to L2 or a scalar)
     ddr_read_pass: float = 16.0        # ... of a DDR read (latency of the memory model)

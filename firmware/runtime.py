@@ -160,6 +160,13 @@ class CsrBackend:
         ident = dev.csr_read(csr_map.by_name("ID").offset)
         if ident != csr_map.NPU_ID:
             raise RuntimeError(f"no NPU answers: ID reads {ident:#010x}, expected {csr_map.NPU_ID:#010x}")
+        version, want = dev.csr_read(csr_map.by_name("VERSION").offset), csr_map.version_word(image.hardware)
+        if version & 0xFF != want & 0xFF:
+            raise RuntimeError(f"the NPU implements ISA version {version & 0xFF}; this firmware needs "
+                               f"{want & 0xFF}")
+        if version != want:
+            raise RuntimeError(f"the NPU was built for other hardware parameters (VERSION {version:#010x}) than "
+                               f"the image was packed for ({image.hardware.get('name', '?')!r}: {want:#010x})")
         ddr = program_image(image, program)
         if ddr.size > dev.ddr_size:
             raise ValueError(f"the DDR image ({ddr.size} bytes) does not fit the device's DDR window "

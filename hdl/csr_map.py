@@ -14,17 +14,29 @@ Access kinds:
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from .isa import DdrRegion
 
-__all__ = ["Register", "Field", "REGISTERS", "by_name", "ADDR_BITS", "NPU_ID", "markdown_table",
+__all__ = ["Register", "Field", "REGISTERS", "by_name", "ADDR_BITS", "NPU_ID", "ISA_VERSION", "hardware_hash",
+           "version_word", "markdown_table",
            "CTRL_START", "CTRL_CLEAR_COUNTERS", "CTRL_IRQ_ACK", "STATUS_BUSY", "STATUS_DONE", "STATUS_ERROR",
            "COUNTERS", "COUNTER_NAMES"]
 
 ADDR_BITS = 12                  # a 4 KiB register window
 NPU_ID = 0x4733_4E31            # "G3N1"
-ISA_VERSION = 1
+ISA_VERSION = 2                 # 2: WGEMV `reuse` (docs/isa.md)
+
+
+def hardware_hash(hardware: dict) -> int:
+    """24 bits identifying a build's hardware parameters (`HardwareConfig.to_dict()`; VERSION bits 31:8)."""
+    return int.from_bytes(hashlib.sha256(repr(sorted(hardware.items())).encode()).digest()[:3], "little")
+
+
+def version_word(hardware: dict) -> int:
+    """The VERSION register of an NPU built for `hardware`: ISA version (7:0), hardware hash (31:8)."""
+    return ISA_VERSION | hardware_hash(hardware) << 8
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ START_WHILE_BUSY once the running program has completed).
 
 from __future__ import annotations
 
-import hashlib
 
 from amaranth import Cat, Module, ResetInserter, Signal
 from amaranth.lib import wiring
@@ -33,7 +32,7 @@ from .config import HardwareConfig
 from .controller import REGIONS, Controller
 from . import csr_map
 from .csr import AxiLiteSignature, CsrBlock, port_name
-from .csr_map import ISA_VERSION, NPU_ID, by_name
+from .csr_map import NPU_ID, by_name, version_word
 from .fetch import Fetch
 
 __all__ = ["Npu", "COUNTERS"]
@@ -41,9 +40,6 @@ __all__ = ["Npu", "COUNTERS"]
 COUNTERS = csr_map.COUNTER_NAMES
 
 
-def preset_hash(hw: HardwareConfig) -> int:
-    """24 bits identifying the hardware parameters (VERSION bits 31:8)."""
-    return int.from_bytes(hashlib.sha256(repr(sorted(hw.to_dict().items())).encode()).digest()[:3], "little")
 
 
 class Npu(wiring.Component):
@@ -105,7 +101,7 @@ class Npu(wiring.Component):
         m.d.comb += busy.eq(ctl.o_busy | pending | resetting | go)
         m.d.comb += [
             reg("ID").eq(NPU_ID),
-            reg("VERSION").eq(ISA_VERSION | (preset_hash(hw) << 8)),
+            reg("VERSION").eq(version_word(hw.to_dict())),
             reg("STATUS").eq(Cat(busy, ctl.o_done & ~busy, ctl.o_error & ~busy)),
             reg("ERROR_CODE").eq(ctl.o_error_code),
             reg("ERROR_PC").eq(ctl.o_error_pc),

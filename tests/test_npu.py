@@ -170,3 +170,44 @@ def test_gemm_programs_have_the_expected_iss_outcomes():
         if want is None:
             out = m.l2[512 * 4:512 * 4 + 192 * 4]
             assert np.all(np.isfinite(out)) and np.count_nonzero(out) > 700, name
+
+
+def test_csr_backend_refuses_an_npu_of_another_isa_or_build():
+    """The host reads VERSION before it loads anything: an NPU of another ISA version, or one built for
+    other hardware parameters than the image was packed for, is refused with a message that says which."""
+    from firmware.compiler import compile_token
+    from firmware.pack import pack
+    from firmware.runtime import CsrBackend
+    from hdl import csr_map
+    from sim.config import ModelConfig
+    cfg = ModelConfig.preset("tiny")
+    image = pack(cfg, None, HW, max_positions=4, fill=False)
+    program = compile_token(cfg, image, HW)
+
+    class Device:
+        hw, ddr_base, ddr_size = HW, 0x1000000, 64 << 20
+
+        def __init__(self, version):
+            self.version, self.written = version, 0
+
+        def csr_read(self, offset):
+            return {csr_map.by_name("ID").offset: csr_map.NPU_ID,
+                    csr_map.by_name("VERSION").offset: self.version}.get(offset, 0)
+
+        def csr_write(self, offset, value):
+            pass
+
+        def mem_write(self, addr, data):
+            self.written += len(data)
+
+    good = csr_map.version_word(HW.to_dict())
+    assert good & 0xFF == csr_map.ISA_VERSION == 2
+    dev = Device(good)
+    CsrBackend(dev).load(image, program)
+    assert dev.written > 0
+    for version, match in ((good & ~0xFF | 1, "ISA version 1; this firmware needs 2"),
+                           (csr_map.version_word(HardwareConfig.preset("kv260").to_dict()), "other hardware")):
+        dev = Device(version)
+        with pytest.raises(RuntimeError, match=match):
+            CsrBackend(dev).load(image, program)
+        assert dev.written == 0
