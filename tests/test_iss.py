@@ -417,3 +417,47 @@ def test_compiler_reuses_the_engines_activations():
     # per layer Q, 3 gate and 4 up pieces, K and V on cache layers; 8 LM-head chunks; the 3 AltUp projections
     # of x0 (the PLE projection quantised it)
     assert len(reused) == 8 * cfg.num_hidden_layers + 2 * len(cfg.kv_cache_layers) + (chunks - 1) + 3
+
+
+def test_compiler_forgets_the_engines_vector_when_its_source_is_written():
+    """The emitter sets `reuse` only while nothing has written the held vector's L2 source since it was
+    quantised: a VEC, CVO, DMA, GATHER, WGEMV or SCALAR ST into it, or an INT8 ATTN (which quantises into
+    the engine), makes the next WGEMV of that source quantise again; reductions and writes elsewhere do not."""
+    from firmware.compiler import _Emitter
+    from hdl.isa import CvoFunc, DdrRegion, DmaDir, ScalarFunc, VecFunc, decode
+    cfg, hw = PRESETS["tiny"], HW["tiny"]
+    image = pack(cfg, None, hw, max_positions=4, fill=False)
+    q, k = "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight"
+    cols = image.descriptor(q).cols
+    src, far = 64, 64 + cols // 4 + 64                 # word addresses: the source, and L2 beyond it
+
+    def reused(between):
+        e = _Emitter(cfg, image, hw)
+        e.setvl(cols)
+        e.wgemv(q, 1024, src)
+        between(e)
+        e.wgemv(k, 1536, src)
+        return decode(e.prog.words[-1]).reuse
+
+    vec = lambda dst, f=VecFunc.ADD: lambda e: e.vec(f, dst=dst, a=far, b=far)
+    assert reused(lambda e: None) == 1
+    assert reused(vec(far)) == 1
+    assert reused(vec(src, VecFunc.SUMSQ)) == 1                 # a reduction writes a scalar register
+    assert reused(vec(src + cols // 4 - 1)) == 0                 # the last word of the source
+    assert reused(vec(src)) == 0
+    assert reused(lambda e: e.emit(Opcode.CVO, func=CvoFunc.EXP, src=far, dst=src, length=4, sub_emax=0,
+                                   recip_scale=0, accm=0, async_=0)) == 0
+    assert reused(lambda e: e.emit(Opcode.DMA, dir=DmaDir.DDR_TO_L2, region=DdrRegion.CONST, l2=src, offset=0,
+                                   async_=0)) == 0
+    assert reused(lambda e: e.emit(Opcode.DMA, dir=DmaDir.L2_TO_DDR, region=DdrRegion.SCRATCH, l2=src, offset=0,
+                                   async_=0)) == 1
+    assert reused(lambda e: e.scalar(ScalarFunc.ST, a=0, imm=src * 4 + 3)) == 0
+    assert reused(lambda e: e.scalar(ScalarFunc.ST, a=0, imm=far * 4)) == 1
+    assert reused(lambda e: e.wgemv(q, src, far)) == 0          # another vector quantised, its rows on src
+    assert reused(lambda e: e.emit(Opcode.ATTN, dst=far, q=far, slot=0, kv_head=0, shape_ptr=0, async_=0)) == 0
+    # a WGEMV whose rows overwrite its own source leaves nothing to reuse
+    e = _Emitter(cfg, image, hw)
+    e.setvl(cols)
+    e.wgemv(q, src, src)
+    e.wgemv(k, 1536, src)
+    assert decode(e.prog.words[-1]).reuse == 0
