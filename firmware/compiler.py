@@ -81,6 +81,7 @@ class _Emitter:
         self.l2 = L2Map(hw.l2_program_words)
         self.vl_after: list[int | None] = []      # the vector length in effect after each word
         self.last_stream: int | None = None       # index of the last async WGEMV
+        self.streams: list[tuple[int, int]] = []  # (index, weight bytes) of every async WGEMV
         self.last_use: dict[str, int] = {}        # prefetch buffer -> index of its last reader
         self.turn: dict[tuple, int] = {}          # prefetch buffer pair -> the one to fill next
         self.engine: tuple[int, int] | None = None   # (src word, cols) the GEMV engine holds (WGEMV reuse)
@@ -160,19 +161,23 @@ class _Emitter:
             self.engine = (src, d.cols)
             self._forget_overwritten(Opcode.WGEMV, dict(dst=dst, desc=d.index))
         self.last_stream = len(self.prog.words) - 1
+        self.streams.append((self.last_stream, d.rows * d.cols))
 
     def prefetch(self, name: str, pair: tuple[str, str] = PREFETCH_PAIRS[0]) -> int:
         """Load the CONST vector `name` (a norm gain, a scale, the AltUp router) into the next buffer of `pair`
-        (`PREFETCH_PAIRS`), as early as it can go: right behind the last async WGEMV, so that the DMA runs under
-        its weight stream, but after the buffer's last reader. The words in between neither read nor write the buffer (only these DMAs write it,
-        only the readers `use` records read it), so the results are those of loading it in place; the vector
-        length in force there is restored after the DMA. Returns the buffer's L2 word address."""
+        (`PREFETCH_PAIRS`) where it costs nothing: right behind the largest async WGEMV after the buffer's last
+        reader (the latest of equals), so that the DMA runs under its weight stream; right behind that reader
+        when no WGEMV follows it. The words in between neither read nor write the buffer (only these DMAs write
+        it, only the readers `use` records read it), so the results are those of loading it in place; the
+        vector length in force there is restored after the DMA. Returns the buffer's L2 word address."""
         buf = pair[self.turn.get(pair, 0)]
         self.turn[pair] = 1 - self.turn.get(pair, 0)
         n, dma = self._const_dma(name, self.l2[buf])
         words, steps = self.prog.words, self.prog.steps
         end = len(words)
-        pos = end if self.last_stream is None else max(self.last_stream + 1, self.last_use.get(buf, -1) + 1)
+        after = self.last_use.get(buf, -1)
+        behind = [(nbytes, i) for i, nbytes in self.streams if i > after]
+        pos = max(behind)[1] + 1 if behind else end if self.last_stream is None else after + 1
         before = self.vl_after[pos - 1] if pos else None
         new = []
         if before != n:
@@ -194,6 +199,9 @@ class _Emitter:
         self.vl_after[pos:pos] = ins_vl
         k = len(ins_words)
         self.last_use = {b: (i + k if i >= pos else i) for b, i in self.last_use.items()}
+        self.streams = [(i + k if i >= pos else i, nbytes) for i, nbytes in self.streams]
+        if self.last_stream is not None and self.last_stream >= pos:
+            self.last_stream += k
         if pos == end:
             self.vl = vl
         return self.l2[buf]
