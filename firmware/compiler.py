@@ -16,7 +16,8 @@ import struct
 from dataclasses import dataclass, field
 
 from hdl.config import HardwareConfig
-from hdl.isa import CtrlFunc, CvoFunc, DdrRegion, DmaDir, Opcode, ScalarFunc, ShapeCache, VecFunc, encode
+from hdl.isa import (VEC_REDUCTIONS, CtrlFunc, CvoFunc, DdrRegion, DmaDir, Opcode, ScalarFunc, ShapeCache, VecFunc,
+                     encode)
 from sim.config import ModelConfig
 
 from .pack import Image, Layout, ffn_piece_rows, folded_router_name, logit_chunk_rows
@@ -92,24 +93,29 @@ class _Emitter:
         self.vl_after.append(self.vl)
         self._forget_overwritten(op, fields)
 
+    def _l2_write(self, op: Opcode, f: dict) -> tuple[int, int] | None:
+        """The L2 elements [lo, hi) that a word of `op` with fields `f` writes (None: no L2 write)."""
+        if op is Opcode.VEC and f["func"] not in VEC_REDUCTIONS:
+            return f["dst"] * 4, f["dst"] * 4 + self.vl
+        if op is Opcode.CVO:
+            return f["dst"] * 4, f["dst"] * 4 + f["length"]
+        if op is Opcode.DMA and f["dir"] is DmaDir.DDR_TO_L2:
+            return f["l2"] * 4, f["l2"] * 4 + self.vl
+        if op in (Opcode.GATHER, Opcode.WGEMV):
+            d = self.image.descriptors[f["desc"]]
+            return f["dst"] * 4, f["dst"] * 4 + (d.cols if op is Opcode.GATHER else d.rows)
+        if op is Opcode.SCALAR and f["func"] is ScalarFunc.ST:
+            return f["imm"], f["imm"] + 1
+        return None
+
     def _forget_overwritten(self, op: Opcode, f: dict):
         """Forget the engine's vector (no later WGEMV may `reuse` it) when the word just emitted writes into
         its L2 source or quantises something else into the engine (INT8 ATTN)."""
         if self.engine is None:
             return
-        if op is Opcode.ATTN:
-            self.engine = None
-            return
-        reduction = op is Opcode.VEC and f["func"] in (VecFunc.SUMSQ, VecFunc.SUM, VecFunc.MAX, VecFunc.DOT)
-        ranges = {Opcode.VEC: lambda: None if reduction else (f["dst"], self.vl),
-                  Opcode.CVO: lambda: (f["dst"], f["length"]),
-                  Opcode.DMA: lambda: (f["l2"], self.vl) if f["dir"] is DmaDir.DDR_TO_L2 else None,
-                  Opcode.GATHER: lambda: (f["dst"], self.image.descriptors[f["desc"]].cols),
-                  Opcode.WGEMV: lambda: (f["dst"], self.image.descriptors[f["desc"]].rows),
-                  Opcode.SCALAR: lambda: (f["imm"] / 4, 1) if f["func"] is ScalarFunc.ST else None}
-        w = ranges.get(op, lambda: None)()
         src, cols = self.engine
-        if w is not None and w[0] * 4 < src * 4 + cols and src * 4 < w[0] * 4 + (w[1] or 0):
+        w = self._l2_write(op, f)
+        if op is Opcode.ATTN or (w is not None and w[0] < src * 4 + cols and src * 4 < w[1]):
             self.engine = None
 
     # --- small building blocks ----------------------------------------------------------------------
@@ -153,13 +159,11 @@ class _Emitter:
         (docs/isa.md, WGEMV)."""
         d = self.image.descriptor(name, row_start, rows)
         reuse = int(self.engine == (src, d.cols))
+        self.engine = (src, d.cols)       # held from here on (emit forgets it if the rows overwrite src)
         # async: the engine streams the weights while later independent passes run (the NPU tracks the hazards
         # on dst, docs/architecture.md "Overlap")
         self.emit(Opcode.WGEMV, dst=dst, src=src, desc=d.index, accm=accm, findemax=0, sparse=sparse, reuse=reuse,
                   async_=1)
-        if not reuse:
-            self.engine = (src, d.cols)
-            self._forget_overwritten(Opcode.WGEMV, dict(dst=dst, desc=d.index))
         self.last_stream = len(self.prog.words) - 1
         self.streams.append((self.last_stream, d.rows * d.cols))
 
@@ -177,7 +181,12 @@ class _Emitter:
         end = len(words)
         after = self.last_use.get(buf, -1)
         behind = [(nbytes, i) for i, nbytes in self.streams if i > after]
-        pos = max(behind)[1] + 1 if behind else end if self.last_stream is None else after + 1
+        if behind:
+            pos = max(behind)[1] + 1          # the largest stream since the last reader (the latest of equals)
+        elif self.streams:
+            pos = after + 1                   # every stream precedes the reader: right behind the reader
+        else:
+            pos = end                         # no stream yet: in place
         before = self.vl_after[pos - 1] if pos else None
         new = []
         if before != n:

@@ -60,8 +60,8 @@ from .fetch import PC_BITS, insn_layout
 from .fp import FpAdd, FpMul, IntToFp
 from .gemm import GemmUnit, gemm_command_layout
 from .gemv import GemvEngine
-from .isa import (CtrlFunc, CvoFunc, DdrRegion, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache, VecFunc,
-                  layout)
+from .isa import (VEC_REDUCTIONS, CtrlFunc, CvoFunc, DdrRegion, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache,
+                  VecFunc, layout)
 from .l2 import L2, ElemReader, ElemWriter
 from .quant import ActQuantizer, KvPacker
 from .seq import IntRecip, SeqDivider
@@ -786,7 +786,7 @@ class Controller(wiring.Component):
             va, vb, vd = elem(ve.a), elem(ve.b), elem(ve.dst)
             two_operand = Cat(*[ve.func == f for f in (VecFunc.ADD, VecFunc.SUB, VecFunc.MUL, VecFunc.FMAS,
                                                        VecFunc.GELU_MUL, VecFunc.DOT)]).any()
-            to_scalar = Cat(*[ve.func == f for f in (VecFunc.SUMSQ, VecFunc.SUM, VecFunc.MAX, VecFunc.DOT)]).any()
+            to_scalar = Cat(*[ve.func == f for f in VEC_REDUCTIONS]).any()
             segmented = Cat(*[ve.func == f for f in (VecFunc.RMSNORM, VecFunc.RMSNORM_NG, VecFunc.ROPE)]).any()
             with m.State("VEC"):
                 with m.If(vl == 0):

@@ -21,7 +21,8 @@ from amaranth import unsigned
 from amaranth.lib import data, enum
 
 __all__ = [
-    "Opcode", "CvoFunc", "VecFunc", "ScalarFunc", "CtrlFunc", "DmaDir", "DdrRegion", "ShapeCache", "ErrorCode",
+    "Opcode", "CvoFunc", "VecFunc", "VEC_REDUCTIONS", "ScalarFunc", "CtrlFunc", "DmaDir", "DdrRegion", "ShapeCache",
+    "ErrorCode",
     "Field", "FORMATS", "WORD_BITS", "L2_ADDR_BITS", "layout", "encode", "decode", "DecodeError", "Instruction",
 ]
 
@@ -84,6 +85,10 @@ class VecFunc(enum.Enum, shape=5):
     SUM = 17          # S[s] = sum(a)
     MAX = 18          # S[s] = max(a)
     DOT = 19          # S[s] = sum(a * b)
+
+
+# The VEC functions that reduce into the scalar register S[s] instead of writing L2
+VEC_REDUCTIONS = (VecFunc.SUMSQ, VecFunc.SUM, VecFunc.MAX, VecFunc.DOT)
 
 
 class ScalarFunc(enum.Enum, shape=4):

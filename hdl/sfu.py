@@ -754,7 +754,8 @@ class Sfu(wiring.Component):
     -------
     i_cmd : In(stream.Signature(command_layout(hw)))
         A command is taken when the previous one has taken all its elements (a reduction: when its result
-        has left; a `SHORT_OPS` command: when no long element is in flight either). Elements of consecutive commands follow each other in the pipeline without a gap.
+        has left; a `SHORT_OPS` command: when no long element is in flight either). Elements of
+        consecutive commands follow each other in the pipeline without a gap.
     i_data : In(stream.Signature(DATA_LAYOUT))
         ``{a, b}`` binary32 operands per element (RoPE: ``a`` = high, ``b`` = low word of the u0.64
         frequency; CVO with ``accm``: ``b`` = the value added to the result).

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hdl.isa import (
-    CtrlFunc, CvoFunc, DdrRegion, DecodeError, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache, VecFunc, decode,
+    VEC_REDUCTIONS, CtrlFunc, CvoFunc, DdrRegion, DecodeError, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache,
+    VecFunc, decode,
 )
 
 from .config import ModelConfig
@@ -377,7 +378,7 @@ class Machine:
             add("ddr_read" if i.dir is DmaDir.DDR_TO_L2 else "ddr_write", self.vl)
         elif op is Opcode.VEC:
             f, n, hd = i.func, self.vl, self.hd
-            if f in (VecFunc.SUMSQ, VecFunc.SUM, VecFunc.MAX, VecFunc.DOT):
+            if f in VEC_REDUCTIONS:
                 add("reduce", n)
             elif f in (VecFunc.RMSNORM, VecFunc.RMSNORM_NG):
                 seg = n // hd
@@ -652,7 +653,7 @@ class Machine:
         if self.arithmetic == COUNT:          # only the L2 ranges (firmware.perf.schedule)
             if f in (VecFunc.ROPE, VecFunc.RMSNORM):
                 self._vec(i.b, self.hd)
-            if f not in (VecFunc.SUMSQ, VecFunc.SUM, VecFunc.MAX, VecFunc.DOT):
+            if f not in VEC_REDUCTIONS:
                 self._vec(i.dst, n)
             return
         s = self.s[i.s]
