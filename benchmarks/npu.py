@@ -125,7 +125,7 @@ def main(argv=None) -> int:
            "| micro-program | measured cycles | fitted model | error |", "|---|---|---|---|"]
     out += [f"| {n} | {c:,} | {p:,.0f} | {100 * (p - c) / c:+.1f} % |" for n, c, p in rows]
     out += ["", "Fitted costs (cycles): " + ", ".join(f"{k} {getattr(rates, k):.1f}" for k in
-                                                      ("issue", "sfu_pass", "vec_pass", "reduce_pass", "copy_pass",
+                                                      ("issue", "sfu_pass", "vec_pass", "reduce_pass", "copy_pass", "quant_pass",
                                                        "ddr_read_pass", "ddr_write_pass", "alu_op", "gemv_fixed")), "",
             "## Validation: whole tokens of the fixture (not used by the fit)", "",
             "| step | logits = ISS | DDR = ISS | max diff to float64 | measured CYCLES | model | error | "

@@ -9,8 +9,8 @@ instructions, the bytes each DDR region moves, and the controller's **passes** b
   ``gemv_efficiency``, capped by the DDR at ``ddr_efficiency``) plus ``gemv_fixed`` per WGEMV (quantiser
   hand-off, first-beat latency, the engine's tail);
 - passes: each pass costs its fixed overhead (``sfu_pass``, ``vec_pass``, ``reduce_pass``, ``copy_pass``,
-  ``ddr_read_pass``, ``ddr_write_pass``: pipeline fill and drain, DDR latency) plus its elements at
-  ``elements_per_cycle``;
+  ``quant_pass``, ``ddr_read_pass``, ``ddr_write_pass``: pipeline fill and drain, DDR latency) plus its
+  elements at ``elements_per_cycle`` (the quantiser passes at four times that, `PASS_LANES`);
 - ``alu_op`` per scalar-ALU operation and ``issue`` per instruction (fetch, decode, dispatch);
 - WGEMM (`wgemm_cost`, unit ``gemm``): per token tile of R = ``systolic_rows`` tokens, a quantiser pass per
   token (``cols`` elements + ``gemm_quant``), then the GEMM unit: ``gemm_tile`` + the first weight chunk's
@@ -47,11 +47,14 @@ from hdl.config import HardwareConfig
 from sim.config import ModelConfig
 
 __all__ = ["Rates", "TokenEstimate", "Schedule", "estimate", "cycles_of", "schedule", "features", "fit_rates",
-           "main", "PASS_KINDS", "FITTED", "Wgemm", "GemmGeometry", "wgemm_cost", "wgemm_bounds", "PrefillEstimate",
+           "main", "PASS_KINDS", "PASS_LANES", "FITTED", "Wgemm", "GemmGeometry", "wgemm_cost", "wgemm_bounds", "PrefillEstimate",
            "prefill"]
 
 DDR_PEAK_BYTES_PER_S = 19.2e9          # KV260: DDR4-2400, 64 bit (shared/reference/perf-anchors.md)
-PASS_KINDS = ("sfu", "vec", "reduce", "copy", "ddr_read", "ddr_write")
+PASS_KINDS = ("sfu", "vec", "reduce", "copy", "quant", "ddr_read", "ddr_write")
+# Elements per cycle of a pass kind beyond `Rates.elements_per_cycle`: the quantiser passes take L2 words (four
+# elements) per cycle (`hdl.l2.ElemReader` beats into `hdl.quant.ActQuantizer`).
+PASS_LANES = {"quant": 4}
 DESC_ELEMENTS = 8                      # a descriptor load: one DDR read pass of 8 words (sim.iss._count_passes)
 
 
@@ -72,6 +75,7 @@ class Rates:
     vec_pass: float = 30.7             # ... of an element-wise pass on the SFU's short path (hdl.sfu.SHORT_OPS)
     reduce_pass: float = 63.7          # ... of a reduction (the short path, plus the lane tree)
     copy_pass: float = 6.7             # ... of an L2 copy (to L2 or a scalar)
+    quant_pass: float = 6.7            # ... of a quantiser pass (L2 -> quantiser at four elements per cycle)
     ddr_read_pass: float = 16.0        # ... of a DDR read (latency of the memory model)
     ddr_write_pass: float = 14.7       # ... of a DDR write (until the last response)
     alu_op: float = 8.7                # a scalar-ALU add or multiply
@@ -256,7 +260,7 @@ def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dic
     by_op: Counter = Counter()
     units: Counter = Counter()
     for (op, kind), n in counters.passes.items():
-        c = n * per_kind[kind] + counters.pass_elements[(op, kind)] / rates.elements_per_cycle
+        c = n * per_kind[kind] + counters.pass_elements[(op, kind)] / PASS_LANES.get(kind, 1) / rates.elements_per_cycle
         units[kind] += c
         by_op[op] += c
     rate = _stream_rate(hw, rates)
@@ -389,7 +393,7 @@ def features(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> dict:
                  "gemv_fixed": counters.instructions.get("WGEMV", 0)})
     for k in PASS_KINDS:
         f[f"{k}_pass"] = sum(n for (op, kind), n in counters.passes.items() if kind == k)
-    elements = sum(counters.pass_elements.values())
+    elements = sum(n / PASS_LANES.get(kind, 1) for (_, kind), n in counters.pass_elements.items())
     streaming = counters.gemv_bytes / _stream_rate(hw, rates)
     known = 0.0
     for g in gemms:
@@ -400,8 +404,8 @@ def features(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> dict:
     return dict(f) | {"_elements": elements, "_streaming": streaming, "_gemm": known}
 
 
-FITTED = ("issue", "sfu_pass", "vec_pass", "reduce_pass", "copy_pass", "ddr_read_pass", "ddr_write_pass", "alu_op", "gemv_fixed",
-          "gemm_quant", "gemm_tile", "gemm_row")
+FITTED = ("issue", "sfu_pass", "vec_pass", "reduce_pass", "copy_pass", "quant_pass", "ddr_read_pass", "ddr_write_pass",
+          "alu_op", "gemv_fixed", "gemm_quant", "gemm_tile", "gemm_row")
 
 
 def fit_rates(samples, hw: HardwareConfig, base: Rates = Rates(), fit=FITTED, iterations: int = 20) -> Rates:

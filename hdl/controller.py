@@ -10,7 +10,8 @@ sources      ``L2`` (an `ElemReader`), ``PAIRS`` (two L2 elements per item: the 
 b operand    none, ``L2`` (a second `ElemReader`), ``REG`` (a scalar, for every element)
 sinks        ``L2`` (an `ElemWriter`), ``REG`` (the last element: scalar results), ``DDR`` (a `DdrWriter`:
              binary32 or binary16), ``DESC`` (the 8 words of a descriptor), ``QUANT`` (the WGEMV activation
-             quantiser, which fills the GEMV engine's activation memories)
+             quantiser, which fills the GEMV engine's activation memories; always from ``L2`` around the SFU,
+             four elements per cycle: the reader's beats go straight to the quantiser)
 ===========  ================================================================================================
 
 WGEMV adds one special pass: the GEMV engine streams its rows (with `accm`, the old values come from the
@@ -171,7 +172,7 @@ class Controller(wiring.Component):
         # ports 0/1 read and port 0 writes for the passes; read port 2 (accm) and write port 1 (the rows) for the
         # GEMV engine, which runs beside the passes (async WGEMV)
         m.submodules.l2 = l2 = L2(hw, read_ports=3, write_ports=2)
-        m.submodules.rd_a = rd_a = ElemReader(hw)
+        m.submodules.rd_a = rd_a = ElemReader(hw, beats=True)    # beats: the quantiser's four elements per cycle
         m.submodules.rd_b = rd_b = ElemReader(hw)
         m.submodules.rd_g = rd_g = ElemReader(hw)
         m.submodules.wr = wr = ElemWriter(hw)
@@ -286,6 +287,7 @@ class Controller(wiring.Component):
         # commands
         m.d.comb += [
             rd_a.i_cmd.valid.eq(pending.rd_a), rd_a.i_cmd.payload.addr.eq(p_a_addr),
+            rd_a.i_beats.eq(p_sink == Sink.QUANT),
             rd_a.i_cmd.payload.n.eq(Mux(p_a == Src.PAIRS, p_n << 1, p_n)),
             rd_b.i_cmd.valid.eq(pending.rd_b), rd_b.i_cmd.payload.addr.eq(p_b_addr),
             rd_b.i_cmd.payload.n.eq(p_n),
@@ -377,8 +379,10 @@ class Controller(wiring.Component):
                 m.d.comb += [ddr_wr.i_elem.valid.eq(s_valid), ddr_wr.i_elem.payload.eq(s_data),
                              s_ready.eq(ddr_wr.i_elem.ready)]
             with m.Case(Sink.QUANT):
-                m.d.comb += [quant.i_elem.valid.eq(s_valid), quant.i_elem.payload.eq(s_data),
-                             s_ready.eq(quant.i_elem.ready)]
+                # every quantiser pass is L2 -> quantiser (bypass): four elements per cycle, straight from the
+                # reader's beats (the element path above stays idle)
+                m.d.comb += [quant.i_beat.valid.eq(rd_a.o_beat.valid), quant.i_beat.payload.eq(rd_a.o_beat.payload),
+                             rd_a.o_beat.ready.eq(quant.i_beat.ready)]
             with m.Case(Sink.REG, Sink.DESC):
                 m.d.comb += s_ready.eq(active)
                 with m.If(take):

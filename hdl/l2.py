@@ -47,7 +47,7 @@ from amaranth.lib.wiring import In, Out
 from .config import HardwareConfig
 
 __all__ = ["L2", "ElemReader", "ElemWriter", "l2_geometry", "cmd_layout", "write_layout", "elem_layout",
-           "WORD_BITS", "LANES", "ELEM_BITS"]
+           "beat_layout", "WORD_BITS", "LANES", "ELEM_BITS"]
 
 WORD_BITS = 128          # one L2 word: the AXI HP data width on kv260, four binary32 lanes
 ELEM_BITS = 32           # binary32 elements travel as raw bits
@@ -85,6 +85,13 @@ def write_layout(hw: HardwareConfig) -> data.StructLayout:
 def elem_layout() -> data.StructLayout:
     """``{data: unsigned(32), last: 1}``: one element, ``last`` on the command's final one."""
     return data.StructLayout({"data": unsigned(ELEM_BITS), "last": 1})
+
+
+def beat_layout() -> data.StructLayout:
+    """``{data: unsigned(128), n: unsigned(3), last: 1}``: ``n`` (1..4) consecutive elements in lanes
+    ``0 .. n-1`` of ``data`` (lane i = bits ``32 i ..``; lanes from n on are unspecified), ``last`` on the
+    command's final beat."""
+    return data.StructLayout({"data": unsigned(WORD_BITS), "n": unsigned(3), "last": 1})
 
 
 def _round_robin(m: Module, reqs: list, name: str) -> list[Signal]:
@@ -268,24 +275,40 @@ class ElemReader(wiring.Component):
     o_elem : Out(stream elem_layout())    the elements ``addr .. addr + n - 1`` in order, ``last`` on the n-th
     o_busy : Out(1)                       a command is producing elements
 
+    With ``beats=True`` (the reader that feeds the activation quantiser) there are also:
+
+    i_beats : In(1)                       sampled with each command: 1 = the command's elements leave on
+                                          ``o_beat`` instead of ``o_elem``
+    o_beat : Out(stream beat_layout())    four consecutive elements per beat (the last beat the rest), from
+                                          any element address: ``addr + 4 j .. addr + 4 j + 3`` in lanes 0..3
+
     Notes
     -----
     The reader requests exactly the words ``addr // 4 .. (addr + n - 1) // 4``, as fast as the L2 port's
     credits allow, so several reads are always in flight; it needs one word per four elements, so
     ``o_elem`` runs at one element per cycle once the first word has arrived (``latency`` + 2 cycles after
     the command). A word is taken from ``i_resp`` in the cycle its predecessor's last lane leaves.
+
+    ``o_beat`` runs at one beat (four elements) per cycle, one word per cycle from L2. At an address that
+    is not a multiple of four a beat is the held word's lanes ``addr % 4 ..`` followed by the next word's
+    first lanes, taken straight from ``i_resp`` in the cycle of the beat (so the beat waits for that word),
+    and that word is then held for the next beat.
     """
 
-    def __init__(self, hw: HardwareConfig):
+    def __init__(self, hw: HardwareConfig, *, beats: bool = False):
         _, _, wa = _checked_geometry(self, hw)
         self._hw = hw
-        super().__init__({
+        self._beats = bool(beats)
+        ports = {
             "i_cmd": In(stream.Signature(cmd_layout(hw))),
             "o_req": Out(stream.Signature(unsigned(wa))),
             "i_resp": In(stream.Signature(unsigned(WORD_BITS))),
             "o_elem": Out(stream.Signature(elem_layout())),
             "o_busy": Out(1),
-        })
+        }
+        if self._beats:
+            ports.update({"i_beats": In(1), "o_beat": Out(stream.Signature(beat_layout()))})
+        super().__init__(ports)
 
     def elaborate(self, platform):
         m = Module()
@@ -301,6 +324,7 @@ class ElemReader(wiring.Component):
 
         busy = Signal()
         m.d.comb += [busy.eq(elems_left != 0), self.o_busy.eq(busy), self.i_cmd.ready.eq(~busy)]
+        beat_mode = Signal()               # the command's elements leave on o_beat
         with m.If(self.i_cmd.valid & ~busy):
             addr, n = self.i_cmd.payload.addr, self.i_cmd.payload.n
             first = addr[lane_bits:]
@@ -311,6 +335,8 @@ class ElemReader(wiring.Component):
                 elems_left.eq(n),
                 lane.eq(addr[:lane_bits]),
             ]
+            if self._beats:
+                m.d.sync += beat_mode.eq(self.i_beats)
 
         m.d.comb += [self.o_req.valid.eq(req_left != 0), self.o_req.payload.eq(req_addr)]
         with m.If(self.o_req.valid & self.o_req.ready):
@@ -319,18 +345,50 @@ class ElemReader(wiring.Component):
         take = Signal()
         word_done = Signal()               # this cycle's element is the last one drawn from `word`
         m.d.comb += [
-            self.o_elem.valid.eq(have),
+            self.o_elem.valid.eq(have & ~beat_mode),
             self.o_elem.payload.data.eq(word.word_select(lane, ELEM_BITS)),
             self.o_elem.payload.last.eq(elems_left == 1),
             take.eq(self.o_elem.valid & self.o_elem.ready),
             word_done.eq(take & ((lane == LANES - 1) | (elems_left == 1))),
-            self.i_resp.ready.eq(busy & (~have | word_done)),
         ]
         with m.If(take):
             m.d.sync += [lane.eq(lane + 1), elems_left.eq(elems_left - 1)]
-        with m.If(self.i_resp.valid & self.i_resp.ready):
+        if not self._beats:
+            m.d.comb += self.i_resp.ready.eq(busy & (~have | word_done))
+            with m.If(self.i_resp.valid & self.i_resp.ready):
+                m.d.sync += [word.eq(self.i_resp.payload), have.eq(1)]
+            with m.Elif(word_done):
+                m.d.sync += have.eq(0)
+            return m
+
+        # Beats: `lane` stays at addr % 4; a beat is `word`'s lanes lane..3, then (if it needs more) the next
+        # word's lanes 0..lane-1 straight from i_resp, which then becomes `word`.
+        cnt = Signal(3)
+        m.d.comb += cnt.eq(Mux(elems_left >= LANES, LANES, elems_left[:3]))
+        need_next = Signal()
+        m.d.comb += need_next.eq(cnt > LANES - lane)
+        both = Cat(word, self.i_resp.payload)
+        beat_take, beat_last = Signal(), Signal()
+        m.d.comb += [
+            self.o_beat.valid.eq(beat_mode & have & (~need_next | self.i_resp.valid)),
+            self.o_beat.payload.n.eq(cnt),
+            self.o_beat.payload.last.eq(elems_left <= LANES),
+            beat_take.eq(self.o_beat.valid & self.o_beat.ready),
+            beat_last.eq(beat_take & (elems_left <= LANES)),
+        ]
+        with m.Switch(lane):
+            for j in range(LANES):
+                with m.Case(j):
+                    m.d.comb += self.o_beat.payload.data.eq(both[ELEM_BITS * j:ELEM_BITS * (j + LANES)])
+        with m.If(beat_take):
+            m.d.sync += elems_left.eq(elems_left - cnt)
+        # the next word is taken when nothing is held, when a beat uses its first lanes, or when a beat
+        # empties `word` exactly
+        beat_frees = beat_take & (need_next | (cnt == LANES - lane))
+        m.d.comb += self.i_resp.ready.eq(busy & (~have | Mux(beat_mode, beat_frees, word_done)))
+        with m.If(self.i_resp.valid & self.i_resp.ready & ~beat_last):
             m.d.sync += [word.eq(self.i_resp.payload), have.eq(1)]
-        with m.Elif(word_done):
+        with m.Elif(word_done | beat_last | beat_frees):
             m.d.sync += have.eq(0)
         return m
 

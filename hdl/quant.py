@@ -28,19 +28,22 @@ left by 7 (``M << 7``, so the shift ``t = e + 156 - Eeff`` is never negative and
 then right by ``min(t, 31)``: integer part, guard bit, and a sticky bit from the bits shifted out give
 round-to-nearest-even; the sign is applied after the rounding (``|q| <= 127``, so INT8 never overflows).
 
-**Dataflow.** Elements are written in order into a ring of ``2 * B`` binary32 words while the block's
-running maximum is kept; a complete block (its maximum, length and number, and its command's limit and
-force bits, queued in a small FIFO; a forced exponent travels in place of the maximum) is read back one
-element per cycle, starting in the cycle after its last element arrived or right after the
-previous block, and every ring slot is free again once its read is issued. The unread elements never
-exceed one block plus the one being filled, so the unit takes one element per cycle sustained, across
-blocks, short last blocks and back-to-back commands (a command is accepted in the cycle its predecessor's
-last element is). Read-back pipeline::
+**Dataflow.** Four elements per cycle (`hdl.l2.LANES`: one L2 word, from `hdl.l2.ElemReader` in beat
+mode). A command's beats are written into a ring of two block slots (block k of the stream fills slot
+k % 2; words of four binary32 lanes, lane-granular writes) while the block's running maximum is kept (the
+beat's lanes and the maximum so far compared pairwise, one compare level); a complete block (its maximum,
+length and number, and its command's limit and force bits, queued in a two-entry FIFO; a forced exponent
+travels in place of the maximum) is read back one ring word per cycle, starting in the cycle after its
+last beat arrived or right after the previous block, and its slot is free again once its last word's read
+is issued. So the fill of block k + 1 overlaps the read-back of block k and the unit takes four elements
+per cycle sustained, across blocks, short last blocks and back-to-back commands (a command is accepted in
+the cycle its predecessor's last beat is). ``act_block`` must be a multiple of four, so a beat never spans
+two blocks. Read-back pipeline::
 
-    s0 issue: buffer read, block exponent from the stored max   (o_exp written at a block's first element)
-    s1 shift: M << 7 >> t, guard, sticky
-    s2 round and sign, pack into the word of W = weights_per_beat lanes
-    o_act register: a word leaves when its last lane (or the command's last element) is in
+    s0 issue: ring word read, block exponent from the stored max   (o_exp written at a block's first word)
+    s1 shift, per lane: M << 7 >> t, guard, sticky
+    s2 round and sign, per lane; pack the four into the word of W = weights_per_beat lanes
+    o_act register: a word leaves when its last lane group (or the command's last element) is in
 
 Words hold lanes ``addr * W ..``; lanes past n in the last word are 0. Each word and each exponent is
 written exactly once, in address order. An output that is not ready stalls the read-back pipeline (the
@@ -57,6 +60,7 @@ from amaranth.lib.wiring import In, Out
 from .config import KV_Q_MAX, HardwareConfig, ceil_log2
 from .fp import rejecting
 from .gemv import EXP_BITS
+from .l2 import LANES, beat_layout
 
 __all__ = ["ActQuantizer", "KvPacker", "act_write_layout", "exp_write_layout", "command_layout",
            "pack_command_layout", "Q_MAX", "KV_Q_MAX", "EXP_MIN"]
@@ -112,8 +116,10 @@ class ActQuantizer(wiring.Component):
         the command uses exponent ``e`` (written to ``o_exp`` too); the caller keeps ``|q|`` within the limit
         (an ``e`` too small for a block gives unspecified q). The options belong to their command, also
         when commands follow each other back to back.
-    i_elem : In(stream(unsigned(32)))
-        The activations, raw binary32 bits.
+    i_beat : In(stream(hdl.l2.beat_layout))
+        The activations, raw binary32 bits, four per beat (`hdl.l2.LANES`; the command's last beat the rest:
+        the unit counts them itself, the beat's ``n`` and ``last`` are not read). A beat belongs to one
+        command (`hdl.l2.ElemReader` with ``beats`` sends exactly this).
     o_act : Out(stream(act_write_layout))
         Activation words, exactly `hdl.gemv.GemvEngine.i_act`.
     o_exp : Out(stream(exp_write_layout))
@@ -127,9 +133,9 @@ class ActQuantizer(wiring.Component):
         Set with each ``o_done``: 1 if that command had an inf or NaN input (its words and exponents are then
         unspecified); holds until the next ``o_done``.
 
-    Latency: the read-back starts a block in the cycle after its last element is accepted (or right after
-    the previous block) and issues one element per cycle; ``o_done`` pulses `latency` cycles after the
-    issue of the command's last element when the outputs are ready.
+    Latency: the read-back starts a block in the cycle after its last beat is accepted (or right after the
+    previous block) and issues one ring word (four elements) per cycle; ``o_done`` pulses `latency` cycles
+    after the issue of the command's last word when the outputs are ready.
     """
 
     def __init__(self, hw: HardwareConfig):
@@ -138,10 +144,13 @@ class ActQuantizer(wiring.Component):
             if hw.gemv_max_cols >= 1 << N_BITS:
                 raise ValueError(f"gemv_max_cols must be below {1 << N_BITS} (the command's {N_BITS}-bit column "
                                  f"count), not {hw.gemv_max_cols!r}")
+            if hw.act_block % LANES:
+                raise ValueError(f"act_block must be a multiple of {LANES} (the quantiser takes {LANES} elements "
+                                 f"per cycle, a block a whole number of them), not {hw.act_block!r}")
         self._hw = hw
         super().__init__({
             "i_cmd": In(stream.Signature(command_layout())),
-            "i_elem": In(stream.Signature(unsigned(32))),
+            "i_beat": In(stream.Signature(beat_layout())),
             "o_act": Out(stream.Signature(act_write_layout(hw))),
             "o_exp": Out(stream.Signature(exp_write_layout(hw))),
             "o_done": Out(1), "o_busy": Out(1), "o_nonfinite": Out(1),
@@ -180,19 +189,21 @@ class ActQuantizer(wiring.Component):
         hw = self._hw
         W, B, C = hw.weights_per_beat, hw.act_block, hw.gemv_max_cols
         LB, LW, LC = ceil_log2(B), ceil_log2(W), ceil_log2(C)
+        LL = ceil_log2(LANES)
+        BW = B // LANES                       # ring words per block
         exp_addr_shape = exp_write_layout(hw)["addr"].shape
 
-        # The element ring: 2 * B binary32 words. Elements are written in order, a block's read-back starts
-        # once its last element is in, and a slot is free again as soon as its read is issued.
-        m.submodules.buf = buf = Memory(shape=unsigned(32), depth=2 * B, init=[])
-        wr, rd = buf.write_port(), buf.read_port()
-        wp = Signal(LB + 1)
-        rp = Signal(LB + 1)
-        occ = Signal(range(2 * B + 1))
+        # The ring: two block slots of B binary32 elements, as words of LANES elements (lane-granular writes).
+        # Block k of the whole stream fills slot k % 2; its read-back starts once its last beat is in, and the
+        # slot is free again once its last word's read is issued.
+        m.submodules.buf = buf = Memory(shape=unsigned(32 * LANES), depth=2 * BW, init=[])
+        wr, rd = buf.write_port(granularity=32), buf.read_port()
+        slot_full = Signal(2)
+        f_slot, r_slot = Signal(), Signal()
 
-        # One entry per complete block: at most one per element in the ring, so 2 * B entries never fill.
-        # The command's options travel with its blocks (the fill side may be a command ahead of the read-back);
-        # a forced exponent takes the place of the maximum, which is then not needed.
+        # One entry per complete block, at most two (the two slots). The command's options travel with its
+        # blocks (the fill side may be a command ahead of the read-back); a forced exponent takes the place
+        # of the maximum, which is then not needed.
         meta_layout = data.StructLayout({
             "lidx": unsigned(LB),             # index of the block's last element
             "blk": exp_addr_shape,            # block number within the command
@@ -205,16 +216,17 @@ class ActQuantizer(wiring.Component):
                 "e": signed(EXP_BITS),        # the command's exponent (force = 1)
             }),
         })
-        m.submodules.blocks = blocks = fifo.SyncFIFO(width=meta_layout.size, depth=2 * B)
+        m.submodules.blocks = blocks = fifo.SyncFIFO(width=meta_layout.size, depth=2)
         new_blk = Signal(meta_layout)
         m.d.comb += blocks.w_data.eq(new_blk)
 
-        pending = Signal(range(16))           # commands (n > 0) accepted and not done; at most ~7 fit
+        pending = Signal(range(16))           # commands (n > 0) accepted and not done; at most ~4 fit
         done_last = Signal()                  # the last word of a command is accepted this cycle
         zero_done = Signal()
         issue = Signal()
+        free_slot = Signal()                  # the read-back issues a block's last word this cycle
 
-        # ---- Fill: i_elem -> ring, running max -----------------------------------------------------
+        # ---- Fill: i_beat -> ring, running max -------------------------------------------------------
         f_busy = Signal()
         f_left = Signal(N_BITS)
         f_col = Signal(LC + 1)
@@ -222,35 +234,54 @@ class ActQuantizer(wiring.Component):
         f_nf = Signal()
         f_limit, f_force = Signal(), Signal()
         f_e = Signal(signed(EXP_BITS))
-        x = self.i_elem.payload
+        beat = self.i_beat.payload.data
         take = Signal()
-        m.d.comb += [self.i_elem.ready.eq(f_busy & (occ != 2 * B) & blocks.w_rdy),
-                     take.eq(self.i_elem.valid & self.i_elem.ready)]
-        mag = x[0:31]
-        new_max = Mux(mag > f_max, mag, f_max)
-        new_nf = f_nf | (x[23:31] == 0xFF)
-        last_elem = f_left == 1
-        end_blk = (f_col[:LB] == B - 1) | last_elem if LB else Const(1, 1)
-        m.d.comb += [wr.en.eq(take), wr.addr.eq(wp), wr.data.eq(x)]
-        m.d.comb += [new_blk.lidx.eq(f_col[:LB]), new_blk.blk.eq(f_col[LB:]), new_blk.last.eq(last_elem),
+        m.d.comb += [self.i_beat.ready.eq(f_busy & ~slot_full.bit_select(f_slot, 1) & blocks.w_rdy),
+                     take.eq(self.i_beat.valid & self.i_beat.ready)]
+        cnt = Signal(LL + 1)                  # elements in this beat: LANES, the command's last the rest
+        m.d.comb += cnt.eq(Mux(f_left >= LANES, LANES, f_left[:LL + 1]))
+        lanes = [beat[32 * k:32 * (k + 1)] for k in range(LANES)]
+        lane_on = [cnt > k for k in range(LANES)]
+        # The new running maximum in one compare level: every pair of (lanes, f_max) compared at once; the
+        # lowest-numbered candidate that no other beats wins.
+        cand = [Mux(lane_on[k], lanes[k][0:31], 0) for k in range(LANES)] + [f_max]
+        ge = {(i, j): cand[i] >= cand[j] for i in range(len(cand)) for j in range(i + 1, len(cand))}
+        nm = Signal(31)
+        win = []
+        for i in range(len(cand)):
+            wins_i = Cat(*([~ge[(j, i)] for j in range(i)] + [ge[(i, j)] for j in range(i + 1, len(cand))])).all()
+            win.append(Mux(wins_i, cand[i], 0))
+        acc = win[0]
+        for w_ in win[1:]:
+            acc = acc | w_
+        m.d.comb += nm.eq(acc)
+        new_nf = f_nf | Cat(*(lane_on[k] & (lanes[k][23:31] == 0xFF) for k in range(LANES))).any()
+        last_elem = f_left <= LANES
+        end_blk = ((f_col[LL:LB] == BW - 1) if LB > LL else Const(1, 1)) | last_elem
+        m.d.comb += [wr.en.eq(Mux(take, Cat(*lane_on), 0)), wr.addr.eq(Cat(f_col[LL:LB], f_slot)), wr.data.eq(beat)]
+        m.d.comb += [new_blk.lidx.eq(f_col[:LB] + cnt - 1), new_blk.blk.eq(f_col[LB:]), new_blk.last.eq(last_elem),
                      new_blk.nf.eq(new_nf), new_blk.limit.eq(f_limit), new_blk.force.eq(f_force),
                      blocks.w_en.eq(take & end_blk)]
         with m.If(f_force):
             m.d.comb += new_blk.key.e.eq(f_e)
         with m.Else():
-            m.d.comb += new_blk.key.amax.eq(new_max)
-        m.d.sync += occ.eq(occ + take - issue)
+            m.d.comb += new_blk.key.amax.eq(nm)
         with m.If(take):
-            m.d.sync += [wp.eq(wp + 1), f_col.eq(f_col + 1), f_left.eq(f_left - 1)]
+            m.d.sync += [f_col.eq(f_col + cnt), f_left.eq(f_left - cnt)]
             with m.If(last_elem):
                 m.d.sync += f_busy.eq(0)
             with m.If(end_blk):
-                m.d.sync += [f_max.eq(0), f_nf.eq(0)]
+                m.d.sync += [f_max.eq(0), f_nf.eq(0), f_slot.eq(~f_slot)]
             with m.Else():
-                m.d.sync += [f_max.eq(new_max), f_nf.eq(new_nf)]
+                m.d.sync += [f_max.eq(nm), f_nf.eq(new_nf)]
+        for k in range(2):
+            with m.If(take & end_blk & (f_slot == k)):
+                m.d.sync += slot_full[k].eq(1)
+            with m.Elif(free_slot & (r_slot == k)):
+                m.d.sync += slot_full[k].eq(0)
 
         # Commands: the next one is taken as soon as the fill side is free, including the cycle in which it
-        # takes the previous command's last element; n = 0 only on an idle unit, so its o_done stays in order.
+        # takes the previous command's last beat; n = 0 only on an idle unit, so its o_done stays in order.
         n = self.i_cmd.p.n
         fill_free = ~f_busy | (take & last_elem)
         m.d.comb += self.i_cmd.ready.eq(fill_free & ((n != 0) | (pending == 0)))
@@ -261,67 +292,79 @@ class ActQuantizer(wiring.Component):
         m.d.comb += zero_done.eq(cmd_take & (n == 0))
         m.d.sync += pending.eq(pending + (cmd_take & (n != 0)) - done_last)
 
-        # ---- Read-back pipeline ------------------------------------------------------------------
+        # ---- Read-back pipeline: one ring word (LANES elements) per cycle ----------------------------
         adv = Signal()
         m.d.comb += adv.eq(~(self.o_act.valid & ~self.o_act.ready) & ~(self.o_exp.valid & ~self.o_exp.ready))
 
         # s0: issue one ring read per cycle for the oldest complete block.
-        q_idx = Signal(LB)
+        q_w = Signal(max(1, LB - LL))         # word of the block being read back
         q_nf = Signal()                       # inf/NaN seen so far in the command being read back
         cur = data.View(meta_layout, blocks.r_data)
         m.d.comb += issue.eq(blocks.r_rdy & adv)
         e_cur = Signal(signed(EXP_BITS))
         m.d.comb += e_cur.eq(Mux(cur.force, cur.key.e, self._block_exponent(m, cur.key.amax, cur.limit)))
-        first = q_idx == 0
-        lastel = q_idx == cur.lidx
+        first = q_w == 0
+        lastw = (q_w == cur.lidx[LL:]) if LB > LL else Const(1, 1)
         nf_cur = Mux(first & (cur.blk == 0), 0, q_nf) | cur.nf
-        m.d.comb += [rd.en.eq(adv), rd.addr.eq(rp), blocks.r_en.eq(issue & lastel)]
+        m.d.comb += [rd.en.eq(adv), rd.addr.eq(Cat(q_w[:LB - LL], r_slot)), blocks.r_en.eq(issue & lastw),
+                     free_slot.eq(issue & lastw)]
         with m.If(issue):
-            m.d.sync += [q_nf.eq(nf_cur), rp.eq(rp + 1), q_idx.eq(Mux(lastel, 0, q_idx + 1))]
+            m.d.sync += [q_nf.eq(nf_cur), q_w.eq(Mux(lastw, 0, q_w + 1))]
+            with m.If(lastw):
+                m.d.sync += r_slot.eq(~r_slot)
 
         with m.If(issue & first):
             m.d.sync += [self.o_exp.valid.eq(1), self.o_exp.p.addr.eq(cur.blk), self.o_exp.p.e.eq(e_cur)]
         with m.Elif(self.o_exp.ready):
             m.d.sync += self.o_exp.valid.eq(0)
 
-        # s1: the element arrives from the buffer; shift.
+        # s1: the word arrives from the ring; per lane, shift.
         s1_valid, s1_last, s1_nf = Signal(), Signal(), Signal()
         s1_e = Signal(signed(EXP_BITS))
-        s1_col = Signal(LC)
+        s1_col = Signal(LC)                   # column of lane 0
+        s1_on = Signal(LANES)                 # lanes holding elements (the command's last word may be short)
         with m.If(adv):
-            m.d.sync += [s1_valid.eq(issue), s1_e.eq(e_cur), s1_col.eq(Cat(q_idx, cur.blk)),
-                         s1_last.eq(lastel & cur.last), s1_nf.eq(nf_cur)]
-        xr = rd.data
-        r_fld = xr[23:31]
-        r_mant = Cat(xr[0:23], r_fld != 0)
-        t = Signal(signed(EXP_BITS + 2))
-        m.d.comb += t.eq(s1_e + 156 - Mux(r_fld == 0, 1, r_fld))
-        tc = Signal(5)
-        m.d.comb += tc.eq(Mux(t < 0, 0, Mux(t > 31, 31, t)))      # t < 0 only for inf/NaN blocks
-        v = Cat(Const(0, 7), r_mant)                                # M << 7: 31 bits
-        g_int = Signal(31)
-        m.d.comb += g_int.eq(v >> tc)                              # integer part << 1 | guard
-        sticky = (v & ((Const(1, 32) << tc) - 1)) != 0
-
-        s2_valid, s2_last, s2_nf, s2_sign, s2_g, s2_st = (Signal(name=f"s2_{k}") for k in
-                                                           ("valid", "last", "nf", "sign", "g", "st"))
-        s2_i = Signal(8)
+            m.d.sync += [s1_valid.eq(issue), s1_e.eq(e_cur), s1_col.eq(Cat(Const(0, LL), q_w[:LB - LL], cur.blk)),
+                         s1_last.eq(lastw & cur.last), s1_nf.eq(nf_cur),
+                         s1_on.eq(Mux(lastw, Cat(*(cur.lidx[:LL] >= k for k in range(LANES))), (1 << LANES) - 1))]
+        s2_valid, s2_last, s2_nf = Signal(), Signal(), Signal()
         s2_col = Signal(LC)
+        s2_on = Signal(LANES)
         with m.If(adv):
             m.d.sync += [s2_valid.eq(s1_valid), s2_last.eq(s1_last), s2_nf.eq(s1_nf), s2_col.eq(s1_col),
-                         s2_sign.eq(xr[31]), s2_i.eq(g_int[1:9]), s2_g.eq(g_int[0]), s2_st.eq(sticky)]
+                         s2_on.eq(s1_on)]
+        qs = []
+        for k in range(LANES):
+            xr = rd.data[32 * k:32 * (k + 1)]
+            r_fld = xr[23:31]
+            r_mant = Cat(xr[0:23], r_fld != 0)
+            t = Signal(signed(EXP_BITS + 2), name=f"t{k}")
+            m.d.comb += t.eq(s1_e + 156 - Mux(r_fld == 0, 1, r_fld))
+            tc = Signal(5, name=f"tc{k}")
+            m.d.comb += tc.eq(Mux(t < 0, 0, Mux(t > 31, 31, t)))      # t < 0 only for inf/NaN blocks
+            v = Cat(Const(0, 7), r_mant)                                # M << 7: 31 bits
+            g_int = Signal(31, name=f"g_int{k}")
+            m.d.comb += g_int.eq(v >> tc)                              # integer part << 1 | guard
+            sticky = (v & ((Const(1, 32) << tc) - 1)) != 0
+            s2_sign, s2_g, s2_st = Signal(name=f"s2_sign{k}"), Signal(name=f"s2_g{k}"), Signal(name=f"s2_st{k}")
+            s2_i = Signal(8, name=f"s2_i{k}")
+            with m.If(adv):
+                m.d.sync += [s2_sign.eq(xr[31]), s2_i.eq(g_int[1:9]), s2_g.eq(g_int[0]), s2_st.eq(sticky)]
+            # s2: round to nearest even, sign.
+            qmag = Signal(9, name=f"qmag{k}")
+            m.d.comb += qmag.eq(s2_i + (s2_g & (s2_st | s2_i[0])))
+            q = Signal(signed(hw.act_bits), name=f"q{k}")
+            m.d.comb += q.eq(Mux(s2_on[k], Mux(s2_sign, -qmag, qmag), 0))
+            qs.append(q)
 
-        # s2: round to nearest even, sign, pack.
-        qmag = Signal(9)
-        m.d.comb += qmag.eq(s2_i + (s2_g & (s2_st | s2_i[0])))
-        q = Signal(signed(hw.act_bits))
-        m.d.comb += q.eq(Mux(s2_sign, -qmag, qmag))
-        lane = s2_col[:LW]
+        # s2: pack the LANES results into the word of W lanes at the lane group of their column.
+        grp = s2_col[LL:LW]
         pack = Signal(data.ArrayLayout(signed(hw.act_bits), W))
         word = Signal(data.ArrayLayout(signed(hw.act_bits), W))
         for i in range(W):
-            m.d.comb += word[i].eq(Mux(lane == i, q, Mux(lane > i, pack[i], 0)))
-        emit = s2_valid & ((lane == W - 1) | s2_last)
+            g, k = divmod(i, LANES)
+            m.d.comb += word[i].eq(Mux(grp == g, qs[k], Mux(grp > g, pack[i], 0)))
+        emit = s2_valid & ((grp == W // LANES - 1) | s2_last)
         act_last, act_nf = Signal(), Signal()
         with m.If(adv & s2_valid):
             m.d.sync += pack.eq(word)

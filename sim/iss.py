@@ -69,8 +69,9 @@ class Counters:
     elements: Counter = field(default_factory=Counter)             # opcode name -> elements processed
     # The RTL controller's passes (docs/architecture.md): (opcode name, kind) -> passes and elements. Kinds: "sfu"
     # (through the SFU's long path: the functions), "vec" (its short path: the element-wise arithmetic,
-    # `hdl.sfu.SHORT_OPS`), "reduce" (the short path to one result), "copy" (L2 -> L2 or a scalar),
-    # "ddr_read", "ddr_write".
+    # `hdl.sfu.SHORT_OPS`), "reduce" (the short path to one result), "copy" (L2 -> L2 or a scalar), "quant"
+    # (L2 -> the activation quantiser, four elements per cycle: `hdl.l2.ElemReader` beats), "ddr_read",
+    # "ddr_write".
     passes: Counter = field(default_factory=Counter)
     pass_elements: Counter = field(default_factory=Counter)
     alu_ops: int = 0                                               # scalar-ALU operations (add, mul, int->float)
@@ -404,7 +405,7 @@ class Machine:
             d = self.image.descriptors[i.slot if op in (Opcode.KVST, Opcode.ATTN) else i.desc]
             if op is Opcode.WGEMV:
                 if not i.reuse:
-                    add("copy", d.cols)                                  # L2 -> quantiser
+                    add("quant", d.cols)                                 # L2 -> quantiser
                 if i.findemax:
                     add("reduce", d.rows)
             elif op is Opcode.GATHER:
@@ -414,7 +415,7 @@ class Machine:
                     # per KV head: K one quantiser pass into the packer, V two, then the planes' words (8
                     # nibbles each) and the scales out to DDR
                     nb = self._kv_layout(d).kblocks
-                    add("copy", d.head_dim, 3 * d.heads)       # K; V twice (its row exponent, then q)
+                    add("quant", d.head_dim, 3 * d.heads)      # K; V twice (its row exponent, then q)
                     add("ddr_write", d.head_dim // 8, 4 * d.heads)
                     add("ddr_write", nb, 2 * d.heads)
                     add("ddr_write", 1, d.heads)
@@ -427,13 +428,13 @@ class Machine:
                 # per head: q into the quantiser, the two K GEMVs (engine), MAX, EXP, SUM, RECIP, the V row
                 # scales (from DDR) times the weights, per chunk the weights into the quantiser and two V GEMVs,
                 # then the output times recip(sum)
-                add("copy", hd, heads)
+                add("quant", hd, heads)
                 add("reduce", n, 2 * heads)
                 add("sfu", n, heads)                                     # exp
                 add("vec", n, heads)                                     # the V row scales
                 add("sfu", 1, heads)
-                add("copy", n, heads)
-                c.passes[(i.op.name, "copy")] += heads * (chunks - 1)
+                add("quant", n, heads)
+                c.passes[(i.op.name, "quant")] += heads * (chunks - 1)
                 add("vec", hd, heads)
             else:
                 heads, hd, window = (int(v) for v in self.shape_cache[ShapeCache.FMAP][i.shape_ptr])

@@ -399,7 +399,7 @@ def test_wgemv_reuse_computes_with_the_engines_activations(arithmetic):
     assert not np.array_equal(x2, fresh.l2[:q.cols])                 # the source did change
     counted = Machine(image, hw, COUNT)
     counted.run(load + [gemv(64, q, 0), gemv(128, gate, 1), halt], token=0, pos=0)
-    assert counted.counters.passes[("WGEMV", "copy")] == 1
+    assert counted.counters.passes[("WGEMV", "quant")] == 1
     for words, pc in ((load + [gemv(128, gate, 1), halt], 1), (load + [gemv(64, q, 0), gemv(128, wide, 1), halt], 2)):
         with pytest.raises(ExecutionError, match="reuse") as e:
             machine().run(words, token=0, pos=0)

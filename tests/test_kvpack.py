@@ -20,7 +20,7 @@ from hdl.gemv import EXP_BITS
 from hdl.quant import EXP_MIN, ActQuantizer, KvPacker
 from sim.numerics import (KV_Q_MAX, pack_int4, pow2_binary16, quantize_activations, quantize_kv_k,
                           quantize_kv_v)
-from tb.quant.vectors import F32_MAX, send_words, spread_vector
+from tb.quant.vectors import F32_MAX, beats, send_words, spread_vector
 
 TINY = HardwareConfig.preset("tiny")
 KV260 = HardwareConfig.preset("kv260")
@@ -80,7 +80,7 @@ async def quantise(ctx, quant, x, *, limit=1, force=0, e=0, rng=None, p_idle=0.0
     ctx.set(quant.i_cmd.valid, 1)
     await ctx.tick().until(quant.i_cmd.ready)
     ctx.set(quant.i_cmd.valid, 0)
-    await send_words(ctx, quant.i_elem, np.asarray(x, np.float32).view(np.uint32), rng=rng, p_idle=p_idle)
+    await send_words(ctx, quant.i_beat, beats(np.asarray(x, np.float32).view(np.uint32)), rng=rng, p_idle=p_idle)
     await ctx.tick().until(~quant.o_busy)
 
 
@@ -206,7 +206,7 @@ def random_row(rng, n, block):
 @pytest.mark.parametrize("hw, lengths", [(TINY, (16, 16, 256, 16, 256, 16)), (KV260, (16, 256, 16, 256))],
                          ids=["tiny", "kv260"])
 def test_random_rows_with_stalls(hw, lengths):
-    """Seeded random K and V rows of 16 and 256 elements, bubbles on i_elem and random o_elem.ready."""
+    """Seeded random K and V rows of 16 and 256 elements, bubbles on the quantiser's i_beat and random o_elem.ready."""
     rng = np.random.default_rng(61)
     rows = [(kind, random_row(rng, n, hw.act_block)) for n in lengths for kind in ("k", "v")]
     res = rtl_kv_rows(hw, rows, seed=63, p_idle=0.2, p_stall=0.4)

@@ -91,10 +91,10 @@ class Harness(Elaboratable):
     """`readers` ElemReaders on L2 read ports 0.., `writers` ElemWriters on write ports 0.., and `raw_rd` /
     `raw_wr` further ports driven directly by the testbench (preload, read-back, raw traffic)."""
 
-    def __init__(self, hw, readers=0, writers=0, raw_rd=1, raw_wr=1, **l2_kw):
+    def __init__(self, hw, readers=0, writers=0, raw_rd=1, raw_wr=1, beats=False, **l2_kw):
         self.hw = hw
         self.l2 = L2(hw, read_ports=readers + raw_rd, write_ports=writers + raw_wr, **l2_kw)
-        self.readers = [ElemReader(hw) for _ in range(readers)]
+        self.readers = [ElemReader(hw, beats=beats) for _ in range(readers)]
         self.writers = [ElemWriter(hw) for _ in range(writers)]
         self.raw_rd = [(getattr(self.l2, f"rd{readers + i}_req"), getattr(self.l2, f"rd{readers + i}_resp"))
                        for i in range(raw_rd)]
@@ -544,6 +544,101 @@ def test_elem_reader_random_commands(seed):
         exp = check_reader(cmds[r], elems[r], mon.req_log[r], mon.resp_log[r], seed)
         want = np.concatenate([flat[a - base_word * LANES:a - base_word * LANES + n] for a, n in cmds[r]])
         np.testing.assert_array_equal(exp, want, err_msg=f"seed {seed}: reader {r} against the flat model")
+
+
+def _beat_mode_run(seed, cmds, *, idle, p_ready, rng_seed):
+    """One beats-capable reader on TINY's L2 over a preloaded random region, running `cmds` ((addr, n, beats)
+    each: beats 1 = the elements leave on o_beat), with command gaps `idle` and consumer readiness
+    `p_ready`. Returns (the region's elements, per command the elements received in order, per command the
+    beats' (n, last) pairs, the monitor)."""
+    hw = TINY
+    dut = Harness(hw, readers=1, writers=0, beats=True)
+    model = WordModel(dut.l2.depth)
+    region_words = 40
+    rng = random.Random(seed)
+    init = np.array([[rng.getrandbits(32) for _ in range(LANES)] for _ in range(region_words)], np.uint32)
+    base_word = dut.l2.depth - region_words
+    mon = Monitor(dut.l2, model, watch={"beat": dut.readers[0].o_beat})
+    rd = dut.readers[0]
+    got = [[] for _ in cmds]
+    shapes = [[] for _ in cmds]
+    ready = [False]
+
+    async def load(ctx):
+        await preload(ctx, dut.raw_wr[0], init, base_word)
+        ready[0] = True
+
+    async def driver(ctx):
+        r = random.Random(rng_seed)
+        while not ready[0]:
+            await ctx.tick()
+        for a, n, b in cmds:
+            while r.random() < idle:
+                await ctx.tick()
+            ctx.set(rd.i_cmd.valid, 1)
+            ctx.set(rd.i_cmd.payload, {"addr": base_word * LANES + a, "n": n})
+            ctx.set(rd.i_beats, b)
+            await ctx.tick().until(rd.i_cmd.ready)
+            ctx.set(rd.i_cmd.valid, 0)
+            ctx.set(rd.i_beats, 0)
+
+    async def taker(ctx):
+        r = random.Random(rng_seed + 1)
+        for k, (_, n, b) in enumerate(cmds):
+            port = rd.o_beat if b else rd.o_elem
+            while len(got[k]) < n:
+                on = r.random() < p_ready
+                ctx.set(rd.o_beat.ready, on and b)
+                ctx.set(rd.o_elem.ready, on and not b)
+                _, _, bv, bd, bn, bl, ev, ed, el = await ctx.tick().sample(
+                    rd.o_beat.valid, rd.o_beat.payload.data, rd.o_beat.payload.n, rd.o_beat.payload.last,
+                    rd.o_elem.valid, rd.o_elem.payload.data, rd.o_elem.payload.last)
+                assert not (bv and not b), f"seed {seed}: command {k} (elements) made a beat"
+                assert not (ev and b), f"seed {seed}: command {k} (beats) made an element"
+                if b and bv and on:
+                    got[k] += [(bd >> (32 * i)) & MASK32 for i in range(bn)]
+                    shapes[k].append((bn, bl))
+                elif not b and ev and on:
+                    got[k].append(ed)
+        ctx.set(rd.o_beat.ready, 0)
+        ctx.set(rd.o_elem.ready, 0)
+
+    simulate(dut, [load, driver, taker], mon)
+    return init.reshape(-1), got, shapes, mon
+
+
+@pytest.mark.parametrize("seed", [21, 22])
+def test_elem_reader_beats_random_commands(seed):
+    """Beat mode (the quantiser's input): commands at every alignment and length (0..23, all four start lanes
+    x lengths 1..9 first), mixed with element-mode commands on the same reader, command gaps and random
+    consumer stalls: the beats carry exactly the elements addr .. addr+n-1 in order, four per beat (the last
+    the rest, ``last`` on it); the element commands in between are unaffected."""
+    rng = random.Random(seed)
+    span = 40 * LANES
+    cmds = [(a, n, 1) for a in range(LANES) for n in range(1, 10)]
+    for a, n in random_cmds(rng, 0, span, 150):
+        cmds.append((a, n, int(rng.random() < 0.7)))
+    flat, got, shapes, _ = _beat_mode_run(seed, cmds, idle=0.3, p_ready=0.6, rng_seed=seed * 7)
+    for k, (a, n, b) in enumerate(cmds):
+        np.testing.assert_array_equal(np.array(got[k], np.uint32), flat[a:a + n],
+                                      err_msg=f"seed {seed}: command {k} (addr {a}, n {n}, beats {b})")
+        if b:
+            want = [(min(LANES, n - i), int(i + LANES >= n)) for i in range(0, n, LANES)]
+            assert shapes[k] == want, f"seed {seed}: command {k} (addr {a}, n {n}): beats {shapes[k]}"
+
+
+def test_elem_reader_beats_full_rate():
+    """Beat mode with an always-ready consumer: one beat (four elements) per cycle from every start lane,
+    back to back (the unaligned beats take the next word's lanes straight from the L2 response)."""
+    cmds = [(a, 37, 1) for a in range(LANES)]
+    flat, got, _, mon = _beat_mode_run(5, cmds, idle=0.0, p_ready=1.0, rng_seed=5)
+    for k, (a, n, _) in enumerate(cmds):
+        np.testing.assert_array_equal(np.array(got[k], np.uint32), flat[a:a + n])
+    cycles = [c for c, _ in mon.watch_log["beat"]]
+    per = -(-37 // LANES)
+    for k in range(len(cmds)):
+        c = cycles[k * per:(k + 1) * per]
+        assert c == list(range(c[0], c[0] + per)), f"start lane {k}: beats not one per cycle: {c}"
 
 
 @pytest.mark.parametrize("seed", [11, 12])

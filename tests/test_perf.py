@@ -8,7 +8,8 @@ from firmware.perf import DDR_PEAK_BYTES_PER_S, PASS_KINDS, Rates, cycles_of, es
 from hdl.config import HardwareConfig
 from sim.config import ModelConfig
 
-FREE = dict(issue=0, sfu_pass=0, vec_pass=0, reduce_pass=0, copy_pass=0, ddr_read_pass=0, ddr_write_pass=0, alu_op=0,
+FREE = dict(issue=0, sfu_pass=0, vec_pass=0, reduce_pass=0, copy_pass=0, quant_pass=0, ddr_read_pass=0, ddr_write_pass=0,
+            alu_op=0,
             gemv_fixed=0)
 
 

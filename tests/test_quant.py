@@ -17,13 +17,14 @@ from amaranth.sim import Simulator
 
 from hdl.axi import AxiReadSignature
 from hdl.config import HardwareConfig
+from hdl.l2 import beat_layout
 from hdl.gemv import EXP_BITS, GemvEngine
 from hdl.gemv import command_layout as gemv_command_layout
 from hdl.quant import KV_Q_MAX, Q_MAX, ActQuantizer, act_write_layout, exp_write_layout
 from hdl.quant import command_layout as quant_command_layout
 from sim.numerics import INT8_MAX, quantize_activations
 from sim.numerics import KV_Q_MAX as SIM_KV_Q_MAX
-from tb.quant.vectors import F32_MAX, send_words, spread_vector
+from tb.quant.vectors import F32_MAX, LANES, beats, send_words, spread_vector
 from tb.runner import run
 
 TINY = HardwareConfig.preset("tiny")
@@ -57,7 +58,8 @@ def rtl_quantize(hw, vectors, *, opts=None, seed=0, p_idle=0.0, p_stall=0.0, cmd
     commands, with the command options `opts` (one ``(limit, force, e)`` per vector; default all 0).
     Returns a dict: ``act`` / ``exp``: every accepted write in order as (cycle, addr, value) with
     value a tuple of W lane integers / an exponent; ``done``: (cycle, o_nonfinite) per o_done pulse;
-    ``take``: the cycles in which an element was accepted; ``cmd``: the command acceptance cycles."""
+    ``take``: the cycles in which a beat (four elements) was accepted; ``cmd``: the command acceptance
+    cycles."""
     dut = ActQuantizer(hw)
     opts = list(opts) if opts is not None else [NO_OPTS] * len(vectors)
     assert len(opts) == len(vectors)
@@ -85,7 +87,7 @@ def rtl_quantize(hw, vectors, *, opts=None, seed=0, p_idle=0.0, p_stall=0.0, cmd
             ctx.set(dut.i_cmd.valid, 0)
 
     async def elements(ctx):
-        await send_words(ctx, dut.i_elem, [v for b in bits for v in b], rng=rng, p_idle=p_idle)
+        await send_words(ctx, dut.i_beat, [w for b in bits for w in beats(b)], rng=rng, p_idle=p_idle)
 
     async def sinks(ctx):
         limit = max_cycles or 50 * sum(len(b) for b in bits) + 200
@@ -95,7 +97,7 @@ def rtl_quantize(hw, vectors, *, opts=None, seed=0, p_idle=0.0, p_stall=0.0, cmd
             _, _, av, ar, ap, ev, er, ep, done, nf, ev_take, cv, cr = await ctx.tick().sample(
                 dut.o_act.valid, dut.o_act.ready, dut.o_act.payload.as_value(),
                 dut.o_exp.valid, dut.o_exp.ready, dut.o_exp.payload.as_value(), dut.o_done, dut.o_nonfinite,
-                dut.i_elem.valid & dut.i_elem.ready, dut.i_cmd.valid, dut.i_cmd.ready)
+                dut.i_beat.valid & dut.i_beat.ready, dut.i_cmd.valid, dut.i_cmd.ready)
             c = cycle[0]
             if av and ar:
                 addr = ap & ((1 << act_l["addr"].width) - 1)
@@ -185,7 +187,7 @@ def random_lengths(hw, rng):
 @pytest.mark.parametrize("hw", [TINY, KV260, NARROW, WIDE], ids=lambda h: h.name)
 def test_random_vectors_with_stalls(hw):
     """Seeded random vectors of the brief's lengths (1, W-1, W, act_block +- 1, ...) over the whole binary32
-    range, back to back, with random bubbles on i_cmd / i_elem and random ready on o_act / o_exp."""
+    range, back to back, with random bubbles on i_cmd / i_beat and random ready on o_act / o_exp."""
     rng = np.random.default_rng(11)
     vectors = [spread_vector(rng, n, hw.act_block) for n in random_lengths(hw, rng)]
     res = rtl_quantize(hw, vectors, seed=3, p_idle=0.3, p_stall=0.3)
@@ -292,35 +294,51 @@ def test_zero_length_command():
     assert res["done"][0][0] < res["done"][1][0] < res["done"][2][0] < res["done"][3][0]
 
 
+def fill_schedule(hw, lengths, t0: int, latency: int) -> tuple[list[int], list[int]]:
+    """The quantiser's timing contract with always-valid input and always-ready outputs, from the first beat's
+    cycle `t0`: per block (act_block elements, a command's last one the rest) of ``b`` beats, the fill takes a
+    beat per cycle once the block's ring slot (block k uses slot k % 2) is free, i.e. from the cycle after
+    the read-back issued the last word of block k - 2; the read-back issues a word per cycle from the cycle
+    after the block's last beat, or after the previous block's last word. Returns (the beat cycles, the
+    o_done cycle per command: `latency` after its last word's issue)."""
+    B = hw.act_block
+    takes, dones, read_end = [], [], []
+    fill_next, read_next = t0, 0
+    for n in lengths:
+        for start in range(0, n, B):
+            b = -(-min(B, n - start) // LANES)
+            k = len(read_end)
+            f0 = max(fill_next, read_end[k - 2] + 1) if k >= 2 else fill_next
+            takes += list(range(f0, f0 + b))
+            fill_next = f0 + b
+            r0 = max(f0 + b, read_next)
+            read_next = r0 + b
+            read_end.append(r0 + b - 1)
+        dones.append(read_end[-1] + latency)
+    return takes, dones
+
+
 @pytest.mark.parametrize("hw", [TINY, KV260, NARROW], ids=lambda h: h.name)
-def test_throughput_one_element_per_cycle(hw):
-    """Always-valid input and always-ready outputs: every element of several back-to-back commands is
-    accepted in consecutive cycles (one per cycle sustained, across blocks and commands, short blocks
-    included), and each o_done comes `latency` cycles after the read-back of the command's last element."""
+def test_throughput_four_elements_per_cycle(hw):
+    """Always-valid input and always-ready outputs: the beats (four elements each) are accepted exactly as
+    `fill_schedule` says: one per cycle sustained through a long command (so four elements per cycle), a
+    short block's slot turning over as soon as it is read; each o_done comes `latency` cycles after the
+    read-back of the command's last word."""
     rng = np.random.default_rng(15)
     B = hw.act_block
-    lengths = [4 * B + 3, 2 * B, 1, B + 1, 3 * hw.weights_per_beat]
+    lengths = [4 * B + 3, 2 * B, 1, B + 1, 3 * hw.weights_per_beat, 7, 2, B - 1]
     vectors = [spread_vector(rng, n, B) for n in lengths]
     res = rtl_quantize(hw, vectors)
     check(hw, vectors, res, f"{hw.name} throughput")
-    total = sum(lengths)
-    takes = res["take"]
-    assert len(takes) == total
-    assert takes[-1] - takes[0] == total - 1, \
-        f"{total} elements took {takes[-1] - takes[0] + 1} cycles: not one per cycle"
-    # Read-back timing: a block is issued one element per cycle, from the cycle after its last element is
-    # accepted or right after the previous block; o_done follows a command's last issue by `latency`.
     dut = ActQuantizer(hw)
     dut._MustUse__silence = True
-    k, q_free, want = 0, 0, []
-    for n in lengths:
-        for start in range(0, n, B):
-            c = min(B, n - start)
-            issue0 = max(takes[k + start + c - 1] + 1, q_free)
-            q_free = issue0 + c
-        want.append(q_free - 1 + dut.latency)
-        k += n
-    assert [d for d, _ in res["done"]] == want
+    takes, dones = fill_schedule(hw, lengths, res["take"][0], dut.latency)
+    assert res["take"] == takes
+    assert [d for d, _ in res["done"]] == dones
+    # a long command alone: one beat per cycle, start to end
+    n = 16 * B + 5
+    res = rtl_quantize(hw, [spread_vector(rng, n, B)])
+    assert res["take"][-1] - res["take"][0] == -(-n // LANES) - 1, "not four elements per cycle"
 
 # ---- The INT8 KV cache's options: limit (|q| <= 119) and a forced exponent ------------------------------------
 
@@ -433,8 +451,10 @@ def test_options_back_to_back(hw, flow):
     res = rtl_quantize(hw, vectors, opts=opts, seed=43, p_stall=stall)
     check(hw, vectors, res, f"{hw.name} mixed options back to back, {flow} (seed 41/43)", opts)
     if flow == "no stalls":
-        takes = res["take"]
-        assert takes[-1] - takes[0] == len(takes) - 1, "options cost throughput: not one element per cycle"
+        dut = ActQuantizer(hw)
+        dut._MustUse__silence = True
+        takes, _ = fill_schedule(hw, [len(v) for v in vectors], res["take"][0], dut.latency)
+        assert res["take"] == takes, "options cost throughput: the beats are not taken as fill_schedule says"
 
 
 def test_parameter_errors():
@@ -444,6 +464,8 @@ def test_parameter_errors():
         ActQuantizer("tiny")
     with pytest.raises(ValueError, match="gemv_max_cols must be below 65536"):
         ActQuantizer(TINY.replace(gemv_max_cols=1 << 16))
+    with pytest.raises(ValueError, match="act_block must be a multiple of 4"):
+        ActQuantizer(TINY.replace(act_block=2))
 
 
 @pytest.mark.parametrize("hw", [TINY, KV260], ids=lambda h: h.name)
@@ -464,7 +486,7 @@ class QuantGemv(wiring.Component):
     def __init__(self, hw):
         self._hw = hw
         members = {
-            "i_qcmd": In(stream.Signature(quant_command_layout())), "i_elem": In(stream.Signature(unsigned(32))),
+            "i_qcmd": In(stream.Signature(quant_command_layout())), "i_beat": In(stream.Signature(beat_layout())),
             "o_qdone": Out(1), "o_qbusy": Out(1), "o_nonfinite": Out(1),
             "i_cmd": In(stream.Signature(gemv_command_layout(hw))), "i_acc": In(stream.Signature(unsigned(32))),
             "o_y": Out(stream.Signature(unsigned(32))), "o_busy": Out(1), "o_error": Out(1), "o_bad_cmd": Out(1),
@@ -481,7 +503,7 @@ class QuantGemv(wiring.Component):
         wiring.connect(m, quant.o_act, gemv.i_act)
         wiring.connect(m, quant.o_exp, gemv.i_exp)
         wiring.connect(m, wiring.flipped(self.i_qcmd), quant.i_cmd)
-        wiring.connect(m, wiring.flipped(self.i_elem), quant.i_elem)
+        wiring.connect(m, wiring.flipped(self.i_beat), quant.i_beat)
         wiring.connect(m, wiring.flipped(self.i_cmd), gemv.i_cmd)
         wiring.connect(m, wiring.flipped(self.i_acc), gemv.i_acc)
         wiring.connect(m, gemv.o_y, wiring.flipped(self.o_y))

@@ -4,7 +4,7 @@ quantiser's o_act / o_exp are wired to the engine's i_act / i_exp. Every result 
 ``sim.numerics.gemv(q_w, scale, *quantize_activations(x, act_block))``, under random DDR latency, AR/R
 stalls, bubbles on the activation and i_acc streams and o_y backpressure.
 
-Wrapper ports: ``i_qcmd`` ({n}), ``i_elem`` (binary32), ``o_qdone``, ``o_qbusy``, ``o_nonfinite`` (the
+Wrapper ports: ``i_qcmd`` ({n}), ``i_beat`` (four binary32 per beat, `hdl.l2.beat_layout`), ``o_qdone``, ``o_qbusy``, ``o_nonfinite`` (the
 quantiser); ``i_cmd``, ``i_acc``, ``o_y``, ``m_axi<p>``, ``o_busy``, ``o_error``, ``o_bad_cmd`` (the engine).
 """
 
@@ -24,7 +24,7 @@ from sim.numerics import gemv, quantize_activations
 from tb.axi.memory import LatencyAxiReadRam
 from tb.axi.streams import StreamSink, StreamSource, pauses
 from tb.gemv.bench import pack_fields, random_case
-from tb.quant.vectors import spread_vector
+from tb.quant.vectors import LANES, beats, spread_vector
 from tb.runner import bench_env
 
 MEM = 1 << 18
@@ -44,7 +44,7 @@ class QuantGemvBench:
                 ar_pause=pauses(random.Random(r.random()), p) if p else None,
                 r_pause=pauses(random.Random(r.random()), p) if p else None))
         self.qcmd = StreamSource(dut, "i_qcmd", dut.clk, rng=random.Random(seed + 1), p_idle=p)
-        self.elem = StreamSource(dut, "i_elem", dut.clk, rng=random.Random(seed + 2), p_idle=p)
+        self.elem = StreamSource(dut, "i_beat", dut.clk, rng=random.Random(seed + 2), p_idle=p)
         self.cmd = StreamSource(dut, "i_cmd", dut.clk)
         self.acc = StreamSource(dut, "i_acc", dut.clk, rng=random.Random(seed + 3), p_idle=p)
         self.out = StreamSink(dut, "o_y", dut.clk, rng=random.Random(seed + 4), p_stall=p)
@@ -73,7 +73,7 @@ class QuantGemvBench:
         command's issue to the last o_qdone)."""
         n0 = len(self.qdone)
         t0 = self.cycle
-        words = [int(v) for x in vectors for v in np.asarray(x, np.float32).view(np.uint32)]
+        words = [w for x in vectors for w in beats(np.asarray(x, np.float32).view(np.uint32))]
         elems = cocotb.start_soon(self.elem.send(words))
         await self.qcmd.send([len(x) for x in vectors])
         for _ in range(timeout):
@@ -152,7 +152,8 @@ async def wgemv_random(dut):
 async def wgemv_corners_and_rate(dut):
     """Directed activations through the whole path (all zero, one huge value, subnormal blocks, exact ties,
     max |x| = 127 * 2**k and just above), the inf/NaN flag, and the quantiser's rate in front of the engine:
-    gemv_max_cols elements with no stalls in at most gemv_max_cols + act_block + 12 cycles."""
+    gemv_max_cols elements with no stalls in at most gemv_max_cols / 4 + act_block / 4 + 12 cycles (four
+    elements per cycle)."""
     cfg = HardwareConfig.preset(bench_env("NPU_HW", "tiny"))
     tb = QuantGemvBench(dut, cfg, seed=9, latency=7, jitter=5, p=0.1)
     await tb.reset()
@@ -186,7 +187,7 @@ async def wgemv_corners_and_rate(dut):
     x = spread_vector(rng, C, B, scales=(-30, 30))
     _, cycles = await tb.quantize([x])
     dut._log.info(f"quantiser: {C} elements in {cycles} cycles (command to o_done)")
-    assert cycles <= C + B + 12, f"{C} elements took {cycles} cycles"
+    assert cycles <= C // LANES + B // LANES + 12, f"{C} elements took {cycles} cycles"
     case = wgemv_case(cfg, rng, 16, x)
     y = await tb.gemv(case)
     check(cfg, case, x, y, "full-length case")

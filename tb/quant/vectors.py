@@ -1,12 +1,14 @@
 """Seeded binary32 activation vectors for the quantiser's tests (pysim, tests/test_quant.py,
 tests/test_kvpack.py) and its end-to-end WGEMV bench (tb/quant/test_quant_gemv.py), and the pysim driver of
-its element stream."""
+its element stream (four elements per beat: `beats`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["F32_MAX", "spread_vector", "send_words"]
+__all__ = ["F32_MAX", "spread_vector", "send_words", "beats", "LANES"]
+
+LANES = 4                  # elements per beat of the quantiser's input (hdl.l2.LANES, hdl.l2.beat_layout)
 
 F32_MAX = np.finfo(np.float32).max
 
@@ -34,11 +36,24 @@ async def send_words(ctx, port, words, *, rng=None, p_idle: float = 0.0) -> None
     """Drive the stream `port` (an Amaranth simulator testbench's view) with `words` (raw 32-bit patterns) in
     order, each held until accepted; before each, `valid` drops for a cycle with probability `p_idle` (drawn
     from `rng`, a `random.Random`), repeatedly. `valid` is low at the end."""
+    payload = port.payload.as_value() if hasattr(port.payload, "as_value") else port.payload   # a struct: raw bits
     for v in words:
         while p_idle and rng.random() < p_idle:
             ctx.set(port.valid, 0)
             await ctx.tick()
         ctx.set(port.valid, 1)
-        ctx.set(port.payload, int(v))
+        ctx.set(payload, int(v))
         await ctx.tick().until(port.ready)
     ctx.set(port.valid, 0)
+
+
+def beats(words) -> list[int]:
+    """One quantiser command's elements (raw 32-bit patterns) as `hdl.l2.beat_layout` payloads: lanes of
+    four consecutive elements, the last beat the rest, its ``n`` and ``last`` set."""
+    words = [int(w) for w in words]
+    out = []
+    for i in range(0, len(words), LANES):
+        chunk = words[i:i + LANES]
+        data = sum(w << (32 * k) for k, w in enumerate(chunk))
+        out.append(data | (len(chunk) << 128) | (int(i + LANES >= len(words)) << 131))
+    return out
