@@ -345,7 +345,16 @@ class ActQuantizer(wiring.Component):
             v = Cat(Const(0, 7), r_mant)                                # M << 7: 31 bits
             g_int = Signal(31, name=f"g_int{k}")
             m.d.comb += g_int.eq(v >> tc)                              # integer part << 1 | guard
-            sticky = (v & ((Const(1, 32) << tc) - 1)) != 0
+            # the bits shifted out are non-zero iff v's lowest one lies below tc: a trailing-zero count of the
+            # mantissa and one compare instead of a mask as wide as v
+            tz = Signal(range(25), name=f"tz{k}")
+            with m.Switch(r_mant):                 # the priority encoder, lowest set bit first
+                for b in range(24):
+                    with m.Case("-" * (23 - b) + "1" + "0" * b):
+                        m.d.comb += tz.eq(b)
+                with m.Default():
+                    m.d.comb += tz.eq(24)          # M = 0: nothing to shift out
+            sticky = (tz != 24) & (tz + 7 < tc)
             s2_sign, s2_g, s2_st = Signal(name=f"s2_sign{k}"), Signal(name=f"s2_g{k}"), Signal(name=f"s2_st{k}")
             s2_i = Signal(8, name=f"s2_i{k}")
             with m.If(adv):
