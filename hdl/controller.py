@@ -1174,7 +1174,8 @@ class Controller(wiring.Component):
                 def next_position(state):
                     """Advance to the next visible position: ring slot + 1 (wrapping to slot 0), its K row."""
                     with m.If(a_r + 1 == a_cap):
-                        m.d.sync += [a_r.eq(0), kv_row.eq((base[DdrRegion.KV] + d_woff + ((at.kv_head * a_hd) << 1))[:A])]
+                        kv_head_row = base[DdrRegion.KV] + d_woff + ((at.kv_head * a_hd) << 1)
+                        m.d.sync += [a_r.eq(0), kv_row.eq(kv_head_row[:A])]
                     with m.Else():
                         m.d.sync += [a_r.eq(a_r + 1), kv_row.eq(kv_row + row_bytes)]
                     m.d.sync += a_t.eq(a_t + 1)
@@ -1214,7 +1215,8 @@ class Controller(wiring.Component):
                         retire()
                     with m.Else():
                         m.d.sync += h.eq(0)
-                        launch("AT_VD", bypass=1, n=a_hd, a=Src.DDR, ddr_addr=(kv_row + a_cap * row_bytes)[:A], ddr_fmt=1,
+                        v_row = (kv_row + a_cap * row_bytes)[:A]
+                        launch("AT_VD", bypass=1, n=a_hd, a=Src.DDR, ddr_addr=v_row, ddr_fmt=1,
                                sink=Sink.L2, dst=SB)
                 wait_pass("AT_VD", go("AT_P"))
                 with m.State("AT_P"):
@@ -1226,7 +1228,8 @@ class Controller(wiring.Component):
                     with m.If(pdone):
                         dsth = ad + h * a_hd
                         with m.If(a_t == 0):
-                            launch("AT_PV", op=SfuOp.MULS, n=a_hd, a=Src.L2, a_addr=SB, s=p_result, sink=Sink.L2, dst=dsth)
+                            launch("AT_PV", op=SfuOp.MULS, n=a_hd, a=Src.L2, a_addr=SB, s=p_result, sink=Sink.L2,
+                                   dst=dsth)
                         with m.Else():
                             launch("AT_PV", op=SfuOp.FMAS, n=a_hd, a=Src.L2, a_addr=SB, s=p_result, b=BSrc.L2,
                                    b_addr=dsth, sink=Sink.L2, dst=dsth)

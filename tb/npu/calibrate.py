@@ -54,8 +54,10 @@ def micro_programs(image, hw: HardwareConfig) -> dict[str, list[int]]:
     progs["scalar_ld"] = [encode(Opcode.SCALAR, func=ScalarFunc.LD, d=1, a=0, b=0, imm=5)] * REPS
     progs["scalar_add"] = [encode(Opcode.SCALAR, func=ScalarFunc.ADD, d=1, a=1, b=2, imm=0)] * REPS
     progs["scalar_recip"] = [encode(Opcode.SCALAR, func=ScalarFunc.RECIP, d=1, a=3, b=0, imm=0)] * REPS
-    gemv = lambda reuse: encode(Opcode.WGEMV, dst=128, src=0, desc=mat.index, accm=0, findemax=0, sparse=0,  # noqa: E731
-                                reuse=reuse, async_=0)
+    def gemv(reuse):
+        return encode(Opcode.WGEMV, dst=128, src=0, desc=mat.index, accm=0, findemax=0, sparse=0, reuse=reuse,
+                      async_=0)
+
     progs["wgemv"] = [_ctrl(CtrlFunc.SETVL, 4)] + [gemv(0)] * REPS
     # the same WGEMVs without their quantiser passes (reuse), which separates quant_pass from gemv_fixed
     progs["wgemv_reuse"] = [_ctrl(CtrlFunc.SETVL, 4)] + [gemv(0)] + [gemv(1)] * (REPS - 1)

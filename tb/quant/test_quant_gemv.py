@@ -4,8 +4,8 @@ quantiser's o_act / o_exp are wired to the engine's i_act / i_exp. Every result 
 ``sim.numerics.gemv(q_w, scale, *quantize_activations(x, act_block))``, under random DDR latency, AR/R
 stalls, bubbles on the activation and i_acc streams and o_y backpressure.
 
-Wrapper ports: ``i_qcmd`` ({n}), ``i_beat`` (four binary32 per beat, `hdl.l2.beat_layout`), ``o_qdone``, ``o_qbusy``, ``o_nonfinite`` (the
-quantiser); ``i_cmd``, ``i_acc``, ``o_y``, ``m_axi<p>``, ``o_busy``, ``o_error``, ``o_bad_cmd`` (the engine).
+Wrapper ports: ``i_qcmd`` ({n}), ``i_beat`` (four binary32 per beat, `hdl.l2.beat_layout`), ``o_qdone``,
+``o_qbusy``, ``o_nonfinite`` (the quantiser); ``i_cmd``, ``i_acc``, ``o_y``, ``m_axi<p>``, ``o_busy``, ``o_error``, ``o_bad_cmd`` (the engine).
 """
 
 from __future__ import annotations
