@@ -23,18 +23,34 @@ NaN-ness for NaN results).
 
 Structure
 ---------
-All primitives end in the same normalise-and-round back end (`_Pipe.normalize_round`): a leading-zero
-count (balanced tree), a clamped left shift (or, for results below the normal range, a right shift with a
-sticky bit), then one RNE increment on the packed ``(exponent - 1) << 23 | significand`` word, so the
-carry of a rounding overflow walks into the exponent (and into +inf) without extra logic.
+`IntToFp`, `F16ToF32` and `FpLdexp` end in the shared normalise-and-round back end (`_Pipe.normalize_round`):
+a leading-zero count (balanced tree), a clamped left shift (or, for results below the normal range, a right
+shift with a sticky bit), then one RNE increment on the packed ``(exponent - 1) << 23 | significand`` word,
+so the carry of a rounding overflow walks into the exponent (and into +inf) without extra logic. `FpAdd`
+and `FpMul` have their own, narrower back ends ending in the same packed increment:
+
+- `FpAdd`: the 28-bit sum's leading-zero count and a left shift clamped at the exponent (which is what makes
+  a subnormal sum), keeping only the 24-bit significand and the round bit; the bits below the round bit
+  come from the sum's low three bits (a shift of 3 or more only follows cancellation of operands whose
+  exponents differ by at most 1, which leaves those bits 0). The add and subtract are one adder
+  (``a + (b ^ sub) + sub``).
+- `FpMul`: at most one operand is normalised (two subnormals give a signed zero: their exact product is
+  below ``2**-252``), before the product, so the product's MSB is at bit 47 or 46: no leading-zero count
+  after the multiply, and one 26-bit right shift by ``P[47]`` (normal result) or by the denormalising
+  count ``1 - E`` (clamped at 26) with the sticky bit as a masked OR of the shifted-out product bits.
+
+Special results travel as two flags (NaN, inf) and are selected in the last stage.
 
 Timing (estimate, not sign-off: there is no open UltraScale+ timing tool, see TOOLCHAIN 6): every stage
 holds at most one of: an 8-10 bit exponent add/compare, a 31-bit magnitude compare, a 28-bit add, a
-6-level barrel shift, a leading-zero-count tree, or a 32-bit increment. On UltraScale+ -2 each of these is
-3-5 LUT levels or one CARRY8 chain, which is the usual budget for 300 MHz. `FpMul`'s 24x24 significand
-product is written as a plain multiply followed by two register stages, so Yosys/Vivado map it to two
-DSP48E2 (27x18 each) with the product pipeline registers (MREG/PREG) absorbed. Latencies: FpAdd 6,
-FpMul 6, IntToFp 4, F16ToF32 4, F32ToF16 3, FpLdexp 4, IntScaleMul 6 (see each class).
+6-level barrel shift, a leading-zero-count tree, or a 32-bit increment, with at most a 2:1 select or a
+small (<= 6-bit) compare beside it. On UltraScale+ -2 each of these is 3-5 LUT levels or one CARRY8 chain,
+which is the usual budget for 300 MHz. `FpMul`'s 24x24 significand product is written as a plain multiply
+followed by two register stages, so Vivado maps it to two DSP48E2 (27x18 each) with the product pipeline
+registers (MREG/PREG) absorbed. (Yosys's estimate maps the two DSP48E2 without their registers: it keeps
+the 48-bit product registers and the 31-bit sum of the two partial products in the fabric, about 96 FF
+and 31 LUT of `FpMul`'s count.) Latencies: FpAdd 6, FpMul 6, IntToFp 4, F16ToF32 4, F32ToF16 3,
+FpLdexp 4, IntScaleMul 6 (see each class).
 """
 
 from __future__ import annotations
@@ -233,8 +249,10 @@ def _finish(m, self, pipe, y):
 class FpAdd(_Binary):
     """binary32 ``a + b`` (RNE), bit-identical to NumPy float32. Latency 6.
 
-    Stages: unpack and order by magnitude; align the smaller operand (27-bit shift with a sticky bit);
-    the 28-bit add or subtract; then normalise (lzc, shift) and round."""
+    Stages: (1) unpack and order by magnitude; (2) align the smaller operand (27-bit shift with a sticky
+    bit); (3) the 28-bit add or subtract (one adder); (4) leading-zero count and the left-shift count,
+    clamped at the exponent; (5) the left shift keeping the significand and round bit, the exponent;
+    (6) the RNE increment on the packed word and the special-case select."""
 
     LATENCY = 6
 
@@ -245,30 +263,58 @@ class FpAdd(_Binary):
         ua, ub = _unpack(a), _unpack(b)
         nan = ua["nan"] | ub["nan"] | (ua["inf"] & ub["inf"] & (ua["sign"] != ub["sign"]))
         inf = ua["inf"] | ub["inf"]
-        inf_sign = Mux(ua["inf"], ua["sign"], ub["sign"])
-        special_bits = Mux(nan, QNAN, Cat(Const(_INF, 31), inf_sign))
         swap = b[:31] > a[:31]
         big, small = Mux(swap, b, a), Mux(swap, a, b)
         ubig, usmall = _unpack(big), _unpack(small)
         s = p.stage(sign=ubig["sign"], sub=ubig["sign"] != usmall["sign"], exp=ubig["eff"],
                     diff=(ubig["eff"] - usmall["eff"])[:8], mbig=ubig["mant"], msmall=usmall["mant"],
-                    zsign=ua["sign"] & ub["sign"], special=nan | inf, special_bits=special_bits)
+                    zsign=ua["sign"] & ub["sign"], nan=nan, inf=inf)
         # Align: 24-bit significands plus guard, round and sticky positions (27 bits).
         shift = Signal(range(28))
         m.d.comb += shift.eq(Mux(s["diff"] > 27, 27, s["diff"]))
         ext = Cat(Const(0, 27), Const(0, 3), s["msmall"]) >> shift
         aligned = ext[27:54] | ext[:27].any()      # the sticky bit ORed into the LSB
         s = p.stage(sign=s["sign"], sub=s["sub"], exp=s["exp"], mbig=Cat(Const(0, 3), s["mbig"]),
-                    msmall=aligned, zsign=s["zsign"], special=s["special"], special_bits=s["special_bits"])
-        total = Mux(s["sub"], s["mbig"] - s["msmall"], s["mbig"] + s["msmall"])[:28]
-        s = p.stage(sign=s["sign"], exp=s["exp"], total=total, zsign=s["zsign"], special=s["special"],
-                    special_bits=s["special_bits"])
-        # An exact zero sum is +0 unless both operands were -0 (RNE). The MSB of `total` (bit 27) has weight
-        # 2**(exp + 1 - 127).
-        exact_zero = s["total"] == 0
-        sign = Mux(exact_zero, s["zsign"], s["sign"])
-        y = p.normalize_round(sign, s["exp"] + 1, s["total"], Const(0, 1), s["special"], s["special_bits"],
-                              right_shift=False)
+                    msmall=aligned, zsign=s["zsign"], nan=s["nan"], inf=s["inf"])
+        # One adder: a - b = a + ~b + 1 (28 bits; a >= b, so the difference never wraps).
+        total = (s["mbig"] + (Cat(s["msmall"], Const(0, 1)) ^ s["sub"].replicate(28)) + s["sub"])[:28]
+        s = p.stage(sign=s["sign"], exp=s["exp"], total=total, zsign=s["zsign"], nan=s["nan"], inf=s["inf"])
+        # Stage 4: leading zeros and the left shift. The MSB of `total` (bit 27) has weight
+        # 2**(exp + 1 - 127); the shift is clamped so the exponent stays >= 1 (a subnormal result keeps
+        # exponent 1 and packs as field 0): left = min(lz, exp), and exp - left is the packed exponent - 1.
+        # An exact zero sum is +0 unless both operands were -0 (RNE); an infinity keeps the larger's sign.
+        total = s["total"]
+        lz, zero = _lzc(total)
+        left = Signal(5)
+        m.d.comb += left.eq(Mux(lz[:5] < s["exp"], lz[:5], s["exp"][:5]))
+        sign = Mux(zero & ~s["inf"], s["zsign"], s["sign"])
+        s = p.stage(sign=sign, exp=s["exp"], total=total, left=left, zero=zero, nan=s["nan"], inf=s["inf"])
+        # Stage 5: the shift, keeping the 24-bit significand and the round bit (bits 3..27 of total << left).
+        # A shift of 3 or more means cancellation with exponents at most 1 apart, so total[0:2] is 0 then:
+        # the shifter takes total[1:28] and the bits below the round bit are ORed from total[0:3] directly.
+        left, total = s["left"], s["total"]
+        shifted = Signal(25)
+        bem1 = Signal(8)
+        m.d.comb += [shifted.eq((total[1:28] << left)[2:27]), bem1.eq(s["exp"] - left)]
+        rest = total[0] | (total[1] & (left < 2)) | (total[2] & (left == 0))
+        s = p.stage(sign=s["sign"], sig=shifted[1:25], rnd=shifted[0], rest=rest, bem1=bem1, zero=s["zero"],
+                    nan=s["nan"], inf=s["inf"])
+        # Stage 6: round to nearest even and pack; bem1 <= 254, a rounding carry may reach 2**31.
+        inc = s["rnd"] & (s["rest"] | s["sig"][0])
+        packed = Signal(32)
+        m.d.comb += packed.eq(Cat(Const(0, 23), s["bem1"]) + s["sig"] + inc)
+        y = Signal(32)
+        with m.If(s["nan"]):
+            m.d.comb += y.eq(QNAN)
+        with m.Elif(s["inf"]):
+            m.d.comb += y.eq(Cat(Const(_INF, 31), s["sign"]))
+        with m.Elif(s["zero"]):
+            m.d.comb += y.eq(Cat(Const(0, 31), s["sign"]))
+        with m.Elif(packed[31] | (packed[23:31] == _EXP_ALL)):
+            m.d.comb += y.eq(Cat(Const(_INF, 31), s["sign"]))
+        with m.Else():
+            m.d.comb += y.eq(Cat(packed[:31], s["sign"]))
+        y = p.stage(y=y)["y"]
         _finish(m, self, p, y)
         return m
 
@@ -276,8 +322,20 @@ class FpAdd(_Binary):
 class FpMul(_Binary):
     """binary32 ``a * b`` (RNE), bit-identical to NumPy float32. Latency 6.
 
-    Stages: unpack, exponent sum and special cases; the 24x24 significand product (two stages, for the
-    DSP48E2 pipeline registers); then normalise (lzc, left shift or denormalising right shift) and round."""
+    At most one operand needs normalising: if both are subnormal the exact product is below ``2**-252``,
+    far under half the smallest subnormal, so the result is a signed zero. The significands are normalised
+    before the product (hidden bit at 23; a subnormal's biased exponent ``1 - lz`` may fall below 1), so the
+    48-bit product has its MSB at bit 47 or 46 and the back end needs no leading-zero count.
+
+    Stages: (1) unpack, special cases, the exponent sum, the leading-zero count of each 24-bit significand
+    (0 for a normal one); (2) the subnormal significand, if any, is routed to the first multiplier input
+    and shifted left by its count (one 24-bit shifter), and the biased exponent ``E`` of a product in
+    [1, 2); (3, 4) the 24x24 product (DSP48E2 M and P registers); beside it the denormalising shift
+    count ``r = 1 - E`` (clamped) and the exponent flags;
+    (5) one right shift of the product's top 26 bits by ``P[47]`` (normal result) or ``r`` (below the
+    normal range), keeping 24 bits and a round bit, with the sticky bit as the OR of the product bits below
+    the round bit (a masked OR); (6) the RNE increment on the packed ``(exponent - 1) << 23 | significand``
+    word (a rounding carry walks into the exponent and into +inf) and the special-case select."""
 
     LATENCY = 6
 
@@ -288,16 +346,67 @@ class FpMul(_Binary):
         sign = ua["sign"] ^ ub["sign"]
         nan = ua["nan"] | ub["nan"] | (ua["inf"] & ub["zero"]) | (ub["inf"] & ua["zero"])
         inf = ua["inf"] | ub["inf"]
-        special_bits = Mux(nan, QNAN, Cat(Const(_INF, 31), sign))
-        exp = Signal(signed(11))
-        m.d.comb += exp.eq(ua["eff"] + ub["eff"] - 126)
-        s = p.stage(sign=sign, exp=exp, ma=ua["mant"], mb=ub["mant"], special=nan | inf, special_bits=special_bits)
+        # A zero operand, or two subnormal ones: a signed zero.
+        zero = ua["zero"] | ub["zero"] | ((ua["e"] == 0) & (ub["e"] == 0))
+        base = Signal(signed(11))
+        m.d.comb += base.eq(ua["eff"] + ub["eff"] - 127)
+        lza, lzb = Signal(5), Signal(5)
+        m.d.comb += [lza.eq(_lzc(ua["mant"])[0]), lzb.eq(_lzc(ub["mant"])[0])]
+        s = p.stage(sign=sign, base=base, ma=ua["mant"], mb=ub["mant"], lza=lza, lzb=lzb, subb=ub["e"] == 0,
+                    zero=zero, nan=nan, inf=inf)
+        # Stage 2: normalise. Only a subnormal significand has leading zeros and at most one is subnormal
+        # here (else `zero`), so lza | lzb is the one shift, applied to the first input (b's significand
+        # when b is the subnormal one). E: the biased exponent of a product in [1, 2).
+        ma, mb = Signal(24), Signal(24)
+        e = Signal(signed(11))
+        lz = s["lza"] | s["lzb"]
+        m.d.comb += [ma.eq(Mux(s["subb"], s["mb"], s["ma"]) << lz), mb.eq(Mux(s["subb"], s["ma"], s["mb"])),
+                     e.eq(s["base"] - lz)]
+        s = p.stage(sign=s["sign"], e=e, ma=ma, mb=mb, zero=s["zero"], nan=s["nan"], inf=s["inf"])
+        # Stages 3, 4: the product in [2**46, 2**48), two registers for the DSP48E2. Beside it: the
+        # denormalising shift r = 1 - E (a result below the normal range; 26 and more leave only sticky bits)
+        # and the exponent flags.
         prod = Signal(48)
         m.d.comb += prod.eq(s["ma"] * s["mb"])
-        s = p.stage(sign=s["sign"], exp=s["exp"], prod=prod, special=s["special"], special_bits=s["special_bits"])
+        e = s["e"]
+        r = Signal(5)
+        m.d.comb += r.eq(Mux(e < -24, 26, (1 - e)[:5]))
+        s = p.stage(sign=s["sign"], prod=prod, normal=e >= 1, r=r, big0=e >= 255, big1=e >= 254, em1=(e - 1)[:8],
+                    e0=e[:8], zero=s["zero"], nan=s["nan"], inf=s["inf"])
         s = p.stage(**s)
-        y = p.normalize_round(s["sign"], s["exp"], s["prod"], Const(0, 1), s["special"], s["special_bits"],
-                              right_shift=True)
+        # Stage 5: the significand window. Bit 0 of `win` is the round bit of a normal result whose product
+        # MSB is at 46; a normal result shifts by P[47], a subnormal one by r (>= 1). The packed exponent
+        # field minus 1: E - 1 + P[47], or 0 below the normal range (the hidden bit then decides).
+        pr = s["prod"]
+        top = pr[47]
+        win = pr[22:48]
+        shifted = Signal(26)
+        low = pr[:22].any()
+        masked = Signal(26)
+        m.d.comb += masked.eq(win & Cat(*(s["r"] > j for j in range(26))))
+        sticky = Signal()
+        amount = Mux(s["normal"], top, s["r"])
+        m.d.comb += [shifted.eq(win >> amount), sticky.eq(low | Mux(s["normal"], top & win[0], masked.any()))]
+        bem1 = Mux(s["normal"], Mux(top, s["e0"], s["em1"]), 0)
+        big = s["normal"] & Mux(top, s["big1"], s["big0"])
+        s = p.stage(sign=s["sign"], sig=shifted[1:25], rnd=shifted[0], sticky=sticky, bem1=bem1, big=big,
+                    zero=s["zero"], nan=s["nan"], inf=s["inf"])
+        # Stage 6: round to nearest even and pack (bem1 <= 253, so the sum stays below 2**31).
+        inc = s["rnd"] & (s["sticky"] | s["sig"][0])
+        packed = Signal(31)
+        m.d.comb += packed.eq(Cat(Const(0, 23), s["bem1"]) + s["sig"] + inc)
+        y = Signal(32)
+        with m.If(s["nan"]):
+            m.d.comb += y.eq(QNAN)
+        with m.Elif(s["inf"]):
+            m.d.comb += y.eq(Cat(Const(_INF, 31), s["sign"]))
+        with m.Elif(s["zero"]):
+            m.d.comb += y.eq(Cat(Const(0, 31), s["sign"]))
+        with m.Elif(s["big"] | (packed[23:31] == _EXP_ALL)):
+            m.d.comb += y.eq(Cat(Const(_INF, 31), s["sign"]))
+        with m.Else():
+            m.d.comb += y.eq(Cat(packed, s["sign"]))
+        y = p.stage(y=y)["y"]
         _finish(m, self, p, y)
         return m
 

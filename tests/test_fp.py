@@ -144,6 +144,193 @@ def test_enable_holds_every_stage(op):
     check(got, want)
 
 
+# --- Subnormal-heavy products and sums -------------------------------------------------------------------
+# FpMul pre-normalises the (at most one) subnormal operand and denormalises the product with a short right
+# shift whose sticky bit is a masked OR of product bits; FpAdd's back end clamps its left shift at the
+# exponent and keeps only the round bit and a 3-bit OR below it. These vectors aim at those seams.
+
+
+def _rand_sub(rng, n):
+    """Subnormal bit patterns with a uniformly random bit length 1..23 (every leading-zero count)."""
+    nb = rng.integers(1, 24, n)
+    frac = rng.integers(0, 1 << 23, n, dtype=np.int64) & ((1 << nb) - 1) | (1 << (nb - 1))
+    return frac.astype(np.uint32)
+
+
+def _signs(rng, v):
+    return (np.asarray(v, np.uint32) | (rng.integers(0, 2, len(v)).astype(np.uint32) << 31)).astype(np.uint32)
+
+
+def _near_products(rng, targets, n):
+    """Pairs (a, b) whose exact product lies within a few ulps of `targets` (bit patterns): a random b (any
+    significand, normal or subnormal), a = the float32 nearest target / b and its neighbours."""
+    t = f32(rng.choice(np.asarray(targets, np.uint32), n)).astype(np.float64)
+    kind = rng.integers(0, 3, n)
+    # b: normal near 1 (so a is near the target: subnormal a), or large (a normal and small), or subnormal.
+    b_norm = rng.uniform(1, 2, n) * 2.0 ** rng.integers(-3, 4, n)
+    b_big = rng.uniform(1, 2, n) * 2.0 ** rng.integers(20, 127, n)
+    b_sub = f32(_rand_sub(rng, n)).astype(np.float64)
+    b = np.where(kind == 0, b_norm, np.where(kind == 1, b_big, b_sub)).astype(np.float32)
+    with np.errstate(all="ignore"):
+        a = (t / b.astype(np.float64)).astype(np.float32)
+    ab = bits(a).astype(np.int64) + rng.integers(-2, 3, n)
+    ok = np.isfinite(a) & (a != 0) & (ab > 0) & (ab < 0x7F800000)
+    return _signs(rng, ab[ok].astype(np.uint32)), _signs(rng, bits(b[ok]))
+
+
+def mul_subnormal_vectors(seed, n=2000):
+    """Products for FpMul's risky cases: subnormal x normal landing normal, subnormal and exactly on the
+    boundary (rounding up to 0x00800000, to the largest subnormal 0x007FFFFF, to the smallest subnormal and
+    to zero); ties at the subnormal rounding point; both operands subnormal (a signed zero); 0 and inf times
+    subnormals; products rounding up to inf at the top."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    # Subnormal x normal over the whole output range (normal, boundary, subnormal, underflow).
+    sa = _rand_sub(rng, n)
+    nb = rng.integers(0, 1 << 23, n, dtype=np.int64).astype(np.uint32) | \
+        (rng.integers(1, 255, n).astype(np.uint32) << 23)
+    parts.append((_signs(rng, sa), _signs(rng, nb)))
+    parts.append((_signs(rng, nb), _signs(rng, sa)))
+    # Near the subnormal/normal boundary, the largest and smallest subnormals, half the smallest.
+    targets = [0x00800000, 0x007FFFFF, 0x00800001, 0x007FFFFE, 0x00000001, 0x00000002, 0x00000003,
+               0x00400000, 0x00000000 + 1, 0x7F7FFFFF, 0x7F7FFFFE, 0x3F800000]
+    parts.append(_near_products(rng, targets, 3 * n))
+    # Exact ties: a = m * 2**-149 (m subnormal or small normal significand) times b = c * 2**-j (c odd):
+    # the product m * c / 2**j (units of 2**-149) is halfway between neighbours when m * c = 2**(j-1)
+    # mod 2**j; about one in two for j = 1, the rest are near-ties and exact products.
+    m = rng.integers(1, 1 << 24, n, dtype=np.int64)
+    c = rng.integers(0, 1 << 12, n, dtype=np.int64) * 2 + 1
+    j = rng.integers(1, 4, n)
+    fa = (m.astype(np.float64) * 2.0 ** -149).astype(np.float32)
+    fb = (c.astype(np.float64) * 2.0 ** -j.astype(np.float64) / 2.0 ** rng.integers(0, 12, n)).astype(np.float32)
+    parts.append((_signs(rng, bits(fa)), _signs(rng, bits(fb))))
+    # Normal x normal into the subnormal range with few significant bits (ties and exact results).
+    pa = (rng.integers(1, 1 << 8, n) * 2 + 1).astype(np.float64) * 2.0 ** rng.integers(-80, -60, n)
+    pb = (rng.integers(1, 1 << 8, n) * 2 + 1).astype(np.float64) * 2.0 ** rng.integers(-90, -65, n)
+    parts.append((_signs(rng, bits(pa.astype(np.float32))), _signs(rng, bits(pb.astype(np.float32)))))
+    # Both subnormal: always a signed zero.
+    parts.append((_signs(rng, _rand_sub(rng, n // 4)), _signs(rng, _rand_sub(rng, n // 4))))
+    # Zeros, infinities and NaN against subnormals, both orders.
+    sp = np.array([0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000], np.uint32)
+    sub = _signs(rng, _rand_sub(rng, 40))
+    ga, gb = np.meshgrid(sp, sub)
+    parts.append((np.concatenate([ga.ravel(), gb.ravel()]), np.concatenate([gb.ravel(), ga.ravel()])))
+    # Large products around the overflow threshold (and subnormal x huge).
+    big_a = rng.integers(0x5F000000, 0x7F800000, n, dtype=np.int64).astype(np.uint32)
+    with np.errstate(all="ignore"):
+        big_b = bits((np.float64(3.4028234663852886e38) / f32(big_a).astype(np.float64)).astype(np.float32))
+    big_b = (big_b.astype(np.int64) + rng.integers(-2, 3, n)).astype(np.uint32)
+    parts.append((_signs(rng, big_a), _signs(rng, big_b)))
+    a = np.concatenate([p[0] for p in parts])
+    b = np.concatenate([p[1] for p in parts])
+    return a, b
+
+
+def add_subnormal_vectors(seed, n=2000):
+    """Sums for FpAdd: every alignment shift 0..30 with and without bits shifted out (the sticky bit),
+    both operand orders and signs; cancellation to a subnormal and to zero (x + -x = +0, -0 + -0 = -0);
+    subnormal + subnormal and subnormal + normal around the boundary."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    d = np.tile(np.arange(31), n // 31 + 1)[:n]
+    ea = rng.integers(1, 255, n)
+    eb = ea - d
+    fa = rng.integers(0, 1 << 23, n, dtype=np.int64)
+    # b's significand with k trailing zeros: bits shifted out are all zero when k >= the shift.
+    k = rng.integers(0, 24, n)
+    fb = rng.integers(0, 1 << 23, n, dtype=np.int64) >> k << k
+    ok = eb >= 1
+    a = (ea[ok] << 23 | fa[ok]).astype(np.uint32)
+    b = (eb[ok] << 23 | fb[ok]).astype(np.uint32)
+    parts += [(_signs(rng, a), _signs(rng, b)), (_signs(rng, b), _signs(rng, a))]
+    # The same with b subnormal (a near the bottom of the normal range).
+    fbs = _rand_sub(rng, n)
+    eas = rng.integers(1, 32, n)
+    aas = (eas << 23 | rng.integers(0, 1 << 23, n)).astype(np.uint32)
+    parts += [(_signs(rng, aas), _signs(rng, fbs)), (_signs(rng, fbs), _signs(rng, aas))]
+    # Cancellation: x + -(x +- a few ulps), x small (results subnormal) or anywhere; x + -x; -0 + -0.
+    x = rng.integers(0x00800000, 0x08000000, n, dtype=np.int64)
+    x = np.concatenate([x, rng.integers(1, 0x7F800000, n, dtype=np.int64)])
+    y = np.clip(x + rng.integers(-40, 41, len(x)), 1, 0x7F7FFFFF)
+    s = rng.integers(0, 2, len(x)).astype(np.uint32) << 31
+    parts.append(((x.astype(np.uint32) | s), (y.astype(np.uint32) | (s ^ np.uint32(0x80000000)))))
+    parts.append(((x.astype(np.uint32) | s), (x.astype(np.uint32) | (s ^ np.uint32(0x80000000)))))
+    parts.append((np.array([0x80000000, 0x00000000, 0x80000000, 0x00000001], np.uint32),
+                  np.array([0x80000000, 0x80000000, 0x00000000, 0x80000001], np.uint32)))
+    # Subnormal + subnormal (carry into the normal range) and subnormal + smallest normals.
+    sa, sb = _rand_sub(rng, n), _rand_sub(rng, n)
+    parts.append((_signs(rng, sa), _signs(rng, sb)))
+    parts.append((_signs(rng, sa), _signs(rng, rng.integers(0x00800000, 0x01000000, n).astype(np.uint32))))
+    a = np.concatenate([p[0] for p in parts])
+    b = np.concatenate([p[1] for p in parts])
+    return a, b
+
+
+def test_mul_subnormal_and_boundary_products():
+    a, b = mul_subnormal_vectors(31)
+    with np.errstate(all="ignore"):
+        want = f32(a) * f32(b)
+    # The vectors reach what they aim at: boundary results, ties, zeros from two subnormals, overflow.
+    w = bits(want) & 0x7FFFFFFF
+    for v in (0x00800000, 0x007FFFFF, 0x00000001, 0x7F800000):
+        assert (w == v).sum() >= 5, hex(v)
+    assert ((w > 0) & (w < 0x00800000)).sum() > 2000 and (w == 0).sum() > 700
+    check(simulate(FpMul(), a, b), want)
+
+
+def test_add_alignment_sticky_and_cancellation():
+    a, b = add_subnormal_vectors(32)
+    with np.errstate(all="ignore"):
+        want = f32(a) + f32(b)
+    w = bits(want) & 0x7FFFFFFF
+    assert ((w > 0) & (w < 0x00800000)).sum() > 1000 and (w == 0).sum() > 1000
+    check(simulate(FpAdd(), a, b), want)
+
+
+class _BinaryLanes(wiring.Component):
+    """`lanes` FpAdd or FpMul units side by side on shared en/valid (pysim's cost is mostly per cycle)."""
+
+    def __init__(self, cls, lanes):
+        self.cls, self.lanes = cls, lanes
+        self.latency = cls.LATENCY
+        super().__init__({"en": In(1), "i_valid": In(1), "i_a": In(32 * lanes), "i_b": In(32 * lanes),
+                          "o_valid": Out(1), "o_y": Out(32 * lanes)})
+
+    def elaborate(self, platform):
+        m = Module()
+        for i in range(self.lanes):
+            u = m.submodules[f"u{i}"] = self.cls()
+            m.d.comb += [u.en.eq(self.en), u.i_valid.eq(self.i_valid), u.i_a.eq(self.i_a[32 * i:32 * i + 32]),
+                         u.i_b.eq(self.i_b[32 * i:32 * i + 32]), self.o_y[32 * i:32 * i + 32].eq(u.o_y)]
+        m.d.comb += self.o_valid.eq(m.submodules["u0"].o_valid)
+        return m
+
+
+def rtl_lanes(cls, a, b, *, lanes=16, en_prob=1.0, seed=0):
+    n = len(a)
+    pad = -n % lanes
+    a = np.concatenate([np.asarray(a, np.uint32), np.zeros(pad, np.uint32)])
+    b = np.concatenate([np.asarray(b, np.uint32), np.zeros(pad, np.uint32)])
+    words = simulate(_BinaryLanes(cls, lanes), _pack_lanes(a, lanes, 32), _pack_lanes(b, lanes, 32),
+                     en_prob=en_prob, seed=seed)
+    return np.array([(w >> (32 * i)) & 0xFFFFFFFF for w in map(int, words) for i in range(lanes)],
+                    np.uint32)[:n]
+
+
+@pytest.mark.parametrize("op", ["add", "mul"])
+def test_subnormal_heavy_random_lanes(op):
+    """A larger seeded subnormal-heavy run (both generators, several seeds, ~50k vectors per op) with
+    random `en` toggling, 16 units in parallel."""
+    gen = mul_subnormal_vectors if op == "mul" else add_subnormal_vectors
+    vs = [gen(1000 + k, 1500) for k in range(4)]
+    a = np.concatenate([v[0] for v in vs])
+    b = np.concatenate([v[1] for v in vs])
+    got = rtl_lanes(FpMul if op == "mul" else FpAdd, a, b, en_prob=0.8, seed=6)
+    with np.errstate(all="ignore"):
+        want = f32(a) * f32(b) if op == "mul" else f32(a) + f32(b)
+    check(got, want)
+
+
 @pytest.mark.parametrize("width", [8, 24, 32])
 def test_int_to_fp(width):
     rng = np.random.default_rng(width)
