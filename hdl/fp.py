@@ -23,11 +23,12 @@ NaN-ness for NaN results).
 
 Structure
 ---------
-`IntToFp`, `F16ToF32` and `FpLdexp` end in the shared normalise-and-round back end (`_Pipe.normalize_round`):
-a leading-zero count (balanced tree), a clamped left shift (or, for results below the normal range, a right
-shift with a sticky bit), then one RNE increment on the packed ``(exponent - 1) << 23 | significand`` word,
-so the carry of a rounding overflow walks into the exponent (and into +inf) without extra logic. `FpAdd`
-and `FpMul` have their own, narrower back ends ending in the same packed increment:
+`F16ToF32` (and `hdl.sfu`'s integer-to-float step) ends in the generic normalise-and-round back end
+(`_Pipe.normalize_round`): a leading-zero count (balanced tree), a left shift clamped at the exponent
+(optionally, for results below the normal range, a right shift with a sticky bit: no primitive uses it
+now), then one RNE increment on the packed ``(exponent - 1) << 23 | significand`` word, so the carry of a
+rounding overflow walks into the exponent (and into +inf) without extra logic. The other primitives have
+their own, narrower back ends ending in the same kind of packed increment:
 
 - `FpAdd`: the 28-bit sum's leading-zero count and a left shift clamped at the exponent (which is what makes
   a subnormal sum), keeping only the 24-bit significand and the round bit; the bits below the round bit
@@ -38,8 +39,14 @@ and `FpMul` have their own, narrower back ends ending in the same packed increme
   below ``2**-252``), before the product, so the product's MSB is at bit 47 or 46: no leading-zero count
   after the multiply, and one 26-bit right shift by ``P[47]`` (normal result) or by the denormalising
   count ``1 - E`` (clamped at 26) with the sticky bit as a masked OR of the shifted-out product bits.
+- `FpLdexp`: one 25-bit shift of the significand: right (with a masked-OR sticky bit) when the result is
+  below the normal range, else left by ``min(lz, E - 1)`` (only a subnormal input has leading zeros), the
+  left shift being the bit-reversed right shift of the bit-reversed significand.
+- `IntToFp`: the magnitude's leading-zero count and a left shift keeping the significand, the round bit
+  and a sticky bit, the exponent field ``127 + width - 1 - lz`` packed above the fraction.
 
-Special results travel as two flags (NaN, inf) and are selected in the last stage.
+Special results travel as two flags (NaN, inf) and are selected in the last stage (`FpLdexp`: in the
+stage before, into the packed word whose increment is then 0).
 
 Timing (estimate, not sign-off: there is no open UltraScale+ timing tool, see TOOLCHAIN 6): every stage
 holds at most one of: an 8-10 bit exponent add/compare, a 31-bit magnitude compare, a 28-bit add, a
@@ -414,6 +421,12 @@ class FpMul(_Binary):
 class IntToFp(_Unary):
     """Signed two's complement integer of `width` bits (``i_a[:width]``) to binary32, RNE. Latency 4.
 
+    Stages: (1) the magnitude (one carry chain); (2) its leading-zero count; (3) the normalising left shift
+    keeping the 24-bit significand, the round bit and a sticky bit (OR of the bits below), and the exponent
+    field ``127 + width - 1 - lz`` (0 for a zero input) packed above the 23 fraction bits; (4) the RNE
+    increment on that packed word (a rounding carry walks into the exponent; |x| <= 2**31 never overflows).
+    For ``width <= 24`` every value is exact and the increment is omitted.
+
     Parameters
     ----------
     width : integer width, 2..32."""
@@ -431,13 +444,33 @@ class IntToFp(_Unary):
     def elaborate(self, platform):
         m = Module()
         p = _Pipe(m, self.en, self.i_valid)
-        x = self.i_a[:self.width].as_signed()
-        mag = Signal(self.width)
-        m.d.comb += mag.eq(Mux(x < 0, -x, x))
+        n = self.width
+        x = self.i_a[:n].as_signed()
+        mag = Signal(n)                 # |x| = (x ^ s) + s, s the sign: one carry chain (|-2**(n-1)| fits)
+        m.d.comb += mag.eq((x[:n] ^ x[n - 1].replicate(n)) + x[n - 1])
         s = p.stage(sign=x < 0, mag=mag)
-        # The MSB of `mag` has weight 2**(width - 1).
-        y = p.normalize_round(s["sign"], 127 + self.width - 1, s["mag"], Const(0, 1), Const(0, 1), Const(0, 32),
-                              right_shift=False)
+        lz, zero = _lzc(s["mag"])
+        lzr = Signal(range(n))
+        m.d.comb += lzr.eq(lz)
+        s = p.stage(sign=s["sign"], mag=s["mag"], lz=lzr, zero=zero)
+        # Stage 3: the hidden bit to bit n - 1 (its weight before the shift: 2**(n - 1 - lz)).
+        norm = Signal(n)
+        m.d.comb += norm.eq(s["mag"] << s["lz"])
+        field = Mux(s["zero"], 0, 127 + n - 1 - s["lz"])
+        if n >= 25:
+            frac, rnd, sticky = norm[n - 24:n - 1], norm[n - 25], norm[:n - 25].any()
+        else:
+            frac, rnd, sticky = Cat(Const(0, 24 - n), norm[:n - 1]), Const(0, 1), Const(0, 1)
+        word = Signal(31)
+        m.d.comb += word.eq(Cat(frac, field[:8]))
+        s = p.stage(sign=s["sign"], word=word, rnd=rnd, sticky=sticky)
+        # Stage 4: round to nearest even and pack.
+        word = s["word"]
+        if n >= 25:
+            packed = Signal(31)
+            m.d.comb += packed.eq(word + (s["rnd"] & (s["sticky"] | word[0])))
+            word = packed
+        y = p.stage(y=Cat(word, s["sign"]))["y"]
         _finish(m, self, p, y)
         return m
 
@@ -468,6 +501,30 @@ class FpLdexp(_Binary):
     """binary32 ``a * 2**k`` with `k` the signed `exp_width`-bit integer ``i_b[:exp_width]``: exactly
     ``np.ldexp`` on float32 (exact unless the result leaves the normal range; then RNE, or ±inf). Latency 4.
 
+    With ``E = eff(a) + k`` (the biased exponent the result has when `a`'s 24-bit significand ``M`` keeps its
+    place; ``eff`` is 1 for a subnormal `a`) the result is ``M * 2**(E - 150)``. One significand shift
+    covers every case, and no case needs two:
+
+    - ``E <= 0``: the result is below the normal range: ``M`` shifts right by ``1 - E`` (clamped at 25:
+      everything is then below the round bit) and rounds (RNE), packed with exponent field 0 (a rounding
+      carry walks into field 1).
+    - ``E >= 1``: exact. ``M`` shifts left by ``min(lz, E - 1)``, ``lz`` its leading-zero count (0 unless
+      `a` is subnormal): to a normal result with field ``E - lz`` (±inf from 255 up), or, when
+      ``E <= lz``, to a subnormal one with field 0.
+
+    The two directions share one 25-bit right shifter: a left shift is the bit-reversed right shift of the
+    bit-reversed significand (a 2:1 select at the shifter's input and output).
+
+    Stages: (1) unpack, ``E`` (one 11-bit add; a wider `k` is first saturated to 10 bits, beyond which
+    every non-zero finite result is ±inf or ±0), beside it the 24-bit leading-zero count and the direction
+    (only a subnormal `a` with ``k >= 0`` shifts left; a normal `a` with ``E >= 1`` shifts right by 0)
+    with the shifter's input, ``M`` or ``M`` reversed; (2) the shift count (``1 - E`` clamped, 0, or
+    ``min(lz, E - 1)`` from a 5-bit compare) and beside it the exponent field ``E - lz`` (an 11-bit
+    subtract); (3) the shift with the round bit, the sticky bit as a masked OR of the significand bits
+    below the round bit, the packed word ``field << 23 | fraction`` with the NaN and ±inf words selected
+    in (and their round bit cleared); (4) the RNE increment of the fraction (its carry ORed into the
+    exponent field, which is 0 whenever there is a round bit).
+
     Parameters
     ----------
     exp_width : width of the signed shift count, 2..32."""
@@ -486,16 +543,54 @@ class FpLdexp(_Binary):
         m = Module()
         p = _Pipe(m, self.en, self.i_valid)
         ua = _unpack(self.i_a)
-        k = self.i_b[:self.exp_width].as_signed()
-        # Saturate k: beyond ±400 every non-zero finite result is ±inf or ±0 already.
-        ks = Signal(signed(10))
-        m.d.comb += ks.eq(Mux(k > 400, 400, Mux(k < -400, -400, k)))
-        special = ua["nan"] | ua["inf"] | ua["zero"]
-        special_bits = Mux(ua["nan"], QNAN, self.i_a)
-        s = p.stage(sign=ua["sign"], exp=ua["eff"] + ks, mant=ua["mant"], special=special,
-                    special_bits=special_bits)
-        y = p.normalize_round(s["sign"], s["exp"], s["mant"], Const(0, 1), s["special"], s["special_bits"],
-                              right_shift=True)
+        n = self.exp_width
+        k = self.i_b[:n].as_signed()
+        if n > 10:
+            # Saturate k to -512..511: |k| >= 278 already takes every non-zero finite value to ±inf or ±0.
+            fits = (k[9:] == 0) | (k[9:] == (1 << (n - 9)) - 1)
+            k = Mux(fits, k[:10], Mux(k[n - 1], 0x200, 0x1FF)).as_signed()
+        # Stage 1: E in [-511, 765], the significand's leading zeros (at most 23 unless it is zero). Only a
+        # subnormal `a` with k >= 0 (E >= 1) shifts left; every other case shifts right (a normal `a` with
+        # E >= 1 by 0). The shifter's input: Cat(0, M) to shift right, M bit-reversed to shift left
+        # (reverse, shift right, reverse back).
+        e = Signal(signed(11))
+        m.d.comb += e.eq(ua["eff"] + k)
+        right = (ua["e"] != 0) | k[-1]
+        x = Mux(right, Cat(Const(0, 1), ua["mant"]), Cat(ua["mant"][::-1], Const(0, 1)))
+        s = p.stage(sign=ua["sign"], e=e, x=x, right=right, lz=_lzc(ua["mant"])[0][:5], zero=ua["zero"],
+                    nan=ua["nan"], inf=ua["inf"])
+        # Stage 2: right by 1 - E (E <= 0; clamped at 25) or by 0, or left by min(lz, E - 1): the result is
+        # normal when E > lz (E >= 24, or E in 1..23 and a 5-bit compare); the field E - lz is used only then.
+        e, lz, right = s["e"], s["lz"], s["right"]
+        normal = (e >= 24) | ((e > 0) & (e[:5] > lz))
+        amt = Mux(right, Mux(e < -23, 25, Mux(e < 1, (1 - e)[:5], 0)), Mux(normal, lz, (e - 1)[:5]))
+        field = Signal(signed(12))
+        m.d.comb += field.eq(e - lz)
+        s = p.stage(sign=s["sign"] & ~s["nan"], x=s["x"], right=right, amt=amt, normal=normal & ~s["zero"],
+                    field=field, nan=s["nan"], inf=s["inf"])
+        # Stage 3: the shift. Right: Cat(0, M) >> amt, bit 0 the round bit, bits 1..24 the significand, the
+        # sticky bit the OR of M's bits below amt - 1 (a masked OR).
+        x, amt, right = s["x"], s["amt"], s["right"]
+        y = Signal(25)
+        m.d.comb += y.eq(x >> amt)
+        sig = Mux(right, y[1:25], y[:24][::-1])
+        masked = Signal(24)
+        m.d.comb += masked.eq(x[1:25] & Cat(*(amt > j + 1 for j in range(24))))
+        ovf = s["inf"] | (s["normal"] & (s["field"] >= 255))
+        word = Signal(31)
+        with m.If(s["nan"]):
+            m.d.comb += word.eq(QNAN)
+        with m.Elif(ovf):
+            m.d.comb += word.eq(_INF)
+        with m.Else():
+            m.d.comb += word.eq(Cat(sig[:23], Mux(s["normal"], s["field"][:8], 0)))
+        s = p.stage(sign=s["sign"], word=word, rnd=right & y[0] & ~s["nan"] & ~s["inf"], sticky=right & masked.any())
+        # Stage 4: RNE. A round bit only comes with field 0 (and then the fraction's carry makes field 1).
+        word = s["word"]
+        inc = s["rnd"] & (s["sticky"] | word[0])
+        frac = Signal(24)
+        m.d.comb += frac.eq(word[:23] + inc)
+        y = p.stage(y=Cat(frac[:23], word[23:31] | frac[23], s["sign"]))["y"]
         _finish(m, self, p, y)
         return m
 

@@ -385,6 +385,160 @@ def test_ldexp_saturates_wide_shift_counts():
     check(got, np.array([np.inf, np.inf, -0.0, 0.0, np.inf], np.float32))
 
 
+def ldexp_want(a, k):
+    with np.errstate(all="ignore"):
+        return np.ldexp(f32(a), np.asarray(k, np.int64).astype(np.int32))
+
+
+def ldexp_run(exp_width, a, k, **kw):
+    """FpLdexp(exp_width) on (a, k), compared bit for bit with ``np.ldexp`` on float32."""
+    a = np.asarray(a, np.uint32)
+    k = np.asarray(k, np.int64)
+    got = simulate(FpLdexp(exp_width), a, k & ((1 << exp_width) - 1), **kw)
+    check(got, ldexp_want(a, k))
+
+
+def with_signs(a, k):
+    a = np.asarray(a, np.uint32)
+    return np.concatenate([a, a | 0x80000000]), np.concatenate([k, k])
+
+
+def test_ldexp_subnormal_inputs_to_the_normal_boundary():
+    """A subnormal `a` whose significand has lz leading zeros (1..23) scaled by k around lz (k = lz - 1 is
+    the largest subnormal range, k = lz exactly the smallest normal exponent), around the overflow edge
+    (k = 253 + lz .. 256 + lz) and by k <= 0 (right shifts of a subnormal)."""
+    rng = np.random.default_rng(21)
+    a, k = [], []
+    for top in range(23):                       # the fraction's MSB; lz = 23 - top
+        lz = 23 - top
+        low = (1 << top) - 1
+        for f in {1 << top, (2 << top) - 1, (1 << top) | (int(rng.integers(0, 1 << 23)) & low),
+                  (1 << top) | 1 if top else 1}:
+            for kk in [*range(lz - 3, lz + 4), *range(253 + lz, 257 + lz), 0, -1, -2, 1, 2, 23, 24]:
+                a.append(f)
+                k.append(kk)
+    a, k = with_signs(a, np.array(k))
+    ldexp_run(10, a, k)
+
+
+def test_ldexp_subnormal_results_round_to_nearest_even():
+    """Results below the normal range with the bits shifted out exactly a tie, one below and one above
+    it, none and all, for every right shift 1..26: from normal inputs (several exponents) and from
+    subnormal inputs with k < 0, odd and even kept bits."""
+    rng = np.random.default_rng(22)
+    a, k = [], []
+    for r in range(1, 27):
+        for _ in range(3):
+            keep = int(rng.integers(0, 1 << 24)) | (1 << 23)
+            for odd in (0, 1):
+                for lowbits in ("tie", "tie-1", "tie+1", "zero", "ones"):
+                    mant = keep
+                    if r <= 24:
+                        mant = ((keep >> r) & ~1 | odd) << r
+                        half = 1 << (r - 1)
+                        mant |= {"tie": half, "tie-1": half - 1, "tie+1": half + 1, "zero": 0,
+                                 "ones": (1 << r) - 1}[lowbits]
+                        mant |= 1 << 23
+                        mant &= (1 << 24) - 1
+                    e_a = int(rng.integers(1, 255))
+                    a.append((e_a << 23) | (mant & 0x7FFFFF))
+                    k.append(1 - r - e_a)            # E = e_a + k = 1 - r: a right shift by r
+                    if r <= 23:                      # the same bits from a subnormal input, k = -r
+                        a.append(mant & 0x7FFFFF)
+                        k.append(-r)
+    a, k = with_signs(a, np.array(k))
+    ldexp_run(10, a, k)
+
+
+def test_ldexp_underflow_and_overflow_edges():
+    """Results at and around half the smallest subnormal (2**-150: a tie, rounds to ±0; just above: the
+    smallest subnormal), the largest subnormal rounding up into the normal range, and overflow to ±inf."""
+    pairs = [
+        (0x3F800000, -150), (0x3F800001, -150), (0x3F7FFFFF, -150), (0x3FFFFFFF, -151), (0x3FFFFFFF, -150),
+        (0x3FC00000, -150), (0x3F7FFFFF, -149), (0x3F800000, -149), (0x3F800000, -151), (0x3FC00000, -149),
+        (0x40400000, -151), (0x7F7FFFFF, -277), (0x7F7FFFFF, -278), (0x7F7FFFFF, -276), (0x00000001, -1),
+        (0x00000003, -1), (0x00000002, -1), (0x00000003, -2), (0x00400000, -23), (0x00400001, -23),
+        (0x00C00000, -24), (0x00FFFFFF, -1), (0x00FFFFFF, -2), (0x007FFFFF, -1), (0x3F7FFFFF, -126),
+        (0x3F7FFFFF, -127), (0x3F7FFFFE, -126), (0x3F800000, -126), (0x3F800000, -127),
+        (0x3F800000, 127), (0x3F800000, 128), (0x3FFFFFFF, 127), (0x3FFFFFFF, 128), (0x7F7FFFFF, 1),
+        (0x7F7FFFFF, 0), (0x7F000000, 1), (0x00000001, 277), (0x00000001, 276), (0x00000001, 278),
+        (0x007FFFFF, 254), (0x007FFFFF, 255), (0x00400000, 255), (0x00400000, 256), (0x00800000, 253),
+        (0x00800000, 254), (0x00800000, -1), (0x00800001, -1), (0x00800003, -1), (0x00800003, -2),
+    ]
+    a, k = with_signs([p[0] for p in pairs], np.array([p[1] for p in pairs]))
+    ldexp_run(10, a, k)
+
+
+@pytest.mark.parametrize("exp_width", [2, 3, 10])
+def test_ldexp_every_shift_count(exp_width):
+    """Every k of the exp_width range (for 10: -512..511, saturation included) on the corner values (zeros,
+    subnormal and normal extremes, infinities, NaNs) and a few more."""
+    extra = np.array([0x00000003, 0x00012345, 0x3FC00001, 0x3F7FFFFF, 0xC0490FDB], np.uint32)
+    vals = np.concatenate([CORNERS, extra])
+    ks = np.arange(-(1 << (exp_width - 1)), 1 << (exp_width - 1))
+    a, k = np.meshgrid(vals, ks)
+    ldexp_run(exp_width, a.ravel(), k.ravel())
+
+
+@pytest.mark.parametrize("exp_width", [11, 12, 32])
+def test_ldexp_saturation_limits(exp_width):
+    """k around every limit that matters (±277/278, ±400, the 10-bit saturation at ±511/512) and at the
+    ends of wider shift counts, on every corner value."""
+    ks = [277, 278, 399, 400, 401, 510, 511, 512, 513, 1000, 1023]
+    if exp_width > 11:
+        ks += [1024, 1025, 2047]
+    if exp_width == 32:
+        ks += [2**20, 2**20 + 3, 2**31 - 1, 2**30]
+    ks = np.array(ks + [-x for x in ks] + [-(1 << (exp_width - 1))], np.int64)
+    a, k = np.meshgrid(CORNERS, ks)
+    ldexp_run(exp_width, a.ravel(), k.ravel())
+
+
+class _Ldexp10(FpLdexp):
+    def __init__(self):
+        super().__init__(10)
+
+
+def test_ldexp_boundary_heavy_random_lanes():
+    """~48k seeded vectors concentrated where the result leaves the normal range (E = exponent(a) + k in
+    -30..30 or 240..260), half of them from subnormal inputs, with random `en` toggling, 16 units."""
+    rng = np.random.default_rng(23)
+    n = 48000
+    sub = rng.random(n) < 0.5
+    e_a = np.where(sub, 0, rng.integers(1, 255, n))
+    frac = rng.integers(0, 1 << 23, n)
+    # Sparse significands too: short runs of ones make ties and exact cases frequent.
+    sparse = rng.random(n) < 0.3
+    frac = np.where(sparse, frac & ~((1 << rng.integers(0, 23, n)) - 1), frac)
+    frac = np.where(sub & (frac == 0), 1, frac)
+    a = ((rng.integers(0, 2, n) << 31) | (e_a << 23) | frac).astype(np.uint32)
+    target = np.where(rng.random(n) < 0.8, rng.integers(-30, 31, n), rng.integers(240, 261, n))
+    k = target - np.maximum(e_a, 1)
+    got = rtl_lanes(_Ldexp10, a, (k & 0x3FF).astype(np.uint32), en_prob=0.8, seed=8)
+    check(got, ldexp_want(a, k))
+
+
+@pytest.mark.parametrize("width", [2, 25, 31, 32])
+def test_int_to_fp_ties_and_enable(width):
+    """Powers of two and their neighbours, rounding ties (odd and even kept bits, one above and below) at
+    every shift the width allows, random values; `en` toggles randomly."""
+    rng = np.random.default_rng(30 + width)
+    lo, hi = -(1 << (width - 1)), (1 << (width - 1)) - 1
+    v = [0, 1, -1, lo, hi, lo + 1, hi - 1]
+    for p in range(width - 1):
+        v += [(1 << p) + d for d in (-1, 0, 1)]
+    for r in range(1, max(width - 24, 0) + 1):          # r bits below the 24-bit significand
+        for _ in range(4):
+            keep = int(rng.integers(1 << 23, 1 << 24))
+            for low in ((1 << (r - 1)), (1 << (r - 1)) - 1, (1 << (r - 1)) + 1):
+                v.append((keep << r) | (low & ((1 << r) - 1)))
+    v = np.array(v, np.int64)
+    v = np.concatenate([v, -v, rng.integers(lo, hi + 1, 1500, dtype=np.int64)])
+    v = v[(v >= lo) & (v <= hi)]
+    got = simulate(IntToFp(width), v & ((1 << width) - 1), en_prob=0.6, seed=5)
+    check(got, v.astype(np.float32))
+
+
 def test_add_mul_100k_vectors_verilator():
     """FpAdd and FpMul on ~100k seeded vectors in Verilator (pysim cannot run that many quickly)."""
     from tb.runner import run
