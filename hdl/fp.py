@@ -253,6 +253,33 @@ def _finish(m, self, pipe, y):
     assert pipe.stages == self.latency, (type(self).__name__, pipe.stages, self.latency)
 
 
+def _round_pack(m, s, big=None):
+    """The last stage of FpAdd and FpMul (combinational): round to nearest even and pack. `s` holds
+    ``sign``, ``sig`` (24 bits, the hidden-bit position first), ``rnd`` (the round bit), ``sticky`` (non-zero
+    bits below it), ``bem1`` (the biased exponent minus one: the hidden bit's carry into the packed word
+    completes it, a subnormal result has bem1 = 0 and sig[23] = 0) and the ``zero``, ``nan`` and ``inf``
+    flags; `big` (optional) forces overflow. A rounding carry walks into the exponent, and into +inf (or
+    bit 31, for a bem1 of 254) without extra logic."""
+    inc = s["rnd"] & (s["sticky"] | s["sig"][0])
+    packed = Signal(32)
+    m.d.comb += packed.eq(Cat(Const(0, 23), s["bem1"]) + s["sig"] + inc)
+    overflow = packed[31] | (packed[23:31] == _EXP_ALL)
+    if big is not None:
+        overflow = overflow | big
+    y = Signal(32)
+    with m.If(s["nan"]):
+        m.d.comb += y.eq(QNAN)
+    with m.Elif(s["inf"]):
+        m.d.comb += y.eq(Cat(Const(_INF, 31), s["sign"]))
+    with m.Elif(s["zero"]):
+        m.d.comb += y.eq(Cat(Const(0, 31), s["sign"]))
+    with m.Elif(overflow):
+        m.d.comb += y.eq(Cat(Const(_INF, 31), s["sign"]))
+    with m.Else():
+        m.d.comb += y.eq(Cat(packed[:31], s["sign"]))
+    return y
+
+
 class FpAdd(_Binary):
     """binary32 ``a + b`` (RNE), bit-identical to NumPy float32. Latency 6.
 
@@ -304,24 +331,10 @@ class FpAdd(_Binary):
         bem1 = Signal(8)
         m.d.comb += [shifted.eq((total[1:28] << left)[2:27]), bem1.eq(s["exp"] - left)]
         rest = total[0] | (total[1] & (left < 2)) | (total[2] & (left == 0))
-        s = p.stage(sign=s["sign"], sig=shifted[1:25], rnd=shifted[0], rest=rest, bem1=bem1, zero=s["zero"],
+        s = p.stage(sign=s["sign"], sig=shifted[1:25], rnd=shifted[0], sticky=rest, bem1=bem1, zero=s["zero"],
                     nan=s["nan"], inf=s["inf"])
         # Stage 6: round to nearest even and pack; bem1 <= 254, a rounding carry may reach 2**31.
-        inc = s["rnd"] & (s["rest"] | s["sig"][0])
-        packed = Signal(32)
-        m.d.comb += packed.eq(Cat(Const(0, 23), s["bem1"]) + s["sig"] + inc)
-        y = Signal(32)
-        with m.If(s["nan"]):
-            m.d.comb += y.eq(QNAN)
-        with m.Elif(s["inf"]):
-            m.d.comb += y.eq(Cat(Const(_INF, 31), s["sign"]))
-        with m.Elif(s["zero"]):
-            m.d.comb += y.eq(Cat(Const(0, 31), s["sign"]))
-        with m.Elif(packed[31] | (packed[23:31] == _EXP_ALL)):
-            m.d.comb += y.eq(Cat(Const(_INF, 31), s["sign"]))
-        with m.Else():
-            m.d.comb += y.eq(Cat(packed[:31], s["sign"]))
-        y = p.stage(y=y)["y"]
+        y = p.stage(y=_round_pack(m, s))["y"]
         _finish(m, self, p, y)
         return m
 
@@ -399,20 +412,7 @@ class FpMul(_Binary):
         s = p.stage(sign=s["sign"], sig=shifted[1:25], rnd=shifted[0], sticky=sticky, bem1=bem1, big=big,
                     zero=s["zero"], nan=s["nan"], inf=s["inf"])
         # Stage 6: round to nearest even and pack (bem1 <= 253, so the sum stays below 2**31).
-        inc = s["rnd"] & (s["sticky"] | s["sig"][0])
-        packed = Signal(31)
-        m.d.comb += packed.eq(Cat(Const(0, 23), s["bem1"]) + s["sig"] + inc)
-        y = Signal(32)
-        with m.If(s["nan"]):
-            m.d.comb += y.eq(QNAN)
-        with m.Elif(s["inf"]):
-            m.d.comb += y.eq(Cat(Const(_INF, 31), s["sign"]))
-        with m.Elif(s["zero"]):
-            m.d.comb += y.eq(Cat(Const(0, 31), s["sign"]))
-        with m.Elif(s["big"] | (packed[23:31] == _EXP_ALL)):
-            m.d.comb += y.eq(Cat(Const(_INF, 31), s["sign"]))
-        with m.Else():
-            m.d.comb += y.eq(Cat(packed, s["sign"]))
+        y = _round_pack(m, s, big=s["big"])
         y = p.stage(y=y)["y"]
         _finish(m, self, p, y)
         return m
