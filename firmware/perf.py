@@ -511,16 +511,28 @@ def prefill(cfg: ModelConfig, hw: HardwareConfig, tokens: list[int], rates: Rate
     program = compile_token(cfg, image, hw)
     nop, halt = encode(Opcode.CTRL, func=CtrlFunc.NOP, imm=0), encode(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)
     body, headless, shapes = [], [], []        # the token without its output section (5): with and without
-    for w, step in zip(program.words, program.steps):   # the projections
+    whole = image.matrices()                   # the projections; a matrix the decode program runs in row pieces
+    piece_rows: Counter = Counter()            # (the FFN's gate and up) is one WGEMM of the whole matrix
+    nops = 0
+    for w, step in zip(program.words, program.steps):
         if step.startswith("5 ") or step == "end":
             continue
         headless.append(w)
         i = decode(w)
         if i.op is Opcode.WGEMV and not i.sparse and image.descriptors[i.desc].layout == 0:
             d = image.descriptors[i.desc]
-            shapes.append((d.rows, d.cols))
+            full = whole[d.tensor]
+            if d.rows == full.rows:
+                shapes.append((d.rows, d.cols))
+            else:
+                piece_rows[d.tensor] += d.rows
+                if piece_rows[d.tensor] == full.rows:     # the last piece completes the matrix
+                    shapes.append((full.rows, full.cols))
+                    piece_rows[d.tensor] = 0
             w = nop
+            nops += 1
         body.append(w)
+    assert not any(piece_rows.values()), f"row pieces that do not make whole matrices: {dict(piece_rows)}"
     body.append(halt)
     headless.append(halt)
 
@@ -528,7 +540,7 @@ def prefill(cfg: ModelConfig, hw: HardwareConfig, tokens: list[int], rates: Rate
         return schedule(Machine(image, hw, COUNT), words, hw, rates, token=2, pos=pos).cycles
 
     def rest(pos):
-        return run(body, pos) - len(shapes) * rates.issue          # the NOPs in the projections' places
+        return run(body, pos) - nops * rates.issue                 # the NOPs in the projections' places
 
     def token(pos):
         return run(program.words, pos)

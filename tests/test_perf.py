@@ -281,8 +281,11 @@ def test_prefill_structure(tiny_prefill):
     prog = compile_token(cfg, image, hw)
     dense = [w for w, s in zip(prog.words, prog.steps) if not s.startswith("5 ")
              and decode(w).op is Opcode.WGEMV and not decode(w).sparse]
+    # every projection matrix once, whole: the FFN's gate and up run in row pieces in the decode program
+    tensors = [image.descriptors[decode(w).desc].tensor for w in dense]
+    assert len(tensors) > len(set(tensors)), "no matrix in row pieces: the merge is not exercised"
     for e in estimates:
-        assert e.projections == len(dense) > 0
+        assert e.projections == len(set(tensors)) > 0
         assert e.gemm >= e.array_bound > 0 and e.gemm >= e.stream_bound * Rates().ddr_efficiency
         assert e.cycles == pytest.approx(e.gemm + e.rest + e.head) and e.head > 0
     one = estimates[0]
