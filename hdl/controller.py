@@ -369,6 +369,17 @@ class Controller(wiring.Component):
                          a_ready.eq(sfu.i_data.ready & b_valid), b_ready.eq(sfu.i_data.ready & a_valid),
                          s_valid.eq(sfu.o_data.valid), s_data.eq(sfu.o_data.payload), sfu.o_data.ready.eq(s_ready)]
 
+        # The quantiser's beats pass one register stage: it cuts the path from the L2 response buffer through
+        # the reader's lane select into the quantiser's running-maximum compare (one beat per cycle still; the
+        # stage is empty again when a pass ends, since the quantiser takes every beat before o_done).
+        beat_r = Signal.like(quant.i_beat.payload)
+        beat_v = Signal()
+        beat_in_ready = Signal()
+        m.d.comb += [beat_in_ready.eq(~beat_v | quant.i_beat.ready),
+                     quant.i_beat.valid.eq(beat_v), quant.i_beat.payload.eq(beat_r)]
+        with m.If(beat_in_ready):
+            m.d.sync += [beat_v.eq(rd_a.o_beat.valid & rd_a.o_beat.ready), beat_r.eq(rd_a.o_beat.payload)]
+
         # sinks
         take = Signal()
         m.d.comb += take.eq(s_valid & s_ready)
@@ -379,10 +390,9 @@ class Controller(wiring.Component):
                 m.d.comb += [ddr_wr.i_elem.valid.eq(s_valid), ddr_wr.i_elem.payload.eq(s_data),
                              s_ready.eq(ddr_wr.i_elem.ready)]
             with m.Case(Sink.QUANT):
-                # every quantiser pass is L2 -> quantiser (bypass): four elements per cycle, straight from the
-                # reader's beats (the element path above stays idle)
-                m.d.comb += [quant.i_beat.valid.eq(rd_a.o_beat.valid), quant.i_beat.payload.eq(rd_a.o_beat.payload),
-                             rd_a.o_beat.ready.eq(quant.i_beat.ready)]
+                # every quantiser pass is L2 -> quantiser (bypass): four elements per cycle, the reader's beats
+                # through one register stage (below; the element path above stays idle)
+                m.d.comb += rd_a.o_beat.ready.eq(beat_in_ready)
             with m.Case(Sink.REG, Sink.DESC):
                 m.d.comb += s_ready.eq(active)
                 with m.If(take):
