@@ -11,7 +11,7 @@ b operand    none, ``L2`` (a second `ElemReader`), ``REG`` (a scalar, for every 
 sinks        ``L2`` (an `ElemWriter`), ``REG`` (the last element: scalar results), ``DDR`` (a `DdrWriter`:
              binary32 or binary16), ``DESC`` (the 8 words of a descriptor), ``QUANT`` (the WGEMV activation
              quantiser, which fills the GEMV engine's activation memories; always from ``L2`` around the SFU,
-             four elements per cycle: the reader's beats go straight to the quantiser)
+             four elements per cycle: the reader's beats, through one register stage)
 ===========  ================================================================================================
 
 WGEMV adds one special pass: the GEMV engine streams its rows (with `accm`, the old values come from the
