@@ -75,7 +75,7 @@ class Rates:
     vec_pass: float = 30.7             # ... of an element-wise pass on the SFU's short path (hdl.sfu.SHORT_OPS)
     reduce_pass: float = 63.7          # ... of a reduction (the short path, plus the lane tree)
     copy_pass: float = 6.7             # ... of an L2 copy (to L2 or a scalar)
-    quant_pass: float = 15.0           # ... of a quantiser pass (L2 -> quantiser at four elements per cycle)
+    quant_pass: float = 16.0           # ... of a quantiser pass (L2 -> quantiser at four elements per cycle)
     ddr_read_pass: float = 16.0        # ... of a DDR read (latency of the memory model)
     ddr_write_pass: float = 14.7       # ... of a DDR write (until the last response)
     alu_op: float = 8.7                # a scalar-ALU add or multiply
