@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import contextlib
 
-from amaranth import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 

@@ -585,7 +585,6 @@ def _beat_mode_run(seed, cmds, *, idle, p_ready, rng_seed):
     async def taker(ctx):
         r = random.Random(rng_seed + 1)
         for k, (_, n, b) in enumerate(cmds):
-            port = rd.o_beat if b else rd.o_elem
             while len(got[k]) < n:
                 on = r.random() < p_ready
                 ctx.set(rd.o_beat.ready, on and b)
