@@ -24,9 +24,8 @@ NaN-ness for NaN results).
 Structure
 ---------
 `F16ToF32` (and `hdl.sfu`'s integer-to-float step) ends in the generic normalise-and-round back end
-(`_Pipe.normalize_round`): a leading-zero count (balanced tree), a left shift clamped at the exponent
-(optionally, for results below the normal range, a right shift with a sticky bit: no primitive uses it
-now), then one RNE increment on the packed ``(exponent - 1) << 23 | significand`` word, so the carry of a
+(`_Pipe.normalize_round`): a leading-zero count (balanced tree), a left shift clamped at the exponent,
+then one RNE increment on the packed ``(exponent - 1) << 23 | significand`` word, so the carry of a
 rounding overflow walks into the exponent (and into +inf) without extra logic. The other primitives have
 their own, narrower back ends ending in the same kind of packed increment:
 
@@ -141,13 +140,12 @@ class _Pipe:
         self.valid = valid
         return out
 
-    def normalize_round(self, sign, exp, mant, sticky, special, special_bits, right_shift: bool):
-        """Round ``(-1)**sign * (mant + sticky) * 2**(exp - 127 - (len(mant) - 1))`` to binary32 (RNE).
-
-        `mant` is unsigned; a 1 in its MSB has weight ``2**(exp - 127)`` (``exp`` is the biased exponent the
-        result would have if `mant` were normalised); `sticky` says non-zero bits lie below `mant`'s LSB.
-        `special` selects `special_bits` (NaN, inf, exact special results) instead. `right_shift` adds the
-        denormalising right shift needed when `exp` can fall below 1 (products, ldexp). Three stages."""
+    def normalize_round(self, sign, exp, mant, nan, inf):
+        """Round ``(-1)**sign * mant * 2**(exp - 127 - (len(mant) - 1))`` to binary32 (RNE), for results that
+        cannot fall below the normal range but by a left shift (`F16ToF32`, `hdl.sfu`'s integer-to-float
+        step): `mant` is unsigned; a 1 in its MSB has weight ``2**(exp - 127)`` (``exp`` is the biased
+        exponent the result would have if `mant` were normalised, at least 1). `nan` / `inf` select the
+        canonical NaN / ±inf. Three stages, the last `_round_pack`."""
         m = self.m
         w = max(len(mant), 26)
         if len(mant) < w:
@@ -155,7 +153,7 @@ class _Pipe:
         exp_s = Signal(signed(12))
         m.d.comb += exp_s.eq(exp)
         exp = exp_s
-        # Stage A: leading zeros, shift amounts.
+        # Stage A: leading zeros, the left shift clamped so the exponent stays >= 1.
         lz, zero = _lzc(mant)
         d = Signal(signed(len(exp) + 1))
         m.d.comb += d.eq(exp - 1)
@@ -163,45 +161,16 @@ class _Pipe:
         m.d.comb += lz_w.eq(Mux(zero, w, lz))
         left = Signal(range(w + 1))
         m.d.comb += left.eq(Mux(d < 0, 0, Mux(lz_w < d, lz_w, d)))
-        vals = dict(sign=sign, exp=exp, mant=mant, sticky=sticky, zero=zero & ~sticky, left=left,
-                    special=special, special_bits=special_bits)
-        if right_shift:
-            right = Signal(range(w + 3))
-            m.d.comb += right.eq(Mux(d >= 0, 0, Mux(-d > w + 2, w + 2, -d)))
-            vals["right"] = right
-        s = self.stage(**vals)
+        s = self.stage(sign=sign, exp=exp, mant=mant, zero=zero, left=left, nan=nan, inf=inf)
         # Stage B: the shift. The result exponent is exp - left (>= 1); subnormal results end with exponent 1
         # and a 0 in the hidden-bit position, which packs as exponent field 0.
         shifted = Signal(w)
-        st = Signal()
         be = Signal(signed(len(exp) + 1))
-        m.d.comb += [shifted.eq((s["mant"] << s["left"])[:w]), st.eq(s["sticky"]), be.eq(s["exp"] - s["left"])]
-        if right_shift:
-            ext = Signal(2 * w + 2)
-            m.d.comb += ext.eq(Cat(Const(0, w + 2), s["mant"]) >> s["right"])
-            with m.If(s["right"] != 0):
-                m.d.comb += [shifted.eq(ext[w + 2:]), st.eq(s["sticky"] | ext[:w + 2].any()), be.eq(1)]
-        s = self.stage(sign=s["sign"], be=be, shifted=shifted, sticky=st, zero=s["zero"], special=s["special"],
-                       special_bits=s["special_bits"])
+        m.d.comb += [shifted.eq((s["mant"] << s["left"])[:w]), be.eq(s["exp"] - s["left"])]
+        s = self.stage(sign=s["sign"], sig=shifted[w - 24:], rnd=shifted[w - 25], sticky=shifted[:w - 25].any(),
+                       bem1=(be - 1)[:8], big=be > 254, zero=s["zero"], nan=s["nan"], inf=s["inf"])
         # Stage C: round to nearest even and pack.
-        sig = s["shifted"][w - 24:]
-        rnd = s["shifted"][w - 25]
-        rest = s["shifted"][:w - 25].any() | s["sticky"]
-        inc = rnd & (rest | sig[0])
-        be = s["be"]
-        packed = Signal(33)
-        m.d.comb += packed.eq(Cat(Const(0, 23), (be - 1)[:10]) + sig + inc)
-        overflow = (be > 254) | (packed >= _INF)
-        y = Signal(32)
-        with m.If(s["special"]):
-            m.d.comb += y.eq(s["special_bits"])
-        with m.Elif(s["zero"]):
-            m.d.comb += y.eq(Cat(Const(0, 31), s["sign"]))
-        with m.Elif(overflow):
-            m.d.comb += y.eq(Cat(Const(_INF, 31), s["sign"]))
-        with m.Else():
-            m.d.comb += y.eq(Cat(packed[:31], s["sign"]))
-        return self.stage(y=y)["y"]
+        return self.stage(y=_round_pack(m, s, big=s["big"]))["y"]
 
 
 class _Primitive(wiring.Component):
@@ -487,12 +456,9 @@ class F16ToF32(_Unary):
         sign, e, f = h[15], h[10:15], h[:10]
         nan = (e == 31) & (f != 0)
         inf = (e == 31) & (f == 0)
-        special_bits = Mux(nan, QNAN, Cat(Const(_INF, 31), sign))
         eff = Mux(e == 0, 1, e)
-        s = p.stage(sign=sign, exp=eff + (127 - 15), mant=Cat(f, e != 0), special=nan | inf,
-                    special_bits=special_bits)
-        y = p.normalize_round(s["sign"], s["exp"], s["mant"], Const(0, 1), s["special"], s["special_bits"],
-                              right_shift=False)
+        s = p.stage(sign=sign, exp=eff + (127 - 15), mant=Cat(f, e != 0), nan=nan, inf=inf)
+        y = p.normalize_round(s["sign"], s["exp"], s["mant"], s["nan"], s["inf"])
         _finish(m, self, p, y)
         return m
 

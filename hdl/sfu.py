@@ -192,8 +192,7 @@ class Flow:
         """Unsigned integer `mag` to binary32 (RNE) where its MSB has weight ``2**msb_exp``; 3 stages."""
         (v,), t = self.align(mag)
         p = _Pipe(self.m, self.en, Const(1))
-        y = p.normalize_round(Const(0, 1), 127 + msb_exp, v, Const(0, 1), Const(0, 1), Const(0, 32),
-                              right_shift=False)
+        y = p.normalize_round(Const(0, 1), 127 + msb_exp, v, Const(0, 1), Const(0, 1))
         return y, t + p.stages
 
     @staticmethod
