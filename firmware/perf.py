@@ -44,6 +44,7 @@ from functools import lru_cache
 import numpy as np
 
 from hdl.config import HardwareConfig
+from hdl.l2 import LANES
 from sim.config import ModelConfig
 
 __all__ = ["Rates", "TokenEstimate", "Schedule", "estimate", "cycles_of", "schedule", "features", "fit_rates",
@@ -54,7 +55,7 @@ DDR_PEAK_BYTES_PER_S = 19.2e9          # KV260: DDR4-2400, 64 bit (shared/refere
 PASS_KINDS = ("sfu", "vec", "reduce", "copy", "quant", "ddr_read", "ddr_write")
 # Elements per cycle of a pass kind beyond `Rates.elements_per_cycle`: the quantiser passes take L2 words (four
 # elements) per cycle (`hdl.l2.ElemReader` beats into `hdl.quant.ActQuantizer`).
-PASS_LANES = {"quant": 4}
+PASS_LANES = {"quant": LANES}
 DESC_ELEMENTS = 8                      # a descriptor load: one DDR read pass of 8 words (sim.iss._count_passes)
 
 
@@ -333,7 +334,6 @@ def schedule(machine, words, hw: HardwareConfig, rates: Rates, *, token: int, po
     """Run `words` on the ISS `machine` (its counters keep counting) and replay the run on the NPU's
     timing: per instruction, the controller's time (issue, passes, ALU) and the engine's weight stream."""
     from hdl.isa import CtrlFunc, Opcode
-    from hdl.l2 import LANES
     out = Schedule()
     state = {"prev": _copy(machine.counters), "t": 0.0, "g_end": 0.0, "g": (0, 0)}
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["F32_MAX", "spread_vector", "send_words", "beats", "LANES"]
+from hdl.l2 import LANES, beat_layout
 
-LANES = 4                  # elements per beat of the quantiser's input (hdl.l2.LANES, hdl.l2.beat_layout)
+__all__ = ["F32_MAX", "spread_vector", "send_words", "beats", "LANES"]
 
 F32_MAX = np.finfo(np.float32).max
 
@@ -51,9 +51,9 @@ def beats(words) -> list[int]:
     """One quantiser command's elements (raw 32-bit patterns) as `hdl.l2.beat_layout` payloads: lanes of
     four consecutive elements, the last beat the rest, its ``n`` and ``last`` set."""
     words = [int(w) for w in words]
-    out = []
+    layout, out = beat_layout(), []
     for i in range(0, len(words), LANES):
         chunk = words[i:i + LANES]
         data = sum(w << (32 * k) for k, w in enumerate(chunk))
-        out.append(data | (len(chunk) << 128) | (int(i + LANES >= len(words)) << 131))
+        out.append(layout.const({"data": data, "n": len(chunk), "last": int(i + LANES >= len(words))}).as_bits())
     return out
