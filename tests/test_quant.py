@@ -179,7 +179,7 @@ def check(hw, vectors, res, what, opts=None):
 
 
 def random_lengths(hw, rng):
-    W, B, C = hw.weights_per_beat, hw.act_block, hw.gemv_max_cols
+    W, B = hw.weights_per_beat, hw.act_block
     fixed = sorted({1, max(1, W - 1), W, W + 1, max(1, B - 1), B, B + 1, 3 * B + 5})
     return fixed + [int(rng.integers(1, 200))]
 
