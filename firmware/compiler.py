@@ -81,7 +81,6 @@ class _Emitter:
         self.hd = None
         self.l2 = L2Map(hw.l2_program_words)
         self.vl_after: list[int | None] = []      # the vector length in effect after each word
-        self.last_stream: int | None = None       # index of the last async WGEMV
         self.streams: list[tuple[int, int]] = []  # (index, weight bytes) of every async WGEMV
         self.last_use: dict[str, int] = {}        # prefetch buffer -> index of its last reader
         self.turn: dict[tuple, int] = {}          # prefetch buffer pair -> the one to fill next
@@ -164,8 +163,7 @@ class _Emitter:
         # on dst, docs/architecture.md "Overlap")
         self.emit(Opcode.WGEMV, dst=dst, src=src, desc=d.index, accm=accm, findemax=0, sparse=sparse, reuse=reuse,
                   async_=1)
-        self.last_stream = len(self.prog.words) - 1
-        self.streams.append((self.last_stream, d.rows * d.cols))
+        self.streams.append((len(self.prog.words) - 1, d.rows * d.cols))
 
     def prefetch(self, name: str, pair: tuple[str, str] = PREFETCH_PAIRS[0]) -> int:
         """Load the CONST vector `name` (a norm gain, a scale, the AltUp router) into the next buffer of `pair`
@@ -209,8 +207,6 @@ class _Emitter:
         k = len(ins_words)
         self.last_use = {b: (i + k if i >= pos else i) for b, i in self.last_use.items()}
         self.streams = [(i + k if i >= pos else i, nbytes) for i, nbytes in self.streams]
-        if self.last_stream is not None and self.last_stream >= pos:
-            self.last_stream += k
         if pos == end:
             self.vl = vl
         return self.l2[buf]
