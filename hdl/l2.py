@@ -399,11 +399,14 @@ class ElemWriter(wiring.Component):
     Parameters
     ----------
     hw : HardwareConfig
+    beats : take the elements as beats of up to four (``i_beat``) instead of one by one (``i_elem``).
 
     Members
     -------
     i_cmd : In(stream cmd_layout(hw))     ``{addr, n}``; accepted when ``o_busy`` is low
-    i_elem : In(stream unsigned(32))      the n elements, in order
+    i_elem : In(stream unsigned(32))      the n elements, in order (not with ``beats=True``)
+    i_beat : In(stream beat_layout())     with ``beats=True`` only: the n elements, in order, as beats of
+                                          ``n`` (1..4) elements in lanes ``0 .. n-1``; ``last`` is ignored
     o_wr : Out(stream write_layout(hw))   masked word writes, to an `L2` ``wr{j}``
     o_busy : Out(1)                       from the cycle after the command's transfer until the cycle its last
                                           word is accepted by L2 (inclusive)
@@ -412,19 +415,39 @@ class ElemWriter(wiring.Component):
 
     Notes
     -----
-    Consecutive elements of one word are gathered in a lane buffer; the element that completes a word (lane
-    3, or the command's last element) moves it, with its lane mask, into the ``o_wr`` register, so partial
-    first and last words are written only in the lanes ``[addr, addr + n)`` covers. The element that
-    completes a word is accepted only when the ``o_wr`` register is free or being emptied in that cycle, so
-    elements flow at one per cycle while L2 accepts a word per four cycles.
+    Either way the writes are the minimal sequence: each word of ``[addr, addr + n)`` once, in address
+    order, with the lane mask of the elements that land in it (partial first and last words are written
+    only in the lanes the range covers).
+
+    Elements: consecutive elements of one word are gathered in a lane buffer; the element that completes a
+    word (lane 3, or the command's last element) moves it, with its lane mask, into the ``o_wr`` register.
+    The element that completes a word is accepted only when the ``o_wr`` register is free or being emptied
+    in that cycle, so elements flow at one per cycle while L2 accepts a word per four cycles.
+
+    Beats: a beat's elements go to lanes ``lane .. lane + n - 1`` of an eight-lane window, the word being
+    filled (lanes 0..3) and the next one (4..7), where ``lane`` is the next element's lane; the beat's
+    data rotated by ``lane`` serves both words. A beat that reaches lane 3 (or is the command's last)
+    completes the word: the word, merged from the lane buffer and the beat, goes into the ``o_wr`` register,
+    and the lanes past 3 stay in the lane buffer as the start of the next word. So full beats run at one
+    per cycle (one word write per cycle) from any start lane, with one more cycle at the end when the last
+    beat spills into a final partial word (the flush); beats of one element run at one per cycle.
+    Contract: the beats' counts sum to the command's ``n`` (no beat crosses into the next command), and no
+    beat has ``n = 0``; neither is checked.
+
+    Combinational paths: ``i_cmd.ready``, ``o_wr``, ``o_busy`` and ``o_done`` come from registers.
+    ``i_elem.ready`` depends on registers and ``o_wr.ready``; ``i_beat.ready`` on registers,
+    ``i_beat.payload.n`` (whether the beat completes a word) and ``o_wr.ready``, never on ``i_beat.valid``.
+    ``o_wr.ready`` reaches nothing but these readies and the registers' next values.
     """
 
-    def __init__(self, hw: HardwareConfig):
+    def __init__(self, hw: HardwareConfig, *, beats: bool = False):
         _checked_geometry(self, hw)
         self._hw = hw
+        self._beats = bool(beats)
         super().__init__({
             "i_cmd": In(stream.Signature(cmd_layout(hw))),
-            "i_elem": In(stream.Signature(unsigned(ELEM_BITS))),
+            **({"i_beat": In(stream.Signature(beat_layout()))} if self._beats else
+               {"i_elem": In(stream.Signature(unsigned(ELEM_BITS)))}),
             "o_wr": Out(stream.Signature(write_layout(hw))),
             "o_busy": Out(1),
             "o_done": Out(1),
@@ -452,6 +475,9 @@ class ElemWriter(wiring.Component):
                 m.d.sync += done.eq(1)
             with m.Else():
                 m.d.sync += active.eq(1)
+        if self._beats:
+            self._elaborate_beats(m, active, done, waddr, lane, left, acc, acc_mask)
+            return m
 
         out_free = Signal()
         completes = Signal()
@@ -481,3 +507,49 @@ class ElemWriter(wiring.Component):
             with m.Else():
                 m.d.sync += [acc[lane].eq(self.i_elem.payload), acc_mask.eq(acc_mask | bit)]
         return m
+
+    def _elaborate_beats(self, m, active, done, waddr, lane, left, acc, acc_mask):
+        beat = self.i_beat.payload
+        # The beat's lanes in the eight-lane window (word being filled, next word); bit 3 set = the beat
+        # reaches lane 3, so it completes the word.
+        span = Signal(2 * LANES)
+        m.d.comb += span.eq(Cat(*(beat.n > k for k in range(LANES))) << lane)
+        cur, ovf = span[:LANES], span[LANES:]
+        rot = Signal(data.ArrayLayout(unsigned(ELEM_BITS), LANES))     # beat lane j in lane (lane + j) % 4
+        both = Cat(beat.data, beat.data)
+        with m.Switch(lane):
+            for j in range(LANES):
+                with m.Case(j):
+                    m.d.comb += rot.eq(both[ELEM_BITS * (LANES - j):ELEM_BITS * (2 * LANES - j)])
+
+        out_free, completes, take, flush = Signal(), Signal(), Signal(), Signal()
+        m.d.comb += [
+            out_free.eq(~self.o_wr.valid | self.o_wr.ready),
+            completes.eq(span[LANES - 1] | (left == beat.n)),
+            self.i_beat.ready.eq(active & (left != 0) & (~completes | out_free)),
+            take.eq(self.i_beat.valid & self.i_beat.ready),
+            # all beats taken, lanes of a final partial word still held (the last beat spilled into it)
+            flush.eq(active & (left == 0) & acc_mask.any() & out_free),
+        ]
+        with m.If(self.o_wr.valid & self.o_wr.ready):
+            m.d.sync += self.o_wr.valid.eq(0)
+            with m.If((left == 0) & ~acc_mask.any()):            # the command's last word
+                m.d.sync += [active.eq(0), done.eq(1)]
+        put = Signal(LANES)                                     # the beat's lanes in the word being filled
+        m.d.comb += put.eq(Mux(take, cur, 0))
+        with m.If((take & completes) | flush):
+            m.d.sync += [
+                self.o_wr.valid.eq(1),
+                self.o_wr.payload.addr.eq(waddr),
+                self.o_wr.payload.data.eq(Cat(*(Mux(put[k], rot[k], acc[k]) for k in range(LANES)))),
+                self.o_wr.payload.mask.eq(acc_mask | put),
+                acc_mask.eq(Mux(take, ovf, 0)),
+                waddr.eq(waddr + 1),
+            ]
+        with m.Elif(take):
+            m.d.sync += acc_mask.eq(acc_mask | cur)
+        with m.If(take):
+            m.d.sync += [lane.eq(lane + beat.n), left.eq(left - beat.n)]
+            for k in range(LANES):
+                with m.If(cur[k] | ovf[k]):
+                    m.d.sync += acc[k].eq(rot[k])

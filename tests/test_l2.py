@@ -10,7 +10,8 @@ must equal, bit for bit, the word the model held at the read's grant. On top of 
   ``addr // 4 .. (addr + n - 1) // 4``;
 - `ElemWriter` must emit exactly the masked write sequence a pure-Python packer (`pack_reference`) derives
   from ``(addr, elements)``: one word per touched word, lanes outside ``[addr, addr + n)`` masked off; and
-  pulse ``o_done`` once per command;
+  pulse ``o_done`` once per command; in beat mode the same, whatever the beats' counts (1..4 each, the lanes
+  past a beat's count random);
 - after the traffic, every word of the exercised region is read back and compared with the array.
 
 Commands are seeded random at every lane alignment with lengths 0, 1, 2, 3, 4, 5, ... (partial first and last
@@ -89,13 +90,14 @@ def words_touched(addr: int, n: int) -> list[int]:
 
 class Harness(Elaboratable):
     """`readers` ElemReaders on L2 read ports 0.., `writers` ElemWriters on write ports 0.., and `raw_rd` /
-    `raw_wr` further ports driven directly by the testbench (preload, read-back, raw traffic)."""
+    `raw_wr` further ports driven directly by the testbench (preload, read-back, raw traffic). `beats`: the
+    readers and writers are built with ``beats=True``."""
 
     def __init__(self, hw, readers=0, writers=0, raw_rd=1, raw_wr=1, beats=False, **l2_kw):
         self.hw = hw
         self.l2 = L2(hw, read_ports=readers + raw_rd, write_ports=writers + raw_wr, **l2_kw)
         self.readers = [ElemReader(hw, beats=beats) for _ in range(readers)]
-        self.writers = [ElemWriter(hw) for _ in range(writers)]
+        self.writers = [ElemWriter(hw, beats=beats) for _ in range(writers)]
         self.raw_rd = [(getattr(self.l2, f"rd{readers + i}_req"), getattr(self.l2, f"rd{readers + i}_resp"))
                        for i in range(raw_rd)]
         self.raw_wr = [getattr(self.l2, f"wr{writers + j}") for j in range(raw_wr)]
@@ -789,6 +791,251 @@ def test_movers_full_rate():
     assert [lst for _, lst in elems] == [0] * (n - 1) + [1]
     # start-up: command transfer -> word request (next cycle) -> L2 latency -> word register -> element
     assert re[0] - log["rcmd"][0][0] == 1 + dut.l2.latency + 1
+
+
+
+# --- ElemWriter beat mode ----------------------------------------------------------------------------------
+
+def split_beats(rng, elems, shape):
+    """`elems` as ElemWriter beats ({data, n, last}): `shape` "ones" (n = 1 each), "full" (four each, the last
+    the rest) or "mix" (random counts 1..4). Lanes past a beat's count hold random bits."""
+    out, i = [], 0
+    while i < len(elems):
+        k = {"ones": 1, "full": LANES, "mix": rng.randint(1, LANES)}[shape]
+        k = min(k, len(elems) - i)
+        lanes_ = list(elems[i:i + k]) + [rng.getrandbits(32) for _ in range(LANES - k)]
+        i += k
+        out.append({"data": word_int(lanes_), "n": k, "last": int(i == len(elems))})
+    return out
+
+
+@pytest.mark.parametrize("seed", [31, 32])
+def test_elem_writer_beats_random_commands(seed):
+    """Two beat-mode writers on one L2 plus a raw writer's random traffic (random L2 ready for both),
+    commands at every alignment and length 0..23 (all four start lanes x lengths 0..9 x beat shapes first)
+    and some of 40..90, each sent as beats of one element, full beats with a short last, or a random mix,
+    with random producer gaps: exact masked write sequences (`pack_reference`), o_done per command,
+    everything outside the commands untouched."""
+    rng = random.Random(seed)
+    dut = Harness(TINY, writers=2, beats=True)
+    model = WordModel(dut.l2.depth)
+    region_words = 48
+    init = np.array([[rng.getrandbits(32) for _ in range(LANES)] for _ in range(region_words)], np.uint32)
+    mon = Monitor(dut.l2, model, done_signals=[w.o_done for w in dut.writers])
+    half = region_words * LANES // 2
+    shapes = ("ones", "full", "mix")
+    cmds = [random_cmds(random.Random(seed + r), r * half, half, 150) for r in range(2)]
+    for r in range(2):
+        cmds[r] += [(r * half + rng.randrange(half - n + 1), n) for n in (rng.randint(40, 90) for _ in range(4))]
+        rng.shuffle(cmds[r])
+    cmds[0] = [(a, n) for a in range(LANES) for n in range(10) for _ in shapes] + cmds[0]
+    cmd_shapes = [[shapes[i % 3] if r == 0 and i < LANES * 10 * 3 else rng.choice(shapes)
+                   for i in range(len(cmds[r]))] for r in range(2)]
+    data = [[rng.getrandbits(32) for _ in range(sum(n for _, n in c))] for c in cmds]
+    beats = [[], []]
+    ref = init.reshape(-1).copy()
+    for r in range(2):
+        k = 0
+        for (a, n), shape in zip(cmds[r], cmd_shapes[r]):
+            ref[a:a + n] = data[r][k:k + n]
+            beats[r] += split_beats(rng, data[r][k:k + n], shape)
+            k += n
+    assert {b["n"] for b in beats[0] + beats[1]} == {1, 2, 3, 4}
+    outside = [{"addr": region_words + rng.randrange(8), "data": rng.getrandbits(128), "mask": rng.randrange(16)}
+               for _ in range(600)]
+    ready = [False]
+    final = []
+
+    async def load(ctx):            # preload, then random traffic next to the region: random ready for both
+        await preload(ctx, dut.raw_wr[0], init, 0)
+        ready[0] = True
+        await send(ctx, dut.raw_wr[0], outside, random.Random(seed * 40), idle=0.5)
+
+    def cmd_driver(r):
+        async def bench(ctx):
+            while not ready[0]:
+                await ctx.tick()
+            await send(ctx, dut.writers[r].i_cmd, [{"addr": a, "n": n} for a, n in cmds[r]],
+                       random.Random(seed * 10 + r), idle=0.3 if r else 0.0)
+        return bench
+
+    def beat_driver(r):
+        async def bench(ctx):
+            await send(ctx, dut.writers[r].i_beat, beats[r], random.Random(seed * 20 + r), idle=0.1 + 0.4 * r)
+        return bench
+
+    async def tail(ctx):
+        while not ready[0]:
+            await ctx.tick()
+        while len(mon.done_log[0]) < len(cmds[0]) or len(mon.done_log[1]) < len(cmds[1]):
+            await ctx.tick()
+        final.extend(await readback(ctx, *dut.raw_rd[0], 0, region_words))
+
+    async def stalls(ctx):          # cycles a writer's word waits for L2, and a beat waits for the writer
+        w0, w1 = dut.writers
+        async for _, _, *v in ctx.tick().sample(w0.o_wr.valid & ~w0.o_wr.ready, w1.o_wr.valid & ~w1.o_wr.ready,
+                                               w0.i_beat.valid & ~w0.i_beat.ready,
+                                               w1.i_beat.valid & ~w1.i_beat.ready):
+            stalled[:] = [a + b for a, b in zip(stalled, v)]
+            if final:
+                return
+
+    stalled = [0, 0, 0, 0]
+    simulate(dut, [load, cmd_driver(0), cmd_driver(1), beat_driver(0), beat_driver(1), tail, stalls], mon,
+             max_cycles=30000)
+    assert min(stalled) > 0, f"seed {seed}: no L2 stall or no beat backpressure: {stalled}"
+    for r in range(2):
+        check_writer(cmds[r], data[r], mon.wr_log[r], seed)
+        assert len(mon.done_log[r]) == len(cmds[r])
+    assert len(mon.wr_log[2]) == region_words + len(outside)
+    np.testing.assert_array_equal(model.mem[:region_words].reshape(-1), ref, err_msg=f"seed {seed}")
+    np.testing.assert_array_equal(np.array([lanes(w) for w in final]).reshape(-1), ref, err_msg=f"seed {seed}")
+
+
+def test_elem_writer_beats_full_rate():
+    """Beat mode, the source always valid. Full beats (the last one short) from every start lane, L2 accepting
+    every cycle: one beat per cycle, the first the cycle after the command; L2 takes the W touched words on W
+    consecutive cycles from the cycle after the first beat, so o_done comes W + 1 cycles after the first beat
+    (W = beats, or beats + 1 when the last beat spills into a final partial word). Beats of one element: one
+    per cycle, o_done n + 1 cycles after the first; still one per cycle while two raw writers contend for L2
+    every cycle, so that words wait: only a beat that completes a word waits for the previous word (so only
+    the last beat may wait, when the final word holds that one element alone, as from start lane 3)."""
+    n = 38                                          # 10 beats, 10 or 11 words depending on the start lane
+    runs = [(a, "full", False) for a in range(LANES)] + [(a, "ones", c) for a in (0, 3) for c in (False, True)]
+    dut = Harness(TINY, writers=1, raw_wr=2, beats=True)
+    w = dut.writers[0]
+    model = WordModel(dut.l2.depth)
+    mon = Monitor(dut.l2, model, done_signals=[w.o_done], watch={"cmd": w.i_cmd, "beat": w.i_beat})
+    rng = random.Random(3)
+    data = [[rng.getrandbits(32) for _ in range(n)] for _ in runs]
+    base = [16 * k * LANES + a for k, (a, _, _) in enumerate(runs)]
+    contend = [False]
+    waited = [0]                    # cycles a word of the writer waited for L2
+
+    async def bench(ctx):
+        for k, (_, shape, c) in enumerate(runs):
+            contend[0] = c
+            await send(ctx, w.i_cmd, [{"addr": base[k], "n": n}])
+            await send(ctx, w.i_beat, split_beats(rng, data[k], shape))
+            while len(mon.done_log[0]) <= k:
+                await ctx.tick()
+        contend[0] = None
+
+    async def contender(ctx):       # raw writers valid every cycle of the contended runs, far from the data
+        while contend[0] is not None:
+            for raw in dut.raw_wr:
+                ctx.set(raw.valid, contend[0])
+                ctx.set(raw.payload, {"addr": 1000, "data": rng.getrandbits(128), "mask": 0xF})
+            _, _, wait = await ctx.tick().sample(w.o_wr.valid & ~w.o_wr.ready)
+            waited[0] += wait
+        for raw in dut.raw_wr:
+            ctx.set(raw.valid, 0)
+
+    simulate(dut, [bench, contender], mon)
+    beat_log, wr_log = mon.watch_log["beat"], mon.wr_log[0]
+    words_in = [len(words_touched(b, n)) for b in base]
+    assert sorted(set(words_in)) == [10, 11]        # both the exact and the spilling case are covered
+    for k, (a, shape, c) in enumerate(runs):
+        what = f"start lane {a}, {shape}{', contended' if c else ''}"
+        n_beats = -(-n // LANES) if shape == "full" else n
+        bc = [cy for cy, _ in beat_log[:n_beats]]
+        beat_log = beat_log[n_beats:]
+        words = words_in[k]
+        wc = [cy for cy, *_ in wr_log[:words]]
+        check_writer([(base[k], n)], data[k], wr_log[:words], k)
+        wr_log = wr_log[words:]
+        steady = bc[:-1] if c else bc
+        assert steady == list(range(bc[0], bc[0] + len(steady))), f"{what}: beats not one per cycle"
+        assert bc[0] == mon.watch_log["cmd"][k][0] + 1, what
+        if shape == "full":
+            assert wc == list(range(bc[0] + 1, bc[0] + 1 + words)), f"{what}: words not one per cycle"
+            assert mon.done_log[0][k] - bc[0] == words + 1, f"{what}: {mon.done_log[0][k] - bc[0]}"
+        elif not c:
+            assert mon.done_log[0][k] - bc[0] == n + 1, what
+        assert mon.done_log[0][k] == wc[-1] + 1, what
+    assert not beat_log and not wr_log
+    assert waited[0] > 4, waited                    # the contended runs really made words wait
+    np.testing.assert_array_equal(np.concatenate([model.elements(b, n) for b in base]), np.concatenate(data))
+
+
+class CopyHarness(Harness):
+    """A beat-mode Harness with one reader and one writer, the reader's beats straight into the writer."""
+
+    def __init__(self, hw, **kw):
+        super().__init__(hw, readers=1, writers=1, beats=True, **kw)
+
+    def elaborate(self, platform):
+        m = super().elaborate(platform)
+        wiring.connect(m, self.readers[0].o_beat, self.writers[0].i_beat)
+        return m
+
+
+@pytest.mark.parametrize("seed", [41, 42])
+def test_movers_beats_copy(seed):
+    """L2 -> L2 copies through a beat-mode ElemReader wired straight into a beat-mode ElemWriter, every
+    src % 4 x dst % 4 combination at several lengths (0..23, and longer), with raw reads and writes beside
+    them (random L2 readiness on both sides), command gaps: the region equals a NumPy copy applied in order,
+    the writer's sequence is `pack_reference` of the copied elements."""
+    rng = random.Random(seed)
+    dut = CopyHarness(TINY, raw_rd=2)               # raw_rd[0] random reads, raw_rd[1] the final read-back
+    rd, wr = dut.readers[0], dut.writers[0]
+    model = WordModel(dut.l2.depth)
+    mon = Monitor(dut.l2, model, done_signals=[wr.o_done])
+    src_words, dst_words = 24, 24                   # source region [0, 24), destination [24, 48) (words)
+    init = np.array([[rng.getrandbits(32) for _ in range(LANES)] for _ in range(src_words + dst_words)], np.uint32)
+    src0, dst0 = 0, src_words * LANES
+    span = src_words * LANES
+    copies = []
+    for a in range(LANES):
+        for b in range(LANES):
+            for n in (rng.randint(1, 12), rng.randint(13, 23), rng.randint(30, 60)):
+                s, d = rng.randrange(0, span - n - LANES + 1, LANES), rng.randrange(0, span - n - LANES + 1, LANES)
+                copies.append((src0 + s + a, dst0 + d + b, n))
+    copies += [(src0 + 5, dst0 + 2, 0), (src0, dst0, span)]
+    rng.shuffle(copies)
+    ref = init.reshape(-1).copy()
+    for s, d, n in copies:
+        ref[d:d + n] = ref[s:s + n]
+    region = src_words + dst_words
+    raw_w = [{"addr": region + rng.randrange(8), "data": rng.getrandbits(128), "mask": rng.randrange(16)}
+             for _ in range(300)]
+    raw_r = [rng.randrange(region + 8) for _ in range(300)]
+    ready = [False]
+    final = []
+
+    async def load(ctx):
+        await preload(ctx, dut.raw_wr[0], init, 0)
+        ready[0] = True
+        await send(ctx, dut.raw_wr[0], raw_w, random.Random(seed * 40), idle=0.6)
+
+    async def raw_reads(ctx):
+        while not ready[0]:
+            await ctx.tick()
+        req, resp = dut.raw_rd[0]
+        ctx.set(resp.ready, 1)
+        await send(ctx, req, raw_r, random.Random(seed * 30), idle=0.6)
+
+    async def rd_cmd(ctx):          # the reader runs ahead of the writer: its next copy's beats wait
+        while not ready[0]:
+            await ctx.tick()
+        ctx.set(rd.i_beats, 1)
+        await send(ctx, rd.i_cmd, [{"addr": s, "n": n} for s, _, n in copies], random.Random(seed * 10), idle=0.3)
+
+    async def wr_cmd(ctx):
+        while not ready[0]:
+            await ctx.tick()
+        await send(ctx, wr.i_cmd, [{"addr": d, "n": n} for _, d, n in copies], random.Random(seed * 20), idle=0.3)
+
+    async def tail(ctx):
+        while len(mon.done_log[0]) < len(copies) or len(mon.wr_log[1]) < region + len(raw_w):
+            await ctx.tick()
+        final.extend(await readback(ctx, *dut.raw_rd[1], 0, region))
+
+    simulate(dut, [load, raw_reads, rd_cmd, wr_cmd, tail], mon, max_cycles=20000)
+    moved = np.concatenate([init.reshape(-1)[s:s + n] for s, _, n in copies])   # the source is never written
+    check_writer([(d, n) for _, d, n in copies], [int(v) for v in moved], mon.wr_log[0], seed)
+    np.testing.assert_array_equal(model.mem[:region].reshape(-1), ref, err_msg=f"seed {seed}")
+    np.testing.assert_array_equal(np.array([lanes(w) for w in final]).reshape(-1), ref, err_msg=f"seed {seed}")
 
 
 @pytest.mark.slow
