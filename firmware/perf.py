@@ -10,7 +10,7 @@ instructions, the bytes each DDR region moves, and the controller's **passes** b
   hand-off, first-beat latency, the engine's tail);
 - passes: each pass costs its fixed overhead (``sfu_pass``, ``vec_pass``, ``reduce_pass``, ``copy_pass``,
   ``quant_pass``, ``ddr_read_pass``, ``ddr_write_pass``: pipeline fill and drain, DDR latency) plus its
-  elements at ``elements_per_cycle`` (the quantiser passes at four times that, `PASS_LANES`);
+  elements at ``elements_per_cycle`` (the quantiser and short-path passes at four times that, `PASS_LANES`);
 - ``alu_op`` per scalar-ALU operation and ``issue`` per instruction (fetch, decode, dispatch);
 - WGEMM (`wgemm_cost`, unit ``gemm``): per token tile of R = ``systolic_rows`` tokens, a quantiser pass per
   token (``cols`` elements + ``gemm_quant``), then the GEMM unit: ``gemm_tile`` + the first weight chunk's
@@ -53,9 +53,10 @@ __all__ = ["Rates", "TokenEstimate", "Schedule", "estimate", "cycles_of", "sched
 
 DDR_PEAK_BYTES_PER_S = 19.2e9          # KV260: DDR4-2400, 64 bit (shared/reference/perf-anchors.md)
 PASS_KINDS = ("sfu", "vec", "reduce", "copy", "quant", "ddr_read", "ddr_write")
-# Elements per cycle of a pass kind beyond `Rates.elements_per_cycle`: the quantiser passes take L2 words (four
-# elements) per cycle (`hdl.l2.ElemReader` beats into `hdl.quant.ActQuantizer`).
-PASS_LANES = {"quant": LANES}
+# Elements per cycle of a pass kind beyond `Rates.elements_per_cycle`: the quantiser passes and the SFU's short
+# path (element-wise and reductions, from L2) take L2 words (four elements) per cycle (`hdl.l2.ElemReader` beats
+# into `hdl.quant.ActQuantizer` or the four lanes of `hdl.sfu.Sfu`, `hdl.l2.ElemWriter` beats back into L2).
+PASS_LANES = {"quant": LANES, "vec": LANES, "reduce": LANES}
 DESC_ELEMENTS = 8                      # a descriptor load: one DDR read pass of 8 words (sim.iss._count_passes)
 
 

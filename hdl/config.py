@@ -97,9 +97,10 @@ class HardwareConfig:
         row and the attention scores of ATTN); the compiler allocates below it. It bounds ATTN to
         ``(l2_scratch_bytes / 4 - 2 * head_dim) / heads`` visible positions (docs/architecture.md).
     device : the FPGA whose budget the utilisation report compares against.
-    sfu_reduce_lanes : SFU block: interleaved partial accumulators of the SFU reductions (a power of two,
-        at least the binary32 adder's latency so that one element per cycle never waits for its lane);
-        it fixes the binary32 summation order (sim/sfu.py, docs/sfu.md).
+    sfu_reduce_lanes : SFU block: interleaved partial accumulators of the SFU reductions (a power of two;
+        it fixes the binary32 summation order, sim/sfu.py, docs/sfu.md). The RTL takes four elements per
+        cycle into four banks of ``sfu_reduce_lanes / 4`` lanes, one adder each, so it needs more than the
+        adder's latency (6) per bank: 32 or 64 (hdl.sfu.Sfu rejects less).
     gemv_max_cols : GEMV block: the widest GEMV input (columns) the engine's activation memory holds (a
         power of two; E4B's FFN width 16384 on kv260).
     gemv_sparse_max_rows : GEMV block: the most rows of a sparse (column-major) GEMV; every port keeps
@@ -131,7 +132,7 @@ class HardwareConfig:
     l2_scratch_bytes: int = 16 << 10
     device: DeviceBudget = XCK26
     # --- SFU block (sim/sfu.py, hdl/sfu.py) ---
-    sfu_reduce_lanes: int = 8
+    sfu_reduce_lanes: int = 32
     # --- GEMV block (hdl/gemv.py) ---
     gemv_max_cols: int = 16384
     gemv_sparse_max_rows: int = 2048
@@ -260,14 +261,14 @@ PRESETS: dict[str, HardwareConfig] = {
         name="kv260", clock_hz=300_000_000, axi_ports=4, axi_data_bits=128, axi_addr_bits=40,
         axi_id_bits=6, axi_max_burst_beats=16, axi_max_outstanding=8, act_bits=8, acc_bits=32,
         act_block=64, weight_group=128, systolic_rows=32, systolic_cols=8,
-        l2_bytes=1 << 20, constant_cache_bytes=64 << 10, l2_scratch_bytes=128 << 10, sfu_reduce_lanes=8,
+        l2_bytes=1 << 20, constant_cache_bytes=64 << 10, l2_scratch_bytes=128 << 10, sfu_reduce_lanes=32,
         gemv_max_cols=16384, gemv_sparse_max_rows=2048, kv_format="int8"),
     # Small enough that the full chip simulates in seconds in Verilator; same structure.
     "tiny": HardwareConfig(
         name="tiny", clock_hz=100_000_000, axi_ports=2, axi_data_bits=64, axi_addr_bits=32,
         axi_id_bits=4, axi_max_burst_beats=16, axi_max_outstanding=4, act_bits=8, acc_bits=32,
         act_block=16, weight_group=32, systolic_rows=4, systolic_cols=4,
-        l2_bytes=64 << 10, constant_cache_bytes=4 << 10, l2_scratch_bytes=16 << 10, sfu_reduce_lanes=8,
+        l2_bytes=64 << 10, constant_cache_bytes=4 << 10, l2_scratch_bytes=16 << 10, sfu_reduce_lanes=32,
         gemv_max_cols=1024, gemv_sparse_max_rows=128, kv_format="int8", kv_max_head_dim=128),
 }
 # The binary16 KV cache (ATTN on the SFU) on the tiny NPU: the other `kv_format`, kept buildable and tested.

@@ -63,10 +63,10 @@ from .gemm import GemmUnit, gemm_command_layout
 from .gemv import GemvEngine
 from .isa import (VEC_REDUCTIONS, CtrlFunc, CvoFunc, DdrRegion, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache,
                   VecFunc, layout)
-from .l2 import L2, ElemReader, ElemWriter
+from .l2 import LANES, L2, ElemReader, ElemWriter
 from .quant import ActQuantizer, KvPacker
 from .seq import IntRecip, SeqDivider
-from .sfu import REDUCE_OPS, Sfu, SfuOp, _is_nan, _key
+from .sfu import REDUCE_OPS, SHORT_OPS, Sfu, SfuOp, _is_nan, _key
 
 __all__ = ["Controller", "Src", "BSrc", "Sink", "REGIONS"]
 
@@ -172,10 +172,11 @@ class Controller(wiring.Component):
         # ports 0/1 read and port 0 writes for the passes; read port 2 (accm) and write port 1 (the rows) for the
         # GEMV engine, which runs beside the passes (async WGEMV)
         m.submodules.l2 = l2 = L2(hw, read_ports=3, write_ports=2)
-        m.submodules.rd_a = rd_a = ElemReader(hw, beats=True)    # beats: the quantiser's four elements per cycle
-        m.submodules.rd_b = rd_b = ElemReader(hw)
+        # beats: four elements per cycle into the quantiser and the SFU's short path, and out of it into L2
+        m.submodules.rd_a = rd_a = ElemReader(hw, beats=True)
+        m.submodules.rd_b = rd_b = ElemReader(hw, beats=True)
         m.submodules.rd_g = rd_g = ElemReader(hw)
-        m.submodules.wr = wr = ElemWriter(hw)
+        m.submodules.wr = wr = ElemWriter(hw, beats=True)
         m.submodules.wr_g = wr_g = ElemWriter(hw)
         for i, rd in enumerate((rd_a, rd_b, rd_g)):
             connect(m, rd.o_req, getattr(l2, f"rd{i}_req"))
@@ -260,6 +261,11 @@ class Controller(wiring.Component):
 
         is_reduce = Signal()
         m.d.comb += is_reduce.eq(~p_bypass & Cat(*[p_op == op for op in REDUCE_OPS]).any())
+        # a wide pass: a SHORT_OPS pass from L2 into L2 or a register, four elements per cycle (the readers' beats,
+        # the SFU's four lanes, the writer's beats); every other pass moves one element per cycle
+        wide = Signal()
+        m.d.comb += wide.eq(~p_bypass & Cat(*[p_op == op for op in SHORT_OPS]).any() & (p_a == Src.L2)
+                            & ((p_sink == Sink.L2) | (p_sink == Sink.REG)))
         n_out = Signal(NB)
         m.d.comb += n_out.eq(Mux(is_reduce, 1, p_n))
 
@@ -287,10 +293,10 @@ class Controller(wiring.Component):
         # commands
         m.d.comb += [
             rd_a.i_cmd.valid.eq(pending.rd_a), rd_a.i_cmd.payload.addr.eq(p_a_addr),
-            rd_a.i_beats.eq(p_sink == Sink.QUANT),
+            rd_a.i_beats.eq((p_sink == Sink.QUANT) | wide),
             rd_a.i_cmd.payload.n.eq(Mux(p_a == Src.PAIRS, p_n << 1, p_n)),
             rd_b.i_cmd.valid.eq(pending.rd_b), rd_b.i_cmd.payload.addr.eq(p_b_addr),
-            rd_b.i_cmd.payload.n.eq(p_n),
+            rd_b.i_cmd.payload.n.eq(p_n), rd_b.i_beats.eq(wide),
             ddr_rd.i_cmd.valid.eq(pending.ddr_rd), ddr_rd.i_cmd.payload.addr.eq(p_ddr_addr),
             ddr_rd.i_cmd.payload.n.eq(p_n), ddr_rd.i_cmd.payload.fmt.eq(p_ddr_fmt),
             ddr_rd.i_cmd.payload.saddr.eq(p_ddr_saddr), ddr_rd.i_cmd.payload.log2_group.eq(p_ddr_log2g),
@@ -358,50 +364,72 @@ class Controller(wiring.Component):
             with m.Case(BSrc.REG):
                 m.d.comb += [b_valid.eq(1), b_data.eq(p_b_val)]
 
-        # SFU or bypass
-        s_valid, s_data, s_ready = Signal(), Signal(32), Signal()
-        with m.If(p_bypass):
-            m.d.comb += [s_valid.eq(a_valid), s_data.eq(a_data), a_ready.eq(s_ready)]
-        with m.Else():
+        # The stage: one register between the operands and the SFU or the quantiser. A beat is either the readers'
+        # (four elements: the quantiser's passes and the wide passes; b from the second reader or a scalar in every
+        # lane) or one element from the sources above in lane 0. The stage cuts the path from the L2 response
+        # buffers through the readers' lane selects into the quantiser's maximum and the SFU's first stages; it is
+        # empty again when a pass ends (its consumer takes every element before the pass's sink is done).
+        st = Signal(sfu.i_data.payload.shape())
+        st_v = Signal()
+        st_ready, st_in_v = Signal(), Signal()
+        st_in = Signal.like(st)
+        m.d.comb += [st_ready.eq(~st_v | Mux(p_sink == Sink.QUANT, quant.i_beat.ready, sfu.i_data.ready)),
+                     quant.i_beat.valid.eq(st_v), quant.i_beat.payload.data.eq(st.a.as_value()),
+                     quant.i_beat.payload.n.eq(st.n),
+                     sfu.i_data.valid.eq(st_v & (p_sink != Sink.QUANT)), sfu.i_data.payload.eq(st)]
+        with m.If(st_ready):
+            m.d.sync += [st_v.eq(st_in_v & active), st.eq(st_in)]
+        a_beat, b_beat = rd_a.o_beat, rd_b.o_beat
+        b_wide = Signal()
+        m.d.comb += b_wide.eq(p_b == BSrc.L2)
+        with m.If(wide | (p_sink == Sink.QUANT)):
+            both = a_beat.valid & (~b_wide | b_beat.valid)
+            m.d.comb += [st_in_v.eq(both), st_in.a.eq(a_beat.payload.data), st_in.n.eq(a_beat.payload.n),
+                         a_beat.ready.eq(st_ready & (~b_wide | b_beat.valid)),
+                         b_beat.ready.eq(st_ready & a_beat.valid & b_wide)]
+            with m.Switch(p_b):
+                with m.Case(BSrc.L2):
+                    m.d.comb += st_in.b.eq(b_beat.payload.data)
+                with m.Case(BSrc.REG):
+                    m.d.comb += [st_in.b[j].eq(p_b_val) for j in range(LANES)]
+        with m.Elif(~p_bypass):
             both = a_valid & b_valid
-            m.d.comb += [sfu.i_data.valid.eq(active & both), sfu.i_data.payload.a.eq(a_data),
-                         sfu.i_data.payload.b.eq(b_data),
-                         a_ready.eq(sfu.i_data.ready & b_valid), b_ready.eq(sfu.i_data.ready & a_valid),
-                         s_valid.eq(sfu.o_data.valid), s_data.eq(sfu.o_data.payload), sfu.o_data.ready.eq(s_ready)]
+            m.d.comb += [st_in_v.eq(both), st_in.a[0].eq(a_data), st_in.b[0].eq(b_data), st_in.n.eq(1),
+                         a_ready.eq(st_ready & b_valid), b_ready.eq(st_ready & a_valid)]
 
-        # The quantiser's beats pass one register stage: it cuts the path from the L2 response buffer through
-        # the reader's lane select into the quantiser's running-maximum compare (one beat per cycle still; the
-        # stage is empty again when a pass ends, since the quantiser takes every beat before o_done).
-        beat_r = Signal.like(quant.i_beat.payload)
-        beat_v = Signal()
-        beat_in_ready = Signal()
-        m.d.comb += [beat_in_ready.eq(~beat_v | quant.i_beat.ready),
-                     quant.i_beat.valid.eq(beat_v), quant.i_beat.payload.eq(beat_r)]
-        with m.If(beat_in_ready):
-            m.d.sync += [beat_v.eq(rd_a.o_beat.valid & rd_a.o_beat.ready), beat_r.eq(rd_a.o_beat.payload)]
+        # SFU or bypass: s_y lanes 0 .. s_n - 1
+        s_valid, s_y, s_n, s_ready = Signal(), Signal(data.ArrayLayout(32, LANES)), Signal(3), Signal()
+        s_data = Signal(32)                        # the last element of the beat (scalar results)
+        with m.If(p_bypass):
+            m.d.comb += [s_valid.eq(a_valid), s_y[0].eq(a_data), s_n.eq(1), a_ready.eq(s_ready)]
+        with m.Else():
+            m.d.comb += [s_valid.eq(sfu.o_data.valid), s_y.eq(sfu.o_data.payload.y), s_n.eq(sfu.o_data.payload.n),
+                         sfu.o_data.ready.eq(s_ready)]
+        with m.Switch(s_n):
+            for j in range(LANES):
+                with m.Case(j + 1):
+                    m.d.comb += s_data.eq(s_y[j])
 
         # sinks
         take = Signal()
         m.d.comb += take.eq(s_valid & s_ready)
         with m.Switch(p_sink):
             with m.Case(Sink.L2):
-                m.d.comb += [wr.i_elem.valid.eq(s_valid), wr.i_elem.payload.eq(s_data), s_ready.eq(wr.i_elem.ready)]
+                m.d.comb += [wr.i_beat.valid.eq(s_valid), wr.i_beat.payload.data.eq(s_y.as_value()),
+                             wr.i_beat.payload.n.eq(s_n), s_ready.eq(wr.i_beat.ready)]
             with m.Case(Sink.DDR):
-                m.d.comb += [ddr_wr.i_elem.valid.eq(s_valid), ddr_wr.i_elem.payload.eq(s_data),
+                # one element per cycle: no wide pass ends in DDR
+                m.d.comb += [ddr_wr.i_elem.valid.eq(s_valid), ddr_wr.i_elem.payload.eq(s_y[0]),
                              s_ready.eq(ddr_wr.i_elem.ready)]
-            with m.Case(Sink.QUANT):
-                # every quantiser pass is L2 -> quantiser (bypass): four elements per cycle, the reader's beats
-                # through one register stage (below; the element path above stays idle)
-                m.d.comb += rd_a.o_beat.ready.eq(beat_in_ready)
             with m.Case(Sink.REG, Sink.DESC):
                 m.d.comb += s_ready.eq(active)
                 with m.If(take):
-                    m.d.sync += [p_result.eq(s_data), sunk.eq(sunk + 1)]
+                    m.d.sync += [p_result.eq(s_data), sunk.eq(sunk + s_n)]
                     with m.If(p_sink == Sink.DESC):          # a scalar result must not touch the descriptor
                         with m.Switch(sunk[:3]):
                             for i in range(8):
                                 with m.Case(i):
-                                    m.d.sync += desc[i].eq(s_data)
+                                    m.d.sync += desc[i].eq(s_y[0])
 
         # completion
         wr_done_seen, ddr_done_seen, quant_done_seen = Signal(), Signal(), Signal()

@@ -35,9 +35,11 @@ from hdl.isa import CvoFunc, VecFunc
 from sim import sfu as model
 
 from .fp import NEG_ZERO, QNAN, FpAdd, FpLdexp, FpMul, _Pipe
+from .l2 import LANES
 
 __all__ = ["Flow", "SegmentPoly", "Shared", "with_shared",
-           "Recip", "FlowUnit", "SfuOp", "SHORT_OPS", "op_of", "command_layout", "Sfu",
+           "Recip", "FlowUnit", "SfuOp", "SHORT_OPS", "op_of", "command_layout", "data_layout",
+           "result_layout", "Sfu",
            "recip_flow", "sqrt_flow", "exp_flow", "tanh_flow", "trig_flow", "gelu_flow"]
 
 
@@ -663,7 +665,14 @@ def command_layout(hw) -> data.StructLayout:
         "s": 32, "s_inv": 32, "emax": 32, "pos": 32})
 
 
-DATA_LAYOUT = data.StructLayout({"a": 32, "b": 32})
+def data_layout() -> data.StructLayout:
+    """An input beat: ``{a, b}`` operands in `LANES` lanes, ``n`` (1..4) of them used."""
+    return data.StructLayout({"a": data.ArrayLayout(32, LANES), "b": data.ArrayLayout(32, LANES), "n": 3})
+
+
+def result_layout() -> data.StructLayout:
+    """An output beat: results ``y`` in `LANES` lanes, ``n`` (1..4) of them used."""
+    return data.StructLayout({"y": data.ArrayLayout(32, LANES), "n": 3})
 
 
 def _is(op, *ops):
@@ -694,16 +703,7 @@ def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_sc
                    Mux(_is(o, O.SOFTCAP) | (_is(o, O.SCALE) & r), vsi, vs)))
 
     m1 = f.mul(x, f.comb(m1b, op, recip_scale, b, s, s_inv, x, register=False))
-    # The short path (SHORT_OPS): M1, then its own adder A1 (ADD/SUB/ADDS/FMAS/RELU_SUBS) and multiplier M2
-    # (MULS_MUL's M1 * b), a result select.
-    a1a = f.comb(lambda o, p, v: Mux(o == O.FMAS.value, p, v), op, m1, x, register=False)
-    a1b = f.comb(lambda o, vb, vs: Mux(_is(o, O.ADD, O.FMAS), vb, Mux(o == O.SUB.value, _neg(vb),
-                                       Mux(o == O.ADDS.value, vs, _neg(vs)))), op, b, s, register=False)
-    a1 = f.add(a1a, a1b)
-    relu = f.comb(lambda v: _fmax(v, Const(0, 32)), a1)
-    m2 = f.mul(m1, b)
-    short = [((O.ADD, O.SUB, O.ADDS, O.FMAS), a1), ((O.RELU_SUBS,), relu), ((O.MUL, O.MULS), m1), ((O.MULS_MUL,), m2),
-             ((O.COPY,), a)]
+    rv, short = _short_tail(f, op, x, a, b, s, m1)
     gelu_op = f.comb(lambda o: _is(o, O.GELU, O.GELU_MUL), op, register=False)
     v = f.mul(f.add(f.mul(f.const(GELU_K1), m1), f.const(GELU_K0)), x)
     with shared.serving(None):                       # the default: EXP, GELU, GELU_MUL
@@ -722,32 +722,69 @@ def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_sc
         tr = trig_flow(f, x, a, b, pos, family(O.ROPE_COS, O.ROPE_SIN), family(O.COS, O.ROPE_COS))
     long = [((O.SCALE,), m1), ((O.EXP,), e), ((O.SQRT, O.RSQRT), q), ((O.RECIP,), r), ((O.TANH,), t),
             ((O.SOFTCAP,), tc), ((O.GELU,), g), ((O.GELU_MUL,), gm), ((O.SIN, O.COS, O.ROPE_SIN, O.ROPE_COS), tr)]
-
-    def select(choices):
-        def pick(o, *vals):
-            y = Const(0, 32)
-            for (ops, _), val in zip(choices, vals):
-                y = Mux(_is(o, *ops), val, y)
-            return y
-        return f.comb(pick, op, *[c[1] for c in choices])
-
-    y = select(long)
+    y = _select(f, op, long)
     acc = f.comb(lambda c, o: c & _is(o, *CVO_ELEMENTWISE), accm, op, register=False)
     y = f.comb(lambda c, ya, yy: Mux(c, ya, yy), acc, f.add(y, b), y)
+    return y, rv, short
+
+
+def _select(f, op, choices):
+    """The node of the first ``(ops, node)`` choice whose ops contain `op` (0 if none), registered."""
+    def pick(o, *vals):
+        y = Const(0, 32)
+        for (ops, _), val in zip(choices, vals):
+            y = Mux(_is(o, *ops), val, y)
+        return y
+    return f.comb(pick, op, *[c[1] for c in choices])
+
+
+def _short_tail(f, op, x, a, b, s, m1):
+    """The short path (`SHORT_OPS`) behind the multiplier M1 (`m1`): its own adder A1 (ADD/SUB/ADDS/FMAS/
+    RELU_SUBS) and multiplier M2 (MULS_MUL's M1 * b), a result select; returns (reduction operand node,
+    result node). `x` is the operand (`a`, or ``a - emax`` on the long path, which no short op uses)."""
+    O = SfuOp
+    a1a = f.comb(lambda o, p, v: Mux(o == O.FMAS.value, p, v), op, m1, x, register=False)
+    a1b = f.comb(lambda o, vb, vs: Mux(_is(o, O.ADD, O.FMAS), vb, Mux(o == O.SUB.value, _neg(vb),
+                                       Mux(o == O.ADDS.value, vs, _neg(vs)))), op, b, s, register=False)
+    a1 = f.add(a1a, a1b)
+    relu = f.comb(lambda v: _fmax(v, Const(0, 32)), a1)
+    m2 = f.mul(m1, b)
+    short = [((O.ADD, O.SUB, O.ADDS, O.FMAS), a1), ((O.RELU_SUBS,), relu), ((O.MUL, O.MULS), m1),
+             ((O.MULS_MUL,), m2), ((O.COPY,), a)]
     rv = f.comb(lambda o, p, va: Mux(_is(o, O.SUMSQ, O.DOT), p, va), op, m1, a, register=False)
-    return y, rv, select(short)
+    return rv, _select(f, op, short)
+
+
+def _short_lane(f, a, b, op, s):
+    """Lanes 1..3 of the four-lane short path: `SHORT_OPS` only (M1 takes b for MUL/DOT, a for SUMSQ, else the
+    scalar s), then `_short_tail`; lane 0 is `_datapath`'s, so every lane computes the same function."""
+    O = SfuOp
+    m1b = f.comb(lambda o, vb, vs, va: Mux(_is(o, O.MUL, O.DOT), vb, Mux(o == O.SUMSQ.value, va, vs)),
+                 op, b, s, a, register=False)
+    return _short_tail(f, op, a, a, b, s, f.mul(a, m1b))
 
 
 class Sfu(wiring.Component):
-    """The stream SFU: every `SfuOp` on binary32 streams, one element per cycle, bit-identical to `sim.sfu`.
+    """The stream SFU: every `SfuOp` on binary32 streams, bit-identical to `sim.sfu`.
 
-    Two exits: `SHORT_OPS` (the element-wise arithmetic, COPY and the reductions) leave the pipeline
-    `short_latency` stages in, the functions at `latency`. A short command is taken only when no element of a
-    long one is still in flight, so results leave in command order and never meet at the output.
+    Elements travel in beats of up to `LANES` (four, one L2 word). The functions (every op but `SHORT_OPS`)
+    take one element per beat, in lane 0, at one beat per cycle; `SHORT_OPS` (the element-wise arithmetic,
+    COPY and the reductions) take up to four elements per beat, every lane with its own M1, A1 and M2. Two
+    exits: `SHORT_OPS` leave the pipeline `short_latency` stages in, the functions at `latency`. A short
+    command is taken only when no element of a long one is still in flight, so results leave in command order
+    and never meet at the output.
+
+    Reductions: ``P = hw.sfu_reduce_lanes`` lane accumulators in `LANES` banks, one binary32 adder (max: a
+    comparator of equal latency) per bank; element ``i`` goes to lane ``i mod P``, i.e. bank ``i mod 4``,
+    slot ``(i // 4) mod (P / 4)``. The drain is `sim.sfu`'s pairwise tree over the lanes in index order:
+    its first two levels combine the banks slot by slot (lanes 4s + 0..3), the rest is a tree over bank 0's
+    slots. A reduction's beats must therefore be full (four elements) except its last, which the
+    controller's readers guarantee (`hdl.l2.ElemReader` beats).
 
     Parameters
     ----------
-    hw : HardwareConfig (``sfu_reduce_lanes``, ``l2_bytes`` for the length field).
+    hw : HardwareConfig (``sfu_reduce_lanes``: at least four slots of more than the adder's latency per bank,
+        so 32 or 64; ``l2_bytes`` for the length field).
 
     Members
     -------
@@ -755,24 +792,26 @@ class Sfu(wiring.Component):
         A command is taken when the previous one has taken all its elements (a reduction: when its result
         has left; a `SHORT_OPS` command: when no long element is in flight either). Elements of
         consecutive commands follow each other in the pipeline without a gap.
-    i_data : In(stream.Signature(DATA_LAYOUT))
-        ``{a, b}`` binary32 operands per element (RoPE: ``a`` = high, ``b`` = low word of the u0.64
-        frequency; CVO with ``accm``: ``b`` = the value added to the result).
-    o_data : Out(stream.Signature(unsigned(32)))
-        One binary32 result per element; one per command for the reductions.
+    i_data : In(stream.Signature(data_layout()))
+        Beats ``{a, b, n}``: ``n`` (1..4; 1 for the functions) elements in lanes ``0 .. n-1``, binary32
+        operands ``a[i]``, ``b[i]`` (RoPE: ``a`` = high, ``b`` = low word of the u0.64 frequency; CVO with
+        ``accm``: ``b`` = the value added to the result). The beats' counts add up to the command's
+        length.
+    o_data : Out(stream.Signature(result_layout()))
+        ``{y, n}``: one result per element, in the lanes of its beat; a reduction's result alone (n = 1).
     """
 
     def __init__(self, hw):
         lanes = hw.sfu_reduce_lanes
-        if lanes <= FpAdd.LATENCY:
+        if lanes % LANES or lanes // LANES <= FpAdd.LATENCY:
             self._MustUse__silence = True
-            raise ValueError(f"Sfu needs sfu_reduce_lanes > FpAdd latency ({FpAdd.LATENCY}) so a lane's add is "
-                             f"done before its next element; got {lanes}")
+            raise ValueError(f"Sfu needs sfu_reduce_lanes / {LANES} (slots per bank) > FpAdd latency "
+                             f"({FpAdd.LATENCY}) so a slot's add is done before its next element; got {lanes}")
         self._hw = hw
         self._cmd_layout = command_layout(hw)
         super().__init__({"i_cmd": In(stream.Signature(self._cmd_layout)),
-                          "i_data": In(stream.Signature(DATA_LAYOUT)),
-                          "o_data": Out(stream.Signature(unsigned(32)))})
+                          "i_data": In(stream.Signature(data_layout())),
+                          "o_data": Out(stream.Signature(result_layout()))})
         m = Module()
         m._MustUse__silence = True
         f = Flow(m, Const(1), dry=True)
@@ -809,25 +848,34 @@ class Sfu(wiring.Component):
         # elements of long commands in flight: a short command waits for them to leave
         long_n = Signal(range(self.latency + 2))
         m.d.comb += self.i_cmd.ready.eq(~busy & ~(_is(Value.cast(self.i_cmd.payload.op), *SHORT_OPS) & (long_n != 0)))
+        p = self.i_data.payload
         take = Signal()
+        last = Signal()                              # the beat holds the command's last elements
         m.d.comb += [self.i_data.ready.eq(busy & en & (remaining != 0)),
-                     take.eq(self.i_data.valid & self.i_data.ready)]
+                     take.eq(self.i_data.valid & self.i_data.ready),
+                     last.eq(remaining <= p.n)]
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
             m.d.sync += [cmd.eq(self.i_cmd.payload), remaining.eq(self.i_cmd.payload.length),
                          busy.eq(self.i_cmd.payload.length != 0)]
         with m.If(take):
-            m.d.sync += remaining.eq(remaining - 1)
-            with m.If((remaining == 1) & ~is_red):
+            m.d.sync += remaining.eq(Mux(last, 0, remaining - p.n))
+            with m.If(last & ~is_red):
                 m.d.sync += busy.eq(0)
 
-        p = self.i_data.payload
         n0 = lambda v: (v, 0)
-        y, rv, ys = _datapath(f, n0(p.a), n0(p.b), n0(op), n0(cmd.s), n0(cmd.s_inv), n0(cmd.emax), n0(cmd.pos),
-                              n0(cmd.sub_emax), n0(cmd.recip_scale), n0(cmd.accm))
-        assert (y[1], ys[1]) == (self.latency, self.short_latency)
+        y, rv0, ys0 = _datapath(f, n0(p.a[0]), n0(p.b[0]), n0(op), n0(cmd.s), n0(cmd.s_inv), n0(cmd.emax),
+                                n0(cmd.pos), n0(cmd.sub_emax), n0(cmd.recip_scale), n0(cmd.accm))
+        rvs, yss = [rv0], [ys0]
+        for j in range(1, LANES):
+            rv, ys = _short_lane(f, n0(p.a[j]), n0(p.b[j]), n0(op), n0(cmd.s))
+            rvs.append(rv)
+            yss.append(ys)
+        assert (y[1], ys0[1]) == (self.latency, self.short_latency)
         is_short = _is(op, *SHORT_OPS)
-        # t_last and t_red are read only together with t_valid: data lines; the valids keep their reset.
-        (ysv, rvv, t_last, t_red), t_short = f.align(ys, rv, n0(remaining == 1), n0(is_red))
+        # t_last, t_red and t_n are read only together with t_valid: data lines; the valids keep their reset.
+        aligned, t_short = f.align(*yss, *rvs, n0(last), n0(is_red), n0(p.n))
+        assert t_short == self.short_latency
+        ysv, rvv, (t_last, t_red, t_n) = aligned[:LANES], aligned[LANES:2 * LANES], aligned[2 * LANES:]
         t_valid = f.delay(n0(take & is_short), t_short, valid=True)
         (yv,), t_out = f.align(y)
         l_valid = f.delay(n0(take & ~is_short), t_out, valid=True)
@@ -837,72 +885,113 @@ class Sfu(wiring.Component):
         with m.Elif(dec & ~inc):
             m.d.sync += long_n.eq(long_n - 1)
 
-        # Reduction lanes (element i -> lane i mod P) behind one adder (max: a comparator of equal latency).
-        lanes_n = self.lanes
-        lanes = [Signal(32, name=f"lane{i}") for i in range(lanes_n)]
-        lbits = max(1, (lanes_n - 1).bit_length())
-        red_max = _is(op, *MAX_OPS)
-        ladd = FpAdd()
-        m.submodules.lane_add = ladd
-        la, lb, lv, ld = Signal(32), Signal(32), Signal(), Signal(lbits)
-        m.d.comb += [ladd.en.eq(en), ladd.i_valid.eq(lv), ladd.i_a.eq(la), ladd.i_b.eq(lb)]
-        # read only with ladd.o_valid: reset-less (shift registers)
-        mx = [Signal(32, name=f"max{i}", reset_less=True) for i in range(ladd.latency)]
-        dst = [Signal(lbits, name=f"dst{i}", reset_less=True) for i in range(ladd.latency)]
-        with m.If(en):
-            m.d.sync += [mx[0].eq(_fmax(la, lb)), dst[0].eq(ld)]
-            m.d.sync += [mx[i].eq(mx[i - 1]) for i in range(1, len(mx))]
-            m.d.sync += [dst[i].eq(dst[i - 1]) for i in range(1, len(dst))]
-            with m.If(ladd.o_valid):
-                with m.Switch(dst[-1]):
-                    for i in range(lanes_n):
-                        with m.Case(i):
-                            m.d.sync += lanes[i].eq(Mux(red_max, mx[-1], ladd.o_y))
+        result_valid, result = self._reductions(m, en, op, t_valid & t_red, t_last, t_n, rvv)
+        with m.If(result_valid & self.o_data.ready):
+            m.d.sync += busy.eq(0)
+        o = self.o_data.payload
+        m.d.comb += [self.o_data.valid.eq((t_valid & ~t_red) | l_valid | result_valid),
+                     o.n.eq(Mux(t_valid & ~t_red, t_n, 1))]
+        for j in range(LANES):
+            lane0 = Mux(result_valid, result, Mux(t_valid, ysv[0], yv))
+            m.d.comb += o.y[j].eq(lane0 if j == 0 else ysv[j])
+        return m
 
-        def lane(idx):
+    def _reductions(self, m, en, op, feed, feed_last, feed_n, rvv):
+        """The reduction lanes (`LANES` banks of ``P / LANES`` slots, one adder each) and their drain;
+        `feed`: a reduction beat is at the tail this cycle (operands `rvv`, `feed_n` of them, `feed_last`
+        on the command's last). Returns (result valid, result): held until ``o_data.ready``."""
+        per = self.lanes // LANES
+        sbits = max(1, (per - 1).bit_length())
+        bank = [[Signal(32, name=f"lane{j + LANES * s}") for s in range(per)] for j in range(LANES)]
+        red_max = _is(op, *MAX_OPS)
+
+        def pick(regs, idx):
             v = Signal(32)
             with m.Switch(idx):
-                for i in range(lanes_n):
+                for i, r in enumerate(regs):
                     with m.Case(i):
-                        m.d.comb += v.eq(lanes[i])
+                        m.d.comb += v.eq(r)
             return v
 
-        ctr = Signal(lbits)
-        k = Signal(lbits + 1)
-        stride = Signal(range(2 * lanes_n + 1))
-        wait = Signal(range(ladd.latency + 1))
+        # one adder per bank: operands la/lb, valid lv, destination slot ld; max rides beside it
+        ports = []
+        for j in range(LANES):
+            add = FpAdd()
+            m.submodules[f"lane_add{j}"] = add
+            la, lb, lv, ld = Signal(32), Signal(32), Signal(), Signal(sbits)
+            m.d.comb += [add.en.eq(en), add.i_valid.eq(lv), add.i_a.eq(la), add.i_b.eq(lb)]
+            # read only with add.o_valid: reset-less (shift registers)
+            mx = [Signal(32, name=f"max{j}_{i}", reset_less=True) for i in range(add.latency)]
+            dst = [Signal(sbits, name=f"dst{j}_{i}", reset_less=True) for i in range(add.latency)]
+            with m.If(en):
+                m.d.sync += [mx[0].eq(_fmax(la, lb)), dst[0].eq(ld)]
+                m.d.sync += [mx[i].eq(mx[i - 1]) for i in range(1, len(mx))]
+                m.d.sync += [dst[i].eq(dst[i - 1]) for i in range(1, len(dst))]
+                with m.If(add.o_valid):
+                    with m.Switch(dst[-1]):
+                        for s in range(per):
+                            with m.Case(s):
+                                m.d.sync += bank[j][s].eq(Mux(red_max, mx[-1], add.o_y))
+            ports.append((la, lb, lv, ld))
+        latency = FpAdd.LATENCY
+
+        ctr = Signal(sbits)                         # the slot of the next beat
+        k = Signal(sbits + 1)                       # the drain's slot
+        cn = Signal(sbits)                          # slots issued in a cross-bank level
+        xs = Signal(range(LANES + 1))               # bank stride of a cross-bank level (1, 2, ..)
+        stride = Signal(range(2 * per + 1))         # slot stride of the tree over bank 0
+        wait = Signal(range(latency + 1))
         result_valid = Signal()
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
             init = Mux(_is(Value.cast(self.i_cmd.payload.op), *MAX_OPS), NEG_INF, NEG_ZERO)
-            m.d.sync += [lanes[i].eq(init) for i in range(lanes_n)] + [ctr.eq(0)]
+            m.d.sync += [r.eq(init) for regs in bank for r in regs] + [ctr.eq(0)]
         with m.FSM(name="reduce"):
             with m.State("Feed"):
-                m.d.comb += [la.eq(lane(ctr)), lb.eq(rvv), ld.eq(ctr), lv.eq(t_valid & t_red)]
-                with m.If(en & t_valid & t_red):
+                for j, (la, lb, lv, ld) in enumerate(ports):
+                    m.d.comb += [la.eq(pick(bank[j], ctr)), lb.eq(rvv[j]), ld.eq(ctr), lv.eq(feed & (feed_n > j))]
+                with m.If(en & feed):
                     m.d.sync += ctr.eq(ctr + 1)
-                    with m.If(t_last):
-                        m.d.sync += [stride.eq(1), wait.eq(ladd.latency)]
-                        m.next = "Wait"
+                    with m.If(feed_last):
+                        # the cross-bank levels start at the slot fed longest ago: slot ctr + 1 + i is issued i + 1
+                        # cycles after the last beat and was last fed at most per - 1 - i beats before it, so its
+                        # sum is back (per > latency); level 2 repeats the order per cycles later
+                        m.d.sync += [xs.eq(1), k.eq(ctr + 1), cn.eq(0)]
+                        m.next = "Cross"
+            with m.State("Cross"):
+                # level xs: bank j (j a multiple of 2 xs) slot k += bank j + xs slot k, for every slot
+                for j, (la, lb, lv, ld) in enumerate(ports):
+                    m.d.comb += [la.eq(pick(bank[j], k[:sbits])), ld.eq(k[:sbits])]
+                    cases = [x for x in (1 << i for i in range(LANES.bit_length())) if x < LANES and j % (2 * x) == 0]
+                    with m.Switch(xs):
+                        for x in cases:
+                            with m.Case(x):
+                                m.d.comb += [lb.eq(pick(bank[j + x], k[:sbits])), lv.eq(en)]
+                with m.If(en):
+                    m.d.sync += [k.eq(k[:sbits] + 1), cn.eq(cn + 1)]
+                    with m.If(cn == per - 1):
+                        m.d.sync += xs.eq(2 * xs)
+                        with m.If(2 * xs >= LANES):
+                            m.d.sync += [stride.eq(1), wait.eq(latency)]
+                            m.next = "Wait"
             with m.State("Wait"):
                 with m.If(en):
-                    m.d.sync += wait.eq(wait - 1)
+                    m.d.sync += [wait.eq(wait - 1), k.eq(0)]
                     with m.If(wait == 0):
-                        m.d.sync += k.eq(0)
-                        m.next = "Done" if lanes_n == 1 else "Issue"
-                        with m.If(stride >= lanes_n):
+                        m.next = "Tree"
+                        with m.If(stride >= per):
                             m.next = "Done"
-            with m.State("Issue"):
-                m.d.comb += [la.eq(lane(k[:lbits])), lb.eq(lane((k + stride)[:lbits])), ld.eq(k[:lbits]), lv.eq(en)]
+            with m.State("Tree"):
+                la, lb, lv, ld = ports[0]
+                m.d.comb += [la.eq(pick(bank[0], k[:sbits])), lb.eq(pick(bank[0], (k + stride)[:sbits])),
+                             ld.eq(k[:sbits]), lv.eq(en)]
                 with m.If(en):
                     m.d.sync += k.eq(k + 2 * stride)
-                    with m.If(k + 2 * stride >= lanes_n):
-                        m.d.sync += [stride.eq(2 * stride), wait.eq(ladd.latency)]
+                    with m.If(k + 2 * stride >= per):
+                        m.d.sync += [stride.eq(2 * stride), wait.eq(latency)]
                         m.next = "Wait"
             with m.State("Done"):
                 m.d.comb += result_valid.eq(1)
                 with m.If(self.o_data.ready):
-                    m.d.sync += busy.eq(0)
+                    m.d.sync += ctr.eq(0)
                     m.next = "Feed"
-        m.d.comb += [self.o_data.valid.eq((t_valid & ~t_red) | l_valid | result_valid),
-                     self.o_data.payload.eq(Mux(result_valid, lanes[0], Mux(t_valid, ysv, yv)))]
-        return m
+        return result_valid, bank[0][0]

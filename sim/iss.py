@@ -431,7 +431,7 @@ class Machine:
                 add("quant", hd, heads)
                 add("reduce", n, 2 * heads)
                 add("sfu", n, heads)                                     # exp
-                add("vec", n, heads)                                     # the V row scales
+                add("ddr_read", n, heads)                 # the V row scales (from DDR) times the weights
                 add("sfu", 1, heads)
                 add("quant", n, heads)
                 c.passes[(i.op.name, "quant")] += heads * (chunks - 1)

@@ -66,7 +66,8 @@ def _overlap_runs(async_):
 
 def test_schedule_hides_the_weight_stream_only_under_independent_work():
     out, r = _overlap_runs(async_=1)
-    after = 2 * r.issue + r.vec_pass + 64           # SETVL, then the ADD's issue and its pass (short path)
+    # SETVL, then the ADD's issue and its pass: the short path, 64 elements at four per cycle
+    after = 2 * r.issue + r.vec_pass + 64 / 4
     hidden, stream = out["independent"]
     assert hidden == pytest.approx(min(stream, after))
     hidden, _ = out["reads the rows"]
@@ -250,7 +251,7 @@ def test_schedule_runs_an_async_wgemm_beside_independent_work():
                      encode(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)]
             s = schedule(Machine(image, hw, COUNT), words, hw, rates, token=0, pos=0)
             out[async_, case] = s.hidden
-    after = 2 * rates.issue + rates.vec_pass + 64
+    after = 2 * rates.issue + rates.vec_pass + 64 / 4       # the ADD: 64 elements at four per cycle
     assert out[1, "independent"] == pytest.approx(min(last, after))
     assert out[1, "reads the rows"] == pytest.approx(rates.issue)
     assert out[0, "independent"] == 0 and out[0, "reads the rows"] == 0

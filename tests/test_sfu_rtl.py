@@ -155,3 +155,14 @@ def test_sfu_latency_unchanged():
         dut._MustUse__silence = True                     # only its latency is read; it is not simulated
         assert dut.latency == 191, preset
         assert dut.short_latency == 21, preset          # SHORT_OPS: M1 (after x), A1, the select
+
+
+def test_sfu_rejects_too_few_reduction_lanes():
+    """Four banks of sfu_reduce_lanes / 4 slots, one adder each: a bank needs more slots than the adder's
+    latency, so 32 is the least (the model takes any power of two)."""
+    import dataclasses
+    for lanes in (4, 8, 16):
+        hw = dataclasses.replace(PRESETS["tiny"], sfu_reduce_lanes=lanes)
+        with pytest.raises(ValueError, match=rf"sfu_reduce_lanes / 4 \(slots per bank\) > FpAdd latency .*got {lanes}"):
+            Sfu(hw)
+    Sfu(dataclasses.replace(PRESETS["tiny"], sfu_reduce_lanes=64))._MustUse__silence = True

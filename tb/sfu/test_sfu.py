@@ -1,16 +1,20 @@
 """cocotb side of the whole-SFU bench (`hdl.sfu.Sfu`): every operation, seeded random data plus edge values,
 random valid gaps on ``i_cmd``/``i_data`` and random ``o_data.ready``; results against `sim.sfu` (and NumPy
 float32 for add/mul) in the compositions of `sim.iss` (FMAS two roundings, SOFTCAP tanh(x*recip(c))*c, ...),
-bit for bit. Parameters: NPU_HW (preset), SEED, ROUNDS (commands per operation), STALL (0/1)."""
+bit for bit. Elements go in beats: one per beat for the functions; for `SHORT_OPS` a random mix of 1..4 per
+beat (element-wise ops) or full beats with a short last (reductions, the SFU's contract). Parameters: NPU_HW
+(preset), SEED, ROUNDS (commands per operation), STALL (0/1)."""
 
 import cocotb
 import numpy as np
+from amaranth.lib import data
 from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
 
 from hdl.config import PRESETS
 from hdl.fp import QNAN
-from hdl.sfu import MAX_OPS, REDUCE_OPS, SfuOp, command_layout
+from hdl.l2 import LANES
+from hdl.sfu import MAX_OPS, REDUCE_OPS, SHORT_OPS, SfuOp, command_layout, data_layout, result_layout
 from sim import sfu as model
 from tb.runner import bench_env
 
@@ -116,12 +120,36 @@ async def reset(dut):
     dut.rst.value = 0
 
 
+def beat_sizes(op, n, rng):
+    """The element counts of the beats of one command of `n` elements (see the module docstring)."""
+    if op not in SHORT_OPS:
+        return [1] * n
+    if op in REDUCE_OPS or rng.random() < 0.5:
+        return [LANES] * (n // LANES) + ([n % LANES] if n % LANES else [])
+    sizes = []
+    while sum(sizes) < n:
+        sizes.append(int(min(rng.integers(1, LANES + 1), n - sum(sizes))))
+    return sizes
+
+
+def beat_bits(a, b, i, k):
+    """Input beat of elements i .. i + k - 1 (lanes from k on hold junk a real producer might leave)."""
+    pad = lambda v: [int(x) for x in v[i:i + k]] + [0xDEADBEEF] * (LANES - k)
+    return int(data_layout().const({"a": pad(a), "b": pad(b), "n": k}).as_bits())
+
+
+def result_beat(value):
+    """(results of an output beat) from its bits."""
+    view = data.Const(result_layout(), int(value))
+    return [int(view.y[j]) for j in range(int(view.n))]
+
+
 async def drive(dut, hw, cmds, stall, rng):
-    """Push every command and its elements with random gaps, collect outputs with random ready; returns the
+    """Push every command and its beats with random gaps, collect outputs with random ready; returns the
     outputs per command and the cycle count."""
     layout = command_layout(hw)
-    data = [(c, a, b) for _, c, a, b in cmds]
-    ci, di, de = 0, 0, 0                      # next command, command whose data is sent, element within it
+    data = [(c, a, b, beat_sizes(op, len(a), rng)) for op, c, a, b in cmds]
+    ci, di, bi, de = 0, 0, 0, 0           # next command, command whose data is sent, its beat, first element
     want_out = sum(1 if op in REDUCE_OPS else len(a) for op, _, a, _ in cmds)
     outs, cycles = [], 0
     while len(outs) < want_out:
@@ -134,21 +162,22 @@ async def drive(dut, hw, cmds, stall, rng):
         if cmd_valid:
             dut.i_cmd__payload.value = int(layout.const(cmds[ci][1]).as_bits())
         data_valid = di < ci and go()
-        while data_valid and de >= data[di][0]["length"]:
-            di, de = di + 1, 0
+        while data_valid and bi >= len(data[di][3]):
+            di, bi, de = di + 1, 0, 0
             data_valid = di < ci
         dut.i_data__valid.value = int(data_valid)
         if data_valid:
-            dut.i_data__payload.value = int(data[di][1][de]) | int(data[di][2][de]) << 32
+            dut.i_data__payload.value = beat_bits(data[di][1], data[di][2], de, data[di][3][bi])
         ready = (not stall) or rng.random() < 0.7
         dut.o_data__ready.value = int(ready)
         await ReadOnly()
         if cmd_valid and dut.i_cmd__ready.value:
             ci += 1
         if data_valid and dut.i_data__ready.value:
-            de += 1
+            de += data[di][3][bi]
+            bi += 1
         if ready and dut.o_data__valid.value:
-            outs.append(int(dut.o_data__payload.value))
+            outs.extend(result_beat(dut.o_data__payload.value))
     return outs, cycles
 
 
@@ -167,9 +196,9 @@ async def every_op_random_stalls(dut):
     dut._log.info(f"{len(cmds)} commands, {k} results in {cycles} cycles")
 
 
-async def _timed(dut, layout, op, a, b):
-    """One command of len(a) elements with no stalls: (cycle of the first input, cycles of the results,
-    results)."""
+async def _timed(dut, layout, op, a, b, width=1):
+    """One command of len(a) elements in beats of `width` with no stalls: (cycle of the first input, cycles
+    of the result beats, results)."""
     n = len(a)
     dut.o_data__ready.value = 1
     dut.i_cmd__valid.value = 1
@@ -177,62 +206,48 @@ async def _timed(dut, layout, op, a, b):
     await FallingEdge(dut.clk)
     dut.i_cmd__valid.value = 0
     first_in, times, outs, i, cycle = None, [], [], 0, 0
-    while len(outs) < n:
+    want = 1 if op in REDUCE_OPS else n
+    while len(outs) < want:
+        k = min(width, n - i)
         dut.i_data__valid.value = int(i < n)
         if i < n:
-            dut.i_data__payload.value = int(a[i]) | int(b[i]) << 32
+            dut.i_data__payload.value = beat_bits(a, b, i, k)
         await ReadOnly()
         if i < n and dut.i_data__ready.value:
             first_in = cycle if first_in is None else first_in
-            i += 1
+            i += k
+            last_in = cycle
         if dut.o_data__valid.value:
-            outs.append(int(dut.o_data__payload.value))
+            outs.extend(result_beat(dut.o_data__payload.value))
             times.append(cycle)
         await FallingEdge(dut.clk)
         cycle += 1
-        assert cycle < 1000
+        assert cycle < 2000
     dut.i_data__valid.value = 0
-    return first_in, times, outs
+    return first_in, last_in, times, outs
 
 
 @cocotb.test()
 async def latency_and_full_rate(dut):
-    """No stalls: the first result comes `latency` (GELU_MUL) or `short_latency` (ADD) cycles after the
-    first element, then one per cycle."""
+    """No stalls: the first result comes `latency` (GELU_MUL, one element per beat) or `short_latency` (ADD,
+    four per beat) cycles after the first beat, then one beat per cycle; a reduction's scalar comes a fixed
+    number of cycles after its last beat."""
     hw = PRESETS[bench_env("NPU_HW", "tiny")]
     n = 64
     rng = np.random.default_rng(5)
     a, b = u32(rng.standard_normal(n).astype(F32)), u32(rng.standard_normal(n).astype(F32))
     await reset(dut)
     layout = command_layout(hw)
-    for op, latency, want in ((SfuOp.GELU_MUL, int(bench_env("LATENCY", "0")), lambda: model.gelu_tanh(f32(a)) * f32(b)),
-                              (SfuOp.ADD, int(bench_env("SHORT_LATENCY", "0")), lambda: f32(a) + f32(b))):
-        first_in, times, outs = await _timed(dut, layout, op, a, b)
+    for op, width, latency, want in (
+            (SfuOp.GELU_MUL, 1, int(bench_env("LATENCY", "0")), lambda: model.gelu_tanh(f32(a)) * f32(b)),
+            (SfuOp.ADD, LANES, int(bench_env("SHORT_LATENCY", "0")), lambda: f32(a) + f32(b))):
+        first_in, _, times, outs = await _timed(dut, layout, op, a, b, width)
         assert times[0] - first_in == latency, \
             f"{op.name}: first result after {times[0] - first_in} cycles, latency {latency}"
-        assert times[-1] - times[0] == n - 1, f"{op.name}: not one result per cycle"
+        assert times[-1] - times[0] == n // width - 1, f"{op.name}: not one beat per cycle"
         with np.errstate(all="ignore"):
             compare(op, outs, want(), a)
-    # a reduction: cycles from the last element to the scalar
-    dut.i_cmd__valid.value = 1
-    dut.i_cmd__payload.value = int(layout.const(dict(op=SfuOp.DOT, length=n)).as_bits())
-    await FallingEdge(dut.clk)
-    dut.i_cmd__valid.value = 0
-    i, cycle, last_in = 0, 0, None
-    while True:
-        dut.i_data__valid.value = int(i < n)
-        if i < n:
-            dut.i_data__payload.value = int(a[i]) | int(b[i]) << 32
-        await ReadOnly()
-        if i < n and dut.i_data__ready.value:
-            i += 1
-            last_in = cycle
-        if dut.o_data__valid.value:
-            got = int(dut.o_data__payload.value)
-            break
-        await FallingEdge(dut.clk)
-        cycle += 1
-        assert cycle < 2000
-    compare(SfuOp.DOT, [got], np.array([model.reduce_sum(f32(a) * f32(b), hw)]), a)
+    _, last_in, times, outs = await _timed(dut, layout, SfuOp.DOT, a, b, LANES)
+    compare(SfuOp.DOT, outs, np.array([model.reduce_sum(f32(a) * f32(b), hw)]), a)
     dut._log.info(f"SFU latency {bench_env('LATENCY', '?')}, short {bench_env('SHORT_LATENCY', '?')}; reduction of "
-                  f"{n}: scalar {cycle - last_in} cycles after the last element")
+                  f"{n}: scalar {times[0] - last_in} cycles after the last beat")
