@@ -24,10 +24,9 @@ Pieces
 from __future__ import annotations
 
 import contextlib
-import enum as _enum
 
 import numpy as np
-from amaranth import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, Value, unsigned
 from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -431,7 +430,6 @@ def _normalise(f, mag):
 def recip_flow(f, x):
     """`sim.sfu.recip`."""
     e_lo, _, j_bits = model.RECIP_GEOM
-    low = 23 - j_bits
     a2, e = _normalise(f, x)
     mant = f.comb(lambda b: Cat(b[:23], Const(127, 8)), a2, register=False)
     index, t = _logseg(f, mant, e_lo, j_bits, 1)

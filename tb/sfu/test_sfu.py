@@ -14,7 +14,7 @@ from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
 from hdl.config import PRESETS
 from hdl.fp import QNAN
 from hdl.l2 import LANES
-from hdl.sfu import MAX_OPS, REDUCE_OPS, SHORT_OPS, SfuOp, command_layout, data_layout, result_layout
+from hdl.sfu import REDUCE_OPS, SHORT_OPS, SfuOp, command_layout, data_layout, result_layout
 from sim import sfu as model
 from tb.runner import bench_env
 
