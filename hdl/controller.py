@@ -64,6 +64,8 @@ from .gemv import GemvEngine
 from .isa import (VEC_REDUCTIONS, CtrlFunc, CvoFunc, DdrRegion, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache,
                   VecFunc, layout)
 from .l2 import LANES, L2, ElemReader, ElemWriter
+
+L2_BANKS = 2          # word-interleaved L2 banks: two operand streams of a wide pass at one word per cycle each
 from .quant import ActQuantizer, KvPacker
 from .seq import IntRecip, SeqDivider
 from .sfu import REDUCE_OPS, SHORT_OPS, Sfu, SfuOp, _is_nan, _key
@@ -170,8 +172,9 @@ class Controller(wiring.Component):
 
         # --- units ------------------------------------------------------------------------------------
         # ports 0/1 read and port 0 writes for the passes; read port 2 (accm) and write port 1 (the rows) for the
-        # GEMV engine, which runs beside the passes (async WGEMV)
-        m.submodules.l2 = l2 = L2(hw, read_ports=3, write_ports=2)
+        # GEMV engine, which runs beside the passes (async WGEMV). Two banks (even and odd words): a wide pass's
+        # two operand streams get a word per cycle each (they fall out of phase after at most one collision).
+        m.submodules.l2 = l2 = L2(hw, read_ports=3, write_ports=2, banks=L2_BANKS)
         # beats: four elements per cycle into the quantiser and the SFU's short path, and out of it into L2
         m.submodules.rd_a = rd_a = ElemReader(hw, beats=True)
         m.submodules.rd_b = rd_b = ElemReader(hw, beats=True)

@@ -10,7 +10,13 @@ write port with 32-bit granularity (simple dual port), so that Vivado (and Yosys
 maps it to UltraRAM: on ``kv260`` 64 Ki x 128 = 32 URAM288 (16 deep x 2 wide), half the XCK26's 64. Every
 cycle, one read and one write can happen.
 
-**Arbitration.** Reads and writes are arbitrated separately, each round-robin among the *requesting* ports
+**Banks** (``banks``, default 1; the NPU's controller uses 2). The words are interleaved over ``banks``
+memories (word ``w`` in bank ``w % banks``), each with its own read and write per cycle and its own
+arbiters below; all banks have the same latency, so a port (granted by at most one bank per cycle) still
+gets its words in request order. Two ports streaming consecutive words collide at most once and then
+alternate banks, one word per cycle each. The URAM count is unchanged (each bank is half as deep).
+
+**Arbitration.** Reads and writes are arbitrated separately (per bank), each round-robin among the *requesting* ports
 (after a grant to port ``k``, port ``k + 1`` has the highest priority), so no port is starved and a single
 requesting port gets every cycle. A read is granted only when its port has a *credit*: the port's response
 buffer (``latency + 1`` words, a `fifo.SyncFIFO`) has room for it and for every read of that port still in
@@ -145,14 +151,19 @@ class L2(wiring.Component):
     (empty response buffer, no competing port). Writes are done at the end of the cycle of their transfer.
     """
 
-    def __init__(self, hw: HardwareConfig, *, read_ports: int, write_ports: int, read_regs: int = 1):
+    def __init__(self, hw: HardwareConfig, *, read_ports: int, write_ports: int, read_regs: int = 1,
+                 banks: int = 1):
         for what, v, lo in (("read_ports", read_ports, 1), ("write_ports", write_ports, 1),
-                            ("read_regs", read_regs, 0)):
+                            ("read_regs", read_regs, 0), ("banks", banks, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 self._MustUse__silence = True     # rejected: no "created but never used" warning
                 raise ValueError(f"{what} must be an integer of at least {lo}, not {v!r}")
         _, _, wa = _checked_geometry(self, hw)
+        if banks & (banks - 1) or banks > hw.l2_bytes // (WORD_BITS // 8):
+            self._MustUse__silence = True
+            raise ValueError(f"banks must be a power of two of at most the L2's words, not {banks!r}")
         self._hw, self._read_ports, self._write_ports, self._read_regs = hw, read_ports, write_ports, read_regs
+        self._banks = banks
         members = {}
         for i in range(read_ports):
             members[f"rd{i}_req"] = In(stream.Signature(unsigned(wa)))
@@ -169,6 +180,11 @@ class L2(wiring.Component):
     def depth(self) -> int:
         """Words of L2."""
         return self._hw.l2_bytes // (WORD_BITS // 8)
+
+    @property
+    def banks(self) -> int:
+        """Word-interleaved banks (word ``w`` in bank ``w % banks``), each with its own read and write per cycle."""
+        return self._banks
 
     @property
     def read_ports(self) -> int:
@@ -192,27 +208,15 @@ class L2(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        R, W = self._read_ports, self._write_ports
+        R, W, B = self._read_ports, self._write_ports, self._banks
         D = self.resp_depth
+        bb = (B - 1).bit_length()                 # bank bits: the low bits of the word address
+        bank_of = (lambda a: a[:bb]) if bb else (lambda a: Const(0, 1))
+        row_of = (lambda a: a[bb:]) if bb else (lambda a: a)
 
-        m.submodules.mem = mem = Memory(shape=unsigned(WORD_BITS), depth=self.depth, init=[])
-        wp = mem.write_port(granularity=ELEM_BITS)
-        rp = mem.read_port(transparent_for=())         # a same-cycle write is not seen: OLD data
-
-        # --- writes: round-robin among the valid write ports, one word per cycle -----------------------
-        wr = [getattr(self, f"wr{j}") for j in range(W)]
-        wgrant = _round_robin(m, [s.valid for s in wr], "wr")
-        for s, g in zip(wr, wgrant):
-            m.d.comb += s.ready.eq(g)
-        m.d.comb += [
-            wp.addr.eq(_one_hot_mux(wgrant, [s.payload.addr for s in wr])),
-            wp.data.eq(_one_hot_mux(wgrant, [s.payload.data for s in wr])),
-            wp.en.eq(_one_hot_mux(wgrant, [s.payload.mask for s in wr])),
-        ]
-
-        # --- reads: round-robin among the ports that request and hold a credit --------------------------
         req = [getattr(self, f"rd{i}_req") for i in range(R)]
         resp = [getattr(self, f"rd{i}_resp") for i in range(R)]
+        wr = [getattr(self, f"wr{j}") for j in range(W)]
         bufs = []
         owed = []                    # per port: reads granted whose response has not left the buffer
         for i in range(R):
@@ -220,42 +224,72 @@ class L2(wiring.Component):
             m.submodules[f"rd{i}_buf"] = buf
             bufs.append(buf)
             owed.append(Signal(range(D + 1), name=f"rd{i}_owed"))
-        rgrant = _round_robin(m, [s.valid & (c != D) for s, c in zip(req, owed)], "rd")
-        for s, g in zip(req, rgrant):
-            m.d.comb += s.ready.eq(g)
-        rgranted = Signal()
-        m.d.comb += [
-            rgranted.eq(Cat(*rgrant).any()),
-            rp.addr.eq(_one_hot_mux(rgrant, [s.payload for s in req])),
-            rp.en.eq(rgranted),
-        ]
-
-        # Pipeline: which port the word in each stage belongs to.
         port_bits = max(1, (R - 1).bit_length())
-        s_valid, s_port = Signal(name="s1_valid"), Signal(port_bits, name="s1_port")
-        m.d.sync += [s_valid.eq(rgranted), s_port.eq(_one_hot_mux(rgrant, [Const(i, port_bits)
-                                                                           for i in range(R)]))]
-        s_data = rp.data
-        for k in range(self._read_regs):
-            v, p, d = (Signal(name=f"s{k + 2}_valid"), Signal(port_bits, name=f"s{k + 2}_port"),
-                       Signal(WORD_BITS, name=f"s{k + 2}_data"))
-            m.d.sync += [v.eq(s_valid), p.eq(s_port)]
-            with m.If(s_valid):
-                m.d.sync += d.eq(s_data)
-            s_valid, s_port, s_data = v, p, d
+        rgrants = [[] for _ in range(R)]          # per port: its grant by each bank
+        wgrants = [[] for _ in range(W)]
+        outs = []                                 # per bank: (valid, port, data) at the end of its pipeline
+        for k in range(B):
+            mem = Memory(shape=unsigned(WORD_BITS), depth=self.depth // B, init=[])
+            m.submodules[f"mem{k}" if B > 1 else "mem"] = mem
+            wp = mem.write_port(granularity=ELEM_BITS)
+            rp = mem.read_port(transparent_for=())         # a same-cycle write is not seen: OLD data
+            tag = f"b{k}_" if B > 1 else ""
 
+            # --- writes: round-robin among the valid write ports of this bank, one word per cycle ------------
+            wgrant = _round_robin(m, [s.valid & (bank_of(s.payload.addr) == k) for s in wr], f"{tag}wr")
+            for j, g in enumerate(wgrant):
+                wgrants[j].append(g)
+            m.d.comb += [
+                wp.addr.eq(row_of(_one_hot_mux(wgrant, [s.payload.addr for s in wr]))),
+                wp.data.eq(_one_hot_mux(wgrant, [s.payload.data for s in wr])),
+                wp.en.eq(_one_hot_mux(wgrant, [s.payload.mask for s in wr])),
+            ]
+
+            # --- reads: round-robin among the ports that request this bank and hold a credit -----------------
+            rgrant = _round_robin(m, [s.valid & (bank_of(s.payload) == k) & (c != D) for s, c in zip(req, owed)],
+                                  f"{tag}rd")
+            for i, g in enumerate(rgrant):
+                rgrants[i].append(g)
+            rgranted = Signal(name=f"{tag}rd_granted")
+            m.d.comb += [
+                rgranted.eq(Cat(*rgrant).any()),
+                rp.addr.eq(row_of(_one_hot_mux(rgrant, [s.payload for s in req]))),
+                rp.en.eq(rgranted),
+            ]
+
+            # Pipeline: which port the word in each stage belongs to.
+            s_valid, s_port = Signal(name=f"{tag}s1_valid"), Signal(port_bits, name=f"{tag}s1_port")
+            m.d.sync += [s_valid.eq(rgranted), s_port.eq(_one_hot_mux(rgrant, [Const(i, port_bits)
+                                                                               for i in range(R)]))]
+            s_data = rp.data
+            for r in range(self._read_regs):
+                v, p, d = (Signal(name=f"{tag}s{r + 2}_valid"), Signal(port_bits, name=f"{tag}s{r + 2}_port"),
+                           Signal(WORD_BITS, name=f"{tag}s{r + 2}_data"))
+                m.d.sync += [v.eq(s_valid), p.eq(s_port)]
+                with m.If(s_valid):
+                    m.d.sync += d.eq(s_data)
+                s_valid, s_port, s_data = v, p, d
+            outs.append((s_valid, s_port, s_data))
+
+        for j, s in enumerate(wr):
+            m.d.comb += s.ready.eq(Cat(*wgrants[j]).any())
         for i in range(R):
+            granted = Cat(*rgrants[i]).any()
+            m.d.comb += req[i].ready.eq(granted)
+            # a port is granted by at most one bank per cycle and every bank has the same latency, so at most
+            # one word arrives per port and cycle, in request order
+            arrive = [v & (p == i) for v, p, _ in outs]
             buf = bufs[i]
             m.d.comb += [
-                buf.w_data.eq(s_data),
-                buf.w_en.eq(s_valid & (s_port == i)),     # a credit guarantees room
+                buf.w_data.eq(_one_hot_mux(arrive, [d for _, _, d in outs])),
+                buf.w_en.eq(Cat(*arrive).any()),          # a credit guarantees room
                 resp[i].payload.eq(buf.r_data),
                 resp[i].valid.eq(buf.r_rdy),
                 buf.r_en.eq(resp[i].ready),
             ]
             popped = Signal(name=f"rd{i}_popped")
             m.d.comb += popped.eq(buf.r_rdy & resp[i].ready)
-            m.d.sync += owed[i].eq(owed[i] + rgrant[i] - popped)
+            m.d.sync += owed[i].eq(owed[i] + granted - popped)
         return m
 
 

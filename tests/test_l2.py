@@ -185,8 +185,13 @@ class Monitor:
             for k, d in enumerate(v[base + 3 * len(self.watch):]):
                 if d:
                     self.done_log[k].append(self.cycle)
-            if reads > 1 or writes > 1:
-                self.errors.append(f"cycle {self.cycle}: {reads} reads and {writes} writes granted")
+            if reads > 1 or writes > 1:          # at most one read and one write per bank and cycle
+                rd_banks = [v[6 * i + 2] % self.l2.banks for i in range(R) if v[6 * i] and v[6 * i + 1]]
+                wr_banks = [v[6 * R + 5 * j + 2] % self.l2.banks for j in range(W)
+                            if v[6 * R + 5 * j] and v[6 * R + 5 * j + 1]]
+                if len(set(rd_banks)) < len(rd_banks) or len(set(wr_banks)) < len(wr_banks):
+                    self.errors.append(f"cycle {self.cycle}: {reads} reads and {writes} writes granted "
+                                       f"(banks {rd_banks}, {wr_banks})")
             self.cycle += 1
 
 
@@ -373,13 +378,15 @@ def test_l2_read_returns_old_data_on_same_cycle_write():
     sim.run()
 
 
-@pytest.mark.parametrize("read_ports,write_ports,read_regs,seed", [
-    (1, 1, 1, 1), (3, 2, 1, 2), (2, 3, 0, 3), (2, 1, 2, 4), (4, 4, 1, 5)])
-def test_l2_random_contention(read_ports, write_ports, read_regs, seed):
+@pytest.mark.parametrize("read_ports,write_ports,read_regs,banks,seed", [
+    (1, 1, 1, 1, 1), (3, 2, 1, 1, 2), (2, 3, 0, 1, 3), (2, 1, 2, 1, 4), (4, 4, 1, 1, 5),
+    (3, 2, 1, 2, 6), (2, 3, 0, 2, 7), (4, 4, 1, 4, 8)])
+def test_l2_random_contention(read_ports, write_ports, read_regs, banks, seed):
     """Several clients on one L2, random valid stalls and random ready, reads and writes of a small shared
-    region (so that same-word collisions happen); every response against the model, then a read-back."""
+    region (so that same-word collisions happen); every response against the model, then a read-back. With
+    banks, several reads and writes are granted per cycle (one per bank)."""
     rng = random.Random(seed)
-    dut = L2(TINY, read_ports=read_ports, write_ports=write_ports, read_regs=read_regs)
+    dut = L2(TINY, read_ports=read_ports, write_ports=write_ports, read_regs=read_regs, banks=banks)
     model = WordModel(dut.depth)
     mon = Monitor(dut, model)
     region = 10                    # small: many same-word collisions
@@ -430,9 +437,11 @@ def test_l2_random_contention(read_ports, write_ports, read_regs, seed):
 
 # --- L2 throughput and arbitration ---------------------------------------------------------------------------
 
-def run_saturated(read_ports, n, take=None, read_regs=1):
-    """Every read port requests every cycle (addresses 0..n-1); port i takes responses iff take[i]."""
-    dut = L2(TINY, read_ports=read_ports, write_ports=1, read_regs=read_regs)
+def run_saturated(read_ports, n, take=None, read_regs=1, banks=1, starts=None):
+    """Every read port requests every cycle (addresses starts[i] + 0..n-1); port i takes responses iff
+    take[i]."""
+    dut = L2(TINY, read_ports=read_ports, write_ports=1, read_regs=read_regs, banks=banks)
+    starts = starts or [0] * read_ports
     model = WordModel(dut.depth)
     mon = Monitor(dut, model)
     take = take or [True] * read_ports
@@ -444,7 +453,7 @@ def run_saturated(read_ports, n, take=None, read_regs=1):
             sent = 0
             for _ in range(n * read_ports + 20):
                 ctx.set(req.valid, sent < n)
-                ctx.set(req.payload, sent % n)
+                ctx.set(req.payload, starts[i] + sent % n)
                 _, _, ok = await ctx.tick().sample(req.valid & req.ready)
                 sent += ok
             ctx.set(req.valid, 0)
@@ -492,6 +501,28 @@ def test_l2_round_robin_and_blocked_client():
     tail = c1[dut.resp_depth:]            # once port 0 is out of credits, port 1 is granted every cycle
     assert tail == list(range(tail[0], tail[0] + len(tail)))
     assert [c for c, _ in mon.resp_log[1]] == [c + dut.latency for c in c1]
+
+
+def test_l2_two_banks_serve_two_streams_per_cycle():
+    """Two banks (even and odd words): two ports streaming consecutive words each get one word per cycle
+    once they are out of phase (at most one cycle of collision at the start, whatever the start parities),
+    and every response is the word asked for, in order, `latency` cycles after its grant."""
+    n = 40
+    for starts in ([0, 0], [0, 1], [5, 9], [6, 3]):
+        dut, mon = run_saturated(2, n, banks=2, starts=starts)
+        for i in range(2):
+            cycles = [c for c, _ in mon.req_log[i]]
+            assert [a for _, a in mon.req_log[i]] == [starts[i] + k for k in range(n)], starts
+            assert cycles == list(range(cycles[0], cycles[0] + n)), (starts, i)
+            assert [c for c, _ in mon.resp_log[i]] == [c + dut.latency for c in cycles]
+        first = [mon.req_log[i][0][0] for i in range(2)]
+        assert abs(first[0] - first[1]) <= 1, starts
+
+
+def test_l2_rejects_bad_banks():
+    for banks in (0, 3, 6, True, 1.0):
+        with pytest.raises(ValueError, match="banks"):
+            L2(TINY, read_ports=1, write_ports=1, banks=banks)
 
 
 # --- element movers ---------------------------------------------------------------------------------------------
@@ -699,13 +730,13 @@ def test_elem_writer_random_commands(seed):
     np.testing.assert_array_equal(np.array([lanes(w) for w in final]).reshape(-1), ref, err_msg=f"seed {seed}")
 
 
-@pytest.mark.parametrize("seed", [23, 24])
-def test_movers_read_and_write_same_region(seed):
+@pytest.mark.parametrize("seed,banks", [(23, 1), (24, 1), (25, 2)])
+def test_movers_read_and_write_same_region(seed, banks):
     """A writer and two readers over ONE small region at the same time, with a raw writer too: every
     response is the word at its grant (old data on a same-cycle write), readers slice those words exactly,
     the writer's sequence is exact, and the final region equals the model."""
     rng = random.Random(seed)
-    dut = Harness(TINY, readers=2, writers=1)
+    dut = Harness(TINY, readers=2, writers=1, banks=banks)
     model = WordModel(dut.l2.depth)
     mon = Monitor(dut.l2, model, done_signals=[dut.writers[0].o_done])
     span = 12 * LANES
@@ -970,14 +1001,14 @@ class CopyHarness(Harness):
         return m
 
 
-@pytest.mark.parametrize("seed", [41, 42])
-def test_movers_beats_copy(seed):
+@pytest.mark.parametrize("seed,banks", [(41, 1), (42, 2)])
+def test_movers_beats_copy(seed, banks):
     """L2 -> L2 copies through a beat-mode ElemReader wired straight into a beat-mode ElemWriter, every
     src % 4 x dst % 4 combination at several lengths (0..23, and longer), with raw reads and writes beside
     them (random L2 readiness on both sides), command gaps: the region equals a NumPy copy applied in order,
     the writer's sequence is `pack_reference` of the copied elements."""
     rng = random.Random(seed)
-    dut = CopyHarness(TINY, raw_rd=2)               # raw_rd[0] random reads, raw_rd[1] the final read-back
+    dut = CopyHarness(TINY, raw_rd=2, banks=banks)  # raw_rd[0] random reads, raw_rd[1] the final read-back
     rd, wr = dut.readers[0], dut.writers[0]
     model = WordModel(dut.l2.depth)
     mon = Monitor(dut.l2, model, done_signals=[wr.o_done])
