@@ -435,6 +435,33 @@ def test_l2_random_contention(read_ports, write_ports, read_regs, banks, seed):
     assert mon.collisions > 0, "no same-cycle read and write of one word happened"
 
 
+def writer_benches(dut, mon, cmds, items, port, seed, idle, ready, final, region_words):
+    """Testbenches for the two writers of `dut`: their commands (once ``ready[0]``), their `items` on stream
+    `port` (``i_elem`` or ``i_beat``; writer r idles with probability ``idle(r)``), and a tail that reads the
+    region back into `final` when both have signalled every command's o_done."""
+    def cmd_driver(r):
+        async def bench(ctx):
+            while not ready[0]:
+                await ctx.tick()
+            await send(ctx, dut.writers[r].i_cmd, [{"addr": a, "n": n} for a, n in cmds[r]],
+                       random.Random(seed * 10 + r), idle=0.3 if r else 0.0)
+        return bench
+
+    def item_driver(r):
+        async def bench(ctx):
+            await send(ctx, getattr(dut.writers[r], port), items[r], random.Random(seed * 20 + r), idle=idle(r))
+        return bench
+
+    async def tail(ctx):
+        while not ready[0]:
+            await ctx.tick()
+        while len(mon.done_log[0]) < len(cmds[0]) or len(mon.done_log[1]) < len(cmds[1]):
+            await ctx.tick()
+        final.extend(await readback(ctx, *dut.raw_rd[0], 0, region_words))
+
+    return [cmd_driver(0), cmd_driver(1), item_driver(0), item_driver(1), tail]
+
+
 # --- L2 throughput and arbitration ---------------------------------------------------------------------------
 
 def run_saturated(read_ports, n, take=None, read_regs=1, banks=1, starts=None):
@@ -702,27 +729,8 @@ def test_elem_writer_random_commands(seed):
         await preload(ctx, dut.raw_wr[0], init, 0)
         ready[0] = True
 
-    def cmd_driver(r):
-        async def bench(ctx):
-            while not ready[0]:
-                await ctx.tick()
-            await send(ctx, dut.writers[r].i_cmd, [{"addr": a, "n": n} for a, n in cmds[r]],
-                       random.Random(seed * 10 + r), idle=0.3 if r else 0.0)
-        return bench
-
-    def elem_driver(r):
-        async def bench(ctx):
-            await send(ctx, dut.writers[r].i_elem, data[r], random.Random(seed * 20 + r), idle=0.2 + 0.4 * r)
-        return bench
-
-    async def tail(ctx):
-        while not ready[0]:
-            await ctx.tick()
-        while len(mon.done_log[0]) < len(cmds[0]) or len(mon.done_log[1]) < len(cmds[1]):
-            await ctx.tick()
-        final.extend(await readback(ctx, *dut.raw_rd[0], 0, region_words))
-
-    simulate(dut, [load, cmd_driver(0), cmd_driver(1), elem_driver(0), elem_driver(1), tail], mon)
+    simulate(dut, [load, *writer_benches(dut, mon, cmds, data, "i_elem", seed, lambda r: 0.2 + 0.4 * r, ready,
+                                         final, region_words)], mon)
     for r in range(2):
         check_writer(cmds[r], data[r], mon.wr_log[r], seed)
         assert len(mon.done_log[r]) == len(cmds[r])
@@ -882,25 +890,6 @@ def test_elem_writer_beats_random_commands(seed):
         ready[0] = True
         await send(ctx, dut.raw_wr[0], outside, random.Random(seed * 40), idle=0.5)
 
-    def cmd_driver(r):
-        async def bench(ctx):
-            while not ready[0]:
-                await ctx.tick()
-            await send(ctx, dut.writers[r].i_cmd, [{"addr": a, "n": n} for a, n in cmds[r]],
-                       random.Random(seed * 10 + r), idle=0.3 if r else 0.0)
-        return bench
-
-    def beat_driver(r):
-        async def bench(ctx):
-            await send(ctx, dut.writers[r].i_beat, beats[r], random.Random(seed * 20 + r), idle=0.1 + 0.4 * r)
-        return bench
-
-    async def tail(ctx):
-        while not ready[0]:
-            await ctx.tick()
-        while len(mon.done_log[0]) < len(cmds[0]) or len(mon.done_log[1]) < len(cmds[1]):
-            await ctx.tick()
-        final.extend(await readback(ctx, *dut.raw_rd[0], 0, region_words))
 
     async def stalls(ctx):          # cycles a writer's word waits for L2, and a beat waits for the writer
         w0, w1 = dut.writers
@@ -912,8 +901,8 @@ def test_elem_writer_beats_random_commands(seed):
                 return
 
     stalled = [0, 0, 0, 0]
-    simulate(dut, [load, cmd_driver(0), cmd_driver(1), beat_driver(0), beat_driver(1), tail, stalls], mon,
-             max_cycles=30000)
+    simulate(dut, [load, *writer_benches(dut, mon, cmds, beats, "i_beat", seed, lambda r: 0.1 + 0.4 * r, ready,
+                                         final, region_words), stalls], mon, max_cycles=30000)
     assert min(stalled) > 0, f"seed {seed}: no L2 stall or no beat backpressure: {stalled}"
     for r in range(2):
         check_writer(cmds[r], data[r], mon.wr_log[r], seed)
