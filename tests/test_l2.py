@@ -435,18 +435,24 @@ def test_l2_random_contention(read_ports, write_ports, read_regs, banks, seed):
     assert mon.collisions > 0, "no same-cycle read and write of one word happened"
 
 
+
+def cmd_drivers(units, cmds, seed, ready):
+    """Testbenches sending ``cmds[r]`` (``(addr, n)`` pairs) to ``units[r].i_cmd`` once ``ready[0]`` (unit 0
+    back to back, the others with random gaps)."""
+    def driver(r):
+        async def bench(ctx):
+            while not ready[0]:
+                await ctx.tick()
+            await send(ctx, units[r].i_cmd, [{"addr": a, "n": n} for a, n in cmds[r]],
+                       random.Random(seed * 10 + r), idle=0.3 if r else 0.0)
+        return bench
+    return [driver(r) for r in range(len(cmds))]
+
+
 def writer_benches(dut, mon, cmds, items, port, seed, idle, ready, final, region_words):
     """Testbenches for the two writers of `dut`: their commands (once ``ready[0]``), their `items` on stream
     `port` (``i_elem`` or ``i_beat``; writer r idles with probability ``idle(r)``), and a tail that reads the
     region back into `final` when both have signalled every command's o_done."""
-    def cmd_driver(r):
-        async def bench(ctx):
-            while not ready[0]:
-                await ctx.tick()
-            await send(ctx, dut.writers[r].i_cmd, [{"addr": a, "n": n} for a, n in cmds[r]],
-                       random.Random(seed * 10 + r), idle=0.3 if r else 0.0)
-        return bench
-
     def item_driver(r):
         async def bench(ctx):
             await send(ctx, getattr(dut.writers[r], port), items[r], random.Random(seed * 20 + r), idle=idle(r))
@@ -459,7 +465,7 @@ def writer_benches(dut, mon, cmds, items, port, seed, idle, ready, final, region
             await ctx.tick()
         final.extend(await readback(ctx, *dut.raw_rd[0], 0, region_words))
 
-    return [cmd_driver(0), cmd_driver(1), item_driver(0), item_driver(1), tail]
+    return [*cmd_drivers(dut.writers, cmds, seed, ready), item_driver(0), item_driver(1), tail]
 
 
 # --- L2 throughput and arbitration ---------------------------------------------------------------------------
@@ -577,14 +583,6 @@ def test_elem_reader_random_commands(seed):
         await preload(ctx, dut.raw_wr[0], init, base_word)
         ready[0] = True
 
-    def cmd_driver(r):
-        async def bench(ctx):
-            while not ready[0]:
-                await ctx.tick()
-            await send(ctx, dut.readers[r].i_cmd, [{"addr": a, "n": n} for a, n in cmds[r]],
-                       random.Random(seed * 10 + r), idle=0.3 if r else 0.0)
-        return bench
-
     def elem_taker(r):
         async def bench(ctx):
             total = sum(n for _, n in cmds[r])
@@ -598,7 +596,8 @@ def test_elem_reader_random_commands(seed):
         ctx.set(resp.ready, 1)
         await send(ctx, req, [base_word + rr.randrange(region_words) for _ in range(60)], rr, idle=0.5)
 
-    simulate(dut, [load, cmd_driver(0), cmd_driver(1), elem_taker(0), elem_taker(1), raw_reads], mon)
+    simulate(dut, [load, *cmd_drivers(dut.readers, cmds, seed, ready), elem_taker(0), elem_taker(1), raw_reads],
+             mon)
     flat = np.concatenate([init.reshape(-1)])
     for r in range(2):
         exp = check_reader(cmds[r], elems[r], mon.req_log[r], mon.resp_log[r], seed)
