@@ -435,7 +435,6 @@ def test_l2_random_contention(read_ports, write_ports, read_regs, banks, seed):
     assert mon.collisions > 0, "no same-cycle read and write of one word happened"
 
 
-
 def cmd_drivers(units, cmds, seed, ready):
     """Testbenches sending ``cmds[r]`` (``(addr, n)`` pairs) to ``units[r].i_cmd`` once ``ready[0]`` (unit 0
     back to back, the others with random gaps)."""
