@@ -73,13 +73,13 @@ class Rates:
     elements_per_cycle: float = 1.0    # elements per cycle of a pass (the SFU and the L2 movers take one)
     # fitted by `python -m benchmarks.npu` on the tiny NPU (docs/architecture.md, "Performance")
     issue: float = 3.7                 # cycles per instruction: fetch, decode, dispatch, retire
-    sfu_pass: float = 198.4            # fixed cycles of a pass through the SFU's functions (its latency, start, end)
-    vec_pass: float = 30.7             # ... of an element-wise pass on the SFU's short path (hdl.sfu.SHORT_OPS)
-    reduce_pass: float = 63.7          # ... of a reduction (the short path, plus the lane tree)
+    sfu_pass: float = 199.0            # fixed cycles of a pass through the SFU's functions (its latency, start, end)
+    vec_pass: float = 33.1             # ... of an element-wise pass on the SFU's short path (hdl.sfu.SHORT_OPS)
+    reduce_pass: float = 80.6          # ... of a reduction (the short path, plus the lane tree)
     copy_pass: float = 6.7             # ... of an L2 copy (to L2 or a scalar)
     quant_pass: float = 16.0           # ... of a quantiser pass (L2 -> quantiser at four elements per cycle)
     ddr_read_pass: float = 16.0        # ... of a DDR read (latency of the memory model)
-    ddr_write_pass: float = 14.7       # ... of a DDR write (until the last response)
+    ddr_write_pass: float = 14.6       # ... of a DDR write (until the last response)
     alu_op: float = 8.7                # a scalar-ALU add or multiply
     gemv_fixed: float = 64.1           # per WGEMV beyond its bytes
     # WGEMM (`wgemm_cost`), fitted to the RTL cycles of the six WGEMMs of docs/systolic.md's table (tiny NPU,
