@@ -1063,9 +1063,11 @@ def test_l2_kv260_maps_to_uram():
     Measured (3 read + 2 write ports): 29 URAM288 (Yosys packs the 8 Mibit into 72-bit-wide URAMs; Vivado's
     16 deep x 2 wide gives 32), 0 BRAM, 1,367 LUTs (the read-out multiplexer Yosys builds from LUTs where
     Vivado uses the URAM cascade, the port multiplexers, the LUTRAM response buffers) and 171 FFs (the output
-    register goes into the URAMs); about 75 s."""
+    register goes into the URAMs); about 75 s. Checked with the controller's banks (`L2_BANKS`, two memories
+    of half the depth each): 30 URAM288, 0 BRAM, 1,904 LUTs (two sets of port multiplexers), 310 FFs."""
+    from hdl.controller import L2_BANKS
     from hdl.synth import format_table, synthesize
-    util = synthesize(L2(KV260, read_ports=3, write_ports=2), "l2_kv260")
+    util = synthesize(L2(KV260, read_ports=3, write_ports=2, banks=L2_BANKS), "l2_kv260")
     print(format_table(util))
     bits = KV260.l2_bytes * 8
     assert util.uram * 4096 * 72 >= bits, format_table(util)
