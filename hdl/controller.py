@@ -64,13 +64,13 @@ from .gemv import GemvEngine
 from .isa import (VEC_REDUCTIONS, CtrlFunc, CvoFunc, DdrRegion, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache,
                   VecFunc, layout)
 from .l2 import LANES, L2, ElemReader, ElemWriter
-
-L2_BANKS = 2          # word-interleaved L2 banks: two operand streams of a wide pass at one word per cycle each
 from .quant import ActQuantizer, KvPacker
 from .seq import IntRecip, SeqDivider
 from .sfu import REDUCE_OPS, SHORT_OPS, Sfu, SfuOp, _is_nan, _key
 
 __all__ = ["Controller", "Src", "BSrc", "Sink", "REGIONS"]
+
+L2_BANKS = 2          # word-interleaved L2 banks: two operand streams of a wide pass at one word per cycle each
 
 REGIONS = tuple(DdrRegion)
 

@@ -889,9 +889,8 @@ class Sfu(wiring.Component):
         o = self.o_data.payload
         m.d.comb += [self.o_data.valid.eq((t_valid & ~t_red) | l_valid | result_valid),
                      o.n.eq(Mux(t_valid & ~t_red, t_n, 1))]
-        for j in range(LANES):
-            lane0 = Mux(result_valid, result, Mux(t_valid, ysv[0], yv))
-            m.d.comb += o.y[j].eq(lane0 if j == 0 else ysv[j])
+        m.d.comb += o.y[0].eq(Mux(result_valid, result, Mux(t_valid, ysv[0], yv)))
+        m.d.comb += [o.y[j].eq(ysv[j]) for j in range(1, LANES)]
         return m
 
     def _reductions(self, m, en, op, feed, feed_last, feed_n, rvv):

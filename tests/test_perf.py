@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from firmware.perf import DDR_PEAK_BYTES_PER_S, PASS_KINDS, Rates, cycles_of, estimate, fit_rates
+from firmware.perf import DDR_PEAK_BYTES_PER_S, PASS_KINDS, PASS_LANES, Rates, cycles_of, estimate, fit_rates
 from hdl.config import HardwareConfig
 from sim.config import ModelConfig
 
@@ -66,8 +66,8 @@ def _overlap_runs(async_):
 
 def test_schedule_hides_the_weight_stream_only_under_independent_work():
     out, r = _overlap_runs(async_=1)
-    # SETVL, then the ADD's issue and its pass: the short path, 64 elements at four per cycle
-    after = 2 * r.issue + r.vec_pass + 64 / 4
+    # SETVL, then the ADD's issue and its pass: the short path, 64 elements at PASS_LANES["vec"] per cycle
+    after = 2 * r.issue + r.vec_pass + 64 / PASS_LANES["vec"]
     hidden, stream = out["independent"]
     assert hidden == pytest.approx(min(stream, after))
     hidden, _ = out["reads the rows"]
@@ -251,7 +251,7 @@ def test_schedule_runs_an_async_wgemm_beside_independent_work():
                      encode(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)]
             s = schedule(Machine(image, hw, COUNT), words, hw, rates, token=0, pos=0)
             out[async_, case] = s.hidden
-    after = 2 * rates.issue + rates.vec_pass + 64 / 4       # the ADD: 64 elements at four per cycle
+    after = 2 * rates.issue + rates.vec_pass + 64 / PASS_LANES["vec"]       # the ADD's 64 elements
     assert out[1, "independent"] == pytest.approx(min(last, after))
     assert out[1, "reads the rows"] == pytest.approx(rates.issue)
     assert out[0, "independent"] == 0 and out[0, "reads the rows"] == 0
