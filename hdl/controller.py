@@ -66,7 +66,7 @@ from .isa import (VEC_REDUCTIONS, CtrlFunc, CvoFunc, DdrRegion, DmaDir, ErrorCod
 from .l2 import LANES, L2, ElemReader, ElemWriter
 from .quant import ActQuantizer, KvPacker
 from .seq import IntRecip, SeqDivider
-from .sfu import REDUCE_OPS, SHORT_OPS, Sfu, SfuOp, _is_nan, _key
+from .sfu import REDUCE_OPS, SHORT_OPS, Sfu, SfuOp, _gt, _is_nan
 
 __all__ = ["Controller", "Src", "BSrc", "Sink", "REGIONS"]
 
@@ -111,7 +111,7 @@ def _share_axi(m, out, a, b, sel_b):
 
 def _f32_gt(a, b):
     """a > b for binary32 (False if either is NaN; ±0 equal): Python's ``max(b, a)`` picks a exactly then."""
-    return ~_is_nan(a) & ~_is_nan(b) & (_key(a) > _key(b))
+    return ~_is_nan(a) & ~_is_nan(b) & _gt(a, b)
 
 
 class Controller(wiring.Component):

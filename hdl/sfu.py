@@ -205,10 +205,11 @@ def _neg(v):
     return Cat(v[:31], ~v[31])
 
 
-def _key(v):
-    """Order key of a non-NaN binary32 (±0 equal): signed 33-bit."""
-    mag = v[:31].as_unsigned()
-    return Mux(v[31], -mag, mag).as_signed()
+def _gt(a, b):
+    """a > b for non-NaN binary32 (±0 equal), from the sign bits and one magnitude comparison each way
+    (no two's-complement order keys: those cost two 31-bit negations more)."""
+    ma, mb, sa = a[:31], b[:31], a[31]
+    return Mux(sa == b[31], Mux(sa, mb > ma, ma > mb), ~sa & (ma | mb).any())
 
 
 def _is_nan(v):
@@ -217,12 +218,18 @@ def _is_nan(v):
 
 def _fmax(a, b):
     """``np.maximum`` on binary32: NaN if either is NaN; on equality (±0 too) `b`."""
-    return Mux(_is_nan(a) | _is_nan(b), QNAN, Mux(_key(a) > _key(b), a, b))
+    return Mux(_is_nan(a) | _is_nan(b), QNAN, Mux(_gt(a, b), a, b))
 
 
 def _fmin(a, b):
     """``np.minimum`` (the `b` operand on equality)."""
-    return Mux(_is_nan(a) | _is_nan(b), QNAN, Mux(_key(a) < _key(b), a, b))
+    return Mux(_is_nan(a) | _is_nan(b), QNAN, Mux(_gt(b, a), a, b))
+
+
+def _relu(v):
+    """``np.maximum(v, +0)`` (`_fmax` against zero): NaN -> QNAN, anything with the sign bit set (-0 too)
+    -> +0, else v."""
+    return Mux(_is_nan(v), QNAN, Mux(v[31], 0, v))
 
 
 class SegmentPoly(wiring.Component):
@@ -471,7 +478,7 @@ def sqrt_flow(f, x, rs):
 def exp_flow(f, x):
     """`sim.sfu.exp` (Cody-Waite)."""
     lo, hi = (_f32_bits(v) for v in model.EXP_CLAMP)
-    xc = f.comb(lambda v: Mux(_key(v) < _key(Const(lo, 32)), lo, Mux(_key(v) > _key(Const(hi, 32)), hi, v)), x)
+    xc = f.comb(lambda v: Mux(_gt(Const(lo, 32), v), lo, Mux(_gt(v, Const(hi, 32)), hi, v)), x)
     tm = f.add(f.mul(xc, f.const(_f32_bits(model.EXP_INV)), "m"), f.const(_f32_bits(model.EXP_MAGIC)))
     magic = _f32_bits(model.EXP_MAGIC)
     n = f.comb(lambda v: (v.as_signed() - magic)[:16].as_signed(), tm, register=False)
@@ -677,13 +684,13 @@ def _is(op, *ops):
     return Cat(*[op == o.value for o in ops]).any()
 
 
-def _datapath(f, *nodes):
-    """The element-wise graph of every operation; returns (result node of the long path, reduction operand
-    node, result node of the short path: `SHORT_OPS` take that one)."""
-    return with_shared(f, lambda f, shared: _datapath_graph(f, shared, *nodes))
+def _datapath(f, *nodes, port=None):
+    """The element-wise graph of every operation; returns (result node of the long path, result node of
+    the short path: `SHORT_OPS` take that one); `port`: lane 0's `_RedPort`."""
+    return with_shared(f, lambda f, shared: _datapath_graph(f, shared, *nodes, port=port))
 
 
-def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_scale, accm):
+def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_scale, accm, port=None):
     """`_datapath` with the exp, tanh, sqrt/rsqrt and sin-turns builders served by `shared` (no op uses two
     of them): one evaluator for their four tables, one adder for their evaluator argument ``t`` (the
     segment offset; exp's ``r``), one ldexp for exp's and sqrt's final scaling, one multiplier for exp's
@@ -701,7 +708,7 @@ def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_sc
                    Mux(_is(o, O.SOFTCAP) | (_is(o, O.SCALE) & r), vsi, vs)))
 
     m1 = f.mul(x, f.comb(m1b, op, recip_scale, b, s, s_inv, x, register=False))
-    rv, short = _short_tail(f, op, x, a, b, s, m1)
+    short = _short_tail(f, op, x, a, b, s, m1, port)
     gelu_op = f.comb(lambda o: _is(o, O.GELU, O.GELU_MUL), op, register=False)
     v = f.mul(f.add(f.mul(f.const(GELU_K1), m1), f.const(GELU_K0)), x)
     with shared.serving(None):                       # the default: EXP, GELU, GELU_MUL
@@ -723,7 +730,7 @@ def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_sc
     y = _select(f, op, long)
     acc = f.comb(lambda c, o: c & _is(o, *CVO_ELEMENTWISE), accm, op, register=False)
     y = f.comb(lambda c, ya, yy: Mux(c, ya, yy), acc, f.add(y, b), y)
-    return y, rv, short
+    return y, short
 
 
 def _select(f, op, choices):
@@ -736,30 +743,51 @@ def _select(f, op, choices):
     return f.comb(pick, op, *[c[1] for c in choices])
 
 
-def _short_tail(f, op, x, a, b, s, m1):
+class _RedPort:
+    """A lane's way into its adder A1 for the reductions (`Sfu._reductions` drives it): while ``sel`` is
+    high A1 adds ``la + lb`` instead of the short path's operands. `_short_tail` records ``rv`` (the lane's
+    reduction operand at A1's input: ``a``, or M1's product for SUMSQ/DOT), ``t`` (the time of A1's
+    input) and ``y`` (A1's sum, `FpAdd.LATENCY` enabled cycles after its operands)."""
+
+    def __init__(self, j: int):
+        self.la = Signal(32, name=f"red_la{j}")
+        self.lb = Signal(32, name=f"red_lb{j}")
+        self.sel = Signal(name=f"red_sel{j}")
+        self.rv = self.y = self.t = None
+
+
+def _short_tail(f, op, x, a, b, s, m1, port=None):
     """The short path (`SHORT_OPS`) behind the multiplier M1 (`m1`): its own adder A1 (ADD/SUB/ADDS/FMAS/
-    RELU_SUBS) and multiplier M2 (MULS_MUL's M1 * b), a result select; returns (reduction operand node,
-    result node). `x` is the operand (`a`, or ``a - emax`` on the long path, which no short op uses)."""
+    RELU_SUBS, and the reductions' accumulation through `port`, a `_RedPort`) and multiplier M2
+    (MULS_MUL's M1 * b), a result select; returns the result node. `x` is the operand (`a`, or
+    ``a - emax`` on the long path, which no short op uses)."""
     O = SfuOp
     a1a = f.comb(lambda o, p, v: Mux(o == O.FMAS.value, p, v), op, m1, x, register=False)
     a1b = f.comb(lambda o, vb, vs: Mux(_is(o, O.ADD, O.FMAS), vb, Mux(o == O.SUB.value, _neg(vb),
                                        Mux(o == O.ADDS.value, vs, _neg(vs)))), op, b, s, register=False)
+    if port is not None:
+        (va, vb), t = f.align(a1a, a1b)
+        port.rv = f.delay(f.comb(lambda o, p, v: Mux(_is(o, O.SUMSQ, O.DOT), p, v), op, m1, a,
+                                 register=False), t)
+        port.t = t
+        a1a, a1b = (Mux(port.sel, port.la, va), t), (Mux(port.sel, port.lb, vb), t)
     a1 = f.add(a1a, a1b)
-    relu = f.comb(lambda v: _fmax(v, Const(0, 32)), a1)
+    if port is not None:
+        port.y = a1[0]
+    relu = f.comb(_relu, a1)
     m2 = f.mul(m1, b)
     short = [((O.ADD, O.SUB, O.ADDS, O.FMAS), a1), ((O.RELU_SUBS,), relu), ((O.MUL, O.MULS), m1),
              ((O.MULS_MUL,), m2), ((O.COPY,), a)]
-    rv = f.comb(lambda o, p, va: Mux(_is(o, O.SUMSQ, O.DOT), p, va), op, m1, a, register=False)
-    return rv, _select(f, op, short)
+    return _select(f, op, short)
 
 
-def _short_lane(f, a, b, op, s):
+def _short_lane(f, a, b, op, s, port=None):
     """Lanes 1..3 of the four-lane short path: `SHORT_OPS` only (M1 takes b for MUL/DOT, a for SUMSQ, else the
     scalar s), then `_short_tail`; lane 0 is `_datapath`'s, so every lane computes the same function."""
     O = SfuOp
     m1b = f.comb(lambda o, vb, vs, va: Mux(_is(o, O.MUL, O.DOT), vb, Mux(o == O.SUMSQ.value, va, vs)),
                  op, b, s, a, register=False)
-    return _short_tail(f, op, a, a, b, s, f.mul(a, m1b))
+    return _short_tail(f, op, a, a, b, s, f.mul(a, m1b), port)
 
 
 class Sfu(wiring.Component):
@@ -772,9 +800,9 @@ class Sfu(wiring.Component):
     command is taken only when no element of a long one is still in flight, so results leave in command order
     and never meet at the output.
 
-    Reductions: ``P = hw.sfu_reduce_lanes`` lane accumulators in `LANES` banks, one binary32 adder (max: a
-    comparator of equal latency) per bank; element ``i`` goes to lane ``i mod P``, i.e. bank ``i mod 4``,
-    slot ``(i // 4) mod (P / 4)``. The drain is `sim.sfu`'s pairwise tree over the lanes in index order:
+    Reductions: ``P = hw.sfu_reduce_lanes`` lane accumulators in `LANES` banks, bank j accumulated by lane
+    j's own adder A1 (idle in a reduction; max: a comparator beside it); element ``i`` goes to lane
+    ``i mod P``, i.e. bank ``i mod 4``, slot ``(i // 4) mod (P / 4)``. The drain is `sim.sfu`'s pairwise tree over the lanes in index order:
     its first two levels combine the banks slot by slot (lanes 4s + 0..3), the rest is a tree over bank 0's
     slots. A reduction's beats must therefore be full (four elements) except its last, which the
     controller's readers guarantee (`hdl.l2.ElemReader` beats).
@@ -814,7 +842,7 @@ class Sfu(wiring.Component):
         m._MustUse__silence = True
         f = Flow(m, Const(1), dry=True)
         nodes = [(Signal(32), 0)] * 2 + [(Signal(6), 0)] + [(Signal(32), 0)] * 4 + [(Signal(1), 0)] * 3
-        y, _, ys = _datapath(f, *nodes)
+        y, ys = _datapath(f, *nodes)
         self._latency, self._short_latency = y[1], ys[1]
 
     @property
@@ -861,19 +889,17 @@ class Sfu(wiring.Component):
                 m.d.sync += busy.eq(0)
 
         n0 = lambda v: (v, 0)
-        y, rv0, ys0 = _datapath(f, n0(p.a[0]), n0(p.b[0]), n0(op), n0(cmd.s), n0(cmd.s_inv), n0(cmd.emax),
-                                n0(cmd.pos), n0(cmd.sub_emax), n0(cmd.recip_scale), n0(cmd.accm))
-        rvs, yss = [rv0], [ys0]
-        for j in range(1, LANES):
-            rv, ys = _short_lane(f, n0(p.a[j]), n0(p.b[j]), n0(op), n0(cmd.s))
-            rvs.append(rv)
-            yss.append(ys)
+        ports = [_RedPort(j) for j in range(LANES)]
+        y, ys0 = _datapath(f, n0(p.a[0]), n0(p.b[0]), n0(op), n0(cmd.s), n0(cmd.s_inv), n0(cmd.emax),
+                           n0(cmd.pos), n0(cmd.sub_emax), n0(cmd.recip_scale), n0(cmd.accm), port=ports[0])
+        yss = [ys0] + [_short_lane(f, n0(p.a[j]), n0(p.b[j]), n0(op), n0(cmd.s), ports[j])
+                       for j in range(1, LANES)]
         assert (y[1], ys0[1]) == (self.latency, self.short_latency)
         is_short = _is(op, *SHORT_OPS)
-        # t_last, t_red and t_n are read only together with t_valid: data lines; the valids keep their reset.
-        aligned, t_short = f.align(*yss, *rvs, n0(last), n0(is_red), n0(p.n))
+        # t_red and t_n are read only together with t_valid: data lines; the valids keep their reset.
+        aligned, t_short = f.align(*yss, n0(is_red), n0(p.n))
         assert t_short == self.short_latency
-        ysv, rvv, (t_last, t_red, t_n) = aligned[:LANES], aligned[LANES:2 * LANES], aligned[2 * LANES:]
+        ysv, (t_red, t_n) = aligned[:LANES], aligned[LANES:]
         t_valid = f.delay(n0(take & is_short), t_short, valid=True)
         (yv,), t_out = f.align(y)
         l_valid = f.delay(n0(take & ~is_short), t_out, valid=True)
@@ -883,24 +909,33 @@ class Sfu(wiring.Component):
         with m.Elif(dec & ~inc):
             m.d.sync += long_n.eq(long_n - 1)
 
-        result_valid, result = self._reductions(m, en, op, t_valid & t_red, t_last, t_n, rvv)
-        with m.If(result_valid & self.o_data.ready):
+        # the reductions feed at each lane's A1 input (lanes 1..3 reach it before lane 0, whose M1 takes x)
+        feeds = [(f.delay(n0(take & is_red), pt.t, valid=True), f.delay(n0(p.n), pt.t)) for pt in ports]
+        assert all(pt.t <= ports[0].t for pt in ports)
+        # a short result still on its way out goes before the reduction's (none can be: the drain outlasts
+        # the tail behind A1)
+        hold = t_valid & ~t_red
+        out_red, result = self._reductions(m, en, op, feeds, f.delay(n0(last), ports[0].t), ports, hold)
+        with m.If(out_red & self.o_data.ready):
             m.d.sync += busy.eq(0)
         o = self.o_data.payload
-        m.d.comb += [self.o_data.valid.eq((t_valid & ~t_red) | l_valid | result_valid),
+        m.d.comb += [self.o_data.valid.eq((t_valid & ~t_red) | l_valid | out_red),
                      o.n.eq(Mux(t_valid & ~t_red, t_n, 1))]
-        m.d.comb += o.y[0].eq(Mux(result_valid, result, Mux(t_valid, ysv[0], yv)))
+        m.d.comb += o.y[0].eq(Mux(out_red, result, Mux(t_valid, ysv[0], yv)))
         m.d.comb += [o.y[j].eq(ysv[j]) for j in range(1, LANES)]
         return m
 
-    def _reductions(self, m, en, op, feed, feed_last, feed_n, rvv):
-        """The reduction lanes (`LANES` banks of ``P / LANES`` slots, one adder each) and their drain;
-        `feed`: a reduction beat is at the tail this cycle (operands `rvv`, `feed_n` of them, `feed_last`
-        on the command's last). Returns (result valid, result): held until ``o_data.ready``."""
+    def _reductions(self, m, en, op, feeds, feed_last, ports, hold):
+        """The reduction lanes (`LANES` banks of ``P / LANES`` slots) and their drain, accumulated by the
+        lanes' own adders A1 through `ports` (`_RedPort`: A1 is idle in a reduction); ``feeds[j]`` =
+        (valid, n): a reduction beat of n elements is at lane j's A1 input this cycle (operand
+        ``ports[j].rv``); `feed_last`: lane 0's is the command's last (lane 0 is the latest); `hold`:
+        another result has the output. Returns (result valid, result): `result` holds until it has left."""
         per = self.lanes // LANES
         sbits = max(1, (per - 1).bit_length())
         bank = [[Signal(32, name=f"lane{j + LANES * s}") for s in range(per)] for j in range(LANES)]
         red_max = _is(op, *MAX_OPS)
+        latency = FpAdd.LATENCY
 
         def pick(regs, idx):
             v = Signal(32)
@@ -910,29 +945,33 @@ class Sfu(wiring.Component):
                         m.d.comb += v.eq(r)
             return v
 
-        # one adder per bank: operands la/lb, valid lv, destination slot ld; max rides beside it
-        ports = []
-        for j in range(LANES):
-            add = FpAdd()
-            m.submodules[f"lane_add{j}"] = add
-            la, lb, lv, ld = Signal(32), Signal(32), Signal(), Signal(sbits)
-            m.d.comb += [add.en.eq(en), add.i_valid.eq(lv), add.i_a.eq(la), add.i_b.eq(lb)]
-            # read only with add.o_valid: reset-less (shift registers)
-            mx = [Signal(32, name=f"max{j}_{i}", reset_less=True) for i in range(add.latency)]
-            dst = [Signal(sbits, name=f"dst{j}_{i}", reset_less=True) for i in range(add.latency)]
+        # per bank: operands la/lb (into A1 while sel), valid lv, destination slot ld. A sum is written back
+        # when A1 has it (latency cycles on), a max (a comparator) one cycle on: a command is one or the other
+        lvs, lds = [], []
+        for j, pt in enumerate(ports):
+            lv, ld = Signal(name=f"red_lv{j}"), Signal(sbits, name=f"red_ld{j}")
+            valid = [Signal(name=f"red_v{j}_{i}") for i in range(latency)]
+            # read only with the valid: reset-less (shift registers)
+            mx = Signal(32, name=f"max{j}", reset_less=True)
+            dst = [Signal(sbits, name=f"dst{j}_{i}", reset_less=True) for i in range(latency)]
             with m.If(en):
-                m.d.sync += [mx[0].eq(_fmax(la, lb)), dst[0].eq(ld)]
-                m.d.sync += [mx[i].eq(mx[i - 1]) for i in range(1, len(mx))]
-                m.d.sync += [dst[i].eq(dst[i - 1]) for i in range(1, len(dst))]
-                with m.If(add.o_valid):
-                    with m.Switch(dst[-1]):
+                m.d.sync += [valid[0].eq(lv), mx.eq(_fmax(pt.la, pt.lb)), dst[0].eq(ld)]
+                m.d.sync += [r[i].eq(r[i - 1]) for r in (valid, dst) for i in range(1, latency)]
+                with m.If(Mux(red_max, valid[0], valid[-1])):
+                    with m.Switch(Mux(red_max, dst[0], dst[-1])):
                         for s in range(per):
                             with m.Case(s):
-                                m.d.sync += bank[j][s].eq(Mux(red_max, mx[-1], add.o_y))
-            ports.append((la, lb, lv, ld))
-        latency = FpAdd.LATENCY
+                                m.d.sync += bank[j][s].eq(Mux(red_max, mx, pt.y))
+            m.d.comb += pt.sel.eq(lv)
+            lvs.append(lv)
+            lds.append(ld)
 
-        ctr = Signal(sbits)                         # the slot of the next beat
+        ctr = Signal(sbits)                         # the slot of lane 0's next beat
+        # lanes 1..3 reach their A1 earlier: each counts its own beats
+        ctrs = [ctr] + [Signal(sbits, name=f"red_ctr{j}") for j in range(1, LANES)]
+        for j in range(1, LANES):
+            with m.If(en & feeds[j][0]):
+                m.d.sync += ctrs[j].eq(ctrs[j] + 1)
         k = Signal(sbits + 1)                       # the drain's slot
         cn = Signal(sbits)                          # slots issued in a cross-bank level
         xs = Signal(range(LANES + 1))               # bank stride of a cross-bank level (1, 2, ..)
@@ -941,12 +980,13 @@ class Sfu(wiring.Component):
         result_valid = Signal()
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
             init = Mux(_is(Value.cast(self.i_cmd.payload.op), *MAX_OPS), NEG_INF, NEG_ZERO)
-            m.d.sync += [r.eq(init) for regs in bank for r in regs] + [ctr.eq(0)]
+            m.d.sync += [r.eq(init) for regs in bank for r in regs] + [c.eq(0) for c in ctrs]
         with m.FSM(name="reduce"):
             with m.State("Feed"):
-                for j, (la, lb, lv, ld) in enumerate(ports):
-                    m.d.comb += [la.eq(pick(bank[j], ctr)), lb.eq(rvv[j]), ld.eq(ctr), lv.eq(feed & (feed_n > j))]
-                with m.If(en & feed):
+                for j, (pt, (fv, fn)) in enumerate(zip(ports, feeds)):
+                    m.d.comb += [pt.la.eq(pick(bank[j], ctrs[j])), pt.lb.eq(pt.rv), lds[j].eq(ctrs[j]),
+                                 lvs[j].eq(fv & (fn > j))]
+                with m.If(en & feeds[0][0]):
                     m.d.sync += ctr.eq(ctr + 1)
                     with m.If(feed_last):
                         # the cross-bank levels start at the slot fed longest ago: slot ctr + 1 + i is issued i + 1
@@ -956,13 +996,13 @@ class Sfu(wiring.Component):
                         m.next = "Cross"
             with m.State("Cross"):
                 # level xs: bank j (j a multiple of 2 xs) slot k += bank j + xs slot k, for every slot
-                for j, (la, lb, lv, ld) in enumerate(ports):
-                    m.d.comb += [la.eq(pick(bank[j], k[:sbits])), ld.eq(k[:sbits])]
+                for j, pt in enumerate(ports):
+                    m.d.comb += [pt.la.eq(pick(bank[j], k[:sbits])), lds[j].eq(k[:sbits])]
                     cases = [x for x in (1 << i for i in range(LANES.bit_length())) if x < LANES and j % (2 * x) == 0]
                     with m.Switch(xs):
                         for x in cases:
                             with m.Case(x):
-                                m.d.comb += [lb.eq(pick(bank[j + x], k[:sbits])), lv.eq(en)]
+                                m.d.comb += [pt.lb.eq(pick(bank[j + x], k[:sbits])), lvs[j].eq(1)]
                 with m.If(en):
                     m.d.sync += [k.eq(k[:sbits] + 1), cn.eq(cn + 1)]
                     with m.If(cn == per - 1):
@@ -978,17 +1018,16 @@ class Sfu(wiring.Component):
                         with m.If(stride >= per):
                             m.next = "Done"
             with m.State("Tree"):
-                la, lb, lv, ld = ports[0]
-                m.d.comb += [la.eq(pick(bank[0], k[:sbits])), lb.eq(pick(bank[0], (k + stride)[:sbits])),
-                             ld.eq(k[:sbits]), lv.eq(en)]
+                pt = ports[0]
+                m.d.comb += [pt.la.eq(pick(bank[0], k[:sbits])), pt.lb.eq(pick(bank[0], (k + stride)[:sbits])),
+                             lds[0].eq(k[:sbits]), lvs[0].eq(1)]
                 with m.If(en):
                     m.d.sync += k.eq(k + 2 * stride)
                     with m.If(k + 2 * stride >= per):
                         m.d.sync += [stride.eq(2 * stride), wait.eq(latency)]
                         m.next = "Wait"
             with m.State("Done"):
-                m.d.comb += result_valid.eq(1)
-                with m.If(self.o_data.ready):
-                    m.d.sync += ctr.eq(0)
+                m.d.comb += result_valid.eq(~hold)
+                with m.If(self.o_data.ready & ~hold):
                     m.next = "Feed"
         return result_valid, bank[0][0]

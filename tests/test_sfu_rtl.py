@@ -166,3 +166,42 @@ def test_sfu_rejects_too_few_reduction_lanes():
         with pytest.raises(ValueError, match=rf"sfu_reduce_lanes / 4 \(slots per bank\) > FpAdd latency .*got {lanes}"):
             Sfu(hw)
     Sfu(dataclasses.replace(PRESETS["tiny"], sfu_reduce_lanes=64))._MustUse__silence = True
+
+
+def test_compare_selects_match_numpy():
+    """`_gt` (sign bits and magnitude comparisons), `_fmax`, `_fmin` and `_relu` against NumPy's ``>``,
+    ``np.maximum``, ``np.minimum`` and ``np.maximum(v, +0)``: every pair of corner values (±0, subnormals,
+    ±inf, NaNs), equal pairs and random pairs, bit for bit (±0 ties pick the second operand)."""
+    from amaranth import Module, Signal
+    from amaranth.sim import Simulator
+    from hdl.sfu import _fmax, _fmin, _gt, _relu
+
+    rng = np.random.default_rng(21)
+    rand = np.concatenate([rng.integers(0, 2 ** 32, 600, dtype=np.uint64).astype(np.uint32),
+                           rng.standard_normal(600).astype(np.float32).view(np.uint32)])
+    a = np.concatenate([np.repeat(CORNERS, len(CORNERS)), rand, rand, rand[:300]]).astype(np.uint32)
+    b = np.concatenate([np.tile(CORNERS, len(CORNERS)), rng.permutation(rand), rand,
+                        rand[:300] ^ np.uint32(0x80000000)]).astype(np.uint32)
+    m = Module()
+    sa, sb = Signal(32), Signal(32)
+    outs = [Signal(32), Signal(32), Signal(32), Signal()]
+    m.d.comb += [outs[0].eq(_fmax(sa, sb)), outs[1].eq(_fmin(sa, sb)), outs[2].eq(_relu(sa)), outs[3].eq(_gt(sa, sb))]
+    got = np.zeros((4, len(a)), np.uint32)
+
+    async def bench(ctx):
+        for i in range(len(a)):
+            ctx.set(sa, int(a[i]))
+            ctx.set(sb, int(b[i]))
+            for k, o in enumerate(outs):
+                got[k, i] = ctx.get(o)
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+    fa, fb = f32(a), f32(b)
+    with np.errstate(all="ignore"):
+        check(got[0], np.maximum(fa, fb))
+        check(got[1], np.minimum(fa, fb))
+        check(got[2], np.maximum(fa, np.float32(0)))
+        ok = ~np.isnan(fa) & ~np.isnan(fb)
+        np.testing.assert_array_equal(got[3][ok].astype(bool), (fa > fb)[ok])
