@@ -75,7 +75,7 @@ class Rates:
     issue: float = 3.7                 # cycles per instruction: fetch, decode, dispatch, retire
     sfu_pass: float = 199.0            # fixed cycles of a pass through the SFU's functions (its latency, start, end)
     vec_pass: float = 33.1             # ... of an element-wise pass on the SFU's short path (hdl.sfu.SHORT_OPS)
-    reduce_pass: float = 80.6          # ... of a reduction (the short path, plus the lane tree)
+    reduce_pass: float = 72.6          # ... of a reduction (the short path to A1, plus the lane tree)
     copy_pass: float = 6.7             # ... of an L2 copy (to L2 or a scalar)
     quant_pass: float = 16.0           # ... of a quantiser pass (L2 -> quantiser at four elements per cycle)
     ddr_read_pass: float = 16.0        # ... of a DDR read (latency of the memory model)
