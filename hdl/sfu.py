@@ -762,13 +762,14 @@ def _short_tail(f, op, x, a, b, s, m1, port=None):
     (MULS_MUL's M1 * b), a result select; returns the result node. `x` is the operand (`a`, or
     ``a - emax`` on the long path, which no short op uses)."""
     O = SfuOp
-    a1a = f.comb(lambda o, p, v: Mux(o == O.FMAS.value, p, v), op, m1, x, register=False)
+    # A1's first operand: M1 for FMAS and the reductions SUMSQ/DOT (a*a, a*b), else x (= a for the reductions
+    # SUM/MAX: sub_emax only acts on CVO_ELEMENTWISE), so that aligned it is the reduction's operand too
+    a1a = f.comb(lambda o, p, v: Mux(_is(o, O.FMAS, O.SUMSQ, O.DOT), p, v), op, m1, x, register=False)
     a1b = f.comb(lambda o, vb, vs: Mux(_is(o, O.ADD, O.FMAS), vb, Mux(o == O.SUB.value, _neg(vb),
                                        Mux(o == O.ADDS.value, vs, _neg(vs)))), op, b, s, register=False)
     if port is not None:
         (va, vb), t = f.align(a1a, a1b)
-        port.rv = f.delay(f.comb(lambda o, p, v: Mux(_is(o, O.SUMSQ, O.DOT), p, v), op, m1, a,
-                                 register=False), t)
+        port.rv = va
         port.t = t
         a1a, a1b = (Mux(port.sel, port.la, va), t), (Mux(port.sel, port.lb, vb), t)
     a1 = f.add(a1a, a1b)
