@@ -26,9 +26,9 @@ composition table), so the results are bit-identical to the ISS's hardware arith
   SUM, RECIP, MULS; per position the V row and, per head, MULS (first position) or FMAS into dst.
 - ATTN per KV group, INT8 cache ("int8", the presets): per head, the query into the quantiser, two GEMV
   engine commands over the slot's K planes (lo, then hi with accm) into the scratch, MAX, EXP(s - max), SUM,
-  RECIP, MUL by the V row scales (from DDR), then per chunk of ``gemv_max_cols`` positions the weights into
-  the quantiser and two sparse engine commands over the V planes (accm after the first) into dst, then MULS by
-  the reciprocal. KVST per head: K into the quantiser (limit 119) and the `KvPacker`, its two plane rows and
+  MUL by the V row scales (from DDR), then per chunk of ``gemv_max_cols`` positions the weights into the
+  quantiser and two sparse engine commands over the V planes (accm after the first) into dst, with RECIP(sum)
+  beside the first chunk's (it uses only the SFU and registers), then MULS by the reciprocal. KVST per head: K into the quantiser (limit 119) and the `KvPacker`, its two plane rows and
   scale rows out to DDR; V into the quantiser twice (its row exponent, then the values at that exponent), its
   two plane columns and its row scale out. The slot layout is `sim.numerics.KvInt8Layout`.
 - CVO SCALE with recip_scale and SOFTCAP first take RECIP(S0); REDUCE/ROPE functions with accm add the
@@ -589,6 +589,10 @@ class Controller(wiring.Component):
             m.d.sync += pstart_r.eq(1)
             m.next = nxt
 
+        r_pend = Signal()             # ATTN's RECIP pass runs beside its V GEMVs (cleared when it is done)
+        a_rz = Signal(32)             # ATTN: a head's sum, then recip(sum)
+        with m.If(r_pend & pdone):
+            m.d.sync += [a_rz.eq(p_result), r_pend.eq(0)]
         pstart_r = Signal()           # a launched pass starts once it has no hazard with the GEMV engine's rows
         with m.If(pstart):
             m.d.sync += pstart_r.eq(0)
@@ -677,7 +681,7 @@ class Controller(wiring.Component):
                     fail_async()
 
             with m.State("ERROR"):
-                with m.If(~g_active):            # an async WGEMV still running completes first
+                with m.If(~g_active & ~r_pend):  # an async WGEMV (or ATTN's RECIP pass) still running completes first
                     m.d.comb += self.o_stop.eq(1)
                     m.d.sync += [busy.eq(0), self.o_error.eq(1)]
                     m.next = "IDLE"
@@ -1360,7 +1364,6 @@ class Controller(wiring.Component):
 
                 # ---- ATTN: per head, scores = two GEMVs over the K planes, softmax on the SFU, the V row scales
                 # folded into the weights, out = two sparse GEMVs over the V planes per chunk, times recip(sum)
-                a_rz = Signal(32)
                 c0, clen = Signal(NB), Signal(NB)
                 vtab = (base[DdrRegion.WEIGHTS] + d_soff)[:A]
                 dsth = Signal(EA)
@@ -1414,14 +1417,16 @@ class Controller(wiring.Component):
                 wait_pass("AT_S1", lambda: launch("AT_S2", op=SfuOp.EXP, n=a_n, a=Src.L2, a_addr=SB, emax=p_result,
                                                   sub_emax=1, sink=Sink.L2, dst=SB))
                 wait_pass("AT_S2", lambda: launch("AT_S3", op=SfuOp.SUM, n=a_n, a=Src.L2, a_addr=SB, sink=Sink.REG))
-                wait_pass("AT_S3", lambda: launch("AT_S4", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=p_result,
-                                                  sink=Sink.REG))
-                wait_pass("AT_S4", lambda: (sync(a_rz.eq(p_result)),
+                # a_rz holds the sum until the RECIP pass, which runs beside the first chunk's V GEMVs (it only
+                # uses the SFU and registers), replaces it with recip(sum)
+                wait_pass("AT_S3", lambda: (sync(a_rz.eq(p_result)),
                                             launch("AT_S5", op=SfuOp.MUL, n=a_n, a=Src.DDR, ddr_addr=vsb, ddr_fmt=1,
                                                    b=BSrc.L2, b_addr=SB, sink=Sink.L2, dst=SB)))
                 wait_pass("AT_S5", lambda: (sync(c0.eq(0)), go("AT_V")()))
                 with m.State("AT_V"):
-                    with m.If(c0 == a_n):
+                    with m.If(r_pend):
+                        pass                         # the RECIP pass is still running
+                    with m.Elif(c0 == a_n):
                         launch("AT_O", op=SfuOp.MULS, n=a_hd, a=Src.L2, a_addr=dsth, s=a_rz, sink=Sink.L2, dst=dsth)
                     with m.Else():
                         left = a_n - c0
@@ -1436,6 +1441,9 @@ class Controller(wiring.Component):
                         with m.Else():
                             engine("AT_V1", (kb + (kv8_plane << 1) + kv8_plane + voff)[:A], (vtab + (a_hd << 1))[:A],
                                    a_hd, clen, V_PLANE_LOG2_GROUP, c0 != 0, 1, dsth, a_hd)
+                            with m.If(c0 == 0):
+                                launch("AT_V1", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=a_rz, sink=Sink.REG)
+                                m.d.sync += r_pend.eq(1)
                 after_engine("AT_V1", lambda: engine("AT_V2", (kb + (kv8_plane << 1) + voff)[:A], vtab, a_hd, clen,
                                                      V_PLANE_LOG2_GROUP, 1, 1, dsth, a_hd))
                 after_engine("AT_V2", lambda: (sync(c0.eq(c0 + clen)), go("AT_V")()))

@@ -84,6 +84,9 @@ class Counters:
     attn_gemvs: int = 0
     attn_gemv_bytes: int = 0
     attn_sparse_gemvs: Counter = field(default_factory=Counter)
+    # INT8 ATTN's RECIP pass per head, which runs beside the head's first chunk of V GEMVs (two sparse commands of
+    # this shape, as attn_sparse_gemvs): it costs only what it outlasts them by (firmware.perf.cycles_of)
+    attn_recips: Counter = field(default_factory=Counter)
 
     def total_read(self) -> int:
         return sum(self.bytes_read.values())
@@ -425,14 +428,13 @@ class Machine:
                 heads, hd, window = (int(v) for v in self.shape_cache[ShapeCache.FMAP][i.shape_ptr])
                 n = min(self.pos + 1, window) if window else self.pos + 1
                 chunks = -(-n // self.hw.gemv_max_cols)
-                # per head: q into the quantiser, the two K GEMVs (engine), MAX, EXP, SUM, RECIP, the V row
-                # scales (from DDR) times the weights, per chunk the weights into the quantiser and two V GEMVs,
-                # then the output times recip(sum)
+                # per head: q into the quantiser, the two K GEMVs (engine), MAX, EXP, SUM, the V row scales
+                # (from DDR) times the weights, per chunk the weights into the quantiser and two V GEMVs (RECIP
+                # beside the first chunk's: `Counters.attn_recips`), then the output times recip(sum)
                 add("quant", hd, heads)
                 add("reduce", n, 2 * heads)
                 add("sfu", n, heads)                                     # exp
                 add("ddr_read", n, heads)                 # the V row scales (from DDR) times the weights
-                add("sfu", 1, heads)
                 add("quant", n, heads)
                 c.passes[(i.op.name, "quant")] += heads * (chunks - 1)
                 add("vec", hd, heads)
@@ -904,6 +906,8 @@ class Machine:
                 v_bytes += 2 * (nz * hd // 2 + hd * 2)
                 c.attn_sparse_gemvs[(hd, cols, 1 << V_PLANE_LOG2_GROUP, int(nz))] += 2
                 c.attn_gemvs += 2
+                if c0 == 0:
+                    c.attn_recips[(hd, cols, 1 << V_PLANE_LOG2_GROUP, int(nz))] += 1
             c.attn_gemvs += 2
             c.attn_gemv_bytes += k_bytes + v_bytes
             c.bytes_read["KV"] += k_bytes + v_bytes + n * 2           # + the V row scales
