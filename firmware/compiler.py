@@ -20,7 +20,7 @@ from hdl.isa import (VEC_REDUCTIONS, CtrlFunc, CvoFunc, DdrRegion, DmaDir, Opcod
                      encode)
 from sim.config import ModelConfig
 
-from .pack import Image, Layout, ffn_piece_rows, folded_router_name, logit_chunk_rows
+from .pack import Image, Layout, ffn_pieces, folded_router_name, logit_chunk_rows
 
 __all__ = ["compile_token", "Program", "L2Map"]
 
@@ -401,7 +401,7 @@ def _router(e: _Emitter, i: int, src: int):
     """mvec = tanh(W_router (rmsnorm(src) * g / D)), n values, computed as tanh((W' src) * rs): the router-norm
     gain g is folded into the router's columns at pack time (W', `firmware.pack.folded_router`) and
     rs = (sum(src^2) * (1/D) + eps)^-1/2 * (1/D) uses RMSNORM's mean and epsilon. One SUMSQ and one DOT per
-    router row over src, no normalised copy of it. Uses S0 and S1."""
+    router row over src, no normalised copy of it; the n tanh in one CVO pass over mvec. Uses S0 and S1."""
     cfg, m = e.cfg, e.l2
     D, n = cfg.hidden_size, cfg.altup_num_inputs
     e.setvl(D)
@@ -416,8 +416,10 @@ def _router(e: _Emitter, i: int, src: int):
         e.vec(VecFunc.DOT, a=w + j * D // 4, b=src, s=0)
         e.use(w)
         e.scalar(ScalarFunc.MUL, d=0, a=0, b=1)
-        e.scalar(ScalarFunc.TANH, d=0, a=0)
         e.scalar(ScalarFunc.ST, a=0, imm=m["mvec"] * 4 + j)
+    # one SFU pass for the n tanh, not n one-element passes (the same function, the same bits)
+    e.emit(Opcode.CVO, func=CvoFunc.TANH, src=m["mvec"], dst=m["mvec"], length=n, sub_emax=0, recip_scale=0, accm=0,
+           async_=0)
 
 
 def _layer(e: _Emitter, cfg: ModelConfig, i: int):
@@ -509,20 +511,18 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     gate_step = L + "4.D FFN: pre-norm, gate"
     e.step = gate_step
     e.rmsnorm(m["h"], m["xa"], D, D, e.sub(i, "pre_feedforward_layernorm.weight"))
-    # The gate and up projections run in pieces of rows (firmware.pack.ffn_piece_rows; the engine keeps h, so
-    # only the first quantises it): GELU(gate) * up of a piece runs under the next up piece's weight stream.
-    piece = ffn_piece_rows(cfg, i)
-    starts = range(0, F, piece)
-    for r0 in starts:
-        e.wgemv(e.sub(i, "mlp.gate_proj.weight"), m["gate"] + r0 // 4, m["h"], row_start=r0, rows=piece)
-        if r0 == 0:
-            e.step = L + "4.A AltUp predict, the other streams (under the gate projection's stream)"
-            predict([r for r in range(n) if r != a])
-            e.step = gate_step
+    # The up projection runs in pieces of rows (firmware.pack.ffn_pieces; the engine keeps h, so only the gate
+    # quantises it): GELU(gate) * up of a piece runs under the next up piece's weight stream, and the last piece
+    # is small, so little of it waits.
+    e.wgemv(e.sub(i, "mlp.gate_proj.weight"), m["gate"], m["h"])
+    e.step = L + "4.A AltUp predict, the other streams (under the gate projection's stream)"
+    predict([r for r in range(n) if r != a])
+    pieces = ffn_pieces(cfg, i)
     sparse = cfg.activation_sparsity_pattern[i] > 0
     up_step = L + "4.D FFN: up, GELU(gate) * up, down" + (" (sparse: zero columns skipped)" if sparse else "")
     e.step = up_step
-    e.wgemv(e.sub(i, "mlp.up_proj.weight"), m["up"], m["h"], rows=piece)     # streams while the top-k runs
+    up = e.sub(i, "mlp.up_proj.weight")
+    e.wgemv(up, m["up"], m["h"], rows=pieces[0][1])     # streams while the top-k runs
     if sparse:
         e.step = L + "4.D Gaussian top-k: cutoff = mean + z * std (population)"
         e.setvl(F)
@@ -540,11 +540,12 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
         e.scalar(ScalarFunc.ADD, d=3, a=0, b=3)                  # cutoff
         e.vec(VecFunc.RELU_SUBS, dst=m["gate"], a=m["gate"], s=3)
     e.step = up_step
-    for prev, r0 in zip(starts, list(starts[1:]) + [None]):
-        if r0 is not None:
-            e.wgemv(e.sub(i, "mlp.up_proj.weight"), m["up"] + r0 // 4, m["h"], row_start=r0, rows=piece)
-        e.setvl(piece)
-        e.vec(VecFunc.GELU_MUL, dst=m["gate"] + prev // 4, a=m["gate"] + prev // 4, b=m["up"] + prev // 4)
+    for k, (r0, rows) in enumerate(pieces):
+        if k + 1 < len(pieces):
+            nxt, nrows = pieces[k + 1]
+            e.wgemv(up, m["up"] + nxt // 4, m["h"], row_start=nxt, rows=nrows)
+        e.setvl(rows)
+        e.vec(VecFunc.GELU_MUL, dst=m["gate"] + r0 // 4, a=m["gate"] + r0 // 4, b=m["up"] + r0 // 4)
     down = e.sub(i, "mlp.down_proj.weight")
     e.wgemv(down, m["dn"], m["gate"], sparse=int(sparse and e.image.tensors[down].layout == Layout.COL))
     e.rmsnorm(m["dn"], m["dn"], D, D, e.sub(i, "post_feedforward_layernorm.weight"))

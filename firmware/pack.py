@@ -44,7 +44,7 @@ from sim.gemma3n import resolve_tensor_names
 from sim.numerics import KvInt8Layout, pack_int4, quantize_weights, v_plane_scales
 
 __all__ = ["Image", "TensorEntry", "Descriptor", "pack", "DESC_BYTES", "DescKind", "Layout",
-           "rope_turn_table", "logit_chunk_rows", "ffn_piece_rows", "folded_router", "folded_router_name"]
+           "rope_turn_table", "logit_chunk_rows", "ffn_pieces", "folded_router", "folded_router_name"]
 
 ALIGN = 4096
 DESC_BYTES = 32
@@ -181,21 +181,38 @@ def logit_chunk_rows(cfg: ModelConfig, hw: HardwareConfig) -> int:
     return min(cfg.vocab_size, hw.l2_bytes // 16, 1 << 15)
 
 
-def ffn_piece_rows(cfg: ModelConfig, layer: int) -> int:
-    """Rows of each piece the gate and up projections of layer `layer` run in (one WGEMV each, with their
-    own descriptors): four pieces when they come in whole L2 words, else two, else one. The compiler runs
-    GELU(gate) * up of one piece under the next piece's weight stream (firmware.compiler)."""
+def ffn_pieces(cfg: ModelConfig, layer: int) -> list[tuple[int, int]]:
+    """``(row_start, rows)`` of the pieces the up projection of layer `layer` runs in (one WGEMV each, with their
+    own descriptors). The compiler runs GELU(gate) * up of a piece under the next piece's weight stream
+    (firmware.compiler), so only the last piece's waits: with ``F % 128 == 0`` four quarters, the last one
+    split into ``F/4 - F/32`` and a tail of ``F/32`` rows (the tail's stream hides the piece before it while
+    D >= ~800 at the kv260's rates; E4B: 3,584 + 199 cycles of GELU under 512 rows' 9.4k of stream); else four
+    quarters when they come in whole L2 words, else two halves, else one piece."""
     f = cfg.intermediate_size[layer]
-    return f // 4 if f % 16 == 0 else f // 2 if f % 8 == 0 else f
+    if f % 128 == 0:
+        q, t = f // 4, f // 32
+        sizes = [q, q, q, q - t, t]
+    elif f % 16 == 0:
+        sizes = [f // 4] * 4
+    elif f % 8 == 0:
+        sizes = [f // 2] * 2
+    else:
+        sizes = [f]
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    return list(zip(starts, sizes))
 
 
-def _row_chunk(cfg: ModelConfig, hw: HardwareConfig, name: str, rows: int) -> int:
-    """Rows per extra descriptor of matrix `name`: the LM head's chunks, the FFN gate/up pieces, else all."""
+def _row_pieces(cfg: ModelConfig, hw: HardwareConfig, name: str, rows: int) -> list[tuple[int, int]]:
+    """``(row_start, rows)`` of the extra descriptors of matrix `name`: the LM head's chunks, the FFN up
+    projection's pieces; none for the rest."""
     if name in ("embed_tokens.weight", "lm_head.weight"):
-        return logit_chunk_rows(cfg, hw)
-    if name.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight")):
-        return ffn_piece_rows(cfg, int(name.split(".")[1]))
-    return rows
+        chunk = logit_chunk_rows(cfg, hw)
+        out = [(r0, min(rows, r0 + chunk) - r0) for r0 in range(0, rows, chunk)]
+    elif name.endswith("mlp.up_proj.weight"):
+        out = ffn_pieces(cfg, int(name.split(".")[1]))
+    else:
+        return []
+    return [] if out == [(0, rows)] else out
 
 
 def folded_router_name(layer: int) -> str:
@@ -331,15 +348,12 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
         entries[name] = TensorEntry(name, "WEIGHTS", off, shape, "int4", layout, group, soff, nbytes,
                                     rows * ngroups * 2)
         # One descriptor for the whole matrix (GEMVs, and row gathers from embedding tables); the LM head
-        # also gets one per chunk of rows, the FFN gate and up projections one per piece (`_row_chunk`).
+        # also gets one per chunk of rows, the FFN up projection one per piece (`_row_pieces`).
         descs.append(Descriptor(len(descs), DescKind.INT4, name, 0, rows, cols, off, soff, layout, group))
-        chunk = _row_chunk(cfg, hw, name, rows)
-        for r0 in range(0, rows, chunk):
-            r1 = min(rows, r0 + chunk)
-            if (r0, r1) != (0, rows):
-                assert layout == Layout.ROW, "row chunks of a column-major matrix have no contiguous scales"
-                descs.append(Descriptor(len(descs), DescKind.INT4, name, r0, r1 - r0, cols,
-                                        off + r0 * pcols // 2, soff + r0 * ngroups * 2, layout, group))
+        for r0, n in _row_pieces(cfg, hw, name, rows):
+            assert layout == Layout.ROW, "row chunks of a column-major matrix have no contiguous scales"
+            descs.append(Descriptor(len(descs), DescKind.INT4, name, r0, n, cols,
+                                    off + r0 * pcols // 2, soff + r0 * ngroups * 2, layout, group))
     folded = {folded_router_name(i): i for i in range(cfg.num_hidden_layers)}    # derived: name -> layer
     n = cfg.altup_num_inputs * cfg.hidden_size * 4
     for name in folded:

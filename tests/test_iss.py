@@ -11,7 +11,7 @@ import pytest
 
 from firmware.asm import disassemble
 from firmware.compiler import compile_token
-from firmware.pack import ffn_piece_rows, pack
+from firmware.pack import ffn_pieces, pack
 from firmware.runtime import Runtime
 from hdl.config import PRESETS as HW
 from hdl.isa import CtrlFunc, ErrorCode, Opcode, encode
@@ -82,13 +82,13 @@ def test_hardware_arithmetic_is_deterministic_and_counts_bytes():
         np.testing.assert_array_equal(la, lb)
         assert la.dtype == np.float32 and np.all(np.abs(la) <= cfg.final_logit_softcapping)
     c = a.machine.counters
-    # WGEMVs per token, counted from the model: LAuReL 2, Q, O, the gate and up pieces, down, PLE gate and
+    # WGEMVs per token, counted from the model: LAuReL 2, Q, O, the gate, the up pieces, down, PLE gate and
     # projection, plus K and V on cache layers; the PLE projection, AltUp projections and unprojections;
-    # LM-head chunks.
+    # LM-head chunks. The tiny FFN (128 rows) runs up in quarters with the last split 28 + 4.
     n = cfg.altup_num_inputs
-    pieces = [cfg.intermediate_size[i] // ffn_piece_rows(cfg, i) for i in range(cfg.num_hidden_layers)]
-    assert pieces == [4] * cfg.num_hidden_layers
-    per_token = sum(7 + 2 * pieces[i] + (0 if cfg.is_kv_shared(i) else 2) for i in range(cfg.num_hidden_layers)) \
+    assert all(ffn_pieces(cfg, i) == [(0, 32), (32, 32), (64, 32), (96, 28), (124, 4)]
+               for i in range(cfg.num_hidden_layers))
+    per_token = sum(8 + 5 + (0 if cfg.is_kv_shared(i) else 2) for i in range(cfg.num_hidden_layers)) \
         + 1 + 2 * (n - 1)
     per_token += -(-cfg.vocab_size // min(cfg.vocab_size, HW["tiny"].l2_bytes // 16, 1 << 15))
     assert c.instructions["WGEMV"] == len(tokens) * per_token
@@ -410,8 +410,8 @@ def test_wgemv_reuse_computes_with_the_engines_activations(arithmetic):
 
 
 def test_compiler_reuses_the_engines_activations():
-    """The E4B-shaped program quantises each vector once: Q, K and V reuse LAuReL's input, the gate and up
-    pieces the first gate piece's, the LM-head chunks the first chunk's."""
+    """The E4B-shaped program quantises each vector once: Q, K and V reuse LAuReL's input, the up pieces the
+    gate's, the LM-head chunks the first chunk's."""
     from hdl.isa import decode
     cfg = ModelConfig.preset("e4b")
     hw = HW["kv260"]
@@ -421,9 +421,10 @@ def test_compiler_reuses_the_engines_activations():
     wg = [(i, s) for i, s in zip(ins, prog.steps) if i.op is Opcode.WGEMV]
     reused = [s for i, s in wg if i.reuse]
     chunks = -(-cfg.vocab_size // min(cfg.vocab_size, hw.l2_bytes // 16, 1 << 15))
-    # per layer Q, 3 gate and 4 up pieces, K and V on cache layers; 8 LM-head chunks; the 3 AltUp projections
-    # of x0 (the PLE projection quantised it)
-    assert len(reused) == 8 * cfg.num_hidden_layers + 2 * len(cfg.kv_cache_layers) + (chunks - 1) + 3
+    # per layer Q and the 5 up pieces, K and V on cache layers; 8 LM-head chunks; the 3 AltUp projections of x0
+    # (the PLE projection quantised it)
+    assert [n for _, n in ffn_pieces(cfg, 0)] == [4096, 4096, 4096, 3584, 512]
+    assert len(reused) == 6 * cfg.num_hidden_layers + 2 * len(cfg.kv_cache_layers) + (chunks - 1) + 3
 
 
 def test_compiler_forgets_the_engines_vector_when_its_source_is_written():
