@@ -252,6 +252,30 @@ def sparse_gemv_cycles(rows: int, cols: int, group: int, nonzero: int, hw: Hardw
     return max(back, front)
 
 
+def _sparse_extra(shapes, hw: HardwareConfig, rates: Rates) -> float:
+    """A sparse GEMV takes the longer of its bytes (counted with the rest) and its binary32 parts: the cycles
+    beyond the bytes of `shapes` ((rows, cols, group, nonzero) -> count)."""
+    rate = _stream_rate(hw, rates)
+    extra = 0.0
+    for (rows, cols, group, nz), n in shapes.items():
+        nbytes = nz * rows // 2 + rows * -(-cols // group) * 2
+        extra += n * max(0.0, sparse_gemv_cycles(rows, cols, group, nz, hw) - nbytes / rate)
+    return extra
+
+
+def _v_gemv_stream(shape, hw: HardwareConfig, rates: Rates) -> float:
+    """Engine cycles of one sparse V GEMV of `shape` (rows, cols, group, nonzero) beyond ``gemv_fixed``."""
+    rows, cols, group, nz = shape
+    nbytes = nz * rows // 2 + rows * -(-cols // group) * 2
+    return max(nbytes / _stream_rate(hw, rates), sparse_gemv_cycles(rows, cols, group, nz, hw))
+
+
+def _recip_beside(shape, hw: HardwareConfig, rates: Rates) -> float:
+    """What INT8 ATTN's RECIP pass (one element through the SFU) outlasts the two V GEMVs of `shape` it runs
+    beside by (negative: it is hidden)."""
+    return rates.sfu_pass + 1 / rates.elements_per_cycle - 2 * (rates.gemv_fixed + _v_gemv_stream(shape, hw, rates))
+
+
 def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dict, dict]:
     """(cycles per unit, cycles per opcode) of one run whose `counters` the ISS recorded; `gemms` are the run's
     WGEMMs (`Wgemm`: the ISS counts their instructions and bytes, not their shapes): unit ``gemm`` (the
@@ -267,21 +291,18 @@ def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dic
         by_op[op] += c
     rate = _stream_rate(hw, rates)
 
-    def sparse_extra(shapes):
-        """A sparse GEMV takes the longer of its bytes (counted with the rest) and its binary32 parts."""
-        extra = 0.0
-        for (rows, cols, group, nz), n in shapes.items():
-            nbytes = nz * rows // 2 + rows * -(-cols // group) * 2
-            extra += n * max(0.0, sparse_gemv_cycles(rows, cols, group, nz, hw) - nbytes / rate)
-        return extra
+    recips = sum(n * max(0.0, _recip_beside(shape, hw, rates)) for shape, n in counters.attn_recips.items())
+    if recips:
+        units["sfu"] += recips
+        by_op["ATTN"] += recips
 
-    weights = counters.gemv_bytes / rate + n_wgemv * rates.gemv_fixed + sparse_extra(counters.sparse_gemvs)
+    weights = counters.gemv_bytes / rate + n_wgemv * rates.gemv_fixed + _sparse_extra(counters.sparse_gemvs, hw, rates)
     units["weights"] += weights
     by_op["WGEMV"] += weights
     # INT8 ATTN's GEMVs over the KV planes: the same engine costs, but inside ATTN (not a weight stream that
     # an async WGEMV could hide)
     kv = (counters.attn_gemv_bytes / rate + counters.attn_gemvs * rates.gemv_fixed
-          + sparse_extra(counters.attn_sparse_gemvs))
+          + _sparse_extra(counters.attn_sparse_gemvs, hw, rates))
     if kv:
         units["kv_stream"] += kv
         by_op["ATTN"] += kv
@@ -372,7 +393,9 @@ def schedule(machine, words, hw: HardwareConfig, rates: Rates, *, token: int, po
                 lo = insn.dst * LANES + (d.tokens - n_last) * stride
                 state["g"] = (lo, lo + (n_last - 1) * stride + d.rows)
                 g_end = t + last
-        elif insn.op is Opcode.CTRL and insn.func in (CtrlFunc.FENCE, CtrlFunc.HALT):
+        elif (insn.op is Opcode.CTRL and insn.func in (CtrlFunc.FENCE, CtrlFunc.HALT)) or \
+                (insn.op is Opcode.ATTN and hw.kv_format == "int8"):
+            # FENCE and HALT wait for the engine; so does an INT8 ATTN, which runs its GEMVs on it
             t = max(t, g_end) + front
         else:
             g_lo, g_hi = state["g"]
@@ -388,21 +411,28 @@ def schedule(machine, words, hw: HardwareConfig, rates: Rates, *, token: int, po
 
 def features(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> dict:
     """The coefficients of each fitted cost in a run's cycle count (`fit_rates`): cycles = sum(f * cost), plus
-    the cycles at known rates (``_elements``, ``_streaming``, ``_gemm``). A WGEMM's coefficients depend on which
-    term of each of its `max`es wins, resolved at `rates` (`_wgemm_terms`)."""
+    the cycles at known rates (``_elements``, ``_streaming``, ``_known``: WGEMMs, sparse GEMVs beyond their
+    bytes). A WGEMM's coefficients depend on which term of each of its `max`es wins, resolved at `rates`
+    (`_wgemm_terms`); so does an INT8 ATTN's RECIP pass (`_recip_beside`)."""
     f = Counter({"issue": sum(counters.instructions.values()), "alu_op": counters.alu_ops,
-                 "gemv_fixed": counters.instructions.get("WGEMV", 0)})
+                 "gemv_fixed": counters.instructions.get("WGEMV", 0) + counters.attn_gemvs})
     for k in PASS_KINDS:
         f[f"{k}_pass"] = sum(n for (op, kind), n in counters.passes.items() if kind == k)
     elements = sum(n / PASS_LANES.get(kind, 1) for (_, kind), n in counters.pass_elements.items())
-    streaming = counters.gemv_bytes / _stream_rate(hw, rates)
-    known = 0.0
+    streaming = (counters.gemv_bytes + counters.attn_gemv_bytes) / _stream_rate(hw, rates)
+    known = _sparse_extra(counters.sparse_gemvs, hw, rates) + _sparse_extra(counters.attn_sparse_gemvs, hw, rates)
+    for shape, n in counters.attn_recips.items():     # a RECIP pass that outlasts its V GEMVs: the difference
+        if _recip_beside(shape, hw, rates) > 0:
+            f["sfu_pass"] += n
+            f["gemv_fixed"] -= 2 * n
+            elements += n
+            known -= 2 * n * _v_gemv_stream(shape, hw, rates)
     for g in gemms:
         k, coef, _ = _wgemm_terms(g, hw, rates)
         known += k
         elements += DESC_ELEMENTS
         f.update(coef)
-    return dict(f) | {"_elements": elements, "_streaming": streaming, "_gemm": known}
+    return dict(f) | {"_elements": elements, "_streaming": streaming, "_known": known}
 
 
 FITTED = ("issue", "sfu_pass", "vec_pass", "reduce_pass", "copy_pass", "quant_pass", "ddr_read_pass", "ddr_write_pass",
@@ -424,7 +454,7 @@ def fit_rates(samples, hw: HardwareConfig, base: Rates = Rates(), fit=FITTED, it
             f = features(counters, hw, rates, gemms)
             rows.append([f.get(k, 0) for k in fit])
             fixed = sum(v * getattr(base, k) for k, v in f.items() if not k.startswith("_") and k not in fit)
-            rhs.append(cycles - f["_elements"] / base.elements_per_cycle - f["_streaming"] - f["_gemm"] - fixed)
+            rhs.append(cycles - f["_elements"] / base.elements_per_cycle - f["_streaming"] - f["_known"] - fixed)
         a, b = np.array(rows, float), np.array(rhs, float)
         used = np.any(a != 0, axis=0)
         sol = np.linalg.lstsq(a[:, used], b, rcond=None)[0]

@@ -337,3 +337,51 @@ def test_pass_kinds_follow_the_sfu_paths():
     assert kinds(VecFunc.RMSNORM, 64, 32) == {"reduce": (2, 64), "sfu": (2, 2), "vec": (2, 64)}
     assert kinds(VecFunc.RMSNORM_NG, 64, 32) == {"reduce": (2, 64), "sfu": (2, 2), "vec": (2, 64)}
     assert kinds(VecFunc.ROPE, 64, 32) == {"vec": (12, 192)}
+
+
+def _token_counters(cfg, hw, pos):
+    from firmware.compiler import compile_token
+    from firmware.pack import pack
+    from sim.iss import COUNT, Machine
+    image = pack(cfg, None, hw, max_positions=pos + 1, fill=False)
+    m = Machine(image, hw, COUNT)
+    m.run(compile_token(cfg, image, hw).words, token=2, pos=pos)
+    return m.counters
+
+
+@pytest.mark.parametrize("pos", [0, 5, 40])
+def test_features_price_a_token_as_cycles_of_does(tiny, pos):
+    """The fit's linear form (`features`) gives the same serial cycles as `cycles_of`, INT8 ATTN included (its
+    engine commands, sparse V GEMVs and the RECIP pass beside them), at costs unrelated to the defaults."""
+    from firmware.perf import features
+    cfg, hw = tiny
+    c = _token_counters(cfg, hw, pos)
+    assert c.attn_gemvs and c.attn_recips
+    rates = Rates(issue=5, sfu_pass=190, vec_pass=27, reduce_pass=231, copy_pass=9, quant_pass=13, ddr_read_pass=60,
+                  ddr_write_pass=70, alu_op=11, gemv_fixed=23)
+    f = features(c, hw, rates)
+    linear = sum(v * getattr(rates, k) for k, v in f.items() if not k.startswith("_")) \
+        + f["_elements"] / rates.elements_per_cycle + f["_streaming"] + f["_known"]
+    assert linear == pytest.approx(sum(cycles_of(c, hw, rates)[0].values()), rel=1e-12)
+
+
+def test_attn_recip_runs_beside_the_v_gemvs():
+    """INT8 ATTN's RECIP pass (sfu_pass + 1 cycles) costs what it outlasts its head's first two V GEMVs by. On
+    the kv260 (head_dim 256 over 4 ports: 64 rows a port) each sparse V GEMV takes at least the back end's one
+    walk of 64 rows, so 2 x (gemv_fixed + 64) > 200 hides it from one position on (128 positions: the front
+    end's 128 columns x 2 beats x 4 cycles + 8 scale beats); on the tiny NPU (head_dim 16 over 2 ports) one
+    position takes 16 cycles and the pass outlasts the pair by 200 - 2 x (64.1 + 16)."""
+    from firmware.perf import sparse_gemv_cycles
+    from sim.iss import Counters
+    from hdl.config import V_PLANE_LOG2_GROUP
+    r, g = Rates(), 1 << V_PLANE_LOG2_GROUP
+    kv260, tiny = HardwareConfig.preset("kv260"), HardwareConfig.preset("tiny")
+    assert sparse_gemv_cycles(256, 128, g, 128, kv260) == 128 * 2 * 4 + 8
+    assert sparse_gemv_cycles(256, 1, g, 1, kv260) == 64
+    assert sparse_gemv_cycles(16, 1, g, 1, tiny) == 16
+    for hw, hd, n, want in ((kv260, 256, 128, 0.0), (kv260, 256, 1, 0.0),
+                            (tiny, 16, 1, 4 * (r.sfu_pass + 1 - 2 * (r.gemv_fixed + 16)))):
+        c = Counters()
+        c.attn_recips[(hd, n, g, n)] = 4
+        units, by_op = cycles_of(c, hw, r)
+        assert units.get("sfu", 0.0) == pytest.approx(want) and by_op.get("ATTN", 0.0) == pytest.approx(want)
