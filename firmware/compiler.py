@@ -20,7 +20,7 @@ from hdl.isa import (VEC_REDUCTIONS, CtrlFunc, CvoFunc, DdrRegion, DmaDir, Opcod
                      encode)
 from sim.config import ModelConfig
 
-from .pack import Image, Layout, ffn_pieces, folded_router_name, logit_chunk_rows
+from .pack import Image, Layout, ffn_pieces, folded_router_name, logit_chunk_rows, logit_chunks
 
 __all__ = ["compile_token", "Program", "L2Map"]
 
@@ -352,7 +352,6 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
     e.vec(VecFunc.MULS, dst=m["acc"], a=m["acc"], s=0)
     e.rmsnorm(m["acc"], m["acc"], D, D, "norm.weight")
     head = "embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-    chunk = logit_chunk_rows(cfg, hw)
     bufs = [m["logits"]] + ([m["logits2"]] if "logits2" in m.buffers else [])
 
     def finish(r0, rows, buf):
@@ -366,8 +365,7 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
         e.emit(Opcode.DMA, dir=DmaDir.L2_TO_DDR, region=DdrRegion.LOGITS, l2=buf, offset=r0 * 4 // 16, async_=0)
 
     pending = None
-    for k, r0 in enumerate(range(0, cfg.vocab_size, chunk)):
-        rows = min(chunk, cfg.vocab_size - r0)
+    for k, (r0, rows) in enumerate(logit_chunks(cfg, hw)):
         e.step = f"5 LM head rows {r0}..{r0 + rows - 1}, soft-cap, store logits"
         e.wgemv(head, bufs[k % len(bufs)], m["acc"], row_start=r0, rows=rows)
         if pending is not None:          # the previous chunk, under this one's stream (the other buffer)

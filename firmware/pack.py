@@ -44,7 +44,7 @@ from sim.gemma3n import resolve_tensor_names
 from sim.numerics import KvInt8Layout, pack_int4, quantize_weights, v_plane_scales
 
 __all__ = ["Image", "TensorEntry", "Descriptor", "pack", "DESC_BYTES", "DescKind", "Layout",
-           "rope_turn_table", "logit_chunk_rows", "ffn_pieces", "folded_router", "folded_router_name"]
+           "rope_turn_table", "logit_chunk_rows", "logit_chunks", "ffn_pieces", "folded_router", "folded_router_name"]
 
 ALIGN = 4096
 DESC_BYTES = 32
@@ -176,9 +176,34 @@ def rope_turn_table(theta: float, head_dim: int) -> np.ndarray:
 
 
 def logit_chunk_rows(cfg: ModelConfig, hw: HardwareConfig) -> int:
-    """LM-head rows computed per WGEMV: one chunk of logits takes at most a quarter of L2 and fits the
+    """The most LM-head rows computed per WGEMV: one chunk of logits takes at most a quarter of L2 and fits the
     16-bit length of the CVO that soft-caps it."""
     return min(cfg.vocab_size, hw.l2_bytes // 16, 1 << 15)
+
+
+def logit_chunks(cfg: ModelConfig, hw: HardwareConfig) -> list[tuple[int, int]]:
+    """``(row_start, rows)`` of the LM head's WGEMVs. A chunk's soft-cap and store (about two cycles per row:
+    a CVO and a DMA at one element per cycle) run under the next chunk's weight stream, so only the last
+    chunk's wait. A row streams in about ``k = row bytes // (2 x ports x beat bytes)`` times as long as it
+    finishes (E4B on kv260: 1,056 // 128 = 8), so with ``k >= 2`` the chunks end in a tail that shrinks by k
+    while it stays at least 64 rows: each hides the one before it (E4B: 28,352, 7 x 32,768, then 4,096, 512 and
+    64 rows; the last finish is ~340 cycles instead of ~66k). Chunks start on whole L2 words (the DMA's
+    16-byte offsets): the rows beyond a multiple of four go to the last chunk. Otherwise (or with the whole
+    vocabulary in one chunk) chunks of `logit_chunk_rows`, the remainder last."""
+    C, S, D = logit_chunk_rows(cfg, hw), cfg.vocab_size, cfg.hidden_size
+    row_bytes = (D + 1) // 2 + -(-D // (hw.weight_group or D)) * 2
+    k = row_bytes // (2 * hw.axi_ports * hw.bytes_per_beat)
+    tail, size = [], C
+    while S > C and k >= 2 and size // k // 4 * 4 >= 64:
+        size = size // k // 4 * 4
+        tail.append(size)
+    if not tail:
+        return [(r0, min(C, S - r0)) for r0 in range(0, S, C)]
+    rest = S - sum(tail)
+    sizes = ([rest % C // 4 * 4] if rest % C >= 4 else []) + [C] * (rest // C) + tail
+    sizes[-1] += S - sum(sizes)
+    starts = [sum(sizes[:j]) for j in range(len(sizes))]
+    return list(zip(starts, sizes))
 
 
 def ffn_pieces(cfg: ModelConfig, layer: int) -> list[tuple[int, int]]:
@@ -206,8 +231,7 @@ def _row_pieces(cfg: ModelConfig, hw: HardwareConfig, name: str, rows: int) -> l
     """``(row_start, rows)`` of the extra descriptors of matrix `name`: the LM head's chunks, the FFN up
     projection's pieces; none for the rest."""
     if name in ("embed_tokens.weight", "lm_head.weight"):
-        chunk = logit_chunk_rows(cfg, hw)
-        out = [(r0, min(rows, r0 + chunk) - r0) for r0 in range(0, rows, chunk)]
+        out = logit_chunks(cfg, hw)
     elif name.endswith("mlp.up_proj.weight"):
         out = ffn_pieces(cfg, int(name.split(".")[1]))
     else:

@@ -11,7 +11,7 @@ import pytest
 
 from firmware.asm import disassemble
 from firmware.compiler import compile_token
-from firmware.pack import ffn_pieces, pack
+from firmware.pack import ffn_pieces, logit_chunks, pack
 from firmware.runtime import Runtime
 from hdl.config import PRESETS as HW
 from hdl.isa import CtrlFunc, ErrorCode, Opcode, encode
@@ -420,9 +420,10 @@ def test_compiler_reuses_the_engines_activations():
     ins = [decode(w) for w in prog.words]
     wg = [(i, s) for i, s in zip(ins, prog.steps) if i.op is Opcode.WGEMV]
     reused = [s for i, s in wg if i.reuse]
-    chunks = -(-cfg.vocab_size // min(cfg.vocab_size, hw.l2_bytes // 16, 1 << 15))
-    # per layer Q and the 5 up pieces, K and V on cache layers; 8 LM-head chunks; the 3 AltUp projections of x0
-    # (the PLE projection quantised it)
+    chunks = len(logit_chunks(cfg, hw))
+    assert chunks == 11
+    # per layer Q and the 5 up pieces, K and V on cache layers; 10 LM-head chunks after the first; the 3 AltUp
+    # projections of x0 (the PLE projection quantised it)
     assert [n for _, n in ffn_pieces(cfg, 0)] == [4096, 4096, 4096, 3584, 512]
     assert len(reused) == 6 * cfg.num_hidden_layers + 2 * len(cfg.kv_cache_layers) + (chunks - 1) + 3
 

@@ -139,3 +139,28 @@ def test_pack_errors():
         pack(CFG, tensors, HW["tiny"])
     with pytest.raises(ValueError, match="pack needs tensors unless fill=False"):
         pack(CFG, None, HW["tiny"])
+
+
+def test_lm_head_chunks_end_in_a_shrinking_tail():
+    """E4B on kv260: a row streams ~8x as long as it is soft-capped and stored (1,056 bytes against 2 cycles of
+    4 ports x 16 bytes), so the chunks end in 4,096, 512 and 64 rows and each chunk's finish fits under the next
+    one's stream; the chunks cover the vocabulary, start on L2 words and fit the logits buffers, for any size."""
+    from firmware.pack import ffn_pieces, logit_chunk_rows, logit_chunks
+    e4b, kv = PRESETS["e4b"], HW["kv260"]
+    assert [n for _, n in logit_chunks(e4b, kv)] == [28352] + [32768] * 7 + [4096, 512, 64]
+    assert logit_chunks(PRESETS["tiny"], HW["tiny"]) == [(0, 320)]           # one chunk: nothing to hide under
+    narrow = e4b.replace(hidden_size=256)                                    # 160 bytes a row: k = 1, no tail
+    assert [n for _, n in logit_chunks(narrow, kv)] == [32768] * 8 + [256]
+    rng = np.random.default_rng(5)
+    for vocab in [32769, 32772, 36000, 65539] + [int(v) for v in rng.integers(32769, 300_000, 20)]:
+        cfg = e4b.replace(vocab_size=vocab, vocab_size_per_layer_input=min(vocab, e4b.vocab_size_per_layer_input))
+        chunks = logit_chunks(cfg, kv)
+        assert [r0 for r0, _ in chunks] == [sum(n for _, n in chunks[:j]) for j in range(len(chunks))]
+        assert sum(n for _, n in chunks) == vocab and all(r0 % 4 == 0 for r0, _ in chunks), vocab
+        assert all(0 < n <= logit_chunk_rows(cfg, kv) for _, n in chunks), vocab
+        assert [n for _, n in chunks[-3:-1]] == [4096, 512] and 64 <= chunks[-1][1] < 68, vocab
+    # the FFN's up pieces: quarters with the last one split F/4 - F/32 + F/32 when F % 128 == 0
+    assert ffn_pieces(e4b, 0) == [(0, 4096), (4096, 4096), (8192, 4096), (12288, 3584), (15872, 512)]
+    assert ffn_pieces(e4b.replace(intermediate_size=(48,) * 35), 0) == [(0, 12), (12, 12), (24, 12), (36, 12)]
+    assert ffn_pieces(e4b.replace(intermediate_size=(40,) * 35), 0) == [(0, 20), (20, 20)]
+    assert ffn_pieces(e4b.replace(intermediate_size=(42,) * 35), 0) == [(0, 42)]
