@@ -470,3 +470,32 @@ def test_compiler_forgets_the_engines_vector_when_its_source_is_written():
     e.wgemv(q, src, src)
     e.wgemv(k, 1536, src)
     assert decode(e.prog.words[-1]).reuse == 0
+
+
+def test_lm_head_in_a_shrinking_tail_of_chunks_gives_the_same_logits(monkeypatch):
+    """A vocabulary beyond one chunk (tiny NPU: 4,096 rows) with rows wide enough for a tail (D 128: 72 bytes a
+    row against 2 x 2 ports x 8 bytes, k = 2): 7 chunks (968, then 2,048 halving to 64) through both logits
+    buffers. The hardware-arithmetic logits are bit-identical to those of plain 4,096-row chunks (each row's
+    GEMV does not depend on its chunk), and the reference arithmetic matches the float64 model."""
+    import firmware.compiler as compiler
+    import firmware.pack as packer
+    cfg = PRESETS["tiny"].replace(hidden_size=128, vocab_size=5000, vocab_size_per_layer_input=256)
+    hw = HW["tiny"]
+    assert [n for _, n in logit_chunks(cfg, hw)] == [968, 2048, 1024, 512, 256, 128, 64]
+    tensors = random_tensors(cfg, seed=3, dtype=np.float64)
+    golden = Model.from_hf(cfg, tensors)
+    ref = Runtime.from_hf(cfg, tensors, arithmetic="reference", hw="tiny")
+    tail = Runtime.from_hf(cfg, tensors, arithmetic="hardware", hw="tiny")
+
+    def plain(cfg, hw):
+        C = packer.logit_chunk_rows(cfg, hw)
+        return [(r0, min(C, cfg.vocab_size - r0)) for r0 in range(0, cfg.vocab_size, C)]
+
+    monkeypatch.setattr(packer, "logit_chunks", plain)
+    monkeypatch.setattr(compiler, "logit_chunks", plain)
+    flat = Runtime.from_hf(cfg, tensors, arithmetic="hardware", hw="tiny")
+    wgemvs = lambda rt: sum(w >> 60 == Opcode.WGEMV.value for w in rt.program.words)
+    assert wgemvs(tail) == wgemvs(flat) + 5                          # 7 LM-head chunks against 2
+    for token in (2, 4999, 17):
+        np.testing.assert_array_equal(tail.step(token), flat.step(token))
+        assert np.max(np.abs(ref.step(token) - golden.step(token))) <= REFERENCE_TOL
