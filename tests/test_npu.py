@@ -5,10 +5,10 @@ All share ONE Verilator build (``build/sim/npu_tiny``; the Npu's Verilog is conv
 ``python -m tb.npu`` command line on two tokens. The host side's argument checks need no simulation.
 
 Cost: the build takes about 10 minutes on 2 shared cores (Verilator front end about 190 s of CPU, the C++
-of a 65 MB model the rest); a token of the f64_s2_l7 fixture is about 5 x 10^5 cycles (SFU passes,
-firmware.perf) at roughly half a millisecond per simulated cycle, i.e. minutes per token. The build alone
-would take half of the default suite's 20-minute budget, so every test that simulates the NPU is ``slow``
-(``python -m pytest -m slow tests/test_npu.py``); the host side's checks stay in the default run.
+of a 65 MB model the rest); a token of the f64_s2_l7 fixture is about 1.8 x 10^5 cycles (SFU passes,
+firmware.perf) at 1.4 to 2.4 ms per simulated cycle on shared cores, i.e. 4 to 7 minutes per token. The
+build alone would take half of the default suite's 20-minute budget, so every test that simulates the NPU
+is ``slow`` (``python -m pytest -m slow tests/test_npu.py``); the host side's checks stay in the default run.
 """
 
 import re
