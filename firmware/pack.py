@@ -184,7 +184,7 @@ def logit_chunk_rows(cfg: ModelConfig, hw: HardwareConfig) -> int:
 def logit_chunks(cfg: ModelConfig, hw: HardwareConfig) -> list[tuple[int, int]]:
     """``(row_start, rows)`` of the LM head's WGEMVs. A chunk's soft-cap and store (about two cycles per row:
     a CVO and a DMA at one element per cycle) run under the next chunk's weight stream, so only the last
-    chunk's wait. A row streams in about ``k = row bytes // (2 x ports x beat bytes)`` times as long as it
+    chunk's finish waits. A row streams in about ``k = row bytes // (2 x ports x beat bytes)`` times as long as it
     finishes (E4B on kv260: 1,056 // 128 = 8), so with ``k >= 2`` the chunks end in a tail that shrinks by k
     while it stays at least 64 rows: each hides the one before it (E4B: 28,352, 7 x 32,768, then 4,096, 512 and
     64 rows; the last finish is ~340 cycles instead of ~66k). Chunks start on whole L2 words (the DMA's
@@ -209,7 +209,7 @@ def logit_chunks(cfg: ModelConfig, hw: HardwareConfig) -> list[tuple[int, int]]:
 def ffn_pieces(cfg: ModelConfig, layer: int) -> list[tuple[int, int]]:
     """``(row_start, rows)`` of the pieces the up projection of layer `layer` runs in (one WGEMV each, with their
     own descriptors). The compiler runs GELU(gate) * up of a piece under the next piece's weight stream
-    (firmware.compiler), so only the last piece's waits: with ``F % 128 == 0`` four quarters, the last one
+    (firmware.compiler), so only the last piece's GELU * up waits: with ``F % 128 == 0`` four quarters, the last one
     split into ``F/4 - F/32`` and a tail of ``F/32`` rows (the tail's stream hides the piece before it while
     D >= ~800 at the kv260's rates; E4B: 3,584 + 199 cycles of GELU under 512 rows' 9.4k of stream); else four
     quarters when they come in whole L2 words, else two halves, else one piece."""
