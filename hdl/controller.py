@@ -29,8 +29,9 @@ composition table), so the results are bit-identical to the ISS's hardware arith
   MUL by the V row scales (from DDR), then per chunk of ``gemv_max_cols`` positions the weights into the
   quantiser and two sparse engine commands over the V planes (accm after the first) into dst, with RECIP(sum)
   beside the first chunk's (it uses only the SFU and registers), then MULS by the reciprocal. KVST per head:
-  K into the quantiser (limit 119) and the `KvPacker`, its two plane rows and scale rows out to DDR; V into the quantiser twice (its row exponent, then the values at that exponent), its
-  two plane columns and its row scale out. The slot layout is `sim.numerics.KvInt8Layout`.
+  K into the quantiser (limit 119) and the `KvPacker`, its two plane rows and scale rows out to DDR; V into
+  the quantiser twice (its row exponent, then the values at that exponent), its two plane columns and its
+  row scale out. The slot layout is `sim.numerics.KvInt8Layout`.
 - CVO SCALE with recip_scale and SOFTCAP first take RECIP(S0); REDUCE/ROPE functions with accm add the
   staged result to dst afterwards (the SFU's accm covers the element-wise functions).
 
