@@ -252,28 +252,24 @@ def sparse_gemv_cycles(rows: int, cols: int, group: int, nonzero: int, hw: Hardw
     return max(back, front)
 
 
-def _sparse_extra(shapes, hw: HardwareConfig, rates: Rates) -> float:
-    """A sparse GEMV takes the longer of its bytes (counted with the rest) and its binary32 parts: the cycles
-    beyond the bytes of `shapes` ((rows, cols, group, nonzero) -> count)."""
-    rate = _stream_rate(hw, rates)
-    extra = 0.0
-    for (rows, cols, group, nz), n in shapes.items():
-        nbytes = nz * rows // 2 + rows * -(-cols // group) * 2
-        extra += n * max(0.0, sparse_gemv_cycles(rows, cols, group, nz, hw) - nbytes / rate)
-    return extra
-
-
-def _v_gemv_stream(shape, hw: HardwareConfig, rates: Rates) -> float:
-    """Engine cycles of one sparse V GEMV of `shape` (rows, cols, group, nonzero) beyond ``gemv_fixed``."""
+def _sparse_gemv_time(shape, hw: HardwareConfig, rates: Rates) -> tuple[float, float]:
+    """(engine cycles beyond ``gemv_fixed``, cycles of its bytes) of one sparse GEMV of `shape` (rows, cols,
+    group, nonzero): the longer of its bytes at the stream rate and its binary32 parts."""
     rows, cols, group, nz = shape
-    nbytes = nz * rows // 2 + rows * -(-cols // group) * 2
-    return max(nbytes / _stream_rate(hw, rates), sparse_gemv_cycles(rows, cols, group, nz, hw))
+    stream = (nz * rows // 2 + rows * -(-cols // group) * 2) / _stream_rate(hw, rates)
+    return max(stream, sparse_gemv_cycles(rows, cols, group, nz, hw)), stream
+
+
+def _sparse_extra(shapes, hw: HardwareConfig, rates: Rates) -> float:
+    """The cycles beyond their bytes (counted with the rest) of the sparse GEMVs `shapes` (shape -> count)."""
+    return sum(n * (t - b) for n, (t, b) in ((n, _sparse_gemv_time(sh, hw, rates)) for sh, n in shapes.items()))
 
 
 def _recip_beside(shape, hw: HardwareConfig, rates: Rates) -> float:
     """What INT8 ATTN's RECIP pass (one element through the SFU) outlasts the two V GEMVs of `shape` it runs
     beside by (negative: it is hidden)."""
-    return rates.sfu_pass + 1 / rates.elements_per_cycle - 2 * (rates.gemv_fixed + _v_gemv_stream(shape, hw, rates))
+    v_gemvs = 2 * (rates.gemv_fixed + _sparse_gemv_time(shape, hw, rates)[0])
+    return rates.sfu_pass + 1 / rates.elements_per_cycle - v_gemvs
 
 
 def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dict, dict]:
@@ -426,7 +422,7 @@ def features(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> dict:
             f["sfu_pass"] += n
             f["gemv_fixed"] -= 2 * n
             elements += n
-            known -= 2 * n * _v_gemv_stream(shape, hw, rates)
+            known -= 2 * n * _sparse_gemv_time(shape, hw, rates)[0]
     for g in gemms:
         k, coef, _ = _wgemm_terms(g, hw, rates)
         known += k

@@ -904,10 +904,11 @@ class Machine:
                 cols = min(n, c0 + hw.gemv_max_cols) - c0
                 nz = nonzero[h][c0 // hw.gemv_max_cols] if isinstance(nonzero[h], list) else cols
                 v_bytes += 2 * (nz * hd // 2 + hd * 2)
-                c.attn_sparse_gemvs[(hd, cols, 1 << V_PLANE_LOG2_GROUP, int(nz))] += 2
+                shape = (hd, cols, 1 << V_PLANE_LOG2_GROUP, int(nz))
+                c.attn_sparse_gemvs[shape] += 2
                 c.attn_gemvs += 2
                 if c0 == 0:
-                    c.attn_recips[(hd, cols, 1 << V_PLANE_LOG2_GROUP, int(nz))] += 1
+                    c.attn_recips[shape] += 1
             c.attn_gemvs += 2
             c.attn_gemv_bytes += k_bytes + v_bytes
             c.bytes_read["KV"] += k_bytes + v_bytes + n * 2           # + the V row scales
