@@ -22,6 +22,8 @@ It only meets the simulation through the CSR link, the pty and the shared DDR fi
         board.interrupt.update(bool(dut.o_irq.value))            # level: delivered once per enable
         await ClockCycles(dut.clk, 16)
     board.close(); ddr.close()
+
+`tb.board.test_standin` runs this loop on `hdl.csr.CsrBlock` (``pytest -m slow tests/test_board.py``).
 """
 
 from .csr import CsrLink, CsrRequest, RegisterFile
