@@ -23,12 +23,28 @@ PROGRAM     the token program (written by the compiler)
 Every region starts on a 4 KiB boundary. The manifest records every tensor (region, byte offset, shape,
 format, layout, group, scale offset) and every descriptor; nothing about the layout is implicit.
 
+Memory maps (`hdl.memory_map`). The image is placed in the windows of a memory map: ``flat`` (one window
+at address 0: the regions follow each other, the host adds its DDR base) or a board's reserved windows
+(``kv260``: two windows, one in each 2 GiB bank, the high one above 4 GB). Every region but WEIGHTS lies
+in one window; WEIGHTS is split between windows at tensor boundaries (a matrix's INT4 bytes and its scales
+are each contiguous), since the descriptors address it by 64-bit offsets from WEIGHTS_BASE, the lowest
+address of any of its pieces. Region bases are physical (link) addresses; `Image.ddr` holds the used
+part of each window, one after the other (`Image.windows`), and the host writes each to its window
+(relocating if a window lies elsewhere: `firmware.runtime`).
+
+PLE staging. With a map's ``ple_staged`` (kv260) the per-layer embedding table (E4B: 1.18 GB, of which a
+token reads one 4.5 KB row) is not in DDR: the image holds one staged row (its descriptor has one row, so
+GATHER's PLE remap rule reads it for any token) and the whole table is a host table
+(`Image.host_tables`, rows of INT4 bytes followed by their binary16 scales, quantised exactly as in
+DDR); the host copies the token's row into place before every START (`Image.stage_rows`).
+
 Packing streams tensor by tensor, and large matrices in row chunks, into a NumPy array or a memory-mapped
 file (`out`), so E4B (about 3.6 GB of image) packs without holding the model twice.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -39,15 +55,20 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from hdl.config import HardwareConfig
+from hdl.memory_map import MemoryMap, memory_map as _memory_map
 from sim.config import ModelConfig
 from sim.gemma3n import resolve_tensor_names
 from sim.numerics import KvInt8Layout, pack_int4, quantize_weights, v_plane_scales
 
-__all__ = ["Image", "TensorEntry", "Descriptor", "pack", "DESC_BYTES", "DescKind", "Layout",
+__all__ = ["Image", "TensorEntry", "Descriptor", "Placement", "HostTable", "pack", "save_image", "load_image",
+           "region_map", "DESC_BYTES", "DescKind", "Layout", "REGION_ORDER", "PLE_TABLE",
            "rope_turn_table", "logit_chunk_rows", "logit_chunks", "ffn_pieces", "folded_router", "folded_router_name"]
 
 ALIGN = 4096
 DESC_BYTES = 32
+REGION_ORDER = ("DESC", "CONST", "WEIGHTS", "KV", "LOGITS", "SCRATCH", "PROGRAM")
+PLE_TABLE = "embed_tokens_per_layer.weight"     # the table a map with ``ple_staged`` keeps on the host
+IMAGE_FORMAT = "gemma3n-npu-image/2"
 CHUNK_BYTES = 64 * 2**20      # float64 working set of one quantisation chunk
 
 
@@ -73,6 +94,29 @@ class TensorEntry:
     scale_offset: int | None = None
     nbytes: int = 0
     scale_nbytes: int = 0
+    staged: bool = False        # a host table: DDR holds the one row the host stages (`Image.stage_rows`)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The used part of one memory-map window: ``[base, base + size)`` holds ``Image.ddr[ddr_offset:][:size]``."""
+    window: str
+    base: int
+    size: int
+    ddr_offset: int
+
+    @property
+    def end(self) -> int:
+        return self.base + self.size
+
+
+@dataclass
+class HostTable:
+    """A table the host keeps (PLE staging): ``data[r]`` is row r's INT4 bytes then its binary16 scales."""
+    name: str
+    data: np.ndarray                  # uint8 [rows, row_bytes + scale_bytes]
+    row_bytes: int
+    scale_bytes: int
 
 
 @dataclass
@@ -105,9 +149,13 @@ class Descriptor:
 
 @dataclass
 class Image:
-    """A packed DDR image and its manifest."""
-    ddr: np.ndarray                                   # uint8, the whole image
-    regions: dict[str, tuple[int, int]]               # name -> (base, size)
+    """A packed DDR image and its manifest.
+
+    `regions` maps each region to ``(base, size)``: its physical (link) address in the memory map and its
+    size (WEIGHTS split over windows: the span from its lowest to its highest byte; `pieces` lists what it
+    holds in each window). `windows` says where each part of `ddr` goes."""
+    ddr: np.ndarray                                   # uint8: the used part of every window, in map order
+    regions: dict[str, tuple[int, int]]               # name -> (base address, size)
     tensors: dict[str, TensorEntry] = field(default_factory=dict)
     descriptors: list[Descriptor] = field(default_factory=list)
     kv_slots: dict[int, int] = field(default_factory=dict)         # cache layer -> descriptor index
@@ -115,15 +163,54 @@ class Image:
     hardware: dict = field(default_factory=dict)
     const64: dict[str, np.ndarray] = field(default_factory=dict)   # CONST entries' exact (float64) values
     scalar_index: dict[str, int] = field(default_factory=dict)     # name -> element of the "scalars" entry
+    windows: list[Placement] = field(default_factory=list)
+    pieces: dict[str, list[tuple[int, int]]] = field(default_factory=dict)   # region -> [(address, bytes)]
+    memory_map: str = "flat"
+    host_tables: dict[str, HostTable] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.windows:          # one window at address 0 holding the whole array
+            self.windows = [Placement("ddr", 0, int(self.ddr.size), 0)]
+        if not self.pieces:
+            self.pieces = {k: [v] for k, v in self.regions.items()}
 
     def region(self, name: str) -> tuple[int, int]:
         return self.regions[name]
+
+    def ddr_offset(self, addr: int, nbytes: int) -> int:
+        """Where the bytes ``[addr, addr + nbytes)`` of the memory map lie in `ddr` (one window holds them)."""
+        for w in self.windows:
+            if w.base <= addr and addr + nbytes <= w.end:
+                return w.ddr_offset + addr - w.base
+        raise ValueError(f"[{addr:#x}, {addr + nbytes:#x}) lies in no single window of the image "
+                         f"({', '.join(f'{w.window} [{w.base:#x}, {w.end:#x})' for w in self.windows)})")
+
+    def at(self, addr: int, nbytes: int) -> np.ndarray:
+        """The image's bytes at physical (link) addresses ``[addr, addr + nbytes)``."""
+        off = self.ddr_offset(addr, nbytes)
+        return self.ddr[off:off + nbytes]
 
     def view(self, region: str, offset: int, nbytes: int) -> np.ndarray:
         base, size = self.regions[region]
         if offset < 0 or offset + nbytes > size:
             raise ValueError(f"{region} access [{offset}, {offset + nbytes}) is outside the region ({size} bytes)")
-        return self.ddr[base + offset: base + offset + nbytes]
+        return self.at(base + offset, nbytes)
+
+    def window_bytes(self, window: str) -> np.ndarray:
+        """The bytes the image puts in `window` (a view of `ddr`)."""
+        w = next(p for p in self.windows if p.window == window)
+        return self.ddr[w.ddr_offset:w.ddr_offset + w.size]
+
+    def stage_rows(self, token: int) -> list[tuple[str, int, np.ndarray]]:
+        """``(region, offset, bytes)`` the host writes before running `token`: for every host table, the row
+        GATHER reads for it (row 0 for an id beyond the table: the PLE remap rule), bytes then scales."""
+        out = []
+        for name, t in self.host_tables.items():
+            e = self.tensors[name]
+            row = t.data[token if 0 <= token < t.data.shape[0] else 0]
+            out.append((e.region, e.offset, row[:t.row_bytes]))
+            out.append((e.region, e.scale_offset, row[t.row_bytes:]))
+        return out
 
     def descriptor(self, tensor: str, row_start: int = 0, rows: int | None = None) -> Descriptor:
         """The descriptor of `tensor` starting at `row_start` (and covering `rows` rows, if given)."""
@@ -133,7 +220,8 @@ class Image:
         raise KeyError(f"no descriptor for {tensor!r} at row {row_start}" + (f" with {rows} rows" if rows else ""))
 
     def matrices(self) -> dict[str, Descriptor]:
-        """Tensor name -> the descriptor of the whole matrix (not its row chunks or pieces), every INT4 matrix."""
+        """Tensor name -> the descriptor of the whole matrix (not its row chunks or pieces), every INT4 matrix
+        held whole in DDR (a staged host table is not)."""
         out = {}
         for d in self.descriptors:
             if d.kind == DescKind.INT4 and d.row_start == 0 and d.rows == self.tensors[d.tensor].shape[0]:
@@ -142,12 +230,18 @@ class Image:
 
     def manifest(self) -> dict:
         return {
-            "format": "gemma3n-npu-image/1",
+            "format": IMAGE_FORMAT,
+            "memory_map": self.memory_map,
             "regions": {k: {"base": b, "size": s} for k, (b, s) in self.regions.items()},
+            "pieces": {k: [list(p) for p in v] for k, v in self.pieces.items()},
+            "windows": [asdict(w) for w in self.windows],
             "region_bytes_used": self.region_usage(),
             "tensors": {k: {**asdict(v), "shape": list(v.shape)} for k, v in self.tensors.items()},
             "descriptors": [asdict(d) for d in self.descriptors],
             "kv_slots": {str(k): v for k, v in self.kv_slots.items()},
+            "scalar_index": self.scalar_index,
+            "host_tables": {k: {"rows": int(t.data.shape[0]), "row_bytes": t.row_bytes,
+                                "scale_bytes": t.scale_bytes} for k, t in self.host_tables.items()},
             "config": self.config,
             "hardware": self.hardware,
         }
@@ -302,24 +396,105 @@ def _group(hw: HardwareConfig, cols: int) -> int:
 
 
 class _Allocator:
+    """Byte offsets within each region, in allocation order; every allocation is remembered (`items`), so that
+    a region split between windows can be placed item by item (`_place`)."""
+
     def __init__(self):
         self.sizes: dict[str, int] = {}
+        self.items: dict[str, list[tuple[int, int, int]]] = {}       # region -> [(offset, bytes, align)]
 
     def take(self, region: str, nbytes: int, align: int = 16) -> int:
         off = -(-self.sizes.get(region, 0) // align) * align
         self.sizes[region] = off + nbytes
+        self.items.setdefault(region, []).append((off, nbytes, align))
         return off
+
+
+def _round(n: int, align: int) -> int:
+    return -(-n // align) * align
+
+
+class _Layout:
+    """Where each region's bytes go in a memory map: region bases, WEIGHTS pieces, the used part of every
+    window. `address(region, offset)` turns an allocator offset into a physical (link) address."""
+
+    def __init__(self, alloc: _Allocator, mm: MemoryMap):
+        cursor = {w.name: w.base for w in mm.windows}
+        self.bases: dict[str, int] = {}
+        self.sizes: dict[str, int] = {}
+        self.pieces: dict[str, list[tuple[int, int]]] = {}
+        self._items: list[tuple[int, int, int]] = []             # WEIGHTS: (offset, bytes, address), by offset
+
+        def put(nbytes, align, what, windows):
+            for w in windows:
+                at = _round(cursor[w.name], align)
+                if at + nbytes <= w.end:
+                    cursor[w.name] = at + nbytes
+                    return at
+            free = ", ".join(f"{w.name} {w.end - _round(cursor[w.name], align):,}" for w in mm.windows)
+            raise ValueError(f"memory map {mm.name!r}: {what} ({nbytes:,} bytes) fits in no window "
+                             f"(bytes left: {free}); the image needs {self.total_bytes(alloc):,} bytes, the map "
+                             f"has {mm.total:,}")
+
+        # One window: the regions one after the other. Several: every region but WEIGHTS in the last window
+        # that holds it (the low bank on kv260), then WEIGHTS tensor by tensor from the first window on.
+        split = len(mm.windows) > 1
+        for region in REGION_ORDER:
+            if region == "WEIGHTS" and split:
+                continue
+            size = _round(max(alloc.sizes.get(region, 0), 1), ALIGN)
+            self.bases[region] = put(size, ALIGN, f"region {region}", mm.windows[::-1] if split else mm.windows)
+            self.sizes[region] = size
+            self.pieces[region] = [(self.bases[region], size)]
+        if split:
+            for off, nbytes, align in alloc.items.get("WEIGHTS", [(0, 1, ALIGN)]):
+                self._items.append((off, nbytes, put(nbytes, max(align, 64), f"a WEIGHTS tensor of {nbytes:,} bytes",
+                                                     mm.windows)))
+            lo = min(a for _, _, a in self._items)
+            self.bases["WEIGHTS"] = lo
+            self.sizes["WEIGHTS"] = _round(max(a + n for _, n, a in self._items) - lo, ALIGN)
+            runs = []
+            for a, n in sorted((a, n) for _, n, a in self._items):
+                if runs and a - (runs[-1][0] + runs[-1][1]) < ALIGN and mm.window_of(runs[-1][0]) is mm.window_of(a):
+                    runs[-1] = (runs[-1][0], a + n - runs[-1][0])
+                else:
+                    runs.append((a, n))
+            self.pieces["WEIGHTS"] = runs
+        self.windows = []
+        offset = 0
+        for w in mm.windows:
+            used = _round(cursor[w.name] - w.base, ALIGN)
+            if used:
+                self.windows.append(Placement(w.name, w.base, used, offset))
+                offset += used
+        self.nbytes = offset
+
+    @staticmethod
+    def total_bytes(alloc: _Allocator) -> int:
+        return sum(_round(max(alloc.sizes.get(r, 0), 1), ALIGN) for r in REGION_ORDER)
+
+    def offset(self, region: str, offset: int) -> int:
+        """An allocator offset in `region` as an offset from the region's base."""
+        if region != "WEIGHTS" or not self._items:
+            return offset
+        k = bisect.bisect_right(self._items, (offset, float("inf"))) - 1
+        start, nbytes, addr = self._items[k]
+        assert start <= offset <= start + nbytes, (region, offset)
+        return addr + offset - start - self.bases[region]
 
 
 def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareConfig, *,
          max_positions: int | None = None, program_bytes: int = 1 << 20, out: str | os.PathLike | None = None,
-         progress=None, fill: bool = True) -> Image:
+         progress=None, fill: bool = True, memory_map: str | MemoryMap = "flat") -> Image:
     """Pack `tensors` (Hugging Face names, any prefix, ``[out, in]``; arrays or lazy tensors) for
     hardware `hw`. `max_positions` bounds the KV cache of full-attention layers (default: the model's
-    ``max_position_embeddings``). With `out`, the image is a memory-mapped file at that path. With
-    ``fill=False`` (and `tensors` None) only the layout is planned: regions, descriptors and manifest,
-    over an image of zeros that the OS does not back until written (for byte counts of E4B)."""
+    ``max_position_embeddings``). With `out`, the image is a memory-mapped file at that path (host tables
+    beside it, ``<stem>.<table>.npy``). With ``fill=False`` (and `tensors` None) only the layout is planned:
+    regions, descriptors and manifest, over an image of zeros that the OS does not back until written (for
+    byte counts of E4B). `memory_map` (`hdl.memory_map`) places the regions in its windows; a region that
+    fits no window is a ValueError naming it and the bytes left."""
     cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
+    mm = _memory_map(memory_map)
     if tensors is None:
         if fill:
             raise ValueError("pack needs tensors unless fill=False")
@@ -365,15 +540,19 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
         if layout == Layout.COL and rows % 2:
             raise ValueError(f"column-major {name!r} needs an even number of rows, not {rows}")
         pcols = cols + cols % 2
-        nbytes = rows * pcols // 2
+        staged = mm.ple_staged and name == PLE_TABLE
+        held = 1 if staged else rows            # rows in DDR: a staged host table holds the token's row
+        nbytes = held * pcols // 2
         ngroups = -(-cols // group)
         off = alloc.take("WEIGHTS", nbytes, 64)
-        soff = alloc.take("WEIGHTS", rows * ngroups * 2, 64)
+        soff = alloc.take("WEIGHTS", held * ngroups * 2, 64)
         entries[name] = TensorEntry(name, "WEIGHTS", off, shape, "int4", layout, group, soff, nbytes,
-                                    rows * ngroups * 2)
+                                    held * ngroups * 2, staged=staged)
         # One descriptor for the whole matrix (GEMVs, and row gathers from embedding tables); the LM head
         # also gets one per chunk of rows, the FFN up projection one per piece (`_row_pieces`).
-        descs.append(Descriptor(len(descs), DescKind.INT4, name, 0, rows, cols, off, soff, layout, group))
+        descs.append(Descriptor(len(descs), DescKind.INT4, name, 0, held, cols, off, soff, layout, group))
+        if staged:
+            continue
         for r0, n in _row_pieces(cfg, hw, name, rows):
             assert layout == Layout.ROW, "row chunks of a column-major matrix have no contiguous scales"
             descs.append(Descriptor(len(descs), DescKind.INT4, name, r0, n, cols,
@@ -394,17 +573,33 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
     alloc.take("LOGITS", cfg.vocab_size * 4)
     alloc.take("PROGRAM", program_bytes)
     alloc.take("SCRATCH", 4096)
-    regions = {}
-    base = 0
-    for name in ("DESC", "CONST", "WEIGHTS", "KV", "LOGITS", "SCRATCH", "PROGRAM"):
-        size = -(-max(alloc.sizes.get(name, 0), 1) // ALIGN) * ALIGN
-        regions[name] = (base, size)
-        base += size
+    lay = _Layout(alloc, mm)
+    for e in entries.values():
+        e.offset = lay.offset(e.region, e.offset)
+        if e.scale_offset is not None:
+            e.scale_offset = lay.offset("WEIGHTS", e.scale_offset)
+    for d in descs:
+        d.scale_offset = lay.offset("WEIGHTS", d.scale_offset)
+        if d.kind == DescKind.INT4:
+            d.weight_offset = lay.offset("WEIGHTS", d.weight_offset)
+    regions = {name: (lay.bases[name], lay.sizes[name]) for name in REGION_ORDER}
     if out is None:
-        ddr = np.zeros(base, dtype=np.uint8)
+        ddr = np.zeros(lay.nbytes, dtype=np.uint8)
     else:
-        ddr = np.lib.format.open_memmap(os.fspath(out), mode="w+", dtype=np.uint8, shape=(base,))
-    image = Image(ddr, regions, entries, descs, kv_slots, cfg.to_hf(), hw.to_dict(), scalar_index=scalar_index)
+        ddr = np.lib.format.open_memmap(os.fspath(out), mode="w+", dtype=np.uint8, shape=(lay.nbytes,))
+    host_tables = {}
+    for name, e in entries.items():
+        if e.staged:
+            rows = e.shape[0]
+            width = e.nbytes + e.scale_nbytes
+            if out is None:
+                data = np.zeros((rows, width), np.uint8)
+            else:
+                data = np.lib.format.open_memmap(_host_table_path(out, name), mode="w+", dtype=np.uint8,
+                                                 shape=(rows, width))
+            host_tables[name] = HostTable(name, data, e.nbytes, e.scale_nbytes)
+    image = Image(ddr, regions, entries, descs, kv_slots, cfg.to_hf(), hw.to_dict(), scalar_index=scalar_index,
+                  windows=lay.windows, pieces=lay.pieces, memory_map=mm.name, host_tables=host_tables)
 
     # --- fill ----------------------------------------------------------------------------------------
     for i, d in enumerate(descs):
@@ -434,6 +629,8 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
                 v = np.asarray(_load(tensors[by_name[name]]), dtype=np.float64)
             image.view("CONST", e.offset, e.nbytes)[:] = v.astype("<f4").reshape(-1).view(np.uint8)
             image.const64[name] = v.reshape(-1)
+        elif e.staged:
+            _pack_host_table(image.host_tables[name], e, tensors[by_name[name]])
         else:
             _pack_int4_tensor(image, e, tensors[by_name[name]])
     if progress is not None:
@@ -456,6 +653,24 @@ def _rows(value, r0, r1):
     return value.rows(r0, r1) if hasattr(value, "rows") else np.asarray(value[r0:r1])
 
 
+def _host_table_path(out, name: str) -> str:
+    out = os.fspath(out)
+    stem = out[:-4] if out.endswith(".npy") else out
+    return f"{stem}.{name}.npy"
+
+
+def _pack_host_table(table: HostTable, e: TensorEntry, value) -> None:
+    """A staged table's rows, quantised as `_pack_int4_tensor` quantises a row-major matrix."""
+    rows, cols = e.shape
+    pcols = cols + cols % 2
+    step = max(1, CHUNK_BYTES // (8 * cols))
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        q, sc = quantize_weights(np.asarray(_rows(value, r0, r1), dtype=np.float64), e.group)
+        table.data[r0:r1, :table.row_bytes] = pack_int4(np.pad(q, ((0, 0), (0, pcols - cols))))
+        table.data[r0:r1, table.row_bytes:] = sc.astype("<f2").view(np.uint8).reshape(r1 - r0, -1)
+
+
 def _pack_int4_tensor(image: Image, e: TensorEntry, value) -> None:
     rows, cols = e.shape
     pcols = cols + cols % 2
@@ -476,3 +691,176 @@ def _pack_int4_tensor(image: Image, e: TensorEntry, value) -> None:
         else:                            # group-major [groups, rows]: a column pass reads group g's scales
             image.view("WEIGHTS", e.scale_offset, e.scale_nbytes)[:] = \
                 np.ascontiguousarray(s.T).astype("<f2").reshape(-1).view(np.uint8)
+
+
+# --- on disk -----------------------------------------------------------------------------------------------
+
+def save_image(image: Image, directory: str | os.PathLike) -> None:
+    """Write `image` to `directory`: ``manifest.json``, ``image.npy`` (the windows' bytes) and one
+    ``<table>.npy`` per host table. An image packed with ``out=<directory>/image.npy`` is already there: only the
+    manifest is written."""
+    d = os.fspath(directory)
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, "image.npy")
+    if getattr(image.ddr, "filename", None) is None or os.path.abspath(image.ddr.filename) != os.path.abspath(path):
+        np.save(path, image.ddr)
+    else:
+        image.ddr.flush()
+    for name, t in image.host_tables.items():
+        tpath = _host_table_path(path, name)
+        if getattr(t.data, "filename", None) is None or os.path.abspath(t.data.filename) != os.path.abspath(tpath):
+            np.save(tpath, t.data)
+        else:
+            t.data.flush()
+    image.write_manifest(os.path.join(d, "manifest.json"))
+
+
+def load_image(directory: str | os.PathLike) -> Image:
+    """The image `save_image` wrote to `directory`, its arrays memory-mapped (copy on write: running it does not
+    change the files). Raises ValueError naming the file and what it expected."""
+    d = os.fspath(directory)
+    mpath = os.path.join(d, "manifest.json")
+    try:
+        with open(mpath, encoding="utf-8") as f:
+            m = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"{d}: no packed image here (no manifest.json); make one with python -m firmware.pack "
+                         f"--checkpoint DIR --out {d}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{mpath}: not a readable image manifest ({e})") from None
+    if not isinstance(m, dict) or m.get("format") != IMAGE_FORMAT:
+        got = m.get("format") if isinstance(m, dict) else type(m).__name__
+        raise ValueError(f"{mpath}: format is {got!r}, expected {IMAGE_FORMAT!r}; pack the checkpoint again")
+    try:
+        ddr = np.load(os.path.join(d, "image.npy"), mmap_mode="c")
+        tensors = {k: TensorEntry(**{**v, "shape": tuple(v["shape"])}) for k, v in m["tensors"].items()}
+        descs = [Descriptor(**v) for v in m["descriptors"]]
+        windows = [Placement(**w) for w in m["windows"]]
+        host_tables = {}
+        for name, t in m["host_tables"].items():
+            data = np.load(_host_table_path(os.path.join(d, "image.npy"), name), mmap_mode="r")
+            if data.shape != (t["rows"], t["row_bytes"] + t["scale_bytes"]):
+                raise ValueError(f"host table {name!r} has shape {data.shape}, the manifest says "
+                                 f"{(t['rows'], t['row_bytes'] + t['scale_bytes'])}")
+            host_tables[name] = HostTable(name, data, t["row_bytes"], t["scale_bytes"])
+        image = Image(ddr, {k: (v["base"], v["size"]) for k, v in m["regions"].items()}, tensors, descs,
+                      {int(k): v for k, v in m["kv_slots"].items()}, m["config"], m["hardware"],
+                      scalar_index=m["scalar_index"], windows=windows,
+                      pieces={k: [tuple(p) for p in v] for k, v in m["pieces"].items()},
+                      memory_map=m["memory_map"], host_tables=host_tables)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{d}: the packed image is incomplete or inconsistent: {e}") from None
+    if sum(w.size for w in windows) != ddr.size:
+        raise ValueError(f"{d}/image.npy holds {ddr.size:,} bytes; the manifest's windows need "
+                         f"{sum(w.size for w in windows):,}")
+    return image
+
+
+def region_map(image: Image) -> str:
+    """The image's placement as a table: windows, regions (WEIGHTS by piece), host tables and the total."""
+    mib = 1 << 20
+    lines = [f"memory map {image.memory_map}:", f"  {'window':<10} {'base':>16} {'used':>14}"]
+    for w in image.windows:
+        lines.append(f"  {w.window:<10} {w.base:>#16x} {w.size / mib:>10.1f} MiB")
+    lines.append(f"  {'region':<10} {'base':>16} {'bytes':>14}  window")
+    used = image.region_usage()
+    for name in REGION_ORDER:
+        for k, (addr, n) in enumerate(image.pieces[name]):
+            w = next((p.window for p in image.windows if p.base <= addr < p.end), "?")
+            label = name if k == 0 else ""
+            lines.append(f"  {label:<10} {addr:>#16x} {n:>14,}  {w}")
+        if name in used and len(image.pieces[name]) > 1:
+            lines.append(f"  {'':<10} {'(used)':>16} {used[name]:>14,}")
+    for name, t in image.host_tables.items():
+        lines.append(f"  host table {name}: {t.data.shape[0]:,} rows x {t.data.shape[1]:,} B = "
+                     f"{t.data.nbytes / mib:,.1f} MiB, kept on the host; one row staged per token")
+    total = image.ddr.size
+    lines.append(f"  NPU-side total: {total / mib:,.1f} MiB ({total / 1e9:.3f} GB) in {len(image.windows)} "
+                 f"window(s)")
+    return "\n".join(lines)
+
+
+# --- command line ------------------------------------------------------------------------------------------
+
+def _cli_args(argv):
+    import argparse
+
+    from hdl.config import PRESETS as HW_PRESETS
+    from hdl.memory_map import MEMORY_MAPS
+    from sim.config import PRESETS as MODEL_PRESETS
+
+    p = argparse.ArgumentParser(
+        prog="python -m firmware.pack",
+        description="Pack a Gemma 3n checkpoint into the NPU's DDR image for a hardware preset and memory map, "
+                    "or (--plan) print where every region would go without reading any weights.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", metavar="DIR", help="Hugging Face checkpoint directory (config.json, "
+                                                           "*.safetensors)")
+    src.add_argument("--model", choices=sorted(MODEL_PRESETS),
+                     help="a built-in configuration (e4b, tiny); weights are seeded random (--seed)")
+    p.add_argument("--seed", type=int, default=0, help="with --model: the random weights' seed (default 0)")
+    p.add_argument("--hw", default="kv260", choices=sorted(HW_PRESETS), help="hardware preset (default kv260)")
+    p.add_argument("--memory-map", default="kv260", choices=list(MEMORY_MAPS),
+                   help="where the image goes (default kv260: the K26's reserved windows, hdl.memory_map)")
+    p.add_argument("--max-positions", type=int, default=None, metavar="N",
+                   help="positions the KV cache holds (default: the model's max_position_embeddings)")
+    p.add_argument("--plan", action="store_true", help="only plan: print the region map, write nothing")
+    p.add_argument("--out", metavar="DIR", help="directory for manifest.json, image.npy and the host tables")
+    args = p.parse_args(argv)
+    if args.max_positions is not None and args.max_positions < 1:
+        p.error(f"--max-positions must be a positive integer, not {args.max_positions}")
+    if not args.plan and args.out is None:
+        p.error("--out DIR is needed to write the image (or --plan to only print the region map)")
+    if args.checkpoint is not None and not os.path.isdir(args.checkpoint):
+        p.error(f"--checkpoint {args.checkpoint!r} is not a directory")
+    if args.out is not None and os.path.exists(args.out) and not os.path.isdir(args.out):
+        p.error(f"--out {args.out!r} exists and is not a directory")
+    return p, args
+
+
+def main(argv=None) -> int:
+    """``python -m firmware.pack``: see ``--help``. Bad input: one line on stderr, exit status 2."""
+    import sys
+    import time
+
+    p, args = _cli_args(argv)
+    hw = HardwareConfig.preset(args.hw)
+    try:
+        if args.checkpoint is not None:
+            from sim.checkpoint import Checkpoint
+            ckpt = Checkpoint(args.checkpoint)
+            cfg, tensors = ModelConfig.from_hf(ckpt.config), (None if args.plan else ckpt)
+        else:
+            cfg = ModelConfig.preset(args.model)
+            tensors = None
+            if not args.plan:
+                from sim.random_weights import random_tensors
+                tensors = random_tensors(cfg, args.seed)
+        if args.plan:
+            image = pack(cfg, None, hw, max_positions=args.max_positions, fill=False, memory_map=args.memory_map)
+        else:
+            os.makedirs(args.out, exist_ok=True)
+            t0 = time.monotonic()
+
+            def progress(done, total, name):
+                if done == total or done % max(1, total // 20) == 0:
+                    print(f"packing: {done}/{total} tensors ({time.monotonic() - t0:.0f} s) {name}",
+                          file=sys.stderr, flush=True)
+            image = pack(cfg, tensors, hw, max_positions=args.max_positions, memory_map=args.memory_map,
+                         out=os.path.join(args.out, "image.npy"), progress=progress)
+            save_image(image, args.out)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        msg = str(e).strip("'\"")
+        print(f"python -m firmware.pack: {msg}", file=sys.stderr)
+        return 2
+    print(f"{cfg.num_hidden_layers}-layer Gemma 3n (hidden {cfg.hidden_size}, vocabulary {cfg.vocab_size:,}) "
+          f"for hardware {hw.name}, KV cache of {args.max_positions or cfg.max_position_embeddings:,} positions")
+    print(region_map(image))
+    if not args.plan:
+        print(f"wrote {args.out}: manifest.json, image.npy"
+              + "".join(f", {os.path.basename(_host_table_path('image.npy', n))}" for n in image.host_tables))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

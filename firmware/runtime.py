@@ -20,12 +20,18 @@ Backends (`Backend`: ``load``, ``reset_kv``, ``run``, ``counters``):
   KV260's CSR window and DDR.
 
 A device (`NpuDevice`) is four blocking calls: ``csr_read``, ``csr_write``, ``mem_read``, ``mem_write``
-(DDR byte addresses), plus ``wait_interrupt`` (block until the NPU's interrupt line is high) and the
-attributes ``hw`` (its `HardwareConfig`), ``ddr_base`` and ``ddr_size`` (where the image may go).
+(physical DDR byte addresses), plus ``wait_interrupt`` (block until the NPU's interrupt line is high) and the
+attributes ``hw`` (its `HardwareConfig`) and ``windows`` (the DDR windows reserved for it,
+`hdl.memory_map.Window`s: the bench's memory model, or the u-dma-buf buffers on the board,
+`firmware.board`). The image goes to the windows its memory map names (`Placed`).
+
+Host tables (PLE staging, `firmware.pack`): before every run, `Runtime.step` writes the token's row of each
+host table into the image's staging place, on every backend, so the ISS and the NPU read the same bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -34,12 +40,13 @@ import numpy as np
 from hdl import csr_map
 from hdl.config import HardwareConfig
 from hdl.isa import DdrRegion, ErrorCode
+from hdl.memory_map import Window
 from sim.config import ModelConfig
 from sim.gemma3n import resolve_tensor_names
 from sim.iss import HARDWARE, REFERENCE, ExecutionError, Machine
 
 from .compiler import Program, compile_token
-from .pack import Image, pack
+from .pack import DESC_BYTES, DescKind, Image, pack
 
 __all__ = ["Runtime", "Backend", "IssBackend", "CsrBackend", "NpuDevice", "attach_rtl_device",
            "detach_rtl_device", "program_image", "BackendUnavailable"]
@@ -60,6 +67,9 @@ class Backend(Protocol):
     def reset_kv(self) -> None:
         """Clear the KV cache (a new sequence)."""
 
+    def write(self, region: str, offset: int, data: np.ndarray) -> None:
+        """Write bytes into a region of the NPU's DDR between runs (the host's staged rows)."""
+
     def run(self, token: int, pos: int) -> np.ndarray:
         """Run the program for `token` at position `pos` until HALT; return a copy of the logits. Raises
         `sim.iss.ExecutionError` (with the `ErrorCode` and the instruction index) if the program stops on an
@@ -72,9 +82,10 @@ class Backend(Protocol):
 
 
 class NpuDevice(Protocol):
+    """The NPU as the host sees it: its CSR window and the DDR windows reserved for it."""
+
     hw: HardwareConfig
-    ddr_base: int
-    ddr_size: int
+    windows: tuple[Window, ...]      # physical DDR windows the host may use (`hdl.memory_map.Window`)
 
     def csr_read(self, offset: int) -> int: ...
 
@@ -82,7 +93,7 @@ class NpuDevice(Protocol):
 
     def mem_read(self, addr: int, nbytes: int) -> bytes: ...
 
-    def mem_write(self, addr: int, data: bytes) -> None: ...
+    def mem_write(self, addr: int, data) -> None: ...
 
     def wait_interrupt(self) -> None: ...
 
@@ -102,6 +113,9 @@ class IssBackend:
     def reset_kv(self) -> None:
         self.machine.reset_kv()
 
+    def write(self, region: str, offset: int, data: np.ndarray) -> None:
+        self.machine.image.view(region, offset, len(data))[:] = np.frombuffer(bytes(data), np.uint8)
+
     def run(self, token: int, pos: int) -> np.ndarray:
         self.machine.run(self.program.words, token=token, pos=pos)
         return self.machine.logits.copy()
@@ -112,31 +126,108 @@ class IssBackend:
 
 
 def program_image(image: Image, program: Program) -> np.ndarray:
-    """The bytes the NPU's DDR holds: the packed image with the program's words (little-endian u64) at the
-    start of the PROGRAM region."""
-    base, size = image.region("PROGRAM")
+    """The bytes the NPU's DDR holds (`Image.ddr`, every window's used part): the packed image with the program's
+    words (little-endian u64) at the start of the PROGRAM region."""
+    words = program_bytes(image, program)
+    ddr = image.ddr.copy()
+    off = image.ddr_offset(image.region("PROGRAM")[0], words.size)
+    ddr[off:off + words.size] = words
+    return ddr
+
+
+def program_bytes(image: Image, program: Program) -> np.ndarray:
+    """The program's words as the bytes of the PROGRAM region (ValueError if they do not fit it)."""
+    size = image.region("PROGRAM")[1]
     words = np.asarray(program.words, dtype="<u8")
     if words.nbytes > size:
         raise ValueError(f"the program ({len(words)} words, {words.nbytes} bytes) does not fit the PROGRAM "
                          f"region ({size} bytes)")
-    ddr = image.ddr.copy()
-    ddr[base:base + words.nbytes] = words.view(np.uint8)
-    return ddr
+    return words.view(np.uint8)
+
+
+class Placed:
+    """An image placed in a device's windows: each image window goes to the device window of the same name (a
+    one-window ``flat`` image to the first device window that holds it), at that window's base. Region bases
+    and WEIGHTS offsets follow (relocation): `base(region)`, `address(region, offset)`, and `descriptor_table`,
+    the DESC region's bytes with every WEIGHTS offset re-based (identical to the image's when the windows lie
+    where the memory map put them). ValueError, before anything is written, if a window is missing or too
+    small."""
+
+    def __init__(self, image: Image, windows: tuple[Window, ...]):
+        self.image = image
+        self.target: dict[str, Window] = {}
+        self.delta: dict[str, int] = {}
+        by_name = {w.name: w for w in windows}
+        have = ", ".join(f"{w.name} ({w.size:,} bytes at {w.base:#x})" for w in windows) or "none"
+        for p in image.windows:
+            if p.window in by_name:
+                w = by_name[p.window]
+            elif len(image.windows) == 1 and image.memory_map == "flat":
+                w = next((w for w in windows if w.size >= p.size), None)
+                if w is None:
+                    raise ValueError(f"the DDR image ({p.size:,} bytes) fits none of the device's windows: {have}")
+            else:
+                raise ValueError(f"the image was packed for memory map {image.memory_map!r}, whose window "
+                                 f"{p.window!r} the device does not have (it has: {have})")
+            if p.size > w.size:
+                raise ValueError(f"the image needs {p.size:,} bytes in window {p.window!r}; the device's "
+                                 f"{w.name!r} has {w.size:,} (reserve more memory: docs/kv260.md)")
+            self.target[p.window] = w
+            self.delta[p.window] = w.base - p.base
+        self.bases = {r: self._moved(b) for r, (b, _) in image.regions.items()}
+        wlo = min(self._moved(a) for a, _ in image.pieces["WEIGHTS"])
+        self.bases["WEIGHTS"] = wlo
+        self.relocated = any(v != 0 for v in self.delta.values())
+        self.descriptor_table = image.view("DESC", 0, len(image.descriptors) * DESC_BYTES).copy()
+        if self.relocated:
+            w0 = image.region("WEIGHTS")[0]
+            table = []
+            for d in image.descriptors:
+                d = dataclasses.replace(d, scale_offset=self._moved(w0 + d.scale_offset) - wlo)
+                if d.kind == DescKind.INT4:
+                    d.weight_offset = self._moved(w0 + d.weight_offset) - wlo
+                table.append(np.frombuffer(d.to_bytes(), np.uint8))
+            self.descriptor_table = np.concatenate(table) if table else self.descriptor_table
+
+    def _moved(self, addr: int) -> int:
+        for p in self.image.windows:
+            if p.base <= addr < p.end:
+                return addr + self.delta[p.window]
+        raise ValueError(f"address {addr:#x} lies in no window of the image")
+
+    def base(self, region: str) -> int:
+        return self.bases[region]
+
+    def address(self, region: str, offset: int) -> int:
+        """The device address of byte `offset` of `region` (WEIGHTS: through the window that holds it)."""
+        if region == "WEIGHTS":
+            return self._moved(self.image.region("WEIGHTS")[0] + offset)
+        return self.bases[region] + offset
+
+    def chunks(self, chunk: int = 64 << 20):
+        """``(device address, bytes)`` of the whole image in pieces of at most `chunk` bytes (views of `ddr`)."""
+        for p in self.image.windows:
+            w = self.target[p.window]
+            for k in range(0, p.size, chunk):
+                n = min(chunk, p.size - k)
+                yield w.base + k, self.image.ddr[p.ddr_offset + k:p.ddr_offset + k + n]
 
 
 class CsrBackend:
     """The NPU behind its CSRs and DDR (`NpuDevice`): the host protocol of docs/architecture.md.
 
-    The image goes to DDR at ``device.ddr_base``; every region base CSR then holds ``ddr_base`` plus the
-    region's offset in the image.
+    `load` checks the NPU's ID and VERSION against the image before it writes anything, places the image in
+    the device's windows (`Placed`), writes it (with `progress(done, total)` calls), the program and the
+    descriptor table, then every region base CSR, the program base and length and the descriptor count.
     """
 
-    def __init__(self, device: NpuDevice):
+    def __init__(self, device: NpuDevice, progress=None):
         self.device = device
+        self.progress = progress
         self.image: Image | None = None
         self.program: Program | None = None
+        self.placed: Placed | None = None
         self._counters: dict[str, int] = {}
-        self._checked_id = False
 
     # --- CSRs by name ------------------------------------------------------------------------------------
 
@@ -155,7 +246,8 @@ class CsrBackend:
 
     # --- Backend -----------------------------------------------------------------------------------------
 
-    def load(self, image: Image, program: Program) -> None:
+    def check(self, image: Image) -> None:
+        """The NPU answers with its ID and was built for the hardware the image was packed for (VERSION)."""
         dev = self.device
         ident = dev.csr_read(csr_map.by_name("ID").offset)
         if ident != csr_map.NPU_ID:
@@ -167,21 +259,35 @@ class CsrBackend:
         if version != want:
             raise RuntimeError(f"the NPU was built for other hardware parameters (VERSION {version:#010x}) than "
                                f"the image was packed for ({image.hardware.get('name', '?')!r}: {want:#010x})")
-        ddr = program_image(image, program)
-        if ddr.size > dev.ddr_size:
-            raise ValueError(f"the DDR image ({ddr.size} bytes) does not fit the device's DDR window "
-                             f"({dev.ddr_size} bytes at {dev.ddr_base:#x})")
-        dev.mem_write(dev.ddr_base, ddr.tobytes())
+
+    def load(self, image: Image, program: Program) -> None:
+        self.check(image)
+        placed = Placed(image, tuple(self.device.windows))
+        code = program_bytes(image, program)
+        total, done = image.ddr.size, 0
+        for addr, chunk in placed.chunks():
+            self.device.mem_write(addr, chunk)
+            done += chunk.size
+            if self.progress is not None:
+                self.progress(done, total)
+        self.device.mem_write(placed.base("PROGRAM"), code)
+        if placed.relocated:
+            self.device.mem_write(placed.base("DESC"), placed.descriptor_table)
         for region in DdrRegion:
-            self.csr_write64(f"{region.name}_BASE", dev.ddr_base + image.region(region.name)[0])
-        self.csr_write64("PROGRAM_BASE", dev.ddr_base + image.region("PROGRAM")[0])
+            self.csr_write64(f"{region.name}_BASE", placed.base(region.name))
+        self.csr_write64("PROGRAM_BASE", placed.base("PROGRAM"))
         self.csr_write("PROGRAM_LEN", len(program.words))
         self.csr_write("DESC_COUNT", len(image.descriptors))
-        self.image, self.program = image, program
+        self.image, self.program, self.placed = image, program, placed
 
     def reset_kv(self) -> None:
-        base, size = self.image.region("KV")
-        self.device.mem_write(self.device.ddr_base + base, bytes(size))
+        size = self.image.region("KV")[1]
+        base = self.placed.base("KV")
+        for k in range(0, size, 64 << 20):
+            self.device.mem_write(base + k, bytes(min(64 << 20, size - k)))
+
+    def write(self, region: str, offset: int, data: np.ndarray) -> None:
+        self.device.mem_write(self.placed.address(region, offset), data)
 
     def start(self, token: int, pos: int) -> None:
         """Write TOKEN_ID and POSITION and start the program (does not wait)."""
@@ -215,13 +321,13 @@ class CsrBackend:
 
     def logits(self) -> np.ndarray:
         n = ModelConfig.from_hf(self.image.config).vocab_size
-        raw = self.device.mem_read(self.device.ddr_base + self.image.region("LOGITS")[0], 4 * n)
+        raw = self.device.mem_read(self.placed.base("LOGITS"), 4 * n)
         return np.frombuffer(raw, dtype="<f4").astype(np.float32)
 
     def ddr(self, region: str) -> np.ndarray:
-        """A copy of one DDR region as the NPU left it (uint8)."""
-        base, size = self.image.region(region)
-        return np.frombuffer(self.device.mem_read(self.device.ddr_base + base, size), dtype=np.uint8).copy()
+        """A copy of one DDR region as the NPU left it (uint8; not WEIGHTS, which may span windows)."""
+        return np.frombuffer(self.device.mem_read(self.placed.base(region), self.image.region(region)[1]),
+                             dtype=np.uint8).copy()
 
     @property
     def counters(self) -> dict[str, int]:
@@ -267,10 +373,11 @@ class Runtime:
     @classmethod
     def from_hf(cls, config: Mapping | ModelConfig, tensors: Mapping[str, np.ndarray], backend: str = "iss",
                 arithmetic: str | None = None, hw: HardwareConfig | str = "kv260",
-                max_positions: int | None = None, device: NpuDevice | None = None) -> "Runtime":
+                max_positions: int | None = None, device: NpuDevice | None = None,
+                memory_map: str = "flat", progress=None) -> "Runtime":
         """Pack, compile and load. `arithmetic` (ISS only): ``"reference"`` (default) or ``"hardware"``; the
         RTL always computes hardware arithmetic. `device` (RTL only): the NPU to drive (default: the one the
-        full-chip bench attached)."""
+        full-chip bench attached). `memory_map` (`hdl.memory_map`): where the image goes."""
         cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
         hw = HardwareConfig.preset(hw) if isinstance(hw, str) else hw
         if backend not in BACKENDS:
@@ -291,14 +398,23 @@ class Runtime:
             if device.hw != hw:
                 raise ValueError(f"the simulated NPU is built for hardware preset {device.hw.name!r}, "
                                  f"not {hw.name!r}")
-        image = pack(cfg, tensors, hw, max_positions=max_positions)
+        image = pack(cfg, tensors, hw, max_positions=max_positions, memory_map=memory_map)
         program = compile_token(cfg, image, hw)
         if backend == "iss":
             source = None
             if arithmetic == REFERENCE:
                 source = {name: tensors[full] for name, full in resolve_tensor_names(cfg, tensors).items()}
             return cls(cfg, image, program, IssBackend(hw, arithmetic, source))
-        return cls(cfg, image, program, CsrBackend(device))
+        return cls(cfg, image, program, CsrBackend(device, progress))
+
+    @classmethod
+    def on_device(cls, image: Image, device: NpuDevice, progress=None) -> "Runtime":
+        """Run a packed image (`firmware.pack.load_image`) on `device`: compile its program and load both
+        (the device's ID and VERSION are checked against the image first)."""
+        cfg = ModelConfig.from_hf(image.config)
+        hw = HardwareConfig(**{k: v for k, v in image.hardware.items() if k in HardwareConfig.__dataclass_fields__
+                               and k != "device"})
+        return cls(cfg, image, compile_token(cfg, image, hw), CsrBackend(device, progress))
 
     def reset(self) -> None:
         """Clear the KV cache; the next `step` is position 0."""
@@ -306,11 +422,16 @@ class Runtime:
         self.position = 0
 
     def step(self, token_id: int) -> np.ndarray:
-        """Run the token program for `token_id` at the current position; return the logits."""
+        """Stage the token's host-table rows, run the token program for `token_id` at the current position and
+        return the logits."""
         c = self.config
+        if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)):
+            raise TypeError(f"token id must be an integer, not {token_id!r}")
         token_id = int(token_id)
         if not 0 <= token_id < c.vocab_size:
             raise ValueError(f"token id {token_id} is outside the vocabulary [0, {c.vocab_size})")
+        for region, offset, data in self.image.stage_rows(token_id):
+            self.backend.write(region, offset, data)
         logits = self.backend.run(token_id, self.position)
         self.position += 1
         return logits

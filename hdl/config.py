@@ -265,7 +265,7 @@ PRESETS: dict[str, HardwareConfig] = {
         gemv_max_cols=16384, gemv_sparse_max_rows=2048, kv_format="int8"),
     # Small enough that the full chip simulates in seconds in Verilator; same structure.
     "tiny": HardwareConfig(
-        name="tiny", clock_hz=100_000_000, axi_ports=2, axi_data_bits=64, axi_addr_bits=32,
+        name="tiny", clock_hz=100_000_000, axi_ports=2, axi_data_bits=64, axi_addr_bits=40,
         axi_id_bits=4, axi_max_burst_beats=16, axi_max_outstanding=4, act_bits=8, acc_bits=32,
         act_block=16, weight_group=32, systolic_rows=4, systolic_cols=4,
         l2_bytes=64 << 10, constant_cache_bytes=4 << 10, l2_scratch_bytes=16 << 10, sfu_reduce_lanes=32,

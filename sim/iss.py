@@ -271,7 +271,7 @@ class Machine:
             if d.kind != 2 or not self._int8_kv():
                 continue        # binary16 slots start empty: their positions are tracked, not in DDR
             kv = self._kv[d.index]
-            raw = self.image.ddr[base + d.weight_offset: base + size]
+            raw = self.image.view("KV", d.weight_offset, size - d.weight_offset)
             lay = self._kv_layout(d)
             C, D, nb = d.capacity, d.head_dim, lay.kblocks
             for j in range(d.heads):
@@ -600,6 +600,8 @@ class Machine:
             self._vec(i.dst, d.cols)        # the L2 range (firmware.perf.schedule)
             return
         if self.arithmetic == REFERENCE:
+            if entry.staged:        # the host staged the token's row of the whole table (firmware.pack)
+                row = self.token if self.token < entry.shape[0] else 0
             v = np.asarray(self.source[d.tensor][d.row_start + row], dtype=np.float64)
         else:
             q, s = self._int4_rows(entry, d.row_start + row, 1)

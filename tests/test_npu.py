@@ -179,13 +179,14 @@ def test_csr_backend_refuses_an_npu_of_another_isa_or_build():
     from firmware.pack import pack
     from firmware.runtime import CsrBackend
     from hdl import csr_map
+    from hdl.memory_map import Window
     from sim.config import ModelConfig
     cfg = ModelConfig.preset("tiny")
     image = pack(cfg, None, HW, max_positions=4, fill=False)
     program = compile_token(cfg, image, HW)
 
     class Device:
-        hw, ddr_base, ddr_size = HW, 0x1000000, 64 << 20
+        hw, windows = HW, (Window("ddr", 0x1000000, 64 << 20),)
 
         def __init__(self, version):
             self.version, self.written = version, 0

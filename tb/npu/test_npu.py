@@ -49,7 +49,7 @@ from hdl.isa import (CtrlFunc, DdrRegion, DecodeError, DmaDir, ErrorCode, Opcode
                      decode, encode)
 from sim.config import ModelConfig
 from sim.iss import HARDWARE, ExecutionError, Machine
-from tb.npu.bench import NpuBench, SimDevice
+from tb.npu.bench import NpuBench, SimDevice, sim_memory_map, sim_windows
 from tb.npu.host import check_window, compare_tokens, iss_ddr, load_npz
 from tb.runner import ROOT, bench_env
 
@@ -64,7 +64,18 @@ def params():
     return hw, seed, npz, tokens
 
 
+def memory_map_name() -> str:
+    """``NPU_MEMORY_MAP``: the memory map the token tests pack for and the bench's DDR windows (default flat)."""
+    return bench_env("NPU_MEMORY_MAP", "flat")
+
+
+def window_bytes() -> int:
+    """``NPU_WINDOW_BYTES``: a board map's windows are clipped to this many bytes (`sim_memory_map`)."""
+    return int(bench_env("NPU_WINDOW_BYTES", str(64 << 20)))
+
+
 async def setup(dut, hw, seed, **kw):
+    kw.setdefault("windows", sim_windows(memory_map_name(), window_bytes()))
     bench = NpuBench(dut, hw, seed=seed, **kw)
     await bench.start()
     device = SimDevice(bench)
@@ -78,7 +89,8 @@ async def tokens(dut):
     bench, device = await setup(dut, hw, seed)
     case = load_npz(npz)
     try:
-        records = await bridge(compare_tokens)(device, case, hw, n, golden=False, log=dut._log.info)
+        mm = sim_memory_map(memory_map_name(), window_bytes())
+        records = await bridge(compare_tokens)(device, case, hw, n, golden=False, memory_map=mm, log=dut._log.info)
     finally:
         detach_rtl_device()
     assert not bench.faults, f"accesses outside the DDR window: {bench.faults[:8]}"
@@ -96,10 +108,12 @@ async def compare(dut):
     bench, device = await setup(dut, hw, seed)
     case = load_npz(npz)
     try:
-        records = await bridge(compare_tokens)(device, case, hw, n, golden=True, log=dut._log.info)
+        mm = sim_memory_map(memory_map_name(), window_bytes())
+        records = await bridge(compare_tokens)(device, case, hw, n, golden=True, memory_map=mm, log=dut._log.info)
     finally:
         detach_rtl_device()
-    out = {"npz": str(npz), "hw": hw.name, "seed": seed, "faults": bench.faults[:16],
+    out = {"npz": str(npz), "hw": hw.name, "seed": seed, "memory_map": memory_map_name(),
+           "windows": [[w.name, w.base, w.size] for w in bench.windows], "faults": bench.faults[:16],
            "steps": [{k: v for k, v in r.items() if not k.startswith("logits_")} for r in records]}
     Path(bench_env("NPU_RESULT")).write_text(json.dumps(out, indent=1))
 
@@ -160,7 +174,7 @@ def bad_input_host(device, case, hw, log, with_dma=True) -> list[str]:
 
     def expect_memory(words, what):
         m, img, _ = _iss_outcome(image, hw, words)
-        problems = check_window(device, iss_ddr(m, img, _program(words)), image.regions)
+        problems = check_window(device, iss_ddr(m, img, _program(words)), image)
         if problems:
             failures.append(f"{what}: DDR differs from the ISS's prediction: {'; '.join(problems)}")
 
@@ -320,7 +334,7 @@ def run_directed(device, hw, cases, broken, log, tag) -> list[str]:
             got = (e.code, e.pc)
         if got != want:
             failures.append(f"{name}: the NPU ended with {got}, expected {want}")
-        problems = check_window(device, iss_ddr(m, img, _program(words)), img0.regions)
+        problems = check_window(device, iss_ddr(m, img, _program(words)), img0)
         if problems:
             failures.append(f"{name}: DDR differs from the ISS: {'; '.join(problems)}")
         failures += [f"{name}: {p}" for p in _unit_counter_problems(words, npu.counters, got is None)]
@@ -544,7 +558,7 @@ async def _directed(dut, host):
     bench, device = await setup(dut, hw, seed)
     case = load_npz(npz)
     failures = await bridge(host)(device, case, hw, dut._log.info)
-    hi = bench.ddr_base + bench.ddr_size
+    hi = max(w.end for w in bench.windows)
     assert bench.faults and all(k == "read" and a >= hi for k, a, _ in bench.faults), \
         f"expected only the bad descriptor's weight reads outside the window: {bench.faults[:8]}"
     assert not failures, "\n".join(failures)
