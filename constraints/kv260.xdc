@@ -1,3 +1,4 @@
-# KV260 (XCK26-SFVC784-2LV-C): the NPU's single clock domain, 300 MHz (hdl.config kv260 clock_hz).
-# In the full design the clock is the PS's pl_clk0; for the core's out-of-context build it is a port.
+# KV260 (XCK26-SFVC784-2LV-C): the NPU core built alone, out of context (python -m hdl.build --top npu):
+# its single clock domain at 300 MHz (hdl.config kv260 clock_hz) on the core's clk port. In the system
+# (hdl/kv260.py) the same clock comes from the MMCM on the PS's pl_clk0.
 create_clock -name clk -period 3.333 [get_ports clk]

@@ -1,53 +1,108 @@
-"""``python -m hdl.build``: elaborate the NPU for a hardware preset, write its Verilog and RTLIL, estimate its
-utilisation with Yosys against the XCK26 budget, and prepare (or run, where Vivado exists) the Vivado flow.
+"""``python -m hdl.build``: build the KV260 system around the NPU (or another top) for a hardware preset.
 
-Stages, one progress line each::
+Tops (``--top``):
 
-    [1/5] elaborate   top(cfg)                      the whole NPU (`hdl.npu.Npu`); ``--top gemv``: the GEMV engine
-    [2/5] verilog     <out>/npu_top.v
-    [3/5] rtlil       <out>/npu_top.il
-    [4/5] yosys       synth_xilinx -family xcup -> utilisation table vs the device budget, and per block
-    [5/5] vivado      <out>/vivado/{build.tcl, npu_top.xdc}; runs when `vivado` is on PATH
+``system``     (default) `hdl.kv260.Kv260System` around the NPU (`hdl.npu.Npu`): the PS8, its clocks and
+               reset, HPM0 to the CSRs, HP0..3 to the NPU's AXI masters, the interrupt, the fan. Written
+               through Amaranth's own Vivado flow (`hdl.kv260.KV260Platform`): ``<out>/vivado/`` holds
+               ``gemma3n_npu.v`` (and ``.il``), ``gemma3n_npu.tcl``, ``gemma3n_npu.xdc`` and
+               ``build_gemma3n_npu.sh``; and the Kria app folder ``<out>/app/gemma3n-npu/`` (``.dtsi``,
+               ``.dtbo``, ``shell.json``; `hdl.kria`) with ``<out>/app/reserved-memory.dtsi`` for the board's
+               device tree.
+``ddr-probe``  the same system around `hdl.ddrprobe.DdrProbe` (app ``gemma3n-ddrprobe``).
+``npu``        the NPU core alone: ``<out>/npu_top.v`` and ``.il``, and an out-of-context Vivado script
+               (``<out>/vivado/build.tcl``, ``npu_top.xdc``: utilisation and timing at the preset's clock).
+``gemv``       the GEMV engine alone, the same way.
 
-Vivado is not open source and not installable here: without it the build stops after writing its inputs,
-says so, and exits 0 (everything that can be built here was built). The Vivado step is an out-of-context
-synthesis and implementation of the core (utilisation, timing at the preset's clock); the bitstream needs
-the Zynq block design around it (PS, HP ports, clocks).
+Where ``vivado`` is on PATH the build runs the Vivado script; a system build then puts ``<app>.bit.bin``
+in the app folder, ready to copy to ``/lib/firmware/xilinx/<app>/`` on the board. Vivado is not open
+source and cannot be installed everywhere: without it the build writes everything else, says so, and
+exits 0.
+
+The Yosys utilisation estimate (``synth_xilinx -family xcup``, `hdl.synth`) is opt-in (``--synth``): on
+the kv260 NPU it takes 30 to 50 minutes on two cores, while everything else here takes minutes (most of
+it the Verilog of the NPU). Its result is cached in ``<out>/synth/cache/``, keyed by the sha256 of the
+design's RTLIL and the estimate's options, so repeating a build of an unchanged design prints the same
+table at once.
+
+Output: the first lines say what the build produces and where; then one line per stage
+(``[k/5] <stage> ...``, with the time since the start); the last lines list what was written.
+Bad input (a top that does not exist in this tree, a core that does not fit the system, ``--synth`` with
+a build directory YoWASP Yosys cannot see) is one line on stderr and exit status 2; a missing ``dtc`` or a
+failed Vivado run is one line and exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import shutil
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from .config import HardwareConfig, PRESETS
 from .dsp import XILINX
-from .synth import ROOT, format_breakdown, format_table, synthesize
+from .synth import ROOT, Utilisation, format_breakdown, format_table, synthesize
 
-__all__ = ["top", "build", "main", "TOPS"]
+__all__ = ["top", "build", "main", "TOPS", "SYSTEM_TOPS", "CORE_TOPS", "APP_NAMES", "BuildError"]
 
 TOP_NAME = "npu_top"
+SYSTEM_TOPS = ("system", "ddr-probe")
+CORE_TOPS = ("npu", "gemv")
+TOPS = SYSTEM_TOPS + CORE_TOPS
+APP_NAMES = {"system": "gemma3n-npu", "ddr-probe": "gemma3n-ddrprobe"}
+KEEP_DEPTH = 3
 
 
-TOPS = ("npu", "gemv")
+class BuildError(Exception):
+    """Bad input or a missing prerequisite: reported as one line, with `status` as the exit status."""
+
+    def __init__(self, message: str, status: int = 2):
+        super().__init__(message)
+        self.status = status
 
 
-def top(cfg: HardwareConfig, which: str = "npu"):
-    """The design `hdl.build` builds: the whole NPU (`hdl.npu.Npu`: CSRs, fetch, controller, L2, SFU, GEMV
-    engine, DDR movers, AXI ports), or with ``which="gemv"`` the GEMV engine and its AXI4 read masters alone."""
+def _core(cfg: HardwareConfig, which: str):
+    """The core of a system top: (component, instance name)."""
+    if which == "system":
+        from .npu import Npu
+        return Npu(cfg), "npu"
+    try:
+        from .ddrprobe import DdrProbe
+    except ModuleNotFoundError as e:
+        if e.name != f"{__package__}.ddrprobe":
+            raise
+        raise BuildError("--top ddr-probe needs hdl/ddrprobe.py (hdl.ddrprobe.DdrProbe), which this tree "
+                         "does not have") from None
+    return DdrProbe(cfg), "ddrprobe"
+
+
+def top(cfg: HardwareConfig, which: str = "system", *, core=None):
+    """The design `hdl.build` builds: the KV260 system around the NPU (``"system"``) or the DDR probe
+    (``"ddr-probe"``), the NPU alone (``"npu"``: CSRs, fetch, controller, L2, SFU, GEMV engine, DDR movers,
+    AXI ports), or the GEMV engine and its AXI4 read masters alone (``"gemv"``). A system top takes
+    another `core` (a component of the shape `hdl.kv260.check_core` describes) when one is given."""
+    if which in SYSTEM_TOPS:
+        from .kv260 import Kv260System
+        core, name = _core(cfg, which) if core is None else (core, "core")
+        try:
+            return Kv260System(cfg, core, core_name=name)
+        except (TypeError, ValueError) as e:
+            raise BuildError(f"{type(core).__name__} does not fit the KV260 system: {e}") from None
     if which == "npu":
         from .npu import Npu
         return Npu(cfg)
     if which == "gemv":
         from .gemv import GemvEngine
         return GemvEngine(cfg)
-    raise ValueError(f"unknown top {which!r}; choose one of: {', '.join(TOPS)}")
+    raise BuildError(f"unknown top {which!r}; choose one of: {', '.join(TOPS)}")
 
 
+# --- the core alone: out-of-context Vivado ---------------------------------------------------------
 def _xdc(cfg: HardwareConfig) -> str:
     base = (ROOT / "constraints" / f"{cfg.name}.xdc")
     if base.exists():
@@ -57,7 +112,7 @@ def _xdc(cfg: HardwareConfig) -> str:
             f"create_clock -name clk -period {period:.3f} [get_ports clk]\n")
 
 
-def _tcl(cfg: HardwareConfig) -> str:
+def _ooc_tcl(cfg: HardwareConfig) -> str:
     part = cfg.device.name
     return f"""# Out-of-context synthesis and implementation of {TOP_NAME} ({cfg.name}) on {part}.
 # Generated by python -m hdl.build; run from this directory: vivado -mode batch -source build.tcl
@@ -71,74 +126,205 @@ place_design
 phys_opt_design
 route_design
 report_utilization -file utilization.rpt
+report_utilization -hierarchical -file utilization_hierarchical.rpt
 report_timing_summary -file timing.rpt
 write_checkpoint -force {TOP_NAME}_routed.dcp
 """
 
 
-KEEP_DEPTH = 3
+# --- the Yosys estimate, cached ----------------------------------------------------------------------
+def _util_to_json(util: Utilisation) -> dict:
+    return asdict(util)             # the blocks, Utilisations themselves, become dicts too
 
 
-def build(hw: str = "kv260", out: str | Path | None = None, *, synth: bool = True, which: str = "npu",
-          keep_depth: int = KEEP_DEPTH, log=print) -> dict:
-    """Run the build; returns a dict of the files written and the utilisation (or None without synth).
+def _util_from_json(d: dict) -> Utilisation:
+    blocks = {k: Utilisation(**b) for k, b in d.pop("blocks").items()}
+    util = Utilisation(**d)
+    util.blocks = blocks
+    return util
 
-    `keep_depth`: the Yosys estimate keeps the design's blocks down to this depth below the top (3: the
-    NPU's units such as ``ctl.gemv`` and ``ctl.gemm`` and their parts such as ``ctl.gemm.engine`` and
-    ``ctl.gemv.port0``) and reports each (`hdl.synth.synthesize`); 0 flattens the whole design (slower:
-    more than two hours for the kv260 NPU)."""
+
+def _estimate(il_text: str, name: str, out: Path, keep_depth: int, log) -> tuple[Utilisation, bool]:
+    """The Yosys estimate of the RTLIL `il_text` (top module `name`), from the cache in ``<out>/synth/cache``
+    when an identical design was estimated with the same options; returns (utilisation, from cache)."""
+    synth_dir = out / "synth"
+    try:
+        synth_dir.resolve().relative_to(ROOT)
+    except ValueError:
+        raise BuildError(f"--synth needs the build directory inside the repository ({ROOT}): YoWASP Yosys "
+                         f"only sees that tree; {out} is outside it") from None
+    key = hashlib.sha256(il_text.encode() + f"\0top={name}\0keep_depth={keep_depth}\0uram=1".encode()).hexdigest()
+    cache = synth_dir / "cache" / f"{key}.json"
+    if cache.exists():
+        return _util_from_json(json.loads(cache.read_text())), True
+    util = synthesize(None, name, build_dir=synth_dir, rtlil_text=il_text, keep_depth=keep_depth,
+                      log=lambda msg: log(f"      {msg}"))
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(_util_to_json(util)) + "\n")
+    return util, False
+
+
+def _report(util: Utilisation, cfg: HardwareConfig, unit_depth: int) -> tuple[str, str]:
+    """(the table printed, the text saved): totals, per unit, and (saved only) per block."""
+    report = format_table(util, cfg.device)
+    if util.blocks:
+        report += "\n\nby unit\n" + format_breakdown(util, cfg.device, depth=unit_depth)
+    saved = report
+    if util.blocks:
+        saved += "\n\nby block\n" + format_breakdown(util, cfg.device)
+    return report, saved
+
+
+# --- the build -------------------------------------------------------------------------------------
+def _rel(p: Path) -> str:
+    try:
+        return str(p.relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)
+
+
+def build(hw: str = "kv260", out: str | Path | None = None, *, synth: bool = False, which: str = "system",
+          keep_depth: int = KEEP_DEPTH, core=None, log=print) -> dict:
+    """Run the build; returns the files written by role, the utilisation (None without `synth`) and whether
+    Vivado ran. Raises `BuildError` for bad input and missing prerequisites.
+
+    `keep_depth`: the Yosys estimate keeps the core's blocks down to this depth below the core (3: the NPU's
+    units such as ``ctl.gemv`` and their parts such as ``ctl.gemv.port0``) and reports each
+    (`hdl.synth.synthesize`); 0 flattens the whole design (more than two hours for the kv260 NPU).
+    `core`: for a system top, the core to build it around instead of the top's own (`top`)."""
+    if which not in TOPS:
+        raise BuildError(f"unknown top {which!r}; choose one of: {', '.join(TOPS)}")
     cfg = HardwareConfig.preset(hw)
     out = Path(out or ROOT / "build" / hw).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    from amaranth.back import rtlil, verilog
+    if which in SYSTEM_TOPS:
+        return _build_system(cfg, out, which, synth=synth, keep_depth=keep_depth, core=core, log=log)
+    return _build_core(cfg, out, which, synth=synth, keep_depth=keep_depth, log=log)
 
+
+def _stager(log, total=5):
     t0 = time.monotonic()
 
     def stage(k, name, msg):
-        log(f"[{k}/5] {name:<9} {msg} ({time.monotonic() - t0:.1f} s)")
+        log(f"[{k}/{total}] {name:<9} {msg} ({time.monotonic() - t0:.1f} s)")
+    return stage
 
+
+def _build_system(cfg, out, which, *, synth, keep_depth, core, log) -> dict:
+    from .kria import DtcNotFound, write_app
+    from .kv260 import KV260Platform, PL_CLK0_HZ
+
+    app = APP_NAMES[which]
+    name = app.replace("-", "_")
+    vdir, app_dir = out / "vivado", out / "app" / app
+    design = top(cfg, which, core=core)
+    mm = design.mmcm
+    log(f"hdl.build: the KV260 system around {type(design.core).__name__} for {cfg.name} "
+        f"({cfg.clock_hz / 1e6:g} MHz); it writes")
+    log(f"  Vivado project (Amaranth's flow): {_rel(vdir)}/ {name}.v, {name}.tcl, {name}.xdc, build_{name}.sh")
+    log(f"  Kria app:                         {_rel(app_dir)}/ {app}.dtsi, {app}.dtbo, shell.json"
+        f" (+ {app}.bit.bin where Vivado runs)")
+    log(f"  board device-tree fragment:       {_rel(out / 'app' / 'reserved-memory.dtsi')}")
+    stage = _stager(log)
+    stage(1, "elaborate", f"Kv260System({type(design.core).__name__}) for {cfg.name}: {len(design._hp_sigs)} x "
+                          f"{cfg.axi_data_bits}-bit HP ports, MMCM {PL_CLK0_HZ / 1e6:g} MHz x {float(mm.mult):g} / "
+                          f"({mm.divclk} x {float(mm.divide):g}) = {mm.f_out_hz / 1e6:g} MHz")
+    # One Amaranth conversion (minutes for the whole NPU); the platform writes its Verilog and the Tcl.
+    plan = KV260Platform().build(design, name=name, do_build=False, emit_src=False)
+    vdir.mkdir(parents=True, exist_ok=True)
+    plan.extract(vdir)
+    stage(2, "vivado", f"{_rel(vdir)}/{{{name}.v, {name}.tcl, {name}.xdc, build_{name}.sh}}")
+
+    result = {"verilog": vdir / f"{name}.v", "rtlil": vdir / f"{name}.il", "tcl": vdir / f"{name}.tcl",
+              "xdc": vdir / f"{name}.xdc", "script": vdir / f"build_{name}.sh", "vivado_dir": vdir,
+              "app_dir": app_dir, "utilisation": None, "vivado_ran": False}
+    dtc_error = None
+    try:
+        files = write_app(app_dir, app, "kv260", design.afi_config, pl_clk0_hz=PL_CLK0_HZ)
+        result.update({f"app_{k}": v for k, v in files.items()})
+        stage(3, "app", f"{_rel(app_dir)}/{{{app}.dtsi, {app}.dtbo, shell.json}}, "
+                        f"{_rel(out / 'app')}/reserved-memory.dtsi")
+    except DtcNotFound as e:
+        dtc_error = str(e)
+        stage(3, "app", f"{_rel(app_dir)}/{{{app}.dtsi, shell.json}} written, {app}.dtbo NOT compiled: {e}")
+
+    if synth:
+        util, cached = _estimate(plan.files[f"{name}.il"], name, out, keep_depth + 1 if keep_depth else 0, log)
+        result["utilisation"] = util
+        stage(4, "yosys", "cached estimate of this exact design" if cached else
+              f"done; log in {_rel(out / 'synth' / 'synth.log')}")
+        # Blocks are named from the system's top (``npu.ctl.gemv``): the units are one level deeper.
+        report, saved = _report(util, cfg, 3)
+        log(report)
+        (out / "utilisation.txt").write_text(saved + "\n")
+        log(f"      every block: {_rel(out / 'utilisation.txt')}")
+    else:
+        stage(4, "yosys", "skipped (--synth estimates the utilisation: 30-50 min for kv260, then cached)")
+
+    vivado = shutil.which("vivado")
+    if vivado is None:
+        stage(5, "vivado", f"Vivado not found on PATH: bitstream not built; run {_rel(vdir)}/build_{name}.sh "
+                           f"where Vivado is, then copy {name}.bit.bin to {app_dir}/{app}.bit.bin")
+    else:
+        stage(5, "vivado", f"running build_{name}.sh in {_rel(vdir)} (log: {name}.log)")
+        proc = subprocess.run(["bash", f"build_{name}.sh"], cwd=vdir)
+        if proc.returncode:
+            raise BuildError(f"Vivado failed (exit status {proc.returncode}); see {vdir / (name + '.log')}", 1)
+        shutil.copyfile(vdir / f"{name}.bit.bin", app_dir / f"{app}.bit.bin")
+        result["vivado_ran"] = True
+        log(f"      bitstream: {_rel(app_dir / (app + '.bit.bin'))}; reports: {_rel(vdir)}/{name}_*.rpt")
+    log(f"done: Kria app in {_rel(app_dir)} (copy it to /lib/firmware/xilinx/{app}/ on the board), "
+        f"Vivado project in {_rel(vdir)}")
+    if dtc_error:
+        raise BuildError(dtc_error, 1)
+    return result
+
+
+def _build_core(cfg, out, which, *, synth, keep_depth, log) -> dict:
+    from amaranth.back import rtlil, verilog
+
+    vdir = out / "vivado"
+    log(f"hdl.build: the {'NPU' if which == 'npu' else 'GEMV engine'} core alone for {cfg.name} "
+        f"(out of context, no board); writes")
+    log(f"  {_rel(out)}/{TOP_NAME}.v, {TOP_NAME}.il; {_rel(vdir)}/build.tcl, {TOP_NAME}.xdc")
+    out.mkdir(parents=True, exist_ok=True)
+    stage = _stager(log)
     design = top(cfg, which)
     stage(1, "elaborate", f"{type(design).__name__} for {cfg.name}: {cfg.axi_ports} x {cfg.axi_data_bits}-bit "
                           f"AXI4 ports, {cfg.gemv_lanes} GEMV lanes, {cfg.clock_hz / 1e6:g} MHz")
-    # One Amaranth conversion (minutes for the whole NPU): RTLIL, from which Yosys writes the Verilog and
-    # synthesises. Elaborated for the device: vendor primitives (`hdl.dsp`) where the RTL has them.
+    # One Amaranth conversion (minutes for the whole NPU): RTLIL, from which Yosys writes the Verilog.
+    # Elaborated for the device: vendor primitives (`hdl.dsp`) where the RTL has them.
     il_text = rtlil.convert(design, name=TOP_NAME, emit_src=False, platform=XILINX)
     vfile = out / f"{TOP_NAME}.v"
     vfile.write_text(verilog._convert_rtlil_text(il_text))
-    stage(2, "verilog", str(vfile))
+    stage(2, "verilog", _rel(vfile))
     ilfile = out / f"{TOP_NAME}.il"
     ilfile.write_text(il_text)
-    stage(3, "rtlil", str(ilfile))
-    util = None
+    stage(3, "rtlil", _rel(ilfile))
+    result = {"verilog": vfile, "rtlil": ilfile, "vivado_dir": vdir, "utilisation": None, "vivado_ran": False}
     if synth:
-        util = synthesize(design, TOP_NAME, build_dir=out / "synth", rtlil_text=il_text, keep_depth=keep_depth,
-                          log=lambda msg: log(f"      {msg}"))
-        stage(4, "yosys", f"done; log in {out / 'synth' / 'synth.log'}")
-        report = format_table(util, cfg.device)
-        if util.blocks:
-            report += "\n\nby unit\n" + format_breakdown(util, cfg.device, depth=2)
+        util, cached = _estimate(il_text, TOP_NAME, out, keep_depth, log)
+        result["utilisation"] = util
+        stage(4, "yosys", "cached estimate of this exact design" if cached else
+              f"done; log in {_rel(out / 'synth' / 'synth.log')}")
+        report, saved = _report(util, cfg, 2)
         log(report)
-        if util.blocks:
-            report += "\n\nby block\n" + format_breakdown(util, cfg.device)
-        (out / "utilisation.txt").write_text(report + "\n")
-        log(f"      every block: {out / 'utilisation.txt'}")
+        (out / "utilisation.txt").write_text(saved + "\n")
+        log(f"      every block: {_rel(out / 'utilisation.txt')}")
     else:
-        stage(4, "yosys", "skipped (--no-synth)")
-    vdir = out / "vivado"
+        stage(4, "yosys", "skipped (--synth estimates the utilisation, then caches it)")
     vdir.mkdir(exist_ok=True)
     (vdir / f"{TOP_NAME}.xdc").write_text(_xdc(cfg))
-    (vdir / "build.tcl").write_text(_tcl(cfg))
+    (vdir / "build.tcl").write_text(_ooc_tcl(cfg))
     vivado = shutil.which("vivado")
-    result = {"verilog": vfile, "rtlil": ilfile, "vivado_dir": vdir, "utilisation": util, "vivado_ran": False}
     if vivado is None:
-        stage(5, "vivado", f"Vivado not found on PATH: bitstream not built; inputs are in {vdir}")
+        stage(5, "vivado", f"Vivado not found on PATH: out-of-context run not done; inputs are in {_rel(vdir)}")
         return result
-    stage(5, "vivado", f"running {vivado} -mode batch -source build.tcl in {vdir}")
+    stage(5, "vivado", f"running {vivado} -mode batch -source build.tcl in {_rel(vdir)}")
     proc = subprocess.run([vivado, "-mode", "batch", "-source", "build.tcl"], cwd=vdir)
     if proc.returncode:
-        raise RuntimeError(f"vivado failed with exit status {proc.returncode}; see {vdir}/vivado.log")
+        raise BuildError(f"Vivado failed (exit status {proc.returncode}); see {vdir / 'vivado.log'}", 1)
     result["vivado_ran"] = True
-    log(f"      reports: {vdir / 'utilization.rpt'}, {vdir / 'timing.rpt'}")
+    log(f"      reports: {_rel(vdir / 'utilization.rpt')}, {_rel(vdir / 'timing.rpt')}")
     return result
 
 
@@ -146,13 +332,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hdl.build", description=__doc__.split("\n\n")[0])
     parser.add_argument("--hw", default="kv260", choices=sorted(PRESETS), help="hardware preset (default kv260)")
     parser.add_argument("--out", help="build directory (default build/<hw>)")
-    parser.add_argument("--no-synth", action="store_true", help="skip the Yosys utilisation estimate")
-    parser.add_argument("--top", default="npu", choices=TOPS, help="what to build (default: the whole NPU)")
+    parser.add_argument("--top", default="system", choices=TOPS,
+                        help="what to build (default: the KV260 system around the NPU)")
+    parser.add_argument("--synth", action="store_true",
+                        help="estimate the utilisation with Yosys (30-50 min for the kv260 NPU; cached by the "
+                             "design's sha256 in <out>/synth/cache)")
     parser.add_argument("--flat", action="store_true",
-                        help="estimate on the fully flattened design (default: the units kept as blocks, "
-                             f"{KEEP_DEPTH} levels deep, with a per-block breakdown)")
+                        help=f"with --synth: estimate the flattened design (default: the core's units kept as "
+                             f"blocks, {KEEP_DEPTH} levels deep, with a per-block breakdown)")
     args = parser.parse_args(argv)
-    build(args.hw, args.out, synth=not args.no_synth, which=args.top, keep_depth=0 if args.flat else KEEP_DEPTH)
+    try:
+        build(args.hw, args.out, synth=args.synth, which=args.top, keep_depth=0 if args.flat else KEEP_DEPTH)
+    except BuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.status
     return 0
 
 

@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 VENV=.venv
-APT_PACKAGES=(build-essential perl python3-venv liblz4-dev zlib1g-dev iverilog ccache)
+APT_PACKAGES=(build-essential perl python3-venv liblz4-dev zlib1g-dev iverilog ccache device-tree-compiler)
 
 say() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
