@@ -130,6 +130,59 @@ def load_model(checkpoint: str | os.PathLike | None, *, dtype=np.float32, model_
     return Runtime.from_hf(config, tensors, backend="iss", arithmetic=arithmetic, hw=hw)
 
 
+def load_packed(image_dir: str | os.PathLike, *, backend: str = "kv260", checkpoint=None,
+                max_positions: int | None = None, board_root: str = "/", log=None):
+    """A `Runtime` over a packed image (`firmware.pack.save_image`): on the board (``backend="kv260"``:
+    `firmware.board.Kv260Device`, which raises `firmware.board.BoardUnavailable` where there is none) or on the
+    ISS in hardware arithmetic (``"iss"``). With `checkpoint` and no image in `image_dir`, the checkpoint is
+    packed there first (for the device's hardware and the kv260 memory map; `max_positions` default 4,096)."""
+    from .pack import load_image, pack, save_image
+    from .runtime import IssBackend, Runtime, hardware_of
+
+    log = log or (lambda msg: None)
+    device = None
+    if backend == "kv260":
+        from .board import Kv260Device
+        device = Kv260Device(root=board_root)
+    if checkpoint is not None and not os.path.exists(os.path.join(image_dir, "manifest.json")):
+        from hdl.config import HardwareConfig
+        from sim.checkpoint import Checkpoint
+        ckpt = Checkpoint(checkpoint)
+        hw = device.hw if device is not None else HardwareConfig.preset("kv260")
+        log(f"packing {checkpoint} into {image_dir} for {hw.name} (once)")
+        os.makedirs(image_dir, exist_ok=True)
+        image = pack(ckpt.config, ckpt, hw, max_positions=max_positions or 4096, memory_map="kv260",
+                     out=os.path.join(image_dir, "image.npy"), progress=_LoadProgress(sys.stderr))
+        save_image(image, image_dir)
+    image = load_image(image_dir)
+    if device is None:
+        from sim.config import ModelConfig
+        from .compiler import compile_token
+        hw = hardware_of(image)
+        cfg = ModelConfig.from_hf(image.config)
+        return Runtime(cfg, image, compile_token(cfg, image, hw), IssBackend(hw, "hardware"))
+    return Runtime.on_device(image, device, progress=_ImageProgress(sys.stderr))
+
+
+class _ImageProgress:
+    """Image loading progress on a stream: a bar rewritten in place on a terminal, a line per tenth otherwise."""
+
+    def __init__(self, stream):
+        self._stream, self._start, self._shown = stream, time.perf_counter(), -1
+        self._tty = bool(getattr(stream, "isatty", lambda: False)())
+
+    def __call__(self, done: int, total: int) -> None:
+        tenth = 10 * done // max(total, 1)
+        if not self._tty and tenth == self._shown:
+            return
+        self._shown = tenth
+        bar = "#" * (30 * done // max(total, 1))
+        t = time.perf_counter() - self._start
+        line = f"loading image [{bar:<30}] {done / 2**20:,.0f}/{total / 2**20:,.0f} MiB ({t:.0f} s)"
+        self._stream.write(("\r" + line + ("\n" if done == total else "")) if self._tty else line + "\n")
+        self._stream.flush()
+
+
 # --- command line -----------------------------------------------------------------------------------
 
 
@@ -172,9 +225,18 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--model-seed", metavar="N", default=None,
                        type=_arg_type("model_seed", int, lambda v: v >= 0, "an integer >= 0"),
                        help="seed of the built-in random tiny model's weights (default: 0)")
-    model.add_argument("--backend", choices=("golden", "iss"), default="golden",
+    model.add_argument("--backend", choices=("golden", "iss", "kv260"), default="golden",
                        help="golden: the NumPy golden model; iss: the NPU's compiled token program on the "
-                            "instruction-set simulator (default: golden)")
+                            "instruction-set simulator; kv260: the NPU on the board (run on the KV260, with the "
+                            "app loaded: docs/kv260.md) (default: golden)")
+    model.add_argument("--image", metavar="DIR",
+                       help="with --backend kv260 (or iss, hardware arithmetic): a packed image "
+                            "(python -m firmware.pack --out DIR); with --checkpoint too, the checkpoint is packed "
+                            "into DIR first if DIR holds no image")
+    model.add_argument("--max-positions", metavar="N", default=None,
+                       type=_arg_type("max_positions", int, lambda v: v >= 1, "a positive integer"),
+                       help="with --backend iss or kv260 and a checkpoint: positions the KV cache holds "
+                            "(default: the model's max_position_embeddings; kv260 packs 4096)")
     model.add_argument("--arithmetic", choices=("reference", "hardware"), default="reference",
                        help="with --backend iss: float64 reference arithmetic or the NPU's INT4/INT8/binary32 "
                             "arithmetic (default: reference)")
@@ -291,18 +353,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             tokenizer = Tokenizer.from_file(tokenizer_path)
         except (OSError, ValueError) as e:
             parser.error(f"--tokenizer: {e}")
-    elif args.checkpoint is None:
+    elif args.checkpoint is None and args.image is None:
         # The built-in tiny model comes with a built-in tiny tokenizer, so the default run prints text.
         tokenizer = Tokenizer.builtin_tiny()
-    if args.prompt is not None and tokenizer is None:
+    if args.prompt is not None and tokenizer is None and args.image is None:
         parser.error("--prompt needs a tokenizer: pass --tokenizer PATH, or a --checkpoint directory that "
                      "contains tokenizer.model, or give the prompt as --prompt-ids")
 
     dtype = {"float32": np.float32, "float64": np.float64}[args.dtype]
     backend = {} if args.backend == "golden" else {"backend": "iss", "arithmetic": args.arithmetic, "hw": args.hw}
-    if args.backend == "golden" and (args.arithmetic != "reference" or args.hw != "kv260"):
+    if args.backend != "iss" and (args.arithmetic != "reference" or args.hw != "kv260"):
         parser.error("--arithmetic and --hw apply to --backend iss only")
-    if args.checkpoint is None:
+    if args.image is not None and args.backend == "golden":
+        parser.error("--image applies to --backend kv260 or iss")
+    if args.backend == "kv260" or args.image is not None:
+        if args.image is None and args.checkpoint is None:
+            parser.error("--backend kv260 needs --image DIR (python -m firmware.pack --out DIR) or --checkpoint DIR")
+        if args.backend == "iss" and args.arithmetic != "hardware":
+            parser.error("a packed --image runs in --arithmetic hardware")
+        image_dir = args.image or os.path.join(os.path.expanduser("~/.cache/gemma3n-npu"),
+                                               os.path.basename(os.path.normpath(args.checkpoint)))
+        from .board import BoardUnavailable
+        try:
+            model = load_packed(image_dir, backend=args.backend, checkpoint=args.checkpoint,
+                                max_positions=args.max_positions, board_root=os.environ.get("NPU_BOARD_ROOT", "/"),
+                                log=lambda msg: print(msg, file=sys.stderr))
+        except (BoardUnavailable, OSError, ValueError, RuntimeError) as e:
+            print(f"python -m firmware.generate: {e}", file=sys.stderr)
+            return 2
+        if tokenizer is None and os.path.isfile(os.path.join(image_dir, "tokenizer.model")):
+            tokenizer = Tokenizer.from_file(os.path.join(image_dir, "tokenizer.model"))
+        if args.prompt is not None and tokenizer is None:
+            parser.error(f"--prompt needs a tokenizer: {image_dir} has no tokenizer.model; pass --tokenizer PATH")
+    elif args.checkpoint is None:
         model = load_model(None, dtype=dtype, model_seed=0 if args.model_seed is None else args.model_seed,
                            **backend)
     else:

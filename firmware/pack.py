@@ -849,6 +849,10 @@ def main(argv=None) -> int:
             image = pack(cfg, tensors, hw, max_positions=args.max_positions, memory_map=args.memory_map,
                          out=os.path.join(args.out, "image.npy"), progress=progress)
             save_image(image, args.out)
+            if args.checkpoint is not None and os.path.isfile(os.path.join(args.checkpoint, "tokenizer.model")):
+                import shutil
+                shutil.copyfile(os.path.join(args.checkpoint, "tokenizer.model"),
+                                os.path.join(args.out, "tokenizer.model"))
     except (OSError, ValueError, KeyError, TypeError) as e:
         msg = str(e).strip("'\"")
         print(f"python -m firmware.pack: {msg}", file=sys.stderr)
@@ -857,8 +861,7 @@ def main(argv=None) -> int:
           f"for hardware {hw.name}, KV cache of {args.max_positions or cfg.max_position_embeddings:,} positions")
     print(region_map(image))
     if not args.plan:
-        print(f"wrote {args.out}: manifest.json, image.npy"
-              + "".join(f", {os.path.basename(_host_table_path('image.npy', n))}" for n in image.host_tables))
+        print(f"wrote {args.out}: " + ", ".join(sorted(os.listdir(args.out))))
     return 0
 
 

@@ -48,7 +48,7 @@ from sim.iss import HARDWARE, REFERENCE, ExecutionError, Machine
 from .compiler import Program, compile_token
 from .pack import DESC_BYTES, DescKind, Image, pack
 
-__all__ = ["Runtime", "Backend", "IssBackend", "CsrBackend", "NpuDevice", "attach_rtl_device",
+__all__ = ["Runtime", "Backend", "IssBackend", "CsrBackend", "NpuDevice", "Placed", "hardware_of", "attach_rtl_device",
            "detach_rtl_device", "program_image", "BackendUnavailable"]
 
 BACKENDS = ("iss", "rtl")
@@ -143,6 +143,16 @@ def program_bytes(image: Image, program: Program) -> np.ndarray:
         raise ValueError(f"the program ({len(words)} words, {words.nbytes} bytes) does not fit the PROGRAM "
                          f"region ({size} bytes)")
     return words.view(np.uint8)
+
+
+def hardware_of(image: Image) -> HardwareConfig:
+    """The hardware preset `image` was packed for (its manifest's ``hardware``)."""
+    from hdl.config import PRESETS
+    for hw in PRESETS.values():
+        if hw.to_dict() == image.hardware:
+            return hw
+    raise ValueError(f"the image was packed for hardware {image.hardware.get('name', '?')!r} with parameters that "
+                     f"match no preset of this firmware ({', '.join(PRESETS)}); pack it again")
 
 
 class Placed:
@@ -409,12 +419,13 @@ class Runtime:
 
     @classmethod
     def on_device(cls, image: Image, device: NpuDevice, progress=None) -> "Runtime":
-        """Run a packed image (`firmware.pack.load_image`) on `device`: compile its program and load both
-        (the device's ID and VERSION are checked against the image first)."""
+        """Run a packed image (`firmware.pack.load_image`) on `device` (the board: `firmware.board.Kv260Device`):
+        check the NPU's ID and VERSION against the image, compile the token program for the device's hardware
+        and load both (`CsrBackend.load`, `progress(done, total)` per written chunk)."""
+        backend = CsrBackend(device, progress)
+        backend.check(image)
         cfg = ModelConfig.from_hf(image.config)
-        hw = HardwareConfig(**{k: v for k, v in image.hardware.items() if k in HardwareConfig.__dataclass_fields__
-                               and k != "device"})
-        return cls(cfg, image, compile_token(cfg, image, hw), CsrBackend(device, progress))
+        return cls(cfg, image, compile_token(cfg, image, device.hw), backend)
 
     def reset(self) -> None:
         """Clear the KV cache; the next `step` is position 0."""

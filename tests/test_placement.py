@@ -2,6 +2,7 @@
 image on disk, and ``python -m firmware.pack``."""
 
 import dataclasses
+import os
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import pytest
 
 from firmware.compiler import compile_token
 from firmware.pack import DESC_BYTES, DescKind, load_image, pack, save_image
-from firmware.runtime import CsrBackend, Placed, Runtime
+from firmware.runtime import CsrBackend, IssBackend, Placed, Runtime
 from hdl import csr_map
 from hdl.config import HardwareConfig
 from hdl.memory_map import MEMORY_MAPS, Window
@@ -160,3 +161,30 @@ def test_pack_command_line(tmp_path):
                       (("--model", "e4b", "--plan", "--memory-map", "zcu104"), "invalid choice: 'zcu104'")):
         r = _cli(*args)
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_generate_on_a_packed_image_and_without_a_board(tmp_path):
+    """``--image`` runs a packed image on the ISS (hardware arithmetic) with the ids of a Runtime over the same
+    image; ``--backend kv260`` where there is no board is one line naming what is missing, exit status 2."""
+    assert _cli("--model", "tiny", "--hw", "tiny", "--out", str(tmp_path)).returncode == 0
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "firmware.generate", *args], capture_output=True, text=True,
+                              cwd=ROOT, env={**os.environ, "NPU_BOARD_ROOT": str(tmp_path)})
+    r = run("--backend", "iss", "--arithmetic", "hardware", "--image", str(tmp_path), "--prompt-ids", "2,5,7",
+            "--max-new-tokens", "3", "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    image = load_image(tmp_path)
+    cfg = ModelConfig.from_hf(image.config)
+    rt = Runtime(cfg, image, compile_token(cfg, image, HW), IssBackend(HW, "hardware"))
+    for t in (2, 5, 7):
+        logits = rt.step(t)
+    new = []
+    for _ in range(3):
+        new.append(int(np.argmax(logits)))
+        logits = rt.step(new[-1])
+    assert r.stdout.split("\n")[0].split() == [str(i) for i in new]
+    r = run("--backend", "kv260", "--image", str(tmp_path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"python -m firmware.generate: no UIO device named 'npu' in {tmp_path}/sys/class/uio (there is none): load "
+        "the app: sudo xmutil loadapp gemma3n-npu"]
