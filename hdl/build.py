@@ -14,6 +14,11 @@ Tops (``--top``):
                (``<out>/vivado/build.tcl``, ``npu_top.xdc``: utilisation and timing at the preset's clock).
 ``gemv``       the GEMV engine alone, the same way.
 
+Flows of a system top (``--flow``): ``hdl`` (default) is the above; ``bd`` writes instead a Vivado
+block design (``<out>/vivado_bd/<name>_bd.tcl``: ``zynq_ultra_ps_e`` on the KV260 board part with the
+core as a module reference; `hdl.kv260.block_design_tcl`), which also yields ``<name>.xsa`` and
+``<name>.hwh``; the app folder is the same.
+
 Where ``vivado`` is on PATH the build runs the Vivado script; a system build then puts ``<app>.bit.bin``
 in the app folder, ready to copy to ``/lib/firmware/xilinx/<app>/`` on the board. Vivado is not open
 source and cannot be installed everywhere: without it the build writes everything else, says so, and
@@ -37,6 +42,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -48,12 +54,13 @@ from .config import HardwareConfig, PRESETS
 from .dsp import XILINX
 from .synth import ROOT, Utilisation, format_breakdown, format_table, synthesize
 
-__all__ = ["top", "build", "main", "TOPS", "SYSTEM_TOPS", "CORE_TOPS", "APP_NAMES", "BuildError"]
+__all__ = ["top", "build", "main", "TOPS", "SYSTEM_TOPS", "CORE_TOPS", "FLOWS", "APP_NAMES", "BuildError"]
 
 TOP_NAME = "npu_top"
 SYSTEM_TOPS = ("system", "ddr-probe")
 CORE_TOPS = ("npu", "gemv")
 TOPS = SYSTEM_TOPS + CORE_TOPS
+FLOWS = ("hdl", "bd")
 APP_NAMES = {"system": "gemma3n-npu", "ddr-probe": "gemma3n-ddrprobe"}
 KEEP_DEPTH = 3
 
@@ -184,19 +191,26 @@ def _rel(p: Path) -> str:
 
 
 def build(hw: str = "kv260", out: str | Path | None = None, *, synth: bool = False, which: str = "system",
-          keep_depth: int = KEEP_DEPTH, core=None, log=print) -> dict:
+          flow: str = "hdl", keep_depth: int = KEEP_DEPTH, core=None, log=print) -> dict:
     """Run the build; returns the files written by role, the utilisation (None without `synth`) and whether
     Vivado ran. Raises `BuildError` for bad input and missing prerequisites.
 
     `keep_depth`: the Yosys estimate keeps the core's blocks down to this depth below the core (3: the NPU's
     units such as ``ctl.gemv`` and their parts such as ``ctl.gemv.port0``) and reports each
     (`hdl.synth.synthesize`); 0 flattens the whole design (more than two hours for the kv260 NPU).
-    `core`: for a system top, the core to build it around instead of the top's own (`top`)."""
+    `core`: for a system top, the core to build it around instead of the top's own (`top`). `flow`: for a
+    system top, ``"hdl"`` (the HDL top in Amaranth's Vivado flow) or ``"bd"`` (the block design)."""
     if which not in TOPS:
         raise BuildError(f"unknown top {which!r}; choose one of: {', '.join(TOPS)}")
+    if flow not in FLOWS:
+        raise BuildError(f"unknown flow {flow!r}; choose one of: {', '.join(FLOWS)}")
+    if flow == "bd" and which not in SYSTEM_TOPS:
+        raise BuildError(f"--flow bd builds a system (--top {' or '.join(SYSTEM_TOPS)}), not --top {which}")
     cfg = HardwareConfig.preset(hw)
     out = Path(out or ROOT / "build" / hw).resolve()
     if which in SYSTEM_TOPS:
+        if flow == "bd":
+            return _build_block_design(cfg, out, which, synth=synth, keep_depth=keep_depth, core=core, log=log)
         return _build_system(cfg, out, which, synth=synth, keep_depth=keep_depth, core=core, log=log)
     return _build_core(cfg, out, which, synth=synth, keep_depth=keep_depth, log=log)
 
@@ -210,7 +224,6 @@ def _stager(log, total=5):
 
 
 def _build_system(cfg, out, which, *, synth, keep_depth, core, log) -> dict:
-    from .kria import DtcNotFound, write_app
     from .kv260 import KV260Platform, PL_CLK0_HZ
 
     app = APP_NAMES[which]
@@ -237,15 +250,7 @@ def _build_system(cfg, out, which, *, synth, keep_depth, core, log) -> dict:
     result = {"verilog": vdir / f"{name}.v", "rtlil": vdir / f"{name}.il", "tcl": vdir / f"{name}.tcl",
               "xdc": vdir / f"{name}.xdc", "script": vdir / f"build_{name}.sh", "vivado_dir": vdir,
               "app_dir": app_dir, "utilisation": None, "vivado_ran": False}
-    dtc_error = None
-    try:
-        files = write_app(app_dir, app, "kv260", design.afi_config, pl_clk0_hz=PL_CLK0_HZ)
-        result.update({f"app_{k}": v for k, v in files.items()})
-        stage(3, "app", f"{_rel(app_dir)}/{{{app}.dtsi, {app}.dtbo, shell.json}}, "
-                        f"{_rel(out / 'app')}/reserved-memory.dtsi")
-    except DtcNotFound as e:
-        dtc_error = str(e)
-        stage(3, "app", f"{_rel(app_dir)}/{{{app}.dtsi, shell.json}} written, {app}.dtbo NOT compiled: {e}")
+    dtc_error = _write_app(out, app, design.core, stage, result)
 
     if synth:
         util, cached = _estimate(plan.files[f"{name}.il"], name, out, keep_depth + 1 if keep_depth else 0, log)
@@ -274,6 +279,97 @@ def _build_system(cfg, out, which, *, synth, keep_depth, core, log) -> dict:
         log(f"      bitstream: {_rel(app_dir / (app + '.bit.bin'))}; reports: {_rel(vdir)}/{name}_*.rpt")
     log(f"done: Kria app in {_rel(app_dir)} (copy it to /lib/firmware/xilinx/{app}/ on the board), "
         f"Vivado project in {_rel(vdir)}")
+    if dtc_error:
+        raise BuildError(dtc_error, 1)
+    return result
+
+
+def _write_app(out, app, core, stage, result):
+    """Stage 3 of a system build: the Kria app folder; returns the dtc error, if dtc is missing."""
+    from .kria import DtcNotFound, write_app
+    from .kv260 import PL_CLK0_HZ, afi_config
+
+    app_dir = out / "app" / app
+    try:
+        files = write_app(app_dir, app, "kv260", afi_config(core), pl_clk0_hz=PL_CLK0_HZ)
+    except DtcNotFound as e:
+        stage(3, "app", f"{_rel(app_dir)}/{{{app}.dtsi, shell.json}} written, {app}.dtbo NOT compiled: {e}")
+        return str(e)
+    result.update({f"app_{k}": v for k, v in files.items()})
+    stage(3, "app", f"{_rel(app_dir)}/{{{app}.dtsi, {app}.dtbo, shell.json}}, "
+                    f"{_rel(out / 'app')}/reserved-memory.dtsi")
+    return None
+
+
+def _build_block_design(cfg, out, which, *, synth, keep_depth, core, log) -> dict:
+    from amaranth.back import rtlil, verilog
+
+    from .kv260 import PL_CLK0_HZ, block_design_tcl, block_design_xdc, check_core, mmcm_config, module_reference_verilog
+    from .memory_map import MEMORY_MAPS
+
+    app = APP_NAMES[which]
+    name = app.replace("-", "_")
+    module = f"{name}_core"
+    bdir, app_dir = out / "vivado_bd", out / "app" / app
+    if core is None:
+        core, _ = _core(cfg, which)
+    try:
+        csr, hps = check_core(core)
+        mmcm_config(PL_CLK0_HZ, cfg.clock_hz)       # a clock the Clocking Wizard can make, as in the HDL flow
+    except (TypeError, ValueError) as e:
+        raise BuildError(f"{type(core).__name__} does not fit the KV260 system: {e}") from None
+    log(f"hdl.build: the KV260 system around {type(core).__name__} for {cfg.name} ({cfg.clock_hz / 1e6:g} MHz) "
+        f"as a Vivado block design; it writes")
+    log(f"  Vivado block design: {_rel(bdir)}/ {name}_bd.tcl, {name}_bd.xdc, {module}.v, {module}_inner.v "
+        f"(-> {name}.bit, {name}.xsa, {name}.hwh)")
+    log(f"  Kria app:            {_rel(app_dir)}/ {app}.dtsi, {app}.dtbo, shell.json"
+        f" (+ {app}.bit.bin where Vivado runs)")
+    log(f"  board device-tree fragment: {_rel(out / 'app' / 'reserved-memory.dtsi')}")
+    stage = _stager(log)
+    mm = MEMORY_MAPS["kv260"]
+    stage(1, "elaborate", f"{module}: {type(core).__name__} as a module reference, {len(hps)} HP ports")
+    # The core's own module (one Amaranth conversion), and the module reference around it.
+    inner = f"{module}_inner"
+    il_text = rtlil.convert(core, name=inner, emit_src=False, platform=XILINX)
+    inner_v = verilog._convert_rtlil_text(il_text)
+    header = re.search(rf"^module {inner}\((.*?)\);", inner_v, flags=re.M | re.S)
+    inner_ports = [p.strip().lstrip("\\") for p in header.group(1).split(",")]
+    bdir.mkdir(parents=True, exist_ok=True)
+    (bdir / f"{inner}.v").write_text(inner_v)
+    (bdir / f"{module}.v").write_text(module_reference_verilog(module, cfg, core, inner, inner_ports))
+    (bdir / f"{name}_bd.tcl").write_text(block_design_tcl(
+        name, cfg, module, [s.data_bits for s in hps], csr.data_bits, csr_base=mm.csr_base, csr_size=mm.csr_size))
+    (bdir / f"{name}_bd.xdc").write_text(block_design_xdc())
+    stage(2, "vivado", f"{_rel(bdir)}/{{{name}_bd.tcl, {name}_bd.xdc, {module}.v, {inner}.v}}")
+    result = {"verilog": bdir / f"{module}.v", "inner_verilog": bdir / f"{inner}.v", "tcl": bdir / f"{name}_bd.tcl",
+              "xdc": bdir / f"{name}_bd.xdc", "vivado_dir": bdir, "app_dir": app_dir, "utilisation": None,
+              "vivado_ran": False}
+    dtc_error = _write_app(out, app, core, stage, result)
+    if synth:
+        util, cached = _estimate(il_text, inner, out, keep_depth, log)
+        result["utilisation"] = util
+        stage(4, "yosys", "cached estimate of this exact design" if cached else
+              f"done; log in {_rel(out / 'synth' / 'synth.log')}")
+        report, saved = _report(util, cfg, 2)
+        log(report)
+        (out / "utilisation.txt").write_text(saved + "\n")
+    else:
+        stage(4, "yosys", "skipped (--synth estimates the core's utilisation, then caches it)")
+    vivado = shutil.which("vivado")
+    if vivado is None:
+        stage(5, "vivado", f"Vivado not found on PATH: bitstream not built; run vivado -mode batch -source "
+                           f"{name}_bd.tcl in {_rel(bdir)} where Vivado is, then copy {name}.bit.bin to "
+                           f"{_rel(app_dir)}/{app}.bit.bin")
+    else:
+        stage(5, "vivado", f"running {vivado} -mode batch -source {name}_bd.tcl in {_rel(bdir)}")
+        proc = subprocess.run([vivado, "-mode", "batch", "-source", f"{name}_bd.tcl"], cwd=bdir)
+        if proc.returncode:
+            raise BuildError(f"Vivado failed (exit status {proc.returncode}); see {bdir / 'vivado.log'}", 1)
+        shutil.copyfile(bdir / f"{name}.bit.bin", app_dir / f"{app}.bit.bin")
+        result["vivado_ran"] = True
+        log(f"      bitstream: {_rel(app_dir / (app + '.bit.bin'))}; platform: {_rel(bdir / (name + '.xsa'))}")
+    log(f"done: Kria app in {_rel(app_dir)} (copy it to /lib/firmware/xilinx/{app}/ on the board), "
+        f"block design in {_rel(bdir)}")
     if dtc_error:
         raise BuildError(dtc_error, 1)
     return result
@@ -334,6 +430,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="build directory (default build/<hw>)")
     parser.add_argument("--top", default="system", choices=TOPS,
                         help="what to build (default: the KV260 system around the NPU)")
+    parser.add_argument("--flow", default="hdl", choices=FLOWS,
+                        help="system tops: hdl (default: the PS8 from HDL, Amaranth's Vivado flow) or bd (a Vivado "
+                             "block design with zynq_ultra_ps_e, for an .xsa/.hwh)")
     parser.add_argument("--synth", action="store_true",
                         help="estimate the utilisation with Yosys (30-50 min for the kv260 NPU; cached by the "
                              "design's sha256 in <out>/synth/cache)")
@@ -342,7 +441,8 @@ def main(argv=None) -> int:
                              f"blocks, {KEEP_DEPTH} levels deep, with a per-block breakdown)")
     args = parser.parse_args(argv)
     try:
-        build(args.hw, args.out, synth=args.synth, which=args.top, keep_depth=0 if args.flat else KEEP_DEPTH)
+        build(args.hw, args.out, synth=args.synth, which=args.top, flow=args.flow,
+              keep_depth=0 if args.flat else KEEP_DEPTH)
     except BuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.status

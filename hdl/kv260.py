@@ -25,9 +25,9 @@ AMD's generated ``zynq_ultra_ps_e`` wrapper and amaranth-zynq do), and around it
   ``BUFG``: the ``sync`` domain of the core and the clock of every PS port it uses;
 * reset: ``sync`` is held in reset while the PS's PL reset 0 is asserted or the MMCM is unlocked,
   released synchronously (`amaranth.lib.cdc.ResetSynchronizer`). PL reset 0 is EMIO GPIO bit 95
-  (``EMIOGPIOO[95]``, active low), as AMD's wrapper derives ``pl_resetn0``; it is the reset
-  ``<&zynqmp_reset 116>`` in the overlay names, which the PS drives around loading a bitstream. The MMCM
-  itself is reset by the same PL reset;
+  (``EMIOGPIOO[95]``, active low), as AMD's wrapper derives ``pl_resetn0``: the PS-PL reset the
+  overlay names as ``<&zynqmp_reset 116>``, the one every Vivado design on the board resets its PL from
+  (through a ``proc_sys_reset``). The MMCM itself is reset by the same PL reset;
 * ``M_AXI_HPM0_FPD`` (``MAXIGP0*``, 40-bit address, 128-bit data, 16-bit ID) to the core's CSR port
   ``s_axi``; the CSR window is where `hdl.memory_map` puts it (0xA000_0000 on the KV260);
 * the core's AXI4 masters ``m_axi0`` .. ``m_axi3`` on ``S_AXI_HP0..3_FPD`` (``SAXIGP2..5*``: 49-bit
@@ -45,11 +45,19 @@ The PS8 port list is read from Yosys's ``share/xilinx/cells_xtra.v`` (shipped in
 package, the same declarations ``synth_xilinx -family xcup`` checks the instance against): every
 connection is checked against it by name and width when the system elaborates.
 
-Limits used for the MMCM (DS925, Zynq UltraScale+ MPSoC data sheet, and UG572 for the attribute ranges):
-VCO 800-1600 MHz (MMCM_FVCOMIN/MAX, every speed grade), input 10-933 MHz, phase-detector input 10-450 MHz
-(the -1 grade's maximum, the lowest of all grades), output 6.25-725 MHz (725 MHz: the global clock tree of
-the -2 grade at VCCINT = 0.72 V, what a -2LV part runs at); DIVCLK_DIVIDE 1-106, CLKFBOUT_MULT_F 2-128 and
-CLKOUT0_DIVIDE_F 1-128 in steps of 0.125 (fractional only from 2).
+The block-design alternative (``python -m hdl.build --flow bd``, for users who want an ``.xsa``/``.hwh``):
+`block_design_tcl` writes a Vivado project on the board part ``xilinx.com:kv260_som:part0:1.4`` with
+``zynq_ultra_ps_e`` (board preset; HPM0, HP0.. at the core's widths, pl_ps_irq0, pl_clk0 at 100 MHz), a
+Clocking Wizard and a ``proc_sys_reset`` for the core's clock and reset, and the core as a module reference
+(`module_reference_verilog`: flat ports with the AXI interface attributes Vivado infers the buses from);
+the same fan, ``.bit.bin`` and CSR window.
+
+Limits used for the MMCM (DS925, the Zynq UltraScale+ MPSoC data sheet; UG572 for the attribute ranges):
+VCO 800-1600 MHz (MMCM_FVCOMIN/MAX, every speed grade), input 10-933 MHz (the -2 grade), output
+6.25-725 MHz (725 MHz: the global clock tree of the -2 grade at VCCINT = 0.72 V, what a -2LV part runs
+at); the phase-detector input is held to 10-450 MHz, inside every grade's range (from the 100 MHz pl_clk0
+with D = 1 it is 100 MHz); DIVCLK_DIVIDE 1-106, CLKFBOUT_MULT_F 2-128 and CLKOUT0_DIVIDE_F 1-128 in steps of
+0.125 (fractional only from 2).
 """
 
 from __future__ import annotations
@@ -67,11 +75,13 @@ from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.vendor import XilinxPlatform
 
 from .axi import AxiSignature
+from .axi_csr import HPM0_ADDR_BITS, HPM0_DATA_BITS, HPM0_ID_BITS
 from .config import HardwareConfig
 
-__all__ = ["KV260Platform", "Kv260System", "MmcmConfig", "mmcm_config", "check_core", "ps8_ports",
-           "PS8_CELL", "PS8_TIE_HIGH", "PL_CLK0_HZ", "HP_PORTS", "HPM0_PORT", "HPM0_ADDR_BITS",
-           "HPM0_DATA_BITS", "HPM0_ID_BITS", "HP_ADDR_BITS", "HP_DATA_BITS", "HP_ID_BITS", "afi_width_code",
+__all__ = ["KV260Platform", "Kv260System", "afi_config", "module_reference_verilog", "block_design_tcl", "block_design_xdc", "BOARD_PART",
+           "MmcmConfig", "mmcm_config", "check_core", "ps8_ports",
+           "PS8_CELL", "PS8_TIE_HIGH", "PL_CLK0_HZ", "HP_PORTS", "HPM0_PORT", "HP_ADDR_BITS", "HP_DATA_BITS",
+           "HP_ID_BITS", "afi_width_code",
            "AFI_HP_REGIDS", "AFI_FS_REGID"]
 
 # --- the PS side -----------------------------------------------------------------------------------
@@ -79,8 +89,7 @@ PS8_CELL = "PS8_i"              # the instance name: constraints and Tcl find th
 PL_CLK0_HZ = 100_000_000        # pl_clk0 as the overlay's clocking0 node sets it
 PL_RESET0_GPIO = 95             # EMIOGPIOO bit of pl_resetn0 (AMD's zynq_ultra_ps_e wrapper)
 
-HPM0_PORT = "MAXIGP0"           # M_AXI_HPM0_FPD
-HPM0_ADDR_BITS, HPM0_DATA_BITS, HPM0_ID_BITS = 40, 128, 16
+HPM0_PORT = "MAXIGP0"           # M_AXI_HPM0_FPD; its widths are the CSR bridge's (`hdl.axi_csr`)
 HP_PORTS = ("SAXIGP2", "SAXIGP3", "SAXIGP4", "SAXIGP5")     # S_AXI_HP0_FPD .. S_AXI_HP3_FPD
 HP_ADDR_BITS, HP_DATA_BITS, HP_ID_BITS = 49, 128, 6
 
@@ -356,6 +365,20 @@ def _check_core(core):
     return csr, masters
 
 
+def afi_config(core) -> list[tuple[int, int]]:
+    """The overlay's ``config-afi`` pairs (regid, value) for the widths of `core`'s ports (`check_core`):
+    HP0..3 read and write at regids 4..11 (0 = 128, 1 = 64, 2 = 32 bit; an unused port left at 128), and
+    AFIFS at regid 14: dw_ss0_sel (bits 9:8) is HPM0's width, dw_ss1_sel (11:10) HPM1's (unused, left at 128
+    bit), with the codes 0 = 32, 1 = 64, 2 = 128 bit."""
+    csr, hps = check_core(core)
+    pairs = []
+    for p, (rd, wr) in enumerate(AFI_HP_REGIDS):
+        code = afi_width_code(hps[p].data_bits) if p < len(hps) else 0
+        pairs += [(rd, code), (wr, code)]
+    pairs.append((AFI_FS_REGID, {32: 0, 64: 1, 128: 2}[csr.data_bits] << 8 | 2 << 10))
+    return pairs
+
+
 # --- the system ------------------------------------------------------------------------------------
 class Kv260System(Elaboratable):
     """The PS8, its clocks and reset, and a core on HPM0, HP0..3 and pl_ps_irq0 (module docstring).
@@ -400,15 +423,7 @@ class Kv260System(Elaboratable):
 
     @property
     def afi_config(self) -> list[tuple[int, int]]:
-        pairs = []
-        for p, (rd, wr) in enumerate(AFI_HP_REGIDS):
-            code = afi_width_code(self._hp_sigs[p].data_bits) if p < len(self._hp_sigs) else 0
-            pairs += [(rd, code), (wr, code)]
-        # AFIFS: dw_ss0_sel (bits 9:8) is HPM0's width, dw_ss1_sel (11:10) HPM1's (unused, left at 128 bit);
-        # the field codes are 0 = 32, 1 = 64, 2 = 128 bit.
-        hpm0 = {32: 0, 64: 1, 128: 2}[self._csr_sig.data_bits]
-        pairs.append((AFI_FS_REGID, hpm0 << 8 | 2 << 10))
-        return pairs
+        return afi_config(self._core)
 
     def elaborate(self, platform):
         m = Module()
@@ -506,3 +521,159 @@ def _wire_axi(bus, sig: AxiSignature, prefix: str, *, ps_master: bool, ps_in, ps
             m.d.comb += signal.eq(ps_out(pname)[:len(signal)])
         else:
             ps_in(pname, signal)
+
+
+# --- the block-design alternative ------------------------------------------------------------------
+BOARD_PART = "xilinx.com:kv260_som:part0:1.4"
+
+
+def module_reference_verilog(module: str, hw: HardwareConfig, core, inner: str, inner_ports) -> str:
+    """A Verilog module `module` around the core's own Verilog module `inner` (whose ports are
+    `inner_ports`: the core's ``<bus>__<signal>`` ports, ``clk`` and, where the core has reset logic,
+    ``rst``), for Vivado's block design: flat ports with the interface attributes (``X_INTERFACE_INFO`` /
+    ``X_INTERFACE_PARAMETER``) from which Vivado infers ``s_axi``, ``m_axi0`` .., the clock ``aclk``
+    (associated with every bus), the active-low reset ``aresetn`` (from a ``proc_sys_reset`` on ``aclk``,
+    so synchronous) and the level-high interrupt ``irq``. Written as text, so each port keeps exactly its own
+    attributes."""
+    csr, hps = check_core(core)
+    buses = [("s_axi", csr, "slave"), *((f"m_axi{p}", sig, "master") for p, sig in enumerate(hps))]
+    busif = ":".join(b for b, _, _ in buses)
+    ports = [
+        (f'(* X_INTERFACE_INFO = "xilinx.com:signal:clock:1.0 aclk CLK" *) (* X_INTERFACE_PARAMETER = '
+         f'"ASSOCIATED_BUSIF {busif}, ASSOCIATED_RESET aresetn, FREQ_HZ {hw.clock_hz}" *)', "input", 1, "aclk"),
+        ('(* X_INTERFACE_INFO = "xilinx.com:signal:reset:1.0 aresetn RST" *) '
+         '(* X_INTERFACE_PARAMETER = "POLARITY ACTIVE_LOW" *)', "input", 1, "aresetn"),
+        ('(* X_INTERFACE_INFO = "xilinx.com:signal:interrupt:1.0 irq INTERRUPT" *) '
+         '(* X_INTERFACE_PARAMETER = "SENSITIVITY LEVEL_HIGH" *)', "output", 1, "irq"),
+    ]
+    conns = [("o_irq", "irq")]
+    for bus, sig, mode in buses:
+        for k, (mname, member) in enumerate(sig.members.items()):
+            attrs = f'(* X_INTERFACE_INFO = "xilinx.com:interface:aximm:1.0 {bus} {mname.upper()}" *)'
+            if k == 0:
+                attrs += (f' (* X_INTERFACE_PARAMETER = "XIL_INTERFACENAME {bus}, MODE {mode}, PROTOCOL AXI4, '
+                          f'DATA_WIDTH {sig.data_bits}, ADDR_WIDTH {sig.addr_bits}, ID_WIDTH {sig.id_bits}, '
+                          f'FREQ_HZ {hw.clock_hz}" *)')
+            into_core = (member.flow == wiring.Out) == (mode == "slave")
+            width = Shape.cast(member.shape).width
+            ports.append((attrs, "input" if into_core else "output", width, f"{bus}_{mname}"))
+            conns.append((f"{bus}__{mname}", f"{bus}_{mname}"))
+    inner_ports = set(inner_ports)
+    missing = [c for c, _ in conns if c not in inner_ports]
+    if missing or "clk" not in inner_ports:
+        raise ValueError(f"module {inner} lacks the core's ports {', '.join(missing or ['clk'])}")
+    conns.append(("clk", "aclk"))
+    if "rst" in inner_ports:
+        conns.append(("rst", "~aresetn"))
+    lines = [f"// {module}: {type(core).__name__} as a block-design module reference (python -m hdl.build --flow bd).",
+             f"module {module} ("]
+    for k, (attrs, direction, width, pname) in enumerate(ports):
+        rng = f" [{width - 1}:0]" if width > 1 else ""
+        lines.append(f"  {attrs}\n  {direction} wire{rng} {pname}{',' if k < len(ports) - 1 else ''}")
+    lines.append(");")
+    lines.append(f"  {inner} core (")
+    lines += [f"    .{a}({b}){',' if k < len(conns) - 1 else ''}" for k, (a, b) in enumerate(conns)]
+    lines += ["  );", "endmodule", ""]
+    return "\n".join(lines)
+
+
+def block_design_tcl(name: str, hw: HardwareConfig, core_module: str, hp_widths: list[int], csr_width: int,
+                     *, csr_base: int, csr_size: int) -> str:
+    """The Vivado script of the block-design flow: a project on the KV260 board part, ``zynq_ultra_ps_e``
+    with the board preset, pl_clk0 at 100 MHz through a Clocking Wizard to ``hw.clock_hz``, a
+    ``proc_sys_reset``, the core `core_module` (`module_reference_verilog`) as a module reference on HPM0 (its CSR
+    window at `csr_base`), HP0.. and pl_ps_irq0, the fan on; then implementation, the bitstream,
+    ``<name>.bit.bin`` (as `KV260Platform` makes it), ``<name>.xsa`` and ``<name>.hwh``."""
+    part = f"{KV260Platform.device}-{KV260Platform.package}-{KV260Platform.speed}"
+    ps_config = ["CONFIG.PSU__USE__M_AXI_GP0 {1}", f"CONFIG.PSU__MAXIGP0__DATA_WIDTH {{{csr_width}}}",
+                 "CONFIG.PSU__USE__M_AXI_GP1 {0}", "CONFIG.PSU__USE__M_AXI_GP2 {0}"]
+    for p, prefix in enumerate(HP_PORTS):
+        gp = int(prefix[-1])
+        if p < len(hp_widths):
+            ps_config += [f"CONFIG.PSU__USE__S_AXI_GP{gp} {{1}}", f"CONFIG.PSU__SAXIGP{gp}__DATA_WIDTH {{{hp_widths[p]}}}"]
+        else:
+            ps_config.append(f"CONFIG.PSU__USE__S_AXI_GP{gp} {{0}}")
+    ps_config += ["CONFIG.PSU__USE__IRQ0 {1}", "CONFIG.PSU__FPGA_PL0_ENABLE {1}",
+                  f"CONFIG.PSU__CRL_APB__PL0_REF_CTRL__FREQMHZ {{{PL_CLK0_HZ // 1_000_000}}}"]
+    clocks = " ".join(["[get_bd_pins ps/maxihpm0_fpd_aclk]",
+                       *(f"[get_bd_pins ps/saxihp{p}_fpd_aclk]" for p in range(len(hp_widths)))])
+    hp = "\n".join(f"connect_bd_intf_net [get_bd_intf_pins core/m_axi{p}] [get_bd_intf_pins ps/S_AXI_HP{p}_FPD]"
+                   for p in range(len(hp_widths)))
+    settings = " \\\n    ".join(ps_config)
+    return f"""# The KV260 system ({name}, {hw.name}) as a Vivado block design: zynq_ultra_ps_e with the board preset
+# and the core as a module reference, for users who want an .xsa/.hwh. Generated by
+# python -m hdl.build --flow bd; run from this directory: vivado -mode batch -source {name}_bd.tcl
+set name {name}
+create_project -force ${{name}}_bd ./${{name}}_bd -part {part}
+set_property board_part {BOARD_PART} [current_project]
+add_files -norecurse {core_module}.v {core_module}_inner.v
+add_files -fileset constrs_1 -norecurse ${{name}}_bd.xdc
+update_compile_order -fileset sources_1
+
+create_bd_design system
+set ps [create_bd_cell -type ip -vlnv xilinx.com:ip:zynq_ultra_ps_e ps]
+apply_bd_automation -rule xilinx.com:bd_rule:zynq_ultra_ps_e -config {{apply_board_preset "1"}} $ps
+set_property -dict [list \\
+    {settings} \\
+] $ps
+
+# The core's clock: pl_clk0 (buffered in the PS wrapper) -> MMCM -> {hw.clock_hz / 1e6:g} MHz.
+set clk [create_bd_cell -type ip -vlnv xilinx.com:ip:clk_wiz clk_wiz]
+set_property -dict [list CONFIG.PRIM_IN_FREQ {{{PL_CLK0_HZ / 1e6:g}}} CONFIG.PRIM_SOURCE {{No_buffer}} \\
+    CONFIG.CLKOUT1_REQUESTED_OUT_FREQ {{{hw.clock_hz / 1e6:g}}} CONFIG.USE_LOCKED {{true}} \\
+    CONFIG.USE_RESET {{true}} CONFIG.RESET_TYPE {{ACTIVE_LOW}}] $clk
+create_bd_cell -type ip -vlnv xilinx.com:ip:proc_sys_reset rst
+create_bd_cell -type module -reference {core_module} core
+
+connect_bd_net [get_bd_pins ps/pl_clk0] [get_bd_pins clk_wiz/clk_in1]
+connect_bd_net [get_bd_pins ps/pl_resetn0] [get_bd_pins clk_wiz/resetn] [get_bd_pins rst/ext_reset_in]
+connect_bd_net [get_bd_pins clk_wiz/locked] [get_bd_pins rst/dcm_locked]
+connect_bd_net [get_bd_pins clk_wiz/clk_out1] [get_bd_pins rst/slowest_sync_clk] [get_bd_pins core/aclk] {clocks}
+connect_bd_net [get_bd_pins rst/peripheral_aresetn] [get_bd_pins core/aresetn]
+connect_bd_intf_net [get_bd_intf_pins ps/M_AXI_HPM0_FPD] [get_bd_intf_pins core/s_axi]
+{hp}
+connect_bd_net [get_bd_pins core/irq] [get_bd_pins ps/pl_ps_irq0]
+
+# The fan: fan_en_b is active low; on.
+set fan [create_bd_cell -type ip -vlnv xilinx.com:ip:xlconstant fan_on]
+set_property -dict [list CONFIG.CONST_WIDTH {{1}} CONFIG.CONST_VAL {{0}}] $fan
+create_bd_port -dir O fan_en_b
+connect_bd_net [get_bd_pins fan_on/dout] [get_bd_ports fan_en_b]
+
+# Addresses: the CSR window where hdl.memory_map puts it; the HP masters see the PS's DDR.
+assign_bd_address -target_address_space [get_bd_addr_spaces ps/Data] -offset 0x{csr_base:08X} -range 0x{csr_size:X} \\
+    [get_bd_addr_segs core/s_axi/*]
+assign_bd_address
+validate_bd_design
+save_bd_design
+make_wrapper -files [get_files system.bd] -top -import
+set_property top system_wrapper [current_fileset]
+update_compile_order -fileset sources_1
+
+set_property STEPS.WRITE_BITSTREAM.ARGS.BIN_FILE true [get_runs impl_1]
+launch_runs impl_1 -to_step write_bitstream -jobs 2
+wait_on_run impl_1
+if {{[get_property PROGRESS [get_runs impl_1]] ne "100%"}} {{
+    error "implementation of ${{name}}_bd did not complete; see ${{name}}_bd/${{name}}_bd.runs/impl_1"
+}}
+file copy -force [lindex [glob ${{name}}_bd/${{name}}_bd.runs/impl_1/*.bit] 0] ${{name}}.bit
+file copy -force [lindex [glob ${{name}}_bd/${{name}}_bd.runs/impl_1/*.bin] 0] ${{name}}.bin
+write_hw_platform -fixed -include_bit -force -file ${{name}}.xsa
+set hwh [glob -nocomplain ${{name}}_bd/${{name}}_bd.gen/sources_1/bd/system/hw_handoff/system.hwh \\
+                           ${{name}}_bd/${{name}}_bd.srcs/sources_1/bd/system/hw_handoff/system.hwh]
+if {{[llength $hwh]}} {{ file copy -force [lindex $hwh 0] ${{name}}.hwh }}
+{_BIT_BIN_TCL.replace("{{name}}", name)}
+"""
+
+
+def block_design_xdc() -> str:
+    """The block design's constraints: the fan pin as `KV260Platform` declares it, the compressed bitstream."""
+    return "\n".join([
+        "# KV260 fan_en_b (active low), as kria-base-hardware's KV260 default.xdc; the bitstream compressed.",
+        "set_property PACKAGE_PIN A12 [get_ports fan_en_b]",
+        "set_property IOSTANDARD LVCMOS33 [get_ports fan_en_b]",
+        "set_property SLEW SLOW [get_ports fan_en_b]",
+        "set_property DRIVE 4 [get_ports fan_en_b]",
+        "set_property BITSTREAM.GENERAL.COMPRESS TRUE [current_design]",
+        "",
+    ])

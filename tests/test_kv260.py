@@ -440,6 +440,91 @@ def _npu_fits():
     return "s_axi" in npu.signature.members
 
 
+def test_build_main_system_tiny(tmp_path, monkeypatch, capsys):
+    """The command line's system build around a core of the NPU's shape: what it says first, each stage,
+    and without Vivado the line that says so, exit status 0."""
+    monkeypatch.setattr("hdl.build._core", lambda cfg, which: (ProbeCore(cfg), "core"))
+    assert main(["--hw", "tiny", "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert not err
+    assert lines[0] == "hdl.build: the KV260 system around ProbeCore for tiny (100 MHz); it writes"
+    assert lines[1].startswith("  Vivado project (Amaranth's flow): ") and "gemma3n_npu.tcl" in lines[1]
+    assert lines[2].startswith("  Kria app: ") and "gemma3n-npu.dtbo" in lines[2]
+    assert lines[3].startswith("  board device-tree fragment: ") and "reserved-memory.dtsi" in lines[3]
+    for k, stage in enumerate(("elaborate", "vivado", "app", "yosys", "vivado"), 1):
+        assert any(line.startswith(f"[{k}/5] {stage}") for line in lines), (k, stage)
+    assert "MMCM 100 MHz x 16 / (1 x 16) = 100 MHz" in out
+    if shutil.which("vivado") is None:
+        assert any(line.startswith("[5/5] vivado    Vivado not found on PATH: bitstream not built") for line in lines)
+    assert lines[-1].startswith("done: Kria app in ")
+
+
+def test_build_ddr_probe(tmp_path):
+    """``--top ddr-probe``: the same system around the DDR probe, app gemma3n-ddrprobe."""
+    pytest.importorskip("hdl.ddrprobe", reason="hdl.ddrprobe (DdrProbe) is not in this tree yet")
+    r = build("tiny", tmp_path, which="ddr-probe", log=lambda msg: None)
+    assert r["app_dtbo"].name == "gemma3n-ddrprobe.dtbo" and r["app_dtbo"].exists()
+    assert "firmware-name = \"gemma3n-ddrprobe.bit.bin\";" in r["app_dtsi"].read_text()
+    assert "PS8 PS8_i" in r["verilog"].read_text()
+
+
+@pytest.mark.parametrize("hw_name", ["kv260", "tiny"])
+def test_block_design_flow(tmp_path, hw_name):
+    """``--flow bd``: the module reference's ports carry the AXI interface attributes Vivado infers the buses
+    from and reach the core's own ports; the Tcl builds the PS with the ports the core uses, at the widths
+    it has, the CSR window where the memory map puts it."""
+    hw = PRESETS[hw_name]
+    r = build(hw_name, tmp_path, core=ProbeCore(hw), flow="bd", log=lambda msg: None)
+    bdir = tmp_path / "vivado_bd"
+    out = bdir / "ref.json"
+    proc = subprocess.run(_yosys_command() + ["-q", "-p", "read_verilog gemma3n_npu_core_inner.v; "
+                                              "read_verilog gemma3n_npu_core.v; hierarchy -top gemma3n_npu_core; "
+                                              "proc; opt_clean; write_json ref.json"],
+                          cwd=bdir, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    top = json.loads(out.read_text())["modules"]["gemma3n_npu_core"]
+    inner = _cell(top, "gemma3n_npu_core_inner")["connections"]
+    nets = top["netnames"]
+    buses = {"s_axi": AxiSignature(40, 128, 16), **{f"m_axi{p}": AxiSignature.from_config(hw)
+                                                    for p in range(hw.axi_ports)}}
+    for bus, sig in buses.items():
+        for name, member in sig.members.items():
+            port = f"{bus}_{name}"
+            assert nets[port]["attributes"]["X_INTERFACE_INFO"] == \
+                f"xilinx.com:interface:aximm:1.0 {bus} {name.upper()}"
+            assert inner[f"{bus}__{name}"] == top["ports"][port]["bits"], port
+            slave_in = (member.flow == Out) == (bus == "s_axi")
+            assert top["ports"][port]["direction"] == ("input" if slave_in else "output"), port
+        first = nets[f"{bus}_awid"]["attributes"]["X_INTERFACE_PARAMETER"]
+        assert f"DATA_WIDTH {sig.data_bits}, ADDR_WIDTH {sig.addr_bits}, ID_WIDTH {sig.id_bits}" in first
+    assert inner["clk"] == top["ports"]["aclk"]["bits"]
+    assert inner["o_irq"] == top["ports"]["irq"]["bits"]
+    assert "ASSOCIATED_BUSIF s_axi:" + ":".join(f"m_axi{p}" for p in range(hw.axi_ports)) + "," in \
+        nets["aclk"]["attributes"]["X_INTERFACE_PARAMETER"]
+
+    tcl = r["tcl"].read_text()
+    assert f"-part {XCK26.name}" in tcl and "board_part xilinx.com:kv260_som:part0:1.4" in tcl
+    assert "create_bd_cell -type module -reference gemma3n_npu_core core" in tcl
+    assert "CONFIG.PSU__USE__M_AXI_GP0 {1}" in tcl and "CONFIG.PSU__MAXIGP0__DATA_WIDTH {128}" in tcl
+    for p in range(4):                        # S_AXI_HP<p>_FPD is S_AXI_GP<p + 2> in the PS's settings
+        if p < hw.axi_ports:
+            assert f"CONFIG.PSU__USE__S_AXI_GP{p + 2} {{1}}" in tcl
+            assert f"CONFIG.PSU__SAXIGP{p + 2}__DATA_WIDTH {{{hw.axi_data_bits}}}" in tcl
+            assert f"[get_bd_intf_pins core/m_axi{p}] [get_bd_intf_pins ps/S_AXI_HP{p}_FPD]" in tcl
+        else:
+            assert f"CONFIG.PSU__USE__S_AXI_GP{p + 2} {{0}}" in tcl
+    assert f"CONFIG.CLKOUT1_REQUESTED_OUT_FREQ {{{hw.clock_hz / 1e6:g}}}" in tcl
+    assert (f"-offset 0x{KV260_MAP.csr_base:08X} -range 0x{KV260_MAP.csr_size:X}" in tcl
+            and KV260_MAP.csr_size == 1 << csr_map.ADDR_BITS)
+    assert "connect_bd_net [get_bd_pins core/irq] [get_bd_pins ps/pl_ps_irq0]" in tcl
+    assert "write_hw_platform -fixed -include_bit -force -file ${name}.xsa" in tcl
+    assert tcl.index("wait_on_run impl_1") < tcl.index("bootgen -w -arch zynqmp -process_bitstream bin")
+    xdc = r["xdc"].read_text()
+    assert "set_property PACKAGE_PIN A12 [get_ports fan_en_b]" in xdc
+    assert r["app_dtbo"].exists()
+
+
 def test_build_cli_system_tiny(tmp_path):
     """The default build of the tiny preset: the system around the NPU, the app, no Vivado here."""
     if not _npu_fits():
