@@ -1,0 +1,94 @@
+"""The DDR bandwidth probe's register map (`hdl.ddrprobe.DdrProbe`), shared by the RTL, the host tool
+(`firmware.ddrprobe`) and the bench. Written like the NPU's (`hdl.csr_map`: the same `Register`/`Field`
+classes, 32-bit registers at byte offsets, 64-bit quantities as ``_LO``/``_HI`` pairs, low word first) and
+pure Python, so a board-side tool can import it alone.
+
+The probe streams ``TOTAL_BYTES`` bytes from ``BASE`` the way the GEMV engine streams a weight matrix: cut
+into chunks of ``CHUNK_BYTES`` (a row tile), chunk ``j`` read by port ``j mod PORTS``, every port through
+its own `hdl.axi.AxiReadDma`. Writing CTRL.START while idle latches the configuration, zeroes the counters
+and runs; STATUS.DONE (and the interrupt) follows when the last beat is in.
+"""
+
+from __future__ import annotations
+
+from .csr_map import Field, Register, hardware_hash
+
+__all__ = ["REGISTERS", "by_name", "PROBE_ID", "PROBE_VERSION", "MAX_PORTS", "version_word", "markdown_table",
+           "CTRL_START", "CTRL_IRQ_ACK", "STATUS_BUSY", "STATUS_DONE", "STATUS_ERROR", "STATUS_CONFIG_ERROR",
+           "COUNTERS", "LAT_MIN_NONE"]
+
+PROBE_ID = 0x4444_5250          # "DDRP" (the NPU answers 0x47334E31, "G3N1", at the same offset)
+PROBE_VERSION = 1
+MAX_PORTS = 4                   # BYTES_P0 .. BYTES_P3: the KV260's HP0..HP3
+LAT_MIN_NONE = 0xFFFF_FFFF      # LAT_MIN after a run without bursts
+
+# CTRL and STATUS bits (START and IRQ_ACK at the NPU's positions).
+CTRL_START, CTRL_IRQ_ACK = 1 << 0, 1 << 2
+STATUS_BUSY, STATUS_DONE, STATUS_ERROR, STATUS_CONFIG_ERROR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+
+# The 64-bit counters, zeroed at START.
+COUNTERS = (
+    ("CYCLES", "cycles from START to DONE"),
+    ("BURSTS", "read bursts issued (AR handshakes), all ports"),
+    ("ERROR_BEATS", "R beats answered SLVERR or DECERR, all ports"),
+    ("LAT_SUM", "sum over bursts of the read latency: cycles from the AR handshake to the first R beat"),
+) + tuple((f"BYTES_P{p}", f"bytes read on port {p} (R beats x bytes per beat)") for p in range(MAX_PORTS))
+
+
+def version_word(hardware: dict) -> int:
+    """The VERSION register of a probe built for `hardware` (`HardwareConfig.to_dict()`): probe version
+    (7:0), the hardware hash of `hdl.csr_map.hardware_hash` (31:8)."""
+    return PROBE_VERSION | hardware_hash(hardware) << 8
+
+
+def _build() -> tuple[Register, ...]:
+    regs = [
+        Register("ID", 0x000, "ro", "constant 0x44445250 (\"DDRP\"): the DDR probe is present", reset=PROBE_ID),
+        Register("VERSION", 0x004, "ro", "probe version (bits 7:0); hardware preset hash (bits 31:8)"),
+        Register("CTRL", 0x008, "cmd", "commands", fields=(
+            Field("START", 0, 1, "latch the configuration, zero the counters and run (ignored while busy)"),
+            Field("IRQ_ACK", 2, 1, "clear DONE (the interrupt line)"))),
+        Register("STATUS", 0x00C, "ro", "state of the probe", fields=(
+            Field("BUSY", 0, 1, "a run is in progress"),
+            Field("DONE", 1, 1, "the last run finished (the interrupt line; IRQ_ACK or START clear it)"),
+            Field("ERROR", 2, 1, "the last run had R beats with an error response (ERROR_BEATS)"),
+            Field("CONFIG_ERROR", 3, 1, "the last START was refused: PORTS above the ports built, or "
+                                        "CHUNK_BYTES 0 with TOTAL_BYTES not 0 (DONE is set, nothing read)"))),
+        Register("PORTS", 0x010, "rw", "ports used, 1 .. the ports built (0: all of them)"),
+        Register("MAX_OUTSTANDING", 0x014, "rw", "read bursts in flight per port (0, or more than the "
+                 "hardware's axi_max_outstanding: that maximum)"),
+        Register("CHUNK_BYTES", 0x018, "rw", "bytes per chunk (a row tile); chunk j goes to port j mod PORTS",
+                 reset=8192),
+        Register("BASE_LO", 0x020, "rw", "DDR byte address of the first chunk"),
+        Register("BASE_HI", 0x024, "rw", "high word of BASE"),
+        Register("TOTAL_BYTES_LO", 0x028, "rw", "bytes to read"),
+        Register("TOTAL_BYTES_HI", 0x02C, "rw", "high word of TOTAL_BYTES"),
+        Register("LAT_MIN", 0x030, "ro", "smallest read latency of the last run (0xFFFFFFFF: no burst)"),
+        Register("LAT_MAX", 0x034, "ro", "largest read latency of the last run"),
+    ]
+    for i, (name, doc) in enumerate(COUNTERS):
+        off = 0x100 + 8 * i
+        regs.append(Register(f"{name}_LO", off, "ro", doc))
+        regs.append(Register(f"{name}_HI", off + 4, "ro", f"high word of {name}"))
+    offsets = [r.offset for r in regs]
+    assert len(set(offsets)) == len(offsets), "overlapping registers"
+    return tuple(regs)
+
+
+REGISTERS: tuple[Register, ...] = _build()
+_BY_NAME = {r.name: r for r in REGISTERS}
+
+
+def by_name(name: str) -> Register:
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"no DDR probe CSR named {name!r}") from None
+
+
+def markdown_table() -> str:
+    rows = ["| offset | name | access | meaning |", "|---|---|---|---|"]
+    for r in REGISTERS:
+        doc = r.doc + "".join(f"; bit {f.lsb} {f.name}: {f.doc}" for f in r.fields)
+        rows.append(f"| {r.offset:#05x} | {r.name} | {r.access} | {doc} |")
+    return "\n".join(rows)
