@@ -1,0 +1,4 @@
+"""cocotb bench of the DDR bandwidth probe (`hdl.ddrprobe.DdrProbe`): `bench.ProbeBench` (DDR behind every port
+with latency and random pauses, the CSR master on ``s_axi``, a bus monitor, the host device) and the tests in
+`test_ddrprobe`, which check the RTL's bursts and counters against `sim.ddrprobe` and run the host tool
+(`firmware.ddrprobe.measure`) on the simulated probe."""
