@@ -50,7 +50,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .config import HardwareConfig, PRESETS
+from .config import PRESETS, HardwareConfig
 from .dsp import XILINX
 from .synth import ROOT, Utilisation, format_breakdown, format_table, synthesize
 
@@ -224,7 +224,7 @@ def _stager(log, total=5):
 
 
 def _build_system(cfg, out, which, *, synth, keep_depth, core, log) -> dict:
-    from .kv260 import KV260Platform, PL_CLK0_HZ
+    from .kv260 import PL_CLK0_HZ, KV260Platform
 
     app = APP_NAMES[which]
     name = app.replace("-", "_")
@@ -268,7 +268,7 @@ def _build_system(cfg, out, which, *, synth, keep_depth, core, log) -> dict:
     vivado = shutil.which("vivado")
     if vivado is None:
         stage(5, "vivado", f"Vivado not found on PATH: bitstream not built; run {_rel(vdir)}/build_{name}.sh "
-                           f"where Vivado is, then copy {name}.bit.bin to {app_dir}/{app}.bit.bin")
+                           f"where Vivado is, then copy {name}.bit.bin to {_rel(app_dir)}/{app}.bit.bin")
     else:
         stage(5, "vivado", f"running build_{name}.sh in {_rel(vdir)} (log: {name}.log)")
         proc = subprocess.run(["bash", f"build_{name}.sh"], cwd=vdir)

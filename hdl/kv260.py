@@ -75,14 +75,13 @@ from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.vendor import XilinxPlatform
 
 from .axi import AxiSignature
-from .axi_csr import HPM0_ADDR_BITS, HPM0_DATA_BITS, HPM0_ID_BITS
+from .axi_csr import HPM0_ADDR_BITS, HPM0_ID_BITS
 from .config import HardwareConfig
 
-__all__ = ["KV260Platform", "Kv260System", "afi_config", "module_reference_verilog", "block_design_tcl", "block_design_xdc", "BOARD_PART",
-           "MmcmConfig", "mmcm_config", "check_core", "ps8_ports",
-           "PS8_CELL", "PS8_TIE_HIGH", "PL_CLK0_HZ", "HP_PORTS", "HPM0_PORT", "HP_ADDR_BITS", "HP_DATA_BITS",
-           "HP_ID_BITS", "afi_width_code",
-           "AFI_HP_REGIDS", "AFI_FS_REGID"]
+__all__ = ["KV260Platform", "Kv260System", "MmcmConfig", "mmcm_config", "check_core", "afi_config", "ps8_ports",
+           "module_reference_verilog", "block_design_tcl", "block_design_xdc", "BOARD_PART", "PS8_CELL",
+           "PS8_TIE_HIGH", "PL_CLK0_HZ", "HP_PORTS", "HPM0_PORT", "HP_ADDR_BITS", "HP_DATA_BITS", "HP_ID_BITS",
+           "afi_width_code", "AFI_HP_REGIDS", "AFI_FS_REGID"]
 
 # --- the PS side -----------------------------------------------------------------------------------
 PS8_CELL = "PS8_i"              # the instance name: constraints and Tcl find the PS by it
@@ -116,7 +115,7 @@ def afi_width_code(data_bits: int) -> int:
     return codes[data_bits]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ps8_ports() -> dict[str, tuple[str, int]]:
     """Every port of the ``PS8`` primitive: name → (``"input"`` | ``"output"`` | ``"inout"``, width), as
     Yosys's ``cells_xtra.v`` declares it."""
@@ -340,7 +339,8 @@ def _check_core(core):
     csr = s.signature.flip()            # In(sig) holds the flipped signature; the master's view is `sig`
     if csr.addr_bits > HPM0_ADDR_BITS or csr.id_bits > HPM0_ID_BITS:
         raise ValueError(f"{name}.s_axi is {csr!r}: HPM0 has {HPM0_ADDR_BITS} address and {HPM0_ID_BITS} ID bits")
-    afi_width_code(csr.data_bits)
+    if csr.data_bits not in (32, 64, 128):
+        raise ValueError(f"{name}.s_axi is {csr!r}: HPM0 carries 32, 64 or 128-bit data")
     irq = port("o_irq", wiring.Out, "1")
     if irq.is_signature or Shape.cast(irq.shape).width != 1:
         raise TypeError(f"{name}.o_irq must be Out(1), not {irq!r}")
@@ -354,7 +354,8 @@ def _check_core(core):
         if sig.addr_bits > HP_ADDR_BITS or sig.id_bits > HP_ID_BITS:
             raise ValueError(f"{name}.m_axi{p} is {sig!r}: an HP port has {HP_ADDR_BITS} address and "
                              f"{HP_ID_BITS} ID bits")
-        afi_width_code(sig.data_bits)
+        if sig.data_bits not in (32, 64, 128):
+            raise ValueError(f"{name}.m_axi{p} is {sig!r}: an HP port carries 32, 64 or 128-bit data")
         masters.append(sig)
     if not 1 <= len(masters) <= len(HP_PORTS):
         raise ValueError(f"{name} has {len(masters)} AXI masters (m_axi0, m_axi1, ...): the KV260 has "
@@ -590,7 +591,8 @@ def block_design_tcl(name: str, hw: HardwareConfig, core_module: str, hp_widths:
     for p, prefix in enumerate(HP_PORTS):
         gp = int(prefix[-1])
         if p < len(hp_widths):
-            ps_config += [f"CONFIG.PSU__USE__S_AXI_GP{gp} {{1}}", f"CONFIG.PSU__SAXIGP{gp}__DATA_WIDTH {{{hp_widths[p]}}}"]
+            ps_config += [f"CONFIG.PSU__USE__S_AXI_GP{gp} {{1}}",
+                          f"CONFIG.PSU__SAXIGP{gp}__DATA_WIDTH {{{hp_widths[p]}}}"]
         else:
             ps_config.append(f"CONFIG.PSU__USE__S_AXI_GP{gp} {{0}}")
     ps_config += ["CONFIG.PSU__USE__IRQ0 {1}", "CONFIG.PSU__FPGA_PL0_ENABLE {1}",

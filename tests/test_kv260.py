@@ -49,7 +49,7 @@ class ProbeCore(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         ins, outs = [], []
-        for path, member, value in self.signature.flatten(self):
+        for _path, member, value in self.signature.flatten(self):
             (ins if member.flow == In else outs).append(value)
         acc = Signal(32)
         bits = Cat(*ins)
@@ -142,7 +142,7 @@ def test_system_netlist(tmp_path, hw_name):
 
     # HPM0 (PS master) to the CSR port: everything the PS drives goes to the core, and back.
     sig = AxiSignature(40, 128, 16)
-    for name, member in sig.members.items():
+    for name in sig.members:
         port = "MAXIGP0" + name.upper()
         assert pc[port][:len(cc[f"s_axi__{name}"])] == cc[f"s_axi__{name}"], port
 
@@ -233,6 +233,8 @@ def test_check_core_messages():
         check_core(ProbeCore(hw.replace(axi_id_bits=8)))
     with pytest.raises(ValueError, match="HPM0 has 40 address and 16 ID bits"):
         check_core(ProbeCore(hw, csr=AxiSignature(41, 128, 16)))
+    with pytest.raises(ValueError, match=r"m_axi0 is AxiSignature\(40, 256, 6\): an HP port carries 32, 64 or 128"):
+        check_core(ProbeCore(hw.replace(axi_data_bits=256, axi_max_burst_beats=8)))
     with pytest.raises(TypeError, match=r"o_irq must be Out\(1\)"):
         check_core(ProbeCore(hw, irq=2))
     with pytest.raises(TypeError, match="must be an amaranth.lib.wiring.Component"):
@@ -310,7 +312,7 @@ def test_app_overlay(tmp_path, hw_name):
     assert clk["assigned-clock-rates"] == [100_000_000]
     afi = amba["afi0"]["props"]
     assert afi["compatible"] == "xlnx,afi-fpga"
-    pairs = dict(zip(afi["config-afi"][::2], afi["config-afi"][1::2]))
+    pairs = dict(zip(afi["config-afi"][::2], afi["config-afi"][1::2], strict=True))
     for k in range(4):                       # HP0..3: regids 4 + 2k (read), 5 + 2k (write)
         want = AFI_WIDTH[hw.axi_data_bits] if k < hw.axi_ports else 0
         assert pairs[4 + 2 * k] == pairs[5 + 2 * k] == want, k
