@@ -425,7 +425,8 @@ def _build_core(cfg, out, which, *, synth, keep_depth, log) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hdl.build", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m hdl.build",
+                                     description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument("--hw", default="kv260", choices=sorted(PRESETS), help="hardware preset (default kv260)")
     parser.add_argument("--out", help="build directory (default build/<hw>)")
     parser.add_argument("--top", default="system", choices=TOPS,
