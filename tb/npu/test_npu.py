@@ -26,6 +26,12 @@ Tests:
   (112), several row tiles and column chunks, HALT right behind one; a non-finite input in the second tile,
   malformed WGEMMs (no tokens, a column-major matrix, groups the scale lanes do not take, ranges past L2) and
   bus errors on the weights (async and not): DDR and the outcome equal the ISS's.
+- ``board``: the on-board runtime's own code (`firmware.board.Kv260Device`: discovery, u-dma-buf windows, image
+  load, relocation, PLE staging, the CSR protocol, the UIO interrupt wait) on the NPU, through a stand-in
+  board (`tb.board`: sysfs files, ``/dev/<window>`` files the bench's DDR maps, a pty as ``/dev/uio0``, the CSR
+  accesses as AXI4 transactions), packed for the kv260 map (``NPU_MEMORY_MAP``, ``NPU_WINDOW_BYTES``) with the
+  high bank's buffer 1 MiB above where the map puts it, so the host relocates; logits and DDR equal the
+  ISS's every step.
 - ``compare``: what ``python -m tb.npu`` runs: `tokens` with the float64 golden model, the results written
   to the JSON file ``NPU_RESULT`` instead of asserted.
 """
@@ -34,11 +40,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tempfile
+import threading
 from pathlib import Path
 
 import cocotb
 import numpy as np
 from cocotb.task import bridge
+from cocotb.triggers import ClockCycles
 
 from firmware.compiler import Program
 from firmware.pack import pack
@@ -49,8 +58,9 @@ from hdl.isa import (CtrlFunc, DdrRegion, DecodeError, DmaDir, ErrorCode, Opcode
                      decode, encode)
 from sim.config import ModelConfig
 from sim.iss import HARDWARE, ExecutionError, Machine
-from tb.npu.bench import NpuBench, SimDevice, sim_memory_map, sim_windows
-from tb.npu.host import check_window, compare_tokens, iss_ddr, load_npz
+from tb.npu.bench import NpuBench, SimDevice, parse_window_bytes, sim_memory_map, sim_windows
+from tb.board import make_standin
+from tb.npu.host import board_tokens, check_window, compare_tokens, iss_ddr, load_npz
 from tb.runner import ROOT, bench_env
 
 DEFAULT_NPZ = ROOT / "tests" / "fixtures" / "f64_s2_l7.npz"
@@ -69,9 +79,10 @@ def memory_map_name() -> str:
     return bench_env("NPU_MEMORY_MAP", "flat")
 
 
-def window_bytes() -> int:
-    """``NPU_WINDOW_BYTES``: a board map's windows are clipped to this many bytes (`sim_memory_map`)."""
-    return int(bench_env("NPU_WINDOW_BYTES", str(64 << 20)))
+def window_bytes() -> tuple[int, ...] | int:
+    """``NPU_WINDOW_BYTES``: a board map's windows are clipped to these sizes (`sim_memory_map`, e.g. "128K,64M")."""
+    sizes = parse_window_bytes(bench_env("NPU_WINDOW_BYTES", "64M"))
+    return sizes[0] if len(sizes) == 1 else sizes
 
 
 async def setup(dut, hw, seed, **kw):
@@ -116,6 +127,40 @@ async def compare(dut):
            "windows": [[w.name, w.base, w.size] for w in bench.windows], "faults": bench.faults[:16],
            "steps": [{k: v for k, v in r.items() if not k.startswith("logits_")} for r in records]}
     Path(bench_env("NPU_RESULT")).write_text(json.dumps(out, indent=1))
+
+
+@cocotb.test()
+async def board(dut):
+    hw, seed, npz, n = params()
+    name = memory_map_name() if memory_map_name() != "flat" else "kv260"
+    mm = sim_memory_map(name, window_bytes())
+    moved = {mm.windows[0].name: mm.windows[0].base + (1 << 20)}
+    with tempfile.TemporaryDirectory() as root, make_standin(root, mm, phys_addrs=moved) as stand_in:
+        windows = tuple(stand_in.windows.values())
+        bench = NpuBench(dut, hw, seed=seed, windows=windows, backing=stand_in.buffers())
+        await bench.start()
+        results = {}
+        host = threading.Thread(target=board_tokens, args=(stand_in, mm, load_npz(npz), hw, n, bench, results),
+                                daemon=True)
+        host.start()
+        cycles = 0
+        while host.is_alive():
+            await stand_in.csr.serve(bench.csr_read, bench.csr_write)
+            stand_in.interrupt.update(bool(dut.o_irq.value))
+            await ClockCycles(dut.clk, 16)
+            cycles += 16
+            assert cycles < bench.timeout_cycles * (n + 1), "the host did not finish"
+        stand_in.csr.close()
+        bench.mem.close()
+    if "error" in results:
+        raise results["error"]
+    assert results["hw"] == hw.name and results["relocated"]
+    assert not bench.faults, f"accesses outside the DDR windows: {bench.faults[:8]}"
+    assert stand_in.interrupt.count >= n, "the host waited on the interrupt for every token"
+    for r in results["records"]:
+        np.testing.assert_array_equal(r["logits_rtl"].view(np.uint32), r["logits_iss"].view(np.uint32),
+                                      err_msg=f"board step {r['step']} (token {r['token']})")
+        assert not r["ddr_problems"], f"board step {r['step']}: DDR differs: {'; '.join(r['ddr_problems'])}"
 
 
 # --- bad input -------------------------------------------------------------------------------------------
