@@ -411,12 +411,3 @@ def test_the_simulated_npu_sees_the_host_writes(tmp_path):
                 ddr[0x0100_0000 - 2:0x0100_0000 + 2]
         finally:
             ddr.close()
-
-
-@pytest.mark.slow
-def test_standin_wiring_on_the_csr_block_rtl():
-    # The full-chip bench's host loop (tb.board) on a small RTL: the device in a plain thread, CSR accesses as
-    # AXI-Lite transactions, the interrupt through the pty, DDR through the shared files.
-    from hdl.csr import CsrBlock
-    from tb.runner import run
-    run(CsrBlock(), toplevel="csr_block", build_name="board_csr_block", test_module="tb.board.test_standin")

@@ -23,7 +23,8 @@ It only meets the simulation through the CSR link, the pty and the shared DDR fi
         await ClockCycles(dut.clk, 16)
     board.close(); ddr.close()
 
-`tb.board.test_standin` runs this loop on `hdl.csr.CsrBlock` (``pytest -m slow tests/test_board.py``).
+The full-chip bench's ``board`` test (`tb.npu.test_npu`) runs this loop on the NPU
+(``pytest -m slow tests/test_npu.py -k board``).
 """
 
 from .csr import CsrLink, CsrRequest, RegisterFile
