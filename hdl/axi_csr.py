@@ -74,6 +74,7 @@ class AxiToCsr(wiring.Component):
 
     def __init__(self, addr_bits: int = HPM0_ADDR_BITS, data_bits: int = HPM0_DATA_BITS,
                  id_bits: int = HPM0_ID_BITS):
+        self._MustUse__silence = True           # until the checks pass: a rejected bridge is not "unused"
         for name, v, lo, hi in (("addr_bits", addr_bits, ADDR_BITS, 64), ("data_bits", data_bits, 32, 1024),
                                 ("id_bits", id_bits, 1, 32)):
             if isinstance(v, bool) or not isinstance(v, int):
@@ -82,6 +83,7 @@ class AxiToCsr(wiring.Component):
                 raise ValueError(f"AxiToCsr {name} must be {lo}..{hi}, not {v!r}")
         if data_bits & (data_bits - 1):
             raise ValueError(f"AxiToCsr data_bits must be a power of two from 32 to 1024, not {data_bits!r}")
+        self._MustUse__silence = False
         self._addr_bits, self._data_bits, self._id_bits = addr_bits, data_bits, id_bits
         super().__init__({"s_axi": In(AxiSignature(addr_bits, data_bits, id_bits)),
                           "m_axil": Out(AxiLiteSignature())})

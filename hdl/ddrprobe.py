@@ -59,11 +59,13 @@ class DdrProbe(wiring.Component):
     """
 
     def __init__(self, hw: HardwareConfig):
+        self._MustUse__silence = True           # until the checks pass: a rejected probe is not "unused"
         if not isinstance(hw, HardwareConfig):
             raise TypeError(f"DdrProbe needs a HardwareConfig, not {hw!r}")
         if hw.axi_ports > MAX_PORTS:
             raise ValueError(f"DdrProbe has byte counters for {MAX_PORTS} ports, not the {hw.axi_ports} of "
                              f"{hw.name!r}")
+        self._MustUse__silence = False
         self._hw = hw
         members = {"s_axi": In(AxiSignature(HPM0_ADDR_BITS, HPM0_DATA_BITS, HPM0_ID_BITS)), "o_irq": Out(1)}
         for p in range(hw.axi_ports):

@@ -4,6 +4,7 @@ cocotb bench of the RTL against the model (tb/axi_csr/test_axi_csr.py)."""
 from types import SimpleNamespace
 
 import pytest
+from amaranth.hdl import Fragment
 
 from hdl.axi_csr import HPM0_ADDR_BITS, HPM0_DATA_BITS, HPM0_ID_BITS, AxiToCsr
 from sim.axi_csr import (DECERR, FIXED, INCR, OKAY, SLVERR, WRAP, Burst, RBeat, RegisterFile, beat_addresses,
@@ -158,6 +159,7 @@ def test_constructor_checks():
     assert (HPM0_ADDR_BITS, HPM0_DATA_BITS, HPM0_ID_BITS) == (40, 128, 16)
     bridge = AxiToCsr()
     assert (bridge.addr_bits, bridge.data_bits, bridge.id_bits) == (40, 128, 16)
+    Fragment.get(bridge, None)                # elaborates
     with pytest.raises(ValueError, match=r"AxiToCsr data_bits must be a power of two from 32 to 1024, not 96"):
         AxiToCsr(data_bits=96)
     with pytest.raises(ValueError, match=r"AxiToCsr data_bits must be 32..1024, not 16"):

@@ -4,6 +4,7 @@ without a board, and the cocotb bench of the RTL against the model (tb/ddrprobe/
 import mmap
 
 import pytest
+from amaranth.hdl import Fragment
 
 from firmware.ddrprobe import Measurement, UioDevice, find_uio, main, report
 from hdl.config import HardwareConfig
@@ -68,6 +69,7 @@ def test_config_checks():
 def test_probe_constructor():
     probe = DdrProbe(TINY)
     assert probe.hw is TINY and {"s_axi", "o_irq", "m_axi0", "m_axi1"} == set(probe.signature.members)
+    Fragment.get(probe, None)                 # elaborates
     with pytest.raises(TypeError, match="DdrProbe needs a HardwareConfig, not 'tiny'"):
         DdrProbe("tiny")
     with pytest.raises(ValueError, match="DdrProbe has byte counters for 4 ports, not the 8 of 'kv260'"):
