@@ -6,6 +6,9 @@ u-dma-buf.
 >>> with Kv260Device() as dev:
 ...     backend = CsrBackend(dev)
 
+`UioCsr` is its CSR and interrupt half alone (UIO discovery, the CSR page, the interrupt protocol), which
+other designs with the NPU's outside shape use as well (the DDR probe's host tool, `firmware.ddrprobe`).
+
 What it opens (the app's overlay and the board's reserved memory: docs/kv260.md):
 
 - The CSR window and the interrupt: the overlay's ``generic-uio`` node, bound to ``uio_pdrv_genirq``.
@@ -55,10 +58,11 @@ import numpy as np
 
 from hdl import csr_map
 from hdl.config import PRESETS, HardwareConfig
-from hdl.memory_map import MemoryMap, Window, memory_map as resolve_memory_map
+from hdl.memory_map import MemoryMap, Window
+from hdl.memory_map import memory_map as resolve_memory_map
 
-__all__ = ["Kv260Device", "BoardUnavailable", "APP_NAME", "CHUNK_BYTES", "SYNC_ALIGN", "SYNC_TO_DEVICE",
-           "SYNC_FROM_DEVICE", "sync_command"]
+__all__ = ["Kv260Device", "UioCsr", "BoardUnavailable", "APP_NAME", "LOAD_APP", "CHUNK_BYTES", "SYNC_ALIGN",
+           "SYNC_TO_DEVICE", "SYNC_FROM_DEVICE", "sync_command"]
 
 APP_NAME = "gemma3n-npu"
 LOAD_APP = f"load the app: sudo xmutil loadapp {APP_NAME}"
@@ -124,9 +128,193 @@ def _span(lo: int, n: int) -> str:
     return f"[{lo:#x}, {lo + n:#x})"
 
 
+class UioCsr:
+    """A register window and its interrupt through UIO (`uio_pdrv_genirq`): the device named `uio_name`
+    under ``<root>/sys/class/uio``, whose map 0 must be the memory map's CSR window.
+
+    Parameters
+    ----------
+    memory_map : the `hdl.memory_map.MemoryMap` (or its name) whose CSR window the device must map.
+    root : the file-system root under which ``sys/class/uio`` and ``dev`` are looked up (``/`` on the board,
+        a stand-in tree in tests: `tb.board.make_standin`).
+    uio_name : the UIO device's name (the device-tree node name).
+    csr : None on the board (the CSR page of ``/dev/uioN`` is mmapped). Otherwise an object with
+        ``read32(offset) -> int`` and ``write32(offset, value)`` that performs the accesses. A simulation
+        passes its CSR bus here, because a store to a mapped page cannot become a bus transaction.
+    irq : None on the board (``/dev/uioN`` is opened). Otherwise an open file descriptor that speaks the UIO
+        interrupt protocol (4-byte enable words in, 4-byte counts out), used instead of ``/dev/uioN`` and not
+        closed by this object.
+    load_hint : what the messages of a missing or foreign device tell the user to do (`LOAD_APP`: load the
+        NPU's app).
+    what : the design, as messages name it (``"the NPU"``).
+
+    Attributes
+    ----------
+    memory_map : the `MemoryMap` it was opened with.
+    path : the UIO device's node (``<root>/dev/uioN``).
+    where : ``"<CSR base> via <path>"``, for messages about register contents.
+    """
+
+    def __init__(self, memory_map: str | MemoryMap = "kv260", *, root: str | os.PathLike = "/",
+                 uio_name: str = "npu", csr=None, irq: int | None = None, load_hint: str = LOAD_APP,
+                 what: str = "the NPU"):
+        self.memory_map = resolve_memory_map(memory_map)
+        self._root = Path(root)
+        self._hint, self._what = load_hint, what
+        self._csr = csr
+        self._csr_mm: mmap.mmap | None = None
+        self._csr_offset = 0
+        self._irq_fd: int | None = None
+        self._own_irq_fd = False
+        self._closed = False
+        self.path: Path | None = None
+        try:
+            self._open(uio_name, irq)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def where(self) -> str:
+        return f"{self.memory_map.csr_base:#x} via {self.path}"
+
+    def _open(self, uio_name: str, irq: int | None) -> None:
+        mm, hint = self.memory_map, self._hint
+        cls = self._root / "sys/class/uio"
+        found = []
+        entry = None
+        if cls.is_dir():
+            for d in sorted(cls.iterdir(), key=_uio_sort_key):
+                try:
+                    name = _read_attr(d / "name")
+                except OSError:
+                    continue
+                found.append(f"{d.name} {name!r}")
+                if name == uio_name and entry is None:
+                    entry = d
+        if entry is None:
+            have = f"it has {', '.join(found)}" if found else "there is none"
+            raise BoardUnavailable(f"no UIO device named {uio_name!r} in {cls} ({have}): {hint}")
+        map0 = entry / "maps/map0"
+        if not (map0 / "addr").is_file() or not (map0 / "size").is_file():
+            raise BoardUnavailable(f"UIO device {entry.name} ({uio_name!r}) has no register window ({map0}): the "
+                                   f"overlay's {uio_name} node needs reg = <{mm.csr_base:#x} {mm.csr_size:#x}>; "
+                                   f"{hint}")
+        addr, size = _parse(map0 / "addr", 16), _parse(map0 / "size", 16)
+        offset = _parse(map0 / "offset", 16) if (map0 / "offset").is_file() else 0
+        if (addr, size) != (mm.csr_base, mm.csr_size):
+            raise BoardUnavailable(f"UIO device {entry.name} ({uio_name!r}) maps {size:#x} bytes at {addr:#x} "
+                                   f"({map0}), the memory map {mm.name!r} has the CSR window at {mm.csr_base:#x} "
+                                   f"({mm.csr_size:#x} bytes): the loaded overlay is not this firmware's; "
+                                   f"{hint}")
+        self.path = self._root / "dev" / entry.name
+        if irq is not None:
+            self._irq_fd = irq
+            if self._csr is not None:
+                return
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOCTTY)
+        except FileNotFoundError:
+            raise BoardUnavailable(f"{self.path} does not exist although {entry} does: udev did not create the "
+                                   f"device node; {hint}") from None
+        except PermissionError:
+            raise BoardUnavailable(f"cannot open {self.path}: permission denied; run as root (sudo) or give "
+                                   f"the user access with a udev rule ({SETUP_DOC})") from None
+        if irq is None:
+            self._irq_fd, self._own_irq_fd = fd, True
+        if self._csr is None:
+            try:
+                length = -(-(offset + size) // mmap.PAGESIZE) * mmap.PAGESIZE
+                self._csr_mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+                self._csr_offset = offset
+            except (OSError, ValueError) as e:
+                raise BoardUnavailable(f"cannot map the CSR window of {self.path} ({size:#x} bytes): {e}; "
+                                       f"{hint}") from None
+            finally:
+                if irq is not None:
+                    os.close(fd)
+
+    # --- CSRs --------------------------------------------------------------------------------------------
+
+    def _csr_index(self, offset: int) -> int:
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset % 4 \
+                or not 0 <= offset < self.memory_map.csr_size:
+            raise ValueError(f"CSR offset {offset!r} is not a 32-bit word of the {self.memory_map.csr_size:#x}-byte "
+                             f"CSR window")
+        return self._csr_offset + offset
+
+    def csr_read(self, offset: int) -> int:
+        """The 32-bit register at byte `offset` of the CSR window."""
+        self._check_open()
+        at = self._csr_index(offset)
+        if self._csr is not None:
+            return int(self._csr.read32(offset))
+        return _WORD.unpack_from(self._csr_mm, at)[0]
+
+    def csr_write(self, offset: int, value: int) -> None:
+        """Write the 32-bit register at byte `offset` of the CSR window."""
+        self._check_open()
+        at = self._csr_index(offset)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= 0xFFFF_FFFF:
+            raise ValueError(f"CSR value must be a 32-bit unsigned integer, not {value!r} (offset {offset:#x})")
+        if self._csr is not None:
+            self._csr.write32(offset, int(value))
+            return
+        _WORD.pack_into(self._csr_mm, at, int(value))
+
+    # --- interrupt ---------------------------------------------------------------------------------------
+
+    def wait_interrupt(self, timeout_s: float | None = None) -> int:
+        """Re-enable the interrupt and block until it arrives. Returns the interrupt count (UIO counts every
+        interrupt since boot). Raises TimeoutError if none arrives within `timeout_s` seconds."""
+        self._check_open()
+        if timeout_s is not None and not timeout_s >= 0:
+            raise ValueError(f"timeout_s must be None or a non-negative number of seconds, not {timeout_s!r}")
+        fd = self._irq_fd
+        os.write(fd, _IRQ_WORD.pack(1))
+        if timeout_s is not None:
+            ready, _, _ = select.select([fd], [], [], timeout_s)
+            if not ready:
+                raise TimeoutError(f"no interrupt from {self._what} ({self.path}) within {timeout_s} s")
+        word = b""
+        while len(word) < 4:
+            part = os.read(fd, 4 - len(word))
+            if not part:
+                raise OSError(f"{self.path} closed while waiting for {self._what}'s interrupt")
+            word += part
+        return _IRQ_WORD.unpack(word)[0]
+
+    # --- lifetime ----------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self._what} device ({self.path or self._root}) is closed")
+
+    def close(self) -> None:
+        """Unmap the CSR page and close ``/dev/uioN`` (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._csr_mm is not None:
+            self._csr_mm.close()
+            self._csr_mm = None
+        if self._own_irq_fd:
+            os.close(self._irq_fd)
+        self._irq_fd = None
+
+    def __enter__(self) -> UioCsr:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<UioCsr {'closed' if self._closed else self.where}>"
+
+
 class Kv260Device:
-    """The NPU on the KV260 (`firmware.runtime.NpuDevice`): CSRs and interrupt through UIO, DDR through one
-    u-dma-buf per window of the memory map.
+    """The NPU on the KV260 (`firmware.runtime.NpuDevice`): CSRs and interrupt through UIO (a `UioCsr`), DDR
+    through one u-dma-buf per window of the memory map.
 
     Parameters
     ----------
@@ -161,15 +349,12 @@ class Kv260Device:
                  uio_name: str = "npu", csr=None, irq: int | None = None, o_sync: bool = False):
         self.memory_map = resolve_memory_map(memory_map)
         self._root = Path(root)
-        self._csr = csr
-        self._csr_mm: mmap.mmap | None = None
-        self._csr_offset = 0
-        self._irq_fd: int | None = None
-        self._own_irq_fd = False
+        self._uio: UioCsr | None = None
         self._buffers: list[_Buffer] = []
         self._closed = False
         try:
-            self._open_uio(uio_name, irq)
+            self._uio = UioCsr(self.memory_map, root=root, uio_name=uio_name, csr=csr, irq=irq)
+            self.uio = self._uio.path
             self._open_buffers(o_sync)
             self.hw = self._identify()
         except BaseException:
@@ -179,62 +364,6 @@ class Kv260Device:
         self.coherent = all(not b.sync_fds for b in self._buffers)
 
     # --- discovery ---------------------------------------------------------------------------------------
-
-    def _open_uio(self, uio_name: str, irq: int | None) -> None:
-        mm = self.memory_map
-        cls = self._root / "sys/class/uio"
-        found = []
-        entry = None
-        if cls.is_dir():
-            for d in sorted(cls.iterdir(), key=_uio_sort_key):
-                try:
-                    name = _read_attr(d / "name")
-                except OSError:
-                    continue
-                found.append(f"{d.name} {name!r}")
-                if name == uio_name and entry is None:
-                    entry = d
-        if entry is None:
-            have = f"it has {', '.join(found)}" if found else "there is none"
-            raise BoardUnavailable(f"no UIO device named {uio_name!r} in {cls} ({have}): {LOAD_APP}")
-        map0 = entry / "maps/map0"
-        if not (map0 / "addr").is_file() or not (map0 / "size").is_file():
-            raise BoardUnavailable(f"UIO device {entry.name} ({uio_name!r}) has no register window ({map0}): the "
-                                   f"overlay's {uio_name} node needs reg = <{mm.csr_base:#x} {mm.csr_size:#x}>; "
-                                   f"{LOAD_APP}")
-        addr, size = _parse(map0 / "addr", 16), _parse(map0 / "size", 16)
-        offset = _parse(map0 / "offset", 16) if (map0 / "offset").is_file() else 0
-        if (addr, size) != (mm.csr_base, mm.csr_size):
-            raise BoardUnavailable(f"UIO device {entry.name} ({uio_name!r}) maps {size:#x} bytes at {addr:#x} "
-                                   f"({map0}), the memory map {mm.name!r} has the CSR window at {mm.csr_base:#x} "
-                                   f"({mm.csr_size:#x} bytes): the loaded overlay is not this firmware's; "
-                                   f"{LOAD_APP}")
-        self.uio = self._root / "dev" / entry.name
-        if irq is not None:
-            self._irq_fd = irq
-            if self._csr is not None:
-                return
-        try:
-            fd = os.open(self.uio, os.O_RDWR | os.O_CLOEXEC | os.O_NOCTTY)
-        except FileNotFoundError:
-            raise BoardUnavailable(f"{self.uio} does not exist although {entry} does: udev did not create the "
-                                   f"device node; {LOAD_APP}") from None
-        except PermissionError:
-            raise BoardUnavailable(f"cannot open {self.uio}: permission denied; run as root (sudo) or give "
-                                   f"the user access with a udev rule ({SETUP_DOC})") from None
-        if irq is None:
-            self._irq_fd, self._own_irq_fd = fd, True
-        if self._csr is None:
-            try:
-                length = -(-(offset + size) // mmap.PAGESIZE) * mmap.PAGESIZE
-                self._csr_mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
-                self._csr_offset = offset
-            except (OSError, ValueError) as e:
-                raise BoardUnavailable(f"cannot map the CSR window of {self.uio} ({size:#x} bytes): {e}; "
-                                       f"{LOAD_APP}") from None
-            finally:
-                if irq is not None:
-                    os.close(fd)
 
     def _open_buffers(self, o_sync: bool) -> None:
         mm = self.memory_map
@@ -290,7 +419,7 @@ class Kv260Device:
                 os.close(fd)
 
     def _identify(self) -> HardwareConfig:
-        where = f"{self.memory_map.csr_base:#x} via {self.uio}"
+        where = self._uio.where
         ident = self.csr_read(csr_map.by_name("ID").offset)
         if ident != csr_map.NPU_ID:
             raise BoardUnavailable(f"the NPU's ID register (CSR 0x000 at {where}) reads {ident:#010x}, expected "
@@ -308,33 +437,23 @@ class Kv260Device:
         raise BoardUnavailable(f"the NPU's VERSION reads {version:#010x}, which no hardware preset of this firmware "
                                f"has ({known}): {REBUILD}")
 
-    # --- CSRs --------------------------------------------------------------------------------------------
-
-    def _csr_index(self, offset: int) -> int:
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset % 4 \
-                or not 0 <= offset < self.memory_map.csr_size:
-            raise ValueError(f"CSR offset {offset!r} is not a 32-bit word of the {self.memory_map.csr_size:#x}-byte "
-                             f"CSR window")
-        return self._csr_offset + offset
+    # --- CSRs and interrupt (`UioCsr`) -------------------------------------------------------------------
 
     def csr_read(self, offset: int) -> int:
         """The 32-bit register at byte `offset` of the CSR window (`hdl.csr_map`)."""
         self._check_open()
-        at = self._csr_index(offset)
-        if self._csr is not None:
-            return int(self._csr.read32(offset))
-        return _WORD.unpack_from(self._csr_mm, at)[0]
+        return self._uio.csr_read(offset)
 
     def csr_write(self, offset: int, value: int) -> None:
         """Write the 32-bit register at byte `offset` of the CSR window."""
         self._check_open()
-        at = self._csr_index(offset)
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= 0xFFFF_FFFF:
-            raise ValueError(f"CSR value must be a 32-bit unsigned integer, not {value!r} (offset {offset:#x})")
-        if self._csr is not None:
-            self._csr.write32(offset, int(value))
-            return
-        _WORD.pack_into(self._csr_mm, at, int(value))
+        self._uio.csr_write(offset, value)
+
+    def wait_interrupt(self, timeout_s: float | None = None) -> int:
+        """Re-enable the NPU's interrupt and block until it arrives. Returns the interrupt count (UIO counts
+        every interrupt since boot). Raises TimeoutError if none arrives within `timeout_s` seconds."""
+        self._check_open()
+        return self._uio.wait_interrupt(timeout_s)
 
     # --- DDR ---------------------------------------------------------------------------------------------
 
@@ -400,28 +519,6 @@ class Kv260Device:
             self._sync(buf, "sync_for_cpu", base + start, min(step, nbytes - start))
         return buf.mm[base:base + nbytes]
 
-    # --- interrupt ---------------------------------------------------------------------------------------
-
-    def wait_interrupt(self, timeout_s: float | None = None) -> int:
-        """Re-enable the NPU's interrupt and block until it arrives. Returns the interrupt count (UIO counts
-        every interrupt since boot). Raises TimeoutError if none arrives within `timeout_s` seconds."""
-        self._check_open()
-        if timeout_s is not None and not timeout_s >= 0:
-            raise ValueError(f"timeout_s must be None or a non-negative number of seconds, not {timeout_s!r}")
-        fd = self._irq_fd
-        os.write(fd, _IRQ_WORD.pack(1))
-        if timeout_s is not None:
-            ready, _, _ = select.select([fd], [], [], timeout_s)
-            if not ready:
-                raise TimeoutError(f"no interrupt from the NPU ({self.uio}) within {timeout_s} s")
-        word = b""
-        while len(word) < 4:
-            part = os.read(fd, 4 - len(word))
-            if not part:
-                raise OSError(f"{self.uio} closed while waiting for the NPU's interrupt")
-            word += part
-        return _IRQ_WORD.unpack(word)[0]
-
     # --- lifetime ----------------------------------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -439,12 +536,8 @@ class Kv260Device:
             for fd in b.sync_fds.values():
                 os.close(fd)
         self._buffers = []
-        if self._csr_mm is not None:
-            self._csr_mm.close()
-            self._csr_mm = None
-        if self._own_irq_fd:
-            os.close(self._irq_fd)
-        self._irq_fd = None
+        if self._uio is not None:
+            self._uio.close()
 
     def __enter__(self) -> Kv260Device:
         return self

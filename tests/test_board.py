@@ -1,6 +1,7 @@
-"""The on-board device layer (`firmware.board.Kv260Device`) on stand-in trees (`tb.board.make_standin`):
-discovery and its error messages, address translation across the KV260's windows, cache syncs, the UIO
-interrupt through a pty, chunked writes, and the CSR paths (register file, simulation link, mmap).
+"""The on-board device layer (`firmware.board.Kv260Device` and its UIO half, `firmware.board.UioCsr`) on
+stand-in trees (`tb.board.make_standin`): discovery and its error messages, address translation across the
+KV260's windows, cache syncs, the UIO interrupt through a pty, chunked writes, and the CSR paths (register
+file, simulation link, mmap).
 
 The CSRs are a `tb.board.RegisterFile` (the CSR map's access semantics). Its read-only registers hold values
 the tests set from independent constants (`csr_map.NPU_ID`, `csr_map.version_word` of a preset), so the
@@ -18,7 +19,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from firmware.board import BoardUnavailable, Kv260Device, sync_command
+from firmware.board import BoardUnavailable, Kv260Device, UioCsr, sync_command
 from hdl import csr_map
 from hdl.config import PRESETS, HardwareConfig
 from hdl.memory_map import MEMORY_MAPS, MemoryMap, Window
@@ -378,6 +379,47 @@ def test_csr_through_the_mapped_page(board):
 def test_csr_page_of_a_pty_cannot_be_mapped(board):
     with pytest.raises(BoardUnavailable, match=r"cannot map the CSR window of \S+/dev/uio0 \(0x1000 bytes\)"):
         Kv260Device(root=board.root)
+
+
+# --- the UIO half alone ------------------------------------------------------------------------------------
+
+def test_uio_csr_alone(board):
+    # UioCsr is what Kv260Device opens for its CSRs and interrupt; other designs with the NPU's outside shape
+    # (the DDR probe) use it without the DDR windows. Nothing is read at opening.
+    regs = registers()
+    with UioCsr("kv260", root=board.root, csr=regs) as uio:
+        assert uio.path == board.root / "dev/uio0" and uio.memory_map is KV260
+        assert uio.where == f"0xa0000000 via {board.root / 'dev/uio0'}"
+        assert regs.accesses == []
+        pos = csr_map.by_name("POSITION").offset
+        uio.csr_write(pos, 7)
+        assert uio.csr_read(pos) == 7 == regs.get("POSITION")
+        with pytest.raises(ValueError, match="not a 32-bit word of the 0x1000-byte CSR window"):
+            uio.csr_read(0x1002)
+        t = threading.Thread(target=lambda: (board.interrupt.wait_enabled(5.0), board.interrupt.update(True)))
+        t.start()
+        assert uio.wait_interrupt(timeout_s=5.0) == 1
+        t.join()
+        with pytest.raises(TimeoutError, match=r"^no interrupt from the NPU \(\S+/dev/uio0\) within 0.1 s$"):
+            uio.wait_interrupt(timeout_s=0.1)
+    with pytest.raises(ValueError, match=r"^the NPU device \(\S+/dev/uio0\) is closed$"):
+        uio.csr_read(0)
+    assert repr(uio) == "<UioCsr closed>"
+
+
+def test_uio_csr_messages_name_the_design(tmp_path):
+    hint = "load the probe's app: sudo xmutil loadapp gemma3n-ddrprobe"
+    with pytest.raises(BoardUnavailable,
+                       match=rf"no UIO device named 'npu' in \S+ \(there is none\): {re.escape(hint)}$"):
+        UioCsr(root=tmp_path, load_hint=hint, what="the DDR probe")
+    with make_standin(tmp_path, csr_map_base=0xA001_0000):
+        before = open_fds()
+        with pytest.raises(BoardUnavailable, match=rf"the loaded overlay is not this firmware's; {re.escape(hint)}$"):
+            UioCsr(root=tmp_path, load_hint=hint)
+        assert open_fds() == before
+    with make_standin(tmp_path / "b") as b, UioCsr(root=b.root, csr=registers(), what="the DDR probe") as uio:
+        with pytest.raises(TimeoutError, match=r"^no interrupt from the DDR probe \(\S+\) within 0.05 s$"):
+            uio.wait_interrupt(timeout_s=0.05)
 
 
 # --- lifetime and the simulation's view of DDR -------------------------------------------------------------
