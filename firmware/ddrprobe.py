@@ -1,48 +1,63 @@
 """python -m firmware.ddrprobe: measure the DDR bandwidth the HP ports get on the board, with the DDR probe.
 
 The performance model (`firmware.perf`) assumes the memory controller delivers ``ddr_efficiency`` (0.90) of
-the DDR4-2400 x64 peak to the weight stream. Load the DDR probe's bitstream (`hdl.ddrprobe.DdrProbe`, the
-NPU's outside shape, so the same system top, overlay and ``/dev/uioN`` named ``npu``), run this, and feed
+the DDR4-2400 x64 peak to the weight stream. Load the DDR probe's app (`hdl.ddrprobe.DdrProbe`, the NPU's
+outside shape: the same system top, the same CSR window and a UIO device named ``npu``), run this, and feed
 the printed ``--ddr-efficiency`` back to `python -m firmware.perf`.
+
+The probe reads a weight matrix as a token's GEMV does (`sim.ddrprobe`): ``--rows`` x ``--cols`` INT4
+weights at ``--base`` (default: the start of the first DDR window the NPU reserves, `hdl.memory_map`), with
+their binary16 scales (``--group`` columns per scale) right after them, tiles of the GEMV engine's 8 rows
+dealt round robin to the ports, each tile's scales then its rows in burst-sized chunks, round robin over the
+tile's rows; ``--passes`` times. The default, E4B's FFN gate/up projection (16,384 x 2,048, group 128) read 16
+times, is 264 MiB: about 15 ms at the ports' peak. Reading changes nothing in memory.
 
 `measure(device, hw, config)` runs one measurement through any device with the blocking protocol of
 `firmware.runtime.NpuDevice`'s CSR side: ``csr_read(offset)``, ``csr_write(offset, value)`` and
-``wait_interrupt()`` (the board device; the bench's simulated device, tb/ddrprobe). The command line opens the
-probe's UIO device (its CSR window, map 0, and its interrupt) by name under ``/sys/class/uio``; on a machine
-without it, it stops with one line naming what is missing (exit status 2).
-
-The probe reads ``--total`` bytes from ``--base`` (default: the start of the first DDR window the NPU
-reserves, `hdl.memory_map`) in chunks of ``--chunk`` bytes, chunk j on port j mod ``--ports``, as the GEMV
-engine streams a matrix tile by tile (8 KiB: a row tile of E4B's 2,048-column matrices, 8 rows of 1,024
-bytes). Reading changes nothing in memory.
+``wait_interrupt(timeout_s)`` (`firmware.board.UioCsr` on the board; the bench's simulated device,
+tb/ddrprobe). The command line opens the probe's UIO device with `firmware.board.UioCsr` (under ``--root``)
+and checks that the probe answers; on a machine without it, or with another design loaded, it stops with
+one line naming what is missing (exit status 2).
 """
 
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
-import struct
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 from hdl.config import HardwareConfig
 from hdl.csr_map import NPU_ID
-from hdl.ddrprobe_map import (CTRL_IRQ_ACK, CTRL_START, MAX_PORTS, PROBE_ID, STATUS_BUSY, STATUS_CONFIG_ERROR,
-                              STATUS_DONE, by_name, version_word)
+from hdl.ddrprobe_map import (
+    CTRL_IRQ_ACK,
+    CTRL_START,
+    MAX_PORTS,
+    PROBE_ID,
+    PROBE_VERSION,
+    STATUS_BUSY,
+    STATUS_CONFIG_ERROR,
+    STATUS_DONE,
+    by_name,
+    version_word,
+)
 from hdl.memory_map import memory_map
 from sim.ddrprobe import ProbeConfig
 
+from .board import BoardUnavailable, UioCsr
 from .perf import DDR_PEAK_BYTES_PER_S
 
-__all__ = ["ProbeDevice", "ProbeError", "Measurement", "measure", "report", "find_uio", "UioDevice", "main",
-           "DEFAULT_CHUNK", "DEFAULT_TOTAL"]
+__all__ = ["ProbeDevice", "ProbeError", "Measurement", "measure", "report", "check_probe", "open_probe",
+           "default_timeout", "main", "PROBE_APP", "LOAD_PROBE_APP", "DEFAULT_ROWS", "DEFAULT_COLS",
+           "DEFAULT_PASSES"]
 
-DEFAULT_CHUNK = 8192
-DEFAULT_TOTAL = 256 << 20
-UIO_ROOT = Path("/sys/class/uio")
+PROBE_APP = "gemma3n-ddrprobe"
+LOAD_PROBE_APP = f"load the probe's app: sudo xmutil loadapp {PROBE_APP}"
+REBUILD_PROBE = "rebuild it (python -m hdl.build --top ddr-probe; docs/kv260.md)"
+DEFAULT_ROWS, DEFAULT_COLS, DEFAULT_PASSES = 16384, 2048, 16     # E4B's FFN gate/up projection, 16 times
+MIN_TIMEOUT_S = 1.0
+TIMEOUT_EFFICIENCY = 0.05       # the default timeout allows the run down to 5 % of the ports' peak
 
 
 class ProbeDevice(Protocol):
@@ -50,11 +65,11 @@ class ProbeDevice(Protocol):
 
     def csr_write(self, offset: int, value: int) -> None: ...
 
-    def wait_interrupt(self) -> None: ...
+    def wait_interrupt(self, timeout_s: float | None = None) -> object: ...
 
 
 class ProbeError(RuntimeError):
-    """The probe is absent, built for other hardware, or refused the run."""
+    """The probe is absent, built for other hardware, refused the run or did not finish it in time."""
 
 
 @dataclass(frozen=True)
@@ -107,40 +122,70 @@ class Measurement:
         return self.lat_sum / self.bursts if self.bursts else 0.0
 
 
+def _reg(name: str) -> int:
+    return by_name(name).offset
+
+
 def _write64(dev, name, value):
-    dev.csr_write(by_name(f"{name}_LO").offset, value & 0xFFFF_FFFF)
-    dev.csr_write(by_name(f"{name}_HI").offset, value >> 32)
+    dev.csr_write(_reg(f"{name}_LO"), value & 0xFFFF_FFFF)
+    dev.csr_write(_reg(f"{name}_HI"), value >> 32)
 
 
 def _read64(dev, name):
-    return dev.csr_read(by_name(f"{name}_LO").offset) | dev.csr_read(by_name(f"{name}_HI").offset) << 32
+    return dev.csr_read(_reg(f"{name}_LO")) | dev.csr_read(_reg(f"{name}_HI")) << 32
 
 
-def measure(device: ProbeDevice, hw: HardwareConfig, config: ProbeConfig) -> Measurement:
-    """Run the probe once with `config` and return its counters. Raises ValueError for a configuration the
-    probe would refuse, `ProbeError` if the device is not a probe built for `hw` or is busy."""
-    config.check(hw)
-
-    def reg(name):
-        return by_name(name).offset
-
-    ident = device.csr_read(reg("ID"))
+def check_probe(device: ProbeDevice, hw: HardwareConfig, where: str = "") -> None:
+    """Raise `ProbeError` unless `device` is a DDR probe built for `hw` (ID "DDRP", VERSION of `hw`).
+    `where` names the register window in the messages (`firmware.board.UioCsr.where`)."""
+    at = f"CSR 0x000 at {where}" if where else "CSR 0x000"
+    ident = device.csr_read(_reg("ID"))
+    if ident == NPU_ID:
+        raise ProbeError(f"the DDR probe's ID register ({at}) reads {ident:#010x} (\"G3N1\"): the NPU is loaded, "
+                         f"not the probe; {LOAD_PROBE_APP}")
     if ident != PROBE_ID:
-        what = " (the NPU: load the DDR probe's bitstream)" if ident == NPU_ID else ""
-        raise ProbeError(f"no DDR probe answers: ID reads {ident:#010x}{what}, expected {PROBE_ID:#010x}")
-    version, want = device.csr_read(reg("VERSION")), version_word(hw.to_dict())
+        raise ProbeError(f"the DDR probe's ID register ({at}) reads {ident:#010x}, expected {PROBE_ID:#010x} "
+                         f"(\"DDRP\"): the programmable logic does not hold the probe; {LOAD_PROBE_APP}")
+    version, want = device.csr_read(_reg("VERSION")), version_word(hw.to_dict())
+    if version & 0xFF != PROBE_VERSION:
+        raise ProbeError(f"the DDR probe is version {version & 0xFF} (VERSION reads {version:#010x}), this tool "
+                         f"drives version {PROBE_VERSION}: {REBUILD_PROBE}")
     if version != want:
-        raise ProbeError(f"the probe's VERSION is {version:#010x}; a probe built for {hw.name!r} has {want:#010x}")
-    if device.csr_read(reg("STATUS")) & STATUS_BUSY:
+        raise ProbeError(f"the DDR probe's VERSION reads {version:#010x}; a probe built for {hw.name!r} reads "
+                         f"{want:#010x}: pass the --hw it was built for or {REBUILD_PROBE}")
+
+
+def default_timeout(hw: HardwareConfig, config: ProbeConfig) -> float:
+    """Seconds `measure` waits by default: the run at `TIMEOUT_EFFICIENCY` of the ports' peak, and at least
+    `MIN_TIMEOUT_S`."""
+    nbytes = config.matrix_bytes * config.pass_count
+    return max(MIN_TIMEOUT_S, nbytes / (TIMEOUT_EFFICIENCY * hw.peak_weight_bytes_per_second))
+
+
+def measure(device: ProbeDevice, hw: HardwareConfig, config: ProbeConfig, *,
+            timeout_s: float | None = None) -> Measurement:
+    """Run the probe once with `config` and return its counters. Raises ValueError for a configuration the
+    probe would refuse, `ProbeError` if the device is not a probe built for `hw`, is busy, or does not
+    interrupt within `timeout_s` seconds (default: `default_timeout`)."""
+    config.check(hw)
+    timeout_s = default_timeout(hw, config) if timeout_s is None else timeout_s
+    check_probe(device, hw)
+    if device.csr_read(_reg("STATUS")) & STATUS_BUSY:
         raise ProbeError("the probe is busy with another run")
-    _write64(device, "BASE", config.base)
-    _write64(device, "TOTAL_BYTES", config.total_bytes)
-    device.csr_write(reg("CHUNK_BYTES"), config.chunk_bytes)
-    device.csr_write(reg("PORTS"), config.ports)
-    device.csr_write(reg("MAX_OUTSTANDING"), config.max_outstanding)
-    device.csr_write(reg("CTRL"), CTRL_START)
-    device.wait_interrupt()
-    status = device.csr_read(reg("STATUS"))
+    _write64(device, "WBASE", config.wbase)
+    _write64(device, "SBASE", config.sbase)
+    for name in ("ROWS", "ROW_BYTES", "SCALE_BYTES", "TILE_ROWS", "PASSES", "PORTS", "MAX_OUTSTANDING"):
+        device.csr_write(_reg(name), getattr(config, name.lower()))
+    device.csr_write(_reg("CTRL"), CTRL_START)
+    try:
+        device.wait_interrupt(timeout_s)
+    except TimeoutError:
+        status = device.csr_read(_reg("STATUS"))
+        state = ": busy" if status & STATUS_BUSY else ""
+        raise ProbeError(f"no interrupt from the DDR probe within {timeout_s:g} s (STATUS {status:#x}{state}): its "
+                         f"reads did not complete; check --base against the DDR ranges, or allow longer with "
+                         f"--timeout") from None
+    status = device.csr_read(_reg("STATUS"))
     if status & STATUS_CONFIG_ERROR:
         raise ProbeError(f"the probe refused the configuration {config} (STATUS {status:#x})")
     if not status & STATUS_DONE:
@@ -149,9 +194,9 @@ def measure(device: ProbeDevice, hw: HardwareConfig, config: ProbeConfig) -> Mea
         hw=hw, config=config, cycles=_read64(device, "CYCLES"),
         bytes_per_port=tuple(_read64(device, f"BYTES_P{p}") for p in range(hw.axi_ports)),
         bursts=_read64(device, "BURSTS"), error_beats=_read64(device, "ERROR_BEATS"),
-        lat_sum=_read64(device, "LAT_SUM"), lat_min=device.csr_read(reg("LAT_MIN")),
-        lat_max=device.csr_read(reg("LAT_MAX")))
-    device.csr_write(reg("CTRL"), CTRL_IRQ_ACK)
+        lat_sum=_read64(device, "LAT_SUM"), lat_min=device.csr_read(_reg("LAT_MIN")),
+        lat_max=device.csr_read(_reg("LAT_MAX")))
+    device.csr_write(_reg("CTRL"), CTRL_IRQ_ACK)
     return result
 
 
@@ -162,9 +207,10 @@ def report(m: Measurement) -> str:
     ports = cfg.ports_used(hw)
     port_peak = hw.axi_ports * hw.bytes_per_beat * hw.clock_hz
     lines = [
-        f"DDR probe on {hw.name}: {cfg.total_bytes:,} bytes from {cfg.base:#x} in chunks of {cfg.chunk_bytes:,} "
-        f"on {ports} of {hw.axi_ports} ports, up to {cfg.outstanding(hw)} bursts of {hw.axi_max_burst_beats} "
-        f"beats in flight per port",
+        f"DDR probe on {hw.name}: {cfg.rows:,} rows of {cfg.row_bytes:,} bytes from {cfg.wbase:#x} and "
+        f"{cfg.scale_bytes:,} scale bytes per row from {cfg.sbase:#x}, {cfg.pass_count} pass"
+        f"{'es' if cfg.pass_count > 1 else ''}; tiles of {cfg.tile_rows} rows on {ports} of {hw.axi_ports} "
+        f"ports, up to {cfg.outstanding(hw)} bursts of {hw.axi_max_burst_beats} beats in flight per port",
         f"  read {m.bytes:,} bytes ({', '.join(f'{b:,}' for b in m.bytes_per_port)} per port) in "
         f"{m.bursts:,} bursts, {m.cycles:,} cycles at {hw.clock_hz / 1e6:g} MHz = {m.seconds * 1e3:.3f} ms",
         f"  {m.bytes_per_second / 1e9:.3f} GB/s: {100 * m.port_efficiency:.1f} % of the ports' peak "
@@ -184,79 +230,66 @@ def report(m: Measurement) -> str:
 
 # --- the board ----------------------------------------------------------------------------------------------
 
-def find_uio(name: str, root: Path = UIO_ROOT) -> Path | None:
-    """``/dev/uioN`` of the UIO device called `name` (``/sys/class/uio/uioN/name``), or None."""
-    root = Path(root)
-    if not root.is_dir():
-        return None
-    for d in sorted(root.iterdir()):
-        try:
-            if (d / "name").read_text().strip() == name:
-                return Path("/dev") / d.name
-        except OSError:
-            continue
-    return None
-
-
-class UioDevice:
-    """The probe's CSR window (UIO map 0) and interrupt through ``/dev/uioN`` (`uio_pdrv_genirq`)."""
-
-    def __init__(self, path: str | os.PathLike, size: int = 4096):
-        self._fd = os.open(path, os.O_RDWR | os.O_SYNC)
-        self._csr = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
-
-    def csr_read(self, offset: int) -> int:
-        return struct.unpack_from("<I", self._csr, offset)[0]
-
-    def csr_write(self, offset: int, value: int) -> None:
-        struct.pack_into("<I", self._csr, offset, value & 0xFFFF_FFFF)
-
-    def wait_interrupt(self) -> None:
-        # re-enable the (level) interrupt, then block until it fires; if DONE is already up it fires at once
-        os.write(self._fd, struct.pack("<I", 1))
-        os.read(self._fd, 4)
-
-    def close(self) -> None:
-        self._csr.close()
-        os.close(self._fd)
+def open_probe(hw: HardwareConfig, memory_map_name: str = "kv260", *, root: str | os.PathLike = "/",
+               uio_name: str = "npu", csr=None, irq: int | None = None) -> UioCsr:
+    """The probe's UIO device (`firmware.board.UioCsr`: discovery, the CSR window, the interrupt), checked to
+    hold a probe built for `hw`. Raises `firmware.board.BoardUnavailable` when it is missing or another
+    design answers. `csr` and `irq` as for `UioCsr` (tests, simulations)."""
+    device = UioCsr(memory_map_name, root=root, uio_name=uio_name, csr=csr, irq=irq, load_hint=LOAD_PROBE_APP,
+                    what="the DDR probe")
+    try:
+        check_probe(device, hw, device.where)
+    except ProbeError as e:
+        device.close()
+        raise BoardUnavailable(str(e)) from None
+    return device
 
 
 def _int(text: str) -> int:
     return int(text, 0)
 
 
-def main(argv=None, *, uio_root: Path = UIO_ROOT) -> int:
+def main(argv=None, *, csr=None) -> int:
+    """The command line. `csr`: the register accesses of `firmware.board.UioCsr`'s ``csr=`` (a simulation or a
+    register model in tests; None on the board, where the CSR page is mapped)."""
     p = argparse.ArgumentParser(prog="python -m firmware.ddrprobe", description=__doc__.splitlines()[0])
     p.add_argument("--hw", default="kv260", help="the hardware preset the probe was built for")
-    p.add_argument("--memory-map", default="kv260", help="where --base defaults to (hdl.memory_map)")
-    p.add_argument("--base", type=_int, help="DDR byte address to read from (default: the first NPU window)")
-    p.add_argument("--total", type=_int, default=DEFAULT_TOTAL, help="bytes to read")
-    p.add_argument("--chunk", type=_int, default=DEFAULT_CHUNK, help="bytes per chunk (a row tile)")
+    p.add_argument("--memory-map", default="kv260",
+                   help="the memory map: the CSR window, and where --base defaults to (hdl.memory_map)")
+    p.add_argument("--base", type=_int, help="DDR byte address of the matrix (default: the first NPU window)")
+    p.add_argument("--rows", type=_int, default=DEFAULT_ROWS, help="matrix rows (GEMV outputs)")
+    p.add_argument("--cols", type=_int, default=DEFAULT_COLS, help="matrix columns (GEMV inputs)")
+    p.add_argument("--group", type=_int, default=0, help="columns per binary16 scale (0: the preset's group)")
+    p.add_argument("--passes", type=_int, default=DEFAULT_PASSES, help="times the matrix is read")
+    p.add_argument("--tile-rows", type=_int, help="rows per tile (default: the GEMV engine's)")
     p.add_argument("--ports", type=int, default=0, help="ports to use (0: all)")
     p.add_argument("--max-outstanding", type=int, default=0, help="bursts in flight per port (0: the maximum)")
+    p.add_argument("--timeout", type=float, help="seconds to wait for the run (default: the run at 5 %% of the "
+                                                 "ports' peak, at least 1 s)")
     p.add_argument("--uio-name", default="npu", help="name of the probe's UIO device")
+    p.add_argument("--root", default="/", help="file-system root of sys/class/uio and dev (a stand-in board)")
     args = p.parse_args(argv)
     try:
         hw = HardwareConfig.preset(args.hw)
         if hw.axi_ports > MAX_PORTS:
             raise ValueError(f"the probe has at most {MAX_PORTS} ports, {hw.name!r} has {hw.axi_ports}")
         base = memory_map(args.memory_map).windows[0].base if args.base is None else args.base
-        config = ProbeConfig(base, args.total, args.chunk, args.ports, args.max_outstanding).check(hw)
+        extra = {} if args.tile_rows is None else {"tile_rows": args.tile_rows}
+        config = ProbeConfig.gemv(hw, args.rows, args.cols, base=base, group=args.group or None,
+                                  passes=args.passes, ports=args.ports, max_outstanding=args.max_outstanding,
+                                  **extra).check(hw)
+        if args.timeout is not None and not args.timeout > 0:
+            raise ValueError(f"--timeout must be a positive number of seconds, not {args.timeout!r}")
     except ValueError as e:
         print(f"firmware.ddrprobe: {e}", file=sys.stderr)
         return 2
-    path = find_uio(args.uio_name, uio_root)
-    if path is None:
-        print(f"firmware.ddrprobe: no UIO device named {args.uio_name!r} under {uio_root}: run this on the KV260 "
-              f"with the DDR probe's bitstream and overlay loaded", file=sys.stderr)
+    try:
+        device = open_probe(hw, args.memory_map, root=args.root, uio_name=args.uio_name, csr=csr)
+    except BoardUnavailable as e:
+        print(f"firmware.ddrprobe: {e}", file=sys.stderr)
         return 2
     try:
-        device = UioDevice(path)
-    except OSError as e:
-        print(f"firmware.ddrprobe: cannot open {path}: {e.strerror}", file=sys.stderr)
-        return 2
-    try:
-        print(report(measure(device, hw, config)))
+        print(report(measure(device, hw, config, timeout_s=args.timeout)))
     except ProbeError as e:
         print(f"firmware.ddrprobe: {e}", file=sys.stderr)
         return 2

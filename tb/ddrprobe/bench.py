@@ -9,7 +9,7 @@ every AR handshake and of every burst's first R beat (the read latencies the pro
 cycles of the START pulses and of the rising interrupt.
 
 `SimDevice` is the host tool's device (`firmware.ddrprobe.ProbeDevice`) over the bench, for host code in a
-`cocotb.task.bridge` thread.
+`cocotb.task.bridge` thread; its interrupt timeout counts fabric time (clock cycles at ``hw.clock_hz``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections import deque
 import cocotb
 from cocotb.clock import Clock
 from cocotb.task import resume
-from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge, with_timeout
+from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge, SimTimeoutError, with_timeout
 from cocotbext.axi import AxiBus, AxiMaster, AxiReadBus, AxiResp
 
 from hdl.config import HardwareConfig
@@ -152,6 +152,22 @@ class SimDevice:
 
     def __init__(self, bench: ProbeBench):
         self.hw = bench.hw
+        self._bench = bench
         self.csr_read = resume(bench.csr_read)
         self.csr_write = resume(bench.csr_write)
-        self.wait_interrupt = resume(bench.wait_interrupt)
+        self._wait = resume(self._wait_interrupt)
+
+    async def _wait_interrupt(self, timeout_s: float | None) -> None:
+        if timeout_s is None:
+            await self._bench.wait_interrupt()
+            return
+        cycles = max(1, round(timeout_s * self.hw.clock_hz))
+        try:
+            await self._bench.wait_interrupt(cycles)
+        except SimTimeoutError:
+            raise TimeoutError(f"no interrupt from the simulated probe within {cycles} cycles") from None
+
+    def wait_interrupt(self, timeout_s: float | None = None) -> None:
+        """Block until the probe's interrupt line is high; TimeoutError after `timeout_s` seconds of fabric
+        time."""
+        self._wait(timeout_s)
