@@ -58,7 +58,7 @@ from hdl.isa import (CtrlFunc, DdrRegion, DecodeError, DmaDir, ErrorCode, Opcode
                      decode, encode)
 from sim.config import ModelConfig
 from sim.iss import HARDWARE, ExecutionError, Machine
-from tb.npu.bench import NpuBench, SimDevice, parse_window_bytes, sim_memory_map, sim_windows
+from tb.npu.bench import GUARD, NpuBench, SimDevice, parse_window_bytes, sim_memory_map, sim_windows
 from tb.board import make_standin
 from tb.npu.host import board_tokens, check_window, compare_tokens, iss_ddr, load_npz
 from tb.runner import ROOT, bench_env
@@ -137,7 +137,10 @@ async def board(dut):
     moved = {mm.windows[0].name: mm.windows[0].base + (1 << 20)}
     with tempfile.TemporaryDirectory() as root, make_standin(root, mm, phys_addrs=moved) as stand_in:
         windows = tuple(stand_in.windows.values())
-        bench = NpuBench(dut, hw, seed=seed, windows=windows, backing=stand_in.buffers())
+        backing = stand_in.buffers()
+        for buf in backing.values():        # what DDR holds before the host writes (check_window's guard)
+            buf[:] = bytes([GUARD]) * len(buf)
+        bench = NpuBench(dut, hw, seed=seed, windows=windows, backing=backing)
         await bench.start()
         results = {}
         host = threading.Thread(target=board_tokens, args=(stand_in, mm, load_npz(npz), hw, n, bench, results),
