@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .isa import DdrRegion
 
-__all__ = ["Register", "Field", "REGISTERS", "by_name", "ADDR_BITS", "NPU_ID", "ISA_VERSION", "hardware_hash",
+__all__ = ["Register", "Field", "RegisterMap", "MAP", "REGISTERS", "by_name", "counter_registers", "ADDR_BITS", "NPU_ID", "ISA_VERSION", "hardware_hash",
            "version_word", "markdown_table",
            "CTRL_START", "CTRL_CLEAR_COUNTERS", "CTRL_IRQ_ACK", "STATUS_BUSY", "STATUS_DONE", "STATUS_ERROR",
            "COUNTERS", "COUNTER_NAMES"]
@@ -84,7 +84,7 @@ COUNTERS = (
 COUNTER_NAMES = tuple(name for name, _ in COUNTERS)
 
 
-def _build() -> tuple[Register, ...]:
+def _build() -> "RegisterMap":
     regs = [
         Register("ID", 0x000, "ro", "constant 0x47334E31 (\"G3N1\"): the NPU is present", reset=NPU_ID),
         Register("VERSION", 0x004, "ro", "ISA version (bits 7:0); hardware preset hash (bits 31:8)"),
@@ -109,29 +109,49 @@ def _build() -> tuple[Register, ...]:
         off = 0x040 + 8 * region.value
         regs.append(Register(f"{region.name}_BASE_LO", off, "rw", f"DDR byte address of the {region.name} region"))
         regs.append(Register(f"{region.name}_BASE_HI", off + 4, "rw", f"high word of {region.name}_BASE"))
-    for i, (name, doc) in enumerate(COUNTERS):
-        off = 0x100 + 8 * i
-        regs.append(Register(f"{name}_LO", off, "ro", doc))
-        regs.append(Register(f"{name}_HI", off + 4, "ro", f"high word of {name}"))
-    offsets = [r.offset for r in regs]
-    assert len(set(offsets)) == len(offsets), "overlapping registers"
-    return tuple(regs)
+    return RegisterMap("CSR", regs + counter_registers(COUNTERS, 0x100))
 
 
-REGISTERS: tuple[Register, ...] = _build()
-_BY_NAME = {r.name: r for r in REGISTERS}
+def counter_registers(counters, base: int) -> list[Register]:
+    """The read-only ``<name>_LO``/``<name>_HI`` pairs of the 64-bit counters ``(name, doc)``, at ``base + 8 i``."""
+    regs = []
+    for i, (name, doc) in enumerate(counters):
+        regs.append(Register(f"{name}_LO", base + 8 * i, "ro", doc))
+        regs.append(Register(f"{name}_HI", base + 8 * i + 4, "ro", f"high word of {name}"))
+    return regs
 
 
-def by_name(name: str) -> Register:
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        raise KeyError(f"no CSR named {name!r}") from None
+class RegisterMap:
+    """A register window's registers (checked for overlaps), found by name, and its documentation table.
+    `what` names the window in errors ("no CSR named 'X'")."""
+
+    def __init__(self, what: str, registers):
+        self.what = what
+        self.registers: tuple[Register, ...] = tuple(registers)
+        offsets = [r.offset for r in self.registers]
+        if len(set(offsets)) != len(offsets):
+            raise ValueError(f"{what} map: registers overlap")
+        self._by_name = {r.name: r for r in self.registers}
+
+    def by_name(self, name: str) -> Register:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"no {self.what} named {name!r}") from None
+
+    def markdown_table(self) -> str:
+        rows = ["| offset | name | access | meaning |", "|---|---|---|---|"]
+        for r in self.registers:
+            doc = r.doc + "".join(f"; bit {f.lsb} {f.name}: {f.doc}" for f in r.fields)
+            rows.append(f"| {r.offset:#05x} | {r.name} | {r.access} | {doc} |")
+        return "\n".join(rows)
+
+
+MAP = _build()
+REGISTERS: tuple[Register, ...] = MAP.registers
+by_name = MAP.by_name
 
 
 def markdown_table() -> str:
-    rows = ["| offset | name | access | meaning |", "|---|---|---|---|"]
-    for r in REGISTERS:
-        doc = r.doc + "".join(f"; bit {f.lsb} {f.name}: {f.doc}" for f in r.fields)
-        rows.append(f"| {r.offset:#05x} | {r.name} | {r.access} | {doc} |")
-    return "\n".join(rows)
+    """The CSR map as the Markdown table of docs/architecture.md."""
+    return MAP.markdown_table()

@@ -12,7 +12,7 @@ of the last pass is in.
 
 from __future__ import annotations
 
-from .csr_map import Field, Register, hardware_hash
+from .csr_map import Field, Register, RegisterMap, counter_registers, hardware_hash
 
 __all__ = ["REGISTERS", "by_name", "PROBE_ID", "PROBE_VERSION", "MAX_PORTS", "version_word", "markdown_table",
            "CTRL_START", "CTRL_IRQ_ACK", "STATUS_BUSY", "STATUS_DONE", "STATUS_ERROR", "STATUS_CONFIG_ERROR",
@@ -59,7 +59,7 @@ def version_word(hardware: dict) -> int:
     return PROBE_VERSION | hardware_hash(hardware) << 8
 
 
-def _build() -> tuple[Register, ...]:
+def _build() -> RegisterMap:
     regs = [
         Register("ID", 0x000, "ro", "constant 0x44445250 (\"DDRP\"): the DDR probe is present", reset=PROBE_ID),
         Register("VERSION", 0x004, "ro", "probe version (bits 7:0); hardware preset hash (bits 31:8)"),
@@ -92,29 +92,10 @@ def _build() -> tuple[Register, ...]:
         Register("LAT_MIN", 0x040, "ro", "smallest read latency of the last run (0xFFFFFFFF: no burst)"),
         Register("LAT_MAX", 0x044, "ro", "largest read latency of the last run"),
     ]
-    for i, (name, doc) in enumerate(COUNTERS):
-        off = 0x100 + 8 * i
-        regs.append(Register(f"{name}_LO", off, "ro", doc))
-        regs.append(Register(f"{name}_HI", off + 4, "ro", f"high word of {name}"))
-    offsets = [r.offset for r in regs]
-    assert len(set(offsets)) == len(offsets), "overlapping registers"
-    return tuple(regs)
+    return RegisterMap("DDR probe CSR", regs + counter_registers(COUNTERS, 0x100))
 
 
-REGISTERS: tuple[Register, ...] = _build()
-_BY_NAME = {r.name: r for r in REGISTERS}
-
-
-def by_name(name: str) -> Register:
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        raise KeyError(f"no DDR probe CSR named {name!r}") from None
-
-
-def markdown_table() -> str:
-    rows = ["| offset | name | access | meaning |", "|---|---|---|---|"]
-    for r in REGISTERS:
-        doc = r.doc + "".join(f"; bit {f.lsb} {f.name}: {f.doc}" for f in r.fields)
-        rows.append(f"| {r.offset:#05x} | {r.name} | {r.access} | {doc} |")
-    return "\n".join(rows)
+MAP = _build()
+REGISTERS: tuple[Register, ...] = MAP.registers
+by_name = MAP.by_name
+markdown_table = MAP.markdown_table
