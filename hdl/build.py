@@ -182,6 +182,23 @@ def _report(util: Utilisation, cfg: HardwareConfig, unit_depth: int) -> tuple[st
     return report, saved
 
 
+def _synth_stage(il_text: str, name: str, out: Path, keep_depth: int, cfg: HardwareConfig, unit_depth: int,
+                 stage, log, result: dict, skipped: str) -> None:
+    """Stage 4: the Yosys estimate (`_estimate`) printed per unit and saved per block in ``<out>/utilisation.txt``
+    (into ``result["utilisation"]``), or the line saying it was skipped."""
+    if skipped is not None:
+        stage(4, "yosys", skipped)
+        return
+    util, cached = _estimate(il_text, name, out, keep_depth, log)
+    result["utilisation"] = util
+    stage(4, "yosys", "cached estimate of this exact design" if cached else
+          f"done; log in {_rel(out / 'synth' / 'synth.log')}")
+    report, saved = _report(util, cfg, unit_depth)
+    log(report)
+    (out / "utilisation.txt").write_text(saved + "\n")
+    log(f"      every block: {_rel(out / 'utilisation.txt')}")
+
+
 # --- the build -------------------------------------------------------------------------------------
 def _rel(p: Path) -> str:
     try:
@@ -252,18 +269,10 @@ def _build_system(cfg, out, which, *, synth, keep_depth, core, log) -> dict:
               "app_dir": app_dir, "utilisation": None, "vivado_ran": False}
     dtc_error = _write_app(out, app, design.core, stage, result)
 
-    if synth:
-        util, cached = _estimate(plan.files[f"{name}.il"], name, out, keep_depth + 1 if keep_depth else 0, log)
-        result["utilisation"] = util
-        stage(4, "yosys", "cached estimate of this exact design" if cached else
-              f"done; log in {_rel(out / 'synth' / 'synth.log')}")
-        # Blocks are named from the system's top (``npu.ctl.gemv``): the units are one level deeper.
-        report, saved = _report(util, cfg, 3)
-        log(report)
-        (out / "utilisation.txt").write_text(saved + "\n")
-        log(f"      every block: {_rel(out / 'utilisation.txt')}")
-    else:
-        stage(4, "yosys", "skipped (--synth estimates the utilisation: 30-50 min for kv260, then cached)")
+    # Blocks are named from the system's top (``npu.ctl.gemv``): the units are one level deeper.
+    _synth_stage(plan.files[f"{name}.il"], name, out, keep_depth + 1 if keep_depth else 0, cfg, 3, stage, log,
+                 result, None if synth else "skipped (--synth estimates the utilisation: 30-50 min for kv260, "
+                                            "then cached)")
 
     vivado = shutil.which("vivado")
     if vivado is None:
@@ -345,16 +354,8 @@ def _build_block_design(cfg, out, which, *, synth, keep_depth, core, log) -> dic
               "xdc": bdir / f"{name}_bd.xdc", "vivado_dir": bdir, "app_dir": app_dir, "utilisation": None,
               "vivado_ran": False}
     dtc_error = _write_app(out, app, core, stage, result)
-    if synth:
-        util, cached = _estimate(il_text, inner, out, keep_depth, log)
-        result["utilisation"] = util
-        stage(4, "yosys", "cached estimate of this exact design" if cached else
-              f"done; log in {_rel(out / 'synth' / 'synth.log')}")
-        report, saved = _report(util, cfg, 2)
-        log(report)
-        (out / "utilisation.txt").write_text(saved + "\n")
-    else:
-        stage(4, "yosys", "skipped (--synth estimates the core's utilisation, then caches it)")
+    _synth_stage(il_text, inner, out, keep_depth, cfg, 2, stage, log, result,
+                 None if synth else "skipped (--synth estimates the core's utilisation, then caches it)")
     vivado = shutil.which("vivado")
     if vivado is None:
         stage(5, "vivado", f"Vivado not found on PATH: bitstream not built; run vivado -mode batch -source "
@@ -397,17 +398,8 @@ def _build_core(cfg, out, which, *, synth, keep_depth, log) -> dict:
     ilfile.write_text(il_text)
     stage(3, "rtlil", _rel(ilfile))
     result = {"verilog": vfile, "rtlil": ilfile, "vivado_dir": vdir, "utilisation": None, "vivado_ran": False}
-    if synth:
-        util, cached = _estimate(il_text, TOP_NAME, out, keep_depth, log)
-        result["utilisation"] = util
-        stage(4, "yosys", "cached estimate of this exact design" if cached else
-              f"done; log in {_rel(out / 'synth' / 'synth.log')}")
-        report, saved = _report(util, cfg, 2)
-        log(report)
-        (out / "utilisation.txt").write_text(saved + "\n")
-        log(f"      every block: {_rel(out / 'utilisation.txt')}")
-    else:
-        stage(4, "yosys", "skipped (--synth estimates the utilisation, then caches it)")
+    _synth_stage(il_text, TOP_NAME, out, keep_depth, cfg, 2, stage, log, result,
+                 None if synth else "skipped (--synth estimates the utilisation, then caches it)")
     vdir.mkdir(exist_ok=True)
     (vdir / f"{TOP_NAME}.xdc").write_text(_xdc(cfg))
     (vdir / "build.tcl").write_text(_ooc_tcl(cfg))
