@@ -61,7 +61,7 @@ def test_write_signature_members():
     full = dict(AxiSignature.from_config(TINY).members.items())
     read = dict(AxiReadSignature.from_config(TINY).members.items())
     assert set(full) == set(members) | set(read) and len(full) == len(members) + len(read)
-    assert repr(sig) == "AxiWriteSignature(32, 64, 4)" and sig != AxiReadSignature.from_config(TINY)
+    assert repr(sig) == "AxiWriteSignature(40, 64, 4)" and sig != AxiReadSignature.from_config(TINY)
 
 
 def test_arbiter_errors():
