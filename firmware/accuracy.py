@@ -58,6 +58,11 @@ def int4_exact(cfg: ModelConfig, tensors, hw: HardwareConfig) -> dict:
 
 
 def measure(cfg: ModelConfig, tensors, hw: HardwareConfig, steps: int = 32, first: int | None = None) -> Accuracy:
+    """`steps` greedy steps (1 to the model's ``max_position_embeddings``) of both models from token `first`
+    (default BOS); ValueError for a step count outside that range."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= cfg.max_position_embeddings:
+        raise ValueError(f"steps must be an integer from 1 to the model's {cfg.max_position_embeddings} positions "
+                         f"(max_position_embeddings), not {steps!r}")
     golden = Model.from_hf(cfg, tensors, dtype=np.float64)
     rt = Runtime.from_hf(cfg, tensors, arithmetic="hardware", hw=hw, max_positions=steps)
     token = cfg.bos_token_id if first is None else first
@@ -74,22 +79,42 @@ def measure(cfg: ModelConfig, tensors, hw: HardwareConfig, steps: int = 32, firs
 
 
 def main(argv=None) -> int:
+    """``python -m firmware.accuracy``: see ``--help``. Bad input: one line on stderr naming the option, exit
+    status 2."""
+    from hdl.config import PRESETS as HW_PRESETS
+    from sim.config import PRESETS as MODEL_PRESETS
+
+    from .perf import POSITION, POSITIVE, _arg_type
+
+    def pow2(v):
+        return v >= 1 and v & (v - 1) == 0
+
     p = argparse.ArgumentParser(prog="python -m firmware.accuracy", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="tiny")
-    p.add_argument("--hw", default="tiny")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, default=32)
-    p.add_argument("--group", type=int, help="weight group (0 = one scale per row)")
-    p.add_argument("--block", type=int, help="activation block")
+    p.add_argument("--model", default="tiny", choices=sorted(MODEL_PRESETS), help="model preset (default tiny)")
+    p.add_argument("--hw", default="tiny", choices=sorted(HW_PRESETS), help="hardware preset (default tiny)")
+    p.add_argument("--seeds", type=POSITION, nargs="+", default=[0, 1, 2], metavar="SEED",
+                   help="seeds of the random models (integers >= 0; default 0 1 2)")
+    p.add_argument("--steps", type=POSITIVE, default=32, metavar="N",
+                   help="greedy steps (at most the model's max_position_embeddings; default 32)")
+    p.add_argument("--group", type=_arg_type("0 or a power of two", int, lambda v: v == 0 or pow2(v)), metavar="G",
+                   help="weight group (0 = one scale per row)")
+    p.add_argument("--block", type=_arg_type("a power of two", int, pow2), metavar="B", help="activation block")
     p.add_argument("--kv-format", choices=("fp16", "int8"), help="KV cache format (default: the preset's)")
     p.add_argument("--int4-exact", action="store_true",
                    help="weights replaced by their INT4 values in both models (isolates the other arithmetic)")
     args = p.parse_args(argv)
     cfg = ModelConfig.preset(args.model)
     hw = HardwareConfig.preset(args.hw)
-    changes = {k: v for k, v in (("weight_group", args.group), ("act_block", args.block),
-                                 ("kv_format", args.kv_format)) if v is not None}
-    hw = hw.replace(**changes)
+    if args.steps > cfg.max_position_embeddings:
+        p.error(f"argument --steps: must be at most the {args.model} model's {cfg.max_position_embeddings} "
+                f"positions (max_position_embeddings), not {args.steps}")
+    for option, name, value in (("--group", "weight_group", args.group), ("--block", "act_block", args.block),
+                                ("--kv-format", "kv_format", args.kv_format)):
+        if value is not None:
+            try:
+                hw = hw.replace(**{name: value})
+            except ValueError as e:
+                p.error(f"argument {option}: {value} does not fit hardware {args.hw}: {e}")
     print(f"model {args.model}, hardware {hw.name}: weight group {hw.weight_group or 'row'}, "
           f"activation block {hw.act_block}, KV cache {hw.kv_format}, {args.steps} greedy steps"
           + (", weights INT4-exact in both models" if args.int4_exact else ""))

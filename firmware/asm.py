@@ -48,6 +48,8 @@ def _parse_int(text: str) -> int:
 
 def assemble_line(line: str, *, l2_words: int | None = None) -> int | None:
     """One line of text to a word; None for a blank or comment line."""
+    if not isinstance(line, str):
+        raise TypeError(f"a line of assembly must be a str, not {type(line).__name__}")
     code = line.split("#", 1)[0].split(";", 1)[0].strip()
     if not code:
         return None
@@ -108,6 +110,8 @@ def assemble_line(line: str, *, l2_words: int | None = None) -> int | None:
 
 def assemble(text: str | Iterable[str], *, l2_words: int | None = None) -> list[int]:
     """A program's text to its words; errors name the line number."""
+    if isinstance(text, (bytes, bytearray)):
+        raise TypeError("assemble takes text (a str or lines of str), not bytes; decode it first")
     lines = text.splitlines() if isinstance(text, str) else list(text)
     words = []
     for n, line in enumerate(lines, 1):
@@ -145,27 +149,88 @@ def disassemble(word: int, *, l2_words: int | None = None) -> str:
 
 
 def disassemble_program(words: Iterable[int], *, l2_words: int | None = None) -> str:
-    return "\n".join(disassemble(w, l2_words=l2_words) for w in words)
+    """Words to text, one line each; a malformed word is a `DecodeError` naming its index (``word 3: ...``)."""
+    lines = []
+    for i, w in enumerate(words):
+        try:
+            lines.append(disassemble(w, l2_words=l2_words))
+        except DecodeError as e:
+            raise DecodeError(e.code, f"word {i}: {e}") from None
+    return "\n".join(lines)
+
+
+def _read_text(path: str) -> str:
+    """The UTF-8 text of `path` (``-``: standard input); `AsmError` naming the file for what is not."""
+    name = "<stdin>" if path == "-" else path
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+    except FileNotFoundError:
+        raise AsmError(f"{name}: no such file") from None
+    except IsADirectoryError:
+        raise AsmError(f"{name}: is a directory, not a file") from None
+    except OSError as e:
+        raise AsmError(f"{name}: cannot read: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise AsmError(f"{name}: line {line}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})") \
+            from None
+
+
+def _parse_words(text: str, name: str) -> list[tuple[int, int]]:
+    """(line number, word) of each hex word, any number per line (whitespace between them, ``#`` or ``;``
+    starts a comment); `AsmError` naming the line and the word's index for a token that is not a 64-bit hex
+    word."""
+    words = []
+    for n, line in enumerate(text.splitlines(), 1):
+        for token in line.split("#", 1)[0].split(";", 1)[0].split():
+            try:
+                w = None if token.startswith(("+", "-")) else int(token, 16)
+            except ValueError:
+                w = None
+            if w is None or w >= 1 << 64:
+                raise AsmError(f"{name}: line {n}: word {len(words)}: {token!r} is not a 64-bit hex word")
+            words.append((n, w))
+    return words
 
 
 def main(argv=None) -> int:
+    """``python -m firmware.asm asm|dis [FILE]``. Bad input (a missing, unreadable or non-UTF-8 file, a line
+    that does not assemble, a token that is not a hex word or a word that does not decode): one line on stderr
+    naming the file and the line (and for ``dis`` the word's index), exit status 2."""
     p = argparse.ArgumentParser(prog="python -m firmware.asm", description="NPU assembler / disassembler")
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("asm", help="text -> hex words (one per line)")
-    a.add_argument("file", nargs="?", default="-")
+    a.add_argument("file", nargs="?", default="-", help="assembly text (default -: standard input)")
     d = sub.add_parser("dis", help="hex words (one per line) -> text")
-    d.add_argument("file", nargs="?", default="-")
+    d.add_argument("file", nargs="?", default="-", help="hex words (default -: standard input)")
     args = p.parse_args(argv)
-    src = sys.stdin.read() if args.file == "-" else open(args.file, encoding="utf-8").read()
+    name = "<stdin>" if args.file == "-" else args.file
     try:
+        src = _read_text(args.file)
         if args.cmd == "asm":
-            print("\n".join(f"{w:016x}" for w in assemble(src)))
+            try:
+                words = assemble(src)
+            except AsmError as e:
+                raise AsmError(f"{name}: {e}") from None
+            out = "\n".join(f"{w:016x}" for w in words)
         else:
-            words = [int(t, 16) for t in src.split()]
-            print(disassemble_program(words))
-    except (AsmError, DecodeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+            text = []
+            for i, (n, w) in enumerate(_parse_words(src, name)):
+                try:
+                    text.append(disassemble(w))
+                except DecodeError as e:
+                    raise AsmError(f"{name}: line {n}: word {i}: {e}") from None
+            out = "\n".join(text)
+    except AsmError as e:
+        print(f"python -m firmware.asm: {e}", file=sys.stderr)
+        return 2
+    print(out)
     return 0
 
 

@@ -595,3 +595,85 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     for r in range(1, n):
         e.vec(VecFunc.ADD, dst=m[f"xs{r}"], a=m[f"xs{r}"], b=m["pp"])
 
+
+# --- command line ------------------------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    """``python -m firmware.compiler (--checkpoint DIR | --model M) [--hw HW] [--memory-map MAP]
+    [--max-positions N] [--out FILE]``: the token program of a model for a hardware preset, over an image that
+    is only planned (`firmware.pack.pack` with ``fill=False``: no weights are read). Prints the listing
+    (`Program.listing`), or writes the words (little-endian u64) to FILE and the listing to FILE.lst. Bad
+    input: one line on stderr naming the option, exit status 2."""
+    import argparse
+    import json
+    import os
+    import sys
+
+    from hdl.config import PRESETS as HW_PRESETS
+    from hdl.memory_map import MEMORY_MAPS
+    from sim.config import PRESETS as MODEL_PRESETS
+
+    from .pack import pack
+
+    def positive(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = 0
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
+        return v
+
+    p = argparse.ArgumentParser(prog="python -m firmware.compiler",
+                                description="Compile the NPU's token program for a model and a hardware preset "
+                                            "and print its listing (or write it with --out).")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", metavar="DIR",
+                     help="Hugging Face checkpoint directory (only its config.json is read)")
+    src.add_argument("--model", choices=sorted(MODEL_PRESETS), help="a built-in configuration")
+    p.add_argument("--hw", default="kv260", choices=sorted(HW_PRESETS), help="hardware preset (default kv260)")
+    p.add_argument("--memory-map", default="flat", choices=list(MEMORY_MAPS),
+                   help="where the planned image goes (default flat; the program's words do not depend on it, "
+                        "the plan checks the image fits)")
+    p.add_argument("--max-positions", type=positive, metavar="N",
+                   help="positions the KV cache holds (default: the model's max_position_embeddings)")
+    p.add_argument("--out", metavar="FILE", help="write the words to FILE and the listing to FILE.lst")
+    args = p.parse_args(argv)
+    if args.checkpoint is not None:
+        path = os.path.join(args.checkpoint, "config.json")
+        if not os.path.isdir(args.checkpoint):
+            p.error(f"argument --checkpoint: {args.checkpoint!r} is not a directory")
+        try:
+            with open(path, encoding="utf-8") as f:
+                cfg = ModelConfig.from_hf(json.load(f))
+        except FileNotFoundError:
+            p.error(f"argument --checkpoint: {args.checkpoint!r} has no config.json")
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+            reason = str(e).strip("'\"")       # a KeyError's message comes quoted
+            p.error(f"argument --checkpoint: {path!r} is not a Gemma 3n config: {reason}")
+    else:
+        cfg = ModelConfig.preset(args.model)
+    hw = HardwareConfig.preset(args.hw)
+    try:
+        image = pack(cfg, None, hw, fill=False, max_positions=args.max_positions, memory_map=args.memory_map)
+        program = compile_token(cfg, image, hw)
+    except ValueError as e:
+        p.error(f"cannot compile for --hw {args.hw}, --memory-map {args.memory_map}: {e}")
+    if args.out is None:
+        print(program.listing())
+        return 0
+    listing = args.out + ".lst"
+    try:
+        with open(args.out, "wb") as f:
+            f.write(struct.pack(f"<{len(program.words)}Q", *program.words))
+        with open(listing, "w", encoding="utf-8") as f:
+            f.write(program.listing() + "\n")
+    except OSError as e:
+        p.error(f"argument --out: cannot write {e.filename!r}: {e.strerror}")
+    print(f"wrote {args.out} ({len(program.words)} words, {8 * len(program.words)} bytes) and {listing}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import sys
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
@@ -87,6 +88,51 @@ class Rates:
     gemm_quant: float = 30.3           # per token's quantiser pass beyond its elements (start, block latency, lanes)
     gemm_tile: float = 66.9            # per token tile: unit start, first DDR latency, engine latency, hand-off
     gemm_row: float = 8.4              # per token row of a row tile beyond its elements: the L2 row command
+
+    def __post_init__(self):
+        # every cost is a finite number; the fractions and the element rate are checked here, the sign of the
+        # fitted costs where they are used (`check_costs`: a fit may pass through a negative cost)
+        for f in fields(self):
+            v = getattr(self, f.name)
+            requirement, ok = _RATE_RULES.get(f.name, ("a finite number", math.isfinite))
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not ok(v):
+                raise ValueError(f"Rates.{f.name} must be {requirement}, not {v!r}")
+
+    def check_costs(self) -> Rates:
+        """`self` if no cost is negative (a model of negative cycles is no model); ValueError naming the cost."""
+        for f in fields(self):
+            v = getattr(self, f.name)
+            requirement, ok = _RATE_RULES.get(f.name, _COST_RULE)
+            if not ok(v):
+                raise ValueError(f"Rates.{f.name} must be {requirement}, not {v!r}")
+        return self
+
+
+# what each rate must be (`Rates.__post_init__`, `Rates.check_costs` and the command line's options); every other
+# field is a fixed cost in cycles (`_COST_RULE`: zero is a valid "free" cost for a bound)
+_RATE_RULES = {
+    "gemv_efficiency": ("a number in (0, 1]", lambda v: 0 < v <= 1),
+    "ddr_efficiency": ("a number in (0, 1]", lambda v: 0 < v <= 1),
+    "elements_per_cycle": ("a finite number > 0", lambda v: math.isfinite(v) and v > 0),
+}
+_COST_RULE = ("a finite number >= 0", lambda v: math.isfinite(v) and v >= 0)
+
+
+def _check_counts(name: str, values, least: int) -> list[int]:
+    """`values` (positions, prompt lengths) as a list of integers >= `least`; ValueError/TypeError naming
+    `name`."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a list of integers, not {values!r}")
+    values = list(values)
+    if not values:
+        raise ValueError(f"{name} must name at least one value, not []")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name} must be integers, not {v!r}")
+        if v < least:
+            raise ValueError(f"{name} must be {'positive integers' if least == 1 else f'integers >= {least}'}, "
+                             f"not {v!r}")
+    return [int(v) for v in values]
 
 
 @dataclass
@@ -464,6 +510,10 @@ def fit_rates(samples, hw: HardwareConfig, base: Rates = Rates(), fit=FITTED, it
 
 def estimate(cfg: ModelConfig, hw: HardwareConfig, positions: list[int], rates: Rates = Rates()) \
         -> list[TokenEstimate]:
+    """One `TokenEstimate` per position (integers >= 0: the token at position 0 is the first of a sequence);
+    ValueError for a negative position or cost."""
+    positions = _check_counts("positions", positions, 0)
+    rates.check_costs()
     from sim.iss import COUNT, Machine
     from .compiler import compile_token
     from .pack import pack
@@ -528,7 +578,10 @@ def prefill(cfg: ModelConfig, hw: HardwareConfig, tokens: list[int], rates: Rate
     """Prefill estimates for prompts of each length in `tokens` (`PrefillEstimate`). The projections are the
     decode program's dense row-major WGEMVs before its output section (firmware/compiler.py: PLE and AltUp
     projections, q/k/v/o, LAuReL, gate/up/down of dense layers, the router, the per-layer gate and projection);
-    the column-major W_down of sparse layers (which WGEMM cannot read) stays a per-token sparse WGEMV."""
+    the column-major W_down of sparse layers (which WGEMM cannot read) stays a per-token sparse WGEMV.
+    ValueError for a prompt length below 1 or a negative cost."""
+    tokens = _check_counts("tokens", tokens, 1)
+    rates.check_costs()
     from hdl.isa import CtrlFunc, Opcode, decode, encode
     from sim.iss import COUNT, Machine
     from .compiler import compile_token
@@ -592,33 +645,70 @@ def prefill(cfg: ModelConfig, hw: HardwareConfig, tokens: list[int], rates: Rate
     return out
 
 
+def _arg_type(requirement: str, convert, check):
+    """An argparse ``type=`` that converts, checks and reports ``must be <requirement>, not <text>``."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {requirement}, not {text!r}") from None
+        if not check(value):
+            raise argparse.ArgumentTypeError(f"must be {requirement}, not {text!r}")
+        return value
+    return parse
+
+
+POSITION = _arg_type("an integer >= 0", int, lambda v: v >= 0)
+POSITIVE = _arg_type("a positive integer", int, lambda v: v >= 1)
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m firmware.perf", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="e4b")
-    p.add_argument("--hw", default="kv260")
-    p.add_argument("--positions", type=int, nargs="+", default=[128, 1024, 4096])
-    p.add_argument("--prefill", type=int, nargs="*", default=[32, 128, 512],
-                   help="prompt lengths of the prefill estimate (none: skip it)")
+    """``python -m firmware.perf``: see ``--help``. Bad input: one line on stderr naming the option, exit
+    status 2."""
+    from hdl.config import PRESETS as HW_PRESETS
+    from sim.config import PRESETS as MODEL_PRESETS
+    from sim.iss import ExecutionError
+
+    p = argparse.ArgumentParser(prog="python -m firmware.perf", description=__doc__.splitlines()[0],
+                                usage="%(prog)s [--model M] [--hw HW] [--positions POS ...] [--prefill [TOKENS ...]] "
+                                      "[--kv-format F] [--<cost> X ...]")
+    p.add_argument("--model", default="e4b", choices=sorted(MODEL_PRESETS), help="model preset (default e4b)")
+    p.add_argument("--hw", default="kv260", choices=sorted(HW_PRESETS), help="hardware preset (default kv260)")
+    p.add_argument("--positions", type=POSITION, nargs="+", default=[128, 1024, 4096], metavar="POS",
+                   help="positions of the decode token (integers >= 0; default 128 1024 4096)")
+    p.add_argument("--prefill", type=POSITIVE, nargs="*", default=[32, 128, 512], metavar="TOKENS",
+                   help="prompt lengths of the prefill estimate (positive; none: skip it)")
     p.add_argument("--kv-format", choices=("fp16", "int8"), help="KV cache format (default: the preset's)")
     for f in fields(Rates):
-        p.add_argument("--" + f.name.replace("_", "-"), type=float, default=f.default)
+        requirement, ok = _RATE_RULES.get(f.name, _COST_RULE)
+        p.add_argument("--" + f.name.replace("_", "-"), type=_arg_type(requirement, float, ok), default=f.default,
+                       metavar="X", help=f"{requirement} (default {f.default})")
     args = p.parse_args(argv)
     rates = Rates(**{f.name: getattr(args, f.name) for f in fields(Rates)})
     cfg, hw = ModelConfig.preset(args.model), HardwareConfig.preset(args.hw)
     if args.kv_format:
         hw = hw.replace(kv_format=args.kv_format)
+    try:
+        estimates = estimate(cfg, hw, args.positions, rates)
+    except (ExecutionError, ValueError) as e:
+        p.error(f"argument --positions: {args.model} on {args.hw} cannot run position {max(args.positions)}: {e}")
     print(f"{args.model} on {args.hw} (KV cache {hw.kv_format}) at {hw.clock_hz / 1e6:.0f} MHz; {rates}")
     units = ("weights", "kv_stream") + PASS_KINDS + ("scalar_alu", "issue")
     print(f"{'position':>8} " + " ".join(f"{u:>10}" for u in units) + f" {'hidden':>10} {'total Mcyc':>10} {'tok/s':>6} "
           f"{'roofline':>8} {'fraction':>8}")
-    for e in estimate(cfg, hw, args.positions, rates):
+    for e in estimates:
         print(f"{e.position:>8} " + " ".join(f"{e.cycles.get(u, 0) / 1e6:>10.2f}" for u in units) +
               f" {-e.hidden / 1e6:>10.2f} {e.total_cycles / 1e6:>10.2f} {e.tok_s:>6.2f} {e.roofline_tok_s:>8.2f}"
               f" {100 * e.roofline_fraction:>7.1f}%")
         top = sorted(e.by_opcode.items(), key=lambda kv: -kv[1])
         print(" " * 9 + "by instruction: " + ", ".join(f"{k} {100 * v / e.total_cycles:.1f}%" for k, v in top[:6]))
     if args.prefill:
-        _print_prefill(prefill(cfg, hw, args.prefill, rates), hw)
+        try:
+            prefills = prefill(cfg, hw, args.prefill, rates)
+        except (ExecutionError, ValueError) as e:
+            p.error(f"argument --prefill: {args.model} on {args.hw} cannot run a prompt of {max(args.prefill)} "
+                    f"tokens: {e}")
+        _print_prefill(prefills, hw)
     return 0
 
 

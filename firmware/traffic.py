@@ -17,12 +17,15 @@ from sim.iss import COUNT, Counters, Machine
 
 from .compiler import compile_token
 from .pack import pack
+from .perf import POSITION, _check_counts
 
 __all__ = ["token_traffic", "main"]
 
 
 def token_traffic(cfg: ModelConfig, hw: HardwareConfig, positions: list[int]) -> dict[int, Counters]:
-    """Counters of one token at each position (a cache full up to that position is assumed)."""
+    """Counters of one token at each position (integers >= 0; a cache full up to that position is assumed);
+    ValueError/TypeError for a negative, non-integer or empty list of positions."""
+    positions = _check_counts("positions", positions, 0)
     image = pack(cfg, None, hw, max_positions=max(positions) + 1, fill=False)
     program = compile_token(cfg, image, hw)
     out = {}
@@ -34,13 +37,23 @@ def token_traffic(cfg: ModelConfig, hw: HardwareConfig, positions: list[int]) ->
 
 
 def main(argv=None) -> int:
+    """``python -m firmware.traffic``: see ``--help``. Bad input: one line on stderr naming the option, exit
+    status 2."""
+    from hdl.config import PRESETS as HW_PRESETS
+    from sim.config import PRESETS as MODEL_PRESETS
+    from sim.iss import ExecutionError
+
     p = argparse.ArgumentParser(prog="python -m firmware.traffic", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="e4b", help="model preset (default e4b)")
-    p.add_argument("--hw", default="kv260", help="hardware preset (default kv260)")
-    p.add_argument("--positions", type=int, nargs="+", default=[128, 1024, 4096])
+    p.add_argument("--model", default="e4b", choices=sorted(MODEL_PRESETS), help="model preset (default e4b)")
+    p.add_argument("--hw", default="kv260", choices=sorted(HW_PRESETS), help="hardware preset (default kv260)")
+    p.add_argument("--positions", type=POSITION, nargs="+", default=[128, 1024, 4096], metavar="POS",
+                   help="positions of the decode token (integers >= 0; default 128 1024 4096)")
     args = p.parse_args(argv)
     cfg, hw = ModelConfig.preset(args.model), HardwareConfig.preset(args.hw)
-    res = token_traffic(cfg, hw, args.positions)
+    try:
+        res = token_traffic(cfg, hw, args.positions)
+    except (ExecutionError, ValueError) as e:
+        p.error(f"argument --positions: {args.model} on {args.hw} cannot run position {max(args.positions)}: {e}")
     peak = hw.peak_weight_bytes_per_second
     print(f"{args.model} on {args.hw}: {peak / 1e9:.1f} GB/s peak")
     print(f"{'position':>9} {'weights MB':>11} {'KV read MB':>11} {'other MB':>9} {'total MB':>9} "
