@@ -107,7 +107,11 @@ def load_model(checkpoint: str | os.PathLike | None, *, dtype=np.float32, model_
     NPU's token program on the instruction-set simulator (``backend="iss"``, `firmware.runtime.Runtime`,
     in ``reference`` or ``hardware`` arithmetic on hardware preset `hw`). From a Hugging Face checkpoint
     directory, or, when `checkpoint` is None, the built-in tiny model with random weights drawn from
-    `model_seed`."""
+    `model_seed`.
+
+    The ISS reads a checkpoint's tensors as they are stored (`sim.checkpoint.LazyTensor`: the packer reads them
+    in row chunks, reference arithmetic row by row, as it reads arrays). A bad checkpoint raises OSError,
+    ValueError or TypeError with one message naming the file, tensor or field (`sim.checkpoint`)."""
     from sim.gemma3n import Model  # imported here: the sampling and tokenizer code must not need sim
 
     if checkpoint is not None:
@@ -116,7 +120,7 @@ def load_model(checkpoint: str | os.PathLike | None, *, dtype=np.float32, model_
         from sim.checkpoint import Checkpoint
 
         ckpt = Checkpoint(checkpoint)
-        config, tensors = ckpt.config, ckpt
+        config, tensors = ckpt.model_config, ckpt
     else:
         from sim.config import PRESETS
         from sim.random_weights import random_tensors
@@ -378,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             model = load_packed(image_dir, backend=args.backend, checkpoint=args.checkpoint,
                                 max_positions=args.max_positions, board_root=os.environ.get("NPU_BOARD_ROOT", "/"),
                                 log=lambda msg: print(msg, file=sys.stderr))
-        except (BoardUnavailable, OSError, ValueError, RuntimeError) as e:
+        except (BoardUnavailable, OSError, ValueError, TypeError, RuntimeError) as e:
             print(f"python -m firmware.generate: {e}", file=sys.stderr)
             return 2
         if tokenizer is None and os.path.isfile(os.path.join(image_dir, "tokenizer.model")):
@@ -391,8 +395,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         try:
             model = load_model(args.checkpoint, dtype=dtype, model_seed=0, **backend)
-        except (OSError, ValueError, KeyError) as e:
-            parser.error(f"cannot load --checkpoint {args.checkpoint!r}: {e}")
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            # One line, no usage text: the options were right, the checkpoint is not.
+            msg = str(e).strip("'\"") if isinstance(e, KeyError) else str(e)
+            parser.exit(2, f"{parser.prog}: cannot load --checkpoint {args.checkpoint!r}: {msg}\n")
 
     if args.prompt is not None:
         prompt_ids = tokenizer.encode(args.prompt, add_bos=True)

@@ -56,8 +56,8 @@ import numpy as np
 
 from hdl.config import HardwareConfig
 from hdl.memory_map import MemoryMap, memory_map as _memory_map
-from sim.config import ModelConfig
-from sim.gemma3n import resolve_tensor_names
+from sim.config import ModelConfig, check_positive_int
+from sim.gemma3n import check_weight_dtype, check_weight_values, resolve_tensor_names
 from sim.numerics import KvInt8Layout, pack_int4, quantize_weights, v_plane_scales
 
 __all__ = ["Image", "TensorEntry", "Descriptor", "Placement", "HostTable", "pack", "save_image", "load_image",
@@ -489,19 +489,33 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
     """Pack `tensors` (Hugging Face names, any prefix, ``[out, in]``; arrays or lazy tensors) for
     hardware `hw`. `max_positions` bounds the KV cache of full-attention layers (default: the model's
     ``max_position_embeddings``). With `out`, the image is a memory-mapped file at that path (host tables
-    beside it, ``<stem>.<table>.npy``). With ``fill=False`` (and `tensors` None) only the layout is planned:
-    regions, descriptors and manifest, over an image of zeros that the OS does not back until written (for
-    byte counts of E4B). `memory_map` (`hdl.memory_map`) places the regions in its windows; a region that
-    fits no window is a ValueError naming it and the bytes left."""
+    beside it, ``<stem>.<table>.npy``). With ``fill=False`` only the layout is planned (`tensors` may be None;
+    given ones are checked without reading their values): regions, descriptors and manifest, over an image of
+    zeros that the OS does not back until written (for byte counts of E4B). `memory_map` (`hdl.memory_map`)
+    places the regions in its windows; a region that fits no window is a ValueError naming it and the bytes left.
+
+    Bad input is rejected at the call with the golden model's messages (`sim.gemma3n`): a missing, unknown
+    or misshapen tensor and a non-floating-point dtype before anything is allocated; a NaN or an infinity
+    while the tensor is quantised (the files made for `out` are removed then). `max_positions` and
+    `program_bytes` must be positive integers."""
     cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
+    if max_positions is not None:
+        max_positions = check_positive_int("max_positions", max_positions)
+    program_bytes = check_positive_int("program_bytes", program_bytes)
     mm = _memory_map(memory_map)
-    if tensors is None:
+    given = tensors is not None
+    if not given:
         if fill:
             raise ValueError("pack needs tensors unless fill=False")
         tensors = {name: _Shape(shape) for name, shape in cfg.tensor_shapes().items()}
+    elif not isinstance(tensors, Mapping):
+        raise TypeError(f"tensors must be a mapping of tensor names to arrays, not {type(tensors).__name__}")
     max_positions = cfg.max_position_embeddings if max_positions is None else max_positions
     expected = cfg.tensor_shapes()
     by_name = resolve_tensor_names(cfg, tensors)
+    if given:
+        for name in expected:
+            check_weight_dtype(name, tensors[by_name[name]])
 
     # --- plan: every entry and descriptor, then allocate the image once -----------------------------
     alloc = _Allocator()
@@ -606,6 +620,20 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
         image.view("DESC", i * DESC_BYTES, DESC_BYTES)[:] = np.frombuffer(d.to_bytes(), np.uint8)
     if not fill:
         return image
+    try:
+        _fill(image, cfg, entries, tensors, by_name, folded, scalars, progress)
+    except BaseException:   # a non-finite weight (or an interrupt): no half-written image stays behind
+        if out is not None:
+            for path in [os.fspath(out)] + [_host_table_path(out, name) for name in host_tables]:
+                if os.path.exists(path):
+                    os.remove(path)
+        raise
+    return image
+
+
+def _fill(image: Image, cfg: ModelConfig, entries: dict[str, TensorEntry], tensors, by_name: dict[str, str],
+          folded: dict[str, int], scalars: np.ndarray, progress) -> None:
+    """Write every entry's values into the planned `image` (`pack`'s second half)."""
     names = list(entries)
     for n_done, name in enumerate(names):
         e = entries[name]
@@ -627,6 +655,7 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
                                   _load(tensors[by_name[p + "router_norm.weight"]]))
             else:
                 v = np.asarray(_load(tensors[by_name[name]]), dtype=np.float64)
+                check_weight_values(name, tensors[by_name[name]], v)
             image.view("CONST", e.offset, e.nbytes)[:] = v.astype("<f4").reshape(-1).view(np.uint8)
             image.const64[name] = v.reshape(-1)
         elif e.staged:
@@ -635,7 +664,6 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
             _pack_int4_tensor(image, e, tensors[by_name[name]])
     if progress is not None:
         progress(len(names), len(names), "")
-    return image
 
 
 class _Shape:
@@ -666,7 +694,9 @@ def _pack_host_table(table: HostTable, e: TensorEntry, value) -> None:
     step = max(1, CHUNK_BYTES // (8 * cols))
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
-        q, sc = quantize_weights(np.asarray(_rows(value, r0, r1), dtype=np.float64), e.group)
+        w = np.asarray(_rows(value, r0, r1), dtype=np.float64)
+        check_weight_values(e.name, value, w)
+        q, sc = quantize_weights(w, e.group)
         table.data[r0:r1, :table.row_bytes] = pack_int4(np.pad(q, ((0, 0), (0, pcols - cols))))
         table.data[r0:r1, table.row_bytes:] = sc.astype("<f2").view(np.uint8).reshape(r1 - r0, -1)
 
@@ -679,6 +709,7 @@ def _pack_int4_tensor(image: Image, e: TensorEntry, value) -> None:
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         w = np.asarray(_rows(value, r0, r1), dtype=np.float64)
+        check_weight_values(e.name, value, w)
         q, s = quantize_weights(w, e.group)
         if e.layout == Layout.ROW:
             qp = np.pad(q, ((0, 0), (0, pcols - cols)))
@@ -829,7 +860,7 @@ def main(argv=None) -> int:
         if args.checkpoint is not None:
             from sim.checkpoint import Checkpoint
             ckpt = Checkpoint(args.checkpoint)
-            cfg, tensors = ModelConfig.from_hf(ckpt.config), (None if args.plan else ckpt)
+            cfg, tensors = ckpt.model_config, ckpt
         else:
             cfg = ModelConfig.preset(args.model)
             tensors = None
@@ -837,7 +868,8 @@ def main(argv=None) -> int:
                 from sim.random_weights import random_tensors
                 tensors = random_tensors(cfg, args.seed)
         if args.plan:
-            image = pack(cfg, None, hw, max_positions=args.max_positions, fill=False, memory_map=args.memory_map)
+            # A checkpoint's tensor names, shapes and dtypes are checked (file metadata); no weight is read.
+            image = pack(cfg, tensors, hw, max_positions=args.max_positions, fill=False, memory_map=args.memory_map)
         else:
             os.makedirs(args.out, exist_ok=True)
             t0 = time.monotonic()
@@ -854,7 +886,7 @@ def main(argv=None) -> int:
                 shutil.copyfile(os.path.join(args.checkpoint, "tokenizer.model"),
                                 os.path.join(args.out, "tokenizer.model"))
     except (OSError, ValueError, KeyError, TypeError) as e:
-        msg = str(e).strip("'\"")
+        msg = str(e).strip("'\"") if isinstance(e, KeyError) else str(e)     # KeyError's str() is quoted
         print(f"python -m firmware.pack: {msg}", file=sys.stderr)
         return 2
     print(f"{cfg.num_hidden_layers}-layer Gemma 3n (hidden {cfg.hidden_size}, vocabulary {cfg.vocab_size:,}) "

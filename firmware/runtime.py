@@ -41,7 +41,7 @@ from hdl import csr_map
 from hdl.config import HardwareConfig
 from hdl.isa import DdrRegion, ErrorCode
 from hdl.memory_map import Window
-from sim.config import ModelConfig
+from sim.config import ModelConfig, check_index, check_positive_int
 from sim.gemma3n import resolve_tensor_names
 from sim.iss import HARDWARE, REFERENCE, ExecutionError, Machine
 
@@ -387,9 +387,16 @@ class Runtime:
                 memory_map: str = "flat", progress=None) -> "Runtime":
         """Pack, compile and load. `arithmetic` (ISS only): ``"reference"`` (default) or ``"hardware"``; the
         RTL always computes hardware arithmetic. `device` (RTL only): the NPU to drive (default: the one the
-        full-chip bench attached). `memory_map` (`hdl.memory_map`): where the image goes."""
+        full-chip bench attached). `memory_map` (`hdl.memory_map`): where the image goes. `max_positions`: None
+        or a positive integer. Bad arguments raise TypeError or ValueError here, before anything is packed."""
         cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
+        if not isinstance(tensors, Mapping):
+            raise TypeError(f"tensors must be a mapping of tensor names to arrays, not {type(tensors).__name__}")
         hw = HardwareConfig.preset(hw) if isinstance(hw, str) else hw
+        if not isinstance(hw, HardwareConfig):
+            raise TypeError(f"hw must be a hardware preset name or a HardwareConfig, not {hw!r}")
+        if max_positions is not None:
+            max_positions = check_positive_int("max_positions", max_positions)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, not {backend!r}")
         if backend == "iss":
@@ -422,6 +429,13 @@ class Runtime:
         """Run a packed image (`firmware.pack.load_image`) on `device` (the board: `firmware.board.Kv260Device`):
         check the NPU's ID and VERSION against the image, compile the token program for the device's hardware
         and load both (`CsrBackend.load`, `progress(done, total)` per written chunk)."""
+        if not isinstance(image, Image):
+            raise TypeError(f"image must be a packed firmware.pack.Image (firmware.pack.load_image), not "
+                            f"{type(image).__name__}")
+        missing = [m for m in ("csr_read", "csr_write", "mem_read", "mem_write", "wait_interrupt") if
+                   not callable(getattr(device, m, None))] + [a for a in ("hw", "windows") if not hasattr(device, a)]
+        if missing:
+            raise TypeError(f"device must be an NpuDevice; {type(device).__name__} has no {', '.join(missing)}")
         backend = CsrBackend(device, progress)
         backend.check(image)
         cfg = ModelConfig.from_hf(image.config)
@@ -435,12 +449,7 @@ class Runtime:
     def step(self, token_id: int) -> np.ndarray:
         """Stage the token's host-table rows, run the token program for `token_id` at the current position and
         return the logits."""
-        c = self.config
-        if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)):
-            raise TypeError(f"token id must be an integer, not {token_id!r}")
-        token_id = int(token_id)
-        if not 0 <= token_id < c.vocab_size:
-            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {c.vocab_size})")
+        token_id = check_index("token id", token_id, self.config.vocab_size, "the vocabulary")
         for region, offset, data in self.image.stage_rows(token_id):
             self.backend.write(region, offset, data)
         logits = self.backend.run(token_id, self.position)

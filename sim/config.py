@@ -15,11 +15,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import operator
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["ModelConfig", "PRESETS", "SLIDING", "FULL", "E4B_HF_CONFIG", "TINY_HF_CONFIG"]
+__all__ = ["ModelConfig", "PRESETS", "SLIDING", "FULL", "E4B_HF_CONFIG", "TINY_HF_CONFIG", "REQUIRED_HF_FIELDS",
+           "check_index", "check_positive_int", "json_type"]
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -81,6 +83,71 @@ TINY_HF_CONFIG: dict = {
     "activation_sparsity_pattern": [0.95] * 3 + [0.0] * 7,
     "max_position_embeddings": 512,
 }
+
+
+# The fields a Gemma 3n text config must give: every one sets a tensor's shape or which tensors exist, and
+# the released models differ in them (E2B and E4B), so no default is safe. transformers writes them all into
+# a checkpoint's config.json. The other fields take ``Gemma3nTextConfig``'s defaults (E4B_HF_CONFIG).
+REQUIRED_HF_FIELDS = ("vocab_size", "vocab_size_per_layer_input", "hidden_size", "intermediate_size",
+                      "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                      "hidden_size_per_layer_input", "laurel_rank", "altup_num_inputs", "num_kv_shared_layers")
+
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+
+
+def json_type(value) -> str:
+    """What a parsed JSON value is, for messages: 'an object', 'an array', 'a string', 'a number', ..."""
+    return _JSON_TYPES.get(type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__)
+
+
+def check_index(name: str, value, stop: int, within: str) -> int:
+    """`value` as an `int` for an argument that must be an integer in ``[0, stop)``: Python and NumPy integers,
+    not bools. TypeError ``"<name> must be an integer, not <value>"`` or ValueError ``"<name> <value> is outside
+    <within> [0, <stop>)"`` (the runtime's, the golden model's and the ISS's token and position checks)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, not {value!r}")
+    try:
+        index = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, not {value!r}") from None
+    if not 0 <= index < stop:
+        raise ValueError(f"{name} {index} is outside {within} [0, {stop})")
+    return index
+
+
+def check_positive_int(name: str, value) -> int:
+    """`value` as an `int` for an argument that must be a positive integer (Python or NumPy, not bool): TypeError
+    or ValueError ``"<name> must be a positive integer, not <value>"``."""
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None:
+        raise TypeError(f"{name} must be a positive integer, not {value!r}")
+    if number < 1:
+        raise ValueError(f"{name} must be a positive integer, not {value!r}")
+    return number
+
+
+def _number(key: str, value) -> float:
+    """A JSON number (not a bool, not a string) as a finite float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{key} must be a number, not {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{key} must be a finite number, not {value!r}")
+    return float(value)
+
+
+def _flag(key: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{key} must be true or false, not {value!r}")
+    return value
+
+
+def _list(key: str, value, what: str) -> tuple:
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{key} must be a list of {what}, not {value!r}")
+    return tuple(value)
 
 
 def _default_layer_types(n_layers: int) -> tuple[str, ...]:
@@ -202,43 +269,66 @@ class ModelConfig:
     def from_hf(cls, config: Mapping) -> "ModelConfig":
         """Build from a Hugging Face config dict (``Gemma3nTextConfig`` or ``Gemma3nConfig`` with
         ``text_config``), as found in a checkpoint's ``config.json``. Accepts the transformers 5.x
-        (``rope_parameters``) and 4.5x (``rope_theta`` / ``rope_local_base_freq``) spellings and applies
-        transformers' defaults for keys that are absent."""
+        (``rope_parameters``) and 4.5x (``rope_theta`` / ``rope_local_base_freq``) spellings. The fields of
+        `REQUIRED_HF_FIELDS` (the tensor dimensions) must be present; the others take transformers' defaults
+        when absent. A value of the wrong JSON type is a TypeError naming the field, never converted (``"64"``
+        is not 64); in a nested config the message starts with ``text_config:``."""
         if not isinstance(config, Mapping):
             raise TypeError(f"config must be a mapping (a parsed config.json), not {type(config).__name__}")
-        if "text_config" in config:
-            config = config["text_config"]
-            if not isinstance(config, Mapping):
-                raise TypeError("config['text_config'] must be a mapping")
+        if "text_config" not in config:
+            return cls._from_text_config(config)
+        text = config["text_config"]
+        if not isinstance(text, Mapping):
+            raise TypeError(f"text_config must be an object (the text decoder's config), not {json_type(text)}")
+        try:
+            return cls._from_text_config(text)
+        except (TypeError, ValueError) as e:
+            raise (TypeError if isinstance(e, TypeError) else ValueError)(f"text_config: {e}") from None
+
+    @classmethod
+    def _from_text_config(cls, config: Mapping) -> "ModelConfig":
         model_type = config.get("model_type", "gemma3n_text")
         if model_type not in ("gemma3n_text", "gemma3n"):
             raise ValueError(f"model_type is {model_type!r}; this model implements 'gemma3n_text'")
+        missing = [key for key in REQUIRED_HF_FIELDS if key not in config]
+        if missing:
+            raise ValueError(f"missing required field{'s' if len(missing) > 1 else ''} "
+                             f"{', '.join(map(repr, missing))} (a Gemma 3n text config gives every tensor dimension)")
         defaults = E4B_HF_CONFIG
 
         def get(key):
             value = config.get(key)
-            return defaults.get(key) if value is None else value
+            return defaults.get(key) if value is None and key not in REQUIRED_HF_FIELDS else value
 
         n = get("num_hidden_layers")
         _check_int("num_hidden_layers", n)
         inter = get("intermediate_size")
-        inter = tuple(inter) if isinstance(inter, Sequence) else (inter,) * n
+        if isinstance(inter, (list, tuple)):
+            inter = tuple(inter)
+        elif isinstance(inter, int) and not isinstance(inter, bool):
+            inter = (inter,) * n
+        else:
+            raise TypeError(f"intermediate_size must be an integer or a list of one integer per layer, not {inter!r}")
         layer_types = config.get("layer_types")
-        layer_types = _default_layer_types(n) if layer_types is None else tuple(layer_types)
+        layer_types = _default_layer_types(n) if layer_types is None else \
+            _list("layer_types", layer_types, "one layer type per layer")
         sparsity = config.get("activation_sparsity_pattern")
         if sparsity is None:
             sparsity = _default_sparsity(n)
-        elif isinstance(sparsity, (int, float)):
-            sparsity = (float(sparsity),) * n
-        sparsity = tuple(float(s) for s in sparsity)
+        elif isinstance(sparsity, (list, tuple)):
+            sparsity = tuple(_number(f"activation_sparsity_pattern[{i}]", s) for i, s in enumerate(sparsity))
+        else:
+            sparsity = (_number("activation_sparsity_pattern", sparsity),) * n
         theta = _rope_thetas(config)
         act = get("hidden_activation")
         if act != GELU_TANH:
             raise ValueError(f"hidden_activation is {act!r}; Gemma 3n uses {GELU_TANH!r}")
-        if config.get("attention_bias"):
+        if _flag("attention_bias", config.get("attention_bias", False)):
             raise ValueError("attention_bias = True is not Gemma 3n; the model has no projection biases")
         eos = get("eos_token_id")
-        if isinstance(eos, Sequence):
+        if isinstance(eos, (list, tuple)):
+            if not eos:
+                raise ValueError("eos_token_id must be an integer or a non-empty list of integers, not []")
             eos = eos[0]
         softcap = config.get("final_logit_softcapping", defaults["final_logit_softcapping"])
         return cls(
@@ -254,17 +344,18 @@ class ModelConfig:
             laurel_rank=get("laurel_rank"),
             altup_num_inputs=get("altup_num_inputs"),
             altup_active_idx=config.get("altup_active_idx", defaults["altup_active_idx"]),
-            altup_correct_scale=bool(config.get("altup_correct_scale", defaults["altup_correct_scale"])),
-            num_kv_shared_layers=config.get("num_kv_shared_layers", defaults["num_kv_shared_layers"]),
+            altup_correct_scale=_flag("altup_correct_scale",
+                                      config.get("altup_correct_scale", defaults["altup_correct_scale"])),
+            num_kv_shared_layers=get("num_kv_shared_layers"),
             activation_sparsity_pattern=sparsity,
             layer_types=layer_types,
             sliding_window=get("sliding_window"),
-            rope_theta_sliding=float(theta[SLIDING]),
-            rope_theta_full=float(theta[FULL]),
-            final_logit_softcapping=None if softcap is None else float(softcap),
-            rms_norm_eps=float(get("rms_norm_eps")),
+            rope_theta_sliding=theta[SLIDING],
+            rope_theta_full=theta[FULL],
+            final_logit_softcapping=None if softcap is None else _number("final_logit_softcapping", softcap),
+            rms_norm_eps=_number("rms_norm_eps", get("rms_norm_eps")),
             max_position_embeddings=get("max_position_embeddings"),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+            tie_word_embeddings=_flag("tie_word_embeddings", config.get("tie_word_embeddings", True)),
             pad_token_id=config.get("pad_token_id", defaults["pad_token_id"]),
             eos_token_id=eos,
             bos_token_id=get("bos_token_id"),
@@ -411,17 +502,24 @@ def _rope_thetas(config: Mapping) -> dict[str, float]:
     rp = config.get("rope_parameters")
     if rp is None and config.get("rope_scaling"):
         raise ValueError(f"rope_scaling {config['rope_scaling']!r} is not supported; Gemma 3n uses plain RoPE")
+    if rp is not None and not isinstance(rp, Mapping):
+        raise TypeError(f"rope_parameters must be an object with one entry per layer type, not {rp!r}")
     defaults = E4B_HF_CONFIG["rope_parameters"]
-    legacy = {SLIDING: config.get("rope_local_base_freq"), FULL: config.get("rope_theta")}
+    legacy = {SLIDING: "rope_local_base_freq", FULL: "rope_theta"}
     thetas = {}
     for kind in LAYER_TYPES:
         params = (rp or {}).get(kind) or {}
+        if not isinstance(params, Mapping):
+            raise TypeError(f"rope_parameters[{kind!r}] must be an object, not {params!r}")
         rope_type = params.get("rope_type", "default")
         if rope_type != "default":
             raise ValueError(f"rope_parameters[{kind!r}] has rope_type {rope_type!r}; only 'default' "
                              f"(unscaled) RoPE is supported")
-        theta = params.get("rope_theta", legacy[kind])
-        thetas[kind] = defaults[kind]["rope_theta"] if theta is None else theta
+        if params.get("rope_theta") is not None:
+            key, theta = f"rope_parameters[{kind!r}]['rope_theta']", params["rope_theta"]
+        else:
+            key, theta = legacy[kind], config.get(legacy[kind])
+        thetas[kind] = defaults[kind]["rope_theta"] if theta is None else _number(key, theta)
     return thetas
 
 

@@ -31,9 +31,10 @@ from statistics import NormalDist
 
 import numpy as np
 
-from .config import ModelConfig
+from .config import ModelConfig, check_index
 
-__all__ = ["Model", "Weights", "gaussian_std_multiplier", "gelu_tanh", "resolve_tensor_names"]
+__all__ = ["Model", "Weights", "gaussian_std_multiplier", "gelu_tanh", "resolve_tensor_names", "check_weight_dtype",
+           "check_weight_values", "FLOAT_DTYPES"]
 
 # Component names of a multimodal Gemma 3n checkpoint that are not part of the text decoder.
 _NON_TEXT_COMPONENTS = ("vision_tower.", "audio_tower.", "embed_vision.", "embed_audio.",
@@ -65,6 +66,41 @@ def gaussian_std_multiplier(sparsity: float) -> float:
     return float(np.float32(np.float32(x) * np.float32(math.sqrt(2.0))))
 
 
+# The dtypes a weight may arrive in: what checkpoints store (bf16, fp16, fp32) and what NumPy computes in.
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def _weight_label(name: str, value) -> str:
+    """How messages name a weight: a checkpoint's tensor by its stored name and shard file, an array by the
+    canonical name it is used under."""
+    path = getattr(value, "path", None)
+    stored = getattr(value, "name", None)
+    if isinstance(path, str) and isinstance(stored, str):
+        return f"tensor {stored!r} in {path}"
+    return f"tensor {name!r}"
+
+
+def check_weight_dtype(name: str, value) -> None:
+    """TypeError unless weight `value` (an array, or a lazy tensor with ``dtype``) holds floating-point numbers
+    (`FLOAT_DTYPES`). `name` is its canonical name. The golden model (`Weights`), the packer
+    (`firmware.pack.pack`) and the ISS (`sim.iss.Machine`, reference arithmetic) all check with this function,
+    so they reject the same tensors with the same message."""
+    dt = getattr(value, "dtype", None)
+    if dt is None:
+        dt = np.asarray(value).dtype
+    if not (isinstance(dt, np.dtype) and dt.name in FLOAT_DTYPES):
+        raise TypeError(f"{_weight_label(name, value)} has dtype {dt}; expected a floating-point tensor "
+                        f"({', '.join(FLOAT_DTYPES)})")
+
+
+def check_weight_values(name: str, value, data) -> None:
+    """ValueError unless `data` (values read from weight `value`: all of it or some rows) is finite. Shared like
+    `check_weight_dtype`; the message does not depend on which part was read."""
+    if not np.all(np.isfinite(data)):
+        raise ValueError(f"{_weight_label(name, value)} holds a non-finite value (NaN or infinity); weights must "
+                         f"be finite")
+
+
 def _as_float_dtype(dtype) -> np.dtype:
     dt = np.dtype(dtype)
     if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
@@ -76,10 +112,14 @@ class Weights:
     """The decoder's tensors under their canonical names (`ModelConfig.tensor_shapes`), checked for
     presence and shape, converted to the model's dtype.
 
-    Values may be NumPy arrays or lazy tensors (anything with ``shape``, ``rows(start, stop)`` and
+    Values may be NumPy arrays or lazy tensors (anything with ``shape``, ``dtype``, ``rows(start, stop)`` and
     ``load()``, such as `sim.checkpoint.LazyTensor`). With ``lazy=False`` everything is converted once,
     tensor by tensor; with ``lazy=True`` 2-D tensors stay where they are (e.g. memory-mapped bf16) and
     are read in row chunks at every use, so a model larger than memory still runs.
+
+    Every tensor is checked here, before the model exists: a non-floating-point dtype is a TypeError
+    (`check_weight_dtype`), a NaN or an infinity a ValueError (`check_weight_values`), both naming the tensor
+    (and its file). In lazy mode that reads each matrix once, in row chunks.
     """
 
     def __init__(self, config: ModelConfig, tensors: Mapping, dtype=np.float64, *, lazy: bool = False,
@@ -89,23 +129,27 @@ class Weights:
         self.lazy = lazy
         expected = config.tensor_shapes()
         canonical = resolve_tensor_names(config, tensors)
+        for name in expected:
+            check_weight_dtype(name, tensors[canonical[name]])
         self._store: dict[str, object] = {}
         for i, (name, shape) in enumerate(expected.items()):
             value = tensors[canonical[name]]
             if progress is not None:
                 progress(i, len(expected), name)
             if lazy and len(shape) == 2:
+                step = max(1, _CHUNK_BYTES // (8 * max(1, shape[1])))
+                for r in range(0, shape[0], step):
+                    check_weight_values(name, value, _rows(value, r, min(shape[0], r + step)))
                 self._store[name] = value
             else:
-                self._store[name] = self._convert(name, _load(value))
+                data = _load(value)
+                check_weight_values(name, value, data)
+                self._store[name] = self._convert(name, data)
         if progress is not None:
             progress(len(expected), len(expected), "")
 
     def _convert(self, name: str, value) -> np.ndarray:
-        arr = np.asarray(value)
-        if arr.dtype.kind in "biuOSUc":  # bool, integers, objects, strings, complex; bf16 (ml_dtypes) is 'V'
-            raise TypeError(f"tensor {name!r} has dtype {arr.dtype}; expected a floating-point tensor")
-        return np.ascontiguousarray(arr, dtype=self.dtype)
+        return np.ascontiguousarray(np.asarray(value), dtype=self.dtype)
 
     def __getitem__(self, name: str) -> np.ndarray:
         value = self._store[name]
@@ -262,7 +306,7 @@ class Model:
         from .checkpoint import Checkpoint
 
         ckpt = Checkpoint(path)
-        cfg = ModelConfig.from_hf(ckpt.config)
+        cfg = ckpt.model_config
         if lazy is None:
             needed = cfg.parameter_count() * np.dtype(dtype).itemsize
             lazy = needed > _physical_memory() // 2
@@ -278,11 +322,11 @@ class Model:
     # --- one token ----------------------------------------------------------------------------------
 
     def step(self, token_id: int) -> np.ndarray:
-        """Run token `token_id` at the current position; return the soft-capped logits [vocab]."""
+        """Run token `token_id` at the current position; return the soft-capped logits [vocab]. `token_id` is a
+        Python or NumPy integer (not a bool, not a float) in ``[0, vocab_size)``: TypeError or ValueError
+        otherwise, as `firmware.runtime.Runtime.step` (`sim.config.check_index`)."""
         c = self.config
-        token_id = int(token_id)
-        if not 0 <= token_id < c.vocab_size:
-            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {c.vocab_size})")
+        token_id = check_index("token id", token_id, c.vocab_size, "the vocabulary")
         if self.position >= c.max_position_embeddings:
             raise ValueError(f"position {self.position} reaches max_position_embeddings "
                              f"({c.max_position_embeddings}); call reset()")

@@ -36,7 +36,8 @@ from hdl.isa import (
     VecFunc, decode,
 )
 
-from .config import ModelConfig
+from .config import ModelConfig, check_index
+from .gemma3n import check_weight_dtype, check_weight_values
 from . import sfu
 from .numerics import (V_PLANE_LOG2_GROUP, KvInt8Layout, gemv, pack_int4, quantize_activations, quantize_kv_k,
                        quantize_kv_v, unpack_int4)
@@ -184,14 +185,24 @@ class Machine:
         The packed DDR image with its manifest.
     arithmetic : ``"reference"`` or ``"hardware"``
     source : mapping, optional
-        The unquantised tensors (canonical names) that reference arithmetic reads; required for it.
+        The unquantised tensors (canonical names) that reference arithmetic reads; required for it. Values
+        are arrays or anything that indexes rows like one (``t[i]``, ``t[a:b]``: `sim.checkpoint.LazyTensor`),
+        so a checkpoint is read row by row as the program uses it. Their dtypes are checked here and the rows
+        read for finiteness (`sim.gemma3n.check_weight_dtype` / `check_weight_values`, the golden model's and
+        the packer's messages).
     """
+
+    # The TOKEN_ID and POSITION registers are 32 bits wide (hdl.csr_map).
+    _CSR_RANGE = 1 << 32
 
     def __init__(self, image, hw, arithmetic: str = HARDWARE, source=None):
         if arithmetic not in (REFERENCE, HARDWARE, COUNT):
             raise ValueError(f"arithmetic must be {REFERENCE!r}, {HARDWARE!r} or {COUNT!r}, not {arithmetic!r}")
         if arithmetic == REFERENCE and source is None:
             raise ValueError("reference arithmetic needs the unquantised source tensors")
+        if arithmetic == REFERENCE:
+            for name, value in source.items():
+                check_weight_dtype(name, value)
         self.image = image
         self.hw = hw
         self.arithmetic = arithmetic
@@ -307,8 +318,13 @@ class Machine:
 
         `trace`, if given, is called after every executed instruction (HALT included) as
         ``trace(pc, insn, machine)``; ``machine.touched`` then holds the L2 element ranges the instruction
-        read or wrote (outside the controller's scratch), ``machine.counters`` its counts so far."""
-        self.token, self.pos = int(token), int(pos)
+        read or wrote (outside the controller's scratch), ``machine.counters`` its counts so far.
+
+        `token` and `pos` are what the host writes to TOKEN_ID and POSITION: Python or NumPy integers in
+        ``[0, 2**32)`` (TypeError or ValueError otherwise, in `firmware.runtime.Runtime.step`'s words). A token
+        beyond a table or a position beyond a KV slot is the program's error (`ExecutionError`), as on the NPU."""
+        self.token = check_index("token id", token, self._CSR_RANGE, "the 32-bit TOKEN_ID register")
+        self.pos = check_index("position", pos, self._CSR_RANGE, "the 32-bit POSITION register")
         # START resets the architectural registers (the hardware resets its controller); L2, the shape cache
         # and DDR keep their contents
         self.s[:] = 0
@@ -341,6 +357,13 @@ class Machine:
 
     def _err(self, code: ErrorCode, msg: str):
         raise ExecutionError(code, -1, msg)
+
+    def _source_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` of the unquantised tensor `name` (reference arithmetic), float64, checked finite."""
+        value = self.source[name]
+        rows = np.asarray(value[start:stop], dtype=np.float64)
+        check_weight_values(name, value, rows)
+        return rows
 
     def _vec(self, word_addr: int, n: int) -> slice:
         start = word_addr * 4
@@ -485,7 +508,7 @@ class Machine:
         if self.arithmetic == COUNT:
             y = None
         elif self.arithmetic == REFERENCE:
-            w = np.asarray(self.source[d.tensor][d.row_start:d.row_start + d.rows], dtype=np.float64)
+            w = self._source_rows(d.tensor, d.row_start, d.row_start + d.rows)
             y = w @ x
         else:
             q_w, s_w = self._int4_rows(entry, d.row_start, d.rows)
@@ -541,7 +564,7 @@ class Machine:
         per_tile = d.rows * (d.cols + d.cols % 2) // 2 + d.rows * ngroups * 2
         if self.arithmetic != COUNT:
             if self.arithmetic == REFERENCE:
-                w = np.asarray(self.source[d.tensor][d.row_start:d.row_start + d.rows], dtype=np.float64)
+                w = self._source_rows(d.tensor, d.row_start, d.row_start + d.rows)
             else:
                 q_w, s_w = self._int4_rows(entry, d.row_start, d.rows)
         for t0 in range(0, t_count, R):
@@ -602,7 +625,7 @@ class Machine:
         if self.arithmetic == REFERENCE:
             if entry.staged:        # the host staged the token's row of the whole table (firmware.pack)
                 row = self.token if self.token < entry.shape[0] else 0
-            v = np.asarray(self.source[d.tensor][d.row_start + row], dtype=np.float64)
+            v = self._source_rows(d.tensor, d.row_start + row, d.row_start + row + 1)[0]
         else:
             q, s = self._int4_rows(entry, d.row_start + row, 1)
             scale = np.repeat(s.astype(np.float32), entry.group, axis=1)[:, :d.cols]

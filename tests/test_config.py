@@ -7,7 +7,7 @@ import pytest
 
 from hdl.config import PRESETS as HW
 from hdl.config import XCK26, HardwareConfig
-from sim.config import E4B_HF_CONFIG, FULL, PRESETS, SLIDING, ModelConfig
+from sim.config import E4B_HF_CONFIG, FULL, PRESETS, REQUIRED_HF_FIELDS, SLIDING, ModelConfig
 from tests.oracle import fixture_paths, load_case
 
 
@@ -54,15 +54,18 @@ def test_from_hf_round_trip_and_nesting():
 
 
 def test_from_hf_defaults_and_legacy_spellings():
-    # An (almost) empty config is E4B, as Gemma3nTextConfig() is.
-    assert ModelConfig.from_hf({"model_type": "gemma3n_text"}) == PRESETS["e4b"]
+    # A config that gives only the required fields (the tensor dimensions) takes the rest from
+    # Gemma3nTextConfig()'s defaults: E4B's dimensions are E4B.
+    required = {k: E4B_HF_CONFIG[k] for k in REQUIRED_HF_FIELDS}
+    assert ModelConfig.from_hf({"model_type": "gemma3n_text", **required}) == PRESETS["e4b"]
     legacy = {k: v for k, v in E4B_HF_CONFIG.items() if k != "rope_parameters"}
     legacy.update(rope_theta=500_000.0, rope_local_base_freq=20_000.0, eos_token_id=[1, 106])
     cfg = ModelConfig.from_hf(legacy)
     assert (cfg.rope_theta_full, cfg.rope_theta_sliding, cfg.eos_token_id) == (500_000.0, 20_000.0, 1)
     # transformers' default sparsity: the first 10 layers only when there are more than 10 layers.
-    assert ModelConfig.from_hf({"num_hidden_layers": 10, "num_kv_shared_layers": 0}).sparse_layers == ()
-    assert ModelConfig.from_hf({"activation_sparsity_pattern": 0.5}).activation_sparsity_pattern == (0.5,) * 35
+    assert ModelConfig.from_hf({**required, "num_hidden_layers": 10, "num_kv_shared_layers": 0}).sparse_layers == ()
+    assert ModelConfig.from_hf({**required, "activation_sparsity_pattern": 0.5}).activation_sparsity_pattern == \
+        (0.5,) * 35
 
 
 @pytest.mark.parametrize("change, exc, message", [
