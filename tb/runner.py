@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Mapping
@@ -63,9 +64,27 @@ def run(component, *, toplevel: str, test_module: str, build_name: str | None = 
     component's Verilog (named `toplevel`) when the caller already has it (converting a whole NPU takes
     about 40 s; benches that run it several times convert once); `component` may then be None.
     """
+    build_dir = BUILD_ROOT / _safe(build_name or toplevel)
+    with _exclusive(build_dir):         # test processes running side by side (pytest -n) share build dirs
+        return _run_locked(component, build_dir, toplevel, test_module, testcase, extra_env, waves, seed, verilog)
+
+
+@contextlib.contextmanager
+def _exclusive(build_dir: Path):
+    """Hold an exclusive lock on `build_dir` (a ``.lock`` file beside it) while building and running in it."""
+    import fcntl
+    build_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(build_dir.with_name(build_dir.name + ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _run_locked(component, build_dir, toplevel, test_module, testcase, extra_env, waves, seed, verilog):
     from cocotb_tools.runner import get_results, get_runner
 
-    build_dir = BUILD_ROOT / _safe(build_name or toplevel)
     source = build_dir / f"{toplevel}.v"
     write_if_changed(source, verilog_of(component, toplevel) if verilog is None else verilog)
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}

@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from hdl.build import TOP_NAME
 from hdl.config import XCK26
 from hdl.synth import ROOT
@@ -17,6 +19,7 @@ def _build(*args):
                           timeout=900)
 
 
+@pytest.mark.slow
 def test_build_gemv_tiny_synth_and_cache():
     """All five stages with Yosys on the GEMV engine; the same build again takes the estimate from the cache."""
     out = ROOT / "build" / "test_build_tiny"
@@ -54,6 +57,7 @@ def test_build_gemv_tiny_synth_and_cache():
     assert len(list((out / "synth" / "cache").glob("*.json"))) == 1
 
 
+@pytest.mark.slow
 def test_build_npu_tiny_core():
     """``--top npu``: the NPU core alone; its Verilog and out-of-context Vivado inputs, no Yosys by default."""
     out = ROOT / "build" / "test_build_npu_tiny"
