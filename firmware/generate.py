@@ -102,7 +102,8 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, sampler: Cal
 
 
 def load_model(checkpoint: str | os.PathLike | None, *, dtype=np.float32, model_seed: int = 0,
-               backend: str = "golden", arithmetic: str = "reference", hw: str = "kv260"):
+               backend: str = "golden", arithmetic: str = "reference", hw: str = "kv260",
+               max_positions: int | None = None):
     """A backend for `generate`: the golden model ``sim.gemma3n.Model`` (``backend="golden"``) or the
     NPU's token program on the instruction-set simulator (``backend="iss"``, `firmware.runtime.Runtime`,
     in ``reference`` or ``hardware`` arithmetic on hardware preset `hw`). From a Hugging Face checkpoint
@@ -131,7 +132,7 @@ def load_model(checkpoint: str | os.PathLike | None, *, dtype=np.float32, model_
             return Model.from_hf(config, tensors, dtype=dtype)
     from .runtime import Runtime
 
-    return Runtime.from_hf(config, tensors, backend="iss", arithmetic=arithmetic, hw=hw)
+    return Runtime.from_hf(config, tensors, backend="iss", arithmetic=arithmetic, hw=hw, max_positions=max_positions)
 
 
 def load_packed(image_dir: str | os.PathLike, *, backend: str = "kv260", checkpoint=None,
@@ -365,9 +366,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "contains tokenizer.model, or give the prompt as --prompt-ids")
 
     dtype = {"float32": np.float32, "float64": np.float64}[args.dtype]
-    backend = {} if args.backend == "golden" else {"backend": "iss", "arithmetic": args.arithmetic, "hw": args.hw}
+    backend = {} if args.backend == "golden" else {"backend": "iss", "arithmetic": args.arithmetic, "hw": args.hw,
+                                                   "max_positions": args.max_positions}
     if args.backend != "iss" and (args.arithmetic != "reference" or args.hw != "kv260"):
         parser.error("--arithmetic and --hw apply to --backend iss only")
+    if args.max_positions is not None and args.backend == "golden":
+        parser.error("--max-positions applies to --backend iss or kv260 (the golden model keeps every position)")
     if args.image is not None and args.backend == "golden":
         parser.error("--image applies to --backend kv260 or iss")
     if args.backend == "kv260" or args.image is not None:
@@ -416,11 +420,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for t in prompt_ids:
             if t >= vocab_size:
                 parser.error(f"prompt id {t} is outside the model's vocabulary [0, {vocab_size})")
-    max_positions = _config_attr(model, "max_position_embeddings")
+    max_positions = getattr(model, "max_positions", None) or _config_attr(model, "max_position_embeddings")
     # The last sampled token is never fed back, so the model sees prompt + new - 1 positions.
     if max_positions is not None and len(prompt_ids) + args.max_new_tokens - 1 > max_positions:
         parser.error(f"a {len(prompt_ids)}-token prompt plus --max-new-tokens {args.max_new_tokens} needs "
-                     f"more than the model's {max_positions} positions (max_position_embeddings)")
+                     f"more than the model's {max_positions} positions (max_position_embeddings, or the KV "
+                     f"cache's --max-positions)")
     eos_id = _config_attr(model, "eos_token_id")
     if eos_id is None and tokenizer is not None and tokenizer.eos_id >= 0:
         eos_id = tokenizer.eos_id

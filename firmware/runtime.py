@@ -380,6 +380,14 @@ class Runtime:
     def counters(self):
         return self.backend.counters
 
+    @property
+    def max_positions(self) -> int:
+        """Positions the KV cache holds: the capacity of the full-attention layers' slots (sliding layers keep
+        a ring of their window)."""
+        full = [d.capacity for layer, i in self.image.kv_slots.items() if not self.config.is_sliding(layer)
+                for d in (self.image.descriptors[i],)]
+        return min(full) if full else self.config.max_position_embeddings
+
     @classmethod
     def from_hf(cls, config: Mapping | ModelConfig, tensors: Mapping[str, np.ndarray], backend: str = "iss",
                 arithmetic: str | None = None, hw: HardwareConfig | str = "kv260",
