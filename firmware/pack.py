@@ -432,9 +432,10 @@ class _Layout:
                     cursor[w.name] = at + nbytes
                     return at
             free = ", ".join(f"{w.name} {w.end - _round(cursor[w.name], align):,}" for w in mm.windows)
+            hint = f" (the KV cache takes {alloc.sizes.get('KV', 0):,}; fewer max_positions shrink it)"
             raise ValueError(f"memory map {mm.name!r}: {what} ({nbytes:,} bytes) fits in no window "
                              f"(bytes left: {free}); the image needs {self.total_bytes(alloc):,} bytes, the map "
-                             f"has {mm.total:,}")
+                             f"has {mm.total:,}{hint}")
 
         # One window: the regions one after the other. Several: every region but WEIGHTS in the last window
         # that holds it (the low bank on kv260), then WEIGHTS tensor by tensor from the first window on.
@@ -448,7 +449,7 @@ class _Layout:
             self.pieces[region] = [(self.bases[region], size)]
         if split:
             for off, nbytes, align in alloc.items.get("WEIGHTS", [(0, 1, ALIGN)]):
-                self._items.append((off, nbytes, put(nbytes, max(align, 64), f"a WEIGHTS tensor of {nbytes:,} bytes",
+                self._items.append((off, nbytes, put(nbytes, max(align, 64), "a WEIGHTS tensor",
                                                      mm.windows)))
             lo = min(a for _, _, a in self._items)
             self.bases["WEIGHTS"] = lo
