@@ -84,7 +84,8 @@ def main(argv=None) -> int:
     from hdl.config import PRESETS as HW_PRESETS
     from sim.config import PRESETS as MODEL_PRESETS
 
-    from .perf import POSITION, POSITIVE, _arg_type
+    from .cli import POSITIVE, arg_type
+    from .perf import POSITION
 
     def pow2(v):
         return v >= 1 and v & (v - 1) == 0
@@ -96,9 +97,9 @@ def main(argv=None) -> int:
                    help="seeds of the random models (integers >= 0; default 0 1 2)")
     p.add_argument("--steps", type=POSITIVE, default=32, metavar="N",
                    help="greedy steps (at most the model's max_position_embeddings; default 32)")
-    p.add_argument("--group", type=_arg_type("0 or a power of two", int, lambda v: v == 0 or pow2(v)), metavar="G",
+    p.add_argument("--group", type=arg_type("0 or a power of two", int, lambda v: v == 0 or pow2(v)), metavar="G",
                    help="weight group (0 = one scale per row)")
-    p.add_argument("--block", type=_arg_type("a power of two", int, pow2), metavar="B", help="activation block")
+    p.add_argument("--block", type=arg_type("a power of two", int, pow2), metavar="B", help="activation block")
     p.add_argument("--kv-format", choices=("fp16", "int8"), help="KV cache format (default: the preset's)")
     p.add_argument("--int4-exact", action="store_true",
                    help="weights replaced by their INT4 values in both models (isolates the other arithmetic)")

@@ -613,16 +613,8 @@ def main(argv=None) -> int:
     from hdl.memory_map import MEMORY_MAPS
     from sim.config import PRESETS as MODEL_PRESETS
 
+    from .cli import POSITIVE
     from .pack import pack
-
-    def positive(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            v = 0
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
-        return v
 
     p = argparse.ArgumentParser(prog="python -m firmware.compiler",
                                 description="Compile the NPU's token program for a model and a hardware preset "
@@ -635,7 +627,7 @@ def main(argv=None) -> int:
     p.add_argument("--memory-map", default="flat", choices=list(MEMORY_MAPS),
                    help="where the planned image goes (default flat; the program's words do not depend on it, "
                         "the plan checks the image fits)")
-    p.add_argument("--max-positions", type=positive, metavar="N",
+    p.add_argument("--max-positions", type=POSITIVE, metavar="N",
                    help="positions the KV cache holds (default: the model's max_position_embeddings)")
     p.add_argument("--out", metavar="FILE", help="write the words to FILE and the listing to FILE.lst")
     args = p.parse_args(argv)

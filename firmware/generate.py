@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from .cli import arg_type
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
@@ -192,17 +193,7 @@ class _ImageProgress:
 
 
 def _arg_type(name: str, convert, check, requirement: str):
-    """An argparse ``type=`` that converts, checks and reports ``must be <requirement>, not <text>``."""
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {requirement}, not {text!r}") from None
-        if not check(value):
-            raise argparse.ArgumentTypeError(f"must be {requirement}, not {text!r}")
-        return value
-    parse.__name__ = name
-    return parse
+    return arg_type(requirement, convert, check, name)
 
 
 def _parse_ids(text: str) -> list[int]:

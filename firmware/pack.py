@@ -821,6 +821,8 @@ def _cli_args(argv):
     from hdl.memory_map import MEMORY_MAPS
     from sim.config import PRESETS as MODEL_PRESETS
 
+    from .cli import POSITIVE
+
     p = argparse.ArgumentParser(
         prog="python -m firmware.pack",
         description="Pack a Gemma 3n checkpoint into the NPU's DDR image for a hardware preset and memory map, "
@@ -834,13 +836,11 @@ def _cli_args(argv):
     p.add_argument("--hw", default="kv260", choices=sorted(HW_PRESETS), help="hardware preset (default kv260)")
     p.add_argument("--memory-map", default="kv260", choices=list(MEMORY_MAPS),
                    help="where the image goes (default kv260: the K26's reserved windows, hdl.memory_map)")
-    p.add_argument("--max-positions", type=int, default=None, metavar="N",
+    p.add_argument("--max-positions", type=POSITIVE, default=None, metavar="N",
                    help="positions the KV cache holds (default: the model's max_position_embeddings)")
     p.add_argument("--plan", action="store_true", help="only plan: print the region map, write nothing")
     p.add_argument("--out", metavar="DIR", help="directory for manifest.json, image.npy and the host tables")
     args = p.parse_args(argv)
-    if args.max_positions is not None and args.max_positions < 1:
-        p.error(f"--max-positions must be a positive integer, not {args.max_positions}")
     if not args.plan and args.out is None:
         p.error("--out DIR is needed to write the image (or --plan to only print the region map)")
     if args.checkpoint is not None and not os.path.isdir(args.checkpoint):

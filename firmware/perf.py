@@ -48,6 +48,8 @@ from hdl.config import HardwareConfig
 from hdl.l2 import LANES
 from sim.config import ModelConfig
 
+from .cli import NON_NEGATIVE, POSITIVE, arg_type
+
 __all__ = ["Rates", "TokenEstimate", "Schedule", "estimate", "cycles_of", "schedule", "features", "fit_rates",
            "main", "PASS_KINDS", "PASS_LANES", "FITTED", "Wgemm", "GemmGeometry", "wgemm_cost", "wgemm_bounds",
            "PrefillEstimate", "prefill"]
@@ -645,21 +647,7 @@ def prefill(cfg: ModelConfig, hw: HardwareConfig, tokens: list[int], rates: Rate
     return out
 
 
-def _arg_type(requirement: str, convert, check):
-    """An argparse ``type=`` that converts, checks and reports ``must be <requirement>, not <text>``."""
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {requirement}, not {text!r}") from None
-        if not check(value):
-            raise argparse.ArgumentTypeError(f"must be {requirement}, not {text!r}")
-        return value
-    return parse
-
-
-POSITION = _arg_type("an integer >= 0", int, lambda v: v >= 0)
-POSITIVE = _arg_type("a positive integer", int, lambda v: v >= 1)
+POSITION = NON_NEGATIVE
 
 
 def main(argv=None) -> int:
@@ -681,7 +669,7 @@ def main(argv=None) -> int:
     p.add_argument("--kv-format", choices=("fp16", "int8"), help="KV cache format (default: the preset's)")
     for f in fields(Rates):
         requirement, ok = _RATE_RULES.get(f.name, _COST_RULE)
-        p.add_argument("--" + f.name.replace("_", "-"), type=_arg_type(requirement, float, ok), default=f.default,
+        p.add_argument("--" + f.name.replace("_", "-"), type=arg_type(requirement, float, ok), default=f.default,
                        metavar="X", help=f"{requirement} (default {f.default})")
     args = p.parse_args(argv)
     rates = Rates(**{f.name: getattr(args, f.name) for f in fields(Rates)})

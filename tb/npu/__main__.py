@@ -26,6 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from firmware.cli import POSITIVE
 from hdl import csr_map
 
 COUNTER_COLUMNS = csr_map.COUNTER_NAMES
@@ -71,20 +72,10 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
-    return v
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tb.npu", description=__doc__.splitlines()[0])
     p.add_argument("--hf-npz", type=Path, required=True, metavar="FILE", help="oracle-format npz")
-    p.add_argument("--tokens", type=_positive, default=None, help="ids to run (default: all of the file's)")
+    p.add_argument("--tokens", type=POSITIVE, default=None, help="ids to run (default: all of the file's)")
     p.add_argument("--hw", default="tiny", help="hardware preset (default tiny)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random AXI pauses (default 0)")
     p.add_argument("--memory-map", default="flat",
