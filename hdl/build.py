@@ -433,12 +433,19 @@ def main(argv=None) -> int:
                         help=f"with --synth: estimate the flattened design (default: the core's units kept as "
                              f"blocks, {KEEP_DEPTH} levels deep, with a per-block breakdown)")
     args = parser.parse_args(argv)
+    if args.flat and not args.synth:
+        parser.error("--flat applies to the --synth estimate")
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        parser.error(f"--out {args.out!r} exists and is not a directory")
     try:
         build(args.hw, args.out, synth=args.synth, which=args.top, flow=args.flow,
               keep_depth=0 if args.flat else KEEP_DEPTH)
     except BuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.status
+    except OSError as e:
+        print(f"python -m hdl.build: cannot write the build: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

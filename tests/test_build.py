@@ -76,3 +76,12 @@ def test_build_bad_input_is_one_line():
     proc = _build("--hw", "nonesuch")
     assert proc.returncode == 2 and "invalid choice: 'nonesuch'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_build_bad_out_and_flat_without_synth(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for args, msg in (((f"--out={afile}",), f"--out '{afile}' exists and is not a directory"),
+                      (("--flat",), "--flat applies to the --synth estimate")):
+        proc = _build("--hw", "tiny", *args)
+        assert proc.returncode == 2 and msg in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
