@@ -48,13 +48,13 @@ import bisect
 import json
 import math
 import os
-import struct
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from hdl.config import HardwareConfig
+from hdl.isa import DESC_BYTES, DESCRIPTOR, DescKind
 from hdl.memory_map import MemoryMap, memory_map as _memory_map
 from sim.config import ModelConfig, check_positive_int
 from sim.gemma3n import check_weight_dtype, check_weight_values, resolve_tensor_names
@@ -65,16 +65,10 @@ __all__ = ["Image", "TensorEntry", "Descriptor", "Placement", "HostTable", "pack
            "rope_turn_table", "logit_chunk_rows", "logit_chunks", "ffn_pieces", "folded_router", "folded_router_name"]
 
 ALIGN = 4096
-DESC_BYTES = 32
 REGION_ORDER = ("DESC", "CONST", "WEIGHTS", "KV", "LOGITS", "SCRATCH", "PROGRAM")
 PLE_TABLE = "embed_tokens_per_layer.weight"     # the table a map with ``ple_staged`` keeps on the host
 IMAGE_FORMAT = "gemma3n-npu-image/2"
 CHUNK_BYTES = 64 * 2**20      # float64 working set of one quantisation chunk
-
-
-class DescKind:
-    INT4 = 0
-    KV = 2
 
 
 class Layout:
@@ -136,15 +130,15 @@ class Descriptor:
     head_dim: int = 0
 
     def to_bytes(self) -> bytes:
-        """32 bytes, little-endian: u64 weight_offset, u64 scale_offset, u32 rows, u32 cols,
-        u8 kind, u8 layout, u8 log2(group), u8 heads, u16 head_dim, u16 reserved. KV slots store their
-        capacity in `rows` and K/V width in `cols` (heads * head_dim); their `layout` is the cache format (0
-        binary16, 1 INT8 planes) and, for INT8, `scale_offset` the WEIGHTS offset of the V planes' scales."""
-        rows = self.capacity if self.kind == DescKind.KV else self.rows
-        cols = self.heads * self.head_dim if self.kind == DescKind.KV else self.cols
-        glog = int(math.log2(self.group)) if self.group else 0
-        return struct.pack("<QQIIBBBBHH", self.weight_offset, self.scale_offset, rows, cols, self.kind,
-                           self.layout, glog, self.heads, self.head_dim, 0)
+        """The descriptor as the NPU reads it: `hdl.isa.DESCRIPTOR`, 32 bytes little-endian."""
+        kv = self.kind == DescKind.KV
+        bits = DESCRIPTOR.const({
+            "weight_offset": self.weight_offset, "scale_offset": self.scale_offset,
+            "rows": self.capacity if kv else self.rows, "cols": self.heads * self.head_dim if kv else self.cols,
+            "kind": DescKind(self.kind), "layout": self.layout,
+            "log2_group": int(math.log2(self.group)) if self.group else 0,
+            "heads": self.heads, "head_dim": self.head_dim}).as_bits()
+        return bits.to_bytes(DESC_BYTES, "little")
 
 
 @dataclass

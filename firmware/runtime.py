@@ -39,14 +39,14 @@ import numpy as np
 
 from hdl import csr_map
 from hdl.config import HardwareConfig
-from hdl.isa import DdrRegion, ErrorCode
+from hdl.isa import DESC_BYTES, DdrRegion, DescKind, ErrorCode
 from hdl.memory_map import Window
 from sim.config import ModelConfig, check_index, check_positive_int
 from sim.gemma3n import resolve_tensor_names
 from sim.iss import HARDWARE, REFERENCE, ExecutionError, Machine
 
 from .compiler import Program, compile_token
-from .pack import DESC_BYTES, DescKind, Image, pack
+from .pack import Image, pack
 
 __all__ = ["Runtime", "Backend", "IssBackend", "CsrBackend", "NpuDevice", "Placed", "hardware_of", "attach_rtl_device",
            "detach_rtl_device", "program_image", "BackendUnavailable"]

@@ -62,8 +62,8 @@ from .fetch import PC_BITS, insn_layout
 from .fp import FpAdd, FpMul, IntToFp
 from .gemm import GemmUnit, gemm_command_layout
 from .gemv import GemvEngine
-from .isa import (VEC_REDUCTIONS, CtrlFunc, CvoFunc, DdrRegion, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache,
-                  VecFunc, layout)
+from .isa import (DESC_BYTES, DESC_WORDS, DESCRIPTOR, VEC_REDUCTIONS, CtrlFunc, CvoFunc, DdrRegion, DescKind, DmaDir,
+                  ErrorCode, Opcode, ScalarFunc, ShapeCache, VecFunc, layout)
 from .l2 import LANES, L2, ElemReader, ElemWriter
 from .quant import ActQuantizer, KvPacker
 from .seq import IntRecip, SeqDivider
@@ -280,7 +280,7 @@ class Controller(wiring.Component):
         active = Signal()
         a_sent = Signal()             # REG source: the element has been sent
         sunk = Signal(NB)             # elements taken by REG/DESC sinks
-        desc = Signal(data.ArrayLayout(32, 8))
+        desc = Signal(data.ArrayLayout(32, DESC_WORDS))
 
         a_in_l2 = (p_a == Src.L2) | (p_a == Src.PAIRS)
         with m.If(pstart):
@@ -430,8 +430,8 @@ class Controller(wiring.Component):
                 with m.If(take):
                     m.d.sync += [p_result.eq(s_data), sunk.eq(sunk + s_n)]
                     with m.If(p_sink == Sink.DESC):          # a scalar result must not touch the descriptor
-                        with m.Switch(sunk[:3]):
-                            for i in range(8):
+                        with m.Switch(sunk[:ceil_log2(DESC_WORDS)]):
+                            for i in range(DESC_WORDS):
                                 with m.Case(i):
                                     m.d.sync += desc[i].eq(s_y[0])
 
@@ -517,11 +517,9 @@ class Controller(wiring.Component):
                               ((p_sink == Sink.L2) & meets_gemv(p_dst, n_out)))
 
         # --- descriptor fields --------------------------------------------------------------------------
-        d_woff = Cat(desc[0], desc[1])
-        d_soff = Cat(desc[2], desc[3])
-        d_rows, d_cols = desc[4], desc[5]
-        d_kind, d_layout, d_log2g, d_heads = desc[6][0:8], desc[6][8:16], desc[6][16:24], desc[6][24:32]
-        d_head_dim = desc[7][0:16]
+        dv = data.View(DESCRIPTOR, desc.as_value())          # the words loaded, as `hdl.isa.DESCRIPTOR`
+        d_woff, d_soff, d_rows, d_cols = dv.weight_offset, dv.scale_offset, dv.rows, dv.cols
+        d_kind, d_layout, d_log2g, d_heads, d_head_dim = dv.kind, dv.layout, dv.log2_group, dv.heads, dv.head_dim
 
         # --- the sequencer ----------------------------------------------------------------------------
         word = Signal(64)
@@ -956,7 +954,8 @@ class Controller(wiring.Component):
                 with m.If(d_index >= self.i_desc_count):
                     fail(ErrorCode.BAD_DESCRIPTOR)
                 with m.Else():
-                    launch("DESC_W", bypass=1, n=8, a=Src.DDR, ddr_addr=(base[DdrRegion.DESC] + (d_index << 5))[:A],
+                    launch("DESC_W", bypass=1, n=DESC_WORDS, a=Src.DDR,
+                           ddr_addr=(base[DdrRegion.DESC] + d_index * DESC_BYTES)[:A],
                            ddr_fmt=0, sink=Sink.DESC)
 
             def after_desc():
@@ -997,7 +996,7 @@ class Controller(wiring.Component):
                     m.next = "WG_G"
 
             with m.State("WG"):
-                with m.If(d_kind != 0):
+                with m.If(d_kind != DescKind.INT4):
                     fail(ErrorCode.BAD_DESCRIPTOR)
                 with m.Elif(d_cols == 0):
                     fail(ErrorCode.BAD_LENGTH)
@@ -1047,7 +1046,7 @@ class Controller(wiring.Component):
             wm_t = Signal(range(R + 1))                       # the token being quantised, in its tile
             wm_n = Signal(range(R + 1))                       # tokens in this tile
             with m.State("WM"):
-                with m.If((d_kind != 0) | (d_layout != 0) | (d_log2g != (hw.weight_group.bit_length() - 1))):
+                with m.If((d_kind != DescKind.INT4) | (d_layout != 0) | (d_log2g != (hw.weight_group.bit_length() - 1))):
                     fail(ErrorCode.BAD_DESCRIPTOR)
                 with m.Elif((wm.tokens == 0) | (d_cols > hw.gemv_max_cols) | (d_cols == 0)):
                     fail(ErrorCode.BAD_LENGTH)
@@ -1106,7 +1105,7 @@ class Controller(wiring.Component):
             gd = elem(ga.dst)
             row = Signal(32)
             with m.State("GA"):
-                with m.If((d_kind != 0) | (d_layout != 0)):
+                with m.If((d_kind != DescKind.INT4) | (d_layout != 0)):
                     fail(ErrorCode.BAD_DESCRIPTOR)
                 with m.Elif((self.i_token >= d_rows) & ~ga.remap):
                     fail(ErrorCode.ADDRESS_RANGE)
@@ -1134,7 +1133,7 @@ class Controller(wiring.Component):
                 """KVST's first state: the slot (its format), its lengths and the L2 ranges; then the ring slot
                 POS mod capacity in the divider."""
                 with m.State("KV"):
-                    with m.If((d_kind != 2) | (d_layout != fmt)):
+                    with m.If((d_kind != DescKind.KV) | (d_layout != fmt)):
                         fail(ErrorCode.BAD_DESCRIPTOR)
                     with m.Elif(bad_length | (d_cols == 0) | (d_rows == 0)):
                         fail(ErrorCode.BAD_LENGTH)
@@ -1154,7 +1153,7 @@ class Controller(wiring.Component):
                 positions seen into `a_n`. With `uses_engine` it first waits for an async WGEMV to finish."""
                 checks = [(g_active, lambda: None), (g_failed, fail_async)] if uses_engine else []
                 checks += [
-                    ((d_kind != 2) | (d_layout != fmt), lambda: fail(ErrorCode.BAD_DESCRIPTOR)),
+                    ((d_kind != DescKind.KV) | (d_layout != fmt), lambda: fail(ErrorCode.BAD_DESCRIPTOR)),
                     (bad_length | (f_hd != d_head_dim) | (at.kv_head >= d_heads) | (f_heads == 0),
                      lambda: fail(ErrorCode.BAD_LENGTH)),
                     (((f_win == 0) | (f_win > d_rows)) & (self.i_pos >= d_rows), lambda: fail(ErrorCode.ADDRESS_RANGE))]

@@ -22,7 +22,7 @@ from amaranth.lib import data, enum
 
 __all__ = [
     "Opcode", "CvoFunc", "VecFunc", "VEC_REDUCTIONS", "ScalarFunc", "CtrlFunc", "DmaDir", "DdrRegion", "ShapeCache",
-    "ErrorCode",
+    "ErrorCode", "DescKind", "DESCRIPTOR", "DESC_WORDS", "DESC_BYTES",
     "Field", "FORMATS", "WORD_BITS", "L2_ADDR_BITS", "layout", "encode", "decode", "DecodeError", "Instruction",
 ]
 
@@ -131,6 +131,32 @@ class DdrRegion(enum.Enum, shape=3):
     WEIGHTS = 3       # packed INT4 weights and scales (read through descriptors)
     KV = 4            # the KV cache
     DESC = 5          # the weight descriptor table
+
+
+class DescKind(enum.IntEnum, shape=8):
+    """What a weight descriptor describes."""
+    INT4 = 0          # an INT4 matrix (or a row chunk of one) with binary16 group scales, in WEIGHTS
+    KV = 2            # a KV cache slot, in KV (capacity, heads, head_dim; the cache format in `layout`)
+
+
+# The weight descriptor, 32 bytes little-endian in the DESC region: what `firmware.pack` writes and the
+# controller reads (`data.View` over the eight words it loads), one layout for both. KV slots keep their
+# capacity in `rows` and K/V width (heads x head_dim) in `cols`; their `layout` is the cache format (0 binary16,
+# 1 INT8 planes) and, for INT8, `scale_offset` the WEIGHTS offset of the V planes' scales.
+DESCRIPTOR = data.StructLayout({
+    "weight_offset": unsigned(64),    # bytes from WEIGHTS_BASE (KV slots: from KV_BASE)
+    "scale_offset": unsigned(64),     # bytes from WEIGHTS_BASE
+    "rows": unsigned(32),
+    "cols": unsigned(32),
+    "kind": DescKind,
+    "layout": unsigned(8),            # 0 row-major, 1 column-major (firmware.pack.Layout); KV: the format
+    "log2_group": unsigned(8),        # log2 of the scale group (columns per scale)
+    "heads": unsigned(8),
+    "head_dim": unsigned(16),
+    "reserved": unsigned(16),
+})
+DESC_WORDS = DESCRIPTOR.size // 32
+DESC_BYTES = DESCRIPTOR.size // 8
 
 
 class ShapeCache(enum.Enum, shape=2):

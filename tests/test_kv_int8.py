@@ -5,14 +5,22 @@ import numpy as np
 import pytest
 
 from firmware.compiler import SHAPE_FULL, SHAPE_SLIDING
-from firmware.pack import DescKind, pack
+from firmware.pack import pack
 from firmware.runtime import Runtime
 from hdl.config import PRESETS as HW
-from hdl.isa import CtrlFunc, ErrorCode, Opcode, ShapeCache, encode
+from hdl.isa import CtrlFunc, DescKind, ErrorCode, Opcode, ShapeCache, encode
 from sim.config import PRESETS
 from sim.iss import ExecutionError, Machine
-from sim.numerics import (KV_Q_MAX, KvInt8Layout, pow2_binary16, quantize_activations, quantize_kv_k,
-                          quantize_kv_v, split_int8, unpack_int4)
+from sim.numerics import (
+    KV_Q_MAX,
+    KvInt8Layout,
+    pow2_binary16,
+    quantize_activations,
+    quantize_kv_k,
+    quantize_kv_v,
+    split_int8,
+    unpack_int4,
+)
 from sim.random_weights import random_tensors
 
 TINY8 = HW["tiny"].replace(kv_format="int8")

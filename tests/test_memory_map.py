@@ -5,8 +5,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from firmware.pack import DESC_BYTES, REGION_ORDER, DescKind, pack, region_map
+from firmware.pack import REGION_ORDER, pack, region_map
 from hdl.config import HardwareConfig
+from hdl.isa import DESC_BYTES, DescKind
 from hdl.memory_map import BANK_BYTES, MEMORY_MAPS, MemoryMap, Window, memory_map
 from sim.config import ModelConfig
 

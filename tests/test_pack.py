@@ -7,8 +7,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from firmware.pack import DESC_BYTES, Layout, folded_router, folded_router_name, pack, rope_turn_table
+from firmware.pack import Layout, folded_router, folded_router_name, pack, rope_turn_table
 from hdl.config import PRESETS as HW
+from hdl.isa import DESC_BYTES
 from sim.checkpoint import Checkpoint, write_checkpoint
 from sim.config import PRESETS
 from sim.numerics import quantize_weights, unpack_int4

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from firmware.compiler import compile_token
-from firmware.pack import DESC_BYTES, DescKind, load_image, pack, save_image
+from firmware.pack import load_image, pack, save_image
 from firmware.runtime import CsrBackend, IssBackend, Placed, Runtime
 from hdl import csr_map
 from hdl.config import HardwareConfig
+from hdl.isa import DESC_BYTES, DescKind
 from hdl.memory_map import MEMORY_MAPS, Window
 from sim.config import ModelConfig
 from tb.npu.host import load_npz

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from firmware.pack import DescKind, Image, pack
+from firmware.pack import Image, pack
 from firmware.runtime import CsrBackend, Placed, Runtime, program_image
+from hdl.isa import DescKind
 from sim.iss import ExecutionError, Machine
 
 __all__ = ["Case", "load_npz", "iss_ddr", "compare_tokens", "board_tokens", "check_window", "GUARD"]
