@@ -97,6 +97,8 @@ class HardwareConfig:
         row and the attention scores of ATTN); the compiler allocates below it. It bounds ATTN to
         ``(l2_scratch_bytes / 4 - 2 * head_dim) / heads`` visible positions (docs/architecture.md).
     device : the FPGA whose budget the utilisation report compares against.
+    l2_banks : word-interleaved L2 banks (a power of two): a wide pass's two operand streams get a word per
+        cycle each from two banks (`hdl.l2.L2`).
     sfu_reduce_lanes : SFU block: interleaved partial accumulators of the SFU reductions (a power of two;
         it fixes the binary32 summation order, sim/sfu.py, docs/sfu.md). The RTL takes four elements per
         cycle into four banks of ``sfu_reduce_lanes / 4`` lanes, one adder each, so it needs more than the
@@ -131,6 +133,7 @@ class HardwareConfig:
     constant_cache_bytes: int
     l2_scratch_bytes: int = 16 << 10
     device: DeviceBudget = XCK26
+    l2_banks: int = 2
     # --- SFU block (sim/sfu.py, hdl/sfu.py) ---
     sfu_reduce_lanes: int = 32
     # --- GEMV block (hdl/gemv.py) ---
@@ -184,6 +187,8 @@ class HardwareConfig:
         if integer("l2_scratch_bytes", 64) % 16 or self.l2_scratch_bytes >= self.l2_bytes:
             raise ValueError(f"l2_scratch_bytes must be a multiple of 16 below l2_bytes ({self.l2_bytes}), "
                              f"not {self.l2_scratch_bytes!r}")
+        if not _is_pow2(integer("l2_banks")) or self.l2_banks > 8:
+            raise ValueError(f"l2_banks must be a power of two from 1 to 8, not {self.l2_banks!r}")
         if not _is_pow2(integer("constant_cache_bytes")):
             raise ValueError(f"constant_cache_bytes must be a power of two, not {self.constant_cache_bytes!r}")
         # SFU block.

@@ -22,7 +22,7 @@ from amaranth.lib import data, enum
 
 __all__ = [
     "Opcode", "CvoFunc", "VecFunc", "VEC_REDUCTIONS", "ScalarFunc", "CtrlFunc", "DmaDir", "DdrRegion", "ShapeCache",
-    "ErrorCode", "DescKind", "DESCRIPTOR", "DESC_WORDS", "DESC_BYTES",
+    "ErrorCode", "DescKind", "DESCRIPTOR", "DESC_WORDS", "DESC_BYTES", "FMAP_ENTRY", "SCALAR_REGS", "SHAPE_SLOTS",
     "Field", "FORMATS", "WORD_BITS", "L2_ADDR_BITS", "layout", "encode", "decode", "DecodeError", "Instruction",
 ]
 
@@ -166,6 +166,11 @@ class ShapeCache(enum.Enum, shape=2):
     SCALAR = 2
 
 
+# A shape-cache entry (MEMSET FMAP a, b, c; ATTN reads the entry at `shape_ptr`): the query heads of a KV
+# group, their head dimension and the sliding window (0: full attention).
+FMAP_ENTRY = data.StructLayout({"heads": unsigned(16), "head_dim": unsigned(16), "window": unsigned(16)})
+
+
 class ErrorCode(enum.Enum, shape=4):
     """The error status the controller reports (CSR) when it stops on a bad instruction or access."""
     NONE = 0
@@ -229,6 +234,15 @@ FORMATS: dict[Opcode, tuple[Field, ...]] = {
 
 for _op, _fields in FORMATS.items():
     assert sum(f.width for f in _fields) == BODY_BITS, (_op, sum(f.width for f in _fields))
+
+
+def _width(op: Opcode, name: str) -> int:
+    return next(f.width for f in FORMATS[op] if f.name == name)
+
+
+SCALAR_REGS = 1 << _width(Opcode.SCALAR, "d")            # the scalar registers s0 .. s7 (MEMSET SCALAR: slot < 8)
+SHAPE_SLOTS = 1 << _width(Opcode.MEMSET, "slot")         # entries of each shape cache (ATTN/KVST shape_ptr)
+assert SHAPE_SLOTS == 1 << _width(Opcode.ATTN, "shape_ptr")
 
 
 def layout(op: Opcode) -> data.StructLayout:
