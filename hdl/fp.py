@@ -47,7 +47,7 @@ their own, narrower back ends ending in the same kind of packed increment:
 Special results travel as two flags (NaN, inf) and are selected in the last stage (`FpLdexp`: in the
 stage before, into the packed word whose increment is then 0).
 
-Timing (estimate, not sign-off: there is no open UltraScale+ timing tool, see TOOLCHAIN 6): every stage
+Timing (estimate, not sign-off: there is no open-source UltraScale+ timing analyser): every stage
 holds at most one of: an 8-10 bit exponent add/compare, a 31-bit magnitude compare, a 28-bit add, a
 6-level barrel shift, a leading-zero-count tree, or a 32-bit increment, with at most a 2:1 select or a
 small (<= 6-bit) compare beside it. On UltraScale+ -2 each of these is 3-5 LUT levels or one CARRY8 chain,

@@ -1,7 +1,7 @@
 """Yosys ``synth_xilinx -family xcup`` resource estimates for any Amaranth component.
 
 `synthesize(component, name)` writes the component's RTLIL (Yosys reads RTLIL far faster than
-Amaranth's Verilog for large memories, TOOLCHAIN 6), runs YoWASP Yosys from the repository root (the
+Amaranth's Verilog for large memories), runs YoWASP Yosys from the repository root (the
 WASI sandbox only sees the current directory tree), and returns a `Utilisation` with the cell counts
 mapped to the fabric resources the XCK26 budget is written in: LUTs, flip-flops, DSP48E2, 36 Kb block
 RAMs (two RAMB18E2 count as one) and URAM288.

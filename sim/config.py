@@ -3,7 +3,7 @@
 `ModelConfig` is built from a Hugging Face ``config.json`` dict (`ModelConfig.from_hf`), either the text
 config itself or the multimodal config that nests it under ``text_config``, or taken from a preset
 (`PRESETS`: ``e4b`` is what ``google/gemma-3n-E4B`` ships, ``tiny`` is the random test model of
-``../shared/oracle``). Everything else that depends on the model's shape (the golden model, the weight
+``tests/fixtures/hf_gemma3n_tiny.py``). Everything else that depends on the model's shape (the golden model, the weight
 packer, the compiler, the tests) derives it from here: tensor names and shapes (`tensor_shapes`), KV
 sharing (`kv_source`), layer types, RoPE thetas.
 
@@ -65,7 +65,7 @@ E4B_HF_CONFIG: dict = {
     "bos_token_id": 2,
 }
 
-# The tiny random model of ``../shared/oracle/hf_gemma3n_tiny.py`` with its default arguments: every
+# The tiny random model of ``tests/fixtures/hf_gemma3n_tiny.py`` with its default arguments: every
 # structural feature of E4B (AltUp x4, LAuReL, PLE, QK- and V-norm, 4 sliding : 1 full layers with two
 # thetas, KV sharing, Gaussian top-k, soft-cap, tied head) at a size that runs in milliseconds.
 TINY_HF_CONFIG: dict = {

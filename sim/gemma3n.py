@@ -1,8 +1,8 @@
 """The golden model: a NumPy Gemma 3n text decoder that computes what Hugging Face transformers computes.
 
-Every later check in the project (the instruction-set simulator, the RTL) is measured against this
+Every other check in the project (the instruction-set simulator, the RTL) is measured against this
 model, and this model is measured against transformers itself (``tests/fixtures``, made with
-``../shared/oracle``). It follows ``modeling_gemma3n.py`` of transformers 5.23 step by step, not the
+``tests/fixtures/hf_gemma3n_tiny.py``). It follows ``modeling_gemma3n.py`` of transformers 5.23 step by step, not the
 pccx spec: ``docs/gemma3n-errata.md`` lists the ten places where the spec is wrong and the test that
 pins each one. One decode step (`Model.step`) per token, with a KV cache:
 

@@ -1,6 +1,6 @@
 """Seeded random Gemma 3n weights for any `ModelConfig`: the built-in default model and test inputs.
 
-The value ranges follow ``../shared/oracle/hf_gemma3n_tiny.py`` (and for the same reason): norm gains and
+The value ranges follow ``tests/fixtures/hf_gemma3n_tiny.py`` (and for the same reason): norm gains and
 ``correct_output_scale`` in U(0.5, 1.5) so that no path is switched off (transformers' own init leaves
 ``correct_output_scale`` at 0, which disables PLE), a strong AltUp router, ``[out, in]`` linear weights
 with std 1/sqrt(fan_in), embeddings scaled so that logits are O(10) and the soft-cap matters.

@@ -28,7 +28,7 @@ __all__ = ["ROOT", "BUILD_ROOT", "write_if_changed", "verilog_of", "run", "bench
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_ROOT = ROOT / "build" / "sim"
 
-# Amaranth's Verilog trips Verilator's width and case-completeness lint (TOOLCHAIN 5.1); linting generated
+# Amaranth's Verilog trips Verilator's width and case-completeness lint; linting generated
 # code tells nothing the Amaranth checks do not, so those warnings are waived, nothing else.
 VERILATOR_ARGS = ["-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-Wno-CASEINCOMPLETE", "-Wno-UNOPTFLAT",
                   "-Wno-PINCONNECTEMPTY", "-Wno-UNSIGNED", "-Wno-CMPCONST"]

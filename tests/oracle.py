@@ -1,4 +1,4 @@
-"""Loading the committed oracle fixtures (``tests/fixtures/*.npz``, written by ``../shared/oracle``)."""
+"""Loading the committed oracle fixtures (``tests/fixtures/*.npz``, written by ``tests/fixtures/hf_gemma3n_tiny.py``)."""
 
 from __future__ import annotations
 

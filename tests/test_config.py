@@ -12,7 +12,8 @@ from tests.oracle import fixture_paths, load_case
 
 
 def test_e4b_structure():
-    # Facts from ../shared/reference/gemma3n-semantics.md section 4 (an independent reading of HF).
+    # E4B facts written out independently of sim.config (google/gemma-3n-E4B's config.json as transformers
+    # reads it): full attention every fifth layer, KV sharing from layer 20, sparse layers 0..9.
     e4b = PRESETS["e4b"]
     assert [i for i in range(35) if e4b.layer_types[i] == FULL] == [4, 9, 14, 19, 24, 29, 34]
     assert e4b.first_kv_shared_layer == 20
@@ -128,8 +129,9 @@ def test_hardware_config_errors(change, exc, message):
 
 
 def test_hdl_never_imports_sim_tb_or_firmware():
-    # STYLE 25: the gateware stands alone; facts shared with the golden models (the DSP48E2 widths, the worst
-    # segment sum) live in hdl.config, which sim imports. A fresh interpreter imports every hdl module.
+    # The dependency direction: the gateware stands alone; facts shared with the golden models (the DSP48E2
+    # widths, the worst segment sum) live in hdl.config, which sim imports. A fresh interpreter imports every
+    # hdl module.
     # One known exception remains: hdl.sfu takes its ROM tables and constants from sim.sfu (open on issue 7).
     import subprocess
     import sys

@@ -10,7 +10,7 @@ from sim.gemma3n import Model, gaussian_std_multiplier, gelu_tanh
 from sim.random_weights import random_tensors
 from tests.oracle import fixture_paths, load_case
 
-# Bounds from ../shared/reference/gemma3n-semantics.md section 7, also stated in docs/golden-model.md.
+# Bounds of the golden model against transformers, stated in docs/golden-model.md.
 # float64 golden vs transformers --float64: measured 2.4e-12 at worst; float32 golden vs transformers
 # float32: measured 3.6e-4 at worst (different summation order, logits of magnitude ~25).
 TOL = {np.float64: 1e-9, np.float32: 5e-3}

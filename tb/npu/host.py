@@ -7,7 +7,7 @@ of it (the KV cache, the logits, the scratch area and every byte the program mus
 logit difference to the float64 golden model `sim.gemma3n.Model`, and the NPU's CSR counters.
 
 `load_npz` reads the oracle format (``config_json``, ``w/<tensor>``, ``input_ids``; as
-``../shared/oracle/`` writes it) directly with NumPy.
+``tests/fixtures/hf_gemma3n_tiny.py`` writes it) directly with NumPy.
 """
 
 from __future__ import annotations
