@@ -2,8 +2,9 @@
 
 The model runs the compiled token program through the ISS's ``count`` arithmetic (no weights needed, so it
 runs for E4B), which counts what the RTL controller does (`hdl/controller.py`, docs/architecture.md): the
-instructions, the bytes each DDR region moves, and the controller's **passes** by kind (`sim.iss.Counters`
-``passes`` / ``pass_elements``) and scalar-ALU operations. Cycles follow from per-kind costs (`Rates`):
+instructions, the bytes each DDR region moves, and the steps of the controller's plan of each instruction
+(`sim.plan`): its **passes** by kind (`sim.iss.Counters` ``passes`` / ``pass_elements``) and scalar-ALU
+operations. Cycles follow from per-kind costs (`Rates`):
 
 - ``weights``: WGEMV weight + scale bytes at the GEMV engine's streaming rate (ports x beat x
   ``gemv_efficiency``, capped by the DDR at ``ddr_efficiency``) plus ``gemv_fixed`` per WGEMV (quantiser
@@ -47,6 +48,7 @@ import numpy as np
 from hdl.config import HardwareConfig
 from hdl.l2 import LANES
 from sim.config import ModelConfig
+from sim.plan import ATTN_RECIP, DESC_LOAD, PASS_KINDS, Gemm, wgemm_steps
 
 from .cli import NON_NEGATIVE, POSITIVE, arg_type
 
@@ -55,17 +57,30 @@ __all__ = ["Rates", "TokenEstimate", "Schedule", "estimate", "cycles_of", "sched
            "PrefillEstimate", "prefill"]
 
 DDR_PEAK_BYTES_PER_S = 19.2e9          # KV260: DDR4-2400, 64 bit (shared/reference/perf-anchors.md)
-PASS_KINDS = ("sfu", "vec", "reduce", "copy", "quant", "ddr_read", "ddr_write")
 # Elements per cycle of a pass kind beyond `Rates.elements_per_cycle`: the quantiser passes and the SFU's short
 # path (element-wise and reductions, from L2) take L2 words (four elements) per cycle (`hdl.l2.ElemReader` beats
 # into `hdl.quant.ActQuantizer` or the four lanes of `hdl.sfu.Sfu`, `hdl.l2.ElemWriter` beats back into L2).
 PASS_LANES = {"quant": LANES, "vec": LANES, "reduce": LANES}
-DESC_ELEMENTS = 8                      # a descriptor load: one DDR read pass of 8 words (sim.iss._count_passes)
 
 
-def _desc_cycles(rates: "Rates") -> float:
-    """One descriptor load: a DDR read pass of `DESC_ELEMENTS` elements."""
-    return rates.ddr_read_pass + DESC_ELEMENTS / rates.elements_per_cycle
+def _element_cycles(kind: str, elements, rates: Rates) -> float:
+    """The cycles of `elements` elements of passes of `kind` (`sim.plan.PASS_KINDS`) beyond their fixed costs."""
+    return elements / PASS_LANES.get(kind, 1) / rates.elements_per_cycle
+
+
+def _pass_cycles(kind: str, passes, elements, rates: Rates) -> float:
+    """`passes` passes of `kind` moving `elements` elements in all: each pass's fixed cost, then the elements."""
+    return passes * getattr(rates, f"{kind}_pass") + _element_cycles(kind, elements, rates)
+
+
+def _step_cycles(step, rates: Rates) -> float:
+    """One pass (`sim.plan.Pass`)."""
+    return _pass_cycles(step.kind, 1, step.n, rates)
+
+
+def _desc_cycles(rates: Rates) -> float:
+    """One descriptor load (`sim.plan.DESC_LOAD`)."""
+    return _step_cycles(DESC_LOAD, rates)
 
 
 @dataclass(frozen=True)
@@ -215,9 +230,9 @@ def _wgemm_terms(g: Wgemm, hw: HardwareConfig, rates: Rates):
     """One WGEMM's cycles as ``known + sum(coef[k] * rates.k)`` (the form `fit_rates` needs), and the cycles of
     its last token tile (what an async WGEMM leaves running). Each `max` below is resolved at `rates`.
 
-    Per instruction: its descriptor load (a DDR read pass of 8 elements; `issue` comes from the instruction
-    count). Per token tile of n <= R tokens (hdl/controller.py WM_T .. WM_G, one tile after another):
-    n quantiser passes (``cols`` elements at one per cycle + `gemm_quant`), then the GEMM unit
+    Per instruction: its descriptor load (`sim.plan.DESC_LOAD`; `issue` comes from the instruction count). Per
+    token tile of n <= R tokens (`sim.plan.wgemm_steps`, one tile after another): its n quantiser passes
+    (``cols`` elements each at one per cycle + `gemm_quant`), then the GEMM unit
     (hdl/gemm.py): `gemm_tile` + the first chunk's fetch (not overlapped), then per row tile j of 2C rows
     ``max(kpad, fetch_j, out_{j-1})`` (the array's k-steps; the weight port's beats of the tile's chunks, the
     scale port's, the tile's bytes at the DDR rate; the previous row tile's output, which drains while this
@@ -238,8 +253,8 @@ def _wgemm_terms(g: Wgemm, hw: HardwareConfig, rates: Rates):
     scale_beats_row = -(-(-(-g.cols // hw.weight_group) * 2) // geo.beat)
     rt = -(-g.rows // geo.C2)
 
-    def tile(n):
-        tk, tc = float(n * g.cols), Counter({"gemm_quant": n, "gemm_tile": 1})
+    def tile(n, quant):
+        tk, tc = float(sum(p.n for p in quant)), Counter({"gemm_quant": len(quant), "gemm_tile": 1})
         tk += min(geo.rp, g.rows) * -(-chunks[0] // geo.beat) / port
         prev_out = None
         for j in range(rt):
@@ -256,23 +271,30 @@ def _wgemm_terms(g: Wgemm, hw: HardwareConfig, rates: Rates):
         tk, tc["gemm_row"] = tk + prev_out[1], tc["gemm_row"] + prev_out[2]
         return tk, tc
 
-    full, part = divmod(g.tokens, geo.R)
-    coef: Counter = Counter({"ddr_read_pass": 1})                  # the descriptor (+ DESC_ELEMENTS)
+    tiles: Counter = Counter()          # (tokens, its quantiser passes) -> token tiles, in the order they run
+    quant = []
+    for step in wgemm_steps(g.rows, g.cols, g.tokens, False, hw):
+        if isinstance(step, Gemm):
+            tiles[(step.tokens, tuple(quant))] += 1
+            quant = []
+        else:
+            quant.append(step)
+    coef: Counter = Counter({f"{DESC_LOAD.kind}_pass": 1})        # the descriptor (its elements: wgemm_cost)
     known = 0.0
-    for n, count in ((geo.R, full), (part, 1 if part else 0)):
-        if count:
-            tk, tc = tile(n)
-            known += count * tk
-            coef.update({k: count * v for k, v in tc.items()})
-            last = tk + sum(v * getattr(rates, k) for k, v in tc.items())
+    for (n, quant), count in tiles.items():
+        tk, tc = tile(n, quant)
+        known += count * tk
+        coef.update({k: count * v for k, v in tc.items()})
+        last = tk + sum(v * getattr(rates, k) for k, v in tc.items())
     return known, coef, last
 
 
 def wgemm_cost(g: Wgemm, hw: HardwareConfig, rates: Rates = Rates()) -> float:
     """Cycles of one WGEMM on the NPU, without its `issue` (`_wgemm_terms`)."""
     known, coef, _ = _wgemm_terms(g, hw, rates)
-    # coef counts the descriptor's ddr_read_pass (the form fit_rates needs): add only its elements here
-    return known + DESC_ELEMENTS / rates.elements_per_cycle + sum(v * getattr(rates, k) for k, v in coef.items())
+    # coef counts the descriptor's fixed cost (the form fit_rates needs): add only its elements here
+    return known + _element_cycles(DESC_LOAD.kind, DESC_LOAD.n, rates) + \
+        sum(v * getattr(rates, k) for k, v in coef.items())
 
 
 def wgemm_bounds(g: Wgemm, hw: HardwareConfig, rates: Rates = Rates()) -> tuple[float, float]:
@@ -314,10 +336,10 @@ def _sparse_extra(shapes, hw: HardwareConfig, rates: Rates) -> float:
 
 
 def _recip_beside(shape, hw: HardwareConfig, rates: Rates) -> float:
-    """What INT8 ATTN's RECIP pass (one element through the SFU) outlasts the two V GEMVs of `shape` it runs
-    beside by (negative: it is hidden)."""
+    """What INT8 ATTN's RECIP pass (`sim.plan.ATTN_RECIP`) outlasts the two V GEMVs of `shape` it runs beside
+    by (negative: it is hidden)."""
     v_gemvs = 2 * (rates.gemv_fixed + _sparse_gemv_time(shape, hw, rates)[0])
-    return rates.sfu_pass + 1 / rates.elements_per_cycle - v_gemvs
+    return _step_cycles(ATTN_RECIP, rates) - v_gemvs
 
 
 def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dict, dict]:
@@ -326,11 +348,10 @@ def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dic
     quantiser passes and the GEMM unit), their descriptor loads in ``ddr_read``."""
     ins = counters.instructions
     n_wgemv = sum(v for k, v in ins.items() if k == "WGEMV")
-    per_kind = {k: getattr(rates, f"{k}_pass") for k in PASS_KINDS}
     by_op: Counter = Counter()
     units: Counter = Counter()
     for (op, kind), n in counters.passes.items():
-        c = n * per_kind[kind] + counters.pass_elements[(op, kind)] / PASS_LANES.get(kind, 1) / rates.elements_per_cycle
+        c = _pass_cycles(kind, n, counters.pass_elements[(op, kind)], rates)
         units[kind] += c
         by_op[op] += c
     rate = _stream_rate(hw, rates)
@@ -431,9 +452,9 @@ def schedule(machine, words, hw: HardwareConfig, rates: Rates, *, token: int, po
             last = _wgemm_terms(gemms[0], hw, rates)[2] if insn.async_ else 0.0
             t += front - last
             if insn.async_:
-                d, R = gemms[0], hw.systolic_rows
+                d = gemms[0]
                 stride = -(-d.rows // LANES) * LANES                    # token rows start on L2 words
-                n_last = d.tokens - (d.tokens - 1) // R * R
+                n_last = m.steps[-1].tokens                             # the last token tile's (sim.plan)
                 lo = insn.dst * LANES + (d.tokens - n_last) * stride
                 state["g"] = (lo, lo + (n_last - 1) * stride + d.rows)
                 g_end = t + last
@@ -467,14 +488,14 @@ def features(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> dict:
     known = _sparse_extra(counters.sparse_gemvs, hw, rates) + _sparse_extra(counters.attn_sparse_gemvs, hw, rates)
     for shape, n in counters.attn_recips.items():     # a RECIP pass that outlasts its V GEMVs: the difference
         if _recip_beside(shape, hw, rates) > 0:
-            f["sfu_pass"] += n
+            f[f"{ATTN_RECIP.kind}_pass"] += n
             f["gemv_fixed"] -= 2 * n
-            elements += n
+            elements += n * ATTN_RECIP.n / PASS_LANES.get(ATTN_RECIP.kind, 1)
             known -= 2 * n * _sparse_gemv_time(shape, hw, rates)[0]
     for g in gemms:
         k, coef, _ = _wgemm_terms(g, hw, rates)
         known += k
-        elements += DESC_ELEMENTS
+        elements += DESC_LOAD.n / PASS_LANES.get(DESC_LOAD.kind, 1)
         f.update(coef)
     return dict(f) | {"_elements": elements, "_streaming": streaming, "_known": known}
 

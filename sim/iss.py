@@ -20,7 +20,8 @@ primitive functions): a division is a multiply by a reciprocal, a mean a sum tim
 composition and the hardware run is what the RTL must reproduce bit for bit.
 
 Counters (`Counters`) record what does not depend on timing: instructions per opcode and bytes read and
-written per DDR region, with sparse column skipping counted as the hardware fetches.
+written per DDR region, with sparse column skipping counted as the hardware fetches, and the steps the
+controller starts for each instruction (its plan, `sim.plan`; `Machine.plan_of`, ``Machine.steps``).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hdl.isa import (
-    VEC_REDUCTIONS, CtrlFunc, CvoFunc, DdrRegion, DecodeError, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache,
-    VecFunc, decode,
+    SCALAR_REGS, SHAPE_SLOTS, VEC_REDUCTIONS, CtrlFunc, CvoFunc, DdrRegion, DecodeError, DmaDir, ErrorCode, Opcode,
+    ScalarFunc, ShapeCache, VecFunc, decode,
 )
 
 from .config import ModelConfig, check_index
@@ -41,6 +42,7 @@ from .gemma3n import check_weight_dtype, check_weight_values
 from . import sfu
 from .numerics import (V_PLANE_LOG2_GROUP, KvInt8Layout, gemv, pack_int4, quantize_activations, quantize_kv_k,
                        quantize_kv_v, unpack_int4)
+from .plan import Alu, Engine, Pass, State, attn_positions, plan
 from .systolic import gemm
 
 __all__ = ["Machine", "Counters", "ExecutionError", "REFERENCE", "HARDWARE", "COUNT"]
@@ -48,7 +50,6 @@ __all__ = ["Machine", "Counters", "ExecutionError", "REFERENCE", "HARDWARE", "CO
 REFERENCE = "reference"
 HARDWARE = "hardware"
 COUNT = "count"      # no arithmetic: instructions and bytes only (E4B without its weights)
-N_SREGS = 8
 
 
 class ExecutionError(RuntimeError):
@@ -68,11 +69,11 @@ class Counters:
     bytes_written: Counter = field(default_factory=Counter)
     weight_bytes_skipped: int = 0                                  # sparse WGEMV columns not fetched
     elements: Counter = field(default_factory=Counter)             # opcode name -> elements processed
-    # The RTL controller's passes (docs/architecture.md): (opcode name, kind) -> passes and elements. Kinds: "sfu"
-    # (through the SFU's long path: the functions), "vec" (its short path: the element-wise arithmetic,
-    # `hdl.sfu.SHORT_OPS`), "reduce" (the short path to one result), "copy" (L2 -> L2 or a scalar), "quant"
-    # (L2 -> the activation quantiser, four elements per cycle: `hdl.l2.ElemReader` beats), "ddr_read",
-    # "ddr_write".
+    # The RTL controller's passes (`sim.plan`, docs/architecture.md): (opcode name, kind) -> passes and elements.
+    # Kinds (`sim.plan.Pass.kind`): "sfu" (through the SFU's long path: the functions), "vec" (its short path:
+    # the element-wise arithmetic, `hdl.sfu.SHORT_OPS`), "reduce" (the short path to one result), "copy" (L2 ->
+    # L2 or a scalar), "quant" (L2 -> the activation quantiser, four elements per cycle: `hdl.l2.ElemReader`
+    # beats), "ddr_read", "ddr_write". Not a WGEMM's: `firmware.perf.wgemm_cost` prices it from its shape.
     passes: Counter = field(default_factory=Counter)
     pass_elements: Counter = field(default_factory=Counter)
     alu_ops: int = 0                                               # scalar-ALU operations (add, mul, int->float)
@@ -213,9 +214,9 @@ class Machine:
         self.scratch_elements = hw.l2_scratch_bytes // 4     # the controller's buffers (ROPE, ATTN, CVO accm)
         self.l2 = np.zeros(self.l2_words * 4, dtype=self.dtype)
         self.model = ModelConfig.from_hf(image.config)
-        self.s = np.zeros(N_SREGS, dtype=self.dtype)
-        self.shape_cache = {ShapeCache.FMAP: np.zeros((64, 3), np.int64),
-                            ShapeCache.WEIGHT: np.zeros((64, 3), np.int64)}
+        self.s = np.zeros(SCALAR_REGS, dtype=self.dtype)
+        self.shape_cache = {ShapeCache.FMAP: np.zeros((SHAPE_SLOTS, 3), np.int64),
+                            ShapeCache.WEIGHT: np.zeros((SHAPE_SLOTS, 3), np.int64)}
         self.vl = 0
         self.hd = 0
         self.emax = self.dtype(0)
@@ -225,6 +226,8 @@ class Machine:
         self.pos = 0
         self.counters = Counters()
         self.touched: list[tuple[int, int]] = []     # L2 element ranges [lo, hi) the current instruction used
+        self.steps: list = []                         # the controller's steps for it (`plan_of`)
+        self._v_nonzero: list = []    # INT8 ATTN: per head, the V columns its first chunk's GEMVs fetch (or None: all)
         self._kv = {}
         self._const_index = sorted((e.offset, e.nbytes, name) for name, e in image.tensors.items()
                                    if e.region == "CONST")
@@ -318,7 +321,8 @@ class Machine:
 
         `trace`, if given, is called after every executed instruction (HALT included) as
         ``trace(pc, insn, machine)``; ``machine.touched`` then holds the L2 element ranges the instruction
-        read or wrote (outside the controller's scratch), ``machine.counters`` its counts so far.
+        read or wrote (outside the controller's scratch), ``machine.steps`` the steps the controller started for
+        it (`sim.plan.plan`, what ``counters.passes`` counts), ``machine.counters`` its counts so far.
 
         `token` and `pos` are what the host writes to TOKEN_ID and POSITION: Python or NumPy integers in
         ``[0, 2**32)`` (TypeError or ValueError otherwise, in `firmware.runtime.Runtime.step`'s words). A token
@@ -339,7 +343,7 @@ class Machine:
             name = insn.op.name + ("." + insn.fields["func"].name if "func" in insn.fields else "")
             self.counters.instructions[name] += 1
             self._name = name
-            self.touched = []
+            self.touched, self.steps, self._v_nonzero = [], [], []
             if insn.op is Opcode.CTRL and insn.func is CtrlFunc.HALT:
                 if trace is not None:
                     trace(pc, insn, self)
@@ -348,7 +352,8 @@ class Machine:
                 getattr(self, "_x_" + insn.op.name.lower())(insn)
             except ExecutionError as e:
                 raise ExecutionError(e.code, pc, str(e).split(": ", 1)[-1]) from None
-            self._count_passes(insn)
+            self.steps = self.plan_of(insn)
+            self._count_steps(insn, self.steps)
             if trace is not None:
                 trace(pc, insn, self)
         raise ExecutionError(ErrorCode.BAD_LENGTH, len(program), "the program ended without HALT")
@@ -385,95 +390,51 @@ class Machine:
         self.counters.bytes_read["DESC"] += 32
         return self.image.descriptors[index]
 
-    def _count_passes(self, i) -> None:
-        """The passes the RTL controller runs for instruction `i` (hdl/controller.py; the perf model's input)."""
-        c = self.counters
+    def plan_of(self, insn) -> list:
+        """The steps the controller starts for the decoded instruction `insn` in the machine's current state
+        (`sim.plan.plan`: VL, HD, POSITION, the descriptor it names, ATTN's FMAP entry). `run` keeps the plan of
+        each executed instruction in ``steps``."""
+        index = insn.slot if insn.op in (Opcode.KVST, Opcode.ATTN) else insn.fields.get("desc")
+        if index is not None and index >= len(self.image.descriptors):
+            raise ValueError(f"{insn.op.name} names descriptor {index}; the table has "
+                             f"{len(self.image.descriptors)}")
+        fmap = (0, 0, 0)
+        if insn.op is Opcode.ATTN:
+            fmap = tuple(int(v) for v in self.shape_cache[ShapeCache.FMAP][insn.shape_ptr])
+        state = State(vl=self.vl, hd=self.hd, pos=self.pos,
+                      desc=None if index is None else self.image.descriptors[index], fmap=fmap)
+        return plan(insn, state, self.hw)
 
-        def add(kind, n, times=1):
-            c.passes[(i.op.name, kind)] += times
-            c.pass_elements[(i.op.name, kind)] += n * times
-
-        op = i.op
-        if op is Opcode.SCALAR:
-            if i.func in (ScalarFunc.RSQRT, ScalarFunc.SQRT, ScalarFunc.RECIP, ScalarFunc.TANH):
-                add("sfu", 1)
-            elif i.func in (ScalarFunc.LD, ScalarFunc.ST):
-                add("copy", 1)
-            elif i.func not in (ScalarFunc.LI, ScalarFunc.MAX, ScalarFunc.MAXI):
-                c.alu_ops += 1
-        elif op is Opcode.DMA:
-            add("ddr_read" if i.dir is DmaDir.DDR_TO_L2 else "ddr_write", self.vl)
-        elif op is Opcode.VEC:
-            f, n, hd = i.func, self.vl, self.hd
-            if f in VEC_REDUCTIONS:
-                add("reduce", n)
-            elif f in (VecFunc.RMSNORM, VecFunc.RMSNORM_NG):
-                seg = n // hd
-                add("reduce", hd, seg)
-                add("sfu", 1, seg)                                       # rsqrt
-                add("vec", hd, seg)                                      # x * r (* g: MULS_MUL)
-                c.alu_ops += 2 * seg
-            elif f is VecFunc.ROPE:
-                add("vec", hd // 2, 6 * (n // hd))
-            else:
-                add("sfu" if f is VecFunc.GELU_MUL else "vec", n)
-        elif op is Opcode.CVO:
-            f, n = i.func, i.length
-            if f in (CvoFunc.SOFTCAP,) or (f is CvoFunc.SCALE and i.recip_scale):
-                add("sfu", 1)
-            add("reduce" if f in (CvoFunc.REDUCE_SUM, CvoFunc.REDUCE_MAX) else "sfu", n)
-            if i.accm and f in (CvoFunc.REDUCE_SUM, CvoFunc.REDUCE_MAX):
-                add("vec", 1)                                            # + the previous result
-            elif i.accm and f in (CvoFunc.ROPE_COS, CvoFunc.ROPE_SIN):
-                add("vec", n)
-        elif op in (Opcode.WGEMV, Opcode.GATHER, Opcode.KVST, Opcode.ATTN):
-            add("ddr_read", 8)                                           # the descriptor
-            d = self.image.descriptors[i.slot if op in (Opcode.KVST, Opcode.ATTN) else i.desc]
-            if op is Opcode.WGEMV:
-                if not i.reuse:
-                    add("quant", d.cols)                                 # L2 -> quantiser
-                if i.findemax:
-                    add("reduce", d.rows)
-            elif op is Opcode.GATHER:
-                add("ddr_read", d.cols)
-            elif op is Opcode.KVST:
-                if self.hw.kv_format == "int8":
-                    # per KV head: K one quantiser pass into the packer, V two, then the planes' words (8
-                    # nibbles each) and the scales out to DDR
-                    nb = self._kv_layout(d).kblocks
-                    add("quant", d.head_dim, 3 * d.heads)      # K; V twice (its row exponent, then q)
-                    add("ddr_write", d.head_dim // 8, 4 * d.heads)
-                    add("ddr_write", nb, 2 * d.heads)
-                    add("ddr_write", 1, d.heads)
-                else:
-                    add("ddr_write", d.cols, 2)
-            elif self.hw.kv_format == "int8":
-                heads, hd, window = (int(v) for v in self.shape_cache[ShapeCache.FMAP][i.shape_ptr])
-                n = min(self.pos + 1, window) if window else self.pos + 1
-                chunks = -(-n // self.hw.gemv_max_cols)
-                # per head: q into the quantiser, the two K GEMVs (engine), MAX, EXP, SUM, the V row scales
-                # (from DDR) times the weights, per chunk the weights into the quantiser and two V GEMVs (RECIP
-                # beside the first chunk's: `Counters.attn_recips`), then the output times recip(sum)
-                add("quant", hd, heads)
-                add("reduce", n, 2 * heads)
-                add("sfu", n, heads)                                     # exp
-                add("ddr_read", n, heads)                 # the V row scales (from DDR) times the weights
-                add("quant", n, heads)
-                c.passes[(i.op.name, "quant")] += heads * (chunks - 1)
-                add("vec", hd, heads)
-            else:
-                heads, hd, window = (int(v) for v in self.shape_cache[ShapeCache.FMAP][i.shape_ptr])
-                n = min(self.pos + 1, window) if window else self.pos + 1
-                add("ddr_read", hd, 2 * n)                               # K and V rows
-                add("reduce", hd, n * heads)                             # scores
-                add("reduce", n, 2 * heads)                              # max, sum
-                add("sfu", n, heads)                                     # exp
-                add("vec", n, heads)                                     # scale
-                add("sfu", 1, heads)                                     # recip
-                add("copy", 1, n * heads)                                # p into a scalar
-                add("vec", hd, n * heads)                                # p * V
-        elif op is Opcode.WGEMM:
-            pass
+    def _count_steps(self, insn, steps) -> None:
+        """Count the controller's `steps` for `insn` (its plan): passes by kind with their elements, ALU
+        operations, and INT8 ATTN's RECIP passes by the shape of the V GEMV they run beside (with the V columns
+        that GEMV fetches, `_v_nonzero`). A WGEMM's steps are not counted: `firmware.perf.wgemm_cost` prices
+        the instruction from its shape."""
+        if insn.op is Opcode.WGEMM:
+            return
+        c, name = self.counters, insn.op.name
+        # a plan repeats a few step objects (ATTN: per position and head), so count each object once
+        times = Counter(map(id, steps))
+        beside = False
+        for k, step in dict(zip(map(id, steps), steps, strict=True)).items():
+            if isinstance(step, Alu):
+                c.alu_ops += times[k]
+            elif isinstance(step, Pass) and step.beside:
+                beside = True
+            elif isinstance(step, Pass):
+                key = (name, step.kind)
+                c.passes[key] += times[k]
+                c.pass_elements[key] += times[k] * step.n
+        if not beside:
+            return
+        engine, nonzero = None, iter(self._v_nonzero)
+        for step in steps:
+            if isinstance(step, Engine):
+                engine = step
+            elif isinstance(step, Pass) and step.beside:
+                nz = next(nonzero, None)
+                c.attn_recips[(engine.rows, engine.cols, 1 << V_PLANE_LOG2_GROUP,
+                               engine.cols if nz is None else nz)] += 1
 
     # --- instructions -----------------------------------------------------------------------------------
 
@@ -796,8 +757,8 @@ class Machine:
 
     def _x_memset(self, i):
         if i.cache is ShapeCache.SCALAR:
-            if i.slot >= N_SREGS or i.c:
-                self._err(ErrorCode.BAD_FUNCTION, "MEMSET SCALAR needs slot < 8 and c = 0")
+            if i.slot >= SCALAR_REGS or i.c:
+                self._err(ErrorCode.BAD_FUNCTION, f"MEMSET SCALAR needs slot < {SCALAR_REGS} and c = 0")
             self.s[i.slot] = self._imm(i.a << 16 | i.b)
         else:
             self.shape_cache[i.cache][i.slot] = (i.a, i.b, i.c)
@@ -843,7 +804,7 @@ class Machine:
         # positions than the window, or a full-attention layer) only positions below its capacity.
         if (not window or window > d.capacity) and self.pos >= d.capacity:
             self._err(ErrorCode.ADDRESS_RANGE, f"position {self.pos} exceeds the KV slot ({d.capacity} positions)")
-        seen = min(self.pos + 1, window) if window else self.pos + 1
+        seen = attn_positions(self.pos, window)
         int8 = self.hw.kv_format == "int8"
         if int8:
             self.act_x, self.act_n = None, 0        # its GEMVs quantise into the engine (WGEMV reuse)
@@ -923,6 +884,7 @@ class Machine:
         fetched for head h (the sparse GEMV skips the positions whose quantised weight is 0)."""
         c, hw, hd = self.counters, self.hw, d.head_dim
         k_bytes = 2 * (n * hd // 2 + n * self._kv_layout(d).kblocks * 2)     # both planes and their scales
+        self._v_nonzero = [nz[0] if isinstance(nz, list) else None for nz in nonzero[:heads]]
         for h in range(heads):
             v_bytes = 0
             for c0 in range(0, n, hw.gemv_max_cols):
@@ -932,8 +894,6 @@ class Machine:
                 shape = (hd, cols, 1 << V_PLANE_LOG2_GROUP, int(nz))
                 c.attn_sparse_gemvs[shape] += 2
                 c.attn_gemvs += 2
-                if c0 == 0:
-                    c.attn_recips[shape] += 1
             c.attn_gemvs += 2
             c.attn_gemv_bytes += k_bytes + v_bytes
             c.bytes_read["KV"] += k_bytes + v_bytes + n * 2           # + the V row scales

@@ -1,0 +1,300 @@
+"""The controller's plan of one instruction: the steps the RTL controller starts for it, in order.
+
+The controller (hdl/controller.py, docs/architecture.md "Controller") executes an instruction as a short
+sequence of steps. `plan` states that sequence once, from the decoded instruction and the machine state it
+depends on; the ISS counts its steps (`sim.iss.Counters`: ``passes``, ``pass_elements``, ``alu_ops``,
+``attn_recips``), the perf model prices them (`firmware.perf`), and a full-chip bench monitor can compare them
+with the steps the RTL starts, instruction by instruction. Four kinds of step:
+
+- `Pass`: one pass of the pass engine, `n` elements from a source through the SFU (or around it: ``op``
+  None, the controller's ``bypass``) into a sink. ``src``, ``b`` and ``sink`` are the names of the
+  controller's ``Src``, ``BSrc`` and ``Sink`` members, ``op`` the name of an `hdl.sfu.SfuOp` member.
+- `Engine`: one command to the GEMV engine (WGEMV; INT8 ATTN's K and V GEMVs).
+- `Gemm`: one WGEMM token tile to the GEMM unit, after that tile's quantiser passes (one per token).
+- `Alu`: one scalar-ALU operation (binary32 add, multiply or int -> float).
+
+Where the controller starts an engine command and a pass in one state (INT8 ATTN: a head's first V GEMV and
+the RECIP pass of its softmax sum), the `Engine` step comes first and the pass has ``beside=True``.
+
+The plan is that of an instruction that passes its checks; a failing instruction stops somewhere in it (the
+ISS reports where and why). Values the controller reads from a descriptor come from the `firmware.pack`
+descriptor the instruction names (`State.desc`; a KV slot's width is ``heads * head_dim``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hdl.isa import DESC_WORDS, VEC_REDUCTIONS, CvoFunc, DmaDir, Opcode, ScalarFunc, VecFunc
+from hdl.sfu import REDUCE_OPS, SHORT_OPS, SfuOp
+
+__all__ = ["Pass", "Engine", "Gemm", "Alu", "Step", "State", "plan", "wgemm_steps", "attn_positions", "PASS_KINDS",
+           "SOURCES", "B_SOURCES", "SINKS", "DESC_LOAD", "ATTN_RECIP"]
+
+# The names of the controller's Src, BSrc and Sink members (tests/test_plan.py checks them against
+# hdl.controller): strings, so that the model does not depend on the controller.
+SOURCES = ("L2", "PAIRS", "DDR", "REG", "PACK")
+B_SOURCES = ("NONE", "L2", "REG")
+SINKS = ("L2", "REG", "DDR", "DESC", "QUANT")
+# What a pass costs like (firmware.perf.Rates: ``<kind>_pass``): "sfu" (the SFU's functions), "vec" (its short
+# path, element-wise: `hdl.sfu.SHORT_OPS` from L2), "reduce" (the short path to one result), "copy" (around the
+# SFU, L2 or a scalar into L2 or a scalar), "quant" (L2 -> the activation quantiser), "ddr_read", "ddr_write".
+PASS_KINDS = ("sfu", "vec", "reduce", "copy", "quant", "ddr_read", "ddr_write")
+
+_OPS = frozenset(op.name for op in SfuOp)
+_REDUCE = frozenset(op.name for op in REDUCE_OPS)
+_SHORT = frozenset(op.name for op in SHORT_OPS)
+
+
+def _check_count(owner: str, name: str, v, least: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        requirement = "a positive integer" if least == 1 else f"an integer >= {least}"
+        raise ValueError(f"{owner}.{name} must be {requirement}, not {v!r}")
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One pass: `n` elements (the controller's ``p_n``) from `src` (and `b`) through SFU operation `op` (None:
+    around the SFU) into `sink`. `beside`: started in the same state as the `Engine` step before it, and run
+    beside that command (INT8 ATTN's RECIP)."""
+    op: str | None
+    src: str
+    b: str
+    sink: str
+    n: int
+    beside: bool = False
+
+    def __post_init__(self):
+        if self.op is not None and self.op not in _OPS:
+            raise ValueError(f"Pass.op must be None or the name of an hdl.sfu.SfuOp member, not {self.op!r}")
+        for name, names in (("src", SOURCES), ("b", B_SOURCES), ("sink", SINKS)):
+            if getattr(self, name) not in names:
+                raise ValueError(f"Pass.{name} must be one of {', '.join(names)}, not {getattr(self, name)!r}")
+        _check_count("Pass", "n", self.n, 1)
+
+    @property
+    def kind(self) -> str:
+        """What the pass costs like (`PASS_KINDS`)."""
+        if self.sink == "DDR":
+            return "ddr_write"
+        if self.src == "DDR":
+            return "ddr_read"
+        if self.sink == "QUANT":
+            return "quant"
+        if self.op is None:
+            return "copy"
+        if self.op in _REDUCE:
+            return "reduce"
+        if self.op in _SHORT and self.src == "L2":
+            return "vec"
+        return "sfu"
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One GEMV engine command: `rows` x `cols` of INT4 weights (dense: row-major; `sparse`: column-major,
+    the columns of zero activations skipped), accumulating onto the old rows with `accm`."""
+    rows: int
+    cols: int
+    accm: bool
+    sparse: bool
+
+    def __post_init__(self):
+        _check_count("Engine", "rows", self.rows, 1)
+        _check_count("Engine", "cols", self.cols, 1)
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One WGEMM token tile: `tokens` (at most ``systolic_rows``) token vectors through `rows` x `cols` INT4
+    weights on the GEMM unit, accumulating with `accm`."""
+    rows: int
+    cols: int
+    tokens: int
+    accm: bool
+
+    def __post_init__(self):
+        for name in ("rows", "cols", "tokens"):
+            _check_count("Gemm", name, getattr(self, name), 1)
+
+
+@dataclass(frozen=True)
+class Alu:
+    """One scalar-ALU operation (SCALAR ADD/SUB/MUL/MULI/ADDI/LDPOS; RMSNORM's two per segment)."""
+
+
+Step = Pass | Engine | Gemm | Alu
+
+
+@dataclass(frozen=True)
+class State:
+    """The machine state a plan depends on.
+
+    Parameters
+    ----------
+    vl, hd : the vector length VL and head dimension HD (CTRL SETVL, SETHD)
+    pos : the POSITION register
+    desc : the `firmware.pack.Descriptor` the instruction names (WGEMV, WGEMM, GATHER: ``desc``; KVST, ATTN:
+        ``slot``), as `sim.iss.Machine` holds it in ``image.descriptors``; None for the others
+    fmap : ATTN: the FMAP shape-cache entry at its ``shape_ptr``, (heads, head_dim, window)
+    """
+    vl: int = 0
+    hd: int = 0
+    pos: int = 0
+    desc: object = None
+    fmap: tuple[int, int, int] = (0, 0, 0)
+
+
+# The descriptor load of WGEMV, WGEMM, GATHER, KVST and ATTN: its `hdl.isa.DESCRIPTOR` words from DDR
+DESC_LOAD = Pass(None, "DDR", "NONE", "DESC", DESC_WORDS)
+# INT8 ATTN: 1 / sum of a head's softmax, beside the head's first V GEMV
+ATTN_RECIP = Pass("RECIP", "REG", "NONE", "REG", 1, beside=True)
+
+
+def _quant(n: int) -> Pass:
+    return Pass(None, "L2", "NONE", "QUANT", n)
+
+
+def attn_positions(pos: int, window: int) -> int:
+    """The positions ATTN attends to at position `pos` (its ``a_n``): all up to `pos`, or the last `window`."""
+    return min(pos + 1, window) if window else pos + 1
+
+
+def wgemm_steps(rows: int, cols: int, tokens: int, accm: bool, hw) -> list:
+    """A WGEMM's steps after its descriptor load: per token tile of up to ``hw.systolic_rows`` tokens, one
+    quantiser pass per token, then the tile's `Gemm`."""
+    steps = []
+    for t0 in range(0, tokens, hw.systolic_rows):
+        n = min(hw.systolic_rows, tokens - t0)
+        steps += [_quant(cols)] * n + [Gemm(rows, cols, n, bool(accm))]
+    return steps
+
+
+def _scalar(i, st, hw):
+    f = i.func
+    if f in (ScalarFunc.ADD, ScalarFunc.SUB, ScalarFunc.MUL, ScalarFunc.MULI, ScalarFunc.ADDI, ScalarFunc.LDPOS):
+        return [Alu()]
+    if f in (ScalarFunc.RSQRT, ScalarFunc.SQRT, ScalarFunc.RECIP, ScalarFunc.TANH):
+        return [Pass(f.name, "REG", "NONE", "REG", 1)]
+    if f is ScalarFunc.LD:
+        return [Pass(None, "L2", "NONE", "REG", 1)]
+    if f is ScalarFunc.ST:
+        return [Pass(None, "REG", "NONE", "L2", 1)]
+    return []                                   # LI, MAX, MAXI: in the register file, at once
+
+
+def _dma(i, st, hw):
+    if i.dir is DmaDir.DDR_TO_L2:
+        return [Pass(None, "DDR", "NONE", "L2", st.vl)]
+    if i.dir is DmaDir.L2_TO_DDR:
+        return [Pass(None, "L2", "NONE", "DDR", st.vl)]
+    return []                                   # L2_TO_L2 is BAD_FUNCTION
+
+
+_TWO_OPERAND = (VecFunc.ADD, VecFunc.SUB, VecFunc.MUL, VecFunc.FMAS, VecFunc.GELU_MUL, VecFunc.DOT)
+
+
+def _vec(i, st, hw):
+    f, n, hd = i.func, st.vl, st.hd
+    if f in (VecFunc.RMSNORM, VecFunc.RMSNORM_NG):
+        # per HD segment: SUMSQ -> s; s * fp32(1/HD), + S[s] in the ALU; RSQRT; x * r (* g: MULS_MUL) into dst
+        scale = Pass("MULS_MUL", "L2", "L2", "L2", hd) if f is VecFunc.RMSNORM else Pass("MULS", "L2", "NONE", "L2", hd)
+        return [Pass("SUMSQ", "L2", "NONE", "REG", hd), Alu(), Alu(), Pass("RSQRT", "REG", "NONE", "REG", 1),
+                scale] * (n // hd)
+    if f is VecFunc.ROPE:
+        # per head: four products into the scratch (x1 cos, x2 sin, x2 cos, x1 sin), then SUB and ADD into dst
+        half = hd // 2
+        return [Pass(op, "L2", "L2", "L2", half) for op in ("MUL", "MUL", "MUL", "MUL", "SUB", "ADD")] * (n // hd)
+    b = "L2" if f in _TWO_OPERAND else "NONE"
+    return [Pass(f.name, "L2", b, "REG" if f in VEC_REDUCTIONS else "L2", n)]
+
+
+def _cvo(i, st, hw):
+    f, n = i.func, i.length
+    rope = f in (CvoFunc.ROPE_COS, CvoFunc.ROPE_SIN)
+    red = f in (CvoFunc.REDUCE_SUM, CvoFunc.REDUCE_MAX)
+    staged = bool(i.accm) and (rope or red)     # the result into the scratch, then added to dst
+    steps = []
+    if f is CvoFunc.SOFTCAP or (f is CvoFunc.SCALE and i.recip_scale):
+        steps.append(Pass("RECIP", "REG", "NONE", "REG", 1))           # 1 / S[0]
+    steps.append(Pass(f.name, "PAIRS" if rope else "L2", "L2" if i.accm and not staged else "NONE", "L2", n))
+    if staged:
+        steps.append(Pass("ADD", "L2", "L2", "L2", 1 if red else n))
+    return steps
+
+
+def _wgemv(i, st, hw):
+    d = st.desc
+    steps = [DESC_LOAD] + ([] if i.reuse else [_quant(d.cols)])
+    steps.append(Engine(d.rows, d.cols, bool(i.accm), bool(i.sparse)))
+    if i.findemax:
+        steps.append(Pass("REDUCE_MAX", "L2", "NONE", "REG", d.rows))
+    return steps
+
+
+def _wgemm(i, st, hw):
+    d = st.desc
+    return [DESC_LOAD] + wgemm_steps(d.rows, d.cols, i.tokens, i.accm, hw)
+
+
+def _gather(i, st, hw):
+    return [DESC_LOAD, Pass(None, "DDR", "NONE", "L2", st.desc.cols)]
+
+
+def _kvst(i, st, hw):
+    d = st.desc
+    if hw.kv_format == "fp16":
+        w = d.heads * d.head_dim
+        return [DESC_LOAD, Pass(None, "L2", "NONE", "DDR", w), Pass(None, "L2", "NONE", "DDR", w)]
+    # per KV head: K into the quantiser and the packer, its two plane rows (8 nibbles a word) and two scale rows
+    # out; V into the quantiser twice (its row exponent, then the values), its two plane columns and its scale
+    hd = d.head_dim
+    words = Pass(None, "PACK", "NONE", "DDR", hd // 8)
+    scales = Pass(None, "PACK", "NONE", "DDR", -(-hd // hw.act_block))
+    head = [_quant(hd), words, words, scales, scales, _quant(hd), _quant(hd), words, words,
+            Pass(None, "REG", "NONE", "DDR", 1)]
+    return [DESC_LOAD] + head * d.heads
+
+
+def _attn(i, st, hw):
+    heads, hd, window = st.fmap
+    n = attn_positions(st.pos, window)
+    if hw.kv_format == "fp16":
+        # per position (oldest first) the K row into the scratch and a DOT per head into the scores; per head
+        # MAX, EXP(s - max), SUM, RECIP, MULS; per position the V row and per head p into a scalar, p * V into dst
+        row = Pass(None, "DDR", "NONE", "L2", hd)
+        p = Pass(None, "L2", "NONE", "REG", 1)
+        steps = [DESC_LOAD] + ([row] + [Pass("DOT", "L2", "L2", "L2", hd)] * heads) * n
+        steps += [Pass("MAX", "L2", "NONE", "REG", n), Pass("EXP", "L2", "NONE", "L2", n),
+                  Pass("SUM", "L2", "NONE", "REG", n), Pass("RECIP", "REG", "NONE", "REG", 1),
+                  Pass("MULS", "L2", "NONE", "L2", n)] * heads
+        steps += [row] + [p, Pass("MULS", "L2", "NONE", "L2", hd)] * heads
+        steps += ([row] + [p, Pass("FMAS", "L2", "L2", "L2", hd)] * heads) * (n - 1)
+        return steps
+    # INT8: per head, the query into the quantiser; the K GEMVs (lo, then hi with accm) into the scratch; MAX,
+    # EXP(s - max), SUM; the V row scales (DDR) times the weights; per chunk of gemv_max_cols positions the
+    # weights into the quantiser and the V GEMVs (lo, hi), RECIP(sum) beside the first; then times recip(sum)
+    head = [_quant(hd), Engine(n, hd, False, False), Engine(n, hd, True, False),
+            Pass("MAX", "L2", "NONE", "REG", n), Pass("EXP", "L2", "NONE", "L2", n),
+            Pass("SUM", "L2", "NONE", "REG", n), Pass("MUL", "DDR", "L2", "L2", n)]
+    for c0 in range(0, n, hw.gemv_max_cols):
+        cols = min(hw.gemv_max_cols, n - c0)
+        head += [_quant(cols), Engine(hd, cols, c0 != 0, True)]
+        if c0 == 0:
+            head.append(ATTN_RECIP)
+        head.append(Engine(hd, cols, True, True))
+    head.append(Pass("MULS", "L2", "NONE", "L2", hd))
+    return [DESC_LOAD] + head * heads
+
+
+_PLANS = {Opcode.SCALAR: _scalar, Opcode.DMA: _dma, Opcode.VEC: _vec, Opcode.CVO: _cvo, Opcode.WGEMV: _wgemv,
+          Opcode.WGEMM: _wgemm, Opcode.GATHER: _gather, Opcode.KVST: _kvst, Opcode.ATTN: _attn}
+
+
+def plan(insn, state: State, hw) -> list:
+    """The steps (`Pass`, `Engine`, `Gemm`, `Alu`) the controller starts for the decoded instruction `insn`
+    (`hdl.isa.Instruction`) in machine state `state` on hardware `hw` (`hdl.config.HardwareConfig`), in the
+    order it starts them. CTRL and MEMSET start none (SETHD's 1/HD is a sequential divider), nor do the pccx
+    GEMV, GEMM and MEMCPY (BAD_FUNCTION)."""
+    fn = _PLANS.get(insn.op)
+    return [] if fn is None else fn(insn, state, hw)
