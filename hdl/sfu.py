@@ -8,7 +8,8 @@ Pieces
   registers gated by the shared ``en`` (so the whole pipeline holds when ``en`` is 0). The RTL of every
   function is the model's operation sequence, scheduled.
 - `SegmentPoly`: the evaluator ``((c3*t + c2)*t + c1)*t + c0`` (`sim.sfu.horner`) with the coefficient
-  table of `sim.sfu.table` in ROMs (one port per coefficient, read in the cycle it is used).
+  table of `hdl.sfu_tables.table` (shared with `sim.sfu`) in ROMs (one port per coefficient, read in the
+  cycle it is used).
 - `Shared` / `with_shared`: one unit (an evaluator with the concatenated tables, or a tagged adder,
   multiplier, ldexp) for builders that never run on the same element, picked per element by op; the
   requests wait (shift registers) for the latest of them, a start time learnt from dry layouts.
@@ -31,8 +32,8 @@ from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.isa import CvoFunc, VecFunc
-from sim import sfu as model
 
+from . import sfu_tables
 from .fp import NEG_ZERO, QNAN, FpAdd, FpLdexp, FpMul, _Pipe
 from .l2 import LANES
 
@@ -237,7 +238,7 @@ class SegmentPoly(wiring.Component):
 
     Parameters
     ----------
-    table : float32 array (segments, 4) from `sim.sfu.table`.
+    table : float32 array (segments, 4) from `hdl.sfu_tables.table`.
 
     Ports: ``en``, ``i_valid``, ``i_index``, ``i_t`` (binary32), ``o_valid``, ``o_y``; latency `latency`."""
 
@@ -436,11 +437,11 @@ def _normalise(f, mag):
 
 def recip_flow(f, x):
     """`sim.sfu.recip`."""
-    e_lo, _, j_bits = model.RECIP_GEOM
+    e_lo, _, j_bits = sfu_tables.RECIP_GEOM
     a2, e = _normalise(f, x)
     mant = f.comb(lambda b: Cat(b[:23], Const(127, 8)), a2, register=False)
     index, t = _logseg(f, mant, e_lo, j_bits, 1)
-    p = f.poly(model.table("recip"), index, t)
+    p = f.poly(sfu_tables.table("recip"), index, t)
     y = f.ldexp(p, f.comb(lambda v: -v, e, register=False))
 
     def special(v, yy):
@@ -453,12 +454,12 @@ def recip_flow(f, x):
 
 def sqrt_flow(f, x, rs):
     """`sim.sfu.sqrt` (``rs`` = 0) or `sim.sfu.rsqrt` (``rs`` = 1): one evaluator, both tables."""
-    e_lo, binades, j_bits = model.SQRT_GEOM
+    e_lo, binades, j_bits = sfu_tables.SQRT_GEOM
     a2, e = _normalise(f, x)
     z = f.comb(lambda b, ee: Cat(b[:23], Mux(ee[0], 128, 127)), a2, e, register=False)   # m * 2**(e&1)
     index, t = _logseg(f, z, e_lo, j_bits, binades, "t")
-    rows = len(model.table("sqrt"))
-    table = np.concatenate([model.table("sqrt"), model.table("rsqrt")])
+    rows = len(sfu_tables.table("sqrt"))
+    table = np.concatenate([sfu_tables.table("sqrt"), sfu_tables.table("rsqrt")])
     index2 = f.comb(lambda i, r: Cat(i, r), index, rs, register=False)
     assert rows == 1 << len(index[0])
     p = f.poly(table, index2, t)
@@ -477,29 +478,29 @@ def sqrt_flow(f, x, rs):
 
 def exp_flow(f, x):
     """`sim.sfu.exp` (Cody-Waite)."""
-    lo, hi = (_f32_bits(v) for v in model.EXP_CLAMP)
+    lo, hi = (_f32_bits(v) for v in sfu_tables.EXP_CLAMP)
     xc = f.comb(lambda v: Mux(_gt(Const(lo, 32), v), lo, Mux(_gt(v, Const(hi, 32)), hi, v)), x)
-    tm = f.add(f.mul(xc, f.const(_f32_bits(model.EXP_INV)), "m"), f.const(_f32_bits(model.EXP_MAGIC)))
-    magic = _f32_bits(model.EXP_MAGIC)
+    magic = _f32_bits(sfu_tables.EXP_MAGIC)
+    tm = f.add(f.mul(xc, f.const(_f32_bits(sfu_tables.EXP_INV)), "m"), f.const(magic))
     n = f.comb(lambda v: (v.as_signed() - magic)[:16].as_signed(), tm, register=False)
-    nf = f.add(tm, f.const(_f32_bits(-model.EXP_MAGIC)))
-    r1 = f.sub_(xc, f.mul(nf, f.const(_f32_bits(model.EXP_L_HI))))
-    r = f.sub_(r1, f.mul(nf, f.const(_f32_bits(model.EXP_L_LO))), "t")
+    nf = f.add(tm, f.const(_f32_bits(-sfu_tables.EXP_MAGIC)))
+    r1 = f.sub_(xc, f.mul(nf, f.const(_f32_bits(sfu_tables.EXP_L_HI))))
+    r = f.sub_(r1, f.mul(nf, f.const(_f32_bits(sfu_tables.EXP_L_LO))), "t")
     index = f.comb(lambda v: v[:5], n, register=False)
-    p = f.poly(model.table("exp"), index, r)
+    p = f.poly(sfu_tables.table("exp"), index, r)
     y = f.ldexp(p, f.comb(lambda v: v >> 5, n, register=False), "scale")
     return f.comb(lambda v, yy: Mux(_is_nan(v), QNAN, yy), x, y)
 
 
 def tanh_flow(f, x):
     """`sim.sfu.tanh`."""
-    e_lo, binades, j_bits = model.TANH_GEOM
-    lo, hi = _f32_bits(model.TANH_LO), _f32_bits(model.TANH_HI)
+    e_lo, binades, j_bits = sfu_tables.TANH_GEOM
+    lo, hi = _f32_bits(sfu_tables.TANH_LO), _f32_bits(sfu_tables.TANH_HI)
     a = f.comb(lambda v: v[:31], x, register=False)
     inside = f.comb(lambda v: (v >= lo) & (v < hi), a, register=False)
     z = f.comb(lambda v, i: Mux(i, v, lo), a, inside, register=False)
     index, t = _logseg(f, z, e_lo, j_bits, binades, "t")
-    p = f.poly(model.table("tanh"), index, t)
+    p = f.poly(sfu_tables.table("tanh"), index, t)
 
     def out(v, i, pp):
         pm = _fmin(pp, Const(ONE, 32))
@@ -511,15 +512,15 @@ def tanh_flow(f, x):
 
 def sin_turns_flow(f, turn):
     """`sim.sfu.sin_turns` of a u0.64 turn node."""
-    e_lo, binades, j_bits = model.SIN_GEOM
-    lo = _f32_bits(model.SIN_LO)
+    e_lo, binades, j_bits = sfu_tables.SIN_GEOM
+    lo = _f32_bits(sfu_tables.SIN_LO)
     g = f.comb(lambda t: Mux(t[62], (1 << 62) - t[:62], t[:62])[:63], turn)
     z = f.to_fp(g, 0)
     inside = f.comb(lambda v: (v >= lo) & (v < ONE), z, register=False)
     zz = f.comb(lambda v, i: Mux(i, v, lo), z, inside, register=False)
     index, t = _logseg(f, zz, e_lo, j_bits, binades, "t")
-    p = f.poly(model.table("sin"), index, t)
-    small = f.mul(z, f.const(_f32_bits(model.HALF_PI)), "m")
+    p = f.poly(sfu_tables.table("sin"), index, t)
+    small = f.mul(z, f.const(_f32_bits(sfu_tables.HALF_PI)), "m")
     q1 = f.comb(lambda t: t[63], turn, register=False)
 
     def out(v, i, pp, sm, neg):
@@ -531,14 +532,14 @@ def sin_turns_flow(f, turn):
 
 def _payne_hanek(f, a):
     """u0.64 turns of a positive finite binary32 node `a` (`sim.sfu._turns_of`)."""
-    windows = [model.payne_hanek_window(max(e, 1) - 150) for e in range(256)]
-    w = f.rom(windows, model.PH_WINDOW, f.comb(lambda v: v[23:31], a, register=False))
+    windows = [sfu_tables.payne_hanek_window(max(e, 1) - 150) for e in range(256)]
+    w = f.rom(windows, sfu_tables.PH_WINDOW, f.comb(lambda v: v[23:31], a, register=False))
     mant = f.comb(lambda v: Cat(v[:23], v[23:31] != 0), a, register=False)
     parts = [f.comb(lambda mm, ww, k=k: mm * ww[24 * k:24 * (k + 1)], mant, w) for k in range(4)]
     parts = [f.comb(lambda v: v, p) for p in parts]              # second product register (DSP PREG)
     lo = f.comb(lambda p0, p1: p0 + (p1 << 24), parts[0], parts[1])
     hi = f.comb(lambda p2, p3: p2 + (p3 << 24), parts[2], parts[3])
-    shift = 24 + model.PH_GUARD
+    shift = 24 + sfu_tables.PH_GUARD
     return f.comb(lambda l, h: (l + (h << 48))[shift:shift + 64], lo, hi)
 
 
@@ -553,7 +554,7 @@ def _rope_turns(f, hi, lo, pos):
 def trig_flow(f, x, hi, lo, pos, rope, cosine):
     """`sim.sfu.sin`/`cos` of binary32 radians `x` (``rope`` = 0), or `rope_sin`/`rope_cos` of the u0.64
     frequency ``hi:lo`` at position `pos` (``rope`` = 1); ``cosine`` picks cos."""
-    small_lo = _f32_bits(model.SINCOS_LO)
+    small_lo = _f32_bits(sfu_tables.SINCOS_LO)
     big = f.comb(lambda v: (v[:31] < INF) & (v[:31] >= small_lo), x, register=False)
     aa = f.comb(lambda v, b: Mux(b, v[:31], ONE), x, big, register=False)
     ph = _payne_hanek(f, aa)
@@ -574,7 +575,7 @@ def trig_flow(f, x, hi, lo, pos, rope, cosine):
     return f.comb(out, x, y, rope, cosine)
 
 
-GELU_K0, GELU_K1 = _f32_bits(model.GELU_K0), _f32_bits(model.GELU_K1)
+GELU_K0, GELU_K1 = _f32_bits(sfu_tables.GELU_K0), _f32_bits(sfu_tables.GELU_K1)
 
 
 def gelu_flow(f, x, xx=None):

@@ -6,8 +6,9 @@ Conventions
 Inputs and outputs are float32 NumPy arrays (the RoPE functions take uint64 turn arrays). Every arithmetic
 step is one IEEE binary32 operation with round-to-nearest-even: NumPy float32 ``+``, ``*`` and
 ``np.ldexp`` (which `hdl.fp.FpAdd`, `FpMul` and `FpLdexp` reproduce bit for bit), or an exact integer
-operation on the bit pattern. Tables are generated here (`table`) and imported by the RTL. NaN results
-are the canonical quiet NaN (``hdl.fp.QNAN``); tests compare NaN-ness for them.
+operation on the bit pattern. The tables and constants (`table`, the geometries, `payne_hanek_window`) are
+generated in `hdl.sfu_tables`, which the RTL imports too, and re-exported here. NaN results are the canonical
+quiet NaN (``hdl.fp.QNAN``); tests compare NaN-ness for them.
 
 Algorithms (why in brackets; error bounds against float64 NumPy, measured by tests/test_sfu_model.py
 over dense sweeps and edge values, are in `BOUNDS` and docs/sfu.md):
@@ -49,10 +50,31 @@ over dense sweeps and edge values, are in `BOUNDS` and docs/sfu.md):
 
 from __future__ import annotations
 
-import functools
-import math
-
 import numpy as np
+
+from hdl.sfu_tables import (
+    EXP_CLAMP,
+    EXP_INV,
+    EXP_L_HI,
+    EXP_L_LO,
+    EXP_MAGIC,
+    EXP_SEGMENTS,
+    GELU_K0,
+    GELU_K1,
+    HALF_PI,
+    PH_GUARD,
+    RECIP_GEOM,
+    SIN_GEOM,
+    SIN_LO,
+    SINCOS_LO,
+    SQRT_GEOM,
+    TABLES,
+    TANH_GEOM,
+    TANH_HI,
+    TANH_LO,
+    payne_hanek_window,
+    table,
+)
 
 __all__ = ["exp", "tanh", "gelu_tanh", "sqrt", "rsqrt", "recip", "sin", "cos", "sin_turns", "cos_turns",
            "rope_sin", "rope_cos", "reduce_sum", "reduce_max", "fmax", "scale", "softcap", "table", "TABLES",
@@ -100,45 +122,6 @@ def horner(c, t):
     return h + c[..., 0]
 
 
-@functools.lru_cache(maxsize=None)
-def _pi_fixed(bits: int) -> int:
-    """floor(pi * 2**bits) from Machin's formula with 64 guard bits."""
-    g = bits + 64
-    one = 1 << g
-
-    def atan_inv(n):
-        total, term, k, sign = 0, one // n, 1, 1
-        while term:
-            total += sign * (term // k)
-            term //= n * n
-            k += 2
-            sign = -sign
-        return total
-
-    return (16 * atan_inv(5) - 4 * atan_inv(239)) >> 64
-
-
-def _fit_cubic(f, a: float, h: float) -> np.ndarray:
-    """Cubic in t on [0, h) approximating f(a + t), least squares on Chebyshev nodes, relative weights."""
-    k = np.arange(48)
-    t = h / 2 * (1 - np.cos(np.pi * (k + 0.5) / 48))
-    y = f(a + t)
-    w = 1.0 / np.maximum(np.abs(y), 1e-300)
-    v = np.vander(t, 4, increasing=True)
-    c, *_ = np.linalg.lstsq(v * w[:, None], y * w, rcond=None)
-    return c
-
-
-def _logseg_table(f, e_lo: int, binades: int, j_bits: int) -> np.ndarray:
-    rows = []
-    for b in range(binades):
-        base = 2.0 ** (e_lo + b)
-        h = base / (1 << j_bits)
-        for j in range(1 << j_bits):
-            rows.append(_fit_cubic(f, base + j * h, h))
-    return np.array(rows).astype(np.float32)
-
-
 def logseg_index(z, e_lo: int, j_bits: int):
     """Table index and exact local variable of positive binary32 `z` in [2**e_lo, ...) for log segments
     of ``2**j_bits`` per binade: ``index = (exponent - e_lo) << j_bits | top j_bits fraction bits``,
@@ -148,36 +131,6 @@ def logseg_index(z, e_lo: int, j_bits: int):
     idx = ((_expf(z) - 127 - e_lo) << j_bits) | ((b >> low) & ((1 << j_bits) - 1)).astype(np.int64)
     start = _from_bits(b & np.uint32((0xFFFFFFFF << low) & 0xFFFFFFFF))
     return idx, _f(z) - start
-
-
-# Table geometry: (first binade exponent, binades, fraction bits per binade).
-RECIP_GEOM = (0, 1, 6)
-SQRT_GEOM = (0, 2, 6)
-TANH_GEOM = (-12, 16, 5)
-SIN_GEOM = (-16, 16, 5)
-EXP_SEGMENTS = 32
-
-
-@functools.lru_cache(maxsize=None)
-def table(name: str) -> np.ndarray:
-    """The coefficient table `name` (float32, shape (segments, 4): c0..c3) the RTL loads."""
-    if name == "recip":
-        return _logseg_table(lambda z: 1.0 / z, *RECIP_GEOM)
-    if name == "rsqrt":
-        return _logseg_table(lambda z: 1.0 / np.sqrt(z), *SQRT_GEOM)
-    if name == "sqrt":
-        return _logseg_table(np.sqrt, *SQRT_GEOM)
-    if name == "tanh":
-        return _logseg_table(np.tanh, *TANH_GEOM)
-    if name == "sin":
-        return _logseg_table(lambda z: np.sin(np.pi / 2 * z), *SIN_GEOM)
-    if name == "exp":
-        t = 2.0 ** (np.arange(EXP_SEGMENTS) / EXP_SEGMENTS)
-        return (t[:, None] / np.array([1, 1, 2, 6])[None, :]).astype(np.float32)
-    raise ValueError(f"unknown SFU table {name!r}; choose one of: {', '.join(TABLES)}")
-
-
-TABLES = ("recip", "rsqrt", "sqrt", "tanh", "sin", "exp")
 
 
 # --- reciprocal, square roots -----------------------------------------------------------------------------
@@ -241,13 +194,6 @@ def rsqrt(x):
 
 # --- exp -------------------------------------------------------------------------------------------------
 
-EXP_CLAMP = (F32(-110.0), F32(100.0))
-EXP_INV = F32(EXP_SEGMENTS / math.log(2))                      # 32/ln2 rounded
-EXP_MAGIC = F32(1.5 * 2 ** 23)                                  # x + MAGIC rounds x to an integer (|x| < 2**22)
-EXP_L_HI = F32(round(math.log(2) / EXP_SEGMENTS * 2 ** 17) / 2 ** 17)   # 11 significant bits
-EXP_L_LO = F32(math.log(2) / EXP_SEGMENTS - float(EXP_L_HI))
-
-
 def exp(x):
     """e**x (softmax: x <= 0 after subtracting the running max). Overflow -> +inf, underflow -> gradual,
     then 0; NaN -> NaN."""
@@ -265,10 +211,6 @@ def exp(x):
 
 # --- tanh, gelu ------------------------------------------------------------------------------------------
 
-TANH_LO = F32(2.0 ** TANH_GEOM[0])
-TANH_HI = F32(2.0 ** (TANH_GEOM[0] + TANH_GEOM[1]))
-
-
 def tanh(x):
     """tanh(x); |result| <= 1; NaN -> NaN."""
     x = _f(x)
@@ -280,10 +222,6 @@ def tanh(x):
         y = np.where(a < TANH_LO, a, np.where(inside, p, F32(1)))
         y = np.where(np.signbit(x), -y, y)
         return np.where(np.isnan(x), _NAN, y).astype(np.float32)
-
-
-GELU_K0 = F32(-2 * math.sqrt(2 / math.pi))
-GELU_K1 = F32(-2 * math.sqrt(2 / math.pi) * 0.044715)
 
 
 def gelu_tanh(x):
@@ -298,8 +236,6 @@ def gelu_tanh(x):
 
 # --- sin / cos -------------------------------------------------------------------------------------------
 
-SIN_LO = F32(2.0 ** SIN_GEOM[0])
-HALF_PI = F32(math.pi / 2)
 _Q = np.uint64(62)
 
 
@@ -321,26 +257,6 @@ def sin_turns(t):
 def cos_turns(t):
     """cos(2*pi*t/2**64) = sin_turns(t + 2**62 mod 2**64)."""
     return sin_turns(np.asarray(t, dtype=np.uint64) + np.uint64(1 << 62))
-
-
-PH_K = 288                       # bits of 2**K / 2pi kept (covers every binary32 exponent)
-PH_GUARD = 8                     # guard bits below the 64-bit turn
-PH_WINDOW = 64 + 24 + PH_GUARD   # bits of the constant the 24-bit significand is multiplied by
-SINCOS_LO = F32(2.0 ** -12)
-
-
-@functools.lru_cache(maxsize=None)
-def _inv_2pi() -> int:
-    """floor(2**PH_K / (2*pi))."""
-    pi = _pi_fixed(PH_K + 16)
-    return (1 << (2 * PH_K + 16)) // (2 * pi)
-
-
-def payne_hanek_window(e: int) -> int:
-    """The PH_WINDOW-bit window of 2**K/2pi for a significand with weight 2**e (e = exponent - 150): the
-    turn is ``(M * window >> (24 + PH_GUARD)) mod 2**64``. The RTL stores one window per exponent."""
-    shift = PH_K - 64 - e - 24 - PH_GUARD
-    return (_inv_2pi() >> shift) & ((1 << PH_WINDOW) - 1)
 
 
 def _turns_of(x):

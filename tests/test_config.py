@@ -130,9 +130,8 @@ def test_hardware_config_errors(change, exc, message):
 
 def test_hdl_never_imports_sim_tb_or_firmware():
     # The dependency direction: the gateware stands alone; facts shared with the golden models (the DSP48E2
-    # widths, the worst segment sum) live in hdl.config, which sim imports. A fresh interpreter imports every
-    # hdl module.
-    # One known exception remains: hdl.sfu takes its ROM tables and constants from sim.sfu (open on issue 7).
+    # widths, the worst segment sum, the SFU tables) live in hdl.config and hdl.sfu_tables, which sim imports.
+    # A fresh interpreter imports every hdl module.
     import subprocess
     import sys
     from pathlib import Path
@@ -142,4 +141,4 @@ def test_hdl_never_imports_sim_tb_or_firmware():
             "    importlib.import_module('hdl.' + m.name)\n"
             "print(sorted(n for n in sys.modules if n.split('.')[0] in ('sim', 'tb', 'firmware')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "['sim', 'sim.sfu']", out.stdout
+    assert out.stdout.strip() == "[]", out.stdout
