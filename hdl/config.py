@@ -232,6 +232,12 @@ class HardwareConfig:
         return self.axi_ports * self.weights_per_beat
 
     @property
+    def segment_sum_bits(self) -> int:
+        """Signed width of every segment sum of this config: a segment holds at most `act_block` INT4 x
+        INT(`act_bits`) products (`segment_sum_bits`; kv260: 18, tiny: 16)."""
+        return segment_sum_bits(self.act_block, self.act_bits)
+
+    @property
     def l2_program_words(self) -> int:
         """16-byte L2 words a program may allocate (below the controller's scratch)."""
         return (self.l2_bytes - self.l2_scratch_bytes) // 16

@@ -54,7 +54,7 @@ from .axi import AxiReadDma, AxiReadSignature, read_command_layout, read_data_la
 from .config import HardwareConfig, ceil_log2
 from .fp import INT_SCALE_MAX_BITS, NEG_ZERO, FpAdd, FpLdexp, IntScaleMul, check_int_scale_bits, rejecting
 
-__all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "segment_sum_bits", "PartAccumulator",
+__all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "PartAccumulator",
            "GemvPort", "SparsePort", "EnginePort", "GemvEngine"]
 
 EXP_BITS = 10          # activation block exponents: binary32 inputs give -155..122
@@ -285,29 +285,29 @@ def _delay(m, value, n, name):
     return value
 
 
-def segment_sum_bits(cfg: HardwareConfig) -> int:
-    """Signed width that holds every segment sum the engine forms, and the proof that ``fp32(isum)`` is exact.
+def _check_segment_sums(cfg: HardwareConfig) -> None:
+    """Prove that ``fp32(isum)`` is exact for every segment sum the engine forms (`cfg.segment_sum_bits` wide).
 
     A segment is ``min(group, act_block)`` columns (`CommandDecoder`: ``lseg = min(log2_group,
     log2(act_block))``; the sparse back end cuts its per-row sums at the same ``lseg`` boundaries), so at
     most ``act_block`` products, each at most ``8 * 2**(act_bits - 1)`` in magnitude (INT4 -8 times INT8
     -128): ``|isum| <= act_block * 2**(act_bits + 2)`` (kv260: 64 * 1024 = 2**16, 18 bits; tiny: 2**14, 16
-    bits; `hdl.config.segment_sum_bits`, as the systolic field). `IntScaleMul` needs every value of that
-    width exact in binary32 (at most 25 bits); a config beyond that raises ValueError."""
-    bits = config.segment_sum_bits(cfg.act_block, cfg.act_bits)
+    bits; as the systolic field). `IntScaleMul` needs every value of that width exact in binary32 (at most 25
+    bits); a config beyond that raises ValueError."""
+    bits = cfg.segment_sum_bits
     bound = config.segment_sum_bound(cfg.act_block, cfg.act_bits)
     if bits > INT_SCALE_MAX_BITS or bits > cfg.acc_bits:
         raise ValueError(f"GEMV segment sums reach {bound} (act_block {cfg.act_block} x INT4 x INT{cfg.act_bits}), "
                          f"{bits} signed bits: they must fit {min(INT_SCALE_MAX_BITS, cfg.acc_bits)} bits (exact in "
                          f"binary32 and in acc_bits) for the fused scale product")
-    return bits
 
 
 class PartAccumulator(wiring.Component):
     """The binary32 side of one port, shared by its dense and sparse back ends: ``part = ldexp(fp32(isum) *
     fp32(scale), e)`` (`IntScaleMul`, `FpLdexp`: the contract's single rounding in the product, one exact
-    integer multiply, since ``|isum|`` is bounded by `segment_sum_bits`; the ldexp exact but for subnormal
-    results) and ``sum = y + part`` (`FpAdd`). A free-running pipeline (no backpressure, always enabled).
+    integer multiply, since ``|isum|`` is bounded by `HardwareConfig.segment_sum_bits`; the ldexp exact but for
+    subnormal results) and ``sum = y + part`` (`FpAdd`). A free-running pipeline (no backpressure, always
+    enabled).
 
     Parameters
     ----------
@@ -315,8 +315,8 @@ class PartAccumulator(wiring.Component):
     isum_bits : int, optional
         Signed width of the isums it takes (the low bits of ``i_isum``, which keeps the ``acc_bits`` width):
         by default 25, every ``|isum| <= 2**24`` (the numerics contract's exact range); `EnginePort` passes
-        `segment_sum_bits` (kv260: 18), which bounds every sum its back ends produce and narrows the
-        multiplier, the leading-zero count and the shifter.
+        `HardwareConfig.segment_sum_bits` (kv260: 18), which bounds every sum its back ends produce and narrows
+        the multiplier, the leading-zero count and the shifter.
 
     Members
     -------
@@ -453,8 +453,8 @@ class GemvPort(wiring.Component):
 
         # --- memories ----------------------------------------------------------------------------------
         # isum banks: [bank, t, s]; scale banks: [bank, halfword t * groups + g] in beat-wide words. A segment
-        # sum fits `segment_sum_bits` (kv260: 18), so the banks keep that width, not acc_bits.
-        m.submodules.isum_mem = isum_mem = Memory(shape=signed(segment_sum_bits(cfg)), depth=2 * T * S, init=[])
+        # sum fits `cfg.segment_sum_bits` (kv260: 18), so the banks keep that width, not acc_bits.
+        m.submodules.isum_mem = isum_mem = Memory(shape=signed(cfg.segment_sum_bits), depth=2 * T * S, init=[])
         isum_w, isum_r = isum_mem.write_port(), isum_mem.read_port()
         hpw = B // 2                                # binary16 scales per beat
         swords = max(1, T * S // hpw)
@@ -771,8 +771,8 @@ class SparsePort(wiring.Component):
         L = self.update_lanes                        # isum rows updated per cycle, per memory word
         lL, Q = ceil_log2(L), W // L                 # Q cycles per weight beat
         # --- memories ------------------------------------------------------------------------------------
-        # Every partial sum of a segment is bounded like the whole one: `segment_sum_bits` (kv260: 18) wide.
-        isum_layout = data.ArrayLayout(signed(segment_sum_bits(cfg)), L)
+        # Every partial sum of a segment is bounded like the whole one: `cfg.segment_sum_bits` (kv260: 18) wide.
+        isum_layout = data.ArrayLayout(signed(cfg.segment_sum_bits), L)
         m.submodules.isum_mem = isum_mem = Memory(shape=isum_layout, depth=2 * (PR // L), init=[])
         isum_w = isum_mem.write_port()
         isum_ra = isum_mem.read_port(transparent_for=(isum_w,))     # front end read-modify-write
@@ -1035,7 +1035,7 @@ class EnginePort(wiring.Component):
         m.submodules.sparse = sparse = SparsePort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments)
         wiring.connect(m, wiring.flipped(self.dec), dense.dec, sparse.dec)
         sp = self.dec.cmd.sparse
-        m.submodules.part = part = PartAccumulator(cfg, segment_sum_bits(cfg))
+        m.submodules.part = part = PartAccumulator(cfg, cfg.segment_sum_bits)
         m.d.comb += part.i_exp.eq(exp_r.data)
         for dp in (dense, sparse):
             m.d.comb += [dp.i_dma_busy.eq(dma.o_busy), dp.i_act_data.eq(act_r.data), dp.dma_data.p.eq(dma.o_data.p),
@@ -1129,7 +1129,7 @@ class GemvEngine(wiring.Component):
             raise ValueError(f"tile_rows must be a power of two above the FpAdd latency ({lat}), not {tile_rows!r}")
         if cfg.act_block > max_cols:
             raise ValueError(f"act_block ({cfg.act_block}) exceeds max_cols ({max_cols})")
-        segment_sum_bits(cfg)                # the ports' PartAccumulator needs exact segment sums
+        _check_segment_sums(cfg)             # the ports' PartAccumulator needs exact segment sums
         return max_cols, tile_rows
 
     cfg = property(lambda self: self._cfg)

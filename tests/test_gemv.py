@@ -9,8 +9,7 @@ import pytest
 from amaranth.sim import Simulator
 
 from hdl.config import HardwareConfig
-from hdl.gemv import (EXP_BITS, CommandDecoder, GemvEngine, PartAccumulator, SegmentMac, command_layout,
-                      segment_sum_bits)
+from hdl.gemv import EXP_BITS, CommandDecoder, GemvEngine, PartAccumulator, SegmentMac, command_layout
 from sim.numerics import pack_int4, segment_size, unpack_int4
 
 TINY = HardwareConfig.preset("tiny")
@@ -264,11 +263,11 @@ def test_part_accumulator_random():
 
 
 def test_part_accumulator_at_the_engine_width():
-    """The width the engine builds it with (`segment_sum_bits`: 18 on kv260) takes every segment sum the
+    """The width the engine builds it with (`HardwareConfig.segment_sum_bits`: 18 on kv260) takes every segment sum the
     engine can make: the extremes ±act_block·8·128 (all −8 weights times all ∓128 activations), one less, and
     random sums in range, bit for bit against NumPy binary32."""
     cfg = KV260
-    bits = segment_sum_bits(cfg)
+    bits = cfg.segment_sum_bits
     worst = cfg.act_block * 8 * 2 ** (cfg.act_bits - 1)
     assert bits == worst.bit_length() + 1 == 18
     rng = np.random.default_rng(13)
@@ -285,5 +284,5 @@ def test_part_accumulator_at_the_engine_width():
     with np.errstate(over="ignore"):
         want = y + np.ldexp(isum.astype(np.float32) * scale.astype(np.float32), exp.astype(np.int32))
     np.testing.assert_array_equal(got.view(np.uint32), want[valid].view(np.uint32))
-    with pytest.raises(ValueError):
-        segment_sum_bits(cfg.replace(act_block=1024, weight_group=1024, act_bits=16))
+    with pytest.raises(ValueError, match="GEMV segment sums reach"):
+        GemvEngine(cfg.replace(act_block=1024, weight_group=1024, act_bits=16))
