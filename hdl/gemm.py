@@ -301,7 +301,30 @@ class GemmUnit(wiring.Component):
         exp_depth = 2 * (hw.axi_max_outstanding + 2)
 
         # --- scales: per row tile, a transfer per row into the tile's bank ---------------------------------
-        sdma = port_dma(P)
+        self._scale_port(m, port_dma(P), c, go, sequencer, ntiles, ngroups, expect, exp_depth)
+
+        # --- weights: per port, chunks of KC columns of its RP rows, transposed into k-steps ----------------
+        for p in range(P):
+            self._weight_port(m, p, port_dma(p), c, go, sequencer, ntiles, kpad, row_bytes, expect, exp_depth,
+                              R=R, C2=C2, RP=RP, W=W, B=B, KC=KC, CB=CB, SPB=SPB, lrp=lrp, lkc=lkc, A=A)
+
+        # --- outputs: per token row, an L2 row command and its elements through the adder ---------------------
+        drained = self._outputs(m, c, go, sequencer, ntiles)
+        with m.If(busy & ~go & Cat(*done_parts).all() & drained):
+            m.d.sync += busy.eq(0)
+        m.d.comb += [self.o_busy.eq(busy | setup), self.o_error.eq(Cat(*errors).any())]
+        return m
+
+    def _scale_port(self, m, sdma, c, go, sequencer, ntiles, ngroups, expect, exp_depth):
+        """The scales through port `sdma`: per row tile, a loader claims a bank of the scale memory and
+        requests one transfer per row (`expect` entries announce them), a receiver writes each beat's B/2
+        binary16 scales one per cycle into the row's lane and completes the bank after the tile's last row,
+        a reader streams the complete bank to the engine group by group and frees it."""
+        hw, g = self._hw, self._geo
+        C2, B = 2 * g.cols, hw.bytes_per_beat
+        max_groups = max(1, hw.gemv_max_cols // g.group)
+        A = hw.axi_addr_bits
+        eng = self._engine
         m.submodules.scale_mem = scale_mem = Memory(shape=unsigned(C2 * 16), depth=2 * max_groups, init=[])
         sc_w = scale_mem.write_port(granularity=16)
         sc_r = scale_mem.read_port()
@@ -379,12 +402,14 @@ class GemmUnit(wiring.Component):
                 with m.If(srd_tile == ntiles - 1):
                     m.d.sync += srd_run.eq(0)
 
-        # --- weights: per port, chunks of KC columns of its RP rows, transposed into k-steps ----------------
-        for p in range(P):
-            self._weight_port(m, p, port_dma(p), c, go, sequencer, ntiles, kpad, row_bytes, expect, exp_depth,
-                              R=R, C2=C2, RP=RP, W=W, B=B, KC=KC, CB=CB, SPB=SPB, lrp=lrp, lkc=lkc, A=A)
-
-        # --- outputs: per token row, an L2 row command and its elements through the adder ---------------------
+    def _outputs(self, m, c, go, sequencer, ntiles):
+        """Per token row of the engine's output beats: an L2 row write command (and, when accumulating, a
+        read command for the old row), then the row's elements through the binary32 adder (``old + y``, or
+        ``-0 + y``) into the output FIFO; padding token rows are dropped. Returns the flag that nothing is
+        left in flight."""
+        hw, g = self._hw, self._geo
+        R, C2 = g.rows, 2 * g.cols
+        eng = self._engine
         out_run = sequencer("out")
         o_tile = Signal.like(ntiles)
         o_t = Signal(range(R + 1))
@@ -439,12 +464,8 @@ class GemmUnit(wiring.Component):
                              o_row.eq(c.dst + o_n0 + C2)]
                 with m.If(o_tile == ntiles - 1):
                     m.d.sync += out_run.eq(0)
-
         drained = ~outq.r_rdy & (inflight == 0) & ~wq.r_rdy
-        with m.If(busy & ~go & Cat(*done_parts).all() & drained):
-            m.d.sync += busy.eq(0)
-        m.d.comb += [self.o_busy.eq(busy | setup), self.o_error.eq(Cat(*errors).any())]
-        return m
+        return drained
 
     def _weight_port(self, m, p, dma, c, go, sequencer, ntiles, kpad, row_bytes, expect, exp_depth, *,
                      R, C2, RP, W, B, KC, CB, SPB, lrp, lkc, A):

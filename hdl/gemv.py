@@ -441,15 +441,15 @@ class GemvPort(wiring.Component):
         self._chunk_beats = max(cfg.axi_max_burst_beats, cfg.act_block // W, 1)
         super().__init__(_datapath_members(cfg, max_cols, max_segments))
 
+    # Bank states: FREE -> FILLING (front end) -> FULL (last isum written) -> FREE (back end done).
+    FREE, FILLING, FULL = 0, 1, 2
+
     def elaborate(self, platform):
         m = Module()
-        cfg, T, N = self._cfg, self._T, self._cfg.axi_ports
+        cfg, T = self._cfg, self._T
         W, B = cfg.weights_per_beat, cfg.bytes_per_beat
         S = self._max_segments
-        lS, lT = ceil_log2(S), ceil_log2(T)
         d = self.dec
-        ab = cfg.axi_addr_bits
-        p = self._index
 
         # --- memories ----------------------------------------------------------------------------------
         # isum banks: [bank, t, s]; scale banks: [bank, halfword t * groups + g] in beat-wide words. A segment
@@ -461,26 +461,40 @@ class GemvPort(wiring.Component):
         m.submodules.scale_mem = scale_mem = Memory(shape=unsigned(8 * B), depth=2 * swords, init=[])
         scale_w, scale_r = scale_mem.write_port(), scale_mem.read_port()
 
-        # Bank states: FREE -> FILLING (front end) -> FULL (last isum written) -> FREE (back end done).
-        FREE, FILLING, FULL = 0, 1, 2
+        # Per bank: its state, its tile's rows and the chunk rounds of that tile whose segment sums are all
+        # written.
         bank_state = [Signal(2, name=f"bank{b}_state") for b in range(2)]
         bank_rows = [Signal(range(T + 1), name=f"bank{b}_rows") for b in range(2)]
-        # Chunk rounds of the bank's tile whose segment sums are all written.
         bank_rounds = [Signal(range(self._max_cols // (self._chunk_beats * W) + 2), name=f"bank{b}_rounds")
                        for b in range(2)]
+        banks = bank_state, bank_rows, bank_rounds
 
-        # --- tile sequencer: DMA commands ---------------------------------------------------------------
-        # Per tile: the scales (one transfer), then the rows in chunks of `chunk_beats`, round-robin over
-        # the tile's rows (chunk 0 of rows 0..T-1, chunk 1 of rows 0..T-1, ...), so that the back end can
-        # start on a tile's first segments while its last chunks are still arriving.
+        # Shared by the sequencer and the front end: scale bytes per row, chunks per row.
+        g2 = Signal(17 + 1)
+        m.d.comb += g2.eq(d.groups << 1)
+        nch = Signal(range(self._max_cols // (self._chunk_beats * W) + 2))
+        m.d.comb += nch.eq((d.nwb + self._chunk_beats - 1) >> ceil_log2(self._chunk_beats))
+
+        seq_active = self._tile_sequencer(m, g2, nch)
+        fe_active = self._front_end(m, g2, nch, banks, isum_w, scale_w, swords)
+        be_active, reserved = self._back_end(m, banks, isum_r, scale_r, hpw, swords)
+        m.d.comb += self.o_idle.eq(~seq_active & ~fe_active & ~be_active & (reserved == 0) &
+                                   (bank_state[0] == self.FREE) & (bank_state[1] == self.FREE) & ~self.i_dma_busy)
+        return m
+
+    def _tile_sequencer(self, m, g2, nch):
+        """The DMA commands. Per tile: the scales (one transfer), then the rows in chunks of `chunk_beats`,
+        round-robin over the tile's rows (chunk 0 of rows 0..T-1, chunk 1 of rows 0..T-1, ...), so that the
+        back end can start on a tile's first segments while its last chunks are still arriving. Returns the
+        sequencer's active flag."""
+        cfg, T, N = self._cfg, self._T, self._cfg.axi_ports
+        B = cfg.bytes_per_beat
+        d = self.dec
+        ab = cfg.axi_addr_bits
+        p = self._index
         CB = self._chunk_beats
-        lCB = ceil_log2(CB)
         CBB = CB * B                                 # bytes per chunk
         rows = d.cmd.rows
-        g2 = Signal(17 + 1)                          # scale bytes per row
-        m.d.comb += g2.eq(d.groups << 1)
-        nch = Signal(range(self._max_cols // (CB * W) + 2))
-        m.d.comb += nch.eq((d.nwb + CB - 1) >> lCB)
         seq_active = Signal()
         seq_left = Signal(signed(22))                # rows left from this tile on
         seq_t = Signal(range(T + 1))                 # T: the scale transfer comes next
@@ -516,8 +530,23 @@ class GemvPort(wiring.Component):
                         m.d.sync += seq_active.eq(0)
             with m.Else():
                 m.d.sync += [seq_t.eq(seq_t + 1), seq_roff.eq(seq_roff + d.rowbytes)]
+        return seq_active
 
-        # --- front end ----------------------------------------------------------------------------------
+    def _front_end(self, m, g2, nch, banks, isum_w, scale_w, swords):
+        """Takes the DMA data: a tile's scale beats into its bank, then its weight beats through the
+        `SegmentMac` (against the activation words), whose segment sums go to the tile's isum bank. Claims a
+        free bank per tile (FILLING), counts the finished chunk rounds and marks the bank FULL after the
+        last. Returns the front end's active flag."""
+        cfg, T, N = self._cfg, self._T, self._cfg.axi_ports
+        W, B = cfg.weights_per_beat, cfg.bytes_per_beat
+        S = self._max_segments
+        lS, lT = ceil_log2(S), ceil_log2(T)
+        d = self.dec
+        p = self._index
+        CB = self._chunk_beats
+        lCB = ceil_log2(CB)
+        rows = d.cmd.rows
+        bank_state, bank_rows, bank_rounds = banks
         fe_active = Signal()
         fe_left = Signal(signed(22))
         fe_bank = Signal()
@@ -544,11 +573,11 @@ class GemvPort(wiring.Component):
             left = rows.as_signed() - p * T
             m.d.sync += [fe_left.eq(left), fe_active.eq(left > 0), fe_bank.eq(0), fe_wait.eq(1),
                          fe_scale.eq(1), fe_sw.eq(0), fe_c.eq(0), fe_k.eq(0), fe_t.eq(0), fe_sel.eq(0)]
-        with m.If(fe_active & fe_wait & (Mux(fe_bank, bank_state[1], bank_state[0]) == FREE)):
+        with m.If(fe_active & fe_wait & (Mux(fe_bank, bank_state[1], bank_state[0]) == self.FREE)):
             m.d.sync += fe_wait.eq(0)
             for b in range(2):
                 with m.If(fe_bank == b):
-                    m.d.sync += [bank_state[b].eq(FILLING), bank_rows[b].eq(fe_trows), bank_rounds[b].eq(0)]
+                    m.d.sync += [bank_state[b].eq(self.FILLING), bank_rows[b].eq(fe_trows), bank_rounds[b].eq(0)]
         # Scale beats straight into the bank.
         with m.If(fe_active & ~fe_wait & fe_scale):
             m.d.comb += [beat.ready.eq(1), scale_w.addr.eq(Cat(fe_sw[:ceil_log2(swords)], fe_bank)),
@@ -619,9 +648,22 @@ class GemvPort(wiring.Component):
             with m.If(end_d[0] & (end_d[2] == b)):
                 m.d.sync += bank_rounds[b].eq(bank_rounds[b] + 1)
                 with m.If(end_d[1]):
-                    m.d.sync += bank_state[b].eq(FULL)
+                    m.d.sync += bank_state[b].eq(self.FULL)
+        return fe_active
 
-        # --- back end -----------------------------------------------------------------------------------
+    def _back_end(self, m, banks, isum_r, scale_r, hpw, swords):
+        """Walks a FILLING or FULL bank segment by segment (each over the tile's rows) as far as its sums are
+        written, feeds isum, scale and exponent to the port's `PartAccumulator`, keeps the rows' binary32
+        sums in the y registers and queues each row's last sum in the result FIFO (space for a tile is
+        reserved before it starts); frees the bank after its last segment. Returns the back end's active
+        flag and the reserved result count."""
+        cfg, T = self._cfg, self._T
+        W = cfg.weights_per_beat
+        S = self._max_segments
+        lS = ceil_log2(S)
+        d = self.dec
+        lCB = ceil_log2(self._chunk_beats)
+        bank_state, bank_rows, bank_rounds = banks
         assert T > FpAdd.LATENCY, f"tile_rows ({T}) must exceed the FpAdd latency ({FpAdd.LATENCY})"
         depth = 2 * T
         m.submodules.res = res = fifo.SyncFIFOBuffered(width=32, depth=depth)
@@ -632,12 +674,12 @@ class GemvPort(wiring.Component):
         be_t = Signal(range(T))
         be_trows = Signal(range(T + 1))
         be_gbase = Signal(range(T * S + 1))          # t * groups
-        full = Mux(be_bank, bank_state[1], bank_state[0]) != FREE     # filling or full: may start
+        full = Mux(be_bank, bank_state[1], bank_state[0]) != self.FREE     # filling or full: may start
         rounds = Mux(be_bank, bank_rounds[1], bank_rounds[0])
         seg_ready = Signal(range(S + 1))             # segments of the tile whose sums are all written
         spc = Signal(range(32))
         m.d.comb += spc.eq(lCB + ceil_log2(W) - d.lseg)
-        with m.If(Mux(be_bank, bank_state[1], bank_state[0]) == FULL):
+        with m.If(Mux(be_bank, bank_state[1], bank_state[0]) == self.FULL):
             m.d.comb += seg_ready.eq(d.nseg)
         with m.Else():
             m.d.comb += seg_ready.eq(rounds << spc)
@@ -665,10 +707,10 @@ class GemvPort(wiring.Component):
                     m.d.sync += [be_active.eq(0), be_bank.eq(~be_bank)]
                     for b in range(2):
                         with m.If(be_bank == b):
-                            m.d.sync += bank_state[b].eq(FREE)
+                            m.d.sync += bank_state[b].eq(self.FREE)
         with m.If(self.i_start):
             for b in range(2):
-                m.d.sync += bank_state[b].eq(FREE)
+                m.d.sync += bank_state[b].eq(self.FREE)
         tag = Cat(issue & (be_t < be_trows), first, last, be_t)
         # b1: memory data arrives.
         tag1, half1 = Signal(len(tag)), Signal(range(hpw))
@@ -696,9 +738,7 @@ class GemvPort(wiring.Component):
             m.d.sync += reserved.eq(reserved + Mux(~be_active & full & (res.level + reserved + T <= depth),
                                                     Mux(be_bank, bank_rows[1], bank_rows[0]), 0) - push)
         m.d.comb += [self.o_res.valid.eq(res.r_rdy), self.o_res.p.eq(res.r_data), res.r_en.eq(self.o_res.ready)]
-        m.d.comb += self.o_idle.eq(~seq_active & ~fe_active & ~be_active & (reserved == 0) &
-                                   (bank_state[0] == FREE) & (bank_state[1] == FREE) & ~self.i_dma_busy)
-        return m
+        return be_active, reserved
 
 
 class SparsePort(wiring.Component):
