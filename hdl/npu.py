@@ -11,6 +11,8 @@ Ports
                 takes any AXI4 transfer (bursts, narrow and unaligned, any IDs)
 ``m_axi<p>``    p = 0 .. ``hw.axi_ports - 1``: AXI4 masters toward the HP ports (full read + write)
 ``o_irq``       STATUS.DONE | STATUS.ERROR (level; IRQ_ACK clears it)
+``o_trace``     what the controller starts, cycle by cycle (`hdl.controller.trace_layout`): the benches' pass
+                monitor reads it; the KV260 system leaves it unconnected
 
 Port use (docs/architecture.md, "AXI ports"): the GEMV engine streams weights on every port (rows tile by
 tile, round robin); port 0 also carries, through an `AxiReadArbiter` (round robin per burst, responses
@@ -34,7 +36,7 @@ from amaranth.lib.wiring import In, Out
 from .axi import AxiReadArbiter, AxiReadSignature, AxiSignature, AxiWriteSignature
 from .axi_csr import HPM0_ADDR_BITS, HPM0_DATA_BITS, HPM0_ID_BITS, AxiToCsr
 from .config import HardwareConfig
-from .controller import REGIONS, Controller
+from .controller import REGIONS, Controller, trace_layout
 from . import csr_map
 from .csr import CsrBlock, port_name
 from .csr_map import NPU_ID, by_name, version_word
@@ -50,7 +52,8 @@ COUNTERS = csr_map.COUNTER_NAMES
 class Npu(wiring.Component):
     def __init__(self, hw: HardwareConfig):
         self._hw = hw
-        members = {"s_axi": In(AxiSignature(HPM0_ADDR_BITS, HPM0_DATA_BITS, HPM0_ID_BITS)), "o_irq": Out(1)}
+        members = {"s_axi": In(AxiSignature(HPM0_ADDR_BITS, HPM0_DATA_BITS, HPM0_ID_BITS)), "o_irq": Out(1),
+                   "o_trace": Out(trace_layout(hw))}
         for p in range(hw.axi_ports):
             members[f"m_axi{p}"] = Out(AxiSignature.from_config(hw))
         super().__init__(members)
@@ -77,6 +80,7 @@ class Npu(wiring.Component):
         core_reset = Signal()
         m.submodules.ctl = ResetInserter(core_reset)(ctl)
         m.submodules.fetch = fetch = Fetch(hw)
+        m.d.comb += self.o_trace.eq(ctl.o_trace)
 
         # --- start sequencing -------------------------------------------------------------------------
         pending = Signal()              # START accepted, waiting for the fetch to drain, then reset, start

@@ -1065,7 +1065,7 @@ def test_l2_kv260_maps_to_uram():
     Vivado uses the URAM cascade, the port multiplexers, the LUTRAM response buffers) and 171 FFs (the output
     register goes into the URAMs); about 75 s. Checked with the controller's banks (`L2_BANKS`, two memories
     of half the depth each): 30 URAM288, 0 BRAM, 1,904 LUTs (two sets of port multiplexers), 310 FFs."""
-    from hdl.controller import L2_BANKS
+    L2_BANKS = KV260.l2_banks
     from hdl.synth import format_table, synthesize
     util = synthesize(L2(KV260, read_ports=3, write_ports=2, banks=L2_BANKS), "l2_kv260")
     print(format_table(util))

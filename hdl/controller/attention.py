@@ -1,0 +1,445 @@
+"""The attention sequencer: KVST and ATTN, after the controller has loaded the KV slot's descriptor.
+
+binary16 cache (``kv_format`` "fp16"), ATTN per KV group: per visible position (oldest first) the K row
+(binary16 -> binary32) into the scratch and one DOT per head into the scores; per head MAX, EXP(s - max), SUM,
+RECIP, MULS; per position the V row and, per head, MULS (first position) or FMAS into dst. KVST: the K and V
+rows out to the ring slot POSITION mod capacity.
+
+INT8 cache ("int8", the presets; `sim.numerics.KvInt8Layout`), ATTN per head: the query into the quantiser,
+two GEMV engine commands over the slot's K planes (lo, then hi with accm) into the scratch, MAX, EXP(s - max),
+SUM, MUL by the V row scales (from DDR), then per chunk of ``gemv_max_cols`` positions the weights into the
+quantiser and two sparse engine commands over the V planes (accm after the first) into dst, with RECIP(sum)
+beside the first chunk's (it uses only the SFU and registers), then MULS by the reciprocal. KVST per head: K
+into the quantiser (limit 119) and the `KvPacker`, its two plane rows and scale rows out to DDR; V into the
+quantiser twice (its row exponent, then the values at that exponent), its two plane columns and its row
+scale out.
+"""
+
+from __future__ import annotations
+
+from amaranth import Module, Mux, Signal, signed
+from amaranth.lib import data, stream
+from amaranth.lib.wiring import In, Out
+
+from ..config import V_PLANE_LOG2_GROUP, HardwareConfig, ceil_log2
+from ..isa import DdrRegion, DescKind, ErrorCode, Opcode, layout
+from ..quant import EXP_BITS
+from ..sfu import SfuOp
+from .engines import gemv_job_layout
+from .passes import BSrc, QDst, Sink, Src
+from .sequencer import DividerPort, Sequencer, Steps, elem, end_to, engine_state_layout, geometry, in_l2
+
+__all__ = ["AttentionSequencer"]
+
+
+class AttentionSequencer(Sequencer):
+    """KVST and ATTN. Beyond `Sequencer`'s ports: the divider (``div``: ring slots), and for the INT8 cache the
+    tracker (``o_gemv``, ``o_act_n``, ``i_engine``) and the KV packer (``o_pack_clear``, ``i_pack``)."""
+
+    def __init__(self, hw: HardwareConfig):
+        super().__init__(hw, {
+            "div": Out(DividerPort),
+            "o_gemv": Out(stream.Signature(gemv_job_layout(hw))),
+            "o_act_n": Out(stream.Signature(range(hw.gemv_max_cols + 1), always_ready=True)),
+            "i_engine": In(engine_state_layout(hw)),
+            "o_pack_clear": Out(1),
+            "i_pack": In(data.StructLayout({"emax": signed(EXP_BITS), "vscale": 32})),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        hw = self.hw
+        self._st = st = Steps(m, self.o_pass, self.i_done, end_to(m, self.o_end))
+        ctx = self.i_ctx
+        op = ctx.word[60:64]
+        self._kv_ = data.View(layout(Opcode.KVST), ctx.word)
+        self._at = data.View(layout(Opcode.ATTN), ctx.word)
+        # ATTN's shape and window (from the FMAP entry), visible positions, ring slot and position index, head
+        self.heads, self.hd, self.win = Signal(16), Signal(16), Signal(16)
+        _, nb, _, _ = geometry(hw)
+        self.n, self.t, self.h = Signal(nb), Signal(nb), Signal(16)
+        self.cap, self.slot = Signal(32), Signal(32)
+        if hw.kv_format == "int8":
+            self._int8_state(m)
+        with m.FSM(name="attention"):
+            with m.State("IDLE"):
+                with m.If(self.i_start):
+                    with m.If(op == Opcode.KVST):
+                        m.next = "KV"
+                    with m.Else():
+                        m.next = "AT"
+            st.wait_pass("RETIRE_PASS", st.retire)
+            if hw.kv_format == "int8":
+                self._int8(m, st)
+            else:
+                self._kvst_fp16(m, st)
+                self._attn_fp16(m, st)
+        return m
+
+    def _divide(self, m, num, den, nxt):
+        m.d.comb += [self.div.start.eq(1), self.div.num.eq(num), self.div.den.eq(den)]
+        m.next = nxt
+
+    def _kv_base(self):
+        return self.i_ctx.base[DdrRegion.KV.value] + self.i_ctx.desc.weight_offset
+
+    def _kvst_checks(self, m, st, fmt, bad_length):
+        """KVST's first state: the slot (its format), its lengths and the L2 ranges; then the ring slot
+        POSITION mod capacity in the divider."""
+        hw, ctx, d, kv = self.hw, self.i_ctx, self.i_ctx.desc, self._kv_
+        with m.State("KV"):
+            st.checks([
+                ((d.kind != DescKind.KV) | (d.layout != fmt), lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
+                (bad_length | (d.cols == 0) | (d.rows == 0), lambda: st.fail(ErrorCode.BAD_LENGTH)),
+                (~in_l2(hw, elem(kv.k), d.cols) | ~in_l2(hw, elem(kv.v), d.cols),
+                 lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+            ], lambda: self._divide(m, ctx.pos, d.rows, "KV_1"))
+
+    def _attn_checks(self, m, st, fmt, bad_length, narrow_ring, uses_engine):
+        """ATTN's first state: the slot (its format), the head shape against the FMAP entry, the window
+        (beyond the ring: ADDRESS_RANGE; narrower than the ring with `narrow_ring`: BAD_LENGTH); the positions
+        seen into `n`. With `uses_engine` it first waits for an async WGEMV to finish."""
+        ctx, d, f, at, eng = self.i_ctx, self.i_ctx.desc, self.i_ctx.fmap, self._at, self.i_engine
+        checks = [(eng.active, lambda: None), (eng.failed, lambda: st.fail(eng.code, at_engine=1))] if uses_engine else []
+        checks += [
+            ((d.kind != DescKind.KV) | (d.layout != fmt), lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
+            (bad_length | (f.head_dim != d.head_dim) | (at.kv_head >= d.heads) | (f.heads == 0),
+             lambda: st.fail(ErrorCode.BAD_LENGTH)),
+            (((f.window == 0) | (f.window > d.rows)) & (ctx.pos >= d.rows), lambda: st.fail(ErrorCode.ADDRESS_RANGE))]
+        if narrow_ring:
+            checks.append(((f.window != 0) & (f.window < d.rows), lambda: st.fail(ErrorCode.BAD_LENGTH)))
+
+        def start():
+            seen = Mux((f.window == 0) | (ctx.pos + 1 <= f.window), ctx.pos + 1, f.window)
+            m.d.sync += self.n.eq(seen)
+            if uses_engine:     # its GEMVs quantise into the engine: nothing to reuse after it
+                m.d.comb += [self.o_act_n.valid.eq(1), self.o_act_n.payload.eq(0)]
+            m.next = "AT_1"
+        with m.State("AT"):
+            m.d.sync += [self.heads.eq(f.heads), self.hd.eq(f.head_dim), self.win.eq(f.window), self.cap.eq(d.rows)]
+            st.checks(checks, start)
+
+    # --- binary16 cache ------------------------------------------------------------------------------------
+
+    def _kvst_fp16(self, m, st):
+        hw, d, kv = self.hw, self.i_ctx.desc, self._kv_
+        k_off, v_off = Signal(32), Signal(32)        # elements from the slot's start: the K row, the V row
+        self._kvst_checks(m, st, 0, 0)
+        with m.State("KV_1"):
+            with m.If(~self.div.busy):
+                m.d.sync += [k_off.eq(self.div.r * d.cols), v_off.eq((d.rows + self.div.r) * d.cols)]
+                m.next = "KV_2"
+        A = hw.axi_addr_bits
+        with m.State("KV_2"):
+            st.launch("KV_3", bypass=1, n=d.cols, a=Src.L2, a_addr=elem(kv.k), sink=Sink.DDR,
+                      wr_addr=(self._kv_base() + (k_off << 1))[:A], wr_fmt=1)
+        st.wait_pass("KV_3", lambda: st.launch("RETIRE_PASS", bypass=1, n=d.cols, a=Src.L2, a_addr=elem(kv.v),
+                                               sink=Sink.DDR, wr_addr=(self._kv_base() + (v_off << 1))[:A], wr_fmt=1))
+
+    def _attn_fp16(self, m, st):
+        hw, ctx, d, at = self.hw, self.i_ctx, self.i_ctx.desc, self._at
+        _, _, SB, SCR = geometry(hw)
+        A = hw.axi_addr_bits
+        heads, hd, n, t, h, cap, slot = self.heads, self.hd, self.n, self.t, self.h, self.cap, self.slot
+        aq, ad = elem(at.q), elem(at.dst)
+        row_off = Signal(32)          # elements from the slot's start to the oldest position's K row
+        k_row = Signal(A)             # DDR address of the current position's K row (V: + capacity rows)
+        first_row = Signal(A)         # the oldest position's K row: the V phase starts there again
+        row_bytes = d.cols << 1
+        scores = SB + hd              # [heads][n] after the K/V row
+        self._attn_checks(m, st, 0, 0, 0, uses_engine=False)
+        with m.State("AT_1"):
+            st.checks([
+                (heads * n + hd > SCR, lambda: st.fail(ErrorCode.BAD_LENGTH)),
+                (~in_l2(hw, aq, heads * hd) | ~in_l2(hw, ad, heads * hd), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+            ], lambda: self._divide(m, ctx.pos + 1 - n, cap, "AT_2"))
+        with m.State("AT_2"):
+            with m.If(~self.div.busy):
+                m.d.sync += [slot.eq(self.div.r), t.eq(0), row_off.eq(self.div.r * d.cols)]
+                m.next = "AT_3"
+        with m.State("AT_3"):
+            row = (self._kv_base() + (row_off << 1) + ((at.kv_head * hd) << 1))[:A]
+            m.d.sync += [k_row.eq(row), first_row.eq(row)]
+            m.next = "AT_K"
+
+        def next_position(state):
+            """The next visible position: ring slot + 1 (wrapping to slot 0), its K row."""
+            with m.If(slot + 1 == cap):
+                m.d.sync += [slot.eq(0), k_row.eq((self._kv_base() + ((at.kv_head * hd) << 1))[:A])]
+            with m.Else():
+                m.d.sync += [slot.eq(slot + 1), k_row.eq(k_row + row_bytes)]
+            m.d.sync += t.eq(t + 1)
+            m.next = state
+
+        def next_head(state):
+            m.d.sync += h.eq(h + 1)
+            m.next = state
+
+        # phase 1: per position, the K row, then a DOT per head into scores[h][t]
+        with m.State("AT_K"):
+            m.d.sync += h.eq(0)
+            with m.If(t == n):
+                m.next = "AT_SM"
+            with m.Else():
+                st.launch("AT_KD", bypass=1, n=hd, a=Src.DDR, ddr_addr=k_row, ddr_fmt=1, sink=Sink.L2, dst=SB)
+        st.wait_pass("AT_KD", st.go("AT_DOT"))
+        with m.State("AT_DOT"):
+            with m.If(h == heads):
+                next_position("AT_K")
+            with m.Else():
+                st.launch("AT_DOTW", op=SfuOp.DOT, n=hd, a=Src.L2, a_addr=aq + h * hd, b=BSrc.L2, b_addr=SB,
+                          sink=Sink.L2, dst=scores + h * n + t)
+        st.wait_pass("AT_DOTW", lambda: next_head("AT_DOT"))
+        # phase 2: softmax per head
+        srow = scores + h * n
+        with m.State("AT_SM"):
+            with m.If(h == heads):
+                m.d.sync += [t.eq(0), k_row.eq(first_row)]
+                self._divide(m, ctx.pos + 1 - n, cap, "AT_V0")
+            with m.Else():
+                st.launch("AT_SM1", op=SfuOp.MAX, n=n, a=Src.L2, a_addr=srow, sink=Sink.REG)
+        st.wait_pass("AT_SM1", lambda: st.launch("AT_SM2", op=SfuOp.EXP, n=n, a=Src.L2, a_addr=srow, emax=st.result,
+                                                 sub_emax=1, sink=Sink.L2, dst=srow))
+        st.wait_pass("AT_SM2", lambda: st.launch("AT_SM3", op=SfuOp.SUM, n=n, a=Src.L2, a_addr=srow, sink=Sink.REG))
+        st.wait_pass("AT_SM3", lambda: st.launch("AT_SM4", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=st.result,
+                                                 sink=Sink.REG))
+        st.wait_pass("AT_SM4", lambda: st.launch("AT_SM5", op=SfuOp.MULS, n=n, a=Src.L2, a_addr=srow, s=st.result,
+                                                 sink=Sink.L2, dst=srow))
+        st.wait_pass("AT_SM5", lambda: next_head("AT_SM"))
+        # phase 3: per position, the V row, then per head dst += p * V
+        with m.State("AT_V0"):
+            with m.If(~self.div.busy):
+                m.d.sync += slot.eq(self.div.r)
+                m.next = "AT_V"
+        with m.State("AT_V"):
+            with m.If(t == n):
+                st.retire()
+            with m.Else():
+                m.d.sync += h.eq(0)
+                st.launch("AT_VD", bypass=1, n=hd, a=Src.DDR, ddr_addr=(k_row + cap * row_bytes)[:A], ddr_fmt=1,
+                          sink=Sink.L2, dst=SB)
+        st.wait_pass("AT_VD", st.go("AT_P"))
+        with m.State("AT_P"):
+            with m.If(h == heads):
+                next_position("AT_V")
+            with m.Else():
+                st.launch("AT_PW", bypass=1, n=1, a=Src.L2, a_addr=scores + h * n + t, sink=Sink.REG)
+        with m.State("AT_PW"):
+            with m.If(st.done()):
+                dst = ad + h * hd
+                with m.If(t == 0):
+                    st.launch("AT_PV", op=SfuOp.MULS, n=hd, a=Src.L2, a_addr=SB, s=st.result, sink=Sink.L2, dst=dst)
+                with m.Else():
+                    st.launch("AT_PV", op=SfuOp.FMAS, n=hd, a=Src.L2, a_addr=SB, s=st.result, b=BSrc.L2, b_addr=dst,
+                              sink=Sink.L2, dst=dst)
+        st.wait_pass("AT_PV", lambda: next_head("AT_P"))
+
+    # --- INT8 cache (docs/numerics.md "KV cache", sim.numerics.KvInt8Layout) ----------------------------------
+
+    def _int8_state(self, m):
+        """The slot's sizes and addresses. Slot layout: per head j, the planes K_hi, K_lo, V_hi, V_lo of C·D/2
+        bytes, then per head the K scales hi/lo of C·nb binary16, then per head the V scales of C binary16."""
+        hw, d = self.hw, self.i_ctx.desc
+        A = hw.axi_addr_bits
+        # The slot's sizes, from the descriptor (stable from KVST's and ATTN's first state on), one product
+        # each for both instructions: C·D/2 and C·nb·2 bytes per head, then times the heads (two cycles later;
+        # both instructions read them no earlier).
+        self.plane, self.kscales, self.planes, self.all_kscales = (Signal(32, name=nm) for nm in
+                                                                   ("plane", "kscales", "planes", "all_kscales"))
+        self.blocks = (d.head_dim + hw.act_block - 1) >> ceil_log2(hw.act_block)
+        self.slot_base = (self._kv_base())[:A]
+        self.kb, self.ksb, self.vsb = Signal(A), Signal(A), Signal(A)   # a head's planes, K scales, V scales
+        m.d.sync += [self.plane.eq((d.rows * d.head_dim) >> 1), self.kscales.eq((d.rows * self.blocks) << 1),
+                     self.planes.eq(d.heads * self.plane), self.all_kscales.eq(d.heads * self.kscales)]
+        # ATTN: the head's output rows; a head's sum, then recip(sum): the RECIP pass runs beside the first
+        # chunk's V GEMVs (`recip_pending`)
+        self.dst = Signal(geometry(hw)[0])
+        m.d.comb += self.dst.eq(elem(self._at.dst) + self.h * self.hd)
+        self.rz, self.recip_pending = Signal(32), Signal()
+        with m.If(self.recip_pending & self.i_done.valid):
+            m.d.sync += [self.rz.eq(self.i_done.payload.result), self.recip_pending.eq(0)]
+
+    def _int8(self, m, st):
+        d = self.i_ctx.desc
+        bad_hd = (d.head_dim[0:3] != 0) | (d.head_dim == 0) | (d.head_dim > self.hw.kv_max_head_dim)
+        self._kvst_int8(m, st, bad_hd)
+        self._attn_int8(m, st, bad_hd, ceil_log2(self.hw.act_block))
+
+    def _kvst_int8(self, m, st, bad_hd):
+        """Per head: K (one quantiser pass), V (its row exponent, then the values)."""
+        hw, d, kv = self.hw, self.i_ctx.desc, self._kv_
+        A = hw.axi_addr_bits
+        kb, ksb, vsb, plane, ks = self.kb, self.ksb, self.vsb, self.plane, self.kscales
+        row_off, srow, ring = Signal(32), Signal(32), Signal(32)   # the ring slot's row in a plane / K scales
+        planes, kss = Signal(32), Signal(32)
+        j = Signal(8)                                     # head
+        hb = Signal(16)                                   # element offset of head j in k and v
+        self._kvst_checks(m, st, 1, bad_hd | (d.heads == 0))
+        with m.State("KV_1"):
+            with m.If(~self.div.busy):
+                m.d.sync += [row_off.eq((self.div.r * d.head_dim) >> 1), srow.eq((self.div.r * self.blocks) << 1),
+                             ring.eq(self.div.r)]
+                m.next = "KV_2"
+        with m.State("KV_2"):
+            m.d.sync += [planes.eq(self.planes), kss.eq(self.all_kscales)]
+            m.next = "KV_3"
+        with m.State("KV_3"):
+            sb = self.slot_base
+            m.d.sync += [kb.eq(sb), ksb.eq(sb + (planes << 2)), vsb.eq(sb + (planes << 2) + (kss << 1) + (ring << 1)),
+                         j.eq(0), hb.eq(0)]
+            m.next = "KV_K"
+
+        def quantise(state, **kw):
+            st.launch(state, bypass=1, n=d.head_dim, sink=Sink.QUANT, qlimit=1, qdst=QDst.PACK, **kw)
+
+        def out(state, sel, n, addr, fmt):
+            st.launch(state, bypass=1, n=n, a=Src.PACK, psel=sel, sink=Sink.DDR, wr_addr=addr[:A], wr_fmt=fmt)
+        k, v = elem(kv.k), elem(kv.v)
+        words = d.head_dim >> 3
+        with m.State("KV_K"):
+            with m.If(j == d.heads):
+                st.retire()
+            with m.Else():
+                m.d.comb += self.o_pack_clear.eq(1)
+                quantise("KV_KQ", a=Src.L2, a_addr=k + hb)
+        with m.State("KV_KQ"):
+            with m.If(st.done()):
+                with m.If(self.i_done.payload.nonfinite | (self.i_pack.emax > 11)):     # 2**(e+4) beyond binary16
+                    st.fail(ErrorCode.NON_FINITE)
+                with m.Else():
+                    out("KV_K1", 0, words, kb + row_off, 0)
+        st.wait_pass("KV_K1", lambda: out("KV_K2", 1, words, kb + plane + row_off, 0))
+        st.wait_pass("KV_K2", lambda: out("KV_K3", 2, self.blocks, ksb + srow, 1))
+        st.wait_pass("KV_K3", lambda: out("KV_K4", 3, self.blocks, ksb + ks + srow, 1))
+
+        def v_row():
+            m.d.comb += self.o_pack_clear.eq(1)
+            quantise("KV_VA", a=Src.L2, a_addr=v + hb)
+        st.wait_pass("KV_K4", v_row)
+        with m.State("KV_VA"):
+            with m.If(st.done()):
+                with m.If(self.i_done.payload.nonfinite | (self.i_pack.emax > 15)):     # 2**e beyond binary16
+                    st.fail(ErrorCode.NON_FINITE)
+                with m.Else():
+                    quantise("KV_VB", a=Src.L2, a_addr=v + hb, qforce=1, qe=self.i_pack.emax)
+        st.wait_pass("KV_VB", lambda: out("KV_V1", 0, words, kb + (plane << 1) + row_off, 0))
+        st.wait_pass("KV_V1", lambda: out("KV_V2", 1, words, kb + (plane << 1) + plane + row_off, 0))
+        st.wait_pass("KV_V2", lambda: st.launch("KV_V3", bypass=1, n=1, a=Src.REG, a_val=self.i_pack.vscale,
+                                                sink=Sink.DDR, wr_addr=vsb, wr_fmt=1))
+
+        def next_head():
+            m.d.sync += [j.eq(j + 1), hb.eq(hb + d.head_dim), kb.eq(kb + (plane << 2)), ksb.eq(ksb + (ks << 1)),
+                         vsb.eq(vsb + (d.rows << 1))]
+            m.next = "KV_K"
+        st.wait_pass("KV_V3", next_head)
+
+    def _attn_int8(self, m, st, bad_hd, LB):
+        """Per head: scores = two GEMVs over the K planes, softmax on the SFU, the V row scales folded into the
+        weights, out = two sparse GEMVs over the V planes per chunk, times recip(sum)."""
+        hw, ctx, d, at, eng = self.hw, self.i_ctx, self.i_ctx.desc, self._at, self.i_engine
+        _, nb, SB, SCR = geometry(hw)
+        A = hw.axi_addr_bits
+        MAXC = hw.gemv_max_cols
+        heads, hd, n, h = self.heads, self.hd, self.n, self.h
+        kb, ksb, vsb, plane, ks = self.kb, self.ksb, self.vsb, self.plane, self.kscales
+        aq, ad = elem(at.q), elem(at.dst)
+        head_plane, planes, head_ks, kss, head_rows = (Signal(32, name=nm) for nm in
+                                                       ("head_plane", "planes_", "head_ks", "kss_", "head_rows"))
+        chunk, chunk_n = Signal(nb), Signal(nb)       # the chunk's first position and its positions
+        vtab = (ctx.base[DdrRegion.WEIGHTS.value] + d.scale_offset)[:A]
+        dst, rz, recip_pending = self.dst, self.rz, self.recip_pending
+
+        def engine(nxt, wbase, sbase, rows, cols, log2g, accm, sparse, lo, n_rows):
+            job = self.o_gemv.payload
+            m.d.comb += [self.o_gemv.valid.eq(1), job.cmd.wbase.eq(wbase), job.cmd.sbase.eq(sbase),
+                         job.cmd.rows.eq(rows), job.cmd.cols.eq(cols), job.cmd.log2_group.eq(log2g),
+                         job.cmd.accm.eq(accm), job.cmd.sparse.eq(sparse), job.lo.eq(lo), job.n.eq(n_rows),
+                         job.pc.eq(ctx.pc)]
+            m.next = nxt
+
+        def after_engine(state, then):
+            with m.State(state):
+                with m.If(~eng.active):
+                    with m.If(eng.failed):
+                        st.fail(eng.code)
+                    with m.Else():
+                        then()
+
+        # the engine runs its GEMVs: an async WGEMV must finish first; a sliding ring is the window
+        self._attn_checks(m, st, 1, bad_hd, 1, uses_engine=True)
+        with m.State("AT_1"):
+            st.checks([
+                (n > SCR, lambda: st.fail(ErrorCode.BAD_LENGTH)),
+                (~in_l2(hw, aq, heads * hd) | ~in_l2(hw, ad, heads * hd), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+            ], st.go("AT_2"))
+        with m.State("AT_2"):
+            m.d.sync += [head_plane.eq(at.kv_head * plane), planes.eq(self.planes), head_ks.eq(at.kv_head * ks)]
+            m.next = "AT_3"
+        with m.State("AT_3"):
+            sb = self.slot_base
+            m.d.sync += [kb.eq(sb + (head_plane << 2)), ksb.eq(sb + (planes << 2) + (head_ks << 1)),
+                         kss.eq(self.all_kscales), head_rows.eq((at.kv_head * d.rows) << 1)]
+            m.next = "AT_4"
+        with m.State("AT_4"):
+            m.d.sync += [vsb.eq(self.slot_base + (planes << 2) + (kss << 1) + head_rows), h.eq(0)]
+            m.next = "AT_H"
+        with m.State("AT_H"):
+            with m.If(h == heads):
+                st.retire()
+            with m.Else():
+                st.launch("AT_Q", bypass=1, n=hd, a=Src.L2, a_addr=aq + h * hd, sink=Sink.QUANT, qdst=QDst.GEMV)
+        with m.State("AT_Q"):
+            with m.If(st.done()):
+                with m.If(self.i_done.payload.nonfinite):
+                    st.fail(ErrorCode.NON_FINITE)
+                with m.Else():
+                    engine("AT_K1", (kb + plane)[:A], (ksb + ks)[:A], n, hd, LB, 0, 0, SB, n)
+        after_engine("AT_K1", lambda: engine("AT_K2", kb, ksb, n, hd, LB, 1, 0, SB, n))
+        after_engine("AT_K2", lambda: st.launch("AT_S1", op=SfuOp.MAX, n=n, a=Src.L2, a_addr=SB, sink=Sink.REG))
+        st.wait_pass("AT_S1", lambda: st.launch("AT_S2", op=SfuOp.EXP, n=n, a=Src.L2, a_addr=SB, emax=st.result,
+                                                sub_emax=1, sink=Sink.L2, dst=SB))
+        st.wait_pass("AT_S2", lambda: st.launch("AT_S3", op=SfuOp.SUM, n=n, a=Src.L2, a_addr=SB, sink=Sink.REG))
+
+        def scale_by_v():
+            m.d.sync += rz.eq(st.result)
+            st.launch("AT_S5", op=SfuOp.MUL, n=n, a=Src.DDR, ddr_addr=vsb, ddr_fmt=1, b=BSrc.L2, b_addr=SB,
+                      sink=Sink.L2, dst=SB)
+        st.wait_pass("AT_S3", scale_by_v)
+
+        def chunks():
+            m.d.sync += chunk.eq(0)
+            m.next = "AT_V"
+        st.wait_pass("AT_S5", chunks)
+        with m.State("AT_V"):
+            left = n - chunk
+            with m.If(recip_pending):
+                pass                         # the RECIP pass is still running
+            with m.Elif(chunk == n):
+                st.launch("AT_O", op=SfuOp.MULS, n=hd, a=Src.L2, a_addr=dst, s=rz, sink=Sink.L2, dst=dst)
+            with m.Else():
+                m.d.sync += chunk_n.eq(Mux(left > MAXC, MAXC, left))
+                st.launch("AT_VQ", bypass=1, n=Mux(left > MAXC, MAXC, left), a=Src.L2, a_addr=SB + chunk,
+                          sink=Sink.QUANT, qdst=QDst.GEMV)
+        voff = (chunk * hd) >> 1
+        with m.State("AT_VQ"):
+            with m.If(st.done()):
+                with m.If(self.i_done.payload.nonfinite):
+                    st.fail(ErrorCode.NON_FINITE)
+                with m.Else():
+                    engine("AT_V1", (kb + (plane << 1) + plane + voff)[:A], (vtab + (hd << 1))[:A], hd, chunk_n,
+                           V_PLANE_LOG2_GROUP, chunk != 0, 1, dst, hd)
+                    with m.If(chunk == 0):
+                        st.launch("AT_V1", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=rz, sink=Sink.REG)
+                        m.d.sync += recip_pending.eq(1)
+        after_engine("AT_V1", lambda: engine("AT_V2", (kb + (plane << 1) + voff)[:A], vtab, hd, chunk_n,
+                                             V_PLANE_LOG2_GROUP, 1, 1, dst, hd))
+
+        def next_chunk():
+            m.d.sync += chunk.eq(chunk + chunk_n)
+            m.next = "AT_V"
+        after_engine("AT_V2", next_chunk)
+
+        def next_head():
+            m.d.sync += h.eq(h + 1)
+            m.next = "AT_H"
+        st.wait_pass("AT_O", next_head)

@@ -1,0 +1,209 @@
+"""The matrix sequencer: WGEMV, WGEMM and GATHER, after the controller has loaded their descriptor.
+
+A WGEMV runs in two parts: the quantiser pass (unless ``reuse``: the engine still holds the same activations),
+then the GEMV engine takes its command (`EngineTracker`) and streams the weights, writing its rows into L2
+beside the passes. With ``async_`` (and without ``findemax``) it retires as soon as the engine has its
+command; without, when the last row is in L2 (then, with ``findemax``, a REDUCE_MAX pass into EMAX).
+
+WGEMM runs per token tile of ``systolic_rows`` tokens: a quantiser pass per token into the GEMM unit's slot
+for it, then the tile takes the engine's place (its output rows are the running range); the last tile may
+retire at once with ``async_``, the others are waited for.
+
+GATHER reads one INT4 row (TOKEN_ID's, or row 0 with ``remap`` past the table: the host staged it there)
+through the DDR reader, dequantised, into L2.
+"""
+
+from __future__ import annotations
+
+from amaranth import Module, Mux, Signal
+from amaranth.lib import data, stream
+from amaranth.lib.wiring import In, Out
+
+from ..config import HardwareConfig
+from ..isa import DdrRegion, DescKind, ErrorCode, Opcode, layout
+from ..sfu import SfuOp
+from .engines import gemm_job_layout, gemv_job_layout
+from .passes import QDst, Sink, Src
+from .sequencer import Sequencer, Steps, elem, end_to, engine_state_layout, geometry, in_l2, l2_elements
+
+__all__ = ["MatrixSequencer"]
+
+
+class MatrixSequencer(Sequencer):
+    """WGEMV, WGEMM, GATHER. Beyond `Sequencer`'s ports: the tracker's command streams (``o_gemv``,
+    ``o_gemm``, ``o_act_n``) and state (``i_engine``), and EMAX's write (``o_emax``: a findemax result)."""
+
+    def __init__(self, hw: HardwareConfig):
+        super().__init__(hw, {
+            "o_gemv": Out(stream.Signature(gemv_job_layout(hw))),
+            "o_gemm": Out(stream.Signature(gemm_job_layout(hw))),
+            "o_act_n": Out(stream.Signature(range(hw.gemv_max_cols + 1), always_ready=True)),
+            "i_engine": In(engine_state_layout(hw)),
+            "o_emax": Out(stream.Signature(32, always_ready=True)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        st = Steps(m, self.o_pass, self.i_done, end_to(m, self.o_end))
+        op = self.i_ctx.word[60:64]
+        with m.FSM(name="matrix"):
+            with m.State("IDLE"):
+                with m.If(self.i_start):
+                    with m.Switch(op):
+                        with m.Case(Opcode.WGEMV):
+                            m.next = "WG"
+                        with m.Case(Opcode.WGEMM):
+                            m.next = "WM"
+                        with m.Case(Opcode.GATHER):
+                            m.next = "GA"
+            st.wait_pass("RETIRE_PASS", st.retire)
+            self._wgemv(m, st)
+            self._wgemm(m, st)
+            self._gather(m, st)
+        return m
+
+    def _weights(self, offset):
+        ctx = self.i_ctx
+        return (ctx.base[DdrRegion.WEIGHTS.value] + offset)[:self.hw.axi_addr_bits]
+
+    def _wgemv(self, m, st):
+        hw, ctx, eng = self.hw, self.i_ctx, self.i_engine
+        d = ctx.desc
+        wg = data.View(layout(Opcode.WGEMV), ctx.word)
+        ws, wd = elem(wg.src), elem(wg.dst)
+
+        def run():
+            """The engine has its activations (a quantiser pass, or `reuse`): hand it the matrix; an async WGEMV
+            retires now, the others when the engine is done."""
+            job = self.o_gemv.payload
+            m.d.comb += [self.o_gemv.valid.eq(1),
+                         job.cmd.wbase.eq(self._weights(d.weight_offset)), job.cmd.sbase.eq(self._weights(d.scale_offset)),
+                         job.cmd.rows.eq(d.rows), job.cmd.cols.eq(d.cols), job.cmd.log2_group.eq(d.log2_group),
+                         job.cmd.accm.eq(wg.accm), job.cmd.sparse.eq(wg.sparse),
+                         job.lo.eq(wd), job.n.eq(d.rows), job.pc.eq(ctx.pc)]
+            with m.If(wg.async_ & ~wg.findemax):
+                st.retire()
+            with m.Else():
+                m.next = "WG_G"
+
+        def quantise():
+            m.d.comb += [self.o_act_n.valid.eq(1), self.o_act_n.payload.eq(d.cols)]
+            st.launch("WG_Q", bypass=1, n=d.cols, a=Src.L2, a_addr=ws, sink=Sink.QUANT, qdst=QDst.GEMV)
+
+        with m.State("WG"):
+            st.checks([
+                (d.kind != DescKind.INT4, lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
+                (d.cols == 0, lambda: st.fail(ErrorCode.BAD_LENGTH)),
+                (~in_l2(hw, ws, d.cols), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+                (wg.sparse != (d.layout == 1), lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
+                ((d.cols > hw.gemv_max_cols) | (wg.sparse & ((d.rows > hw.gemv_sparse_max_rows) | d.rows[0])),
+                 lambda: st.fail(ErrorCode.BAD_LENGTH)),
+                (d.rows == 0, lambda: st.fail(ErrorCode.BAD_LENGTH)),
+                (~in_l2(hw, wd, d.rows), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+                (wg.reuse & (d.cols != eng.act_n), lambda: st.fail(ErrorCode.BAD_LENGTH)),
+                (wg.reuse, run),
+            ], quantise)
+        with m.State("WG_Q"):
+            with m.If(st.done()):
+                with m.If(self.i_done.payload.nonfinite):
+                    st.fail(ErrorCode.NON_FINITE)
+                with m.Else():
+                    run()
+        with m.State("WG_G"):
+            with m.If(~eng.active):
+                st.checks([
+                    (eng.failed, lambda: st.fail(eng.code)),
+                    (wg.findemax, lambda: st.launch("WG_E", op=SfuOp.REDUCE_MAX, n=d.rows, a=Src.L2, a_addr=wd,
+                                                    sink=Sink.REG)),
+                ], st.retire)
+
+        def emax():
+            m.d.comb += [self.o_emax.valid.eq(1), self.o_emax.payload.eq(st.result)]
+            st.retire()
+        st.wait_pass("WG_E", emax)
+
+    def _wgemm(self, m, st):
+        hw, ctx, eng = self.hw, self.i_ctx, self.i_engine
+        _, nb, _, _ = geometry(hw)
+        d = ctx.desc
+        wm = data.View(layout(Opcode.WGEMM), ctx.word)
+        R = hw.systolic_rows
+        L2E = l2_elements(hw)
+        in_stride, out_stride = Signal(nb + 2), Signal(34)   # elements between tokens (16-byte rows)
+        left = Signal(9)                                      # tokens not yet in a tile
+        tok = Signal(range(R + 1))                            # the token being quantised, in its tile
+        tile = Signal(range(R + 1))                           # tokens in this tile
+        src, dst = Signal(nb + 1), Signal(nb + 1)             # the next token's input and output row
+        with m.State("WM"):
+            with m.If((d.kind != DescKind.INT4) | (d.layout != 0) | (d.log2_group != (hw.weight_group.bit_length() - 1))):
+                st.fail(ErrorCode.BAD_DESCRIPTOR)
+            with m.Elif((wm.tokens == 0) | (d.cols > hw.gemv_max_cols) | (d.cols == 0)):
+                st.fail(ErrorCode.BAD_LENGTH)
+            with m.Else():
+                m.d.sync += [in_stride.eq((d.cols + 3) & ~3), out_stride.eq((d.rows + 3) & ~3)]
+                m.next = "WM_1"
+        with m.State("WM_1"):
+            with m.If(elem(wm.src) + (wm.tokens - 1) * in_stride + d.cols > L2E):
+                st.fail(ErrorCode.ADDRESS_RANGE)
+            with m.Elif(d.rows == 0):
+                st.fail(ErrorCode.BAD_LENGTH)
+            with m.Elif(elem(wm.dst) + (wm.tokens - 1) * out_stride + d.rows > L2E):
+                st.fail(ErrorCode.ADDRESS_RANGE)
+            with m.Else():
+                m.d.sync += [src.eq(elem(wm.src)), dst.eq(elem(wm.dst)), left.eq(wm.tokens)]
+                m.next = "WM_T"
+        with m.State("WM_T"):                             # a tile starts
+            m.d.sync += [tok.eq(0), tile.eq(Mux(left > R, R, left))]
+            m.next = "WM_Q"
+        with m.State("WM_Q"):
+            st.launch("WM_QW", bypass=1, n=d.cols, a=Src.L2, a_addr=src, sink=Sink.QUANT, qdst=QDst.GEMM, qtok=tok)
+        with m.State("WM_QW"):
+            with m.If(st.done()):
+                with m.If(self.i_done.payload.nonfinite):
+                    st.fail(ErrorCode.NON_FINITE)
+                with m.Elif(tok + 1 != tile):
+                    m.d.sync += [tok.eq(tok + 1), src.eq(src + in_stride)]
+                    m.next = "WM_Q"
+                with m.Else():
+                    job = self.o_gemm.payload
+                    m.d.comb += [self.o_gemm.valid.eq(1),
+                                 job.cmd.wbase.eq(self._weights(d.weight_offset)),
+                                 job.cmd.sbase.eq(self._weights(d.scale_offset)),
+                                 job.cmd.rows.eq(d.rows), job.cmd.cols.eq(d.cols), job.cmd.ntok.eq(tile),
+                                 job.cmd.dst.eq(dst), job.cmd.stride.eq(out_stride), job.cmd.accm.eq(wm.accm),
+                                 job.lo.eq(dst), job.n.eq((tile - 1) * out_stride + d.rows), job.pc.eq(ctx.pc)]
+                    m.d.sync += [src.eq(src + in_stride), dst.eq(dst + out_stride * R), left.eq(left - tile)]
+                    with m.If((left == tile) & wm.async_):
+                        st.retire()
+                    with m.Else():
+                        m.next = "WM_G"
+        with m.State("WM_G"):                             # wait for the tile; then the next one, or retire
+            with m.If(eng.idle):
+                st.checks([(eng.failed, lambda: st.fail(eng.code)), (left == 0, st.retire)], st.go("WM_T"))
+
+    def _gather(self, m, st):
+        hw, ctx = self.hw, self.i_ctx
+        d = ctx.desc
+        ga = data.View(layout(Opcode.GATHER), ctx.word)
+        gd = elem(ga.dst)
+        row = Signal(32)
+        row_bytes, row_scales = Signal(32), Signal(32)    # the row's offset in the weights, in the scales
+        def start():
+            m.d.sync += row.eq(Mux(ctx.token >= d.rows, 0, ctx.token))
+            m.next = "GA_1"
+        with m.State("GA"):
+            st.checks([
+                ((d.kind != DescKind.INT4) | (d.layout != 0), lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
+                ((ctx.token >= d.rows) & ~ga.remap, lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+                (d.cols == 0, lambda: st.fail(ErrorCode.BAD_LENGTH)),
+                (~in_l2(hw, gd, d.cols), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+            ], start)
+        with m.State("GA_1"):
+            groups = (d.cols + (1 << d.log2_group) - 1) >> d.log2_group
+            m.d.sync += [row_bytes.eq(row * ((d.cols + 1) >> 1)), row_scales.eq(row * groups)]
+            m.next = "GA_2"
+        with m.State("GA_2"):
+            st.launch("RETIRE_PASS", bypass=1, n=d.cols, a=Src.DDR, ddr_fmt=2,
+                      ddr_addr=self._weights(d.weight_offset + row_bytes),
+                      ddr_saddr=self._weights(d.scale_offset + (row_scales << 1)),
+                      ddr_log2g=d.log2_group, sink=Sink.L2, dst=gd)

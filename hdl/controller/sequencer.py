@@ -1,0 +1,158 @@
+"""What every sequencer shares: the context it reads, its ports, and the vocabulary of its FSM.
+
+A sequencer runs one family of instructions. The controller starts it (``i_start``) with the instruction in
+``i_ctx.word`` (and, for the instructions that name one, the descriptor already loaded into ``i_ctx.desc``); it
+issues passes on ``o_pass`` and sees each one complete on ``i_done``; it ends the instruction with one
+``o_end``: ``code`` NONE retires it, any other code is the instruction's error (``at_engine``: report it at the
+pc of the failed async WGEMV, `EngineTracker.o_pc`).
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Value
+from amaranth.lib import data, enum, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..config import HardwareConfig
+from ..fetch import PC_BITS
+from ..isa import DESCRIPTOR, FMAP_ENTRY, SCALAR_REGS, DdrRegion, ErrorCode
+from ..l2 import l2_geometry
+from ..sfu import SfuOp
+from .passes import BSrc, Sink, Src, done_layout, pass_layout
+
+__all__ = ["context_layout", "end_layout", "DividerPort", "engine_state_layout", "Sequencer", "Steps", "REGIONS"]
+
+REGIONS = tuple(DdrRegion)
+
+
+def context_layout(hw: HardwareConfig) -> data.StructLayout:
+    """The architectural state a sequencer reads: the instruction word and its pc, VL, HD and 1/HD, POSITION,
+    TOKEN_ID, EMAX, the scalar registers, the loaded descriptor, the FMAP entry the word's ``shape_ptr``
+    names, and the DDR base of every region (by `DdrRegion` value)."""
+    return data.StructLayout({
+        "word": 64, "pc": PC_BITS, "vl": 32, "hd": 32, "inv_hd": 32, "pos": 32, "token": 32, "emax": 32,
+        "s": data.ArrayLayout(32, SCALAR_REGS), "desc": DESCRIPTOR, "fmap": FMAP_ENTRY,
+        "base": data.ArrayLayout(64, 1 << DdrRegion.as_shape().width),
+    })
+
+
+def end_layout() -> data.StructLayout:
+    return data.StructLayout({"code": ErrorCode, "at_engine": 1})
+
+
+# the shared divider (`hdl.seq.SeqDivider`) as a sequencer sees it: a start pulse with its operands, then busy
+DividerPort = wiring.Signature({"start": Out(1), "num": Out(32), "den": Out(32),
+                                "busy": In(1), "q": In(32), "r": In(32)})
+
+
+def engine_state_layout(hw: HardwareConfig) -> data.StructLayout:
+    """What the sequencers that hand over matrices see of `EngineTracker`."""
+    return data.StructLayout({"active": 1, "idle": 1, "failed": 1, "code": ErrorCode,
+                              "act_n": range(hw.gemv_max_cols + 1)})
+
+
+
+class Sequencer(wiring.Component):
+    """The ports every sequencer has, plus `extra` (a dict of members)."""
+
+    def __init__(self, hw: HardwareConfig, extra: dict):
+        self._hw = hw
+        super().__init__({
+            "i_ctx": In(context_layout(hw)), "i_start": In(1),
+            "o_end": Out(stream.Signature(end_layout(), always_ready=True)),
+            "o_pass": Out(stream.Signature(pass_layout(hw))),
+            "i_done": In(stream.Signature(done_layout(), always_ready=True)),
+            **extra})
+
+    @property
+    def hw(self):
+        return self._hw
+
+
+PASS_DEFAULTS = dict(op=SfuOp.COPY, bypass=0, a=Src.L2, b=BSrc.NONE, sink=Sink.L2)
+
+
+class Steps:
+    """The FSM vocabulary of a sequencer (or the controller) issuing passes: used inside ``with m.State``.
+
+    `launch` sends a pass and moves to the state that waits for it (the engine takes it at once: a sequencer
+    launches only while the engine is idle or completing); `wait_pass` is such a state; `retire` and `fail` end
+    the instruction through `end` (a callable taking the code and ``at_engine``) and go to `idle` (`error`)."""
+
+    def __init__(self, m, o_pass, i_done, end, idle="IDLE", error=None):
+        self.m, self.o_pass, self.i_done, self._end = m, o_pass, i_done, end
+        self.idle, self.error = idle, error or idle
+
+    def launch(self, nxt, **fields):
+        m, p = self.m, self.o_pass.payload
+        for key, val in {**PASS_DEFAULTS, **fields}.items():
+            m.d.comb += Value.cast(getattr(p, key)).eq(Value.cast(val) if isinstance(val, enum.Enum) else val)
+        m.d.comb += self.o_pass.valid.eq(1)
+        m.next = nxt
+
+    def done(self):
+        return self.i_done.valid
+
+    @property
+    def result(self):
+        """The last element of the completing pass's REG sink (read it in the cycle `done` is high)."""
+        return self.i_done.payload.result
+
+    def retire(self):
+        self._end(ErrorCode.NONE, 0)
+        self.m.next = self.idle
+
+    def fail(self, code, at_engine=0):
+        self._end(code, at_engine)
+        self.m.next = self.error
+
+    def wait_pass(self, state, then):
+        """State `state`: wait for the pass; a bus error ends the instruction, else ``then()``."""
+        m = self.m
+        with m.State(state):
+            with m.If(self.i_done.valid):
+                with m.If(self.i_done.payload.err):
+                    self.fail(ErrorCode.BUS_ERROR)
+                with m.Else():
+                    then()
+
+    def go(self, name):
+        def f():
+            self.m.next = name
+        return f
+
+    def checks(self, cases, otherwise):
+        """``If``/``Elif`` over `cases` (condition, action) in order, then ``Else: otherwise()``."""
+        m = self.m
+        for k, (cond, act) in enumerate(cases):
+            with (m.Elif if k else m.If)(cond):
+                act()
+        with m.Else():
+            otherwise()
+
+
+def end_to(m, o_end):
+    """An `end` callable for `Steps` driving the sequencer's ``o_end``."""
+    def end(code, at_engine):
+        m.d.comb += [o_end.valid.eq(1), o_end.payload.code.eq(code), o_end.payload.at_engine.eq(at_engine)]
+    return end
+
+
+def elem(word_addr):
+    """The element address of an L2 word address (4 binary32 elements per 16-byte word)."""
+    return Cat(Const(0, 2), word_addr)
+
+
+def l2_elements(hw: HardwareConfig) -> int:
+    return hw.l2_bytes // 4
+
+
+def in_l2(hw: HardwareConfig, e, n):
+    """The element range [e, e + n) lies inside L2."""
+    return (e + n) <= l2_elements(hw)
+
+
+def geometry(hw: HardwareConfig):
+    """(EA, NB, first scratch element, scratch elements) of `hw`'s L2."""
+    ea, nb, _ = l2_geometry(hw)
+    return ea, nb, (hw.l2_bytes - hw.l2_scratch_bytes) // 4, hw.l2_scratch_bytes // 4

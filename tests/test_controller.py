@@ -1,0 +1,275 @@
+"""The controller's sequencers in Amaranth's simulator, against `sim.plan`: the fast controller tier.
+
+Each sequencer (`hdl.controller.VectorSequencer`, `AttentionSequencer`, `MatrixSequencer`) runs directed
+instructions with the real scalar ALU and divider beside it; the bench plays the pass engine and the engine
+tracker at their stream contracts (a pass is taken at once and completes a seeded random number of cycles
+later; a GEMV job or a WGEMM tile keeps the tracker busy for a random while), records every step the
+sequencer starts, and compares them with the plan of the same instruction (`sim.plan.plan`, the ISS's
+decomposition). Values are the full-chip bench's business (tests/test_npu.py, ``-m slow``); the order,
+kinds and sizes of the steps, and the error codes of bad instructions, are checked here in seconds.
+"""
+
+import random
+
+import pytest
+from amaranth import Elaboratable, Module
+from amaranth.lib.wiring import connect
+from amaranth.sim import Simulator
+
+from firmware.pack import Descriptor
+from hdl.config import HardwareConfig
+from hdl.controller import AttentionSequencer, BSrc, MatrixSequencer, ScalarAlu, Sink, Src, VectorSequencer
+from hdl.isa import CvoFunc, DdrRegion, DescKind, DmaDir, ErrorCode, Opcode, VecFunc, decode, encode
+from hdl.seq import SeqDivider
+from hdl.sfu import SfuOp
+from sim.plan import DESC_LOAD, Alu, Engine, Gemm, Pass, State, plan
+
+TINY = HardwareConfig.preset("tiny")
+TINY_FP16 = HardwareConfig.preset("tiny_fp16")
+ONE = 0x3F800000              # binary32 1.0: every scalar result the bench hands back
+
+
+class Rig(Elaboratable):
+    """A sequencer with the real `SeqDivider` and `ScalarAlu` on its ports."""
+
+    def __init__(self, seq):
+        self.seq = seq
+        self.alu = ScalarAlu() if hasattr(seq, "o_alu") else None
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.seq = seq = self.seq
+        m.submodules.div = div = SeqDivider()
+        m.d.comb += [div.i_start.eq(seq.div.start), div.i_num.eq(seq.div.num), div.i_den.eq(seq.div.den),
+                     seq.div.busy.eq(div.o_busy), seq.div.q.eq(div.o_q), seq.div.r.eq(div.o_r)] \
+            if hasattr(seq, "div") else []
+        if self.alu is not None:
+            m.submodules.alu = self.alu
+            connect(m, seq.o_alu, self.alu.i_cmd)
+            connect(m, self.alu.o_y, seq.i_alu)
+        return m
+
+
+def _name(cls, v):
+    return v.name if isinstance(v, cls) else cls(v).name
+
+
+def run(seq, word, *, vl=0, hd=0, pos=0, desc=None, fmap=(0, 0, 0), act_n=0, seed=1, max_cycles=200_000):
+    """Run one instruction on `seq`; (its steps, its end code)."""
+    rig = Rig(seq)
+    rng = random.Random(seed)
+    out = {}
+
+    async def bench(ctx):
+        c = seq.i_ctx
+        for sig, v in ((c.word, word), (c.vl, vl), (c.hd, hd), (c.inv_hd, ONE), (c.pos, pos), (c.token, 3),
+                       (c.emax, ONE), (c.fmap.heads, fmap[0]), (c.fmap.head_dim, fmap[1]), (c.fmap.window, fmap[2])):
+            ctx.set(sig, v)
+        for i in range(8):
+            ctx.set(c.s[i], ONE)
+        for r in DdrRegion:
+            ctx.set(c.base[r.value], 0x1000_0000 * (r.value + 1))
+        if desc is not None:
+            kv = desc.kind == DescKind.KV
+            for name, v in (("weight_offset", desc.weight_offset), ("scale_offset", desc.scale_offset),
+                            ("rows", desc.capacity if kv else desc.rows),
+                            ("cols", desc.heads * desc.head_dim if kv else desc.cols), ("kind", DescKind(desc.kind)),
+                            ("layout", desc.layout), ("log2_group", desc.group.bit_length() - 1 if desc.group else 0),
+                            ("heads", desc.heads), ("head_dim", desc.head_dim)):
+                ctx.set(getattr(c.desc, name), v)
+        ctx.set(seq.o_pass.ready, 1)
+        engine = hasattr(seq, "o_gemv")
+        if engine:
+            ctx.set(seq.o_gemv.ready, 1)
+            if hasattr(seq, "o_gemm"):
+                ctx.set(seq.o_gemm.ready, 1)
+        ctx.set(seq.i_start, 1)
+        await ctx.tick()
+        ctx.set(seq.i_start, 0)
+        steps, pass_left, busy_left, n_act = [], None, 0, act_n
+        for _ in range(max_cycles):
+            ctx.set(seq.i_done.valid, pass_left == 0)
+            ctx.set(seq.i_done.payload.result, ONE)
+            if engine:
+                ctx.set(seq.i_engine.active, busy_left > 0)
+                ctx.set(seq.i_engine.idle, busy_left == 0)
+                ctx.set(seq.i_engine.act_n, n_act)
+            started_engine = False
+            if engine and ctx.get(seq.o_gemv.valid):
+                assert busy_left == 0, "a GEMV job while the engine runs"
+                j = seq.o_gemv.payload.cmd
+                steps.append(Engine(ctx.get(j.rows), ctx.get(j.cols), bool(ctx.get(j.accm)), bool(ctx.get(j.sparse))))
+                busy_left, started_engine = rng.randint(1, 30), True
+            if hasattr(seq, "o_gemm") and ctx.get(seq.o_gemm.valid):
+                assert busy_left == 0, "a WGEMM tile while the engine runs"
+                j = seq.o_gemm.payload.cmd
+                steps.append(Gemm(ctx.get(j.rows), ctx.get(j.cols), ctx.get(j.ntok), bool(ctx.get(j.accm))))
+                busy_left = rng.randint(1, 30)
+            next_pass = None if pass_left in (None, 0) else pass_left - 1
+            if ctx.get(seq.o_pass.valid):
+                assert pass_left in (None, 0), "a pass while the engine runs one"
+                p = seq.o_pass.payload
+                op = None if ctx.get(p.bypass) else _name(SfuOp, ctx.get(p.op))
+                steps.append(Pass(op, _name(Src, ctx.get(p.a)), _name(BSrc, ctx.get(p.b)), _name(Sink, ctx.get(p.sink)),
+                                  ctx.get(p.n), beside=started_engine))
+                next_pass = rng.randint(0, 6)
+            if rig.alu is not None and ctx.get(rig.alu.i_cmd.valid) and ctx.get(rig.alu.i_cmd.ready):
+                steps.append(Alu())
+            if engine and ctx.get(seq.o_act_n.valid):
+                n_act = ctx.get(seq.o_act_n.payload)
+            if ctx.get(seq.o_end.valid):
+                out["steps"], out["code"] = steps, _name(ErrorCode, ctx.get(seq.o_end.payload.code))
+                return
+            await ctx.tick()
+            pass_left = next_pass
+            busy_left = max(0, busy_left - 1)
+        raise AssertionError("the sequencer did not end the instruction")
+
+    sim = Simulator(rig)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    return out["steps"], out["code"]
+
+
+def _insn(hw, op, **fields):
+    word = encode(op, l2_words=hw.l2_bytes // 16, **fields)
+    return word, decode(word, l2_words=hw.l2_bytes // 16)
+
+
+def check(seq_cls, hw, op, fields, *, seed=1, **state):
+    """The sequencer's steps for one instruction equal its plan (after the controller's descriptor load)."""
+    word, insn = _insn(hw, op, **fields)
+    steps, code = run(seq_cls(hw), word, seed=seed, **state)
+    want = plan(insn, State(vl=state.get("vl", 0), hd=state.get("hd", 0), pos=state.get("pos", 0),
+                            desc=state.get("desc"), fmap=state.get("fmap", (0, 0, 0))), hw)
+    if want[:1] == [DESC_LOAD]:
+        want = want[1:]
+    assert code == "NONE"
+    assert steps == want, f"{op.name}: {len(steps)} steps, plan {len(want)}"
+    return steps
+
+
+VEC = [
+    ({"func": VecFunc.ADD, "dst": 64, "a": 0, "b": 16, "s": 0, "async_": 0}, {"vl": 37}),
+    ({"func": VecFunc.SUM, "dst": 0, "a": 0, "b": 0, "s": 2, "async_": 0}, {"vl": 61}),
+    ({"func": VecFunc.DOT, "dst": 0, "a": 0, "b": 32, "s": 2, "async_": 0}, {"vl": 16}),
+    ({"func": VecFunc.GELU_MUL, "dst": 64, "a": 0, "b": 32, "s": 0, "async_": 0}, {"vl": 9}),
+    ({"func": VecFunc.RMSNORM, "dst": 64, "a": 0, "b": 32, "s": 1, "async_": 0}, {"vl": 48, "hd": 16}),
+    ({"func": VecFunc.RMSNORM_NG, "dst": 64, "a": 0, "b": 0, "s": 1, "async_": 0}, {"vl": 32, "hd": 32}),
+    ({"func": VecFunc.ROPE, "dst": 64, "a": 0, "b": 32, "s": 0, "async_": 0}, {"vl": 64, "hd": 16}),
+]
+CVO = [
+    {"func": CvoFunc.EXP, "src": 0, "dst": 64, "length": 10, "sub_emax": 1, "recip_scale": 0, "accm": 0, "async_": 0},
+    {"func": CvoFunc.SOFTCAP, "src": 0, "dst": 64, "length": 7, "sub_emax": 0, "recip_scale": 0, "accm": 1,
+     "async_": 0},
+    {"func": CvoFunc.SCALE, "src": 0, "dst": 64, "length": 5, "sub_emax": 0, "recip_scale": 1, "accm": 0,
+     "async_": 0},
+    {"func": CvoFunc.REDUCE_SUM, "src": 0, "dst": 64, "length": 33, "sub_emax": 0, "recip_scale": 0, "accm": 1,
+     "async_": 0},
+    {"func": CvoFunc.ROPE_COS, "src": 0, "dst": 64, "length": 8, "sub_emax": 0, "recip_scale": 0, "accm": 1,
+     "async_": 0},
+]
+
+
+@pytest.mark.parametrize("fields,state", VEC, ids=[f["func"].name for f, _ in VEC])
+def test_vector_sequencer_vec(fields, state):
+    check(VectorSequencer, TINY, Opcode.VEC, fields, **state)
+
+
+@pytest.mark.parametrize("fields", CVO, ids=[f"{f['func'].name}{'_accm' if f['accm'] else ''}" for f in CVO])
+def test_vector_sequencer_cvo(fields):
+    check(VectorSequencer, TINY, Opcode.CVO, fields)
+
+
+@pytest.mark.parametrize("direction,region", [(DmaDir.DDR_TO_L2, DdrRegion.CONST), (DmaDir.L2_TO_DDR, DdrRegion.LOGITS)])
+def test_vector_sequencer_dma(direction, region):
+    check(VectorSequencer, TINY, Opcode.DMA, {"dir": direction, "region": region, "l2": 4, "offset": 3,
+                                              "async_": 0}, vl=21)
+
+
+def _matrix(rows, cols, layout=0, group=32):
+    return Descriptor(index=0, kind=DescKind.INT4, tensor="w", rows=rows, cols=cols, weight_offset=256,
+                      scale_offset=8192, layout=layout, group=group)
+
+
+WGEMV = [
+    ({"accm": 0, "findemax": 0, "sparse": 0, "reuse": 0, "async_": 0}, {}),
+    ({"accm": 1, "findemax": 0, "sparse": 0, "reuse": 0, "async_": 1}, {}),
+    ({"accm": 0, "findemax": 1, "sparse": 0, "reuse": 0, "async_": 0}, {}),
+    ({"accm": 0, "findemax": 0, "sparse": 0, "reuse": 1, "async_": 1}, {"act_n": 40}),
+    ({"accm": 0, "findemax": 0, "sparse": 1, "reuse": 0, "async_": 0}, {"layout": 1}),
+]
+
+
+@pytest.mark.parametrize("flags,extra", WGEMV, ids=["plain", "accm_async", "findemax", "reuse", "sparse"])
+def test_matrix_sequencer_wgemv(flags, extra):
+    desc = _matrix(24, 40, layout=extra.get("layout", 0))
+    check(MatrixSequencer, TINY, Opcode.WGEMV, {"dst": 64, "src": 0, "desc": 0, **flags}, desc=desc,
+          act_n=extra.get("act_n", 0))
+
+
+def test_matrix_sequencer_wgemm_in_tiles():
+    steps = check(MatrixSequencer, TINY, Opcode.WGEMM, {"dst": 200, "src": 0, "desc": 0, "tokens": 9, "accm": 1,
+                                                        "async_": 0}, desc=_matrix(12, 20))
+    assert [s.tokens for s in steps if isinstance(s, Gemm)] == [4, 4, 1]
+
+
+def test_matrix_sequencer_gather():
+    check(MatrixSequencer, TINY, Opcode.GATHER, {"dst": 8, "desc": 0, "remap": 0, "async_": 0}, desc=_matrix(10, 24))
+
+
+def _slot(capacity, heads, head_dim, hw):
+    return Descriptor(index=0, kind=DescKind.KV, tensor="kv:0", capacity=capacity, heads=heads, head_dim=head_dim,
+                      weight_offset=4096, scale_offset=65536, layout=int(hw.kv_format == "int8"))
+
+
+@pytest.mark.parametrize("hw", [TINY, TINY_FP16], ids=lambda h: h.kv_format)
+def test_attention_sequencer_kvst(hw):
+    check(AttentionSequencer, hw, Opcode.KVST, {"k": 0, "v": 16, "slot": 0, "shape_ptr": 0, "async_": 0},
+          pos=5, desc=_slot(8, 2, 16, hw))
+
+
+@pytest.mark.parametrize("hw,pos,capacity,window", [(TINY, 6, 8, 0), (TINY, 1500, 2048, 0), (TINY, 9, 4, 4),
+                                                    (TINY_FP16, 5, 8, 0), (TINY_FP16, 9, 8, 3)],
+                         ids=["int8", "int8_two_chunks", "int8_window", "fp16", "fp16_window"])
+def test_attention_sequencer_attn(hw, pos, capacity, window):
+    steps = check(AttentionSequencer, hw, Opcode.ATTN, {"dst": 64, "q": 0, "slot": 0, "kv_head": 1, "shape_ptr": 0,
+                                                        "async_": 0},
+                  pos=pos, desc=_slot(capacity, 2, 16, hw), fmap=(2, 16, window))
+    assert steps
+
+
+@pytest.mark.parametrize("seq_cls,op,fields,state,code", [
+    (VectorSequencer, Opcode.VEC, {"func": VecFunc.ADD, "dst": 0, "a": 0, "b": 0, "s": 0, "async_": 0}, {"vl": 0},
+     "BAD_LENGTH"),
+    (VectorSequencer, Opcode.VEC, {"func": VecFunc.RMSNORM, "dst": 0, "a": 0, "b": 0, "s": 0, "async_": 0},
+     {"vl": 40, "hd": 16}, "BAD_LENGTH"),
+    (VectorSequencer, Opcode.DMA, {"dir": DmaDir.DDR_TO_L2, "region": DdrRegion.LOGITS, "l2": 0, "offset": 0,
+                                   "async_": 0}, {"vl": 4}, "BAD_FUNCTION"),
+    (MatrixSequencer, Opcode.WGEMV, {"dst": 0, "src": 0, "desc": 0, "accm": 0, "findemax": 0, "sparse": 1,
+                                     "reuse": 0, "async_": 0}, {"desc": _matrix(24, 40)}, "BAD_DESCRIPTOR"),
+    (MatrixSequencer, Opcode.WGEMV, {"dst": 0, "src": 0, "desc": 0, "accm": 0, "findemax": 0, "sparse": 0,
+                                     "reuse": 1, "async_": 0}, {"desc": _matrix(24, 40), "act_n": 8}, "BAD_LENGTH"),
+    (AttentionSequencer, Opcode.ATTN, {"dst": 64, "q": 0, "slot": 0, "kv_head": 0, "shape_ptr": 0, "async_": 0},
+     {"pos": 3, "desc": _slot(8, 2, 16, TINY), "fmap": (2, 32, 0)}, "BAD_LENGTH"),
+    (AttentionSequencer, Opcode.ATTN, {"dst": 64, "q": 0, "slot": 0, "kv_head": 0, "shape_ptr": 0, "async_": 0},
+     {"pos": 9, "desc": _slot(8, 2, 16, TINY), "fmap": (2, 16, 0)}, "ADDRESS_RANGE"),
+], ids=["vl0", "rmsnorm_segments", "dma_region", "sparse_layout", "reuse_cols", "attn_head_dim", "attn_beyond_ring"])
+def test_sequencers_end_bad_instructions_with_the_isa_error(seq_cls, op, fields, state, code):
+    word, _ = _insn(TINY, op, **fields)
+    steps, got = run(seq_cls(TINY), word, **state)
+    assert (got, steps) == (code, [])
+
+
+def test_a_different_plan_fails_the_monitor_comparison():
+    """The full-chip monitor's comparison (`tb.npu.monitor.compare`) catches a step out of order or missing."""
+    from tb.npu.monitor import compare
+    word, insn = _insn(TINY, Opcode.VEC, func=VecFunc.ROPE, dst=64, a=0, b=32, s=0, async_=0)
+    steps, _ = run(VectorSequencer(TINY), word, vl=32, hd=16)
+    want = plan(insn, State(vl=32, hd=16), TINY)
+    assert compare([steps], [], [(0, insn, want)]) == []
+    swapped = want[:4] + [want[5], want[4]] + want[6:]
+    assert compare([steps], [], [(0, insn, swapped)])
+    assert compare([steps], [], [(0, insn, want[:-1])])
+    assert compare([steps, []], [], [(0, insn, want)])
