@@ -105,6 +105,7 @@ class IssBackend:
         self.hw, self.arithmetic, self.source = hw, arithmetic, source
         self.machine: Machine | None = None
         self.program: Program | None = None
+        self.trace = None             # if set: `Machine.run`'s trace(pc, insn, machine) after every instruction
 
     def load(self, image: Image, program: Program) -> None:
         self.machine = Machine(image, self.hw, self.arithmetic, source=self.source)
@@ -117,7 +118,7 @@ class IssBackend:
         self.machine.image.view(region, offset, len(data))[:] = np.frombuffer(bytes(data), np.uint8)
 
     def run(self, token: int, pos: int) -> np.ndarray:
-        self.machine.run(self.program.words, token=token, pos=pos)
+        self.machine.run(self.program.words, token=token, pos=pos, trace=self.trace)
         return self.machine.logits.copy()
 
     @property

@@ -33,6 +33,7 @@ from hdl.config import HardwareConfig
 import dataclasses
 
 from hdl.memory_map import MemoryMap, Window, memory_map
+from tb.npu.monitor import PassMonitor
 
 __all__ = ["NpuBench", "SimDevice", "WindowedMemory", "sim_memory_map", "sim_windows", "parse_window_bytes",
            "pauses", "CLOCK_NS", "FLAT_WINDOWS"]
@@ -178,7 +179,7 @@ class _RamWrite(_WindowCheck, AxiRamWrite):
 
 
 class NpuBench:
-    """Clock, reset, DDR and CSR master around the `hdl.npu.Npu` top.
+    """Clock, reset, DDR and CSR master around the `hdl.npu.Npu` top, and the pass monitor (``monitor``).
 
     Parameters
     ----------
@@ -216,6 +217,7 @@ class NpuBench:
         for ch in (self.axi.write_if.aw_channel, self.axi.write_if.w_channel, self.axi.write_if.b_channel,
                    self.axi.read_if.ar_channel, self.axi.read_if.r_channel):
             ch.set_pause_generator(pauses(random.Random(rng.randrange(1 << 32)), pause))
+        self.monitor = PassMonitor(dut, hw)      # the controller's steps (o_trace), against sim.plan
         # cocotbext-axi logs one INFO line per burst: keep warnings only
         for model in [m for port in self.ports for m in port] + [self.axi.write_if, self.axi.read_if]:
             model.log.setLevel(logging.WARNING)
@@ -223,6 +225,7 @@ class NpuBench:
     async def start(self) -> None:
         """Start the clock; hold reset for a few cycles."""
         cocotb.start_soon(Clock(self.dut.clk, CLOCK_NS, unit="ns").start())
+        self.monitor.start()
         self.dut.rst.value = 1
         await ClockCycles(self.dut.clk, 4)
         self.dut.rst.value = 0

@@ -27,6 +27,7 @@ from sim.iss import ExecutionError, Machine
 __all__ = ["Case", "load_npz", "iss_ddr", "compare_tokens", "board_tokens", "check_window", "GUARD"]
 
 from .bench import GUARD
+from .monitor import compare
 
 
 @dataclass
@@ -156,8 +157,14 @@ def compare_tokens(device, case: Case, hw, tokens: int, *, golden: bool = True, 
         f"{len(rtl.program.words)} words ({time.perf_counter() - t0:.1f} s to pack and compile twice)")
     records = []
     assert isinstance(rtl.backend, CsrBackend)
+    monitor = getattr(getattr(device, "bench", None), "monitor", None)
+    plans = []
+    iss.backend.trace = lambda pc, insn, machine: plans.append((pc, insn, list(machine.steps)))
+    listing = rtl.program.listing().splitlines()
     for step, token in enumerate(ids):
         t0 = time.perf_counter()
+        if monitor is not None:
+            monitor.take()
         try:
             a = rtl.step(int(token))
         except ExecutionError as e:
@@ -166,6 +173,7 @@ def compare_tokens(device, case: Case, hw, tokens: int, *, golden: bool = True, 
                                  f"instruction {insn.strip()}; "
                                  f"{describe_faults(device, rtl.image)}") from None
         wall = time.perf_counter() - t0
+        plans.clear()
         b = iss.step(int(token))
         rec = {"step": step, "token": int(token), "position": step,
                "identical": bool(np.array_equal(a.view(np.uint32), b.view(np.uint32))),
@@ -173,6 +181,8 @@ def compare_tokens(device, case: Case, hw, tokens: int, *, golden: bool = True, 
                "ddr_problems": check_window(device, iss_ddr(iss.machine, iss.image, iss.program), rtl.image),
                "counters": rtl.counters, "wall_s": round(wall, 2)}
         rec["ddr_identical"] = not rec["ddr_problems"]
+        if monitor is not None:        # the steps the RTL controller started, against the ISS's plans
+            rec["plan_problems"] = compare(*monitor.take(), plans, listing)
         if model is not None:
             g = model.step(int(token))
             rec["max_abs_diff_golden"] = float(np.max(np.abs(a.astype(np.float64) - g)))
@@ -180,6 +190,7 @@ def compare_tokens(device, case: Case, hw, tokens: int, *, golden: bool = True, 
         rec["logits_iss"] = b
         records.append(rec)
         log(f"step {step} token {int(token)}: logits {'bit-identical' if rec['identical'] else 'DIFFER'}"
+            f", steps {'as planned' if not rec.get('plan_problems') else 'DIFFER'}"
             f", DDR {'identical' if rec['ddr_identical'] else 'DIFFERS'}, {rec['counters'].get('CYCLES')} cycles"
             f" ({wall:.1f} s)")
     return records

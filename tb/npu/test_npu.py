@@ -58,7 +58,8 @@ from hdl.isa import (CtrlFunc, DdrRegion, DecodeError, DmaDir, ErrorCode, Opcode
                      decode, encode)
 from sim.config import ModelConfig
 from sim.iss import HARDWARE, ExecutionError, Machine
-from tb.npu.bench import GUARD, NpuBench, SimDevice, parse_window_bytes, sim_memory_map, sim_windows
+from hdl.memory_map import memory_map
+from tb.npu.bench import FLAT_WINDOWS, GUARD, NpuBench, SimDevice, parse_window_bytes, sim_memory_map, sim_windows
 from tb.board import make_standin
 from tb.npu.host import board_tokens, check_window, compare_tokens, iss_ddr, load_npz
 from tb.runner import ROOT, bench_env
@@ -111,6 +112,8 @@ async def tokens(dut):
                                               f"differ from the ISS in {r['mismatches']} places")
         assert not r["ddr_problems"], \
             f"{case.name} step {r['step']}: DDR differs from the ISS's view: {'; '.join(r['ddr_problems'])}"
+        assert not r["plan_problems"], \
+            f"{case.name} step {r['step']}: the controller's steps differ from sim.plan: {'; '.join(r['plan_problems'])}"
 
 
 @cocotb.test()
@@ -337,6 +340,13 @@ def hazard_programs(image, hw: HardwareConfig) -> list[tuple[str, list[int], tup
 BAD_WEIGHT_OFFSET = 1 << 28     # beyond the bench's 64 MiB DDR window: the RAM answers SLVERR
 
 
+def _bench_image(case, hw):
+    """The fixture packed where the bench's flat DDR window is, so that the host places it without relocating
+    (a relocation re-bases the descriptor table from the manifest, which would undo a broken descriptor)."""
+    mm = dataclasses.replace(memory_map("flat"), windows=FLAT_WINDOWS)
+    return pack(ModelConfig.from_hf(case.config), case.tensors, hw, max_positions=4, memory_map=mm)
+
+
 def async_fault_programs(image, hw: HardwareConfig):
     """(name, words, expected (ErrorCode, pc)) of async WGEMVs whose weights meet bus errors, and the image
     whose DDR descriptor of q_proj points outside the DDR window (the ISS reads the manifest, so it runs
@@ -344,7 +354,7 @@ def async_fault_programs(image, hw: HardwareConfig):
     d = next(d for d in image.descriptors if d.tensor == "layers.0.self_attn.q_proj.weight")
     gate = next(d for d in image.descriptors if d.tensor == "layers.0.mlp.gate_proj.weight")
     bad = dataclasses.replace(image, ddr=image.ddr.copy())
-    at = bad.region("DESC")[0] + 32 * d.index
+    at = bad.ddr_offset(bad.region("DESC")[0] + 32 * d.index, 8)
     bad.ddr[at:at + 8] = np.frombuffer((d.weight_offset + BAD_WEIGHT_OFFSET).to_bytes(8, "little"), np.uint8)
     wgemv = lambda dst, desc: encode(Opcode.WGEMV, dst=dst, src=0, desc=desc.index, accm=0, findemax=0,
                                      sparse=0, reuse=0, async_=1)
@@ -412,7 +422,7 @@ def _unit_counter_problems(words, counters, completed) -> list[str]:
 
 def hazards_host(device, case, hw, log) -> list[str]:
     """Blocking host code of `hazards`; returns the failures (empty: pass)."""
-    image = pack(ModelConfig.from_hf(case.config), case.tensors, hw, max_positions=4)
+    image = _bench_image(case, hw)
     bad, faulty = async_fault_programs(image, hw)
     cases = [(bad, *c) for c in faulty] + [(image, *c) for c in hazard_programs(image, hw)]
     return run_directed(device, hw, cases, bad, log, "hazards")
@@ -519,7 +529,7 @@ def _with_descriptor(image, index, **changes):
     d = dataclasses.replace(image.descriptors[index], **changes)
     img = dataclasses.replace(image, ddr=image.ddr.copy(), descriptors=list(image.descriptors))
     img.descriptors[index] = d
-    at = img.region("DESC")[0] + 32 * index
+    at = img.ddr_offset(img.region("DESC")[0] + 32 * index, 32)
     img.ddr[at:at + 32] = np.frombuffer(d.to_bytes(), np.uint8)
     return img
 
@@ -579,7 +589,7 @@ def gemm_programs(image, hw: HardwareConfig):
         (image, "WGEMM rows past L2", bad(wgemm(4000, 0, q, 6)), (ErrorCode.ADDRESS_RANGE, 2)),
     ]
     # bus errors: q_proj's weights outside the DDR window
-    at = image.region("DESC")[0] + 32 * q.index
+    at = image.ddr_offset(image.region("DESC")[0] + 32 * q.index, 8)
     broken = dataclasses.replace(image, ddr=image.ddr.copy())
     broken.ddr[at:at + 8] = np.frombuffer((q.weight_offset + BAD_WEIGHT_OFFSET).to_bytes(8, "little"), np.uint8)
     add = encode(Opcode.VEC, func=VecFunc.ADD, dst=900, a=800, b=800, s=0, async_=0)
@@ -594,7 +604,7 @@ def gemm_programs(image, hw: HardwareConfig):
 
 def gemm_host(device, case, hw, log) -> list[str]:
     """Blocking host code of `gemm`; returns the failures (empty: pass)."""
-    image = pack(ModelConfig.from_hf(case.config), case.tensors, hw, max_positions=4)
+    image = _bench_image(case, hw)
     progs, broken = gemm_programs(image, hw)
     return run_directed(device, hw, progs, broken, log, "gemm")
 
@@ -607,9 +617,9 @@ async def _directed(dut, host):
     case = load_npz(npz)
     failures = await bridge(host)(device, case, hw, dut._log.info)
     hi = max(w.end for w in bench.windows)
+    assert not failures, "\n".join(failures)
     assert bench.faults and all(k == "read" and a >= hi for k, a, _ in bench.faults), \
         f"expected only the bad descriptor's weight reads outside the window: {bench.faults[:8]}"
-    assert not failures, "\n".join(failures)
 
 
 @cocotb.test()
