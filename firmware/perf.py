@@ -1,7 +1,7 @@
 """Performance model of one decode token on the NPU RTL: where the cycles go, and tokens per second.
 
 The model runs the compiled token program through the ISS's ``count`` arithmetic (no weights needed, so it
-runs for E4B), which counts what the RTL controller does (`hdl/controller.py`, docs/architecture.md): the
+runs for E4B), which counts what the RTL controller does (`hdl.controller`, its plan `sim.plan`, docs/architecture.md): the
 instructions, the bytes each DDR region moves, and the steps of the controller's plan of each instruction
 (`sim.plan`): its **passes** by kind (`sim.iss.Counters` ``passes`` / ``pass_elements``) and scalar-ALU
 operations. Cycles follow from per-kind costs (`Rates`):
@@ -56,7 +56,7 @@ __all__ = ["Rates", "TokenEstimate", "Schedule", "estimate", "cycles_of", "sched
            "main", "PASS_KINDS", "PASS_LANES", "FITTED", "Wgemm", "GemmGeometry", "wgemm_cost", "wgemm_bounds",
            "PrefillEstimate", "prefill"]
 
-DDR_PEAK_BYTES_PER_S = 19.2e9          # KV260: DDR4-2400, 64 bit (shared/reference/perf-anchors.md)
+DDR_PEAK_BYTES_PER_S = 19.2e9          # KV260: DDR4-2400, 64 bit (DS987; docs/requirements.md)
 # Elements per cycle of a pass kind beyond `Rates.elements_per_cycle`: the quantiser passes and the SFU's short
 # path (element-wise and reductions, from L2) take L2 words (four elements) per cycle (`hdl.l2.ElemReader` beats
 # into `hdl.quant.ActQuantizer` or the four lanes of `hdl.sfu.Sfu`, `hdl.l2.ElemWriter` beats back into L2).

@@ -1,6 +1,6 @@
 """The controller's plan of one instruction: the steps the RTL controller starts for it, in order.
 
-The controller (hdl/controller.py, docs/architecture.md "Controller") executes an instruction as a short
+The controller (`hdl.controller`, docs/architecture.md "The NPU in RTL") executes an instruction as a short
 sequence of steps. `plan` states that sequence once, from the decoded instruction and the machine state it
 depends on; the ISS counts its steps (`sim.iss.Counters`: ``passes``, ``pass_elements``, ``alu_ops``,
 ``attn_recips``), the perf model prices them (`firmware.perf`), and a full-chip bench monitor can compare them
@@ -54,9 +54,9 @@ def _check_count(owner: str, name: str, v, least: int) -> None:
 
 @dataclass(frozen=True)
 class Pass:
-    """One pass: `n` elements (the controller's ``p_n``) from `src` (and `b`) through SFU operation `op` (None:
-    around the SFU) into `sink`. `beside`: started in the same state as the `Engine` step before it, and run
-    beside that command (INT8 ATTN's RECIP)."""
+    """One pass: `n` elements (the ``n`` of the controller's pass command, `hdl.controller.passes.pass_layout`)
+    from `src` (and `b`) through SFU operation `op` (None: around the SFU) into `sink`. `beside`: started in the
+    same cycle as the `Engine` step before it, and run beside that command (INT8 ATTN's RECIP)."""
     op: str | None
     src: str
     b: str

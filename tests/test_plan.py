@@ -1,5 +1,5 @@
 """The controller's plan of each instruction (sim.plan): directed instructions against step lists read off the
-controller's FSM (hdl/controller.py: every ``launch(...)`` is a `Pass`, every ``gemv_start`` an `Engine`, every
+sequencers (`hdl.controller`: every ``launch(...)`` is a `Pass`, every GEMV job an `Engine`, every
 GEMM command a `Gemm`, every ``alu(...)`` an `Alu`), and the ISS's counters as the sum of the plans it ran."""
 
 from collections import Counter
