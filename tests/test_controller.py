@@ -273,3 +273,23 @@ def test_a_different_plan_fails_the_monitor_comparison():
     assert compare([steps], [], [(0, insn, swapped)])
     assert compare([steps], [], [(0, insn, want[:-1])])
     assert compare([steps, []], [], [(0, insn, want)])
+
+
+KV260 = HardwareConfig.preset("kv260")
+ODD = TINY.replace(name="odd", systolic_rows=1, l2_banks=1, act_block=32, gemv_max_cols=512)
+
+
+@pytest.mark.parametrize("hw", [KV260, ODD], ids=lambda h: h.name)
+def test_sequencers_on_other_configurations(hw):
+    """The kv260 preset (E4B-sized heads of 256, 4 query heads, a 512-position ring) and a configuration at the
+    edges (one-row systolic array, one L2 bank, blocks of 32)."""
+    hd = min(256, hw.kv_max_head_dim)
+    check(VectorSequencer, hw, Opcode.VEC, {"func": VecFunc.RMSNORM, "dst": 64, "a": 0, "b": 32, "s": 1, "async_": 0},
+          vl=2 * hd, hd=hd)
+    check(AttentionSequencer, hw, Opcode.ATTN, {"dst": 64, "q": 0, "slot": 0, "kv_head": 1, "shape_ptr": 0,
+                                                "async_": 0}, pos=700, desc=_slot(1024, 2, hd, hw), fmap=(4, hd, 0))
+    check(AttentionSequencer, hw, Opcode.KVST, {"k": 0, "v": 256, "slot": 0, "shape_ptr": 0, "async_": 0}, pos=5,
+          desc=_slot(512, 2, hd, hw))
+    steps = check(MatrixSequencer, hw, Opcode.WGEMM, {"dst": 2000, "src": 0, "desc": 0, "tokens": 7, "accm": 0,
+                                                      "async_": 1}, desc=_matrix(64, 128, group=hw.weight_group))
+    assert sum(isinstance(s, Gemm) for s in steps) == -(-7 // hw.systolic_rows)
