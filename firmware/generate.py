@@ -1,10 +1,11 @@
 """Autoregressive text generation on a Gemma 3n backend, and its command line.
 
 ``python -m firmware.generate`` runs the model token by token and samples on the host (`firmware.sampling`).
-Without ``--checkpoint`` it uses the built-in tiny random model (``sim.config.PRESETS["tiny"]`` with
-``sim.random_weights.random_tensors``), so the whole path runs in a second without any download::
+Without ``--checkpoint`` it uses the built-in model `BUILTIN_MODEL` (``firmware/models/gemma3n-tiny-pydoc``: a
+1.8 M-parameter Gemma 3n trained on the Python documentation by ``scripts/train_tiny.py``, with its
+SentencePiece tokenizer), so the whole path runs in seconds without any download::
 
-    python -m firmware.generate --max-new-tokens 16 --temperature 0
+    python -m firmware.generate --prompt "The Python " --max-new-tokens 32 --temperature 0
     python -m firmware.generate --checkpoint ~/gemma-3n-E4B --prompt "The capital of France is"
 
 stdout gets the generated ids on one line and, when a tokenizer is known, their text on the next; per-token
@@ -32,7 +33,11 @@ from .cli import arg_type
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
-__all__ = ["generate", "load_model", "main"]
+__all__ = ["BUILTIN_MODEL", "generate", "load_model", "main"]
+
+# The built-in model: a Hugging Face checkpoint directory shipped with the package (its README.md says how
+# scripts/train_tiny.py made it, with the training curve).
+BUILTIN_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "gemma3n-tiny-pydoc")
 
 Progress = Callable[[int, int, float], object]
 
@@ -102,38 +107,30 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, sampler: Cal
         logits = model.step(token)
 
 
-def load_model(checkpoint: str | os.PathLike | None, *, dtype=np.float32, model_seed: int = 0,
-               backend: str = "golden", arithmetic: str = "reference", hw: str = "kv260",
-               max_positions: int | None = None):
+def load_model(checkpoint: str | os.PathLike | None = None, *, dtype=np.float32, backend: str = "golden",
+               arithmetic: str = "reference", hw: str = "kv260", max_positions: int | None = None):
     """A backend for `generate`: the golden model ``sim.gemma3n.Model`` (``backend="golden"``) or the
     NPU's token program on the instruction-set simulator (``backend="iss"``, `firmware.runtime.Runtime`,
-    in ``reference`` or ``hardware`` arithmetic on hardware preset `hw`). From a Hugging Face checkpoint
-    directory, or, when `checkpoint` is None, the built-in tiny model with random weights drawn from
-    `model_seed`.
+    in ``reference`` or ``hardware`` arithmetic on hardware preset `hw`), from a Hugging Face checkpoint
+    directory (default: the built-in model, `BUILTIN_MODEL`).
 
     The ISS reads a checkpoint's tensors as they are stored (`sim.checkpoint.LazyTensor`: the packer reads them
     in row chunks, reference arithmetic row by row, as it reads arrays). A bad checkpoint raises OSError,
     ValueError or TypeError with one message naming the file, tensor or field (`sim.checkpoint`)."""
     from sim.gemma3n import Model  # imported here: the sampling and tokenizer code must not need sim
 
-    if checkpoint is not None:
-        if backend == "golden":
-            return Model.from_pretrained(checkpoint, dtype=dtype, progress=_LoadProgress(sys.stderr))
-        from sim.checkpoint import Checkpoint
+    builtin = checkpoint is None
+    checkpoint = BUILTIN_MODEL if builtin else checkpoint
+    if backend == "golden":
+        # The built-in model loads in a blink; a real checkpoint reports its progress.
+        return Model.from_pretrained(checkpoint, dtype=dtype, progress=None if builtin else _LoadProgress(sys.stderr))
+    from sim.checkpoint import Checkpoint
 
-        ckpt = Checkpoint(checkpoint)
-        config, tensors = ckpt.model_config, ckpt
-    else:
-        from sim.config import PRESETS
-        from sim.random_weights import random_tensors
-
-        config = PRESETS["tiny"]
-        tensors = random_tensors(config, model_seed)
-        if backend == "golden":
-            return Model.from_hf(config, tensors, dtype=dtype)
     from .runtime import Runtime
 
-    return Runtime.from_hf(config, tensors, backend="iss", arithmetic=arithmetic, hw=hw, max_positions=max_positions)
+    ckpt = Checkpoint(checkpoint)
+    return Runtime.from_hf(ckpt.model_config, ckpt, backend="iss", arithmetic=arithmetic, hw=hw,
+                           max_positions=max_positions)
 
 
 def load_packed(image_dir: str | os.PathLike, *, backend: str = "kv260", checkpoint=None,
@@ -216,11 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "(repetition penalty, temperature, top-p).")
     model = p.add_argument_group("model")
     model.add_argument("--checkpoint", metavar="DIR",
-                       help="Hugging Face checkpoint directory (config.json + *.safetensors); "
-                            "default: the built-in tiny random model")
-    model.add_argument("--model-seed", metavar="N", default=None,
-                       type=_arg_type("model_seed", int, lambda v: v >= 0, "an integer >= 0"),
-                       help="seed of the built-in random tiny model's weights (default: 0)")
+                       help="Hugging Face checkpoint directory (config.json + *.safetensors); default: the "
+                            "built-in model, a tiny Gemma 3n trained on the Python documentation "
+                            "(firmware/models/gemma3n-tiny-pydoc)")
     model.add_argument("--backend", choices=("golden", "iss", "kv260"), default="golden",
                        help="golden: the NumPy golden model; iss: the NPU's compiled token program on the "
                             "instruction-set simulator; kv260: the NPU on the board (run on the KV260, with the "
@@ -240,8 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                        help="floating-point type the model computes in (default: float32)")
     model.add_argument("--tokenizer", metavar="PATH",
-                       help="SentencePiece tokenizer.model (default: DIR/tokenizer.model if present; the "
-                            "built-in tiny model has a built-in tiny tokenizer)")
+                       help="SentencePiece tokenizer.model (default: DIR/tokenizer.model if present, and the "
+                            "built-in model's own without --checkpoint)")
     prompt = p.add_argument_group("prompt").add_mutually_exclusive_group()
     prompt.add_argument("--prompt", metavar="TEXT", help="prompt text; needs a tokenizer (BOS is prepended)")
     prompt.add_argument("--prompt-ids", metavar="IDS", type=_parse_ids,
@@ -333,14 +328,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     # Everything that can be checked without the model is checked before the (possibly slow) load.
-    if args.checkpoint is not None:
-        if not os.path.isdir(args.checkpoint):
-            parser.error(f"--checkpoint {args.checkpoint!r} is not a directory")
-        if args.model_seed is not None:
-            parser.error("--model-seed only applies to the built-in random model, not to --checkpoint")
+    if args.checkpoint is not None and not os.path.isdir(args.checkpoint):
+        parser.error(f"--checkpoint {args.checkpoint!r} is not a directory")
     tokenizer_path = args.tokenizer
-    if tokenizer_path is None and args.checkpoint is not None:
-        candidate = os.path.join(args.checkpoint, "tokenizer.model")
+    # Without --checkpoint (and without a packed --image) the built-in model runs, with its own tokenizer.
+    model_dir = args.checkpoint
+    if args.checkpoint is None and args.image is None:
+        model_dir = BUILTIN_MODEL
+    if tokenizer_path is None and model_dir is not None:
+        candidate = os.path.join(model_dir, "tokenizer.model")
         if os.path.isfile(candidate):
             tokenizer_path = candidate
     tokenizer = None
@@ -349,9 +345,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             tokenizer = Tokenizer.from_file(tokenizer_path)
         except (OSError, ValueError) as e:
             parser.error(f"--tokenizer: {e}")
-    elif args.checkpoint is None and args.image is None:
-        # The built-in tiny model comes with a built-in tiny tokenizer, so the default run prints text.
-        tokenizer = Tokenizer.builtin_tiny()
     if args.prompt is not None and tokenizer is None and args.image is None:
         parser.error("--prompt needs a tokenizer: pass --tokenizer PATH, or a --checkpoint directory that "
                      "contains tokenizer.model, or give the prompt as --prompt-ids")
@@ -384,16 +377,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             tokenizer = Tokenizer.from_file(os.path.join(image_dir, "tokenizer.model"))
         if args.prompt is not None and tokenizer is None:
             parser.error(f"--prompt needs a tokenizer: {image_dir} has no tokenizer.model; pass --tokenizer PATH")
-    elif args.checkpoint is None:
-        model = load_model(None, dtype=dtype, model_seed=0 if args.model_seed is None else args.model_seed,
-                           **backend)
     else:
         try:
-            model = load_model(args.checkpoint, dtype=dtype, model_seed=0, **backend)
+            model = load_model(args.checkpoint, dtype=dtype, **backend)
         except (OSError, ValueError, TypeError, KeyError) as e:
             # One line, no usage text: the options were right, the checkpoint is not.
             msg = str(e).strip("'\"") if isinstance(e, KeyError) else str(e)
-            parser.exit(2, f"{parser.prog}: cannot load --checkpoint {args.checkpoint!r}: {msg}\n")
+            what = "the built-in model" if args.checkpoint is None else f"--checkpoint {args.checkpoint!r}"
+            parser.exit(2, f"{parser.prog}: cannot load {what}: {msg}\n")
 
     if args.prompt is not None:
         prompt_ids = tokenizer.encode(args.prompt, add_bos=True)

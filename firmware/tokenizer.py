@@ -6,7 +6,6 @@ rather than written here, so a test tokenizer trained with other ids works too.
 
 from __future__ import annotations
 
-import io
 import operator
 import os
 from collections.abc import Iterable
@@ -14,17 +13,6 @@ from collections.abc import Iterable
 import sentencepiece
 
 __all__ = ["Tokenizer"]
-
-# Training text of the built-in tokenizer of the tiny random model (`Tokenizer.builtin_tiny`).
-_TINY_TEXT = (
-    "The quick brown fox jumps over the lazy dog.",
-    "A small model on a small board still has to compute every layer exactly.",
-    "Gemma runs on the Kria board, one token at a time, streaming its weights from memory.",
-    "The hardware reads four streams of weights and multiplies them with the activations.",
-    "Every block is checked against a golden model, bit for bit, before it is trusted.",
-    "Attention looks back over the cache; the feed forward layers think about what it found.",
-)
-
 
 class Tokenizer:
     """Text ↔ token ids through a loaded ``sentencepiece.SentencePieceProcessor``.
@@ -56,18 +44,6 @@ class Tokenizer:
         except (OSError, RuntimeError) as e:
             raise ValueError(f"tokenizer model {path!r} is not a valid SentencePiece model: {e}") from None
         return cls(sp)
-
-    @classmethod
-    def builtin_tiny(cls, vocab_size: int = 256) -> Tokenizer:
-        """A small BPE SentencePiece model trained on a few embedded sentences, with Gemma's special ids
-        (pad 0, EOS 1, BOS 2, unk 3): the text side of the built-in tiny random model, so that the
-        default run prints text. Training is deterministic (one thread) and takes ~20 ms."""
-        buf = io.BytesIO()
-        sentencepiece.SentencePieceTrainer.train(
-            sentence_iterator=iter(_TINY_TEXT * 8), model_writer=buf, vocab_size=vocab_size, model_type="bpe",
-            pad_id=0, eos_id=1, bos_id=2, unk_id=3, character_coverage=1.0, hard_vocab_limit=False,
-            num_threads=1, minloglevel=2)
-        return cls(sentencepiece.SentencePieceProcessor(model_proto=buf.getvalue()))
 
     @property
     def bos_id(self) -> int:

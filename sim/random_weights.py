@@ -1,4 +1,4 @@
-"""Seeded random Gemma 3n weights for any `ModelConfig`: the built-in default model and test inputs.
+"""Seeded random Gemma 3n weights for any `ModelConfig`: test inputs and the packer's ``--model`` presets.
 
 The value ranges follow ``tests/fixtures/hf_gemma3n_tiny.py`` (and for the same reason): norm gains and
 ``correct_output_scale`` in U(0.5, 1.5) so that no path is switched off (transformers' own init leaves

@@ -8,7 +8,7 @@ import pytest
 from sim.config import PRESETS, ModelConfig
 from sim.gemma3n import Model, gaussian_std_multiplier, gelu_tanh
 from sim.random_weights import random_tensors
-from tests.oracle import fixture_paths, load_case
+from tests.oracle import TRAINED, fixture_paths, load_case, load_checkpoint_case
 
 # Bounds of the golden model against transformers, stated in docs/golden-model.md.
 # float64 golden vs transformers --float64: measured 2.4e-12 at worst; float32 golden vs transformers
@@ -36,6 +36,23 @@ def test_float32_mode_tracks_float64_oracle(path):
     model = Model.from_hf(case.config, case.tensors, dtype=np.float32)
     got = np.stack([model.step(t) for t in case.input_ids]).astype(np.float64)
     assert np.max(np.abs(got - case.logits)) <= TOL[np.float32]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+def test_trained_model_matches_transformers_every_step(dtype):
+    # The built-in trained model (firmware/models/gemma3n-tiny-pydoc), read from its checkpoint directory as
+    # `firmware.generate` reads it, against transformers --float64 on 80 tokens of its held-out text
+    # (positions 64..79 lie beyond the sliding window). Trained weights, unlike random ones, give the logits
+    # a distribution that generation depends on; the bounds are the random fixtures' (TOL).
+    from firmware.generate import BUILTIN_MODEL
+
+    case = load_checkpoint_case(TRAINED / "f64_pydoc_80.npz", BUILTIN_MODEL)
+    cfg = ModelConfig.from_hf(case.config)
+    assert len(case.input_ids) > cfg.sliding_window and cfg.sparse_layers and cfg.num_kv_shared_layers
+    model = Model.from_pretrained(BUILTIN_MODEL, dtype=dtype)
+    got = np.stack([model.step(t) for t in case.input_ids]).astype(np.float64)
+    err = np.max(np.abs(got - case.logits), axis=1)
+    assert np.all(err <= TOL[dtype]), f"step {int(np.argmax(err))}: max |dlogit| = {err.max():.3e}"
 
 
 def test_fixtures_cover_the_features():

@@ -1,7 +1,8 @@
 """The generation loop, the tokenizer wrapper and the ``python -m firmware.generate`` command line.
 
 `generate` is driven by small deterministic fake backends whose logits are built so that the expected
-ids follow from the construction; the CLI runs once more end to end on the built-in tiny random model.
+ids follow from the construction; the CLI runs once more end to end on the built-in model (a tiny Gemma 3n
+trained on the Python documentation, ``firmware/models/gemma3n-tiny-pydoc``).
 """
 
 import io
@@ -15,10 +16,10 @@ import pytest
 import sentencepiece
 
 import firmware.generate as fg
-from firmware.generate import generate, main
+from firmware.generate import BUILTIN_MODEL, generate, main
 from firmware.sampling import Sampler, SamplingParams
 from firmware.tokenizer import Tokenizer
-from sim.config import PRESETS
+from sim.config import ModelConfig
 
 GREEDY = Sampler(SamplingParams(temperature=0.0, repetition_penalty=1.0))
 
@@ -202,8 +203,8 @@ def fake_model(monkeypatch):
     """Replace the golden model loader by a CountingModel; the test sets its size via `.vocab`."""
     holder = SimpleNamespace(vocab=8, model=None, calls=[])
 
-    def load(checkpoint, *, dtype, model_seed, **backend):
-        holder.calls.append((checkpoint, dtype, model_seed))
+    def load(checkpoint, *, dtype, **backend):
+        holder.calls.append((checkpoint, dtype))
         holder.model = CountingModel(holder.vocab)
         return holder.model
 
@@ -221,9 +222,9 @@ def test_cli_greedy_ids(fake_model, capsys):
     code, out, err = run(["--temperature", "0", "--prompt-ids", "5", "--max-new-tokens", "6"], capsys)
     assert code == 0
     assert out[0] == "6 7 0 1"  # stops at the fake's EOS (1)
-    # The built-in tiny model's tokenizer decodes the ids (control ids 0..3 decode to nothing).
-    assert out[1:] == [Tokenizer.builtin_tiny().decode([6, 7, 0, 1])] and len(out) == 2
-    assert fake_model.calls == [(None, np.float32, 0)]
+    # The built-in model's tokenizer decodes the ids (control ids 0..3 decode to nothing).
+    assert out[1:] == [builtin_tokenizer().decode([6, 7, 0, 1])] and len(out) == 2
+    assert fake_model.calls == [(None, np.float32)]
     lines = err.splitlines()
     # Not a terminal: one plain progress line per token, then the summary.
     assert [line.split("]")[0] for line in lines[:4]] == ["[  1/6", "[  2/6", "[  3/6", "[  4/6"]
@@ -244,11 +245,11 @@ def test_cli_defaults(fake_model, capsys):
 
 def test_cli_ignore_eos_and_options(fake_model, capsys):
     code, out, _ = run(["--temperature", "0", "--prompt-ids", "2, 3", "--max-new-tokens", "10", "--ignore-eos",
-                        "--dtype", "float64", "--model-seed", "7"], capsys)
+                        "--dtype", "float64"], capsys)
     assert code == 0
     assert out[0] == "4 5 6 7 0 1 2 3 4 5"
     assert fake_model.model.fed[:2] == [2, 3]
-    assert fake_model.calls == [(None, np.float64, 7)]
+    assert fake_model.calls == [(None, np.float64)]
 
 
 def test_cli_progress_on_a_terminal(fake_model, capsys, monkeypatch):
@@ -298,7 +299,7 @@ def test_cli_checkpoint_tokenizer_is_found(fake_model, tokenizer_path, tmp_path,
     code, out, _ = run(["--checkpoint", str(tmp_path), "--prompt", "Hello", "--max-new-tokens", "2",
                         "--temperature", "0"], capsys)
     assert code == 0
-    assert fake_model.calls == [(str(tmp_path), np.float32, 0)]
+    assert fake_model.calls == [(str(tmp_path), np.float32)]
     assert len(out) == 2  # ids and text: the tokenizer came from the checkpoint directory
 
 
@@ -310,7 +311,6 @@ def test_cli_checkpoint_tokenizer_is_found(fake_model, tokenizer_path, tmp_path,
     (["--repetition-penalty", "0"], r"argument --repetition-penalty: must be a finite number > 0, not '0'"),
     (["--max-new-tokens", "0"], r"argument --max-new-tokens: must be a positive integer, not '0'"),
     (["--seed", "-3"], r"argument --seed: must be an integer >= 0, not '-3'"),
-    (["--model-seed", "1.5"], r"argument --model-seed: must be an integer >= 0, not '1.5'"),
     (["--dtype", "float16"], r"argument --dtype: invalid choice: 'float16'"),
     (["--prompt-ids", "2,x"], r"argument --prompt-ids: must be comma-separated token ids"),
     (["--prompt-ids", "2,-1"], r"argument --prompt-ids: token ids must be >= 0, not -1"),
@@ -331,13 +331,6 @@ def test_cli_bad_options(fake_model, capsys, argv, message):
     assert re.search(message, capsys.readouterr().err)
 
 
-def test_cli_model_seed_with_checkpoint(fake_model, tmp_path, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(["--checkpoint", str(tmp_path), "--model-seed", "3"])
-    assert exc.value.code == 2
-    assert "--model-seed only applies to the built-in random model" in capsys.readouterr().err
-
-
 def test_cli_bad_checkpoint_directory(tmp_path, capsys):
     # The real loader on an empty directory: an argparse error naming the directory, not a traceback.
     with pytest.raises(SystemExit) as exc:
@@ -346,58 +339,70 @@ def test_cli_bad_checkpoint_directory(tmp_path, capsys):
     assert f"cannot load --checkpoint {str(tmp_path)!r}" in capsys.readouterr().err
 
 
-# --- command line, on the built-in tiny random model ------------------------------------------------
+# --- command line, on the built-in model -------------------------------------------------------------
 
 
-def test_cli_tiny_model_greedy_matches_a_plain_argmax_loop(capsys):
-    from sim.config import PRESETS
+def builtin_tokenizer():
+    return Tokenizer.from_file(os.path.join(BUILTIN_MODEL, "tokenizer.model"))
+
+
+def test_cli_builtin_model_greedy_matches_a_plain_argmax_loop(capsys):
     from sim.gemma3n import Model
-    from sim.random_weights import random_tensors
 
     code, out, err = run(["--temperature", "0", "--repetition-penalty", "1", "--max-new-tokens", "6",
-                          "--ignore-eos"], capsys)
+                          "--ignore-eos", "--prompt", "The Python"], capsys)
     assert code == 0
     ids = [int(i) for i in out[0].split()]
-    # Greedy without penalty is argmax feeding back argmax, starting from BOS.
-    tiny = PRESETS["tiny"]
-    model = Model.from_hf(tiny, random_tensors(tiny, 0), dtype=np.float32)
-    model.reset()
-    expected, token = [], tiny.bos_token_id
+    # Greedy without penalty is argmax feeding back argmax, after BOS and the prompt's pieces.
+    model = Model.from_pretrained(BUILTIN_MODEL, dtype=np.float32)
+    tok = builtin_tokenizer()
+    for token in tok.encode("The Python"):
+        logits = model.step(token)
+    expected = []
     for _ in range(6):
-        token = int(np.argmax(model.step(token)))
+        token = int(np.argmax(logits))
         expected.append(token)
+        logits = model.step(token)
     assert ids == expected
-    assert "generated 6 tokens after a 1-token prompt" in err
+    assert "\n".join(out[1:]) == tok.decode(ids)
+    assert f"generated 6 tokens after a {len(tok.encode('The Python'))}-token prompt" in err
 
 
-def test_cli_tiny_model_sampling_is_seeded(tokenizer_path, capsys):
-    argv = ["--max-new-tokens", "5", "--ignore-eos", "--tokenizer", str(tokenizer_path), "--prompt", "The cat"]
+def test_cli_builtin_model_sampling_is_seeded(capsys):
+    argv = ["--max-new-tokens", "5", "--ignore-eos", "--prompt", "A class"]
     _, first, _ = run(argv + ["--seed", "1"], capsys)
     _, again, _ = run(argv + ["--seed", "1"], capsys)
-    _, other_weights, _ = run(argv + ["--seed", "1", "--model-seed", "1"], capsys)
     assert first == again
-    assert first[0] != other_weights[0]
     ids = [int(i) for i in first[0].split()]
-    assert len(ids) == 5 and all(0 <= i < PRESETS["tiny"].vocab_size for i in ids)
-    assert len(first) == 2  # ids, then the text (ids past the tokenizer's 100 pieces marked <id N>)
+    assert len(ids) == 5 and all(0 <= i < builtin_tokenizer().vocab_size for i in ids)
+    assert "\n".join(first[1:]) == builtin_tokenizer().decode(ids)  # ids, then their text
 
 
-def test_builtin_tiny_tokenizer():
-    # The tiny model's tokenizer: Gemma's special ids, deterministic training, fits the tiny vocabulary.
-    a, b = Tokenizer.builtin_tiny(), Tokenizer.builtin_tiny()
-    text = "The weights stream from memory."
-    assert (a.bos_id, a.eos_id, a.vocab_size) == (2, 1, 256)
-    assert a.encode(text) == b.encode(text) and a.encode(text)[0] == 2
-    assert a.decode(a.encode(text)) == text
+def test_builtin_model_and_tokenizer():
+    # The built-in checkpoint: the tokenizer has Gemma's special ids and covers the model's vocabulary, the
+    # text round-trips (newlines and runs of spaces are pieces), and the config is the trained model's.
+    tok = builtin_tokenizer()
+    cfg = ModelConfig.from_json_file(os.path.join(BUILTIN_MODEL, "config.json"))
+    assert (tok.bos_id, tok.eos_id, tok.vocab_size) == (cfg.bos_token_id, cfg.eos_token_id, cfg.vocab_size) \
+        == (2, 1, 2048)
+    text = 'The "for" statement:\n\n   for i in range(10):\n       print(i)\n'
+    assert tok.decode(tok.encode(text)) == text and tok.encode(text)[0] == 2
+    assert cfg.sparse_layers and cfg.num_kv_shared_layers and len(set(cfg.layer_types)) == 2
 
 
-def test_cli_default_run_prints_ids_and_text(capsys):
-    # The README's main job: the real built-in tiny model, no options.
-    code, out, _ = run(["--max-new-tokens", "5"], capsys)
-    assert code == 0 and len(out) == 2
+def test_cli_default_run_prints_english(capsys):
+    # The README's demo: the built-in model, greedy from a prompt, prints words of its training text.
+    code, out, _ = run(["--prompt", "The Python", "--temperature", "0", "--max-new-tokens", "24"], capsys)
+    assert code == 0
     ids = [int(t) for t in out[0].split()]
-    assert len(ids) == 5 and all(0 <= i < PRESETS["tiny"].vocab_size for i in ids)
-    assert out[1] == fg._decode(Tokenizer.builtin_tiny(), ids)
+    text = "\n".join(out[1:])  # the text may hold newlines
+    assert text == fg._decode(builtin_tokenizer(), ids)
+    words = re.findall(r"[a-z]+", text)
+    assert len(words) >= 8 and sum(w in COMMON_WORDS for w in words) >= 4, text
+
+
+COMMON_WORDS = {"the", "a", "an", "is", "of", "to", "and", "in", "be", "are", "that", "for", "as", "it", "with",
+                "object", "objects", "function", "value", "type", "name", "method", "class", "statement"}
 
 
 def test_cli_iss_backend_generates_what_the_golden_model_generates(capsys):

@@ -19,7 +19,7 @@ from sim.config import PRESETS, ModelConfig
 from sim.gemma3n import Model
 from sim.iss import ExecutionError, Machine
 from sim.random_weights import random_tensors
-from tests.oracle import fixture_paths, load_case
+from tests.oracle import TRAINED, fixture_paths, load_case, load_checkpoint_case
 
 REFERENCE_TOL = 1e-6
 
@@ -37,6 +37,21 @@ def test_reference_program_reproduces_golden_model(path, hw):
     rt.reset()
     got = np.stack([rt.step(t) for t in case.input_ids])
     assert np.max(np.abs(got - case.logits)) <= 1e-9
+
+
+def test_reference_program_reproduces_golden_model_on_the_trained_model():
+    # The built-in trained model on the tiny NPU: the compiled program in reference arithmetic against the
+    # golden model every step, and so against transformers (the fixture's 80 held-out tokens).
+    from firmware.generate import BUILTIN_MODEL
+
+    case = load_checkpoint_case(TRAINED / "f64_pydoc_80.npz", BUILTIN_MODEL)
+    rt = Runtime.from_hf(case.config, case.tensors, backend="iss", arithmetic="reference", hw="tiny")
+    golden = Model.from_hf(case.config, case.tensors)
+    got = []
+    for step, token in enumerate(case.input_ids):
+        got.append(rt.step(token))
+        assert np.max(np.abs(got[-1] - golden.step(token))) <= REFERENCE_TOL, f"step {step}"
+    assert np.max(np.abs(np.stack(got) - case.logits)) <= 1e-9
 
 
 def test_e4b_shaped_program_beyond_the_window():
