@@ -21,14 +21,14 @@ error seen during the pass, and the quantiser's non-finite flag.
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal, unsigned
+from amaranth import Cat, Module, Mux, Signal, Value, unsigned
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
 from ..config import HardwareConfig, ceil_log2
 from ..ddrio import DdrReader
 from ..ddrwrite import DdrWriter
-from ..isa import DESC_WORDS
+from ..isa import DESC_WORDS, DESCRIPTOR
 from ..l2 import LANES, WORD_BITS, ElemReader, ElemWriter, l2_geometry, write_layout
 from ..quant import ActQuantizer, command_layout as quant_command_layout, pack_command_layout
 from ..sfu import REDUCE_OPS, SHORT_OPS, Sfu, SfuOp
@@ -120,7 +120,7 @@ class PassEngine(wiring.Component):
     m_wr : Out(AxiWriteSignature)          the DdrWriter (DMA to DDR, KVST)
     o_act, o_exp : Out(stream)             the quantiser's words and exponents, for ``o_qdst`` / ``o_qtok``
     o_pack : Out(stream(pack_command_layout)); i_pack : In(stream(32))   the KV packer's reads (Src.PACK)
-    o_desc : Out(ArrayLayout(32, DESC_WORDS))    the words of the last DESC pass
+    o_desc : Out(DESCRIPTOR)               the words of the last DESC pass
     o_active, o_sfu, o_dma : Out(1)        a pass is held or runs / runs through the SFU / the DDR movers are busy
     """
 
@@ -142,7 +142,7 @@ class PassEngine(wiring.Component):
             "o_qdst": Out(QDst), "o_qtok": Out(range(hw.systolic_rows)),
             "o_pack": Out(stream.Signature(pack_command_layout())),
             "i_pack": In(stream.Signature(unsigned(32))),
-            "o_desc": Out(data.ArrayLayout(32, DESC_WORDS)),
+            "o_desc": Out(DESCRIPTOR),
             "o_active": Out(1), "o_sfu": Out(1), "o_dma": Out(1),
         })
 
@@ -330,6 +330,10 @@ class PassEngine(wiring.Component):
                 with m.Case(j + 1):
                     m.d.comb += s_last.eq(s_y[j])
         result = Signal(32)
+        # the descriptor's words: one flat register (a port of an ArrayLayout would give Yosys's ABC9 wire names
+        # that collide with the element names Amaranth emits for it)
+        words = Signal(DESCRIPTOR.size)
+        m.d.comb += Value.cast(self.o_desc).eq(words)
         sunk = Signal.like(c.n)                    # elements taken by REG/DESC sinks
         with m.If(start):
             m.d.sync += sunk.eq(0)
@@ -350,7 +354,7 @@ class PassEngine(wiring.Component):
                         with m.Switch(sunk[:ceil_log2(DESC_WORDS)]):
                             for i in range(DESC_WORDS):
                                 with m.Case(i):
-                                    m.d.sync += self.o_desc[i].eq(s_y[0])
+                                    m.d.sync += words[32 * i:32 * (i + 1)].eq(s_y[0])
 
         # completion: the sink has everything and every unit has taken its command
         seen = Signal(data.StructLayout({"wr": 1, "ddr": 1, "quant": 1}))
