@@ -1,32 +1,62 @@
-"""Error of the NPU's hardware arithmetic against the float64 golden model, over greedy decodes.
+"""Quality of the NPU's arithmetic: perplexity on held-out text of a trained model, against the float64 golden model.
 
-``python -m firmware.accuracy --seeds 0 1 2 --steps 32 --hw tiny`` runs, for each seed, a random model
-of the chosen preset through the ISS in hardware arithmetic and through `sim.gemma3n.Model` in float64,
-feeding both the golden model's greedy tokens, and reports per seed: max |Δlogit|, top-1 agreement, and
-the mean and max KL(golden || hardware) of the next-token distributions. ``--group`` / ``--block``
-override the weight group and activation block of the hardware preset (the numerics study in
-docs/numerics.md). ``--int4-exact`` first replaces every tensor the packer stores as INT4 by the values
-its INT4 codes and binary16 scales stand for, in both models: the weight rounding then costs nothing and
-what remains is the rest of the hardware arithmetic (INT8 activation blocks, binary32, the SFU functions,
-the binary16 KV cache).
+``python -m firmware.accuracy [--checkpoint DIR] [--text FILE] [--hw PRESET] [--max-tokens N] [--json]`` reads a
+Hugging Face checkpoint directory (default: the built-in model, `firmware.generate.BUILTIN_MODEL`) and a text
+(default: the checkpoint's ``heldout.txt``, text the model was never trained on), tokenizes the text with the
+checkpoint's ``tokenizer.model`` and scores its first N tokens teacher-forced: every token is predicted from the
+ones before it, in contexts of at most ``--context`` positions (default: the model's ``max_position_embeddings``)
+that each start with BOS, so every scored token is predicted exactly once. Four arithmetics run the same
+contexts, token by token (`perplexity`):
+
+- ``float64``: the golden model `sim.gemma3n.Model` in float64, the reference;
+- ``float32``: the same model in float32;
+- ``int4 weights``: the golden model in float64 with every weight the packer stores as INT4 replaced by the value
+  its INT4 code and binary16 scale stand for (`int4_exact`): the share of the weight format in the error;
+- ``hardware``: the NPU's token program on the instruction-set simulator in hardware arithmetic
+  (`firmware.runtime.Runtime`, ``arithmetic="hardware"``, preset ``--hw``): INT4 weights, block-FP INT8
+  activations, the KV cache format, binary32 and the SFU's functions, bit for bit what the RTL computes.
+
+Per arithmetic: the perplexity ``exp(mean NLL)`` of the text's tokens, its ratio to float64's, top-1
+agreement with float64 (the same arg-max) and the mean KL(float64 || it) of the next-token distributions; the
+target (docs/requirements.md N7) is a hardware perplexity at most 5 % above float64's. ``--group`` /
+``--block`` / ``--kv-format`` override the weight group, activation block and KV cache format of the preset,
+and the command also prints what those numerics cost E4B on the kv260 preset (`e4b_cost`): bytes per token at
+L = 128 and 4,096 counted by the ISS (`firmware.traffic`) and the modelled tok/s (`firmware.perf`), so one
+command gives both sides of a numerics choice (docs/numerics.md "Choosing the numerics"). With several contexts
+it also prints the range of the hardware ratio over them. ``--int4-exact`` gives every arithmetic the INT4 values,
+so the weight rounding costs nothing and the hardware row shows the rest of the arithmetic alone.
+
+``python -m firmware.accuracy --model tiny --seeds 0 1 2 --steps 32`` (any of ``--model``, ``--seeds``,
+``--steps``) measures random-weight models of a preset instead, over greedy decodes (`measure`): max |Δlogit|,
+top-1 agreement, mean and max KL per seed. Random models have no trained redundancy, so their figures say
+little about a real model.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from hdl.config import HardwareConfig
 from sim.config import ModelConfig
-from sim.gemma3n import Model
-from sim.random_weights import random_tensors
+from sim.gemma3n import Model, resolve_tensor_names
 
 from .runtime import Runtime
 
-__all__ = ["measure", "Accuracy", "int4_exact", "main"]
+__all__ = ["measure", "Accuracy", "int4_exact", "perplexity", "score", "Score", "Perplexity", "contexts",
+           "ARITHMETICS", "e4b_cost", "main"]
+
+# The rows of `perplexity`, in order.
+ARITHMETICS = ("float64", "float32", "int4 weights", "hardware")
+DEFAULT_TOKENS = 512         # tokens `main` scores without --max-tokens: one context of the built-in model
+TARGET_RATIO = 1.05          # docs/requirements.md N7: hardware perplexity at most 5 % above float64's
 
 
 @dataclass
@@ -37,24 +67,134 @@ class Accuracy:
     kl_max: float
 
 
+@dataclass
+class Score:
+    """One arithmetic's figures over the scored tokens (`perplexity`)."""
+
+    perplexity: float         # exp(mean negative log-likelihood of the text's tokens)
+    ratio: float              # perplexity / float64's
+    top1: float               # fraction of positions whose arg-max equals float64's
+    kl_mean: float            # mean KL(float64 || this) of the next-token distributions, nats
+    max_abs: float            # largest |logit - float64 logit|
+
+
+@dataclass
+class Perplexity:
+    """`score`'s result: the scored tokens, the contexts they were scored in, one `Score` per arithmetic (the
+    reference first; `perplexity`: `ARITHMETICS`) and each arithmetic's perplexity per context."""
+
+    tokens: int
+    contexts: int
+    scores: dict
+    per_context: list         # per context: {"tokens": n, arithmetic: its perplexity over the context's tokens}
+
+    def to_dict(self) -> dict:
+        return {"tokens": self.tokens, "contexts": self.contexts,
+                "scores": {name: asdict(s) for name, s in self.scores.items()}, "per_context": self.per_context}
+
+    def context_ratios(self, name: str = "hardware") -> list[float]:
+        """Arithmetic `name`'s perplexity over each context's tokens, divided by the reference's (the first
+        arithmetic: float64 in `perplexity`)."""
+        reference = next(iter(self.scores))
+        return [c[name] / c[reference] for c in self.per_context]
+
+
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     z = x - np.max(x)
     return z - np.log(np.sum(np.exp(z)))
 
 
-def int4_exact(cfg: ModelConfig, tensors, hw: HardwareConfig) -> dict:
-    """`tensors` with every INT4-packed matrix replaced by its dequantised INT4 values (packing them again
-    reproduces the same codes and scales: the largest code of each group is ±7, so the scale is kept)."""
+def int4_exact(cfg: ModelConfig, tensors, hw: HardwareConfig, only=None) -> dict:
+    """`tensors` (canonical or checkpoint names; arrays or lazy tensors) with every INT4-packed matrix replaced by
+    its dequantised INT4 values, float64, under the same key (packing them again reproduces the same codes and
+    scales: the largest code of each group is ±7, so the scale is kept). `only`, a predicate on canonical names
+    (``"layers.0.mlp.down_proj.weight"``), restricts the replacement to the matrices it accepts."""
     from sim.numerics import dequantize_weights, quantize_weights
 
     from .pack import pack
     plan = pack(cfg, None, hw, max_positions=1, fill=False)
+    keys = resolve_tensor_names(cfg, tensors)
     out = dict(tensors)
     for name, e in plan.tensors.items():
-        if e.format == "int4":
-            q, scale = quantize_weights(np.asarray(tensors[name], np.float64), e.group)
-            out[name] = dequantize_weights(q, scale, e.group)
+        if e.format == "int4" and (only is None or only(name)):
+            key = keys[name]
+            q, scale = quantize_weights(np.asarray(tensors[key], np.float64), e.group)
+            out[key] = dequantize_weights(q, scale, e.group)
     return out
+
+
+def contexts(ids: Sequence[int], bos: int, context: int) -> list[list[int]]:
+    """The scoring contexts of token ids `ids` (a text's tokens, no BOS): consecutive pieces of at most
+    ``context - 1`` tokens, each preceded by `bos`; position t of a context predicts its token t + 1, so every id
+    is predicted once, from the ids before it in its context."""
+    if isinstance(context, bool) or not isinstance(context, int) or context < 2:
+        raise ValueError(f"context must be an integer >= 2 (BOS and one token), not {context!r}")
+    return [[bos, *ids[k:k + context - 1]] for k in range(0, len(ids), context - 1)]
+
+
+def perplexity(cfg: ModelConfig, tensors: Mapping, ids: Sequence[int], hw: HardwareConfig, *,
+               context: int | None = None, exact_int4: bool = False) -> Perplexity:
+    """Score the token ids `ids` (a text's tokens, without BOS) teacher-forced in each arithmetic of `ARITHMETICS`
+    (`contexts` of at most `context` positions, default the model's ``max_position_embeddings``), the four models
+    stepped side by side. `tensors` are the checkpoint's (canonical or checkpoint names). With `exact_int4`, every
+    arithmetic gets the INT4 values of the weights (`int4_exact`), so the ``hardware`` row measures the rest of the
+    hardware arithmetic alone. ValueError for no ids, an id outside the vocabulary or a context outside
+    ``[2, max_position_embeddings]``; the ISS's `sim.iss.ExecutionError` if the program stops on an error."""
+    context = cfg.max_position_embeddings if context is None else context
+    if isinstance(context, bool) or not isinstance(context, int) or not 2 <= context <= cfg.max_position_embeddings:
+        raise ValueError(f"context must be an integer from 2 to the model's {cfg.max_position_embeddings} positions "
+                         f"(max_position_embeddings), not {context!r}")
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise ValueError("the text has no tokens to score")
+    bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside the model's vocabulary [0, {cfg.vocab_size})")
+    quantised = int4_exact(cfg, tensors, hw)
+    if exact_int4:
+        tensors = quantised
+    longest = min(len(ids) + 1, context)
+    models = {"float64": Model.from_hf(cfg, tensors, dtype=np.float64),
+              "float32": Model.from_hf(cfg, tensors, dtype=np.float32),
+              "int4 weights": Model.from_hf(cfg, quantised, dtype=np.float64),
+              "hardware": Runtime.from_hf(cfg, tensors, arithmetic="hardware", hw=hw, max_positions=longest - 1)}
+    return score(models, ids, cfg.bos_token_id, context)
+
+
+def score(models: Mapping, ids: Sequence[int], bos: int, context: int) -> Perplexity:
+    """Score the token ids `ids` teacher-forced on each backend of `models` (name -> an object with ``reset()`` and
+    ``step(id) -> logits``, as `firmware.generate`'s backends), stepped side by side over the `contexts` of at most
+    `context` positions; the first backend is the reference that ratios, top-1 agreement and KL are taken
+    against."""
+    chunks = contexts(ids, bos, context)
+    reference = next(iter(models))
+    nll = {name: 0.0 for name in models}
+    agree = {name: 0 for name in models}
+    kl = {name: 0.0 for name in models}
+    max_abs = {name: 0.0 for name in models}
+    per_context = []
+    for chunk in chunks:
+        for m in models.values():
+            m.reset()
+        before = dict(nll)
+        for t in range(len(chunk) - 1):
+            logits = {name: np.asarray(m.step(chunk[t]), np.float64) for name, m in models.items()}
+            ref = logits[reference]
+            lref = _log_softmax(ref)
+            top = int(np.argmax(ref))
+            for name, x in logits.items():
+                lx = _log_softmax(x)
+                nll[name] -= float(lx[chunk[t + 1]])
+                agree[name] += int(np.argmax(x) == top)
+                kl[name] += float(np.sum(np.exp(lref) * (lref - lx)))
+                max_abs[name] = max(max_abs[name], float(np.max(np.abs(x - ref))))
+        k = len(chunk) - 1
+        per_context.append({"tokens": k, **{name: math.exp((nll[name] - before[name]) / k) for name in models}})
+    n = len(ids)
+    ppl = {name: math.exp(nll[name] / n) for name in models}
+    scores = {name: Score(ppl[name], ppl[name] / ppl[reference], agree[name] / n, kl[name] / n, max_abs[name])
+              for name in models}
+    return Perplexity(n, len(chunks), scores, per_context)
 
 
 def measure(cfg: ModelConfig, tensors, hw: HardwareConfig, steps: int = 32, first: int | None = None) -> Accuracy:
@@ -78,45 +218,29 @@ def measure(cfg: ModelConfig, tensors, hw: HardwareConfig, steps: int = 32, firs
     return Accuracy(float(max(errs)), agree / steps, float(np.mean(kls)), float(max(kls)))
 
 
-def main(argv=None) -> int:
-    """``python -m firmware.accuracy``: see ``--help``. Bad input: one line on stderr naming the option, exit
-    status 2."""
-    from hdl.config import PRESETS as HW_PRESETS
-    from sim.config import PRESETS as MODEL_PRESETS
+def e4b_cost(hw: HardwareConfig, positions: Sequence[int] = (128, 4096)) -> list[dict] | None:
+    """What the numerics of `hw` (weight group, activation block, KV cache format) cost E4B on the kv260 preset
+    at each of `positions`: bytes per token counted by the ISS (`firmware.traffic`) and the modelled decode rate
+    (`firmware.perf.estimate`). None if the kv260 preset cannot take them."""
+    from .perf import estimate
+    try:
+        target = HardwareConfig.preset("kv260").replace(weight_group=hw.weight_group, act_block=hw.act_block,
+                                                        kv_format=hw.kv_format)
+        estimates = estimate(ModelConfig.preset("e4b"), target, list(positions))
+    except ValueError:
+        return None
+    return [{"position": e.position, "bytes_per_token": e.bytes_total, "tok_s": e.tok_s} for e in estimates]
 
-    from .cli import POSITIVE, arg_type
-    from .perf import POSITION
 
-    def pow2(v):
-        return v >= 1 and v & (v - 1) == 0
+def _random_main(p: argparse.ArgumentParser, args, hw: HardwareConfig) -> int:
+    """The random-model mode (``--model``/``--seeds``/``--steps``)."""
+    from sim.random_weights import random_tensors
 
-    p = argparse.ArgumentParser(prog="python -m firmware.accuracy", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="tiny", choices=sorted(MODEL_PRESETS), help="model preset (default tiny)")
-    p.add_argument("--hw", default="tiny", choices=sorted(HW_PRESETS), help="hardware preset (default tiny)")
-    p.add_argument("--seeds", type=POSITION, nargs="+", default=[0, 1, 2], metavar="SEED",
-                   help="seeds of the random models (integers >= 0; default 0 1 2)")
-    p.add_argument("--steps", type=POSITIVE, default=32, metavar="N",
-                   help="greedy steps (at most the model's max_position_embeddings; default 32)")
-    p.add_argument("--group", type=arg_type("0 or a power of two", int, lambda v: v == 0 or pow2(v)), metavar="G",
-                   help="weight group (0 = one scale per row)")
-    p.add_argument("--block", type=arg_type("a power of two", int, pow2), metavar="B", help="activation block")
-    p.add_argument("--kv-format", choices=("fp16", "int8"), help="KV cache format (default: the preset's)")
-    p.add_argument("--int4-exact", action="store_true",
-                   help="weights replaced by their INT4 values in both models (isolates the other arithmetic)")
-    args = p.parse_args(argv)
     cfg = ModelConfig.preset(args.model)
-    hw = HardwareConfig.preset(args.hw)
     if args.steps > cfg.max_position_embeddings:
         p.error(f"argument --steps: must be at most the {args.model} model's {cfg.max_position_embeddings} "
                 f"positions (max_position_embeddings), not {args.steps}")
-    for option, name, value in (("--group", "weight_group", args.group), ("--block", "act_block", args.block),
-                                ("--kv-format", "kv_format", args.kv_format)):
-        if value is not None:
-            try:
-                hw = hw.replace(**{name: value})
-            except ValueError as e:
-                p.error(f"argument {option}: {value} does not fit hardware {args.hw}: {e}")
-    print(f"model {args.model}, hardware {hw.name}: weight group {hw.weight_group or 'row'}, "
+    print(f"model {args.model} (random weights), hardware {hw.name}: weight group {hw.weight_group or 'row'}, "
           f"activation block {hw.act_block}, KV cache {hw.kv_format}, {args.steps} greedy steps"
           + (", weights INT4-exact in both models" if args.int4_exact else ""))
     print(f"{'seed':>5} {'max |dlogit|':>13} {'top-1':>7} {'mean KL':>9} {'max KL':>9}")
@@ -126,6 +250,141 @@ def main(argv=None) -> int:
             tensors = int4_exact(cfg, tensors, hw)
         a = measure(cfg, tensors, hw, args.steps)
         print(f"{seed:>5} {a.max_abs:>13.3f} {a.top1:>7.2%} {a.kl_mean:>9.4f} {a.kl_max:>9.4f}")
+    return 0
+
+
+def _read_text(p: argparse.ArgumentParser, path: str) -> str:
+    if not os.path.exists(path):
+        p.error(f"argument --text: {path!r} does not exist")
+    if not os.path.isfile(path):
+        p.error(f"argument --text: {path!r} is not a file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        p.error(f"argument --text: {path!r} is not UTF-8 text ({e.reason} at byte {e.start})")
+    except OSError as e:
+        p.error(f"argument --text: cannot read {path!r}: {e.strerror}")
+
+
+def main(argv=None) -> int:
+    """``python -m firmware.accuracy``: see ``--help``. Bad input: one line on stderr naming the option or the
+    file, exit status 2."""
+    from hdl.config import PRESETS as HW_PRESETS
+    from sim.checkpoint import Checkpoint
+    from sim.config import PRESETS as MODEL_PRESETS
+    from sim.iss import ExecutionError
+
+    from .cli import POSITIVE, arg_type
+    from .generate import BUILTIN_MODEL
+    from .perf import POSITION
+    from .tokenizer import Tokenizer
+
+    def pow2(v):
+        return v >= 1 and v & (v - 1) == 0
+
+    p = argparse.ArgumentParser(prog="python -m firmware.accuracy", description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="Hugging Face checkpoint directory with tokenizer.model (default: the built-in model)")
+    p.add_argument("--text", metavar="FILE",
+                   help="UTF-8 text to score (default: the checkpoint's heldout.txt)")
+    p.add_argument("--max-tokens", type=POSITIVE, metavar="N",
+                   help="score the text's first N tokens (default 512)")
+    p.add_argument("--context", type=arg_type("an integer >= 2", int, lambda v: v >= 2), metavar="N",
+                   help="positions per scoring context, BOS included (default: the model's max_position_embeddings)")
+    p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    p.add_argument("--hw", choices=sorted(HW_PRESETS),
+                   help="hardware preset (default kv260; tiny with --model)")
+    p.add_argument("--group", type=arg_type("0 or a power of two", int, lambda v: v == 0 or pow2(v)), metavar="G",
+                   help="weight group (0 = one scale per row)")
+    p.add_argument("--block", type=arg_type("a power of two", int, pow2), metavar="B", help="activation block")
+    p.add_argument("--kv-format", choices=("fp16", "int8"), help="KV cache format (default: the preset's)")
+    p.add_argument("--int4-exact", action="store_true",
+                   help="weights replaced by their INT4 values in every model (isolates the other arithmetic)")
+    random_mode = p.add_argument_group("random-weight models (any of these options selects them)")
+    random_mode.add_argument("--model", choices=sorted(MODEL_PRESETS), help="model preset (default tiny)")
+    random_mode.add_argument("--seeds", type=POSITION, nargs="+", metavar="SEED",
+                             help="seeds of the random models (integers >= 0; default 0 1 2)")
+    random_mode.add_argument("--steps", type=POSITIVE, metavar="N",
+                             help="greedy steps (at most the model's max_position_embeddings; default 32)")
+    args = p.parse_args(argv)
+    random = args.model is not None or args.seeds is not None or args.steps is not None
+    if random:
+        for option, value in (("--checkpoint", args.checkpoint), ("--text", args.text),
+                              ("--max-tokens", args.max_tokens), ("--context", args.context),
+                              ("--json", args.json or None)):
+            if value is not None:
+                p.error(f"argument {option}: not allowed with random-weight models (--model, --seeds, --steps)")
+        args.model = args.model or "tiny"
+        args.seeds = [0, 1, 2] if args.seeds is None else args.seeds
+        args.steps = 32 if args.steps is None else args.steps
+    hw_name = args.hw or ("tiny" if random else "kv260")
+    hw = HardwareConfig.preset(hw_name)
+    for option, name, value in (("--group", "weight_group", args.group), ("--block", "act_block", args.block),
+                                ("--kv-format", "kv_format", args.kv_format)):
+        if value is not None:
+            try:
+                hw = hw.replace(**{name: value})
+            except ValueError as e:
+                p.error(f"argument {option}: {value} does not fit hardware {hw_name}: {e}")
+    if random:
+        return _random_main(p, args, hw)
+
+    directory = BUILTIN_MODEL if args.checkpoint is None else args.checkpoint
+    what = "the built-in model" if args.checkpoint is None else f"{args.checkpoint!r}"
+    if not os.path.isdir(directory):
+        p.error(f"argument --checkpoint: {directory!r} is not a directory")
+    text_path = os.path.join(directory, "heldout.txt") if args.text is None else args.text
+    if args.text is None and not os.path.isfile(text_path):
+        p.error(f"argument --text: {what} has no heldout.txt; name the text to score")
+    text = _read_text(p, text_path)
+    tok_path = os.path.join(directory, "tokenizer.model")
+    try:
+        tokenizer = Tokenizer.from_file(tok_path)
+    except (OSError, ValueError) as e:
+        p.error(f"argument --checkpoint: {what} needs its tokenizer: {e}")
+    try:
+        ckpt = Checkpoint(directory)
+    except (OSError, ValueError, TypeError) as e:
+        p.error(f"argument --checkpoint: cannot load {what}: {e}")
+    cfg = ckpt.model_config
+    if args.context is not None and args.context > cfg.max_position_embeddings:
+        p.error(f"argument --context: must be at most the model's {cfg.max_position_embeddings} positions "
+                f"(max_position_embeddings), not {args.context}")
+    ids = tokenizer.encode(text, add_bos=False)[:args.max_tokens or DEFAULT_TOKENS]
+    if not ids:
+        p.error(f"argument --text: {text_path!r} has no tokens to score")
+    try:
+        result = perplexity(cfg, ckpt, ids, hw, context=args.context, exact_int4=args.int4_exact)
+    except (ValueError, TypeError, ExecutionError) as e:
+        p.exit(2, f"{p.prog}: cannot score {text_path!r} with {what} on hardware {hw.name}: {e}\n")
+    cost = e4b_cost(hw)
+    hardware = {"preset": hw_name, "weight_group": hw.weight_group, "act_block": hw.act_block,
+                "kv_format": hw.kv_format}
+    if args.json:
+        print(json.dumps({"checkpoint": os.path.abspath(directory), "text": os.path.abspath(text_path),
+                          "hardware": hardware, "int4_exact": args.int4_exact, **result.to_dict(), "e4b": cost,
+                          "target_ratio": TARGET_RATIO}, indent=2))
+        return 0
+    print(f"{os.path.basename(os.path.normpath(directory))}, {os.path.basename(text_path)}: {result.tokens} tokens "
+          f"scored in {result.contexts} context{'s' if result.contexts > 1 else ''} of at most "
+          f"{args.context or cfg.max_position_embeddings} positions"
+          + (" (weights INT4-exact in every model)" if args.int4_exact else ""))
+    print(f"hardware {hw_name}: weight group {hw.weight_group or 'row'}, activation block {hw.act_block}, "
+          f"KV cache {hw.kv_format}")
+    print("E4B with these numerics on kv260: " + ("they do not fit" if cost is None else ", ".join(
+        f"{c['bytes_per_token'] / 1e6:,.1f} MB per token and {c['tok_s']:.2f} tok/s modelled at L = {c['position']:,}"
+        for c in cost)))
+    print(f"{'arithmetic':<14} {'perplexity':>11} {'/ float64':>10} {'top-1':>8} {'mean KL':>9} {'max |dlogit|':>13}")
+    for name, s in result.scores.items():
+        print(f"{name:<14} {s.perplexity:>11.3f} {s.ratio:>10.4f} {s.top1:>8.2%} {s.kl_mean:>9.4f} {s.max_abs:>13.3f}")
+    if result.contexts > 1:
+        r = result.context_ratios()
+        print(f"hardware / float64 per context: {min(r):.4f} to {max(r):.4f} "
+              f"({sum(x > TARGET_RATIO for x in r)} of {len(r)} above {TARGET_RATIO:.2f})")
+    hw_ratio = result.scores["hardware"].ratio
+    print(f"hardware perplexity {hw_ratio - 1:+.2%} against float64: "
+          f"{'within' if hw_ratio <= TARGET_RATIO else 'beyond'} the {TARGET_RATIO - 1:.0%} target")
     return 0
 
 

@@ -197,7 +197,8 @@ def test_perf_api_validates_at_the_call():
     (["--group", "3"], "argument --group: must be 0 or a power of two, not '3'"),
     (["--group", "-4"], "argument --group: must be 0 or a power of two, not '-4'"),
     (["--block", "0"], "argument --block: must be a power of two, not '0'"),
-    (["--block", "1048576"], "argument --block: 1048576 does not fit hardware tiny: gemv_max_cols must be"),
+    (["--model", "tiny", "--block", "1048576"], "argument --block: 1048576 does not fit hardware tiny: gemv_max_cols "
+                                                "must be"),
     (["--kv-format", "fp8"], "argument --kv-format: invalid choice: 'fp8'"),
 ])
 def test_accuracy_bad_options(argv, message, capsys):
