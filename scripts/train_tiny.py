@@ -53,6 +53,10 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # the repository: firmware.cli's argument types
+from firmware.cli import NON_NEGATIVE, POSITIVE, arg_type  # noqa: E402
 
 # SHA-256 of the training text (UTF-8) the committed model was trained on: Python 3.11.7's pydoc_data.topics.
 COMMITTED_TEXT_SHA256 = "9dd906bd8b2a5a6db7e49d99251eabbf5e5d06679264fd98cbf0b425ad09be62"
@@ -60,22 +64,7 @@ COMMITTED_TEXT_SHA256 = "9dd906bd8b2a5a6db7e49d99251eabbf5e5d06679264fd98cbf0b42
 HELD_OUT_EVERY = 10  # every tenth topic in sorted order (positions 0, 10, ...) is held out
 
 
-def _arg(requirement, convert, check):
-    def parse(text):
-        try:
-            value = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {requirement}, not {text!r}") from None
-        if not check(value):
-            raise argparse.ArgumentTypeError(f"must be {requirement}, not {text!r}")
-        return value
-    parse.__name__ = requirement
-    return parse
-
-
-POSITIVE = _arg("a positive integer", int, lambda v: v >= 1)
-NON_NEGATIVE = _arg("an integer >= 0", int, lambda v: v >= 0)
-LEARNING_RATE = _arg("a number in (0, 1)", float, lambda v: 0 < v < 1)
+LEARNING_RATE = arg_type("a number in (0, 1)", float, lambda v: 0 < v < 1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,9 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=NON_NEGATIVE, default=0, help="seed of everything random (default: 0)")
     p.add_argument("--steps", type=POSITIVE, default=600, help="optimiser steps (default: 600)")
     p.add_argument("--batch", type=POSITIVE, default=8, help="sequences per step (default: 8)")
-    p.add_argument("--seq", type=_arg("an integer in [2, 512]", int, lambda v: 2 <= v <= 512), default=256,
+    p.add_argument("--seq", type=arg_type("an integer in [2, 512]", int, lambda v: 2 <= v <= 512), default=256,
                    help="tokens per sequence, BOS included (default: 256)")
-    p.add_argument("--vocab", type=_arg("an integer in [256, 32768]", int, lambda v: 256 <= v <= 32768),
+    p.add_argument("--vocab", type=arg_type("an integer in [256, 32768]", int, lambda v: 256 <= v <= 32768),
                    default=2048, help="SentencePiece vocabulary size (default: 2048)")
     p.add_argument("--lr", type=LEARNING_RATE, default=2e-3, help="peak AdamW learning rate (default: 2e-3)")
     p.add_argument("--warmup", type=NON_NEGATIVE, default=50, help="linear warm-up steps (default: 50)")
