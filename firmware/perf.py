@@ -680,7 +680,8 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m firmware.perf", description=__doc__.splitlines()[0],
                                 usage="%(prog)s [--model M] [--hw HW] [--positions POS ...] [--prefill [TOKENS ...]] "
-                                      "[--kv-format F] [--<cost> X ...]")
+                                      "[--kv-format F] [--clock-mhz MHZ] "
+                                      "[--<cost> X ...]")
     p.add_argument("--model", default="e4b", choices=sorted(MODEL_PRESETS), help="model preset (default e4b)")
     p.add_argument("--hw", default="kv260", choices=sorted(HW_PRESETS), help="hardware preset (default kv260)")
     p.add_argument("--positions", type=POSITION, nargs="+", default=[128, 1024, 4096], metavar="POS",
@@ -688,6 +689,10 @@ def main(argv=None) -> int:
     p.add_argument("--prefill", type=POSITIVE, nargs="*", default=[32, 128, 512], metavar="TOKENS",
                    help="prompt lengths of the prefill estimate (positive; none: skip it)")
     p.add_argument("--kv-format", choices=("fp16", "int8"), help="KV cache format (default: the preset's)")
+    p.add_argument("--clock-mhz", type=arg_type("a number of MHz in [1, 1000]", float,
+                                                 lambda v: math.isfinite(v) and 1 <= v <= 1000),
+                   metavar="MHZ", help="fabric clock, e.g. the one hdl.build's timing estimate supports "
+                                       "(default: the preset's)")
     for f in fields(Rates):
         requirement, ok = _RATE_RULES.get(f.name, _COST_RULE)
         p.add_argument("--" + f.name.replace("_", "-"), type=arg_type(requirement, float, ok), default=f.default,
@@ -697,6 +702,8 @@ def main(argv=None) -> int:
     cfg, hw = ModelConfig.preset(args.model), HardwareConfig.preset(args.hw)
     if args.kv_format:
         hw = hw.replace(kv_format=args.kv_format)
+    if args.clock_mhz:
+        hw = hw.replace(clock_hz=round(args.clock_mhz * 1e6))
     try:
         estimates = estimate(cfg, hw, args.positions, rates)
     except (ExecutionError, ValueError) as e:
