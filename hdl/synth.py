@@ -7,7 +7,9 @@ mapped to the fabric resources the XCK26 budget is written in: LUTs, flip-flops,
 RAMs (two RAMB18E2 count as one) and URAM288.
 
 These are pre-implementation estimates: Vivado packs LUTs (LUT6_2) and optimises control sets, so the
-numbers are calibration-grade, not sign-off (docs/architecture.md). ``-widemux 5`` lets Yosys build
+numbers are calibration-grade, not sign-off (docs/architecture.md). The same Yosys run writes the mapped
+netlist (``netlist.json``), from which `hdl.timing` estimates each block's worst register-to-register path
+(`Utilisation.timing`). ``-widemux 5`` lets Yosys build
 selects of five or more inputs from LUT6s and the slices' MUXF7/MUXF8, as Vivado does (a 32:1 select of
 one bit: about 9 LUTs instead of 15).
 """
@@ -55,6 +57,9 @@ class Utilisation:
     # With `synthesize(..., keep_depth=D)`: each kept block's own utilisation (its flattened subtree less the
     # kept blocks below it), by hierarchical name; they sum to the totals above.
     blocks: dict = field(default_factory=dict)
+    # With `synthesize(..., timing=True)`: `hdl.timing.BlockTiming` per block (the same names as `blocks`;
+    # ``"(top)"`` alone for a flat synthesis).
+    timing: dict = field(default_factory=dict)
 
     @classmethod
     def from_cells(cls, name: str, cells: dict, seconds: float = 0.0) -> "Utilisation":
@@ -133,7 +138,7 @@ def _yosys_command() -> list[str]:
 
 def synthesize(component, name: str, build_dir: Path | None = None, *, uram: bool = True,
                log=None, rtlil_text: str | None = None, keep_depth: int = 0,
-               platform=XILINX) -> Utilisation:
+               platform=XILINX, timing: bool = True) -> Utilisation:
     """Synthesise `component` for UltraScale+ and return its estimated utilisation.
 
     `build_dir` must lie inside the repository (YoWASP's sandbox); default ``build/synth/<name>``.
@@ -149,6 +154,9 @@ def synthesize(component, name: str, build_dir: Path | None = None, *, uram: boo
     gates), and it shows where the fabric goes; the price is that nothing is optimised across a block's
     boundary (a constant or an unused output at a port is not propagated), so the total is an upper bound
     on the flat estimate.
+
+    `timing`: also write the mapped netlist (``<build_dir>/netlist.json``, in the same Yosys run) and estimate
+    each block's worst paths from it (`hdl.timing`) into `Utilisation.timing`.
     """
     from amaranth.back import rtlil
 
@@ -170,7 +178,8 @@ def synthesize(component, name: str, build_dir: Path | None = None, *, uram: boo
               # Yosys selection syntax: the module's RTLIL name with its backslash.
               *(f"setattr -mod -set keep_hierarchy 1 {_select_name(n)}" for n in keep),
               f"synth_xilinx -family xcup -widemux 5 -flatten -noiopad -noclkbuf {'-uram ' if uram else ''}-top {name}",
-              "delete t:$scopeinfo", f"tee -q -o {rel}/util.json stat -json -tech xilinx"]
+              "delete t:$scopeinfo", f"tee -q -o {rel}/util.json stat -json -tech xilinx",
+              *([f"write_json {rel}/netlist.json"] if timing else [])]
     say(f"[synth] {name}: yosys synth_xilinx -family xcup (log: {rel}/synth.log)")
     (build_dir / "synth.ys").write_text("\n".join(script) + "\n")
     proc = subprocess.run(_yosys_command() + ["-q", "-l", f"{rel}/synth.log", "-s", f"{rel}/synth.ys"], cwd=ROOT,
@@ -185,6 +194,12 @@ def synthesize(component, name: str, build_dir: Path | None = None, *, uram: boo
         util = Utilisation.from_cells(name, cells, seconds)
     else:
         util = _hierarchical(name, stat["modules"], seconds)
+    if timing:
+        from .timing import analyse_netlist
+
+        say(f"[synth] {name}: timing estimate from {rel}/netlist.json")
+        util.timing = analyse_netlist((build_dir / "netlist.json").read_text(), name)
+        util.seconds = time.monotonic() - t0
     say(f"[synth] {name}: done in {util.seconds:.1f} s")
     return util
 
