@@ -26,9 +26,11 @@ exits 0.
 
 The Yosys utilisation estimate (``synth_xilinx -family xcup``, `hdl.synth`) is opt-in (``--synth``): on
 the kv260 NPU it takes 30 to 50 minutes on two cores, while everything else here takes minutes (most of
-it the Verilog of the NPU). Its result is cached in ``<out>/synth/cache/``, keyed by the sha256 of the
-design's RTLIL and the estimate's options, so repeating a build of an unchanged design prints the same
-table at once.
+it the Verilog of the NPU). The same Yosys run gives the timing estimate (`hdl.timing`): per unit, the logic
+levels and estimated delay of the worst register-to-register path of the mapped netlist against the preset's
+clock (``<out>/timing.txt`` has every block). Both are cached in ``<out>/synth/cache/``, keyed by the sha256
+of the design's RTLIL, the estimate's options and the timing model's version, so repeating a build of an
+unchanged design prints the same tables at once.
 
 Output: the first lines say what the build produces and where; then one line per stage
 (``[k/5] <stage> ...``, with the time since the start); the last lines list what was written.
@@ -53,6 +55,8 @@ from pathlib import Path
 from .config import PRESETS, HardwareConfig
 from .dsp import XILINX
 from .synth import ROOT, Utilisation, format_breakdown, format_table, synthesize
+from .timing import LEVEL_NS, MODEL as TIMING_MODEL, TARGET_MARGIN, BlockTiming, budget_ns, fmax_mhz, \
+    format_timing, group_timing
 
 __all__ = ["top", "build", "main", "TOPS", "SYSTEM_TOPS", "CORE_TOPS", "FLOWS", "APP_NAMES", "BuildError"]
 
@@ -146,9 +150,17 @@ def _util_to_json(util: Utilisation) -> dict:
 
 def _util_from_json(d: dict) -> Utilisation:
     blocks = {k: Utilisation(**b) for k, b in d.pop("blocks").items()}
+    timing = {k: BlockTiming.from_dict(t) for k, t in d.pop("timing").items()}
     util = Utilisation(**d)
-    util.blocks = blocks
+    util.blocks, util.timing = blocks, timing
     return util
+
+
+def _cache_key(il_text: str, name: str, keep_depth: int) -> str:
+    """The sha256 of the design, the estimate's options and the version of the timing model (`hdl.timing`):
+    a cached result without the timing, or with other delays, is not reused."""
+    return hashlib.sha256(il_text.encode() + f"\0top={name}\0keep_depth={keep_depth}\0uram=1\0"
+                          f"timing={TIMING_MODEL}".encode()).hexdigest()
 
 
 def _estimate(il_text: str, name: str, out: Path, keep_depth: int, log) -> tuple[Utilisation, bool]:
@@ -160,8 +172,7 @@ def _estimate(il_text: str, name: str, out: Path, keep_depth: int, log) -> tuple
     except ValueError:
         raise BuildError(f"--synth needs the build directory inside the repository ({ROOT}): YoWASP Yosys "
                          f"only sees that tree; {out} is outside it") from None
-    key = hashlib.sha256(il_text.encode() + f"\0top={name}\0keep_depth={keep_depth}\0uram=1".encode()).hexdigest()
-    cache = synth_dir / "cache" / f"{key}.json"
+    cache = synth_dir / "cache" / f"{_cache_key(il_text, name, keep_depth)}.json"
     if cache.exists():
         return _util_from_json(json.loads(cache.read_text())), True
     util = synthesize(None, name, build_dir=synth_dir, rtlil_text=il_text, keep_depth=keep_depth,
@@ -182,10 +193,36 @@ def _report(util: Utilisation, cfg: HardwareConfig, unit_depth: int) -> tuple[st
     return report, saved
 
 
+def _timing_report(util: Utilisation, cfg: HardwareConfig, unit_depth: int) -> tuple[str, str]:
+    """(the table printed, the text saved): the timing estimate per unit, and (saved only) per block, with
+    the clock the slowest unit reaches where one misses the preset's clock."""
+    mhz = cfg.clock_hz / 1e6
+    head = (f"timing estimate on {cfg.device.name} (hdl.timing: logic levels and estimated delay of the worst "
+            f"path of the mapped netlist, cut at the kept blocks' ports; target {mhz:g} MHz: a path of at most "
+            f"{budget_ns(mhz):.2f} ns, {100 * (1 - TARGET_MARGIN):.0f} % of the {1e3 / mhz:.2f} ns period, about "
+            f"{int((budget_ns(mhz) - 0.15) // LEVEL_NS)} LUT levels)")
+    units = group_timing(util.timing, unit_depth) if util.blocks else util.timing
+    report = head + "\n" + format_timing(units, mhz)
+    delays = {n: t.worst[1].delay for n, t in units.items() if t.worst[1]}
+    worst = max(delays.values(), default=0.0)
+    if worst > budget_ns(mhz):
+        over = [n for n, d in delays.items() if d > budget_ns(mhz)]
+        reach = fmax_mhz(worst)
+        report += (f"\n{len(over)} unit(s) over {mhz:g} MHz ({', '.join(sorted(over))}); the slowest reaches "
+                   f"{reach:.0f} MHz: its tok/s is `python -m firmware.perf --clock-mhz {reach:.0f}`")
+    else:
+        report += f"\nevery unit's estimated worst path meets {mhz:g} MHz"
+    saved = report
+    if util.blocks:
+        saved += "\n\nby block\n" + format_timing(util.timing, mhz, title="block")
+    return report, saved
+
+
 def _synth_stage(il_text: str, name: str, out: Path, keep_depth: int, cfg: HardwareConfig, unit_depth: int,
                  stage, log, result: dict, skipped: str) -> None:
     """Stage 4: the Yosys estimate (`_estimate`) printed per unit and saved per block in ``<out>/utilisation.txt``
-    (into ``result["utilisation"]``), or the line saying it was skipped."""
+    and ``<out>/timing.txt`` (into ``result["utilisation"]``, its timing in ``.timing``), or the line saying it
+    was skipped."""
     if skipped is not None:
         stage(4, "yosys", skipped)
         return
@@ -197,6 +234,10 @@ def _synth_stage(il_text: str, name: str, out: Path, keep_depth: int, cfg: Hardw
     log(report)
     (out / "utilisation.txt").write_text(saved + "\n")
     log(f"      every block: {_rel(out / 'utilisation.txt')}")
+    report, saved = _timing_report(util, cfg, unit_depth)
+    log("\n" + report)
+    (out / "timing.txt").write_text(saved + "\n")
+    log(f"      every block: {_rel(out / 'timing.txt')}")
 
 
 # --- the build -------------------------------------------------------------------------------------
@@ -427,8 +468,8 @@ def main(argv=None) -> int:
                         help="system tops: hdl (default: the PS8 from HDL, Amaranth's Vivado flow) or bd (a Vivado "
                              "block design with zynq_ultra_ps_e, for an .xsa/.hwh)")
     parser.add_argument("--synth", action="store_true",
-                        help="estimate the utilisation with Yosys (30-50 min for the kv260 NPU; cached by the "
-                             "design's sha256 in <out>/synth/cache)")
+                        help="estimate the utilisation and the timing with Yosys (30-50 min for the kv260 NPU; "
+                             "cached by the design's sha256 in <out>/synth/cache)")
     parser.add_argument("--flat", action="store_true",
                         help=f"with --synth: estimate the flattened design (default: the core's units kept as "
                              f"blocks, {KEEP_DEPTH} levels deep, with a per-block breakdown)")
