@@ -66,11 +66,14 @@ def _f32_gt(a, b):
 
 
 def merge(m, out, ins):
-    """Drive stream `out` from the streams `ins`, at most one of which is valid in a cycle."""
+    """Drive stream `out` from the streams `ins`, at most one of which is valid in a cycle and each of which
+    drives its payload to 0 while it is not valid (every command here is a ``comb`` payload assigned only
+    where its valid is; `tests/test_controller.py` checks it): the payload is the OR of theirs, one LUT per bit
+    where a chain of selects by valid would take two."""
     m.d.comb += out.valid.eq(Cat(*[s.valid for s in ins]).any())
-    payload = Value.cast(ins[-1].payload)
-    for s in reversed(ins[:-1]):
-        payload = Mux(s.valid, Value.cast(s.payload), payload)
+    payload = Value.cast(ins[0].payload)
+    for s in ins[1:]:
+        payload = payload | Value.cast(s.payload)
     m.d.comb += Value.cast(out.payload).eq(payload)
     if not out.signature.always_ready:
         m.d.comb += [s.ready.eq(out.ready) for s in ins]
@@ -174,6 +177,11 @@ class Controller(wiring.Component):
         """The architectural state, and the context every sequencer reads."""
         hw, u = self._hw, self._u
         self._sregs = Array([Signal(32, name=f"s{i}") for i in range(SCALAR_REGS)])
+        # the scalar registers' one write port: whoever writes drives it (comb) in that cycle
+        self._sreg_w = w = Signal(data.StructLayout({"en": 1, "idx": range(SCALAR_REGS), "value": 32}))
+        for i, r in enumerate(self._sregs):
+            with m.If(w.en & (w.idx == i)):
+                m.d.sync += r.eq(w.value)
         self._vl, self._hd, self._inv_hd, self._emax = (Signal(32, name=n) for n in ("vl", "hd", "inv_hd", "emax"))
         self._word, self._pc = Signal(64), Signal(PC_BITS)
         self._fmap_w = u.fmap.write_port()
@@ -253,9 +261,13 @@ class Controller(wiring.Component):
                          s.i_engine.failed.eq(tr.o_failed), s.i_engine.code.eq(tr.o_code),
                          s.i_engine.act_n.eq(tr.o_act_n)]
         with m.If(u.vector.o_sreg.valid):
-            m.d.sync += self._sregs[u.vector.o_sreg.payload.idx].eq(u.vector.o_sreg.payload.value)
+            self._write_sreg(m, u.vector.o_sreg.payload.idx, u.vector.o_sreg.payload.value)
         with m.If(u.matrix.o_emax.valid):
             m.d.sync += self._emax.eq(u.matrix.o_emax.payload)
+
+    def _write_sreg(self, m, idx, value):
+        w = self._sreg_w
+        m.d.comb += [w.en.eq(1), w.idx.eq(idx), w.value.eq(value)]
 
     def _fsm(self, m):
         """Fetch, dispatch, the instructions the controller runs itself, and the end of a program."""
@@ -414,7 +426,7 @@ class Controller(wiring.Component):
                 with m.If((ms.slot >= SCALAR_REGS) | (ms.c != 0)):
                     st.fail(ErrorCode.BAD_FUNCTION)
                 with m.Else():
-                    m.d.sync += self._sregs[ms.slot[:3]].eq(Cat(ms.b, ms.a))
+                    self._write_sreg(m, ms.slot[:3], Cat(ms.b, ms.a))
                     st.retire()
             with m.Else():
                 with m.If(ms.cache == ShapeCache.FMAP):
@@ -435,7 +447,7 @@ class Controller(wiring.Component):
             m.next = "SC_ALU"
 
         def write(value):
-            m.d.sync += sregs[sc.d].eq(value)
+            self._write_sreg(m, sc.d, value)
             st.retire()
         with m.State("SCALAR"):
             with m.Switch(sc.func):
