@@ -30,7 +30,8 @@ import numpy as np
 from hdl.config import segment_sum_bits, segment_sum_bound
 
 __all__ = [
-    "INT4_MIN", "INT4_MAX", "INT8_MAX", "pack_int4", "unpack_int4", "quantize_weights",
+    "INT4_MIN", "INT4_MAX", "INT8_MAX", "pack_int4", "unpack_int4", "quantize_weights", "WEIGHT_METHODS",
+    "SEARCH_FRACTIONS",
     "dequantize_weights", "quantize_activations", "dequantize_activations", "segment_size",
     "segment_sum_bound", "segment_sum_bits", "gemv", "KV_Q_MAX", "split_int8", "pow2_binary16",
     "quantize_kv_k", "quantize_kv_v", "KvInt8Layout", "v_plane_scales", "V_PLANE_LOG2_GROUP",
@@ -78,30 +79,81 @@ def _groups(cols: int, size: int) -> int:
     return -(-cols // size)
 
 
-def quantize_weights(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric round-to-nearest INT4 with one binary16 scale per (row, group of `group` columns).
+# Weight quantisers (`quantize_weights`' `method`): "search" (the default, what the packer stores) and "rtn".
+WEIGHT_METHODS = ("search", "rtn")
+# The scales the search tries for a group, as fractions of round-to-nearest's ``max|w| / 7``: 1.00 down to 0.60 in
+# steps of 0.01, and 7/8 (``max|w| / 8``: the largest magnitude becomes exactly -8, or is clipped to 7 if positive);
+# largest first, so ties go to round-to-nearest's scale. On the built-in trained model no group picks a fraction
+# below 0.6, and steps of 0.02 or 0.05 leave more error (docs/numerics.md "Weights").
+SEARCH_FRACTIONS = tuple(sorted({*(round(1.0 - 0.01 * k, 2) for k in range(41)), 0.875}, reverse=True))
+_SEARCH_CHUNK = 1 << 20      # weights per step of the search: its float64 temporaries stay near 40 MB
 
-    ``scale = fp16(max|w| / 7)`` over the group; ``q = clip(rne(w / scale), -8, 7)`` computed in float64
-    from the rounded scale (so the stored pair is self-consistent); an all-zero group has scale 0 and
-    q = 0. A last, shorter group is allowed. Returns ``(q int8 [rows, cols], scale float16 [rows,
-    groups])``. This runs in the packer, offline: only the stored values matter to the hardware."""
+
+def _round_to_scale(wp: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """``clip(rne(w / s), -8, 7)`` per group (`s` [..., groups, 1] float64; a zero scale gives 0), float64."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(s > 0, np.rint(wp / np.where(s > 0, s, 1.0)), 0.0)
+    return np.clip(q, INT4_MIN, INT4_MAX)
+
+
+def _search_scales(wp: np.ndarray, amax: np.ndarray) -> np.ndarray:
+    """Per group of `wp` [rows, groups, group], the binary16 scale among ``fp16(c · amax / 7)``, c in
+    `SEARCH_FRACTIONS`, whose codes ``clip(rne(w / scale), -8, 7)`` give the least squared error
+    ``Σ (w - q·scale)²``; the first (largest c) of equal ones."""
+    rows, ng, group = wp.shape
+    best = (amax / INT4_MAX).astype(np.float16)
+    step = max(1, _SEARCH_CHUNK // (ng * group))
+    for r0 in range(0, rows, step):
+        w = wp[r0:r0 + step]
+        a = amax[r0:r0 + step]
+        best_err = np.full(a.shape, np.inf)
+        chosen = best[r0:r0 + step]
+        for c in SEARCH_FRACTIONS:
+            scale = (c * a / INT4_MAX).astype(np.float16)
+            s = scale.astype(np.float64)[:, :, None]
+            err = np.sum(np.square(w - _round_to_scale(w, s) * s), axis=2)
+            better = err < best_err
+            best_err = np.where(better, err, best_err)
+            chosen[...] = np.where(better, scale, chosen)
+    return best
+
+
+def quantize_weights(w: np.ndarray, group: int, method: str = "search") -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric INT4 with one binary16 scale per (row, group of `group` columns).
+
+    ``q = clip(rne(w / scale), -8, 7)`` computed in float64 from the stored (binary16) scale, so the stored pair
+    is self-consistent; an all-zero group has scale 0 and q = 0. A last, shorter group is allowed. `method`
+    chooses the scale:
+
+    - ``"search"`` (default): among ``fp16(c · max|w| / 7)`` for c in `SEARCH_FRACTIONS` (1, 0.99, ..., 0.6
+      and 7/8), the one whose codes give the group the least squared error ``Σ (w - q·scale)²``, each candidate
+      evaluated after its rounding to binary16; of equal errors the largest scale. A smaller scale rounds the
+      bulk of the group more finely and clips its largest weights to 7 (or -8); c = 1 is round-to-nearest's
+      scale, so no group's error exceeds round-to-nearest's.
+    - ``"rtn"``: round-to-nearest, ``scale = fp16(max|w| / 7)``.
+
+    Returns ``(q int8 [rows, cols], scale float16 [rows, groups])``. This runs in the packer, offline: only the
+    stored values matter to the hardware, which reads any scale the same way."""
     w = np.asarray(w, dtype=np.float64)
     if w.ndim != 2:
         raise ValueError(f"quantize_weights needs a [rows, cols] matrix, not shape {w.shape}")
-    if not isinstance(group, int) or group < 1:
+    if not isinstance(group, int) or isinstance(group, bool) or group < 1:
         raise ValueError(f"group must be a positive integer, not {group!r}")
+    if method not in WEIGHT_METHODS:
+        raise ValueError(f"method must be one of {', '.join(map(repr, WEIGHT_METHODS))}, not {method!r}")
     rows, cols = w.shape
     ng = _groups(cols, group)
     pad = ng * group - cols
     wp = np.pad(w, ((0, 0), (0, pad))).reshape(rows, ng, group)
     amax = np.max(np.abs(wp), axis=2)
-    scale = (amax / INT4_MAX).astype(np.float16)
+    with np.errstate(over="ignore"):
+        scale = (amax / INT4_MAX).astype(np.float16)
     if not np.all(np.isfinite(scale)):
         raise ValueError("a weight group's scale overflows binary16 (|w| > 458 752)")
-    s = scale.astype(np.float64)[:, :, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(s > 0, np.rint(wp / np.where(s > 0, s, 1.0)), 0.0)
-    q = np.clip(q, INT4_MIN, INT4_MAX).astype(np.int8).reshape(rows, ng * group)[:, :cols]
+    if method == "search":
+        scale = _search_scales(wp, amax)
+    q = _round_to_scale(wp, scale.astype(np.float64)[:, :, None])
+    q = q.astype(np.int8).reshape(rows, ng * group)[:, :cols]
     return q, scale
 
 

@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import sim.numerics
 from sim.numerics import (
-    dequantize_activations, dequantize_weights, gemv, pack_int4, quantize_activations, quantize_weights,
-    segment_size, unpack_int4,
+    SEARCH_FRACTIONS, dequantize_activations, dequantize_weights, gemv, pack_int4, quantize_activations,
+    quantize_weights, segment_size, unpack_int4,
 )
 
 
@@ -52,7 +53,7 @@ def test_pack_rejects_bad_input():
 def test_weight_quantisation_error_bound():
     rng = np.random.default_rng(0)
     w = rng.normal(size=(16, 100)) * rng.uniform(0.01, 2.0, size=(16, 1))
-    q, s = quantize_weights(w, group=32)
+    q, s = quantize_weights(w, group=32, method="rtn")
     assert q.dtype == np.int8 and s.dtype == np.float16 and s.shape == (16, 4)
     assert q.min() >= -8 and q.max() <= 7
     # Round to nearest: within half a step of the (fp16-rounded) scale, except where the fp16 rounding of
@@ -66,10 +67,140 @@ def test_weight_quantisation_corner_cases():
     w = np.zeros((3, 8))
     w[1, :] = -1.0            # all equal negatives -> all -7
     w[2, 0] = 5.0             # one value, rest zero
-    q, s = quantize_weights(w, group=8)
+    q, s = quantize_weights(w, group=8, method="rtn")
     assert s[0, 0] == 0 and np.all(q[0] == 0)
     assert np.all(q[1] == -7) and s[1, 0] == np.float16(1 / 7)
     assert q[2, 0] == 7 and np.all(q[2, 1:] == 0)
+
+
+# --- the scale search (the packer's default) ------------------------------------------------------------------
+
+def _group_errors(w, q, s, group):
+    """Squared error of each (row, group) of the dequantised weights, [rows, groups]."""
+    e = np.square(dequantize_weights(q, s, group) - w)
+    ng = -(-w.shape[1] // group)
+    return np.pad(e, ((0, 0), (0, ng * group - w.shape[1]))).reshape(w.shape[0], ng, group).sum(axis=2)
+
+
+def _brute_force_scale(x):
+    """The search written out for one group: every candidate scale fp16(c * max|x| / 7) in the documented order,
+    its codes and error computed from the binary16 value, the first of the least errors."""
+    amax = float(np.max(np.abs(x)))
+    if amax == 0:
+        return np.float16(0)
+    best = None
+    for c in SEARCH_FRACTIONS:
+        scale = np.float16(c * amax / 7)
+        q = np.clip(np.rint(x / float(scale)), -8, 7)
+        err = float(np.sum(np.square(x - q * float(scale))))
+        if best is None or err < best[0]:
+            best = (err, scale)
+    return best[1]
+
+
+def test_search_candidates():
+    # 1.00 down to 0.60 in steps of 0.01 and 7/8 (max|w| / 8), largest first: round-to-nearest's scale wins ties
+    assert SEARCH_FRACTIONS[:3] == (1.0, 0.99, 0.98) and SEARCH_FRACTIONS[-1] == 0.6 and 0.875 in SEARCH_FRACTIONS
+    assert list(SEARCH_FRACTIONS) == sorted(SEARCH_FRACTIONS, reverse=True) and len(SEARCH_FRACTIONS) == 42
+
+
+def test_search_known_answers():
+    w = np.zeros((5, 8))
+    w[0, :] = -1.0                                   # all equal negatives: max|w| / 8 = 0.125 makes them -8, exactly
+    w[1, :] = 1.0                                    # all equal positives: 7 is the largest code, so max|w| / 7
+    w[2, :4] = [-7.0, 0.875, 1.75, 2.625]            # (-8, 1, 2, 3) x 0.875: exact with -8; rtn's scale 1 is not
+    w[3, 0] = 5.0                                    # one value: round-to-nearest's scale, the only one giving 7
+    q, s = quantize_weights(w, group=8)              # row 4: all zero
+    assert s[0, 0] == 0.125 and np.all(q[0] == -8)
+    assert s[1, 0] == np.float16(1 / 7) and np.all(q[1] == 7)
+    assert s[2, 0] == 0.875 and q[2].tolist() == [-8, 1, 2, 3, 0, 0, 0, 0]
+    assert s[3, 0] == np.float16(5 / 7) and q[3].tolist() == [7, 0, 0, 0, 0, 0, 0, 0]
+    assert s[4, 0] == 0 and np.all(q[4] == 0)
+    np.testing.assert_array_equal(dequantize_weights(q[[0, 2]], s[[0, 2]], 8), w[[0, 2]])   # no error at all
+    # round-to-nearest on the same groups: -7 and the scale 1 leave an error the search does not
+    q_rtn, s_rtn = quantize_weights(w, group=8, method="rtn")
+    assert s_rtn[2, 0] == 1.0 and q_rtn[2].tolist() == [-7, 1, 2, 3, 0, 0, 0, 0]
+    assert np.all(_group_errors(w, q, s, 8) <= _group_errors(w, q_rtn, s_rtn, 8))
+
+
+def test_search_clips_the_largest_weight_when_that_pays():
+    # one outlier over 15 ones: clipping the outlier to 7 lets the ones be 2 steps of a finer scale
+    x = np.array([4.375] + [1.0] * 15)
+    q, s = quantize_weights(x[None, :], group=16)
+    assert s[0, 0] == _brute_force_scale(x) and s[0, 0] < np.float16(4.375 / 7)
+    assert q[0, 0] == 7 and np.all(q[0, 1:] == 2)
+    q_rtn, s_rtn = quantize_weights(x[None, :], group=16, method="rtn")
+    assert _group_errors(x[None, :], q, s, 16)[0, 0] < 0.6 * _group_errors(x[None, :], q_rtn, s_rtn, 16)[0, 0]
+
+
+@pytest.mark.parametrize("seed, kind, group", [
+    (0, "normal", 32), (1, "t5", 128), (2, "t3", 64), (3, "outliers", 128), (4, "t5", 32), (5, "normal", 7),
+])
+def test_search_is_never_worse_than_round_to_nearest(seed, kind, group):
+    """On every group of seeded random and heavy-tailed matrices (rows of very different magnitudes, a ragged last
+    group): the search's squared error is at most round-to-nearest's, the scale is the brute-force one, and the
+    codes are the stored scale's round-to-nearest (clipped)."""
+    rng = np.random.default_rng(seed)
+    rows, cols = 40, 300
+    w = {"normal": lambda: rng.normal(size=(rows, cols)),
+         "t5": lambda: rng.standard_t(5, size=(rows, cols)),
+         "t3": lambda: rng.standard_t(3, size=(rows, cols)),
+         "outliers": lambda: rng.normal(size=(rows, cols)) * np.where(rng.random(cols) < 0.02, 30.0, 1.0)}[kind]()
+    w *= 10.0 ** rng.uniform(-4, 1, size=(rows, 1))
+    q, s = quantize_weights(w, group)
+    q_rtn, s_rtn = quantize_weights(w, group, method="rtn")
+    err, err_rtn = _group_errors(w, q, s, group), _group_errors(w, q_rtn, s_rtn, group)
+    assert np.all(err <= err_rtn), f"seed {seed}"
+    assert err.sum() < 0.95 * err_rtn.sum(), f"seed {seed}"          # and it gains on the whole matrix
+    assert q.dtype == np.int8 and s.dtype == np.float16 and q.min() >= -8 and q.max() <= 7
+    scale = np.repeat(s.astype(np.float64), group, axis=1)[:, :cols]
+    np.testing.assert_array_equal(q, np.clip(np.rint(w / scale), -8, 7))
+    for r, g in [(0, 0), (7, 2), (rows - 1, s.shape[1] - 1)]:
+        assert s[r, g] == _brute_force_scale(w[r, g * group:(g + 1) * group]), f"seed {seed}, row {r}, group {g}"
+    # -8 is used: groups whose largest magnitude is negative take it where it lowers the error
+    assert np.any(q == -8) and not np.any(q_rtn == -8)
+
+
+def test_search_scales_are_binary16_candidates():
+    # each stored scale is one candidate after its rounding to binary16, not the unrounded c * max|w| / 7
+    rng = np.random.default_rng(6)
+    w = rng.standard_t(4, size=(64, 256))
+    _, s = quantize_weights(w, 64)
+    amax = np.abs(w).reshape(64, 4, 64).max(axis=2)
+    candidates = np.stack([(c * amax / 7).astype(np.float16) for c in SEARCH_FRACTIONS])
+    assert np.all(np.any(candidates == s[None], axis=0))
+    assert len(np.unique(np.argmax(candidates == s[None], axis=0))) > 5     # many candidates win somewhere
+
+
+def test_search_in_chunks_is_the_same(monkeypatch):
+    # the search runs over row chunks to bound its memory (E4B's 262,144 x 2,048 embedding); chunking changes nothing
+    rng = np.random.default_rng(7)
+    w = rng.standard_t(5, size=(37, 200))
+    whole = quantize_weights(w, 32)
+    monkeypatch.setattr(sim.numerics, "_SEARCH_CHUNK", 3 * 224)     # three rows of 7 padded groups at a time
+    chunked = quantize_weights(w, 32)
+    np.testing.assert_array_equal(whole[0], chunked[0])
+    np.testing.assert_array_equal(whole[1], chunked[1])
+
+
+def test_quantised_weights_quantise_to_themselves():
+    # what firmware.accuracy.int4_exact relies on: the dequantised values pack again to the same values, for
+    # either method (a group's largest value is 7 or 8 times its scale)
+    rng = np.random.default_rng(8)
+    w = rng.standard_t(3, size=(50, 256)) * 10.0 ** rng.uniform(-3, 1, size=(50, 1))
+    w[3, 64:128] = 0.0
+    for method in ("search", "rtn"):
+        exact = dequantize_weights(*quantize_weights(w, 64, method), 64)
+        np.testing.assert_array_equal(dequantize_weights(*quantize_weights(exact, 64, method), 64), exact)
+
+
+def test_quantiser_arguments():
+    with pytest.raises(ValueError, match=r"^method must be one of 'search', 'rtn', not 'gptq'$"):
+        quantize_weights(np.zeros((2, 8)), 8, method="gptq")
+    with pytest.raises(ValueError, match=r"^group must be a positive integer, not 0$"):
+        quantize_weights(np.zeros((2, 8)), 0)
+    with pytest.raises(ValueError, match=r"^a weight group's scale overflows binary16"):
+        quantize_weights(np.full((1, 8), 1e6), 8)
 
 
 @given(st.floats(min_value=1e-30, max_value=1e30, allow_subnormal=False))
