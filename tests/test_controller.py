@@ -6,7 +6,8 @@ tracker at their stream contracts (a pass is taken at once and completes a seede
 later; a GEMV job or a WGEMM tile keeps the tracker busy for a random while), records every step the
 sequencer starts, and compares them with the plan of the same instruction (`sim.plan.plan`, the ISS's
 decomposition). Values are the full-chip bench's business (tests/test_npu.py, ``-m slow``); the order,
-kinds and sizes of the steps, and the error codes of bad instructions, are checked here in seconds.
+kinds and sizes of the steps, the error codes of bad instructions, and every DDR address KVST and ATTN name on
+the INT8 cache (against `sim.numerics.KvInt8Layout`) are checked here in seconds.
 """
 
 import random
@@ -22,6 +23,7 @@ from hdl.controller import AttentionSequencer, BSrc, MatrixSequencer, ScalarAlu,
 from hdl.isa import CvoFunc, DdrRegion, DescKind, DmaDir, ErrorCode, Opcode, VecFunc, decode, encode
 from hdl.seq import SeqDivider
 from hdl.sfu import SfuOp
+from sim.numerics import KvInt8Layout
 from sim.plan import DESC_LOAD, Alu, Engine, Gemm, Pass, State, plan
 
 TINY = HardwareConfig.preset("tiny")
@@ -54,8 +56,11 @@ def _name(cls, v):
     return v.name if isinstance(v, cls) else cls(v).name
 
 
-def run(seq, word, *, vl=0, hd=0, pos=0, desc=None, fmap=(0, 0, 0), act_n=0, seed=1, max_cycles=200_000):
-    """Run one instruction on `seq`; (its steps, its end code)."""
+def run(seq, word, *, vl=0, hd=0, pos=0, desc=None, fmap=(0, 0, 0), act_n=0, seed=1, max_cycles=200_000,
+        ddr=None):
+    """Run one instruction on `seq`; (its steps, its end code). With a list `ddr`, every DDR address the
+    instruction names is appended to it, in order: ``("rd", addr)`` for a DDR source, ``("wr", addr)`` for a
+    DDR sink, ``("gemv", wbase, sbase)`` for a GEMV job."""
     rig = Rig(seq)
     rng = random.Random(seed)
     out = {}
@@ -99,6 +104,8 @@ def run(seq, word, *, vl=0, hd=0, pos=0, desc=None, fmap=(0, 0, 0), act_n=0, see
                 assert busy_left == 0, "a GEMV job while the engine runs"
                 j = seq.o_gemv.payload.cmd
                 steps.append(Engine(ctx.get(j.rows), ctx.get(j.cols), bool(ctx.get(j.accm)), bool(ctx.get(j.sparse))))
+                if ddr is not None:
+                    ddr.append(("gemv", ctx.get(j.wbase), ctx.get(j.sbase)))
                 busy_left, started_engine = rng.randint(1, 30), True
             if hasattr(seq, "o_gemm") and ctx.get(seq.o_gemm.valid):
                 assert busy_left == 0, "a WGEMM tile while the engine runs"
@@ -112,6 +119,10 @@ def run(seq, word, *, vl=0, hd=0, pos=0, desc=None, fmap=(0, 0, 0), act_n=0, see
                 op = None if ctx.get(p.bypass) else _name(SfuOp, ctx.get(p.op))
                 steps.append(Pass(op, _name(Src, ctx.get(p.a)), _name(BSrc, ctx.get(p.b)), _name(Sink, ctx.get(p.sink)),
                                   ctx.get(p.n), beside=started_engine))
+                if ddr is not None and _name(Src, ctx.get(p.a)) == "DDR":
+                    ddr.append(("rd", ctx.get(p.ddr_addr)))
+                if ddr is not None and _name(Sink, ctx.get(p.sink)) == "DDR":
+                    ddr.append(("wr", ctx.get(p.wr_addr)))
                 next_pass = rng.randint(0, 6)
             if rig.alu is not None and ctx.get(rig.alu.i_cmd.valid) and ctx.get(rig.alu.i_cmd.ready):
                 steps.append(Alu())
@@ -275,7 +286,50 @@ def test_a_different_plan_fails_the_monitor_comparison():
     assert compare([steps, []], [], [(0, insn, want)])
 
 
+def _base(region):
+    """The bench's DDR base of `region` (`run`)."""
+    return 0x1000_0000 * (region.value + 1)
+
+
 KV260 = HardwareConfig.preset("kv260")
+
+
+@pytest.mark.parametrize("hw,pos,capacity,head_dim", [(TINY, 5, 8, 16), (TINY, 1500, 2048, 16),
+                                                      (KV260, 700, 1024, 256), (KV260, 20000, 32768, 256)],
+                         ids=["tiny", "tiny_two_chunks", "kv260", "kv260_two_chunks"])
+def test_int8_kvst_and_attn_address_the_slot_as_its_layout(hw, pos, capacity, head_dim):
+    """Every DDR address KVST and ATTN name on the INT8 cache is where `sim.numerics.KvInt8Layout` (the ISS's
+    and the packer's layout) puts that plane row, scale row or V column: per head the K planes' rows and their
+    scale rows and the V planes' columns at the ring slot, its V scale; ATTN's K GEMVs (lo, then hi), the V row
+    scales, and per chunk of positions its V GEMVs (lo, then hi) with the V planes' scale table."""
+    heads, kv_head = 2, 1
+    desc = _slot(capacity, heads, head_dim, hw)
+    lay = KvInt8Layout(capacity, heads, head_dim, hw.act_block)
+    slot, table = _base(DdrRegion.KV) + desc.weight_offset, _base(DdrRegion.WEIGHTS) + desc.scale_offset
+    r = pos % capacity
+    row, srow = r * head_dim // 2, r * lay.kblocks * 2
+    want = []
+    for j in range(heads):
+        want += [("wr", slot + lay.k_hi(j) + row), ("wr", slot + lay.k_lo(j) + row), ("wr", slot + lay.ks_hi(j) + srow),
+                 ("wr", slot + lay.ks_lo(j) + srow), ("wr", slot + lay.v_hi(j) + row),
+                 ("wr", slot + lay.v_lo(j) + row), ("wr", slot + lay.vs(j) + 2 * r)]
+    got = []
+    word, _ = _insn(hw, Opcode.KVST, k=0, v=256, slot=0, shape_ptr=0, async_=0)
+    assert run(AttentionSequencer(hw), word, pos=pos, desc=desc, ddr=got)[1] == "NONE"
+    assert got == want
+
+    q_heads, n = 2, min(pos + 1, capacity)
+    want = []
+    for _ in range(q_heads):
+        want += [("gemv", slot + lay.k_lo(kv_head), slot + lay.ks_lo(kv_head)),
+                 ("gemv", slot + lay.k_hi(kv_head), slot + lay.ks_hi(kv_head)), ("rd", slot + lay.vs(kv_head))]
+        for c0 in range(0, n, hw.gemv_max_cols):
+            want += [("gemv", slot + lay.v_lo(kv_head) + c0 * head_dim // 2, table + 2 * head_dim),
+                     ("gemv", slot + lay.v_hi(kv_head) + c0 * head_dim // 2, table)]
+    got = []
+    word, _ = _insn(hw, Opcode.ATTN, dst=64, q=0, slot=0, kv_head=kv_head, shape_ptr=0, async_=0)
+    assert run(AttentionSequencer(hw), word, pos=pos, desc=desc, fmap=(q_heads, head_dim, 0), ddr=got)[1] == "NONE"
+    assert got == want
 ODD = TINY.replace(name="odd", systolic_rows=1, l2_banks=1, act_block=32, gemv_max_cols=512)
 
 
