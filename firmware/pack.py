@@ -58,7 +58,7 @@ from hdl.isa import DESC_BYTES, DESCRIPTOR, DescKind
 from hdl.memory_map import MemoryMap, memory_map as _memory_map
 from sim.config import ModelConfig, check_positive_int
 from sim.gemma3n import check_weight_dtype, check_weight_values, resolve_tensor_names
-from sim.numerics import KvInt8Layout, pack_int4, quantize_weights, v_plane_scales
+from sim.numerics import WEIGHT_METHODS, KvInt8Layout, pack_int4, quantize_weights, v_plane_scales
 
 __all__ = ["Image", "TensorEntry", "Descriptor", "Placement", "HostTable", "pack", "save_image", "load_image",
            "region_map", "DESC_BYTES", "DescKind", "Layout", "REGION_ORDER", "PLE_TABLE",
@@ -480,7 +480,8 @@ class _Layout:
 
 def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareConfig, *,
          max_positions: int | None = None, program_bytes: int = 1 << 20, out: str | os.PathLike | None = None,
-         progress=None, fill: bool = True, memory_map: str | MemoryMap = "flat") -> Image:
+         progress=None, fill: bool = True, memory_map: str | MemoryMap = "flat",
+         quantizer: str = "search") -> Image:
     """Pack `tensors` (Hugging Face names, any prefix, ``[out, in]``; arrays or lazy tensors) for
     hardware `hw`. `max_positions` bounds the KV cache of full-attention layers (default: the model's
     ``max_position_embeddings``). With `out`, the image is a memory-mapped file at that path (host tables
@@ -488,6 +489,9 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
     given ones are checked without reading their values): regions, descriptors and manifest, over an image of
     zeros that the OS does not back until written (for byte counts of E4B). `memory_map` (`hdl.memory_map`)
     places the regions in its windows; a region that fits no window is a ValueError naming it and the bytes left.
+    `quantizer` (`sim.numerics.WEIGHT_METHODS`) is how INT4 matrices get their codes and scales
+    (`sim.numerics.quantize_weights`' `method`: ``"search"``, the least-squared-error scale, or ``"rtn"``,
+    round-to-nearest); the hardware reads either the same way.
 
     Bad input is rejected at the call with the golden model's messages (`sim.gemma3n`): a missing, unknown
     or misshapen tensor and a non-floating-point dtype before anything is allocated; a NaN or an infinity
@@ -497,6 +501,8 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
     if max_positions is not None:
         max_positions = check_positive_int("max_positions", max_positions)
     program_bytes = check_positive_int("program_bytes", program_bytes)
+    if quantizer not in WEIGHT_METHODS:
+        raise ValueError(f"quantizer must be one of {', '.join(map(repr, WEIGHT_METHODS))}, not {quantizer!r}")
     mm = _memory_map(memory_map)
     given = tensors is not None
     if not given:
@@ -616,7 +622,7 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
     if not fill:
         return image
     try:
-        _fill(image, cfg, entries, tensors, by_name, folded, scalars, progress)
+        _fill(image, cfg, entries, tensors, by_name, folded, scalars, progress, quantizer)
     except BaseException:   # a non-finite weight (or an interrupt): no half-written image stays behind
         if out is not None:
             for path in [os.fspath(out)] + [_host_table_path(out, name) for name in host_tables]:
@@ -627,7 +633,7 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
 
 
 def _fill(image: Image, cfg: ModelConfig, entries: dict[str, TensorEntry], tensors, by_name: dict[str, str],
-          folded: dict[str, int], scalars: np.ndarray, progress) -> None:
+          folded: dict[str, int], scalars: np.ndarray, progress, quantizer: str) -> None:
     """Write every entry's values into the planned `image` (`pack`'s second half)."""
     names = list(entries)
     for n_done, name in enumerate(names):
@@ -654,9 +660,9 @@ def _fill(image: Image, cfg: ModelConfig, entries: dict[str, TensorEntry], tenso
             image.view("CONST", e.offset, e.nbytes)[:] = v.astype("<f4").reshape(-1).view(np.uint8)
             image.const64[name] = v.reshape(-1)
         elif e.staged:
-            _pack_host_table(image.host_tables[name], e, tensors[by_name[name]])
+            _pack_host_table(image.host_tables[name], e, tensors[by_name[name]], quantizer)
         else:
-            _pack_int4_tensor(image, e, tensors[by_name[name]])
+            _pack_int4_tensor(image, e, tensors[by_name[name]], quantizer)
     if progress is not None:
         progress(len(names), len(names), "")
 
@@ -682,7 +688,7 @@ def _host_table_path(out, name: str) -> str:
     return f"{stem}.{name}.npy"
 
 
-def _pack_host_table(table: HostTable, e: TensorEntry, value) -> None:
+def _pack_host_table(table: HostTable, e: TensorEntry, value, quantizer: str) -> None:
     """A staged table's rows, quantised as `_pack_int4_tensor` quantises a row-major matrix."""
     rows, cols = e.shape
     pcols = cols + cols % 2
@@ -691,12 +697,12 @@ def _pack_host_table(table: HostTable, e: TensorEntry, value) -> None:
         r1 = min(rows, r0 + step)
         w = np.asarray(_rows(value, r0, r1), dtype=np.float64)
         check_weight_values(e.name, value, w)
-        q, sc = quantize_weights(w, e.group)
+        q, sc = quantize_weights(w, e.group, quantizer)
         table.data[r0:r1, :table.row_bytes] = pack_int4(np.pad(q, ((0, 0), (0, pcols - cols))))
         table.data[r0:r1, table.row_bytes:] = sc.astype("<f2").view(np.uint8).reshape(r1 - r0, -1)
 
 
-def _pack_int4_tensor(image: Image, e: TensorEntry, value) -> None:
+def _pack_int4_tensor(image: Image, e: TensorEntry, value, quantizer: str) -> None:
     rows, cols = e.shape
     pcols = cols + cols % 2
     ngroups = -(-cols // e.group)
@@ -705,7 +711,7 @@ def _pack_int4_tensor(image: Image, e: TensorEntry, value) -> None:
         r1 = min(rows, r0 + step)
         w = np.asarray(_rows(value, r0, r1), dtype=np.float64)
         check_weight_values(e.name, value, w)
-        q, s = quantize_weights(w, e.group)
+        q, s = quantize_weights(w, e.group, quantizer)
         if e.layout == Layout.ROW:
             qp = np.pad(q, ((0, 0), (0, pcols - cols)))
             image.view("WEIGHTS", e.offset + r0 * pcols // 2, (r1 - r0) * pcols // 2)[:] = pack_int4(qp).reshape(-1)
@@ -832,6 +838,8 @@ def _cli_args(argv):
                    help="where the image goes (default kv260: the K26's reserved windows, hdl.memory_map)")
     p.add_argument("--max-positions", type=POSITIVE, default=None, metavar="N",
                    help="positions the KV cache holds (default: the model's max_position_embeddings)")
+    p.add_argument("--quantizer", default="search", choices=WEIGHT_METHODS,
+                   help="INT4 scales: search (least squared error per group; default) or rtn (round-to-nearest)")
     p.add_argument("--plan", action="store_true", help="only plan: print the region map, write nothing")
     p.add_argument("--out", metavar="DIR", help="directory for manifest.json, image.npy and the host tables")
     args = p.parse_args(argv)
@@ -874,7 +882,7 @@ def main(argv=None) -> int:
                     print(f"packing: {done}/{total} tensors ({time.monotonic() - t0:.0f} s) {name}",
                           file=sys.stderr, flush=True)
             image = pack(cfg, tensors, hw, max_positions=args.max_positions, memory_map=args.memory_map,
-                         out=os.path.join(args.out, "image.npy"), progress=progress)
+                         out=os.path.join(args.out, "image.npy"), progress=progress, quantizer=args.quantizer)
             save_image(image, args.out)
             if args.checkpoint is not None and os.path.isfile(os.path.join(args.checkpoint, "tokenizer.model")):
                 import shutil

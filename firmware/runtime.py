@@ -44,6 +44,7 @@ from hdl.memory_map import Window
 from sim.config import ModelConfig, check_index, check_positive_int
 from sim.gemma3n import resolve_tensor_names
 from sim.iss import HARDWARE, REFERENCE, ExecutionError, Machine
+from sim.numerics import WEIGHT_METHODS
 
 from .compiler import Program, compile_token
 from .pack import Image, pack
@@ -393,11 +394,12 @@ class Runtime:
     def from_hf(cls, config: Mapping | ModelConfig, tensors: Mapping[str, np.ndarray], backend: str = "iss",
                 arithmetic: str | None = None, hw: HardwareConfig | str = "kv260",
                 max_positions: int | None = None, device: NpuDevice | None = None,
-                memory_map: str = "flat", progress=None) -> "Runtime":
+                memory_map: str = "flat", progress=None, quantizer: str = "search") -> "Runtime":
         """Pack, compile and load. `arithmetic` (ISS only): ``"reference"`` (default) or ``"hardware"``; the
         RTL always computes hardware arithmetic. `device` (RTL only): the NPU to drive (default: the one the
         full-chip bench attached). `memory_map` (`hdl.memory_map`): where the image goes. `max_positions`: None
-        or a positive integer. Bad arguments raise TypeError or ValueError here, before anything is packed."""
+        or a positive integer. `quantizer`: the packer's INT4 quantiser (`firmware.pack.pack`). Bad arguments raise
+        TypeError or ValueError here, before anything is packed."""
         cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
         if not isinstance(tensors, Mapping):
             raise TypeError(f"tensors must be a mapping of tensor names to arrays, not {type(tensors).__name__}")
@@ -408,6 +410,8 @@ class Runtime:
             max_positions = check_positive_int("max_positions", max_positions)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, not {backend!r}")
+        if quantizer not in WEIGHT_METHODS:
+            raise ValueError(f"quantizer must be one of {', '.join(map(repr, WEIGHT_METHODS))}, not {quantizer!r}")
         if backend == "iss":
             arithmetic = REFERENCE if arithmetic is None else arithmetic
             if arithmetic not in (REFERENCE, HARDWARE):
@@ -424,7 +428,7 @@ class Runtime:
             if device.hw != hw:
                 raise ValueError(f"the simulated NPU is built for hardware preset {device.hw.name!r}, "
                                  f"not {hw.name!r}")
-        image = pack(cfg, tensors, hw, max_positions=max_positions, memory_map=memory_map)
+        image = pack(cfg, tensors, hw, max_positions=max_positions, memory_map=memory_map, quantizer=quantizer)
         program = compile_token(cfg, image, hw)
         if backend == "iss":
             source = None

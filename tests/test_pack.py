@@ -165,3 +165,41 @@ def test_lm_head_chunks_end_in_a_shrinking_tail():
     assert ffn_pieces(e4b.replace(intermediate_size=(48,) * 35), 0) == [(0, 12), (12, 12), (24, 12), (36, 12)]
     assert ffn_pieces(e4b.replace(intermediate_size=(40,) * 35), 0) == [(0, 20), (20, 20)]
     assert ffn_pieces(e4b.replace(intermediate_size=(42,) * 35), 0) == [(0, 42)]
+
+
+def _int4_codes(image, name):
+    e = image.tensors[name]
+    rows, cols = e.shape
+    raw = image.view("WEIGHTS", e.offset, e.nbytes)
+    s = image.view("WEIGHTS", e.scale_offset, e.scale_nbytes).view("<f2")
+    if e.layout == Layout.ROW:
+        return unpack_int4(raw.reshape(rows, -1))[:, :cols], s.reshape(rows, -1)
+    return unpack_int4(raw.reshape(cols, rows // 2)).T, s.reshape(-1, rows).T
+
+
+def test_quantizer_choice(tmp_path, capsys):
+    # pack(quantizer=) and python -m firmware.pack --quantizer: the scale search by default, round-to-nearest on
+    # request; the same layout and bytes either way, different codes and scales
+    from firmware.pack import load_image, main
+    tensors = random_tensors(CFG, seed=4)
+    search, rtn = (pack(CFG, tensors, HW["tiny"], quantizer=q) for q in ("search", "rtn"))
+    assert search.ddr.size == rtn.ddr.size and search.manifest() == rtn.manifest()
+    for name in ("layers.0.mlp.down_proj.weight", "layers.2.self_attn.q_proj.weight", "embed_tokens.weight"):
+        w = np.asarray(tensors[name], np.float64)
+        for image, method in ((search, "search"), (rtn, "rtn")):
+            q, s = _int4_codes(image, name)
+            q_ref, s_ref = quantize_weights(w, image.tensors[name].group, method)
+            np.testing.assert_array_equal(q, q_ref, err_msg=f"{name} {method}")
+            np.testing.assert_array_equal(s, s_ref, err_msg=f"{name} {method}")
+        assert not np.array_equal(_int4_codes(search, name)[1], _int4_codes(rtn, name)[1]), name
+    with pytest.raises(ValueError, match=r"^quantizer must be one of 'search', 'rtn', not 'gptq'$"):
+        pack(CFG, tensors, HW["tiny"], quantizer="gptq")
+    assert main(["--model", "tiny", "--seed", "4", "--hw", "tiny", "--memory-map", "flat", "--quantizer", "rtn",
+                 "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    name = "layers.2.self_attn.q_proj.weight"
+    np.testing.assert_array_equal(_int4_codes(load_image(tmp_path), name)[1], _int4_codes(rtn, name)[1])
+    with pytest.raises(SystemExit) as e:
+        main(["--model", "tiny", "--plan", "--quantizer", "gptq"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --quantizer: invalid choice: 'gptq'" in err.splitlines()[-1]

@@ -171,8 +171,9 @@ def test_generate_on_a_packed_image_and_without_a_board(tmp_path):
     def run(*args):
         return subprocess.run([sys.executable, "-m", "firmware.generate", *args], capture_output=True, text=True,
                               cwd=ROOT, env={**os.environ, "NPU_BOARD_ROOT": str(tmp_path)})
+    # greedy without the default repetition penalty: the arg-max of each step, as the loop below takes it
     r = run("--backend", "iss", "--arithmetic", "hardware", "--image", str(tmp_path), "--prompt-ids", "2,5,7",
-            "--max-new-tokens", "3", "--temperature", "0")
+            "--max-new-tokens", "3", "--temperature", "0", "--repetition-penalty", "1")
     assert r.returncode == 0, r.stderr
     image = load_image(tmp_path)
     cfg = ModelConfig.from_hf(image.config)
