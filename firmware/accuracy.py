@@ -1,6 +1,7 @@
 """Quality of the NPU's arithmetic: perplexity on held-out text of a trained model, against the float64 golden model.
 
-``python -m firmware.accuracy [--checkpoint DIR] [--text FILE] [--hw PRESET] [--max-tokens N] [--json]`` reads a
+``python -m firmware.accuracy [--checkpoint DIR] [--text FILE] [--hw PRESET] [--max-tokens N] [--by-topic]
+[--quantizer search|rtn] [--json]`` reads a
 Hugging Face checkpoint directory (default: the built-in model, `firmware.generate.BUILTIN_MODEL`) and a text
 (default: the checkpoint's ``heldout.txt``, text the model was never trained on), tokenizes the text with the
 checkpoint's ``tokenizer.model`` and scores its first N tokens teacher-forced: every token is predicted from the
@@ -24,7 +25,14 @@ and the command also prints what those numerics cost E4B on the kv260 preset (`e
 L = 128 and 4,096 counted by the ISS (`firmware.traffic`) and the modelled tok/s (`firmware.perf`), so one
 command gives both sides of a numerics choice (docs/numerics.md "Choosing the numerics"). With several contexts
 it also prints the range of the hardware ratio over them. ``--int4-exact`` gives every arithmetic the INT4 values,
-so the weight rounding costs nothing and the hardware row shows the rest of the arithmetic alone.
+so the weight rounding costs nothing and the hardware row shows the rest of the arithmetic alone. ``--quantizer``
+chooses how the packer gives INT4 weights their codes and scales (`sim.numerics.quantize_weights`: ``search``, the
+default, or ``rtn``), for the ``int4 weights`` and ``hardware`` rows alike.
+
+``--by-topic`` scores each topic of the text alone (`split_topics`: a topic starts at a title line underlined with
+``*``, as the Python documentation's topics in the built-in model's ``heldout.txt``), as if each were a ``--text``
+of its own: its first N tokens (default: all of them) in its own contexts. It prints each topic's perplexities and
+ratios, then all topics together (`Perplexity.combine`).
 
 ``python -m firmware.accuracy --model tiny --seeds 0 1 2 --steps 32`` (any of ``--model``, ``--seeds``,
 ``--steps``) measures random-weight models of a preset instead, over greedy decodes (`measure`): max |Δlogit|,
@@ -50,8 +58,8 @@ from sim.gemma3n import Model, resolve_tensor_names
 
 from .runtime import Runtime
 
-__all__ = ["measure", "Accuracy", "int4_exact", "perplexity", "score", "Score", "Perplexity", "contexts",
-           "ARITHMETICS", "e4b_cost", "main"]
+__all__ = ["measure", "Accuracy", "int4_exact", "perplexity", "perplexities", "score", "Score", "Perplexity",
+           "contexts", "split_topics", "ARITHMETICS", "e4b_cost", "main"]
 
 # The rows of `perplexity`, in order.
 ARITHMETICS = ("float64", "float32", "int4 weights", "hardware")
@@ -92,6 +100,22 @@ class Perplexity:
         return {"tokens": self.tokens, "contexts": self.contexts,
                 "scores": {name: asdict(s) for name, s in self.scores.items()}, "per_context": self.per_context}
 
+    @classmethod
+    def combine(cls, parts: Sequence["Perplexity"]) -> "Perplexity":
+        """The figures of several scorings (texts scored apart, the same arithmetics) over all their tokens:
+        perplexities from the summed NLL, top-1 and KL token-weighted, the largest |Δlogit|, the contexts in
+        order."""
+        n = sum(p.tokens for p in parts)
+        names = list(parts[0].scores)
+        ppl = {name: math.exp(sum(p.tokens * math.log(p.scores[name].perplexity) for p in parts) / n)
+               for name in names}
+        reference = names[0]
+        scores = {name: Score(ppl[name], ppl[name] / ppl[reference],
+                              sum(p.tokens * p.scores[name].top1 for p in parts) / n,
+                              sum(p.tokens * p.scores[name].kl_mean for p in parts) / n,
+                              max(p.scores[name].max_abs for p in parts)) for name in names}
+        return cls(n, sum(p.contexts for p in parts), scores, [c for p in parts for c in p.per_context])
+
     def context_ratios(self, name: str = "hardware") -> list[float]:
         """Arithmetic `name`'s perplexity over each context's tokens, divided by the reference's (the first
         arithmetic: float64 in `perplexity`)."""
@@ -104,11 +128,13 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return z - np.log(np.sum(np.exp(z)))
 
 
-def int4_exact(cfg: ModelConfig, tensors, hw: HardwareConfig, only=None) -> dict:
+def int4_exact(cfg: ModelConfig, tensors, hw: HardwareConfig, only=None, quantizer: str = "search") -> dict:
     """`tensors` (canonical or checkpoint names; arrays or lazy tensors) with every INT4-packed matrix replaced by
-    its dequantised INT4 values, float64, under the same key (packing them again reproduces the same codes and
-    scales: the largest code of each group is ±7, so the scale is kept). `only`, a predicate on canonical names
-    (``"layers.0.mlp.down_proj.weight"``), restricts the replacement to the matrices it accepts."""
+    its dequantised INT4 values, float64, under the same key, as the packer's `quantizer` gives them (packing them
+    again with it reproduces the same values: a group's largest value is 7 or 8 times its scale, and ``rtn``'s
+    scale ``max|w|/7`` or ``search``'s first candidates, ``max|w|/7`` and ``max|w|/8``, give that scale back with no
+    error). `only`, a predicate on canonical names (``"layers.0.mlp.down_proj.weight"``), restricts the
+    replacement to the matrices it accepts."""
     from sim.numerics import dequantize_weights, quantize_weights
 
     from .pack import pack
@@ -118,7 +144,7 @@ def int4_exact(cfg: ModelConfig, tensors, hw: HardwareConfig, only=None) -> dict
     for name, e in plan.tensors.items():
         if e.format == "int4" and (only is None or only(name)):
             key = keys[name]
-            q, scale = quantize_weights(np.asarray(tensors[key], np.float64), e.group)
+            q, scale = quantize_weights(np.asarray(tensors[key], np.float64), e.group, quantizer)
             out[key] = dequantize_weights(q, scale, e.group)
     return out
 
@@ -132,33 +158,61 @@ def contexts(ids: Sequence[int], bos: int, context: int) -> list[list[int]]:
     return [[bos, *ids[k:k + context - 1]] for k in range(0, len(ids), context - 1)]
 
 
+def split_topics(text: str) -> list[tuple[str, str]]:
+    """The topics of `text` as ``(title, text)``: a topic starts at a line underlined by a line of as many ``*``
+    (the title of a Python documentation topic) and runs to the next one; each topic's text ends with one newline
+    (the built-in model's ``heldout.txt`` is its topics joined by newlines). Text before the first title is a
+    topic titled ``""``; a text without titles is one topic."""
+    lines = text.split("\n")
+    starts = [i for i in range(len(lines) - 1)
+              if lines[i].strip() and lines[i + 1] == "*" * len(lines[i]) and (i == 0 or not lines[i - 1].strip())]
+    if not starts or starts[0] > 0:
+        starts.insert(0, 0)
+    out = []
+    for a, b in zip(starts, starts[1:] + [len(lines)]):
+        body = "\n".join(lines[a:b]).strip("\n")
+        if body:
+            title = lines[a] if a + 1 < len(lines) and lines[a + 1] == "*" * len(lines[a]) and lines[a] else ""
+            out.append((title, body + "\n"))
+    return out
+
+
 def perplexity(cfg: ModelConfig, tensors: Mapping, ids: Sequence[int], hw: HardwareConfig, *,
-               context: int | None = None, exact_int4: bool = False) -> Perplexity:
+               context: int | None = None, exact_int4: bool = False, quantizer: str = "search") -> Perplexity:
     """Score the token ids `ids` (a text's tokens, without BOS) teacher-forced in each arithmetic of `ARITHMETICS`
     (`contexts` of at most `context` positions, default the model's ``max_position_embeddings``), the four models
-    stepped side by side. `tensors` are the checkpoint's (canonical or checkpoint names). With `exact_int4`, every
+    stepped side by side. `tensors` are the checkpoint's (canonical or checkpoint names). `quantizer`: the packer's
+    INT4 quantiser (`int4_exact`, `firmware.pack.pack`), for the INT4 and hardware rows. With `exact_int4`, every
     arithmetic gets the INT4 values of the weights (`int4_exact`), so the ``hardware`` row measures the rest of the
     hardware arithmetic alone. ValueError for no ids, an id outside the vocabulary or a context outside
     ``[2, max_position_embeddings]``; the ISS's `sim.iss.ExecutionError` if the program stops on an error."""
+    return perplexities(cfg, tensors, [ids], hw, context=context, exact_int4=exact_int4, quantizer=quantizer)[0]
+
+
+def perplexities(cfg: ModelConfig, tensors: Mapping, texts: Sequence[Sequence[int]], hw: HardwareConfig, *,
+                 context: int | None = None, exact_int4: bool = False,
+                 quantizer: str = "search") -> list[Perplexity]:
+    """`perplexity` of several texts' token ids, each scored alone (its own contexts) on the same four models."""
     context = cfg.max_position_embeddings if context is None else context
     if isinstance(context, bool) or not isinstance(context, int) or not 2 <= context <= cfg.max_position_embeddings:
         raise ValueError(f"context must be an integer from 2 to the model's {cfg.max_position_embeddings} positions "
                          f"(max_position_embeddings), not {context!r}")
-    ids = [int(i) for i in ids]
-    if not ids:
+    texts = [[int(i) for i in ids] for ids in texts]
+    if not texts or not all(texts):
         raise ValueError("the text has no tokens to score")
-    bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
+    bad = [i for ids in texts for i in ids if not 0 <= i < cfg.vocab_size]
     if bad:
         raise ValueError(f"token id {bad[0]} is outside the model's vocabulary [0, {cfg.vocab_size})")
-    quantised = int4_exact(cfg, tensors, hw)
+    quantised = int4_exact(cfg, tensors, hw, quantizer=quantizer)
     if exact_int4:
         tensors = quantised
-    longest = min(len(ids) + 1, context)
+    longest = min(max(map(len, texts)) + 1, context)
     models = {"float64": Model.from_hf(cfg, tensors, dtype=np.float64),
               "float32": Model.from_hf(cfg, tensors, dtype=np.float32),
               "int4 weights": Model.from_hf(cfg, quantised, dtype=np.float64),
-              "hardware": Runtime.from_hf(cfg, tensors, arithmetic="hardware", hw=hw, max_positions=longest - 1)}
-    return score(models, ids, cfg.bos_token_id, context)
+              "hardware": Runtime.from_hf(cfg, tensors, arithmetic="hardware", hw=hw, max_positions=longest - 1,
+                                          quantizer=quantizer)}
+    return [score(models, ids, cfg.bos_token_id, context) for ids in texts]
 
 
 def score(models: Mapping, ids: Sequence[int], bos: int, context: int) -> Perplexity:
@@ -197,14 +251,16 @@ def score(models: Mapping, ids: Sequence[int], bos: int, context: int) -> Perple
     return Perplexity(n, len(chunks), scores, per_context)
 
 
-def measure(cfg: ModelConfig, tensors, hw: HardwareConfig, steps: int = 32, first: int | None = None) -> Accuracy:
+def measure(cfg: ModelConfig, tensors, hw: HardwareConfig, steps: int = 32, first: int | None = None,
+            quantizer: str = "search") -> Accuracy:
     """`steps` greedy steps (1 to the model's ``max_position_embeddings``) of both models from token `first`
-    (default BOS); ValueError for a step count outside that range."""
+    (default BOS), the hardware's weights packed with `quantizer`; ValueError for a step count outside that
+    range."""
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= cfg.max_position_embeddings:
         raise ValueError(f"steps must be an integer from 1 to the model's {cfg.max_position_embeddings} positions "
                          f"(max_position_embeddings), not {steps!r}")
     golden = Model.from_hf(cfg, tensors, dtype=np.float64)
-    rt = Runtime.from_hf(cfg, tensors, arithmetic="hardware", hw=hw, max_positions=steps)
+    rt = Runtime.from_hf(cfg, tensors, arithmetic="hardware", hw=hw, max_positions=steps, quantizer=quantizer)
     token = cfg.bos_token_id if first is None else first
     errs, agree, kls = [], 0, []
     for _ in range(steps):
@@ -241,14 +297,15 @@ def _random_main(p: argparse.ArgumentParser, args, hw: HardwareConfig) -> int:
         p.error(f"argument --steps: must be at most the {args.model} model's {cfg.max_position_embeddings} "
                 f"positions (max_position_embeddings), not {args.steps}")
     print(f"model {args.model} (random weights), hardware {hw.name}: weight group {hw.weight_group or 'row'}, "
-          f"activation block {hw.act_block}, KV cache {hw.kv_format}, {args.steps} greedy steps"
+          f"activation block {hw.act_block}, KV cache {hw.kv_format}, INT4 quantizer {args.quantizer}, "
+          f"{args.steps} greedy steps"
           + (", weights INT4-exact in both models" if args.int4_exact else ""))
     print(f"{'seed':>5} {'max |dlogit|':>13} {'top-1':>7} {'mean KL':>9} {'max KL':>9}")
     for seed in args.seeds:
         tensors = random_tensors(cfg, seed, dtype=np.float64)
         if args.int4_exact:
-            tensors = int4_exact(cfg, tensors, hw)
-        a = measure(cfg, tensors, hw, args.steps)
+            tensors = int4_exact(cfg, tensors, hw, quantizer=args.quantizer)
+        a = measure(cfg, tensors, hw, args.steps, quantizer=args.quantizer)
         print(f"{seed:>5} {a.max_abs:>13.3f} {a.top1:>7.2%} {a.kl_mean:>9.4f} {a.kl_max:>9.4f}")
     return 0
 
@@ -274,6 +331,7 @@ def main(argv=None) -> int:
     from sim.checkpoint import Checkpoint
     from sim.config import PRESETS as MODEL_PRESETS
     from sim.iss import ExecutionError
+    from sim.numerics import WEIGHT_METHODS
 
     from .cli import POSITIVE, arg_type
     from .generate import BUILTIN_MODEL
@@ -289,7 +347,9 @@ def main(argv=None) -> int:
     p.add_argument("--text", metavar="FILE",
                    help="UTF-8 text to score (default: the checkpoint's heldout.txt)")
     p.add_argument("--max-tokens", type=POSITIVE, metavar="N",
-                   help="score the text's first N tokens (default 512)")
+                   help="score the text's first N tokens (default 512; with --by-topic: each topic's, default all)")
+    p.add_argument("--by-topic", action="store_true",
+                   help="score each topic of the text alone (a title line underlined with '*' starts a topic)")
     p.add_argument("--context", type=arg_type("an integer >= 2", int, lambda v: v >= 2), metavar="N",
                    help="positions per scoring context, BOS included (default: the model's max_position_embeddings)")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
@@ -299,6 +359,9 @@ def main(argv=None) -> int:
                    help="weight group (0 = one scale per row)")
     p.add_argument("--block", type=arg_type("a power of two", int, pow2), metavar="B", help="activation block")
     p.add_argument("--kv-format", choices=("fp16", "int8"), help="KV cache format (default: the preset's)")
+    p.add_argument("--quantizer", default="search", choices=WEIGHT_METHODS,
+                   help="the packer's INT4 scales: search (least squared error per group; default) or rtn "
+                        "(round-to-nearest)")
     p.add_argument("--int4-exact", action="store_true",
                    help="weights replaced by their INT4 values in every model (isolates the other arithmetic)")
     random_mode = p.add_argument_group("random-weight models (any of these options selects them)")
@@ -312,7 +375,7 @@ def main(argv=None) -> int:
     if random:
         for option, value in (("--checkpoint", args.checkpoint), ("--text", args.text),
                               ("--max-tokens", args.max_tokens), ("--context", args.context),
-                              ("--json", args.json or None)):
+                              ("--json", args.json or None), ("--by-topic", args.by_topic or None)):
             if value is not None:
                 p.error(f"argument {option}: not allowed with random-weight models (--model, --seeds, --steps)")
         args.model = args.model or "tiny"
@@ -351,33 +414,52 @@ def main(argv=None) -> int:
     if args.context is not None and args.context > cfg.max_position_embeddings:
         p.error(f"argument --context: must be at most the model's {cfg.max_position_embeddings} positions "
                 f"(max_position_embeddings), not {args.context}")
-    ids = tokenizer.encode(text, add_bos=False)[:args.max_tokens or DEFAULT_TOKENS]
-    if not ids:
+    if args.by_topic:
+        topics = [(title, tokenizer.encode(body, add_bos=False)[:args.max_tokens]) for title, body in split_topics(text)]
+        topics = [(title, ids) for title, ids in topics if ids]
+    else:
+        topics = [(None, tokenizer.encode(text, add_bos=False)[:args.max_tokens or DEFAULT_TOKENS])]
+    if not topics or not topics[0][1]:
         p.error(f"argument --text: {text_path!r} has no tokens to score")
     try:
-        result = perplexity(cfg, ckpt, ids, hw, context=args.context, exact_int4=args.int4_exact)
+        parts = perplexities(cfg, ckpt, [ids for _, ids in topics], hw, context=args.context,
+                             exact_int4=args.int4_exact, quantizer=args.quantizer)
     except (ValueError, TypeError, ExecutionError) as e:
         p.exit(2, f"{p.prog}: cannot score {text_path!r} with {what} on hardware {hw.name}: {e}\n")
+    result = Perplexity.combine(parts)
     cost = e4b_cost(hw)
     hardware = {"preset": hw_name, "weight_group": hw.weight_group, "act_block": hw.act_block,
-                "kv_format": hw.kv_format}
+                "kv_format": hw.kv_format, "quantizer": args.quantizer}
     if args.json:
+        by_topic = {"topics": [{"title": title, **r.to_dict()} for (title, _), r in zip(topics, parts)]}
         print(json.dumps({"checkpoint": os.path.abspath(directory), "text": os.path.abspath(text_path),
-                          "hardware": hardware, "int4_exact": args.int4_exact, **result.to_dict(), "e4b": cost,
-                          "target_ratio": TARGET_RATIO}, indent=2))
+                          "hardware": hardware, "int4_exact": args.int4_exact, **result.to_dict(),
+                          **(by_topic if args.by_topic else {}), "e4b": cost, "target_ratio": TARGET_RATIO}, indent=2))
         return 0
-    print(f"{os.path.basename(os.path.normpath(directory))}, {os.path.basename(text_path)}: {result.tokens} tokens "
-          f"scored in {result.contexts} context{'s' if result.contexts > 1 else ''} of at most "
+    scored = (f"{len(topics)} topic{'s' if len(topics) > 1 else ''} scored alone, " if args.by_topic else "")
+    print(f"{os.path.basename(os.path.normpath(directory))}, {os.path.basename(text_path)}: {scored}{result.tokens} "
+          f"tokens scored in {result.contexts} context{'s' if result.contexts > 1 else ''} of at most "
           f"{args.context or cfg.max_position_embeddings} positions"
           + (" (weights INT4-exact in every model)" if args.int4_exact else ""))
     print(f"hardware {hw_name}: weight group {hw.weight_group or 'row'}, activation block {hw.act_block}, "
-          f"KV cache {hw.kv_format}")
+          f"KV cache {hw.kv_format}, INT4 quantizer {args.quantizer}")
     print("E4B with these numerics on kv260: " + ("they do not fit" if cost is None else ", ".join(
         f"{c['bytes_per_token'] / 1e6:,.1f} MB per token and {c['tok_s']:.2f} tok/s modelled at L = {c['position']:,}"
         for c in cost)))
     print(f"{'arithmetic':<14} {'perplexity':>11} {'/ float64':>10} {'top-1':>8} {'mean KL':>9} {'max |dlogit|':>13}")
     for name, s in result.scores.items():
         print(f"{name:<14} {s.perplexity:>11.3f} {s.ratio:>10.4f} {s.top1:>8.2%} {s.kl_mean:>9.4f} {s.max_abs:>13.3f}")
+    if args.by_topic:
+        width = max(5, *(len(title) for title, _ in topics))
+        print(f"{'topic':<{width}} {'tokens':>7} {'float64':>9} {'int4 weights':>13} {'hardware':>9} "
+              f"{'int4 / float64':>15} {'hardware / float64':>19}")
+        for (title, _), r in zip(topics, parts):
+            f64, int4, hard = (r.scores[name] for name in ("float64", "int4 weights", "hardware"))
+            print(f"{title:<{width}} {r.tokens:>7} {f64.perplexity:>9.3f} {int4.perplexity:>13.3f} "
+                  f"{hard.perplexity:>9.3f} {int4.ratio:>15.4f} {hard.ratio:>19.4f}")
+        r = [part.scores["hardware"].ratio for part in parts]
+        print(f"hardware / float64 per topic: {min(r):.4f} to {max(r):.4f} "
+              f"({sum(x > TARGET_RATIO for x in r)} of {len(r)} above {TARGET_RATIO:.2f})")
     if result.contexts > 1:
         r = result.context_ratios()
         print(f"hardware / float64 per context: {min(r):.4f} to {max(r):.4f} "

@@ -20,7 +20,7 @@ from hdl.config import PRESETS as HW
 from sim.checkpoint import write_checkpoint
 from sim.config import PRESETS, TINY_HF_CONFIG
 from sim.gemma3n import Model
-from sim.numerics import dequantize_weights, unpack_int4
+from sim.numerics import dequantize_weights, quantize_weights, unpack_int4
 from sim.random_weights import random_tensors
 
 HELDOUT = f"{BUILTIN_MODEL}/heldout.txt"
@@ -42,47 +42,101 @@ def _bad(argv, capsys):
     return lines[0]
 
 
-@pytest.fixture(scope="module")
-def first_64():
-    """`python -m firmware.accuracy --max-tokens 64 --json`: the built-in model, its held-out text, kv260."""
+def _json(argv):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert accuracy.main(["--max-tokens", "64", "--json"]) == 0
+        assert accuracy.main(argv) == 0
     return json.loads(out.getvalue())
+
+
+@pytest.fixture(scope="module")
+def first_64():
+    """`python -m firmware.accuracy --max-tokens 64 --json`: the built-in model, its held-out text, kv260, the
+    packer's default quantiser (the scale search)."""
+    return _json(["--max-tokens", "64", "--json"])
+
+
+@pytest.fixture(scope="module")
+def first_64_rtn():
+    """The same with round-to-nearest weights: ``--quantizer rtn``."""
+    return _json(["--max-tokens", "64", "--json", "--quantizer", "rtn"])
+
+
+def _golden_perplexity(tensors=None, tokens=64):
+    """exp(mean NLL) of the held-out text's first `tokens` tokens on the golden model in float64 (the built-in model's
+    weights, or `tensors`), each predicted from BOS and the tokens before it: a loop written out here, independent
+    of `firmware.accuracy.score`."""
+    with open(HELDOUT, encoding="utf-8") as f:
+        ids = Tokenizer.from_file(f"{BUILTIN_MODEL}/tokenizer.model").encode(f.read())[:tokens + 1]
+    if tensors is None:
+        model = Model.from_pretrained(BUILTIN_MODEL, dtype=np.float64)
+    else:
+        from sim.checkpoint import Checkpoint
+        model = Model.from_hf(Checkpoint(BUILTIN_MODEL).model_config, tensors, dtype=np.float64)
+    nll = 0.0
+    for t in range(tokens):
+        logits = model.step(ids[t])
+        z = logits - logits.max()
+        nll -= z[ids[t + 1]] - math.log(np.sum(np.exp(z)))
+    return math.exp(nll / tokens)
 
 
 def test_float64_perplexity_is_the_golden_models(first_64):
     # Perplexity = exp(mean NLL) of the text's first 64 tokens, each predicted from BOS and the tokens before it.
-    with open(HELDOUT, encoding="utf-8") as f:
-        ids = Tokenizer.from_file(f"{BUILTIN_MODEL}/tokenizer.model").encode(f.read())[:65]
-    model = Model.from_pretrained(BUILTIN_MODEL, dtype=np.float64)
-    nll = 0.0
-    for t in range(64):
-        logits = model.step(ids[t])
-        z = logits - logits.max()
-        nll -= z[ids[t + 1]] - math.log(np.sum(np.exp(z)))
     assert first_64["tokens"] == 64 and first_64["contexts"] == 1
-    assert first_64["scores"]["float64"]["perplexity"] == pytest.approx(math.exp(nll / 64), rel=1e-12)
+    assert first_64["scores"]["float64"]["perplexity"] == pytest.approx(_golden_perplexity(), rel=1e-12)
+
+
+def test_int4_perplexity_is_the_golden_models_on_quantised_weights(first_64, first_64_rtn):
+    # the INT4 row: every matrix the packer stores as INT4 quantised here with sim.numerics.quantize_weights (each
+    # method) and dequantised, the rest as in the checkpoint, scored by the loop above
+    from sim.checkpoint import Checkpoint
+    from sim.gemma3n import resolve_tensor_names
+    ckpt = Checkpoint(BUILTIN_MODEL)
+    plan = pack(ckpt.model_config, None, HW["kv260"], max_positions=1, fill=False)
+    keys = resolve_tensor_names(ckpt.model_config, ckpt)
+    for method, figures in (("search", first_64), ("rtn", first_64_rtn)):
+        tensors = dict(ckpt)
+        for name, e in plan.tensors.items():
+            if e.format == "int4":
+                w = np.asarray(ckpt[keys[name]], np.float64)
+                tensors[keys[name]] = dequantize_weights(*quantize_weights(w, e.group, method), e.group)
+        assert figures["scores"]["int4 weights"]["perplexity"] == pytest.approx(_golden_perplexity(tensors),
+                                                                                 rel=1e-12), method
 
 
 def test_the_figures_of_the_first_64_held_out_tokens(first_64):
-    """The figures docs/numerics.md quotes for ``--max-tokens 64`` (kv260: group 128, block 64, INT8 KV cache)."""
+    """The figures docs/numerics.md quotes for ``--max-tokens 64`` (kv260: group 128, block 64, INT8 KV cache, the
+    scale search)."""
     s = first_64["scores"]
-    assert first_64["hardware"] == {"preset": "kv260", "weight_group": 128, "act_block": 64, "kv_format": "int8"}
+    assert first_64["hardware"] == {"preset": "kv260", "weight_group": 128, "act_block": 64, "kv_format": "int8",
+                                    "quantizer": "search"}
     assert s["float64"]["perplexity"] == pytest.approx(65.924, abs=1e-3)
     assert s["float32"]["ratio"] == pytest.approx(1.0, abs=1e-6) and s["float32"]["top1"] == 1.0
     assert s["float32"]["kl_mean"] < 1e-10
-    assert s["int4 weights"]["perplexity"] == pytest.approx(67.546, abs=1e-3)
-    assert s["hardware"]["perplexity"] == pytest.approx(68.584, abs=1e-3)
+    assert s["int4 weights"]["perplexity"] == pytest.approx(68.027, abs=1e-3)
+    assert s["hardware"]["perplexity"] == pytest.approx(68.093, abs=1e-3)
     # the target (docs/requirements.md N7): at most 5 % above float64
     assert s["hardware"]["ratio"] <= 1.05
     # the INT4 weights are almost all of the hardware's error: the rest adds under 0.01 nats of KL
-    assert 0.75 <= s["hardware"]["top1"] and s["hardware"]["kl_mean"] <= 0.11
+    assert 0.85 <= s["hardware"]["top1"] and s["hardware"]["kl_mean"] <= 0.07
     assert s["hardware"]["kl_mean"] - s["int4 weights"]["kl_mean"] < 0.01
     # E4B with these numerics: the ISS's count (firmware.traffic) and the performance model (firmware.perf)
     e4b = {c["position"]: c for c in first_64["e4b"]}
     assert e4b[128]["bytes_per_token"] == 2_178_451_792 and e4b[4096]["bytes_per_token"] == 2_341_691_792
     assert e4b[128]["tok_s"] == pytest.approx(7.35, abs=0.01) and e4b[4096]["tok_s"] == pytest.approx(6.25, abs=0.01)
+
+
+def test_round_to_nearest_figures(first_64, first_64_rtn):
+    """``--quantizer rtn``: the same bytes per token, round-to-nearest's figures, and a third more KL than the
+    search's."""
+    s, rtn = first_64["scores"], first_64_rtn["scores"]
+    assert first_64_rtn["hardware"]["quantizer"] == "rtn" and first_64_rtn["e4b"] == first_64["e4b"]
+    assert rtn["float64"] == s["float64"]
+    assert rtn["int4 weights"]["perplexity"] == pytest.approx(67.546, abs=1e-3)
+    assert rtn["hardware"]["perplexity"] == pytest.approx(68.584, abs=1e-3)
+    assert rtn["hardware"]["kl_mean"] > 1.3 * s["hardware"]["kl_mean"]
+    assert rtn["int4 weights"]["kl_mean"] > 1.3 * s["int4 weights"]["kl_mean"]
 
 
 def test_contexts_score_every_token_once():
@@ -99,7 +153,7 @@ def test_table_and_int4_exact_mode(capsys):
     lines = out.splitlines()
     assert lines[0] == ("gemma3n-tiny-pydoc, heldout.txt: 8 tokens scored in 3 contexts of at most 4 positions "
                         "(weights INT4-exact in every model)")
-    assert lines[1] == "hardware tiny: weight group 32, activation block 16, KV cache int8"
+    assert lines[1] == "hardware tiny: weight group 32, activation block 16, KV cache int8, INT4 quantizer search"
     assert lines[2].startswith("E4B with these numerics on kv260: 2,390.4 MB per token and 6.23 tok/s modelled at "
                                "L = 128, 2,568.4 MB per token")
     rows = {line[:14].strip(): line[14:].split() for line in lines[4:8]}
@@ -118,7 +172,8 @@ def test_own_text_and_overrides(tmp_path, capsys):
     out = json.loads(_run(["--text", str(text), "--hw", "tiny", "--group", "64", "--block", "32",
                            "--kv-format", "fp16", "--json"], capsys))
     assert out["text"] == str(text) and out["tokens"] == n == 13 and out["contexts"] == 1
-    assert out["hardware"] == {"preset": "tiny", "weight_group": 64, "act_block": 32, "kv_format": "fp16"}
+    assert out["hardware"] == {"preset": "tiny", "weight_group": 64, "act_block": 32, "kv_format": "fp16",
+                               "quantizer": "search"}
     assert out["e4b"][0]["bytes_per_token"] > 2_178_451_792     # group 64: more scales than kv260's 128
 
 
@@ -150,6 +205,8 @@ def test_bad_input(tmp_path, capsys):
                                         "--steps)"),
         (["--steps", "4", "--max-tokens", "4"], "argument --max-tokens: not allowed with random-weight models"),
         (["--seeds", "0", "--text", HELDOUT], "argument --text: not allowed with random-weight models"),
+        (["--steps", "4", "--by-topic"], "argument --by-topic: not allowed with random-weight models"),
+        (["--quantizer", "gptq"], "argument --quantizer: invalid choice: 'gptq'"),
     ]
     for argv, message in cases:
         assert message in _bad(argv, capsys), argv
@@ -212,3 +269,61 @@ def test_one_tensor_class_at_a_time():
     # the whole text's perplexity is the token-weighted geometric mean of the contexts'
     whole = math.exp(sum(c["tokens"] * math.log(c["q_proj"]) for c in result.per_context) / 12)
     assert s["q_proj"].perplexity == pytest.approx(whole, rel=1e-12)
+
+
+# --- the held-out text topic by topic ---------------------------------------------------------------------------
+
+TOPICS = ['The "assert" statement', "Binary bitwise operations", "Comparisons", 'The "if" statement',
+          "Identifiers and keywords", "Numeric literals", "Slicings", 'Mapping Types — "dict"']
+
+
+def test_split_topics():
+    # heldout.txt is the eight held-out topics of pydoc_data.topics joined by newlines, each ending in one newline
+    with open(HELDOUT, encoding="utf-8") as f:
+        text = f.read()
+    topics = accuracy.split_topics(text)
+    assert [title for title, _ in topics] == TOPICS
+    assert "\n".join(body for _, body in topics) == text
+    assert all(body.startswith(f"{title}\n{'*' * len(title)}\n") and body.endswith("\n") and
+               not body.endswith("\n\n") for title, body in topics)
+    # text before the first title is a topic of its own; a text without titles is one topic; an underline of
+    # another length or character is not a title
+    assert accuracy.split_topics("intro\n\nA\n*\nbody\n") == [("", "intro\n"), ("A", "A\n*\nbody\n")]
+    assert accuracy.split_topics("no titles\n") == [("", "no titles\n")]
+    assert accuracy.split_topics("Title\n****\nx\n") == [("", "Title\n****\nx\n")]
+    assert accuracy.split_topics("Title\n=====\nx\n") == [("", "Title\n=====\nx\n")]
+
+
+def test_by_topic(capsys):
+    # each topic scored alone, its first 3 tokens in contexts of at most 3 positions (2 contexts per topic)
+    out = _run(["--by-topic", "--max-tokens", "3", "--context", "3", "--hw", "tiny"], capsys)
+    lines = out.splitlines()
+    assert lines[0] == ("gemma3n-tiny-pydoc, heldout.txt: 8 topics scored alone, 24 tokens scored in 16 contexts "
+                        "of at most 3 positions")
+    assert lines[1].endswith("INT4 quantizer search")
+    assert lines[8].split() == ["topic", "tokens", "float64", "int4", "weights", "hardware", "int4", "/", "float64",
+                                "hardware", "/", "float64"]
+    rows = lines[9:17]
+    assert [row[:len(title)] for row, title in zip(rows, TOPICS)] == TOPICS
+    assert all(row[max(map(len, TOPICS)):].split()[0] == "3" for row in rows)
+    assert lines[17].startswith("hardware / float64 per topic: ") and lines[17].endswith(" of 8 above 1.05)")
+    assert lines[18].startswith("hardware / float64 per context: ") and lines[18].endswith(" of 16 above 1.05)")
+    # --json: the whole (all topics) first, then each topic's figures; the whole is the topics combined
+    out = json.loads(_run(["--by-topic", "--max-tokens", "3", "--context", "3", "--hw", "tiny", "--json"], capsys))
+    assert [t["title"] for t in out["topics"]] == TOPICS and out["tokens"] == 24 and out["contexts"] == 16
+    f64 = [t["scores"]["float64"]["perplexity"] for t in out["topics"]]
+    assert out["scores"]["float64"]["perplexity"] == pytest.approx(math.exp(sum(map(math.log, f64)) / 8), rel=1e-12)
+    whole = json.loads(_run(["--max-tokens", "3", "--context", "3", "--hw", "tiny", "--json"], capsys))
+    assert whole["scores"] == out["topics"][0]["scores"]          # the first topic alone is the text's start
+
+
+def test_combine():
+    a = accuracy.Perplexity(2, 1, {"x": accuracy.Score(4.0, 1.0, 1.0, 0.0, 0.0),
+                                   "y": accuracy.Score(8.0, 2.0, 0.5, 0.2, 1.0)}, [{"tokens": 2, "x": 4.0, "y": 8.0}])
+    b = accuracy.Perplexity(1, 1, {"x": accuracy.Score(32.0, 1.0, 1.0, 0.0, 0.0),
+                                   "y": accuracy.Score(32.0, 1.0, 1.0, 0.5, 3.0)}, [{"tokens": 1, "x": 32.0, "y": 32.0}])
+    c = accuracy.Perplexity.combine([a, b])
+    assert (c.tokens, c.contexts, len(c.per_context)) == (3, 2, 2)
+    assert c.scores["x"].perplexity == pytest.approx(8.0) and c.scores["y"].perplexity == pytest.approx(2 ** (11 / 3))
+    assert c.scores["y"].ratio == pytest.approx(2 ** (2 / 3)) and c.scores["y"].top1 == pytest.approx(2 / 3)
+    assert c.scores["y"].kl_mean == pytest.approx(0.3) and c.scores["y"].max_abs == 3.0
