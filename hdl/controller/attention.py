@@ -269,7 +269,7 @@ class AttentionSequencer(Sequencer):
         """Per head: K (one quantiser pass), V (its row exponent, then the values)."""
         hw, d, kv = self.hw, self.i_ctx.desc, self._kv_
         A = hw.axi_addr_bits
-        kb, ksb, vsb, plane, ks = self.kb, self.ksb, self.vsb, self.plane, self.kscales
+        vsb, plane, ks = self.vsb, self.plane, self.kscales
         row_off, srow, ring = Signal(32), Signal(32), Signal(32)   # the ring slot's row in a plane / K scales
         planes, kss = Signal(32), Signal(32)
         j = Signal(8)                                     # head
@@ -283,10 +283,14 @@ class AttentionSequencer(Sequencer):
         with m.State("KV_2"):
             m.d.sync += [planes.eq(self.planes), kss.eq(self.all_kscales)]
             m.next = "KV_3"
+        # the rows KVST writes, head after head, each address stepped from the last one: `plane_row` through
+        # K_hi, K_lo, V_hi, V_lo of head 0, then of head 1 ... (a plane apart), `scale_row` through the K scales
+        # hi and lo of head 0, 1 ... (a scale plane apart), `vsb` through the V scales (a row of C apart)
+        plane_row, scale_row = Signal(A), Signal(A)
         with m.State("KV_3"):
             sb = self.slot_base
-            m.d.sync += [kb.eq(sb), ksb.eq(sb + (planes << 2)), vsb.eq(sb + (planes << 2) + (kss << 1) + (ring << 1)),
-                         j.eq(0), hb.eq(0)]
+            m.d.sync += [plane_row.eq(sb + row_off), scale_row.eq(sb + (planes << 2) + srow),
+                         vsb.eq(sb + (planes << 2) + (kss << 1) + (ring << 1)), j.eq(0), hb.eq(0)]
             m.next = "KV_K"
 
         def quantise(state, **kw):
@@ -294,6 +298,14 @@ class AttentionSequencer(Sequencer):
 
         def out(state, sel, n, addr, fmt):
             st.launch(state, bypass=1, n=n, a=Src.PACK, psel=sel, sink=Sink.DDR, wr_addr=addr[:A], wr_fmt=fmt)
+
+        def plane_out(state, sel):
+            out(state, sel, words, plane_row, 0)
+            m.d.sync += plane_row.eq(plane_row + plane)
+
+        def scale_out(state, sel):
+            out(state, sel, self.blocks, scale_row, 1)
+            m.d.sync += scale_row.eq(scale_row + ks)
         k, v = elem(kv.k), elem(kv.v)
         words = d.head_dim >> 3
         with m.State("KV_K"):
@@ -307,10 +319,10 @@ class AttentionSequencer(Sequencer):
                 with m.If(self.i_done.payload.nonfinite | (self.i_pack.emax > 11)):     # 2**(e+4) beyond binary16
                     st.fail(ErrorCode.NON_FINITE)
                 with m.Else():
-                    out("KV_K1", 0, words, kb + row_off, 0)
-        st.wait_pass("KV_K1", lambda: out("KV_K2", 1, words, kb + plane + row_off, 0))
-        st.wait_pass("KV_K2", lambda: out("KV_K3", 2, self.blocks, ksb + srow, 1))
-        st.wait_pass("KV_K3", lambda: out("KV_K4", 3, self.blocks, ksb + ks + srow, 1))
+                    plane_out("KV_K1", 0)
+        st.wait_pass("KV_K1", lambda: plane_out("KV_K2", 1))
+        st.wait_pass("KV_K2", lambda: scale_out("KV_K3", 2))
+        st.wait_pass("KV_K3", lambda: scale_out("KV_K4", 3))
 
         def v_row():
             m.d.comb += self.o_pack_clear.eq(1)
@@ -322,14 +334,13 @@ class AttentionSequencer(Sequencer):
                     st.fail(ErrorCode.NON_FINITE)
                 with m.Else():
                     quantise("KV_VB", a=Src.L2, a_addr=v + hb, qforce=1, qe=self.i_pack.emax)
-        st.wait_pass("KV_VB", lambda: out("KV_V1", 0, words, kb + (plane << 1) + row_off, 0))
-        st.wait_pass("KV_V1", lambda: out("KV_V2", 1, words, kb + (plane << 1) + plane + row_off, 0))
+        st.wait_pass("KV_VB", lambda: plane_out("KV_V1", 0))
+        st.wait_pass("KV_V1", lambda: plane_out("KV_V2", 1))
         st.wait_pass("KV_V2", lambda: st.launch("KV_V3", bypass=1, n=1, a=Src.REG, a_val=self.i_pack.vscale,
                                                 sink=Sink.DDR, wr_addr=vsb, wr_fmt=1))
 
         def next_head():
-            m.d.sync += [j.eq(j + 1), hb.eq(hb + d.head_dim), kb.eq(kb + (plane << 2)), ksb.eq(ksb + (ks << 1)),
-                         vsb.eq(vsb + (d.rows << 1))]
+            m.d.sync += [j.eq(j + 1), hb.eq(hb + d.head_dim), vsb.eq(vsb + (d.rows << 1))]
             m.next = "KV_K"
         st.wait_pass("KV_V3", next_head)
 

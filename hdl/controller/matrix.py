@@ -199,7 +199,9 @@ class MatrixSequencer(Sequencer):
                 (~in_l2(hw, gd, d.cols), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
             ], start)
         with m.State("GA_1"):
-            groups = (d.cols + (1 << d.log2_group) - 1) >> d.log2_group
+            # ceil(cols / 2**log2_group): one group from 2**32 columns on (cols < 2**32), so the shifts are 5 bits
+            g = d.log2_group[:5]
+            groups = Mux(d.log2_group >= 32, 1, (d.cols + ((1 << g) - 1)) >> g)
             m.d.sync += [row_bytes.eq(row * ((d.cols + 1) >> 1)), row_scales.eq(row * groups)]
             m.next = "GA_2"
         with m.State("GA_2"):
