@@ -34,7 +34,7 @@ __all__ = ["Pass", "Engine", "Gemm", "Alu", "Step", "State", "plan", "wgemm_step
 # The names of the controller's Src, BSrc and Sink members (tests/test_plan.py checks them against
 # hdl.controller): strings, so that the model does not depend on the controller.
 SOURCES = ("L2", "PAIRS", "DDR", "REG", "PACK")
-B_SOURCES = ("NONE", "L2", "REG")
+B_SOURCES = ("NONE", "L2")
 SINKS = ("L2", "REG", "DDR", "DESC", "QUANT")
 # What a pass costs like (firmware.perf.Rates: ``<kind>_pass``): "sfu" (the SFU's functions), "vec" (its short
 # path, element-wise: `hdl.sfu.SHORT_OPS` from L2), "reduce" (the short path to one result), "copy" (around the

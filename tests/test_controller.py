@@ -122,7 +122,7 @@ def run(seq, word, *, vl=0, hd=0, pos=0, desc=None, fmap=(0, 0, 0), act_n=0, see
                 if ddr is not None and _name(Src, ctx.get(p.a)) == "DDR":
                     ddr.append(("rd", ctx.get(p.ddr_addr)))
                 if ddr is not None and _name(Sink, ctx.get(p.sink)) == "DDR":
-                    ddr.append(("wr", ctx.get(p.wr_addr)))
+                    ddr.append(("wr", ctx.get(p.ddr_addr)))
                 next_pass = rng.randint(0, 6)
             if rig.alu is not None and ctx.get(rig.alu.i_cmd.valid) and ctx.get(rig.alu.i_cmd.ready):
                 steps.append(Alu())

@@ -86,7 +86,7 @@ def test_steps_check_their_fields():
         Pass("FOO", "L2", "NONE", "L2", 1)
     with pytest.raises(ValueError, match=r"Pass.src must be one of L2, PAIRS, DDR, REG, PACK, not 'SRAM'"):
         Pass(None, "SRAM", "NONE", "L2", 1)
-    with pytest.raises(ValueError, match=r"Pass.b must be one of NONE, L2, REG, not 'DDR'"):
+    with pytest.raises(ValueError, match=r"Pass.b must be one of NONE, L2, not 'DDR'"):
         Pass("ADD", "L2", "DDR", "L2", 1)
     with pytest.raises(ValueError, match=r"Pass.sink must be one of L2, REG, DDR, DESC, QUANT, not 'PACK'"):
         Pass(None, "L2", "NONE", "PACK", 1)

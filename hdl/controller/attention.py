@@ -132,9 +132,9 @@ class AttentionSequencer(Sequencer):
         A = hw.axi_addr_bits
         with m.State("KV_2"):
             st.launch("KV_3", bypass=1, n=d.cols, a=Src.L2, a_addr=elem(kv.k), sink=Sink.DDR,
-                      wr_addr=(self._kv_base() + (k_off << 1))[:A], wr_fmt=1)
+                      ddr_addr=(self._kv_base() + (k_off << 1))[:A], wr_fmt=1)
         st.wait_pass("KV_3", lambda: st.launch("RETIRE_PASS", bypass=1, n=d.cols, a=Src.L2, a_addr=elem(kv.v),
-                                               sink=Sink.DDR, wr_addr=(self._kv_base() + (v_off << 1))[:A], wr_fmt=1))
+                                               sink=Sink.DDR, ddr_addr=(self._kv_base() + (v_off << 1))[:A], wr_fmt=1))
 
     def _attn_fp16(self, m, st):
         hw, ctx, d, at = self.hw, self.i_ctx, self.i_ctx.desc, self._at
@@ -297,7 +297,7 @@ class AttentionSequencer(Sequencer):
             st.launch(state, bypass=1, n=d.head_dim, sink=Sink.QUANT, qlimit=1, qdst=QDst.PACK, **kw)
 
         def out(state, sel, n, addr, fmt):
-            st.launch(state, bypass=1, n=n, a=Src.PACK, psel=sel, sink=Sink.DDR, wr_addr=addr[:A], wr_fmt=fmt)
+            st.launch(state, bypass=1, n=n, a=Src.PACK, psel=sel, sink=Sink.DDR, ddr_addr=addr[:A], wr_fmt=fmt)
 
         def plane_out(state, sel):
             out(state, sel, words, plane_row, 0)
@@ -337,7 +337,7 @@ class AttentionSequencer(Sequencer):
         st.wait_pass("KV_VB", lambda: plane_out("KV_V1", 0))
         st.wait_pass("KV_V1", lambda: plane_out("KV_V2", 1))
         st.wait_pass("KV_V2", lambda: st.launch("KV_V3", bypass=1, n=1, a=Src.REG, a_val=self.i_pack.vscale,
-                                                sink=Sink.DDR, wr_addr=vsb, wr_fmt=1))
+                                                sink=Sink.DDR, ddr_addr=vsb, wr_fmt=1))
 
         def next_head():
             m.d.sync += [j.eq(j + 1), hb.eq(hb + d.head_dim), vsb.eq(vsb + (d.rows << 1))]

@@ -5,7 +5,7 @@ sink (docs/architecture.md, "Controller").
 sources      ``L2`` (an `ElemReader`), ``PAIRS`` (two L2 elements per item: the u0.64 RoPE frequencies),
              ``DDR`` (a `DdrReader`: binary32, binary16 or scaled INT4 rows), ``REG`` (one scalar), ``PACK`` (the
              KV packer's plane words and scales: INT8 KVST)
-b operand    none, ``L2`` (a second `ElemReader`), ``REG`` (a scalar, for every element)
+b operand    none, or ``L2`` (a second `ElemReader`)
 sinks        ``L2`` (an `ElemWriter`), ``REG`` (the last element: scalar results), ``DDR`` (a `DdrWriter`:
              binary32 or binary16), ``DESC`` (the words of a descriptor), ``QUANT`` (the activation quantiser,
              whose words go to ``qdst``: the GEMV engine, token slot ``qtok`` of the GEMM unit, or the KV packer;
@@ -44,10 +44,9 @@ class Src(enum.Enum, shape=3):
     PACK = 4          # the KV packer's plane words and scales (INT8 KV cache: KVST)
 
 
-class BSrc(enum.Enum, shape=2):
+class BSrc(enum.Enum, shape=1):
     NONE = 0
     L2 = 1
-    REG = 2
 
 
 class Sink(enum.Enum, shape=3):
@@ -72,11 +71,12 @@ def pass_layout(hw: HardwareConfig) -> data.StructLayout:
     return data.StructLayout({
         "op": SfuOp, "bypass": 1, "n": nb,
         "a": Src, "a_addr": ea, "a_val": 32,
-        "b": BSrc, "b_addr": ea, "b_val": 32,
+        "b": BSrc, "b_addr": ea,
         "s": 32, "s_inv": 32, "emax": 32, "sub_emax": 1, "recip_scale": 1, "accm": 1,
         "sink": Sink, "dst": ea,
-        "ddr_addr": a, "ddr_fmt": 2, "ddr_saddr": a, "ddr_log2g": 5,     # DDR source (hdl.ddrio formats)
-        "wr_addr": a, "wr_fmt": 1,                                        # DDR sink: binary32 / binary16
+        "ddr_addr": a,                                  # the DDR source's or the DDR sink's (no pass has both)
+        "ddr_fmt": 2, "ddr_saddr": a, "ddr_log2g": 5,   # DDR source (hdl.ddrio formats)
+        "wr_fmt": 1,                                    # DDR sink: binary32 / binary16
         "qlimit": 1, "qforce": 1, "qe": quant_command_layout().members["e"],   # quantiser options
         "qdst": QDst, "qtok": range(hw.systolic_rows),
         "psel": 2,                                                        # PACK: which packer stream
@@ -219,7 +219,7 @@ class PassEngine(wiring.Component):
             ddr_rd.i_cmd.valid.eq(pending.ddr_rd), ddr_rd.i_cmd.payload.addr.eq(c.ddr_addr),
             ddr_rd.i_cmd.payload.n.eq(c.n), ddr_rd.i_cmd.payload.fmt.eq(c.ddr_fmt),
             ddr_rd.i_cmd.payload.saddr.eq(c.ddr_saddr), ddr_rd.i_cmd.payload.log2_group.eq(c.ddr_log2g),
-            ddr_wr.i_cmd.valid.eq(pending.ddr_wr), ddr_wr.i_cmd.payload.addr.eq(c.wr_addr),
+            ddr_wr.i_cmd.valid.eq(pending.ddr_wr), ddr_wr.i_cmd.payload.addr.eq(c.ddr_addr),
             ddr_wr.i_cmd.payload.n.eq(n_out), ddr_wr.i_cmd.payload.fmt.eq(c.wr_fmt),
             wr.i_cmd.valid.eq(pending.wr), wr.i_cmd.payload.addr.eq(c.dst), wr.i_cmd.payload.n.eq(n_out),
             sfu.i_cmd.valid.eq(pending.sfu),
@@ -274,15 +274,13 @@ class PassEngine(wiring.Component):
             with m.Case(BSrc.L2):
                 m.d.comb += [b_valid.eq(rd_b.o_elem.valid), b_data.eq(rd_b.o_elem.payload.data),
                              rd_b.o_elem.ready.eq(b_ready)]
-            with m.Case(BSrc.REG):
-                m.d.comb += [b_valid.eq(1), b_data.eq(c.b_val)]
         return a_valid, a_data, a_ready, b_valid, b_data, b_ready
 
     def _stage(self, m, c, active, wide, operands, rd_a, rd_b, quant, sfu):
         """One register between the operands and the SFU or the quantiser; then the SFU or the bypass.
 
         A beat is either the readers' (four elements: the quantiser's passes and the wide passes; b from the
-        second reader or a scalar in every lane) or one element from the sources in lane 0. The stage cuts the
+        second reader) or one element from the sources in lane 0. The stage cuts the
         path from the L2 response buffers through the readers' lane selects into the quantiser's maximum and
         the SFU's first stages; it is empty again when a pass ends (its consumer takes every element before the
         pass's sink is done). Returns the output beat (valid, lanes y, count n, ready)."""
@@ -304,11 +302,8 @@ class PassEngine(wiring.Component):
                          st_in.n.eq(a_beat.payload.n),
                          a_beat.ready.eq(st_ready & (~b_wide | b_beat.valid)),
                          b_beat.ready.eq(st_ready & a_beat.valid & b_wide)]
-            with m.Switch(c.b):
-                with m.Case(BSrc.L2):
-                    m.d.comb += st_in.b.eq(b_beat.payload.data)
-                with m.Case(BSrc.REG):
-                    m.d.comb += [st_in.b[j].eq(c.b_val) for j in range(LANES)]
+            with m.If(b_wide):
+                m.d.comb += st_in.b.eq(b_beat.payload.data)
         with m.Elif(~c.bypass):
             m.d.comb += [st_in_v.eq(a_valid & b_valid), st_in.a[0].eq(a_data), st_in.b[0].eq(b_data),
                          st_in.n.eq(1), a_ready.eq(st_ready & b_valid), b_ready.eq(st_ready & a_valid)]

@@ -228,4 +228,4 @@ class VectorSequencer(Sequencer):
                     "RETIRE_PASS", bypass=1, n=ctx.vl, a=Src.DDR, ddr_addr=ddr, ddr_fmt=0, sink=Sink.L2, dst=l2e)),
                 ((region != DdrRegion.LOGITS) & (region != DdrRegion.SCRATCH), lambda: st.fail(ErrorCode.BAD_FUNCTION)),
             ], lambda: st.launch("RETIRE_PASS", bypass=1, n=ctx.vl, a=Src.L2, a_addr=l2e, sink=Sink.DDR,
-                                 wr_addr=ddr, wr_fmt=0))
+                                 ddr_addr=ddr, wr_fmt=0))
