@@ -99,22 +99,31 @@ def _round_to_scale(wp: np.ndarray, s: np.ndarray) -> np.ndarray:
 def _search_scales(wp: np.ndarray, amax: np.ndarray) -> np.ndarray:
     """Per group of `wp` [rows, groups, group], the binary16 scale among ``fp16(c · amax / 7)``, c in
     `SEARCH_FRACTIONS`, whose codes ``clip(rne(w / scale), -8, 7)`` give the least squared error
-    ``Σ (w - q·scale)²``; the first (largest c) of equal ones."""
+    ``Σ (w - q·scale)²``; the first (largest c) of equal ones. Each candidate is `_round_to_scale` and the error,
+    computed in place in one buffer of `_SEARCH_CHUNK` weights."""
     rows, ng, group = wp.shape
     best = (amax / INT4_MAX).astype(np.float16)
     step = max(1, _SEARCH_CHUNK // (ng * group))
+    buf = np.empty((min(step, rows), ng, group))
     for r0 in range(0, rows, step):
         w = wp[r0:r0 + step]
         a = amax[r0:r0 + step]
+        b = buf[:len(w)]
         best_err = np.full(a.shape, np.inf)
-        chosen = best[r0:r0 + step]
+        chosen = best[r0:r0 + step]                 # a view: written through into `best`
         for c in SEARCH_FRACTIONS:
             scale = (c * a / INT4_MAX).astype(np.float16)
             s = scale.astype(np.float64)[:, :, None]
-            err = np.sum(np.square(w - _round_to_scale(w, s) * s), axis=2)
+            np.divide(w, np.where(s > 0, s, 1.0), out=b)     # an all-zero group: 0 / 1
+            np.rint(b, out=b)
+            np.clip(b, INT4_MIN, INT4_MAX, out=b)
+            np.multiply(b, s, out=b)
+            np.subtract(w, b, out=b)
+            np.square(b, out=b)
+            err = b.sum(axis=2)
             better = err < best_err
-            best_err = np.where(better, err, best_err)
-            chosen[...] = np.where(better, scale, chosen)
+            best_err[better] = err[better]
+            chosen[better] = scale[better]
     return best
 
 
