@@ -86,7 +86,7 @@ WEIGHT_METHODS = ("search", "rtn")
 # largest first, so ties go to round-to-nearest's scale. On the built-in trained model no group picks a fraction
 # below 0.6, and steps of 0.02 or 0.05 leave more error (docs/numerics.md "Weights").
 SEARCH_FRACTIONS = tuple(sorted({*(round(1.0 - 0.01 * k, 2) for k in range(41)), 0.875}, reverse=True))
-_SEARCH_CHUNK = 1 << 20      # weights per step of the search: its float64 temporaries stay near 40 MB
+_SEARCH_CHUNK = 1 << 20      # weights per step of the search: its one float64 buffer is 8 MB
 
 
 def _round_to_scale(wp: np.ndarray, s: np.ndarray) -> np.ndarray:
