@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import sys
 from collections import Counter
@@ -54,7 +55,7 @@ from .cli import NON_NEGATIVE, POSITIVE, arg_type
 
 __all__ = ["Rates", "TokenEstimate", "Schedule", "estimate", "cycles_of", "schedule", "features", "fit_rates",
            "main", "PASS_KINDS", "PASS_LANES", "FITTED", "Wgemm", "GemmGeometry", "wgemm_cost", "wgemm_bounds",
-           "PrefillEstimate", "prefill"]
+           "PrefillEstimate", "prefill", "to_json"]
 
 DDR_PEAK_BYTES_PER_S = 19.2e9          # KV260: DDR4-2400, 64 bit (DS987; docs/requirements.md)
 # Elements per cycle of a pass kind beyond `Rates.elements_per_cycle`: the quantiser passes and the SFU's short
@@ -680,7 +681,7 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m firmware.perf", description=__doc__.splitlines()[0],
                                 usage="%(prog)s [--model M] [--hw HW] [--positions POS ...] [--prefill [TOKENS ...]] "
-                                      "[--kv-format F] [--clock-mhz MHZ] "
+                                      "[--kv-format F] [--clock-mhz MHZ] [--json] "
                                       "[--<cost> X ...]")
     p.add_argument("--model", default="e4b", choices=sorted(MODEL_PRESETS), help="model preset (default e4b)")
     p.add_argument("--hw", default="kv260", choices=sorted(HW_PRESETS), help="hardware preset (default kv260)")
@@ -689,6 +690,9 @@ def main(argv=None) -> int:
     p.add_argument("--prefill", type=POSITIVE, nargs="*", default=[32, 128, 512], metavar="TOKENS",
                    help="prompt lengths of the prefill estimate (positive; none: skip it)")
     p.add_argument("--kv-format", choices=("fp16", "int8"), help="KV cache format (default: the preset's)")
+    p.add_argument("--json", action="store_true",
+                   help="print the figures as one JSON object (tok/s, cycles and bytes per position, the clock and "
+                        "the rates used) instead of the tables")
     p.add_argument("--clock-mhz", type=arg_type("a number of MHz in [1, 1000]", float,
                                                  lambda v: math.isfinite(v) and 1 <= v <= 1000),
                    metavar="MHZ", help="fabric clock, e.g. the one hdl.build's timing estimate supports "
@@ -708,6 +712,16 @@ def main(argv=None) -> int:
         estimates = estimate(cfg, hw, args.positions, rates)
     except (ExecutionError, ValueError) as e:
         p.error(f"argument --positions: {args.model} on {args.hw} cannot run position {max(args.positions)}: {e}")
+    prefills = None
+    if args.prefill:
+        try:
+            prefills = prefill(cfg, hw, args.prefill, rates)
+        except (ExecutionError, ValueError) as e:
+            p.error(f"argument --prefill: {args.model} on {args.hw} cannot run a prompt of {max(args.prefill)} "
+                    f"tokens: {e}")
+    if args.json:
+        print(json.dumps(to_json(args.model, hw, rates, estimates, prefills), indent=1))
+        return 0
     print(f"{args.model} on {args.hw} (KV cache {hw.kv_format}) at {hw.clock_hz / 1e6:.0f} MHz; {rates}")
     units = ("weights", "kv_stream") + PASS_KINDS + ("scalar_alu", "issue")
     print(f"{'position':>8} " + " ".join(f"{u:>10}" for u in units) + f" {'hidden':>10} {'total Mcyc':>10} {'tok/s':>6} "
@@ -718,14 +732,32 @@ def main(argv=None) -> int:
               f" {100 * e.roofline_fraction:>7.1f}%")
         top = sorted(e.by_opcode.items(), key=lambda kv: -kv[1])
         print(" " * 9 + "by instruction: " + ", ".join(f"{k} {100 * v / e.total_cycles:.1f}%" for k, v in top[:6]))
-    if args.prefill:
-        try:
-            prefills = prefill(cfg, hw, args.prefill, rates)
-        except (ExecutionError, ValueError) as e:
-            p.error(f"argument --prefill: {args.model} on {args.hw} cannot run a prompt of {max(args.prefill)} "
-                    f"tokens: {e}")
+    if prefills:
         _print_prefill(prefills, hw)
     return 0
+
+
+def to_json(model: str, hw: HardwareConfig, rates: Rates, estimates: list[TokenEstimate],
+            prefills: list[PrefillEstimate] | None = None) -> dict:
+    """The figures of ``python -m firmware.perf --json``: the model, the hardware, the clock and the DDR peak
+    and efficiency used, every rate, and per position the tok/s, the cycles per unit and the bytes per token
+    (and, if given, the prefill estimates)."""
+    return {
+        "model": model, "hw": hw.name, "kv_format": hw.kv_format, "clock_hz": hw.clock_hz,
+        "ddr_peak_bytes_per_s": DDR_PEAK_BYTES_PER_S, "ddr_efficiency": rates.ddr_efficiency,
+        "port_peak_bytes_per_s": hw.peak_weight_bytes_per_second,
+        "stream_bytes_per_s": _stream_rate(hw, rates) * hw.clock_hz,
+        "rates": {f.name: getattr(rates, f.name) for f in fields(Rates)},
+        "positions": [{
+            "position": e.position, "tok_s": e.tok_s, "total_cycles": e.total_cycles, "bytes_per_token": e.bytes_total,
+            "roofline_tok_s": e.roofline_tok_s, "roofline_fraction": e.roofline_fraction, "hidden_cycles": e.hidden,
+            "cycles": dict(e.cycles), "by_opcode": dict(e.by_opcode)} for e in estimates],
+        "prefill": [{
+            "tokens": e.tokens, "seconds": e.seconds, "tok_s": e.tok_s, "cycles": e.cycles, "gemm_cycles": e.gemm,
+            "rest_cycles": e.rest, "head_cycles": e.head, "array_bound_cycles": e.array_bound,
+            "stream_bound_cycles": e.stream_bound, "decode_seconds": e.decode / e.clock_hz}
+            for e in (prefills or [])],
+    }
 
 
 def _print_prefill(estimates: list[PrefillEstimate], hw: HardwareConfig) -> None:

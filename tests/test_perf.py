@@ -385,3 +385,24 @@ def test_attn_recip_runs_beside_the_v_gemvs():
         c.attn_recips[(hd, n, g, n)] = 4
         units, by_op = cycles_of(c, hw, r)
         assert units.get("sfu", 0.0) == pytest.approx(want) and by_op.get("ATTN", 0.0) == pytest.approx(want)
+
+
+def test_cli_json(capsys):
+    import json
+
+    from firmware.perf import main
+    assert main(["--model", "tiny", "--hw", "kv260", "--positions", "3", "5", "--prefill", "2", "--json",
+                 "--clock-mhz", "250", "--ddr-efficiency", "0.8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["model"], out["hw"], out["clock_hz"], out["ddr_efficiency"]) == ("tiny", "kv260", 250_000_000, 0.8)
+    assert out["rates"]["ddr_efficiency"] == 0.8 and out["ddr_peak_bytes_per_s"] == 19.2e9
+    assert out["port_peak_bytes_per_s"] == 4 * 16 * 250e6
+    # the stream: the ports at the GEMV engine's efficiency, capped by the DDR at 80 % of its peak
+    assert out["stream_bytes_per_s"] == pytest.approx(min(0.95 * 16e9, 0.8 * 19.2e9))
+    hw = HardwareConfig.preset("kv260").replace(clock_hz=250_000_000)
+    want = estimate(ModelConfig.preset("tiny"), hw, [3, 5], Rates(ddr_efficiency=0.8))
+    assert [p["position"] for p in out["positions"]] == [3, 5]
+    for got, e in zip(out["positions"], want):
+        assert got["tok_s"] == pytest.approx(e.tok_s) and got["bytes_per_token"] == e.bytes_total > 0
+        assert got["total_cycles"] == pytest.approx(e.total_cycles) and got["cycles"]["weights"] > 0
+    assert [p["tokens"] for p in out["prefill"]] == [2] and out["prefill"][0]["tok_s"] > 0

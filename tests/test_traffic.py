@@ -41,3 +41,21 @@ def test_e4b_weight_and_kv_bytes_match_a_hand_count():
     # per-row scales; group-128 scales add 1/64 of a byte per weight.
     total = res[128].total_read() + sum(res[128].bytes_written.values())
     assert total / 1e6 == pytest.approx(2108 + 0.031 * 1971, rel=0.01)
+
+
+def test_cli_json(capsys):
+    import json
+
+    from firmware.traffic import main
+    assert main(["--model", "tiny", "--hw", "tiny", "--positions", "3", "7", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    hw = HW["tiny"]
+    assert (out["model"], out["hw"], out["clock_hz"], out["peak_bytes_per_s"]) == \
+        ("tiny", "tiny", hw.clock_hz, hw.peak_weight_bytes_per_second)
+    res = token_traffic(PRESETS["tiny"], hw, [3, 7])
+    assert [p["position"] for p in out["positions"]] == [3, 7]
+    for got, (pos, c) in zip(out["positions"], res.items()):
+        total = c.total_read() + sum(c.bytes_written.values())
+        assert got["bytes_per_token"] == total and got["bytes_read"] == dict(c.bytes_read)
+        assert got["weight_bytes"] == c.bytes_read["WEIGHTS"] and got["kv_read_bytes"] == c.bytes_read["KV"]
+        assert got["roofline_tok_s"] == pytest.approx(hw.peak_weight_bytes_per_second / total)
