@@ -84,11 +84,13 @@ class Ddr4Params:
                                     outstanding bursts cover them, the latency figures do
     ==================  ==========  =================================================================================
 
-    Address map (``map_bits``): the 64-bit bus gives byte bits [2:0], a BL8 burst bits [5:3]; columns above it
-    to bit 12 (an 8 KB row), then the bank group (bit 13), the bank (bits 15:14), the row (bits 31:16):
-    "row, bank, bank group, column". The DDRC maps HIF address bits to column, bank, bank group and row bits
-    with its ADDRMAP registers (UG1087 ADDRMAP0..11); the values the K26 boot firmware programs were not
-    found, so this map is an assumption, chosen as Vivado's "row bank column" ordering.
+    Address map (``address_map``, the fields from the top): the 64-bit bus gives byte bits [2:0], a BL8 burst
+    bits [5:3]; the default "row-bank-bg-column" puts the rest of the column above them to bit 12 (an 8 KB
+    row), then the bank group (bit 13), the bank (bits 15:14), the row (bits 31:16). The DDRC maps HIF
+    address bits to column, bank, bank group and row bits with its ADDRMAP registers (UG1087 ADDRMAP0..11);
+    the values the K26 boot firmware programs were not found, so this map is an assumption (Vivado's "row
+    bank column" ordering). "row-column-bank-bg" interleaves the banks at every 64-byte burst instead
+    (bank group bit 6, bank bits 8:7): `benchmarks.ddr --map` measures the stream under either.
 
     Port arbitration: UG1085 "Port Arbiter": read/write arbitration, priority by aging and QoS, then round robin
     among ports of the same priority. The HP ports share XPIs (HP1 and HP2 share XPI 4; HP0 shares one with the
@@ -128,6 +130,7 @@ class Ddr4Params:
     request_ck: int = 24
     response_ck: int = 24
     refresh: bool = True
+    address_map: str = "row-bank-bg-column"
 
     def __post_init__(self):
         for f in fields(self):
@@ -135,6 +138,11 @@ class Ddr4Params:
             if f.name == "refresh":
                 if not isinstance(v, bool):
                     raise TypeError(f"Ddr4Params.refresh must be a bool, not {v!r}")
+                continue
+            if f.name == "address_map":
+                if not isinstance(v, str) or sorted(v.split("-")) != ["bank", "bg", "column", "row"]:
+                    raise ValueError(f"Ddr4Params.address_map must order row, bank, bg and column (from the top, "
+                                     f"joined by '-'), not {v!r}")
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"Ddr4Params.{f.name} must be an integer >= 0, not {v!r}")
@@ -177,15 +185,16 @@ class Ddr4Params:
         return 2 * self.clock_hz * self.bus_bytes
 
     def locate(self, addr: int) -> tuple[int, int, int, int]:
-        """(bank group, bank in the group, row, column) of a byte address (the map in the class docstring)."""
-        a = addr % self.capacity
-        col = (a // self.bus_bytes) % self.columns
-        a //= self.row_bytes
-        bg = a % self.bank_groups
-        a //= self.bank_groups
-        bank = a % self.banks_per_group
-        row = a // self.banks_per_group
-        return bg, bank, row, col
+        """(bank group, bank in the group, row, column) of a byte address (``address_map``, class docstring)."""
+        sizes = {"column": self.columns // self.burst_length, "bg": self.bank_groups, "bank": self.banks_per_group,
+                 "row": self.rows}
+        a = (addr % self.capacity) // self.burst_bytes
+        v = {}
+        for name in reversed(self.address_map.split("-")):
+            v[name] = a % sizes[name]
+            a //= sizes[name]
+        col = v["column"] * self.burst_length + (addr // self.bus_bytes) % self.burst_length
+        return v["bg"], v["bank"], v["row"], col
 
 
 @dataclass(eq=False)

@@ -9,7 +9,8 @@ timing rule (`check_timing`). The figures (cycles, bytes, efficiencies, latency 
 go as one JSON object per clock to the file OUT, if given.
 
 Parameters (environment): NPU_HW, FABRIC_MHZ (comma-separated), ROWS, COLS, PASSES, MAX_OUTSTANDING (0: the
-preset's), PAUSE (pause probability on the CSR master's channels only), OUT.
+preset's), PIPELINE_CK (the model's request and response pipeline, DRAM clocks each way; default
+`Ddr4Params`'), MAP (`Ddr4Params.address_map`), OUT.
 """
 
 from __future__ import annotations
@@ -76,7 +77,9 @@ async def measure(dut):
     await ClockCycles(dut.clk, 4)
     dut.rst.value = 0
     bench = Bench(dut, hw)
-    params = Ddr4Params()
+    pipeline = bench_env("PIPELINE_CK", "")
+    extra = {"request_ck": int(pipeline), "response_ck": int(pipeline)} if pipeline else {}
+    params = Ddr4Params(address_map=bench_env("MAP", Ddr4Params.address_map), **extra)
     prefixes = [f"m_axi{p}" for p in range(hw.axi_ports)]
     for p in range(hw.axi_ports):
         for name in ("awready", "wready", "bvalid"):
@@ -121,7 +124,8 @@ async def measure(dut):
         seconds = cycles / (mhz * 1e6)
         ns = 1e3 / mhz
         r = {
-            "fabric_mhz": mhz, "rows": rows, "cols": cols, "passes": passes, "cycles": cycles, "bytes": nbytes,
+            "fabric_mhz": mhz, "rows": rows, "cols": cols, "passes": passes, "outstanding": cfg.outstanding(hw),
+            "pipeline_ck": params.request_ck, "address_map": params.address_map, "cycles": cycles, "bytes": nbytes,
             "bursts": got["BURSTS"], "gb_s": nbytes / seconds / 1e9,
             "ddr_efficiency": nbytes / seconds / params.peak_bytes_per_s,
             "port_efficiency": nbytes / (cycles * hw.axi_ports * hw.bytes_per_beat),
