@@ -88,7 +88,9 @@ def _desc_cycles(rates: Rates) -> float:
 class Rates:
     """Per-kind costs (the things RTL measurements calibrate; `fit_rates`)."""
     gemv_efficiency: float = 0.95      # fraction of ports x beat per cycle the GEMV engine sustains (benchmarks.gemv)
-    ddr_efficiency: float = 0.90       # fraction of the DDR peak the memory controller delivers
+    # fraction of the DDR peak the memory controller delivers to the weight stream: the DDR4 model gives the dense
+    # stream alone 0.942 at 300 MHz, an upper bound for a token (docs/architecture.md "DDR model")
+    ddr_efficiency: float = 0.90
     elements_per_cycle: float = 1.0    # elements per cycle of a pass (the SFU and the L2 movers take one)
     # fitted by `python -m benchmarks.npu` on the tiny NPU (docs/architecture.md, "Performance")
     issue: float = 3.7                 # cycles per instruction: fetch, decode, dispatch, retire
