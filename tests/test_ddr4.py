@@ -1,6 +1,7 @@
 """The DDR4 channel model (`tb.ddr4.model`): directed sequences whose cycle counts follow by hand from the timing
 parameters, seeded random streams checked against the timing rules (`check_timing`) and for their data, the
-parameter checks, and the DDR probe behind the model in Verilator (tb/ddr4/test_probe.py).
+parameter checks, the cocotb adapter serving reads and writes under random pauses (tb/ddr4/test_axi.py), and the
+DDR probe behind the model in Verilator (tb/ddr4/test_probe.py).
 
 The directed cases run the ports at the DRAM clock (1 fabric cycle = 1 tCK) with no request or response
 pipeline (``request_ck = response_ck = 0``), so every number is a sum of DDR4-2400 timings: CL = tRCD = tRP =
@@ -324,3 +325,16 @@ def test_benchmark_bad_arguments(argv, message, capsys):
     assert e.value.code == 2 and "Traceback" not in err
     lines = [line for line in err.splitlines() if line.startswith("python -m benchmarks.ddr: error:")]
     assert len(lines) == 1 and message in lines[0], err
+
+
+@pytest.mark.parametrize("seed, pause, mhz", [
+    (0, 0.3, 300),
+    pytest.param(1, 0.0, 250, marks=pytest.mark.slow),
+    pytest.param(2, 0.6, 200, marks=pytest.mark.slow),
+])
+def test_axi_adapter_reads_and_writes(seed, pause, mhz):
+    # tb/ddr4/test_axi.py: cocotbext-axi masters through a passthrough into the model, pauses on both sides (a
+    # small Verilator build: the first seed runs in the default suite, in about 15 s)
+    from tb.ddr4.passthrough import AxiPassthrough
+    run(AxiPassthrough(KV260), toplevel="ddr4_passthrough", build_name="ddr4_passthrough",
+        test_module="tb.ddr4.test_axi", extra_env={"SEED": str(seed), "PAUSE": str(pause), "FABRIC_MHZ": str(mhz)})
