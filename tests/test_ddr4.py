@@ -95,6 +95,20 @@ def test_row_hit():
     assert r.ready == [35, 36, 37, 38, 41, 42, 43, 44, 47, 48, 49, 50, 53, 54, 55, 56]
 
 
+def test_beats_reach_the_port_as_their_dram_bursts_are_scheduled():
+    # banks interleaved at every 64-byte burst: a 128-byte read is two DRAM bursts in the two bank groups. ACT
+    # (group 0) at 0; the second burst enters a clock later, its ACT waits tRRD_S: 7; RDs at 17 and 24. After
+    # clock 20 the first four beats are known (35..38) and the read is not done; then 24 + 17 + 1 = 42..45
+    q = Ddr4Params(request_ck=0, response_ck=0, refresh=False, address_map="row-column-bank-bg")
+    ch = channel(q)
+    r = ch.read(0, 0, 128, 0)
+    ch.advance(20)
+    assert kinds(ch) == [(0, "ACT"), (7, "ACT"), (17, "RD")]
+    assert r.ready == [35, 36, 37, 38] and r.done is None
+    ch.run()
+    assert r.ready == [35, 36, 37, 38, 42, 43, 44, 45] and r.done == 45
+
+
 def test_two_ports_on_one_bank():
     # port 0 reads row 0, port 1 row 1 of the same bank, both at cycle 0. The arbiter takes port 0 first:
     # ACT row 0 at 0, RD at 17 (done 38). The bank's row stays open while port 0's request wants it; PRE at

@@ -139,12 +139,12 @@ class Ddr4AxiMemory:
         port.r_out = None
         if port.reads and not self._paused("r", p):
             b, arid, _ = port.reads[0]
-            if b.ready and b.ready[port.beat] <= n:
+            if port.beat < len(b.ready) and b.ready[port.beat] <= n:
                 k = port.beat
                 lanes = port.lanes
                 port.rdata.value = int.from_bytes(b.read_data[k * lanes:(k + 1) * lanes], "little") \
                     if b.read_data is not None else 0
-                port.rlast.value = int(k == len(b.ready) - 1)
+                port.rlast.value = int(k == b.beats - 1)
                 port.rid.value = arid
                 port.rresp.value = 0
                 port.rvalid.value = 1
@@ -157,7 +157,7 @@ class Ddr4AxiMemory:
         if port.beat == 0:
             self.latencies[p].append(n - ar_cycle)
         port.beat += 1
-        if port.beat == len(b.ready):
+        if port.beat == b.beats:
             port.reads.popleft()
             port.beat = 0
         port.r_out = None
@@ -187,7 +187,7 @@ class Ddr4AxiMemory:
         port.b_out = None
         if port.bq and not self._paused("b", p):
             b, awid = port.bq[0]
-            if b.ready and b.ready[0] <= n:
+            if b.done is not None and b.done <= n:
                 port.bid.value = awid
                 port.bresp.value = 0
                 port.bvalid.value = 1

@@ -202,8 +202,9 @@ class Burst:
     """One AXI burst from a port: what it asked for, and when it is served (fabric cycles).
 
     ``ready``: for a read, the fabric cycle each of its ``port_bytes`` beats is available at the port, in
-    order (`Ddr4Channel` delivers a port's beats in order, one per fabric cycle); for a write, one entry: the
-    cycle its B response is due. ``done``: the last of them."""
+    order (`Ddr4Channel` delivers a port's beats in order, one per fabric cycle; the list grows as the DRAM
+    bursts behind the beats are scheduled); for a write, one entry: the cycle its B response is due. ``done``:
+    the last of them, once all are known (else None)."""
     port: int
     addr: int
     nbytes: int
@@ -214,11 +215,15 @@ class Burst:
     read_data: bytes | None = None
     pieces_left: int = 0
     _avail: list[int] = field(default_factory=list)
-    _first_beat: int = 0
+
+    @property
+    def beats(self) -> int:
+        """Entries of a complete ``ready``: the read's beats, or the write's one response."""
+        return len(self._avail) if not self.write else 1
 
     @property
     def done(self) -> int | None:
-        return self.ready[-1] if self.ready else None
+        return self.ready[-1] if len(self.ready) == self.beats else None
 
 
 @dataclass(frozen=True)
@@ -378,8 +383,7 @@ class Ddr4Channel:
         return cycle
 
     def _busy(self) -> bool:
-        return bool(self.read_cam or self.write_cam or any(self.xpi) or
-                    any(b.pieces_left for q in self.pending for b in q))
+        return bool(self.read_cam or self.write_cam or any(self.xpi) or any(self.pending))
 
     def _idle(self) -> bool:
         return not (self.read_cam or self.write_cam or self.refresh_state is not None or
@@ -555,18 +559,20 @@ class Ddr4Channel:
         return cmd
 
     def _deliver(self, cycle: int) -> None:
-        """Fill in `Burst.ready` of each port's read bursts whose data is all known, in order, one beat per
-        fabric cycle per port."""
+        """Extend `Burst.ready` of each port's read bursts in order by the beats whose data is scheduled, one
+        beat per fabric cycle per port (a beat waits for the beats before it, of its burst and the port's
+        earlier bursts)."""
         for port, q in enumerate(self.pending):
-            while q and not q[0].pieces_left:
-                b = q.pop(0)
+            while q:
+                b = q[0]
                 t = self.delivered[port]
-                ready = []
-                for a in b._avail:
-                    t = max(a, t + 1)
-                    ready.append(t)
+                while len(b.ready) < len(b._avail) and b._avail[len(b.ready)] is not None:
+                    t = max(b._avail[len(b.ready)], t + 1)
+                    b.ready.append(t)
                 self.delivered[port] = t
-                b.ready = ready
+                if len(b.ready) < len(b._avail):
+                    break
+                q.pop(0)
                 if b.read_data is not None:
                     b.read_data = bytes(b.read_data)
 
