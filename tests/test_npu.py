@@ -122,15 +122,15 @@ def test_cli_two_tokens(capsys):
     assert main(["--hf-npz", str(FIXTURE), "--tokens", "2", "--seed", "2"]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if re.match(r"\s*\d+\s+\d+\s+(yes|NO)", line)]
-    assert [r[:4] for r in rows] == [["0", "2", "yes", "same"], ["1", "24", "yes", "same"]], out
+    assert [r[:5] for r in rows] == [["0", "2", "yes", "same", "planned"], ["1", "24", "yes", "same", "planned"]], out
     # max |logit - golden| as printed: the ISS's hardware arithmetic against the float64 model, computed here
     case = load_npz(FIXTURE)
     iss = Runtime.from_hf(case.config, case.tensors, backend="iss", arithmetic="hardware", hw=HW)
     golden = Model.from_hf(case.config, case.tensors, dtype=np.float64)
     for r, token in zip(rows, case.input_ids[:2]):
         diff = np.max(np.abs(iss.step(token).astype(np.float64) - golden.step(token)))
-        assert r[4] == f"{diff:.3e}", (r, diff)
-        assert int(r[5]) > 0 and int(r[6]) == len(iss.program.words)      # CYCLES, INSNS (HALT retires)
+        assert r[5] == f"{diff:.3e}", (r, diff)
+        assert int(r[6]) > 0 and int(r[7]) == len(iss.program.words)      # CYCLES, INSNS (HALT retires)
     assert "all steps bit-identical" in out
 
 

@@ -7,9 +7,10 @@ ids (``input_ids``), as ``tests/fixtures/hf_gemma3n_tiny.py`` writes them. The c
 preset with Verilator (once; ``build/sim/npu_<hw>``), runs the first N ids through
 ``firmware.runtime.Runtime`` on the RTL (backend "rtl", random AXI pauses seeded by S) and on the ISS in
 hardware arithmetic, and prints per step: whether the logits are bit-identical, whether every byte of DDR
-equals the ISS's view of it, the largest |logit difference| to the float64 golden model
+equals the ISS's view of it, whether the controller started the steps `sim.plan` lists for every instruction
+(the pass monitor, `tb.npu.monitor`), the largest |logit difference| to the float64 golden model
 ``sim.gemma3n.Model``, and the NPU's cycle count (CSR CYCLES) and unit counters. Exit status 1 if any
-step is not bit-identical (logits or DDR), 2 if the simulation failed.
+step is not bit-identical (logits or DDR) or not as planned, 2 if the simulation failed.
 
 ``--memory-map kv260`` places every region where the host places it on a K26 (`hdl.memory_map`): the
 bench's DDR is the map's windows at their physical addresses (the high bank's above 4 GB), each clipped to
@@ -55,18 +56,22 @@ def simulate(npz: Path, tokens: int, hw_name: str, seed: int, memory_map: str = 
 
 
 def format_table(result: dict) -> str:
-    head = ["step", "token", "bit-identical", "DDR", "max|Δ| golden"] + [c.lower() for c in COUNTER_COLUMNS]
+    head = ["step", "token", "bit-identical", "DDR", "steps", "max|Δ| golden"] + [c.lower() for c in COUNTER_COLUMNS]
     rows = [head]
     for s in result["steps"]:
         c = s["counters"]
         rows.append([str(s["step"]), str(s["token"]), "yes" if s["identical"] else f"NO ({s['mismatches']})",
-                     "same" if s["ddr_identical"] else "DIFFERS", f"{s['max_abs_diff_golden']:.3e}"]
+                     "same" if s["ddr_identical"] else "DIFFERS",
+                     "planned" if not s.get("plan_problems") else f"DIFFER:{len(s['plan_problems'])}",
+                     f"{s['max_abs_diff_golden']:.3e}"]
                     + [str(c.get(k, "-")) for k in COUNTER_COLUMNS])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
     for s in result["steps"]:
         for p in s["ddr_problems"]:
             lines.append(f"step {s['step']}: DDR differs at {p}")
+        for p in s.get("plan_problems", [])[:8]:
+            lines.append(f"step {s['step']}: the controller's steps differ from sim.plan: {p}")
     if result["faults"]:
         lines.append(f"accesses outside the DDR window: {result['faults']}")
     return "\n".join(lines)
@@ -118,7 +123,10 @@ def main(argv=None) -> int:
           + ", ".join(f"{n} [{b:#x}, {b + s:#x})" for n, b, s in result["windows"]))
     print(format_table(result))
     ok = all(s["identical"] and s["ddr_identical"] for s in result["steps"]) and not result["faults"]
-    print("all steps bit-identical" if ok else "NOT bit-identical")
+    planned = not any(s.get("plan_problems") for s in result["steps"])
+    print(("all steps bit-identical" if ok else "NOT bit-identical")
+          + (", every instruction's steps as sim.plan lists them" if planned else ", steps NOT as sim.plan lists them"))
+    ok = ok and planned
     return 0 if ok else 1
 
 
