@@ -49,7 +49,7 @@ class AttentionSequencer(Sequencer):
     def elaborate(self, platform):
         m = Module()
         hw = self.hw
-        self._st = st = Steps(m, self.o_pass, self.i_done, end_to(m, self.o_end))
+        self._st = st = Steps(m, self.o_pass, self.i_done, end_to(m, self.o_end), by_site=True)
         ctx = self.i_ctx
         op = ctx.word[60:64]
         self._kv_ = data.View(layout(Opcode.KVST), ctx.word)
@@ -74,6 +74,7 @@ class AttentionSequencer(Sequencer):
             else:
                 self._kvst_fp16(m, st)
                 self._attn_fp16(m, st)
+        st.finish()
         return m
 
     def _divide(self, m, num, den, nxt):
@@ -249,12 +250,18 @@ class AttentionSequencer(Sequencer):
         self.blocks = (d.head_dim + hw.act_block - 1) >> ceil_log2(hw.act_block)
         self.slot_base = (self._kv_base())[:A]
         self.kb, self.ksb, self.vsb = Signal(A), Signal(A), Signal(A)   # a head's planes, K scales, V scales
+        # the slot's K scale and V scale regions (three cycles after the descriptor; both instructions read them
+        # no earlier)
+        self.ks_region, self.vs_region = Signal(A), Signal(A)
         m.d.sync += [self.plane.eq((d.rows * d.head_dim) >> 1), self.kscales.eq((d.rows * self.blocks) << 1),
-                     self.planes.eq(d.heads * self.plane), self.all_kscales.eq(d.heads * self.kscales)]
+                     self.planes.eq(d.heads * self.plane), self.all_kscales.eq(d.heads * self.kscales),
+                     self.ks_region.eq(self.slot_base + (self.planes << 2)),
+                     self.vs_region.eq(self.slot_base + (self.planes << 2) + (self.all_kscales << 1))]
         # ATTN: the head's output rows; a head's sum, then recip(sum): the RECIP pass runs beside the first
         # chunk's V GEMVs (`recip_pending`)
+        self.head_off = Signal(geometry(hw)[0])          # h · head_dim, stepped head by head
         self.dst = Signal(geometry(hw)[0])
-        m.d.comb += self.dst.eq(elem(self._at.dst) + self.h * self.hd)
+        m.d.comb += self.dst.eq(elem(self._at.dst) + self.head_off)
         self.rz, self.recip_pending = Signal(32), Signal()
         with m.If(self.recip_pending & self.i_done.valid):
             m.d.sync += [self.rz.eq(self.i_done.payload.result), self.recip_pending.eq(0)]
@@ -271,7 +278,6 @@ class AttentionSequencer(Sequencer):
         A = hw.axi_addr_bits
         vsb, plane, ks = self.vsb, self.plane, self.kscales
         row_off, srow, ring = Signal(32), Signal(32), Signal(32)   # the ring slot's row in a plane / K scales
-        planes, kss = Signal(32), Signal(32)
         j = Signal(8)                                     # head
         hb = Signal(16)                                   # element offset of head j in k and v
         self._kvst_checks(m, st, 1, bad_hd | (d.heads == 0))
@@ -280,8 +286,7 @@ class AttentionSequencer(Sequencer):
                 m.d.sync += [row_off.eq((self.div.r * d.head_dim) >> 1), srow.eq((self.div.r * self.blocks) << 1),
                              ring.eq(self.div.r)]
                 m.next = "KV_2"
-        with m.State("KV_2"):
-            m.d.sync += [planes.eq(self.planes), kss.eq(self.all_kscales)]
+        with m.State("KV_2"):                        # the slot's regions are ready from KV_3 on
             m.next = "KV_3"
         # the rows KVST writes, head after head, each address stepped from the last one: `plane_row` through
         # K_hi, K_lo, V_hi, V_lo of head 0, then of head 1 ... (a plane apart), `scale_row` through the K scales
@@ -289,8 +294,8 @@ class AttentionSequencer(Sequencer):
         plane_row, scale_row = Signal(A), Signal(A)
         with m.State("KV_3"):
             sb = self.slot_base
-            m.d.sync += [plane_row.eq(sb + row_off), scale_row.eq(sb + (planes << 2) + srow),
-                         vsb.eq(sb + (planes << 2) + (kss << 1) + (ring << 1)), j.eq(0), hb.eq(0)]
+            m.d.sync += [plane_row.eq(sb + row_off), scale_row.eq(self.ks_region + srow),
+                         vsb.eq(self.vs_region + (ring << 1)), j.eq(0), hb.eq(0)]
             m.next = "KV_K"
 
         def quantise(state, **kw):
@@ -354,18 +359,28 @@ class AttentionSequencer(Sequencer):
         heads, hd, n, h = self.heads, self.hd, self.n, self.h
         kb, ksb, vsb, plane, ks = self.kb, self.ksb, self.vsb, self.plane, self.kscales
         aq, ad = elem(at.q), elem(at.dst)
-        head_plane, planes, head_ks, kss, head_rows = (Signal(32, name=nm) for nm in
-                                                       ("head_plane", "planes_", "head_ks", "kss_", "head_rows"))
+        head_plane, head_ks, head_rows = Signal(32), Signal(32), Signal(32)
         chunk, chunk_n = Signal(nb), Signal(nb)       # the chunk's first position and its positions
-        vtab = (ctx.base[DdrRegion.WEIGHTS.value] + d.scale_offset)[:A]
+        vrow = Signal(A)                              # the chunk's first V_hi column (V_lo: a plane on)
+        vtab = Signal(A)                              # the V planes' scale table (lo: 2·head_dim bytes on)
         dst, rz, recip_pending = self.dst, self.rz, self.recip_pending
+        # Every engine command's addresses are one base plus, for the lo plane, one offset: K from the head's
+        # planes and K scales, V from the chunk's columns and the scale table.
+        on_v, on_lo = Signal(), Signal()
+        wbase = (Mux(on_v, vrow, kb) + Mux(on_lo, plane, 0))[:A]
+        sbase = (Mux(on_v, vtab, ksb) + Mux(on_lo, Mux(on_v, hd << 1, ks), 0))[:A]
 
-        def engine(nxt, wbase, sbase, rows, cols, log2g, accm, sparse, lo, n_rows):
-            job = self.o_gemv.payload
-            m.d.comb += [self.o_gemv.valid.eq(1), job.cmd.wbase.eq(wbase), job.cmd.sbase.eq(sbase),
-                         job.cmd.rows.eq(rows), job.cmd.cols.eq(cols), job.cmd.log2_group.eq(log2g),
-                         job.cmd.accm.eq(accm), job.cmd.sparse.eq(sparse), job.lo.eq(lo), job.n.eq(n_rows),
-                         job.pc.eq(ctx.pc)]
+        # K: n rows of head_dim columns into the scratch; V: head_dim rows of the chunk's columns into dst
+        job = Signal.like(self.o_gemv.payload)
+        m.d.comb += [job.cmd.wbase.eq(wbase), job.cmd.sbase.eq(sbase),
+                     job.cmd.rows.eq(Mux(on_v, hd, n)), job.cmd.cols.eq(Mux(on_v, chunk_n, hd)),
+                     job.cmd.log2_group.eq(Mux(on_v, V_PLANE_LOG2_GROUP, LB)), job.cmd.sparse.eq(on_v),
+                     job.cmd.accm.eq(~on_lo | (on_v & (chunk != 0))), job.lo.eq(Mux(on_v, dst, SB)),
+                     job.n.eq(Mux(on_v, hd, n)), job.pc.eq(ctx.pc),
+                     self.o_gemv.payload.eq(Mux(self.o_gemv.valid, job, 0))]
+
+        def engine(nxt, v, lo):
+            m.d.comb += [self.o_gemv.valid.eq(1), on_v.eq(v), on_lo.eq(lo)]
             m.next = nxt
 
         def after_engine(state, then):
@@ -384,28 +399,26 @@ class AttentionSequencer(Sequencer):
                 (~in_l2(hw, aq, heads * hd) | ~in_l2(hw, ad, heads * hd), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
             ], st.go("AT_2"))
         with m.State("AT_2"):
-            m.d.sync += [head_plane.eq(at.kv_head * plane), planes.eq(self.planes), head_ks.eq(at.kv_head * ks)]
+            m.d.sync += [head_plane.eq(at.kv_head * plane), head_ks.eq(at.kv_head * ks),
+                         head_rows.eq(at.kv_head * d.rows), vtab.eq(ctx.base[DdrRegion.WEIGHTS.value] + d.scale_offset)]
             m.next = "AT_3"
         with m.State("AT_3"):
-            sb = self.slot_base
-            m.d.sync += [kb.eq(sb + (head_plane << 2)), ksb.eq(sb + (planes << 2) + (head_ks << 1)),
-                         kss.eq(self.all_kscales), head_rows.eq((at.kv_head * d.rows) << 1)]
-            m.next = "AT_4"
-        with m.State("AT_4"):
-            m.d.sync += [vsb.eq(self.slot_base + (planes << 2) + (kss << 1) + head_rows), h.eq(0)]
+            m.d.sync += [kb.eq(self.slot_base + (head_plane << 2)), ksb.eq(self.ks_region + (head_ks << 1)),
+                         vsb.eq(self.vs_region + (head_rows << 1)), h.eq(0), self.head_off.eq(0)]
             m.next = "AT_H"
         with m.State("AT_H"):
             with m.If(h == heads):
                 st.retire()
             with m.Else():
-                st.launch("AT_Q", bypass=1, n=hd, a=Src.L2, a_addr=aq + h * hd, sink=Sink.QUANT, qdst=QDst.GEMV)
+                st.launch("AT_Q", bypass=1, n=hd, a=Src.L2, a_addr=aq + self.head_off, sink=Sink.QUANT,
+                          qdst=QDst.GEMV)
         with m.State("AT_Q"):
             with m.If(st.done()):
                 with m.If(self.i_done.payload.nonfinite):
                     st.fail(ErrorCode.NON_FINITE)
                 with m.Else():
-                    engine("AT_K1", (kb + plane)[:A], (ksb + ks)[:A], n, hd, LB, 0, 0, SB, n)
-        after_engine("AT_K1", lambda: engine("AT_K2", kb, ksb, n, hd, LB, 1, 0, SB, n))
+                    engine("AT_K1", 0, 1)
+        after_engine("AT_K1", lambda: engine("AT_K2", 0, 0))
         after_engine("AT_K2", lambda: st.launch("AT_S1", op=SfuOp.MAX, n=n, a=Src.L2, a_addr=SB, sink=Sink.REG))
         st.wait_pass("AT_S1", lambda: st.launch("AT_S2", op=SfuOp.EXP, n=n, a=Src.L2, a_addr=SB, emax=st.result,
                                                 sub_emax=1, sink=Sink.L2, dst=SB))
@@ -418,7 +431,7 @@ class AttentionSequencer(Sequencer):
         st.wait_pass("AT_S3", scale_by_v)
 
         def chunks():
-            m.d.sync += chunk.eq(0)
+            m.d.sync += [chunk.eq(0), vrow.eq(kb + (plane << 1))]
             m.next = "AT_V"
         st.wait_pass("AT_S5", chunks)
         with m.State("AT_V"):
@@ -431,26 +444,24 @@ class AttentionSequencer(Sequencer):
                 m.d.sync += chunk_n.eq(Mux(left > MAXC, MAXC, left))
                 st.launch("AT_VQ", bypass=1, n=Mux(left > MAXC, MAXC, left), a=Src.L2, a_addr=SB + chunk,
                           sink=Sink.QUANT, qdst=QDst.GEMV)
-        voff = (chunk * hd) >> 1
         with m.State("AT_VQ"):
             with m.If(st.done()):
                 with m.If(self.i_done.payload.nonfinite):
                     st.fail(ErrorCode.NON_FINITE)
                 with m.Else():
-                    engine("AT_V1", (kb + (plane << 1) + plane + voff)[:A], (vtab + (hd << 1))[:A], hd, chunk_n,
-                           V_PLANE_LOG2_GROUP, chunk != 0, 1, dst, hd)
+                    engine("AT_V1", 1, 1)
                     with m.If(chunk == 0):
                         st.launch("AT_V1", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=rz, sink=Sink.REG)
                         m.d.sync += recip_pending.eq(1)
-        after_engine("AT_V1", lambda: engine("AT_V2", (kb + (plane << 1) + voff)[:A], vtab, hd, chunk_n,
-                                             V_PLANE_LOG2_GROUP, 1, 1, dst, hd))
+        after_engine("AT_V1", lambda: engine("AT_V2", 1, 0))
 
         def next_chunk():
-            m.d.sync += chunk.eq(chunk + chunk_n)
+            # every chunk but the last is MAXC positions of head_dim/2 bytes per plane column
+            m.d.sync += [chunk.eq(chunk + chunk_n), vrow.eq(vrow + (hd << (ceil_log2(MAXC) - 1)))]
             m.next = "AT_V"
         after_engine("AT_V2", next_chunk)
 
         def next_head():
-            m.d.sync += h.eq(h + 1)
+            m.d.sync += [h.eq(h + 1), self.head_off.eq(self.head_off + hd)]
             m.next = "AT_H"
         st.wait_pass("AT_O", next_head)

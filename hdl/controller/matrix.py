@@ -44,7 +44,7 @@ class MatrixSequencer(Sequencer):
 
     def elaborate(self, platform):
         m = Module()
-        st = Steps(m, self.o_pass, self.i_done, end_to(m, self.o_end))
+        st = Steps(m, self.o_pass, self.i_done, end_to(m, self.o_end), by_site=True)
         op = self.i_ctx.word[60:64]
         with m.FSM(name="matrix"):
             with m.State("IDLE"):
@@ -60,6 +60,7 @@ class MatrixSequencer(Sequencer):
             self._wgemv(m, st)
             self._wgemm(m, st)
             self._gather(m, st)
+        st.finish()
         return m
 
     def _weights(self, offset):
@@ -72,15 +73,18 @@ class MatrixSequencer(Sequencer):
         wg = data.View(layout(Opcode.WGEMV), ctx.word)
         ws, wd = elem(wg.src), elem(wg.dst)
 
+        # the engine command: one value, gated by its valid (its payload is 0 while not valid: `merge`)
+        job = Signal.like(self.o_gemv.payload)
+        m.d.comb += [job.cmd.wbase.eq(self._weights(d.weight_offset)), job.cmd.sbase.eq(self._weights(d.scale_offset)),
+                     job.cmd.rows.eq(d.rows), job.cmd.cols.eq(d.cols), job.cmd.log2_group.eq(d.log2_group),
+                     job.cmd.accm.eq(wg.accm), job.cmd.sparse.eq(wg.sparse),
+                     job.lo.eq(wd), job.n.eq(d.rows), job.pc.eq(ctx.pc),
+                     self.o_gemv.payload.eq(Mux(self.o_gemv.valid, job, 0))]
+
         def run():
             """The engine has its activations (a quantiser pass, or `reuse`): hand it the matrix; an async WGEMV
             retires now, the others when the engine is done."""
-            job = self.o_gemv.payload
-            m.d.comb += [self.o_gemv.valid.eq(1),
-                         job.cmd.wbase.eq(self._weights(d.weight_offset)), job.cmd.sbase.eq(self._weights(d.scale_offset)),
-                         job.cmd.rows.eq(d.rows), job.cmd.cols.eq(d.cols), job.cmd.log2_group.eq(d.log2_group),
-                         job.cmd.accm.eq(wg.accm), job.cmd.sparse.eq(wg.sparse),
-                         job.lo.eq(wd), job.n.eq(d.rows), job.pc.eq(ctx.pc)]
+            m.d.comb += self.o_gemv.valid.eq(1)
             with m.If(wg.async_ & ~wg.findemax):
                 st.retire()
             with m.Else():

@@ -9,7 +9,7 @@ pc of the failed async WGEMV, `EngineTracker.o_pc`).
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Value
+from amaranth import Cat, Const, Signal, Value
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -77,18 +77,48 @@ class Steps:
 
     `launch` sends a pass and moves to the state that waits for it (the engine takes it at once: a sequencer
     launches only while the engine is idle or completing); `wait_pass` is such a state; `retire` and `fail` end
-    the instruction through `end` (a callable taking the code and ``at_engine``) and go to `idle` (`error`)."""
+    the instruction through `end` (a callable taking the code and ``at_engine``) and go to `idle` (`error`).
 
-    def __init__(self, m, o_pass, i_done, end, idle="IDLE", error=None):
+    How the pass command's fields are driven, a choice of netlist only (the same command either way):
+    ``by_site=False`` assigns them where `launch` is called, so each field is a select per condition around
+    each launch; ``by_site=True`` numbers the launches and, in `finish` (called once after the FSM), drives
+    each field by one flat choice over the launches that set it. Launches nested deep in checks (ATTN, WGEMV)
+    map to far fewer LUTs by site; a few launches in shallow states (VEC, CVO, DMA) to fewer in place
+    (``docs/architecture.md``, "Utilisation")."""
+
+    def __init__(self, m, o_pass, i_done, end, idle="IDLE", error=None, by_site=False):
         self.m, self.o_pass, self.i_done, self._end = m, o_pass, i_done, end
-        self.idle, self.error = idle, error or idle
+        self.idle, self.error, self.by_site = idle, error or idle, by_site
+        self._sites = [None]                 # by site: the fields of each launch; site 0 is none (payload 0)
+        self._site = Signal(16, name="pass_site")
+        self._finished = False
 
     def launch(self, nxt, **fields):
-        m, p = self.m, self.o_pass.payload
-        for key, val in {**PASS_DEFAULTS, **fields}.items():
-            m.d.comb += Value.cast(getattr(p, key)).eq(Value.cast(val) if isinstance(val, enum.Enum) else val)
+        """Send the pass of `fields` (`PASS_DEFAULTS` for the others) and go to state `nxt`."""
+        m, fields = self.m, {**PASS_DEFAULTS, **fields}
+        if self.by_site:
+            assert not self._finished, "a launch after Steps.finish"
+            self._sites.append(fields)
+            m.d.comb += self._site.eq(len(self._sites) - 1)
+        else:
+            for key, val in fields.items():
+                m.d.comb += Value.cast(getattr(self.o_pass.payload, key)).eq(_value(val))
         m.d.comb += self.o_pass.valid.eq(1)
         m.next = nxt
+
+    def finish(self):
+        """By site: drive the pass command's fields from the launch that runs (all 0 while none does)."""
+        m, p = self.m, self.o_pass.payload
+        assert self.by_site and not self._finished
+        self._finished = True
+        for key, _ in p.shape():
+            cases = [(k, f[key]) for k, f in enumerate(self._sites)
+                     if k and key in f and not (isinstance(f[key], int) and f[key] == 0)]
+            if cases:
+                with m.Switch(self._site):
+                    for k, val in cases:
+                        with m.Case(k):
+                            m.d.comb += Value.cast(getattr(p, key)).eq(_value(val))
 
     def done(self):
         return self.i_done.valid
@@ -129,6 +159,10 @@ class Steps:
                 act()
         with m.Else():
             otherwise()
+
+
+def _value(val):
+    return Value.cast(val) if isinstance(val, enum.Enum) else val
 
 
 def end_to(m, o_end):
