@@ -44,6 +44,9 @@ Dataflow (docs/gemv.md has the full design and the measurements)::
 
 from __future__ import annotations
 
+import functools
+import operator
+
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
@@ -847,24 +850,66 @@ class SparsePort(wiring.Component):
         sq_q = Signal(data.ArrayLayout(signed(cfg.act_bits), W))
         sq_any = Signal()
         sq_saddr = Signal(ab)                        # this group's scales of this port
-        lseg = d.lseg
-        seg_lo = Signal(range(2 * self._max_cols + 1))
-        seg_hi = Signal(range(2 * self._max_cols + 1))
-        m.d.comb += [seg_lo.eq(sq_s << lseg), seg_hi.eq(Mux(((sq_s + 1) << lseg) > d.cmd.cols, d.cmd.cols,
-                                                             (sq_s + 1) << lseg))]
-        low = Signal(range(W))                       # lowest non-zero lane of the mask
-        for i in reversed(range(W)):
-            with m.If(sq_mask[i]):
-                m.d.comb += low.eq(i)
-        k = Signal(range(self._max_cols + 1))
-        m.d.comb += k.eq(Cat(low, sq_j))
+        # The segment's columns [seg_lo, seg_hi): stepped segment by segment (seg_end unclamped); its first
+        # and last word and the lanes of the word being scanned that lie in it ([in_lo, in_hi], registered at
+        # the word's Load).
+        cw = ceil_log2(2 * self._max_cols + 1)
+        seg_lo, seg_end, seg_size = Signal(cw), Signal(cw), Signal(cw)
+        seg_hi = Signal(cw)
+        m.d.comb += seg_hi.eq(Mux(seg_end > d.cmd.cols, d.cmd.cols, seg_end))
+        sq_jfirst, sq_hlast = Signal.like(sq_j), Signal(range(W))
+        in_lo, in_hi = Signal(range(W)), Signal(range(W))
+        # A column's transfer starts at its activation word's address (`word_addr`: stepped with the word, a
+        # word's W columns apart) plus the lane's offset, lane * rows / 2, from a table the port writes at
+        # the command's start, one lane a cycle (W cycles, while the first scales are on their way).
+        off_bits = 20 + lW
+        word_addr = Signal(ab)
+        m.submodules.lane_off = lane_mem = Memory(shape=unsigned(off_bits), depth=W, init=[])
+        lane_w, lane_r = lane_mem.write_port(), lane_mem.read_port(domain="comb")
+        fill = Signal(range(W + 1), init=W)         # lanes of the table written
+        fill_off = Signal(off_bits)
+        with m.If(started):
+            m.d.sync += [fill.eq(0), fill_off.eq(0)]
+        with m.Elif(fill != W):
+            m.d.comb += [lane_w.en.eq(1), lane_w.addr.eq(fill), lane_w.data.eq(fill_off)]
+            m.d.sync += [fill.eq(fill + 1), fill_off.eq(fill_off + half_rows)]
+        # The mask's lowest non-zero lane (one-hot, then its index) and the mask without it.
+        lowest = Signal(W)
+        m.d.comb += lowest.eq(sq_mask & (~sq_mask + 1))
+        low = Signal(range(W))
+        for b in range(lW):
+            m.d.comb += low[b].eq(Cat(*[lowest[i] for i in range(W) if (i >> b) & 1]).any())
+        low_a = Signal(signed(cfg.act_bits))         # its activation
+        m.d.comb += low_a.eq(functools.reduce(operator.or_, [Mux(lowest[i], sq_q[i], 0) for i in range(W)]))
+        # Two registered stages from the mask to the DMA: the lane picked (`pk_*`), then its transfer
+        # (`tx_*`, the DMA's command and the front end's item, written together), so that the priority
+        # encoder, the lane table and the address adder take a cycle each and the DMA sees a register.
+        pk_valid, pk_low, pk_first = Signal(), Signal(range(W)), Signal()
+        pk_a, pk_word = Signal(signed(cfg.act_bits)), Signal(ab)
+        tx_valid, tx_first, tx_a, tx_addr = Signal(), Signal(), Signal(signed(cfg.act_bits)), Signal(ab)
         cmd = self.dma_cmd
         item_in = Signal(item_layout)
         m.d.comb += items.w_data.eq(item_in)
+        tx_fire = tx_valid & cmd.ready & items.w_rdy
+        pk_move = pk_valid & (~tx_valid | tx_fire) & (fill == W)
+        pk_free = ~pk_valid | pk_move
+        m.d.comb += lane_r.addr.eq(pk_low)
+        with m.If(pk_move):
+            m.d.sync += [tx_valid.eq(1), tx_first.eq(pk_first), tx_a.eq(pk_a),
+                         tx_addr.eq(pk_word + lane_r.data), pk_valid.eq(0)]
+        with m.Elif(tx_fire):
+            m.d.sync += tx_valid.eq(0)
+        with m.If(tx_valid):
+            m.d.comb += [cmd.valid.eq(items.w_rdy), cmd.p.addr.eq(tx_addr), cmd.p.nbytes.eq(rows_p >> 1),
+                         items.w_en.eq(cmd.ready), item_in.kind.eq(COL), item_in.first.eq(tx_first),
+                         item_in.a.eq(tx_a)]
+        drained = ~pk_valid & ~tx_valid
         with m.FSM(name="seq") as seq_fsm:
             with m.State("Idle"):
                 with m.If(started & (rows_p != 0)):
-                    m.d.sync += [sq_s.eq(0), sq_any.eq(0), sq_saddr.eq(d.cmd.sbase + p * d.prow * 2)]
+                    m.d.sync += [sq_s.eq(0), sq_any.eq(0), sq_saddr.eq(d.cmd.sbase + p * d.prow * 2), sq_j.eq(0),
+                                 word_addr.eq(d.cmd.wbase + p * (d.prow >> 1)),
+                                 seg_lo.eq(0), seg_end.eq(Const(1, cw) << d.lseg), seg_size.eq(Const(1, cw) << d.lseg)]
                     m.next = "Scale"
             with m.State("Scale"):
                 # The group's scales, at its first segment.
@@ -876,39 +921,43 @@ class SparsePort(wiring.Component):
                         m.next = "Load"
                 with m.Else():
                     m.next = "Load"
-                m.d.sync += [sq_j.eq(seg_lo >> lW), sq_jlast.eq((seg_hi - 1) >> lW)]
+                # the segment's first word is the last one's, or the next (the segments are contiguous)
+                first_j, last_col = seg_lo >> lW, seg_hi - 1
+                m.d.sync += [sq_j.eq(first_j), sq_jfirst.eq(first_j), sq_jlast.eq(last_col >> lW),
+                             sq_hlast.eq(last_col[:lW])]
+                with m.If(first_j != sq_j):
+                    m.d.sync += word_addr.eq(word_addr + (half_rows << lW))
             with m.State("Load"):
                 m.d.comb += self.o_act_addr.eq(sq_j)
+                m.d.sync += [in_lo.eq(Mux(sq_j == sq_jfirst, seg_lo[:lW], 0)),
+                             in_hi.eq(Mux(sq_j == sq_jlast, sq_hlast, W - 1))]
                 m.next = "Mask"
             with m.State("Mask"):
                 mask = []
                 for i in range(W):
-                    col = Cat(Const(i, lW), sq_j)
-                    mask.append((self.i_act_data[i] != 0) & (col >= seg_lo) & (col < seg_hi))
+                    mask.append((self.i_act_data[i] != 0) & (in_lo <= i) & (in_hi >= i))
                 m.d.sync += [sq_mask.eq(Cat(*mask)), sq_q.eq(self.i_act_data)]
                 m.next = "Emit"
             with m.State("Emit"):
                 with m.If(sq_mask != 0):
-                    m.d.comb += [cmd.valid.eq(items.w_rdy),
-                                 cmd.p.addr.eq(d.cmd.wbase + k * half_rows + p * (d.prow >> 1)),
-                                 cmd.p.nbytes.eq(rows_p >> 1),
-                                 items.w_en.eq(cmd.ready), item_in.kind.eq(COL), item_in.first.eq(~sq_any),
-                                 item_in.a.eq(sq_q[low])]
-                    with m.If(cmd.ready & items.w_rdy):
-                        m.d.sync += [sq_mask.eq(sq_mask & ~(Const(1, W) << low)), sq_any.eq(1)]
+                    with m.If(pk_free):
+                        m.d.sync += [pk_valid.eq(1), pk_low.eq(low), pk_a.eq(low_a), pk_first.eq(~sq_any),
+                                     pk_word.eq(word_addr), sq_mask.eq(sq_mask & ~lowest), sq_any.eq(1)]
                 with m.Elif(sq_j == sq_jlast):
                     m.next = "End"
                 with m.Else():
-                    m.d.sync += sq_j.eq(sq_j + 1)
+                    m.d.sync += [sq_j.eq(sq_j + 1), word_addr.eq(word_addr + (half_rows << lW))]
                     m.next = "Load"
             with m.State("End"):
-                m.d.comb += [items.w_en.eq(1), item_in.kind.eq(END), item_in.first.eq(~sq_any)]
-                with m.If(items.w_rdy):
-                    m.d.sync += [sq_s.eq(sq_s + 1), sq_any.eq(0)]
-                    with m.If(sq_s == nseg_m1):
-                        m.next = "Idle"
-                    with m.Else():
-                        m.next = "Scale"
+                with m.If(drained):                  # the segment's transfers are announced first
+                    m.d.comb += [items.w_en.eq(1), item_in.kind.eq(END), item_in.first.eq(~sq_any)]
+                    with m.If(items.w_rdy):
+                        m.d.sync += [sq_s.eq(sq_s + 1), sq_any.eq(0), seg_lo.eq(seg_end),
+                                     seg_end.eq(seg_end + seg_size)]
+                        with m.If(sq_s == nseg_m1):
+                            m.next = "Idle"
+                        with m.Else():
+                            m.next = "Scale"
 
         # --- front end -------------------------------------------------------------------------------------
         # Segments whose sums are written (fe_s) / walked by the back end (be_sdone); scale groups loaded
