@@ -564,8 +564,15 @@ class GemvPort(wiring.Component):
         fe_sel = Signal(range(W))
         fe_trows = Signal(range(T + 1))
         m.d.comb += fe_trows.eq(Mux(fe_left < T, fe_left, T))
-        nsb = Signal(range(T * S + 2))               # scale beats of this tile
-        m.d.comb += nsb.eq((fe_trows * g2 + B - 1) >> ceil_log2(B))
+        # Scale beats of this tile: ceil(rows of the tile x g2 / B), through three registers (the rows, the
+        # product, the quotient) so that the multiplier is a DSP stage of its own; the tile waits for its bank
+        # until they have settled (`fe_settle` cycles after fe_left changes).
+        trows_m, prod = Signal.like(fe_trows), Signal(len(fe_trows) + len(g2))
+        nsb = Signal(range(T * S + 2))
+        m.d.sync += [trows_m.eq(fe_trows), prod.eq(trows_m * g2), nsb.eq((prod + B - 1) >> ceil_log2(B))]
+        fe_settle = Signal(2)
+        with m.If(fe_settle != 0):
+            m.d.sync += fe_settle.eq(fe_settle - 1)
         beat = self.dma_data
         row_phase = fe_active & ~fe_wait & ~fe_scale
         last_sel = fe_sel == d.subs - 1
@@ -575,8 +582,10 @@ class GemvPort(wiring.Component):
         with m.If(self.i_start):
             left = rows.as_signed() - p * T
             m.d.sync += [fe_left.eq(left), fe_active.eq(left > 0), fe_bank.eq(0), fe_wait.eq(1),
-                         fe_scale.eq(1), fe_sw.eq(0), fe_c.eq(0), fe_k.eq(0), fe_t.eq(0), fe_sel.eq(0)]
-        with m.If(fe_active & fe_wait & (Mux(fe_bank, bank_state[1], bank_state[0]) == self.FREE)):
+                         fe_scale.eq(1), fe_sw.eq(0), fe_c.eq(0), fe_k.eq(0), fe_t.eq(0), fe_sel.eq(0),
+                         fe_settle.eq(3)]
+        with m.If(fe_active & fe_wait & (fe_settle == 0) &
+                  (Mux(fe_bank, bank_state[1], bank_state[0]) == self.FREE)):
             m.d.sync += fe_wait.eq(0)
             for b in range(2):
                 with m.If(fe_bank == b):
@@ -608,7 +617,7 @@ class GemvPort(wiring.Component):
                         with m.If(fe_c == nch - 1):
                             m.d.comb += tile_end.eq(1)
                             m.d.sync += [fe_c.eq(0), fe_bank.eq(~fe_bank), fe_wait.eq(1), fe_scale.eq(1),
-                                         fe_left.eq(fe_left - N * T)]
+                                         fe_left.eq(fe_left - N * T), fe_settle.eq(3)]
                             with m.If(fe_left <= N * T):
                                 m.d.sync += fe_active.eq(0)
         # Segment bookkeeping of this beat/pass.
