@@ -174,8 +174,9 @@ class AxiReadDma(DmaComponent):
 
     Notes
     -----
-    Throughput: one burst address per cycle and one data beat per cycle; a command whose start is not
-    beat-aligned costs one extra cycle (its first beat only fills the realignment register), plus one
+    Throughput: one burst address per cycle and one data beat per cycle; a command waits one cycle in a
+    register before its first burst (a pipeline stage: back-to-back commands lose nothing to it); a command
+    whose start is not beat-aligned costs one extra cycle (its first beat only fills the realignment register), plus one
     extra data beat when its bytes span one more beat than the aligned length. At most
     ``axi_max_outstanding`` commands are queued between the address and data sides.
     """
@@ -207,7 +208,16 @@ class AxiReadDma(DmaComponent):
         active = Signal()
         outstanding = Signal(range(cfg.axi_max_outstanding + 1))
 
-        cmd = self.i_cmd.p
+        # A command waits a cycle in a register (`held`), so that its user's address arithmetic and the beat
+        # counts below are paths of their own; the register takes a command while empty or handing its own on.
+        held = Signal()
+        cmd = Signal.like(self.i_cmd.p)
+        take = held & ~active & cmdq.w_rdy
+        m.d.comb += self.i_cmd.ready.eq(~held | take)
+        with m.If(self.i_cmd.valid & self.i_cmd.ready):
+            m.d.sync += [cmd.eq(self.i_cmd.p), held.eq(1)]
+        with m.Elif(take):
+            m.d.sync += held.eq(0)
         off = cmd.addr[:lb] if lb else Const(0, 1)
         nin = Signal(beats_bits)
         nout = Signal(beats_bits)
@@ -215,8 +225,7 @@ class AxiReadDma(DmaComponent):
         cmd_info = Signal(info)
         m.d.comb += [cmd_info.off.eq(off), cmd_info.nin.eq(nin), cmd_info.nout.eq(nout),
                      cmdq.w_data.eq(cmd_info)]
-        m.d.comb += self.i_cmd.ready.eq(~active & cmdq.w_rdy)
-        with m.If(self.i_cmd.valid & self.i_cmd.ready & (cmd.nbytes != 0)):
+        with m.If(take & (cmd.nbytes != 0)):
             m.d.comb += cmdq.w_en.eq(1)
             m.d.sync += [cur.eq(cmd.addr & ~(B - 1)), rem.eq(nin), active.eq(1)]
 
@@ -291,7 +300,7 @@ class AxiReadDma(DmaComponent):
 
         with m.If(r_fire & in_err):
             m.d.sync += self.o_error.eq(1)
-        m.d.comb += self.o_busy.eq(active | cmdq.r_rdy)
+        m.d.comb += self.o_busy.eq(held | active | cmdq.r_rdy)
         return m
 
 

@@ -58,8 +58,8 @@ class SeqDivider(wiring.Component):
 
 
 class IntRecip(wiring.Component):
-    """``fp32(1 / n)`` (round to nearest) of an unsigned 32-bit ``n >= 1``; 1 cycle for a power of two, 26
-    otherwise.
+    """``fp32(1 / n)`` (round to nearest) of an unsigned 32-bit ``n >= 1``; 3 cycles for a power of two, 28
+    otherwise (n is registered, then its highest bit, then the division starts).
 
     Members
     -------
@@ -74,23 +74,29 @@ class IntRecip(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         n = Signal(32)
+        load, classify = Signal(), Signal()   # n has just been registered; its highest bit has
         k = Signal(range(32))                 # floor(log2 n)
+        top = Signal(32)                      # its highest set bit alone
+        zero, pow2 = Signal(), Signal()
         rem = Signal(34)
         q = Signal(self.QBITS)
         count = Signal(range(self.QBITS + 1))
-        # floor(log2 i_n): the highest set bit
-        msb = Signal(range(32))
-        for i in range(32):
-            with m.If(self.i_n[i]):
-                m.d.comb += msb.eq(i)
         with m.If(self.i_start):
-            m.d.sync += [n.eq(self.i_n), k.eq(msb), q.eq(0)]
-            with m.If(self.i_n == 0):
-                m.d.sync += self.o_y.eq(0x7F800000)
-            with m.Elif((self.i_n & (self.i_n - 1)) == 0):
-                m.d.sync += self.o_y.eq((127 - msb) << 23)
+            m.d.sync += [n.eq(self.i_n), load.eq(1), self.o_busy.eq(1), q.eq(0), count.eq(0)]
+        with m.Elif(load):
+            # one-hot: a set bit with none set above it (its index in the next cycle); a power of two has no
+            # other bit
+            hb = Cat(*[n[i] & ~n[i + 1:].any() if i < 31 else n[31] for i in range(32)])
+            m.d.sync += [load.eq(0), classify.eq(1), top.eq(hb), zero.eq(n == 0), pow2.eq((n & (n - 1)) == 0)]
+        with m.Elif(classify):
+            idx = Cat(*[Cat(*[top[i] for i in range(32) if (i >> b) & 1]).any() for b in range(5)])
+            m.d.sync += [classify.eq(0), k.eq(idx)]
+            with m.If(zero):
+                m.d.sync += [self.o_y.eq(0x7F800000), self.o_busy.eq(0)]
+            with m.Elif(pow2):
+                m.d.sync += [self.o_y.eq((127 - idx) << 23), self.o_busy.eq(0)]
             with m.Else():
-                m.d.sync += [rem.eq(1 << (msb + 1)), count.eq(self.QBITS), self.o_busy.eq(1)]
+                m.d.sync += [rem.eq(top << 1), count.eq(self.QBITS)]
         with m.Elif(self.o_busy):
             ge = rem >= n
             with m.If(count != 0):

@@ -94,19 +94,18 @@ class MatrixSequencer(Sequencer):
             m.d.comb += [self.o_act_n.valid.eq(1), self.o_act_n.payload.eq(d.cols)]
             st.launch("WG_Q", bypass=1, n=d.cols, a=Src.L2, a_addr=ws, sink=Sink.QUANT, qdst=QDst.GEMV)
 
-        with m.State("WG"):
-            st.checks([
-                (d.kind != DescKind.INT4, lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
-                (d.cols == 0, lambda: st.fail(ErrorCode.BAD_LENGTH)),
-                (~in_l2(hw, ws, d.cols), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
-                (wg.sparse != (d.layout == 1), lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
-                ((d.cols > hw.gemv_max_cols) | (wg.sparse & ((d.rows > hw.gemv_sparse_max_rows) | d.rows[0])),
-                 lambda: st.fail(ErrorCode.BAD_LENGTH)),
-                (d.rows == 0, lambda: st.fail(ErrorCode.BAD_LENGTH)),
-                (~in_l2(hw, wd, d.rows), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
-                (wg.reuse & (d.cols != eng.act_n), lambda: st.fail(ErrorCode.BAD_LENGTH)),
-                (wg.reuse, run),
-            ], quantise)
+        st.checks_registered("WG", [
+            (d.kind != DescKind.INT4, lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
+            (d.cols == 0, lambda: st.fail(ErrorCode.BAD_LENGTH)),
+            (~in_l2(hw, ws, d.cols), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+            (wg.sparse != (d.layout == 1), lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
+            ((d.cols > hw.gemv_max_cols) | (wg.sparse & ((d.rows > hw.gemv_sparse_max_rows) | d.rows[0])),
+             lambda: st.fail(ErrorCode.BAD_LENGTH)),
+            (d.rows == 0, lambda: st.fail(ErrorCode.BAD_LENGTH)),
+            (~in_l2(hw, wd, d.rows), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+            (wg.reuse & (d.cols != eng.act_n), lambda: st.fail(ErrorCode.BAD_LENGTH)),
+            (wg.reuse, run),
+        ], quantise)
         with m.State("WG_Q"):
             with m.If(st.done()):
                 with m.If(self.i_done.payload.nonfinite):
@@ -146,12 +145,21 @@ class MatrixSequencer(Sequencer):
             with m.Else():
                 m.d.sync += [in_stride.eq((d.cols + 3) & ~3), out_stride.eq((d.rows + 3) & ~3)]
                 m.next = "WM_1"
+        # the last token's input and output ends: the products, then the sums, a cycle each
+        in_span, out_span = Signal(nb + 20), Signal(nb + 40)
+        in_end, out_end = Signal(nb + 21), Signal(nb + 41)
         with m.State("WM_1"):
-            with m.If(elem(wm.src) + (wm.tokens - 1) * in_stride + d.cols > L2E):
+            m.d.sync += [in_span.eq((wm.tokens - 1) * in_stride), out_span.eq((wm.tokens - 1) * out_stride)]
+            m.next = "WM_2"
+        with m.State("WM_2"):
+            m.d.sync += [in_end.eq(elem(wm.src) + in_span + d.cols), out_end.eq(elem(wm.dst) + out_span + d.rows)]
+            m.next = "WM_3"
+        with m.State("WM_3"):
+            with m.If(in_end > L2E):
                 st.fail(ErrorCode.ADDRESS_RANGE)
             with m.Elif(d.rows == 0):
                 st.fail(ErrorCode.BAD_LENGTH)
-            with m.Elif(elem(wm.dst) + (wm.tokens - 1) * out_stride + d.rows > L2E):
+            with m.Elif(out_end > L2E):
                 st.fail(ErrorCode.ADDRESS_RANGE)
             with m.Else():
                 m.d.sync += [src.eq(elem(wm.src)), dst.eq(elem(wm.dst)), left.eq(wm.tokens)]
@@ -202,13 +210,20 @@ class MatrixSequencer(Sequencer):
                 (d.cols == 0, lambda: st.fail(ErrorCode.BAD_LENGTH)),
                 (~in_l2(hw, gd, d.cols), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
             ], start)
+        # The products' operands in registers of their own (the DSPs' input registers); cols fits L2 here, so
+        # half_cols and groups have its element address's width
+        ea = geometry(hw)[0]
+        groups, half_cols, row_a, row_b = Signal(ea), Signal(ea), Signal(32), Signal(32)
         with m.State("GA_1"):
             # ceil(cols / 2**log2_group): one group from 2**32 columns on (cols < 2**32), so the shifts are 5 bits
             g = d.log2_group[:5]
-            groups = Mux(d.log2_group >= 32, 1, (d.cols + ((1 << g) - 1)) >> g)
-            m.d.sync += [row_bytes.eq(row * ((d.cols + 1) >> 1)), row_scales.eq(row * groups)]
+            m.d.sync += [groups.eq(Mux(d.log2_group >= 32, 1, (d.cols + ((1 << g) - 1)) >> g)),
+                         half_cols.eq((d.cols + 1) >> 1), row_a.eq(row), row_b.eq(row)]
             m.next = "GA_2"
         with m.State("GA_2"):
+            m.d.sync += [row_bytes.eq(row_a * half_cols), row_scales.eq(row_b * groups)]
+            m.next = "GA_3"
+        with m.State("GA_3"):
             st.launch("RETIRE_PASS", bypass=1, n=d.cols, a=Src.DDR, ddr_fmt=2,
                       ddr_addr=self._weights(d.weight_offset + row_bytes),
                       ddr_saddr=self._weights(d.scale_offset + (row_scales << 1)),

@@ -151,6 +151,18 @@ class Steps:
             self.m.next = name
         return f
 
+    def checks_registered(self, state, cases, otherwise):
+        """State `state` registers each case's condition (one cycle); state ``state + "_C"`` then runs
+        `checks` on the registered conditions, so that no cycle holds both the conditions' arithmetic and
+        the choice among them. An action of None waits: back to `state`, whose conditions are taken again."""
+        m = self.m
+        flags = Signal(len(cases), name=f"{state.lower()}_flags")
+        with m.State(state):
+            m.d.sync += flags.eq(Cat(*[cond for cond, _ in cases]))
+            m.next = state + "_C"
+        with m.State(state + "_C"):
+            self.checks([(flags[i], act or self.go(state)) for i, (_, act) in enumerate(cases)], otherwise)
+
     def checks(self, cases, otherwise):
         """``If``/``Elif`` over `cases` (condition, action) in order, then ``Else: otherwise()``."""
         m = self.m
