@@ -809,49 +809,23 @@ class SparsePort(wiring.Component):
     def min_walk(self) -> int:
         return self.MIN_WALK
 
-    def elaborate(self, platform):
-        m = Module()
+    #: Item kinds in the FIFO from the sequencer to the front end.
+    SCALE, COL, END = 0, 1, 2
+
+    def _item_layout(self):
+        return data.StructLayout({"kind": 2, "first": 1, "a": signed(self._cfg.act_bits)})
+
+    def _sequencer(self, m, items, rows_p, half_rows, nseg_m1, gmask, started):
+        """The DMA commands (a group's scales, a transfer per non-zero activation's column) and their items,
+        in order, segment by segment; returns its FSM."""
         cfg, p = self._cfg, self._index
-        W, B = cfg.weights_per_beat, cfg.bytes_per_beat
+        W = cfg.weights_per_beat
         lW = ceil_log2(W)
-        hpw = B // 2                                 # binary16 scales per beat
-        PR = self._prow_max                          # most rows per port
         S = self._max_segments
         d = self.dec
         ab = cfg.axi_addr_bits
-
-        L = self.update_lanes                        # isum rows updated per cycle, per memory word
-        lL, Q = ceil_log2(L), W // L                 # Q cycles per weight beat
-        # --- memories ------------------------------------------------------------------------------------
-        # Every partial sum of a segment is bounded like the whole one: `cfg.segment_sum_bits` (kv260: 18) wide.
-        isum_layout = data.ArrayLayout(signed(cfg.segment_sum_bits), L)
-        m.submodules.isum_mem = isum_mem = Memory(shape=isum_layout, depth=2 * (PR // L), init=[])
-        isum_w = isum_mem.write_port()
-        isum_ra = isum_mem.read_port(transparent_for=(isum_w,))     # front end read-modify-write
-        isum_rb = isum_mem.read_port()                               # back end
-        swords = max(1, PR // hpw)
-        m.submodules.scale_mem = scale_mem = Memory(shape=unsigned(8 * B), depth=2 * swords, init=[])
-        scale_w, scale_r = scale_mem.write_port(), scale_mem.read_port()
-        m.submodules.y_mem = y_mem = Memory(shape=unsigned(32), depth=PR, init=[])
-        y_w, y_r = y_mem.write_port(), y_mem.read_port()
-
-        # --- the command, per port -------------------------------------------------------------------------
-        rows_p = Signal(range(PR + 1))               # this port's rows
-        half_rows = Signal(20)                       # column stride in bytes
-        nseg_m1 = Signal(range(S + 1))
-        gmask = Signal(range(S + 1))                 # segments per group - 1
-        with m.If(self.i_start):
-            left = d.cmd.rows.as_signed() - p * d.prow
-            m.d.sync += [rows_p.eq(Mux(left <= 0, 0, Mux(left > d.prow, d.prow, left))),
-                         half_rows.eq(d.cmd.rows >> 1), nseg_m1.eq(d.nseg - 1),
-                         gmask.eq((Const(1, 17) << d.gshift) - 1)]
-        started = Signal()                           # rows_p is valid from the cycle after i_start
-        m.d.sync += started.eq(self.i_start)
-
-        # --- sequencer: DMA commands and the item FIFO -----------------------------------------------------
-        SCALE, COL, END = 0, 1, 2
-        item_layout = data.StructLayout({"kind": 2, "first": 1, "a": signed(cfg.act_bits)})
-        m.submodules.items = items = fifo.SyncFIFOBuffered(width=item_layout.size, depth=16)
+        SCALE, COL, END = self.SCALE, self.COL, self.END
+        item_layout = self._item_layout()
         sq_s = Signal(range(S + 1))
         sq_j = Signal(range(self._max_cols // W + 1))
         sq_jlast = Signal.like(sq_j)
@@ -967,6 +941,52 @@ class SparsePort(wiring.Component):
                             m.next = "Idle"
                         with m.Else():
                             m.next = "Scale"
+        return seq_fsm
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg, p = self._cfg, self._index
+        W, B = cfg.weights_per_beat, cfg.bytes_per_beat
+        lW = ceil_log2(W)
+        hpw = B // 2                                 # binary16 scales per beat
+        PR = self._prow_max                          # most rows per port
+        S = self._max_segments
+        d = self.dec
+        ab = cfg.axi_addr_bits
+
+        L = self.update_lanes                        # isum rows updated per cycle, per memory word
+        lL, Q = ceil_log2(L), W // L                 # Q cycles per weight beat
+        # --- memories ------------------------------------------------------------------------------------
+        # Every partial sum of a segment is bounded like the whole one: `cfg.segment_sum_bits` (kv260: 18) wide.
+        isum_layout = data.ArrayLayout(signed(cfg.segment_sum_bits), L)
+        m.submodules.isum_mem = isum_mem = Memory(shape=isum_layout, depth=2 * (PR // L), init=[])
+        isum_w = isum_mem.write_port()
+        isum_ra = isum_mem.read_port(transparent_for=(isum_w,))     # front end read-modify-write
+        isum_rb = isum_mem.read_port()                               # back end
+        swords = max(1, PR // hpw)
+        m.submodules.scale_mem = scale_mem = Memory(shape=unsigned(8 * B), depth=2 * swords, init=[])
+        scale_w, scale_r = scale_mem.write_port(), scale_mem.read_port()
+        m.submodules.y_mem = y_mem = Memory(shape=unsigned(32), depth=PR, init=[])
+        y_w, y_r = y_mem.write_port(), y_mem.read_port()
+
+        # --- the command, per port -------------------------------------------------------------------------
+        rows_p = Signal(range(PR + 1))               # this port's rows
+        half_rows = Signal(20)                       # column stride in bytes
+        nseg_m1 = Signal(range(S + 1))
+        gmask = Signal(range(S + 1))                 # segments per group - 1
+        with m.If(self.i_start):
+            left = d.cmd.rows.as_signed() - p * d.prow
+            m.d.sync += [rows_p.eq(Mux(left <= 0, 0, Mux(left > d.prow, d.prow, left))),
+                         half_rows.eq(d.cmd.rows >> 1), nseg_m1.eq(d.nseg - 1),
+                         gmask.eq((Const(1, 17) << d.gshift) - 1)]
+        started = Signal()                           # rows_p is valid from the cycle after i_start
+        m.d.sync += started.eq(self.i_start)
+
+        # --- sequencer: DMA commands and the item FIFO -----------------------------------------------------
+        SCALE, COL, END = self.SCALE, self.COL, self.END
+        item_layout = self._item_layout()
+        m.submodules.items = items = fifo.SyncFIFOBuffered(width=item_layout.size, depth=16)
+        seq_fsm = self._sequencer(m, items, rows_p, half_rows, nseg_m1, gmask, started)
 
         # --- front end -------------------------------------------------------------------------------------
         # Segments whose sums are written (fe_s) / walked by the back end (be_sdone); scale groups loaded
