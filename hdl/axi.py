@@ -176,8 +176,8 @@ class AxiReadDma(DmaComponent):
     -----
     Throughput: one burst address per cycle and one data beat per cycle; a command waits one cycle in a
     register before its first burst (a pipeline stage: back-to-back commands lose nothing to it); a command
-    whose start is not beat-aligned costs one extra cycle (its first beat only fills the realignment register), plus one
-    extra data beat when its bytes span one more beat than the aligned length. At most
+    whose start is not beat-aligned costs one extra cycle (its first beat only fills the realignment
+    register), plus one extra data beat when its bytes span one more beat than the aligned length. At most
     ``axi_max_outstanding`` commands are queued between the address and data sides.
     """
 

@@ -44,9 +44,6 @@ Dataflow (docs/gemv.md has the full design and the measurements)::
 
 from __future__ import annotations
 
-import functools
-import operator
-
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
@@ -56,6 +53,7 @@ from . import config
 from .axi import AxiReadDma, AxiReadSignature, read_command_layout, read_data_layout
 from .config import HardwareConfig, ceil_log2
 from .fp import INT_SCALE_MAX_BITS, NEG_ZERO, FpAdd, FpLdexp, IntScaleMul, check_int_scale_bits, rejecting
+from .l2 import one_hot_mux
 
 __all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "PartAccumulator",
            "GemvPort", "SparsePort", "EnginePort", "GemvEngine"]
@@ -845,7 +843,7 @@ class SparsePort(wiring.Component):
         # A column's transfer starts at its activation word's address (`word_addr`: stepped with the word, a
         # word's W columns apart) plus the lane's offset, lane * rows / 2, from a table the port writes at
         # the command's start, one lane a cycle (W cycles, while the first scales are on their way).
-        off_bits = 20 + lW
+        off_bits = len(half_rows) + lW
         word_addr = Signal(ab)
         m.submodules.lane_off = lane_mem = Memory(shape=unsigned(off_bits), depth=W, init=[])
         lane_w, lane_r = lane_mem.write_port(), lane_mem.read_port(domain="comb")
@@ -863,7 +861,7 @@ class SparsePort(wiring.Component):
         for b in range(lW):
             m.d.comb += low[b].eq(Cat(*[lowest[i] for i in range(W) if (i >> b) & 1]).any())
         low_a = Signal(signed(cfg.act_bits))         # its activation
-        m.d.comb += low_a.eq(functools.reduce(operator.or_, [Mux(lowest[i], sq_q[i], 0) for i in range(W)]))
+        m.d.comb += low_a.eq(one_hot_mux(lowest, [sq_q[i] for i in range(W)]))
         # Two registered stages from the mask to the DMA: the lane picked (`pk_*`), then its transfer
         # (`tx_*`, the DMA's command and the front end's item, written together), so that the priority
         # encoder, the lane table and the address adder take a cycle each and the DMA sees a register.

@@ -121,7 +121,7 @@ def _round_robin(m: Module, reqs: list, name: str) -> list[Signal]:
     return grant
 
 
-def _one_hot_mux(grant: list, values: list):
+def one_hot_mux(grant: list, values: list):
     """AND-OR multiplexer: the value whose grant is set (grants are one-hot), else 0."""
     out = 0
     for g, v in zip(grant, values):
@@ -240,9 +240,9 @@ class L2(wiring.Component):
             for j, g in enumerate(wgrant):
                 wgrants[j].append(g)
             m.d.comb += [
-                wp.addr.eq(row_of(_one_hot_mux(wgrant, [s.payload.addr for s in wr]))),
-                wp.data.eq(_one_hot_mux(wgrant, [s.payload.data for s in wr])),
-                wp.en.eq(_one_hot_mux(wgrant, [s.payload.mask for s in wr])),
+                wp.addr.eq(row_of(one_hot_mux(wgrant, [s.payload.addr for s in wr]))),
+                wp.data.eq(one_hot_mux(wgrant, [s.payload.data for s in wr])),
+                wp.en.eq(one_hot_mux(wgrant, [s.payload.mask for s in wr])),
             ]
 
             # --- reads: round-robin among the ports that request this bank and hold a credit -----------------
@@ -253,13 +253,13 @@ class L2(wiring.Component):
             rgranted = Signal(name=f"{tag}rd_granted")
             m.d.comb += [
                 rgranted.eq(Cat(*rgrant).any()),
-                rp.addr.eq(row_of(_one_hot_mux(rgrant, [s.payload for s in req]))),
+                rp.addr.eq(row_of(one_hot_mux(rgrant, [s.payload for s in req]))),
                 rp.en.eq(rgranted),
             ]
 
             # Pipeline: which port the word in each stage belongs to.
             s_valid, s_port = Signal(name=f"{tag}s1_valid"), Signal(port_bits, name=f"{tag}s1_port")
-            m.d.sync += [s_valid.eq(rgranted), s_port.eq(_one_hot_mux(rgrant, [Const(i, port_bits)
+            m.d.sync += [s_valid.eq(rgranted), s_port.eq(one_hot_mux(rgrant, [Const(i, port_bits)
                                                                                for i in range(R)]))]
             s_data = rp.data
             for r in range(self._read_regs):
@@ -281,7 +281,7 @@ class L2(wiring.Component):
             arrive = [v & (p == i) for v, p, _ in outs]
             buf = bufs[i]
             m.d.comb += [
-                buf.w_data.eq(_one_hot_mux(arrive, [d for _, _, d in outs])),
+                buf.w_data.eq(one_hot_mux(arrive, [d for _, _, d in outs])),
                 buf.w_en.eq(Cat(*arrive).any()),          # a credit guarantees room
                 resp[i].payload.eq(buf.r_data),
                 resp[i].valid.eq(buf.r_rdy),

@@ -146,8 +146,9 @@ class MatrixSequencer(Sequencer):
                 m.d.sync += [in_stride.eq((d.cols + 3) & ~3), out_stride.eq((d.rows + 3) & ~3)]
                 m.next = "WM_1"
         # the last token's input and output ends: the products, then the sums, a cycle each
-        in_span, out_span = Signal(nb + 20), Signal(nb + 40)
-        in_end, out_end = Signal(nb + 21), Signal(nb + 41)
+        in_span = Signal(len(wm.tokens) + len(in_stride))
+        out_span = Signal(len(wm.tokens) + len(out_stride))
+        in_end, out_end = (Signal(max(len(span), len(d.cols)) + 2) for span in (in_span, out_span))   # 3 terms
         with m.State("WM_1"):
             m.d.sync += [in_span.eq((wm.tokens - 1) * in_stride), out_span.eq((wm.tokens - 1) * out_stride)]
             m.next = "WM_2"
@@ -210,18 +211,18 @@ class MatrixSequencer(Sequencer):
                 (d.cols == 0, lambda: st.fail(ErrorCode.BAD_LENGTH)),
                 (~in_l2(hw, gd, d.cols), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
             ], start)
-        # The products' operands in registers of their own (the DSPs' input registers); cols fits L2 here, so
-        # half_cols and groups have its element address's width
+        # the products' other operands, registered a cycle ahead (the group count's shifter is a path of its own);
+        # cols fits L2 here, so they have its element address's width
         ea = geometry(hw)[0]
-        groups, half_cols, row_a, row_b = Signal(ea), Signal(ea), Signal(32), Signal(32)
+        groups, half_cols = Signal(ea), Signal(ea)
         with m.State("GA_1"):
             # ceil(cols / 2**log2_group): one group from 2**32 columns on (cols < 2**32), so the shifts are 5 bits
             g = d.log2_group[:5]
             m.d.sync += [groups.eq(Mux(d.log2_group >= 32, 1, (d.cols + ((1 << g) - 1)) >> g)),
-                         half_cols.eq((d.cols + 1) >> 1), row_a.eq(row), row_b.eq(row)]
+                         half_cols.eq((d.cols + 1) >> 1)]
             m.next = "GA_2"
         with m.State("GA_2"):
-            m.d.sync += [row_bytes.eq(row_a * half_cols), row_scales.eq(row_b * groups)]
+            m.d.sync += [row_bytes.eq(row * half_cols), row_scales.eq(row * groups)]
             m.next = "GA_3"
         with m.State("GA_3"):
             st.launch("RETIRE_PASS", bypass=1, n=d.cols, a=Src.DDR, ddr_fmt=2,
