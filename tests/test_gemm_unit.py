@@ -33,6 +33,32 @@ def _image(rng, rows, cols, group):
     return q_w, s_w, mem, wbase, sbase
 
 
+async def axi_read_slave(ctx, axi, mem, rng, stall, B, slverr_at=None):
+    """In-order AXI4 read slave of `mem` (B bytes per beat): random arready, random R pauses, a FIFO of
+    accepted bursts; SLVERR on the beat holding byte `slverr_at`."""
+    pending = []
+    while True:
+        ctx.set(axi.arready, int(rng.random() >= stall))
+        if pending and rng.random() >= stall:
+            addr, left = pending[0]
+            ctx.set(axi.rdata, int.from_bytes(bytes(mem[addr:addr + B]), "little"))
+            ctx.set(axi.rresp, 2 if slverr_at is not None and addr <= slverr_at < addr + B else 0)
+            ctx.set(axi.rlast, int(left == 1))
+            ctx.set(axi.rvalid, 1)
+        else:
+            ctx.set(axi.rvalid, 0)
+        _, _, arv, arr, araddr, arlen, rv, rr = await ctx.tick().sample(
+            axi.arvalid, axi.arready, axi.araddr, axi.arlen, axi.rvalid, axi.rready)
+        if rv and rr:
+            addr, left = pending[0]
+            pending[0] = (addr + B, left - 1)
+            if left == 1:
+                pending.pop(0)
+        if arv and arr:
+            assert araddr % B == 0
+            pending.append((araddr, arlen + 1))
+
+
 def run_unit(rows, cols, ntok, *, accm=False, seed=0, stall=0.3, chunk_beats=None, hw=HW, slverr_at=None):
     rng = np.random.default_rng(seed)
     dut = GemmUnit(hw, chunk_beats=chunk_beats)
@@ -46,30 +72,6 @@ def run_unit(rows, cols, ntok, *, accm=False, seed=0, stall=0.3, chunk_beats=Non
     l2_before = l2.copy()
     W, B = hw.weights_per_beat, hw.bytes_per_beat
     done = {"cycles": 0}
-
-    async def axi_slave(ctx, axi):
-        """In-order AXI4 read slave: random arready, random R pauses, a FIFO of accepted bursts."""
-        pending = []
-        while True:
-            ctx.set(axi.arready, int(rng.random() >= stall))
-            if pending and rng.random() >= stall:
-                addr, left = pending[0]
-                ctx.set(axi.rdata, int.from_bytes(bytes(mem[addr:addr + B]), "little"))
-                ctx.set(axi.rresp, 2 if slverr_at is not None and addr <= slverr_at < addr + B else 0)
-                ctx.set(axi.rlast, int(left == 1))
-                ctx.set(axi.rvalid, 1)
-            else:
-                ctx.set(axi.rvalid, 0)
-            _, _, arv, arr, araddr, arlen, rv, rr = await ctx.tick().sample(
-                axi.arvalid, axi.arready, axi.araddr, axi.arlen, axi.rvalid, axi.rready)
-            if rv and rr:
-                addr, left = pending[0]
-                pending[0] = (addr + B, left - 1)
-                if left == 1:
-                    pending.pop(0)
-            if arv and arr:
-                assert araddr % B == 0
-                pending.append((araddr, arlen + 1))
 
     async def feed(ctx):
         for t in range(ntok):
@@ -140,7 +142,7 @@ def run_unit(rows, cols, ntok, *, accm=False, seed=0, stall=0.3, chunk_beats=Non
     sim.add_clock(1e-8)
     def slave(axi):
         async def bench(ctx):
-            await axi_slave(ctx, axi)
+            await axi_read_slave(ctx, axi, mem, rng, stall, B, slverr_at)
         return bench
 
     for p in range(dut.axi_ports):

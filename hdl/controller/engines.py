@@ -151,7 +151,9 @@ class EngineTracker(wiring.Component):
                 m.d.sync += getattr(pend, name).eq(0)
         # GEMV: its one row command is written (a rejected command sends no rows: the program ends in error and
         # START resets the datapath); GEMM: the unit has sent its last element and the writer has written it
-        with m.If(Mux(is_gemm, ~pend.gemm & ~gemm.o_busy & ~wr.o_busy, wr.o_done | (gemv.o_bad_cmd & ~pend.gemv))):
+        # (only while a matrix holds: the check reads the previous matrix's state in the cycle a new one is taken)
+        with m.If(hold.active & Mux(is_gemm, ~pend.gemm & ~gemm.o_busy & ~wr.o_busy,
+                                    wr.o_done | (gemv.o_bad_cmd & ~pend.gemv))):
             m.d.sync += hold.active.eq(0)
         m.d.comb += [self.o_idle.eq(~hold.active & ~pend.gemm),
                      self.o_failed.eq(~hold.active & (gemv.o_bad_cmd | gemv.o_error | gemm.o_error)),

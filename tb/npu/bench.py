@@ -9,6 +9,12 @@ memory object as ``mem=``). Every AXI channel of every port (AW, W, B, AR, R) an
 its own seeded random pause generator. An access outside every window is recorded in `NpuBench.faults` and
 answered SLVERR (so a stray address cannot silently alias the image).
 
+The NPU must be quiet when it raises its interrupt (DONE or ERROR): every burst it asked for answered, no
+request pending, and no new burst until the next START, since the host may then rewrite any buffer and a
+START resets the datapath. Each port's RAM model counts the bursts it takes and answers; a burst open at the
+interrupt, or a burst asked for while the interrupt is up, is recorded in `NpuBench.unquiet`, which the
+tests assert empty.
+
 The host code runs in a thread (`cocotb.task.bridge`); `SimDevice` turns its blocking calls into coroutines
 on the simulator (`cocotb.task.resume`). DDR reads and writes of the host are back-door accesses to the
 memory (what the PS does through its own DDR port, outside the NPU's AXI traffic); CSR accesses are real
@@ -25,7 +31,7 @@ import warnings
 import cocotb
 from cocotb.clock import Clock
 from cocotb.task import resume
-from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
+from cocotb.triggers import ClockCycles, RisingEdge, SimTimeoutError, with_timeout
 from cocotbext.axi import AxiBus, AxiMaster, AxiResp
 from cocotbext.axi.axi_ram import AxiRamRead, AxiRamWrite
 
@@ -158,10 +164,36 @@ class _WindowCheck:
             raise IndexError(f"{kind} of {length} bytes at {address:#x} is outside every DDR window")
 
 
+def _counting(channel, attr, counter, owner, last=None, then=None):
+    """Wrap `channel`'s `attr` (``recv`` or ``send``) so that each transfer it carries (with `last`: each one
+    whose `last` field is set) increments ``owner.<counter>`` and calls `then` with it."""
+    inner = getattr(channel, attr)
+
+    async def wrapped(*args):
+        out = await inner(*args)
+        item = args[0] if args else out
+        if last is None or int(getattr(item, last)):
+            setattr(owner, counter, getattr(owner, counter) + 1)
+            if then is not None:
+                then(item)
+        return out
+    setattr(channel, attr, wrapped)
+
+
 class _RamRead(_WindowCheck, AxiRamRead):
-    def __init__(self, bus, clock, reset, *, mem, faults):
+    """A port's read side; counts the bursts taken (AR) and answered (R with RLAST queued)."""
+
+    def __init__(self, bus, clock, reset, *, mem, faults, on_request=None):
         self.faults = faults
+        self.taken = self.answered = 0
         super().__init__(bus, clock, reset, mem=mem)
+        _counting(self.ar_channel, "recv", "taken", self, then=on_request)
+        _counting(self.r_channel, "send", "answered", self, last="rlast")
+
+    def open_bursts(self) -> int:
+        """Read bursts the NPU has asked for whose last beat it has not yet taken."""
+        pending = self.ar_channel.count() + self.taken - self.answered
+        return pending + (0 if self.r_channel.idle() else 1 if pending == 0 else 0)
 
     async def _read(self, address, length):
         self._check("read", address, length)
@@ -169,9 +201,19 @@ class _RamRead(_WindowCheck, AxiRamRead):
 
 
 class _RamWrite(_WindowCheck, AxiRamWrite):
-    def __init__(self, bus, clock, reset, *, mem, faults):
+    """A port's write side; counts the bursts taken (AW) and answered (B queued)."""
+
+    def __init__(self, bus, clock, reset, *, mem, faults, on_request=None):
         self.faults = faults
+        self.taken = self.answered = 0
         super().__init__(bus, clock, reset, mem=mem)
+        _counting(self.aw_channel, "recv", "taken", self, then=on_request)
+        _counting(self.b_channel, "send", "answered", self)
+
+    def open_bursts(self) -> int:
+        """Write bursts the NPU has started (AW or W beats) whose response it has not yet taken."""
+        pending = self.aw_channel.count() + self.taken - self.answered
+        return pending + (0 if self.b_channel.idle() and self.w_channel.empty() else 1 if pending == 0 else 0)
 
     async def _write(self, address, data):
         self._check("write", address, length=len(data))
@@ -203,12 +245,16 @@ class NpuBench:
         self.timeout_cycles = timeout_cycles
         self.mem = WindowedMemory(self.windows, backing)
         self.faults: list[tuple[str, int, int]] = []
+        self.interrupts = 0
+        self.unquiet: list[tuple[int, list[str]]] = []     # (interrupt number, open transfers) at an interrupt
         rng = random.Random(seed)
         self.ports = []
         for p in range(hw.axi_ports):
             bus = AxiBus.from_prefix(dut, f"m_axi{p}", bus_separator="__")
-            rd = _RamRead(bus.read, dut.clk, dut.rst, mem=self.mem, faults=self.faults)
-            wr = _RamWrite(bus.write, dut.clk, dut.rst, mem=self.mem, faults=self.faults)
+            rd = _RamRead(bus.read, dut.clk, dut.rst, mem=self.mem, faults=self.faults,
+                          on_request=self._after_interrupt(f"m_axi{p}", "read", "ar"))
+            wr = _RamWrite(bus.write, dut.clk, dut.rst, mem=self.mem, faults=self.faults,
+                           on_request=self._after_interrupt(f"m_axi{p}", "write", "aw"))
             for ch in (wr.aw_channel, wr.w_channel, wr.b_channel, rd.ar_channel, rd.r_channel):
                 ch.set_pause_generator(pauses(random.Random(rng.randrange(1 << 32)), pause))
             self.ports.append((rd, wr))
@@ -245,8 +291,41 @@ class NpuBench:
             raise AssertionError(f"CSR write of {value:#x} at {offset:#x} answered {resp.resp!r}")
 
     async def wait_interrupt(self) -> None:
+        """Wait for the interrupt; then check that the NPU is quiet (`unquiet`)."""
         if not int(self.dut.o_irq.value):
-            await with_timeout(RisingEdge(self.dut.o_irq), self.timeout_cycles * CLOCK_NS, "ns")
+            try:
+                await with_timeout(RisingEdge(self.dut.o_irq), self.timeout_cycles * CLOCK_NS, "ns")
+            except SimTimeoutError:
+                raise AssertionError(f"no interrupt in {self.timeout_cycles} cycles; "
+                                     f"open: {'; '.join(self.open_transfers()) or 'nothing'}") from None
+            await RisingEdge(self.dut.clk)         # the memory models see the edge's handshakes
+        self.interrupts += 1
+        busy = self.open_transfers()
+        if busy:
+            self.unquiet.append((self.interrupts, busy))
+            self.dut._log.warning(f"interrupt {self.interrupts} with AXI transfers open: {'; '.join(busy)}")
+
+    def _after_interrupt(self, port, kind, prefix):
+        """A request callback: a burst the NPU asks for while its interrupt is up (its program has ended) is
+        recorded in `unquiet`."""
+        def check(req):
+            if int(self.dut.o_irq.value):
+                addr, n = int(getattr(req, f"{prefix}addr")), int(getattr(req, f"{prefix}len")) + 1
+                what = f"{port}: a {kind} burst of {n} beats at {addr:#x} after the interrupt"
+                self.unquiet.append((self.interrupts, [what]))
+                self.dut._log.warning(what)
+        return check
+
+    def open_transfers(self) -> list[str]:
+        """The AXI transfers now open on the NPU's ports: a burst asked for or started and not completed, or a
+        request or write beat offered and not taken."""
+        out = []
+        for p, (rd, wr) in enumerate(self.ports):
+            r, w = rd.open_bursts(), wr.open_bursts()
+            valid = [c for c in ("arvalid", "awvalid", "wvalid") if int(getattr(self.dut, f"m_axi{p}__{c}").value)]
+            if r or w or valid:
+                out.append(f"m_axi{p}: {r} read and {w} write bursts open" + (f", {'/'.join(valid)} high" if valid else ""))
+        return out
 
     async def cycles(self, n: int) -> None:
         await ClockCycles(self.dut.clk, n)

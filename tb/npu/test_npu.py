@@ -107,6 +107,7 @@ async def tokens(dut):
     finally:
         detach_rtl_device()
     assert not bench.faults, f"accesses outside the DDR window: {bench.faults[:8]}"
+    assert not bench.unquiet, f"the NPU was not quiet at its interrupt: {bench.unquiet[:4]}"
     for r in records:
         np.testing.assert_array_equal(r["logits_rtl"].view(np.uint32), r["logits_iss"].view(np.uint32),
                                       err_msg=f"{case.name} step {r['step']} (token {r['token']}): RTL logits "
@@ -163,6 +164,7 @@ async def board(dut):
         raise results["error"]
     assert results["hw"] == hw.name and results["relocated"]
     assert not bench.faults, f"accesses outside the DDR windows: {bench.faults[:8]}"
+    assert not bench.unquiet, f"the NPU was not quiet at its interrupt: {bench.unquiet[:4]}"
     assert stand_in.interrupt.count >= n, "the host waited on the interrupt for every token"
     for r in results["records"]:
         np.testing.assert_array_equal(r["logits_rtl"].view(np.uint32), r["logits_iss"].view(np.uint32),
@@ -389,11 +391,14 @@ def run_directed(device, hw, cases, broken, log, tag) -> list[str]:
         if iss != want:
             failures.append(f"{name}: the ISS reports {iss}, the test expects {want}")
         npu.load(img0, _program(words))
+        seen = len(device.bench.unquiet)
         try:
             npu.run(0, pos)
             got = None
         except ExecutionError as e:
             got = (e.code, e.pc)
+        failures += [f"{name}: not quiet at the interrupt: {'; '.join(busy)}"
+                     for _, busy in device.bench.unquiet[seen:]]
         if got != want:
             failures.append(f"{name}: the NPU ended with {got}, expected {want}")
         problems = check_window(device, iss_ddr(m, img, _program(words)), img0)
@@ -644,6 +649,7 @@ async def attention(dut):
     bench, device = await setup(dut, hw, seed)
     failures = await bridge(attention_host)(device, load_npz(npz), hw, dut._log.info)
     assert not bench.faults, f"accesses outside the DDR window: {bench.faults[:8]}"
+    assert not bench.unquiet, f"the NPU was not quiet at its interrupt: {bench.unquiet[:4]}"
     assert not failures, "\n".join(failures)
 
 
@@ -655,4 +661,5 @@ async def bad_input(dut):
     with_dma = bench_env("NPU_BAD_DMA", "1") == "1"
     failures = await bridge(bad_input_host)(device, case, hw, dut._log.info, with_dma)
     assert not bench.faults, f"accesses outside the DDR window: {bench.faults[:8]}"
+    assert not bench.unquiet, f"the NPU was not quiet at its interrupt: {bench.unquiet[:4]}"
     assert not failures, "\n".join(failures)
