@@ -175,7 +175,9 @@ class AxiReadDma(DmaComponent):
     Notes
     -----
     Throughput: one burst address per cycle and one data beat per cycle; a command waits one cycle in a
-    register before its first burst (a pipeline stage: back-to-back commands lose nothing to it); a command
+    register before its first burst (a pipeline stage: back-to-back commands lose nothing to it), and each
+    data beat one cycle in the output register (``ready`` is not registered: it reaches ``rready`` the same
+    cycle); a command
     whose start is not beat-aligned costs one extra cycle (its first beat only fills the realignment
     register), plus one extra data beat when its bytes span one more beat than the aligned length. At most
     ``axi_max_outstanding`` commands are queued between the address and data sides.
@@ -200,7 +202,7 @@ class AxiReadDma(DmaComponent):
         # --- address side: split each command into bursts -------------------------------------------
         # Commands travel to the data side through a FIFO, so the address side can run ahead by up to
         # `axi_max_outstanding` bursts, across command boundaries.
-        info = data.StructLayout({"off": unsigned(lb), "nin": unsigned(beats_bits), "nout": unsigned(beats_bits)})
+        info = data.StructLayout({"off": unsigned(lb), "nin": unsigned(beats_bits), "last": unsigned(beats_bits)})
         m.submodules.cmdq = cmdq = fifo.SyncFIFOBuffered(width=info.size, depth=cfg.axi_max_outstanding + 1)
 
         cur = Signal(cfg.axi_addr_bits)        # next burst's beat-aligned address
@@ -220,10 +222,10 @@ class AxiReadDma(DmaComponent):
             m.d.sync += held.eq(0)
         off = cmd.addr[:lb] if lb else Const(0, 1)
         nin = Signal(beats_bits)
-        nout = Signal(beats_bits)
-        m.d.comb += [nin.eq((cmd.nbytes + off + (B - 1)) >> lb), nout.eq((cmd.nbytes + (B - 1)) >> lb)]
+        m.d.comb += nin.eq((cmd.nbytes + off + (B - 1)) >> lb)
         cmd_info = Signal(info)
-        m.d.comb += [cmd_info.off.eq(off), cmd_info.nin.eq(nin), cmd_info.nout.eq(nout),
+        m.d.comb += [cmd_info.off.eq(off), cmd_info.nin.eq(nin),
+                     cmd_info.last.eq((cmd.nbytes - 1) >> lb),        # the index of its last output beat
                      cmdq.w_data.eq(cmd_info)]
         with m.If(take & (cmd.nbytes != 0)):
             m.d.comb += cmdq.w_en.eq(1)
@@ -275,9 +277,17 @@ class AxiReadDma(DmaComponent):
             m.d.comb += src.eq(0)
         m.d.comb += combined.eq((Cat(prev, src) >> (head.off * 8))[:cfg.axi_data_bits])
 
-        out = self.o_data
+        # the output stage: a register on the forward path (valid, data, error, last); ready passes through,
+        # so the data side runs at a beat per cycle and the user's logic starts from a register
+        out = stream.Signature(read_data_layout(cfg.axi_data_bits)).create()
+        stage_valid = Signal()
+        stage_ready = Signal()
+        m.d.comb += [stage_ready.eq(~stage_valid | self.o_data.ready), out.ready.eq(stage_ready),
+                     self.o_data.valid.eq(stage_valid)]
+        with m.If(stage_ready):
+            m.d.sync += [stage_valid.eq(out.valid), self.o_data.p.eq(out.p)]
         out_fire = out.valid & out.ready
-        last_out = i_out == head.nout - 1
+        last_out = i_out == head.last
         m.d.comb += out.p.last.eq(last_out)
         with m.If(cmdq.r_rdy):
             with m.If(head.off == 0):
@@ -300,7 +310,7 @@ class AxiReadDma(DmaComponent):
 
         with m.If(r_fire & in_err):
             m.d.sync += self.o_error.eq(1)
-        m.d.comb += self.o_busy.eq(held | active | cmdq.r_rdy)
+        m.d.comb += self.o_busy.eq(held | active | cmdq.r_rdy | stage_valid)
         return m
 
 

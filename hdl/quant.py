@@ -160,29 +160,39 @@ class ActQuantizer(wiring.Component):
 
     @property
     def latency(self) -> int:
-        """Cycles from the read-back issue of a command's last element to its ``o_done`` pulse: s1, s2, the
-        o_act register, the done pulse."""
-        return 4
+        """Cycles from the read-back issue of a command's last element to its ``o_done`` pulse: s1, p2, p3,
+        p4, s2, the o_act register, the done pulse."""
+        return 7
 
     @staticmethod
-    def _block_exponent(m, amax, limit) -> Signal:
-        """The block exponent of a 31-bit magnitude pattern (see the module docstring), combinational;
-        `limit` (1 bit) selects ``|q| <= KV_Q_MAX`` over ``|q| <= Q_MAX``."""
-        e_fld, frac = amax[23:31], amax[0:23]
-        mant = Signal(24)
-        m.d.comb += mant.eq(Cat(frac, e_fld != 0))
-        lim = Signal(7)                            # 127 or 119: the two constants differ in bit 3 only
-        m.d.comb += lim.eq(Mux(limit, KV_Q_MAX, Q_MAX))
-        c = Signal(signed(6))                      # p - 7 + (mant * 2**(7 - p) > lim), in -6 .. 18
-        for p in range(24, 0, -1):
-            cond = m.If if p == 24 else m.Elif
-            with cond(mant[p - 1]):
-                gt = mant[:p] > (Cat(Const(0, p - 7), lim) if p >= 7 else lim[7 - p:])
-                m.d.comb += c.eq(p - 7 + gt)
-        e = Signal(signed(EXP_BITS))
-        e_eff = Mux(e_fld == 0, 1, e_fld)
-        m.d.comb += e.eq(Mux(amax == 0, 0, e_eff - 150 + c))
-        return e
+    def _exponent_compares(mant, quads, limit):
+        """The first part of the block exponent of a magnitude pattern (see the module docstring), from its
+        24-bit significand `mant` (the hidden bit included) and `quads`, the OR of each of its 4-bit groups:
+        per position p = 1 .. 24, whether the leading one is at bit p - 1 (`hot`, one-hot) and whether
+        ``mant[:p] > lim * 2**(p - 7)`` (`gt`; lim = 127, or 119 with `limit`), every position at once. The
+        exponent is ``max(e_fld, 1) - 157 + p + gt`` at the hot position (0 for a zero magnitude). Each
+        "any bit in a range" is a few group ORs and at most three bits (two logic levels)."""
+        def any_of(lo, hi):                       # mant[lo:hi] has a one
+            q0, q1 = -(-lo // 4), hi // 4             # whole groups q0 .. q1 - 1
+            if q0 >= q1:
+                return mant[lo:hi].any() if hi > lo else Const(0, 1)
+            return Cat(mant[lo:4 * q0], quads[q0:q1], mant[4 * q1:hi]).any()
+        hot, gts = [], []
+        for p in range(1, 25):
+            hot.append(mant[p - 1] & ~any_of(p, 24))
+            if p >= 7:        # mant[:p] > lim * 2**(p - 7): its top 7 bits against lim, then the rest
+                top, rest = mant[p - 7:p], any_of(0, p - 7)
+                gt_of = [(top > lim) | ((top == lim) & rest) for lim in (Q_MAX, KV_Q_MAX)]
+            else:
+                gt_of = [mant[:p] > (lim >> (7 - p)) for lim in (Q_MAX, KV_Q_MAX)]
+            gts.append(Mux(limit, gt_of[1], gt_of[0]))
+        return Cat(*hot), Cat(*gts)
+
+    @staticmethod
+    def _exponent_pick(hot, gts):
+        """The second part: the hot position p (1 .. 24) and its compare."""
+        pos = Cat(*(Cat(*(hot[p - 1] for p in range(1, 25) if p >> b & 1)).any() for b in range(5)))
+        return pos, (hot & gts).any()
 
     def elaborate(self, platform):
         m = Module()
@@ -301,8 +311,6 @@ class ActQuantizer(wiring.Component):
         q_nf = Signal()                       # inf/NaN seen so far in the command being read back
         cur = data.View(meta_layout, blocks.r_data)
         m.d.comb += issue.eq(blocks.r_rdy & adv)
-        e_cur = Signal(signed(EXP_BITS))
-        m.d.comb += e_cur.eq(Mux(cur.force, cur.key.e, self._block_exponent(m, cur.key.amax, cur.limit)))
         first = q_w == 0
         lastw = (q_w == cur.lidx[LL:]) if LB > LL else Const(1, 1)
         nf_cur = Mux(first & (cur.blk == 0), 0, q_nf) | cur.nf
@@ -313,33 +321,65 @@ class ActQuantizer(wiring.Component):
             with m.If(lastw):
                 m.d.sync += r_slot.eq(~r_slot)
 
+        # The block exponent in three stages beside the words' first three (x1: the entry's key at the block's
+        # first issue; xa: every position's compare and the leading one; xb: its position and compare; then
+        # the sum), so that it meets the block's first word at the shift stage. x1 holds the block until the
+        # next block's first issue, so each word's exponent at its third stage is its own block's.
+        x1 = Signal(data.StructLayout({"mant": unsigned(24), "quads": unsigned(6), "e_fld": unsigned(8),
+                                       "limit": 1, "force": 1, "e": signed(EXP_BITS)}))
+        amax = cur.key.amax
+        mant = Cat(amax[0:23], amax[23:31] != 0)
         with m.If(issue & first):
-            m.d.sync += [self.o_exp.valid.eq(1), self.o_exp.p.addr.eq(cur.blk), self.o_exp.p.e.eq(e_cur)]
+            m.d.sync += [x1.mant.eq(mant), x1.quads.eq(Cat(*(mant[4 * i:4 * i + 4].any() for i in range(6)))),
+                         x1.e_fld.eq(amax[23:31]), x1.limit.eq(cur.limit), x1.force.eq(cur.force),
+                         x1.e.eq(cur.key.e)]
+        key = data.StructLayout({"force": 1, "e": signed(EXP_BITS), "zero": 1, "base": signed(EXP_BITS)})
+        xa = Signal(data.StructLayout({"key": key, "hot": unsigned(24), "gts": unsigned(24)}))
+        xb = Signal(data.StructLayout({"key": key, "pos": unsigned(5), "gt": 1}))
+        hot, gts = self._exponent_compares(x1.mant, x1.quads, x1.limit)
+        pos, gt = self._exponent_pick(xa.hot, xa.gts)
+        e_fld = x1.e_fld
+        with m.If(adv):
+            m.d.sync += [xa.key.force.eq(x1.force), xa.key.e.eq(x1.e), xa.key.zero.eq(x1.mant == 0),
+                         xa.key.base.eq(Mux(e_fld == 0, 1, e_fld) - 157), xa.hot.eq(hot), xa.gts.eq(gts),
+                         xb.key.eq(xa.key), xb.pos.eq(pos), xb.gt.eq(gt)]
+        e3 = Signal(signed(EXP_BITS))
+        k = xb.key
+        m.d.comb += e3.eq(Mux(k.force, k.e, Mux(k.zero, 0, k.base + xb.pos + xb.gt)))
+
+        # The words: s1 the ring's read data, p2 .. p4 registers (the exponent joins at p4), then per lane
+        # the shift (into s2) and the rounding.
+        word_meta = data.StructLayout({
+            "valid": 1, "last": 1, "nf": 1, "first": 1, "blk": exp_addr_shape,
+            "col": unsigned(LC),              # column of lane 0
+            "on": unsigned(LANES),            # lanes holding elements (the command's last word may be short)
+        })
+        s1, p2, p3, p4 = (Signal(word_meta, name=n) for n in ("s1", "p2", "p3", "p4"))
+        p2_data, p3_data, p4_data = (Signal(32 * LANES, name=n) for n in ("p2_data", "p3_data", "p4_data"))
+        p4_e = Signal(signed(EXP_BITS))
+        with m.If(adv):
+            m.d.sync += [s1.valid.eq(issue), s1.col.eq(Cat(Const(0, LL), q_w[:LB - LL], cur.blk)),
+                         s1.last.eq(lastw & cur.last), s1.nf.eq(nf_cur), s1.first.eq(first), s1.blk.eq(cur.blk),
+                         s1.on.eq(Mux(lastw, Cat(*(cur.lidx[:LL] >= k for k in range(LANES))), (1 << LANES) - 1)),
+                         p2.eq(s1), p2_data.eq(rd.data), p3.eq(p2), p3_data.eq(p2_data),
+                         p4.eq(p3), p4_data.eq(p3_data), p4_e.eq(e3)]
+        with m.If(adv & p3.valid & p3.first):
+            m.d.sync += [self.o_exp.valid.eq(1), self.o_exp.p.addr.eq(p3.blk), self.o_exp.p.e.eq(e3)]
         with m.Elif(self.o_exp.ready):
             m.d.sync += self.o_exp.valid.eq(0)
-
-        # s1: the word arrives from the ring; per lane, shift.
-        s1_valid, s1_last, s1_nf = Signal(), Signal(), Signal()
-        s1_e = Signal(signed(EXP_BITS))
-        s1_col = Signal(LC)                   # column of lane 0
-        s1_on = Signal(LANES)                 # lanes holding elements (the command's last word may be short)
-        with m.If(adv):
-            m.d.sync += [s1_valid.eq(issue), s1_e.eq(e_cur), s1_col.eq(Cat(Const(0, LL), q_w[:LB - LL], cur.blk)),
-                         s1_last.eq(lastw & cur.last), s1_nf.eq(nf_cur),
-                         s1_on.eq(Mux(lastw, Cat(*(cur.lidx[:LL] >= k for k in range(LANES))), (1 << LANES) - 1))]
         s2_valid, s2_last, s2_nf = Signal(), Signal(), Signal()
         s2_col = Signal(LC)
         s2_on = Signal(LANES)
         with m.If(adv):
-            m.d.sync += [s2_valid.eq(s1_valid), s2_last.eq(s1_last), s2_nf.eq(s1_nf), s2_col.eq(s1_col),
-                         s2_on.eq(s1_on)]
+            m.d.sync += [s2_valid.eq(p4.valid), s2_last.eq(p4.last), s2_nf.eq(p4.nf), s2_col.eq(p4.col),
+                         s2_on.eq(p4.on)]
         qs = []
         for k in range(LANES):
-            xr = rd.data[32 * k:32 * (k + 1)]
+            xr = p4_data[32 * k:32 * (k + 1)]
             r_fld = xr[23:31]
             r_mant = Cat(xr[0:23], r_fld != 0)
             t = Signal(signed(EXP_BITS + 2), name=f"t{k}")
-            m.d.comb += t.eq(s1_e + 156 - Mux(r_fld == 0, 1, r_fld))
+            m.d.comb += t.eq(p4_e + 156 - Mux(r_fld == 0, 1, r_fld))
             tc = Signal(5, name=f"tc{k}")
             m.d.comb += tc.eq(Mux(t < 0, 0, Mux(t > 31, 31, t)))      # t < 0 only for inf/NaN blocks
             v = Cat(Const(0, 7), r_mant)                                # M << 7: 31 bits
