@@ -143,12 +143,22 @@ class Flow:
             self.m.d.sync += r.eq(v)
         return r, t + 1
 
+    #: cycles an arithmetic unit's operands wait in registers of their own before the unit
+    OPERAND_STAGE = 1
+
     def _unit(self, unit, a, b):
+        """`unit` (FpAdd, FpMul, FpLdexp) on the aligned operands, through one register each. The operand
+        registers keep a reset so that synthesis cannot fold them into a delay line's shift register: the
+        unit's first stage then starts from a flip-flop, not from an SRL's slow output or an operand select."""
         m = self.m
         self.sub(type(unit).__name__.lower(), unit)
         (va, vb), t = self.align(a, b)
-        m.d.comb += [unit.en.eq(self.en), unit.i_valid.eq(1), unit.i_a.eq(va), unit.i_b.eq(vb)]
-        return unit.o_y, t + unit.latency
+        ra = Signal.like(va, name=self._name("opa"), reset_less=False)
+        rb = Signal.like(vb, name=self._name("opb"), reset_less=False)
+        with m.If(self.en):
+            m.d.sync += [ra.eq(va), rb.eq(vb)]
+        m.d.comb += [unit.en.eq(self.en), unit.i_valid.eq(1), unit.i_a.eq(ra), unit.i_b.eq(rb)]
+        return unit.o_y, t + self.OPERAND_STAGE + unit.latency
 
     def _shared(self, kind, share, a, b):
         """Inside `Shared.serving`: the request of a `share`-tagged operation (None outside)."""
@@ -253,7 +263,8 @@ class SegmentPoly(wiring.Component):
         super().__init__({"en": In(1), "i_valid": In(1), "i_index": In(self._index_bits), "i_t": In(32),
                           "o_valid": Out(1), "o_y": Out(32)})
 
-    LATENCY = 1 + 3 * (FpMul.LATENCY + FpAdd.LATENCY)     # the ROM read, then three multiply-adds
+    # the ROM read, then three multiply-adds (each unit behind its operand registers, `Flow.OPERAND_STAGE`)
+    LATENCY = 1 + 3 * (FpMul.LATENCY + FpAdd.LATENCY + 2 * Flow.OPERAND_STAGE)
 
     @property
     def latency(self) -> int:
@@ -361,8 +372,8 @@ class Shared:
     call given a ``share`` tag, is a request selected by the 1-bit node `when` (None: the default);
     ``shared.binary(kind, tag, a, b, when)`` requests an ``"add"``/``"mul"``/``"ldexp"`` unit directly."""
 
-    _LATENCY = {"poly": SegmentPoly.LATENCY,
-                "add": FpAdd.LATENCY, "mul": FpMul.LATENCY, "ldexp": FpLdexp.LATENCY}
+    _LATENCY = {"poly": SegmentPoly.LATENCY, "add": Flow.OPERAND_STAGE + FpAdd.LATENCY,
+                "mul": Flow.OPERAND_STAGE + FpMul.LATENCY, "ldexp": Flow.OPERAND_STAGE + FpLdexp.LATENCY}
 
     def __init__(self, f: Flow, starts: dict | None = None):
         self.f, self._starts, self.units = f, starts or {}, {}

@@ -55,10 +55,10 @@ class AttentionSequencer(Sequencer):
         self._kv_ = data.View(layout(Opcode.KVST), ctx.word)
         self._at = data.View(layout(Opcode.ATTN), ctx.word)
         # ATTN's shape and window (from the FMAP entry), visible positions, ring slot and position index, head
-        self.heads, self.hd, self.win = Signal(16), Signal(16), Signal(16)
+        self.heads, self.hd, self.win = Signal(16, name="heads"), Signal(16, name="hd"), Signal(16, name="win")
         _, nb, _, _ = geometry(hw)
-        self.n, self.t, self.h = Signal(nb), Signal(nb), Signal(16)
-        self.cap, self.slot = Signal(32), Signal(32)
+        self.n, self.t, self.h = Signal(nb, name="n"), Signal(nb, name="t"), Signal(16, name="h")
+        self.cap, self.slot = Signal(32, name="cap"), Signal(32, name="slot")
         if hw.kv_format == "int8":
             self._int8_state(m)
         with m.FSM(name="attention"):
@@ -124,7 +124,8 @@ class AttentionSequencer(Sequencer):
 
     def _kvst_fp16(self, m, st):
         hw, d, kv = self.hw, self.i_ctx.desc, self._kv_
-        k_off, v_off = Signal(32), Signal(32)        # elements from the slot's start: the K row, the V row
+        # elements from the slot's start: the K row, the V row
+        k_off, v_off = Signal(32, name="k_off"), Signal(32, name="v_off")
         self._kvst_checks(m, st, 0, 0)
         with m.State("KV_1"):
             with m.If(~self.div.busy):
@@ -136,6 +137,16 @@ class AttentionSequencer(Sequencer):
                       ddr_addr=(self._kv_base() + (k_off << 1))[:A], wr_fmt=1)
         st.wait_pass("KV_3", lambda: st.launch("RETIRE_PASS", bypass=1, n=d.cols, a=Src.L2, a_addr=elem(kv.v),
                                                sink=Sink.DDR, ddr_addr=(self._kv_base() + (v_off << 1))[:A], wr_fmt=1))
+
+    @staticmethod
+    def _products(m, a, b):
+        """State AT_1: register the products `a` and `b` (the Q and output span, the scores' span), then AT_1P;
+        a product and the checks on it are then never in one cycle."""
+        pa, pb = Signal(32, name="span"), Signal(32, name="scored")
+        with m.State("AT_1"):
+            m.d.sync += [pa.eq(a), pb.eq(b)]
+            m.next = "AT_1P"
+        return pa, pb
 
     def _attn_fp16(self, m, st):
         hw, ctx, d, at = self.hw, self.i_ctx, self.i_ctx.desc, self._at
@@ -149,11 +160,11 @@ class AttentionSequencer(Sequencer):
         row_bytes = d.cols << 1
         scores = SB + hd              # [heads][n] after the K/V row
         self._attn_checks(m, st, 0, 0, 0, uses_engine=False)
-        with m.State("AT_1"):
-            st.checks([
-                (heads * n + hd > SCR, lambda: st.fail(ErrorCode.BAD_LENGTH)),
-                (~in_l2(hw, aq, heads * hd) | ~in_l2(hw, ad, heads * hd), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
-            ], lambda: self._divide(m, ctx.pos + 1 - n, cap, "AT_2"))
+        span, scored = self._products(m, heads * hd, heads * n)       # then AT_1P: the checks on them
+        st.checks_registered("AT_1P", [
+            (scored + hd > SCR, lambda: st.fail(ErrorCode.BAD_LENGTH)),
+            (~in_l2(hw, aq, span) | ~in_l2(hw, ad, span), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+        ], lambda: self._divide(m, ctx.pos + 1 - n, cap, "AT_2"))
         with m.State("AT_2"):
             with m.If(~self.div.busy):
                 m.d.sync += [slot.eq(self.div.r), t.eq(0), row_off.eq(self.div.r * d.cols)]
@@ -249,10 +260,11 @@ class AttentionSequencer(Sequencer):
                                                                    ("plane", "kscales", "planes", "all_kscales"))
         self.blocks = (d.head_dim + hw.act_block - 1) >> ceil_log2(hw.act_block)
         self.slot_base = (self._kv_base())[:A]
-        self.kb, self.ksb, self.vsb = Signal(A), Signal(A), Signal(A)   # a head's planes, K scales, V scales
+        # a head's planes, K scales, V scales
+        self.kb, self.ksb, self.vsb = Signal(A, name="kb"), Signal(A, name="ksb"), Signal(A, name="vsb")
         # the slot's K scale and V scale regions (three cycles after the descriptor; both instructions read them
         # no earlier)
-        self.ks_region, self.vs_region = Signal(A), Signal(A)
+        self.ks_region, self.vs_region = Signal(A, name="ks_region"), Signal(A, name="vs_region")
         m.d.sync += [self.plane.eq((d.rows * d.head_dim) >> 1), self.kscales.eq((d.rows * self.blocks) << 1),
                      self.planes.eq(d.heads * self.plane), self.all_kscales.eq(d.heads * self.kscales),
                      self.ks_region.eq(self.slot_base + (self.planes << 2)),
@@ -262,7 +274,7 @@ class AttentionSequencer(Sequencer):
         self.head_off = Signal(geometry(hw)[0])          # h · head_dim, stepped head by head
         self.dst = Signal(geometry(hw)[0])
         m.d.comb += self.dst.eq(elem(self._at.dst) + self.head_off)
-        self.rz, self.recip_pending = Signal(32), Signal()
+        self.rz, self.recip_pending = Signal(32, name="rz"), Signal(name="recip_pending")
         with m.If(self.recip_pending & self.i_done.valid):
             m.d.sync += [self.rz.eq(self.i_done.payload.result), self.recip_pending.eq(0)]
 
@@ -277,7 +289,8 @@ class AttentionSequencer(Sequencer):
         hw, d, kv = self.hw, self.i_ctx.desc, self._kv_
         A = hw.axi_addr_bits
         vsb, plane, ks = self.vsb, self.plane, self.kscales
-        row_off, srow, ring = Signal(32), Signal(32), Signal(32)   # the ring slot's row in a plane / K scales
+        # the ring slot's row in a plane / K scales
+        row_off, srow, ring = Signal(32, name="row_off"), Signal(32, name="srow"), Signal(32, name="ring")
         j = Signal(8)                                     # head
         hb = Signal(16)                                   # element offset of head j in k and v
         self._kvst_checks(m, st, 1, bad_hd | (d.heads == 0))
@@ -291,7 +304,7 @@ class AttentionSequencer(Sequencer):
         # the rows KVST writes, head after head, each address stepped from the last one: `plane_row` through
         # K_hi, K_lo, V_hi, V_lo of head 0, then of head 1 ... (a plane apart), `scale_row` through the K scales
         # hi and lo of head 0, 1 ... (a scale plane apart), `vsb` through the V scales (a row of C apart)
-        plane_row, scale_row = Signal(A), Signal(A)
+        plane_row, scale_row = Signal(A, name="plane_row"), Signal(A, name="scale_row")
         with m.State("KV_3"):
             sb = self.slot_base
             m.d.sync += [plane_row.eq(sb + row_off), scale_row.eq(self.ks_region + srow),
@@ -359,14 +372,16 @@ class AttentionSequencer(Sequencer):
         heads, hd, n, h = self.heads, self.hd, self.n, self.h
         kb, ksb, vsb, plane, ks = self.kb, self.ksb, self.vsb, self.plane, self.kscales
         aq, ad = elem(at.q), elem(at.dst)
-        head_plane, head_ks, head_rows = Signal(32), Signal(32), Signal(32)
-        chunk, chunk_n = Signal(nb), Signal(nb)       # the chunk's first position and its positions
+        head_plane, head_ks = Signal(32, name="head_plane"), Signal(32, name="head_ks")
+        head_rows = Signal(32, name="head_rows")
+        # the chunk's first position and its positions
+        chunk, chunk_n = Signal(nb, name="chunk"), Signal(nb, name="chunk_n")
         vrow = Signal(A)                              # the chunk's first V_hi column (V_lo: a plane on)
         vtab = Signal(A)                              # the V planes' scale table (lo: 2·head_dim bytes on)
         dst, rz, recip_pending = self.dst, self.rz, self.recip_pending
         # Every engine command's addresses are one base plus, for the lo plane, one offset: K from the head's
         # planes and K scales, V from the chunk's columns and the scale table.
-        on_v, on_lo = Signal(), Signal()
+        on_v, on_lo = Signal(name="on_v"), Signal(name="on_lo")
         wbase = (Mux(on_v, vrow, kb) + Mux(on_lo, plane, 0))[:A]
         sbase = (Mux(on_v, vtab, ksb) + Mux(on_lo, Mux(on_v, hd << 1, ks), 0))[:A]
 
@@ -393,11 +408,11 @@ class AttentionSequencer(Sequencer):
 
         # the engine runs its GEMVs: an async WGEMV must finish first; a sliding ring is the window
         self._attn_checks(m, st, 1, bad_hd, 1, uses_engine=True)
-        with m.State("AT_1"):
-            st.checks([
-                (n > SCR, lambda: st.fail(ErrorCode.BAD_LENGTH)),
-                (~in_l2(hw, aq, heads * hd) | ~in_l2(hw, ad, heads * hd), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
-            ], st.go("AT_2"))
+        span, _ = self._products(m, heads * hd, 0)                     # then AT_1P: the checks on it
+        st.checks_registered("AT_1P", [
+            (n > SCR, lambda: st.fail(ErrorCode.BAD_LENGTH)),
+            (~in_l2(hw, aq, span) | ~in_l2(hw, ad, span), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+        ], st.go("AT_2"))
         with m.State("AT_2"):
             m.d.sync += [head_plane.eq(at.kv_head * plane), head_ks.eq(at.kv_head * ks),
                          head_rows.eq(at.kv_head * d.rows), vtab.eq(ctx.base[DdrRegion.WEIGHTS.value] + d.scale_offset)]

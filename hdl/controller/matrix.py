@@ -133,6 +133,7 @@ class MatrixSequencer(Sequencer):
         R = hw.systolic_rows
         L2E = l2_elements(hw)
         in_stride, out_stride = Signal(nb + 2), Signal(34)   # elements between tokens (16-byte rows)
+        last_tok = Signal.like(wm.tokens)                     # the last token's index
         left = Signal(9)                                      # tokens not yet in a tile
         tok = Signal(range(R + 1))                            # the token being quantised, in its tile
         tile = Signal(range(R + 1))                           # tokens in this tile
@@ -143,14 +144,15 @@ class MatrixSequencer(Sequencer):
             with m.Elif((wm.tokens == 0) | (d.cols > hw.gemv_max_cols) | (d.cols == 0)):
                 st.fail(ErrorCode.BAD_LENGTH)
             with m.Else():
-                m.d.sync += [in_stride.eq((d.cols + 3) & ~3), out_stride.eq((d.rows + 3) & ~3)]
+                m.d.sync += [in_stride.eq((d.cols + 3) & ~3), out_stride.eq((d.rows + 3) & ~3),
+                             last_tok.eq(wm.tokens - 1)]
                 m.next = "WM_1"
         # the last token's input and output ends: the products, then the sums, a cycle each
-        in_span = Signal(len(wm.tokens) + len(in_stride))
-        out_span = Signal(len(wm.tokens) + len(out_stride))
+        in_span = Signal(len(last_tok) + len(in_stride))
+        out_span = Signal(len(last_tok) + len(out_stride))
         in_end, out_end = (Signal(max(len(span), len(d.cols)) + 2) for span in (in_span, out_span))   # 3 terms
         with m.State("WM_1"):
-            m.d.sync += [in_span.eq((wm.tokens - 1) * in_stride), out_span.eq((wm.tokens - 1) * out_stride)]
+            m.d.sync += [in_span.eq(last_tok * in_stride), out_span.eq(last_tok * out_stride)]
             m.next = "WM_2"
         with m.State("WM_2"):
             m.d.sync += [in_end.eq(elem(wm.src) + in_span + d.cols), out_end.eq(elem(wm.dst) + out_span + d.rows)]
@@ -221,8 +223,14 @@ class MatrixSequencer(Sequencer):
             m.d.sync += [groups.eq(Mux(d.log2_group >= 32, 1, (d.cols + ((1 << g) - 1)) >> g)),
                          half_cols.eq((d.cols + 1) >> 1)]
             m.next = "GA_2"
+        # the products by halves of the row (one DSP48E2 each, no cascade), summed a cycle later
+        parts = [Signal(len(groups) + 16, name=f"ga_{k}") for k in ("b_lo", "b_hi", "s_lo", "s_hi")]
         with m.State("GA_2"):
-            m.d.sync += [row_bytes.eq(row * half_cols), row_scales.eq(row * groups)]
+            m.d.sync += [parts[0].eq(row[:16] * half_cols), parts[1].eq(row[16:] * half_cols),
+                         parts[2].eq(row[:16] * groups), parts[3].eq(row[16:] * groups)]
+            m.next = "GA_2S"
+        with m.State("GA_2S"):
+            m.d.sync += [row_bytes.eq(parts[0] + (parts[1] << 16)), row_scales.eq(parts[2] + (parts[3] << 16))]
             m.next = "GA_3"
         with m.State("GA_3"):
             st.launch("RETIRE_PASS", bypass=1, n=d.cols, a=Src.DDR, ddr_fmt=2,

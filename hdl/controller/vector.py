@@ -109,10 +109,17 @@ class VectorSequencer(Sequencer):
         left = Signal(32)
         src, dst = Signal(ea + 1), Signal(ea + 1)
         half = hd[1:]
+        # ROPE's operand addresses, registered at the start (and stepped with src and dst): the second halves
+        # of x and of the output, sin's table, the scratch rows t1 .. t3
+        src2, dst2, sin_ = Signal(ea + 1, name="src2"), Signal(ea + 1, name="dst2"), Signal(ea + 1, name="sin")
+        done_all = Signal()                   # left == 0, registered with left
+        t = [Signal(ea + 1, name=f"t{k}") for k in range(4)]
         with m.State("VSEG_DIV"):
             with m.If(~self.div.busy):
                 def start():
-                    m.d.sync += [left.eq(self.div.q), src.eq(va), dst.eq(vd)]
+                    m.d.sync += [left.eq(self.div.q), done_all.eq(self.div.q == 0), src.eq(va), dst.eq(vd),
+                                 src2.eq(va + half), dst2.eq(vd + half), sin_.eq(vb + half)]
+                    m.d.sync += [t[k].eq(SB + k * half) for k in range(4)]
                     with m.If(ve.func == VecFunc.ROPE):
                         m.next = "ROPE_0"
                     with m.Else():
@@ -125,12 +132,13 @@ class VectorSequencer(Sequencer):
                 ], start)
 
         def next_segment(state):
-            m.d.sync += [left.eq(left - 1), src.eq(src + hd), dst.eq(dst + hd)]
+            m.d.sync += [left.eq(left - 1), done_all.eq(left == 1), src.eq(src + hd), dst.eq(dst + hd),
+                         src2.eq(src2 + hd), dst2.eq(dst2 + hd)]
             m.next = state
 
         # RMSNORM per segment
         with m.State("RMS_0"):
-            with m.If(left == 0):
+            with m.If(done_all):
                 st.retire()
             with m.Else():
                 st.launch("RMS_1", op=SfuOp.SUMSQ, n=hd, a=Src.L2, a_addr=src, sink=Sink.REG)
@@ -149,17 +157,15 @@ class VectorSequencer(Sequencer):
         st.wait_pass("RMS_5", lambda: next_segment("RMS_0"))
 
         # ROPE per head: t0 = x1*cos, t1 = x2*sin, t2 = x2*cos, t3 = x1*sin; d1 = t0 - t1; d2 = t2 + t3
-        x1, x2 = src, src + half
-        cos_, sin_ = vb, vb + half
-        t = [SB + 0, SB + half, SB + 2 * half, SB + 3 * half]
+        x1, x2, cos_ = src, src2, vb
         steps = [(SfuOp.MUL, x1, cos_, t[0]), (SfuOp.MUL, x2, sin_, t[1]), (SfuOp.MUL, x2, cos_, t[2]),
-                 (SfuOp.MUL, x1, sin_, t[3]), (SfuOp.SUB, t[0], t[1], dst), (SfuOp.ADD, t[2], t[3], dst + half)]
+                 (SfuOp.MUL, x1, sin_, t[3]), (SfuOp.SUB, t[0], t[1], dst), (SfuOp.ADD, t[2], t[3], dst2)]
 
         def rope_step(i):
             o, a_, b_, d_ = steps[i]
             st.launch(f"ROPE_{i + 1}", op=o, n=half, a=Src.L2, a_addr=a_, b=BSrc.L2, b_addr=b_, sink=Sink.L2, dst=d_)
         with m.State("ROPE_0"):
-            with m.If(left == 0):
+            with m.If(done_all):
                 st.retire()
             with m.Else():
                 rope_step(0)
