@@ -205,7 +205,14 @@ class AxiReadDma(DmaComponent):
         info = data.StructLayout({"off": unsigned(lb), "nin": unsigned(beats_bits), "last": unsigned(beats_bits)})
         m.submodules.cmdq = cmdq = fifo.SyncFIFOBuffered(width=info.size, depth=cfg.axi_max_outstanding + 1)
 
-        cur = Signal(cfg.axi_addr_bits)        # next burst's beat-aligned address
+        # the next burst's beat-aligned address as its 4 KB page and the offset in it (a burst never crosses a
+        # page, so a burst steps the offset and, on reaching the page's end, the page by one: `page_next` holds
+        # page + 1 ahead, so no carry runs from the offset through the page)
+        off_in_page = Signal(12)
+        to_4k = Signal(range(AXI_4K // B + 1))
+        page = Signal(cfg.axi_addr_bits - 12)
+        page_next = Signal(cfg.axi_addr_bits - 12)
+        cur = Cat(off_in_page, page)
         rem = Signal(beats_bits)               # beats left to request for the current command
         active = Signal()
         outstanding = Signal(range(cfg.axi_max_outstanding + 1))
@@ -229,18 +236,21 @@ class AxiReadDma(DmaComponent):
                      cmdq.w_data.eq(cmd_info)]
         with m.If(take & (cmd.nbytes != 0)):
             m.d.comb += cmdq.w_en.eq(1)
-            m.d.sync += [cur.eq(cmd.addr & ~(B - 1)), rem.eq(nin), active.eq(1)]
+            m.d.sync += [off_in_page.eq(cmd.addr[:12] & ~(B - 1)), page.eq(cmd.addr[12:]),
+                         page_next.eq(cmd.addr[12:] + 1), to_4k.eq((AXI_4K - (cmd.addr[:12] & ~(B - 1))) >> lb),
+                         rem.eq(nin), active.eq(1)]
 
-        # Burst length: min(remaining, max burst, beats to the next 4 KB boundary).
-        to_4k = Signal(range(AXI_4K // B + 1))
-        m.d.comb += to_4k.eq((AXI_4K - cur[:12]) >> lb)
+        # Burst length: min(remaining, max burst, beats to the next 4 KB boundary (`to_4k`, kept in a
+        # register beside the offset)).
         burst = Signal(range(cfg.axi_max_burst_beats + 1))
-        with m.If((rem <= cfg.axi_max_burst_beats) & (rem <= to_4k)):
-            m.d.comb += burst.eq(rem)
-        with m.Elif(to_4k < cfg.axi_max_burst_beats):
-            m.d.comb += burst.eq(to_4k)
+        page_end = Signal()                    # burst == to_4k, decided beside the choice, not after it
+        Mx = cfg.axi_max_burst_beats
+        with m.If((rem <= Mx) & (rem <= to_4k)):
+            m.d.comb += [burst.eq(rem), page_end.eq(rem == to_4k)]
+        with m.Elif(to_4k < Mx):
+            m.d.comb += [burst.eq(to_4k), page_end.eq(1)]
         with m.Else():
-            m.d.comb += burst.eq(cfg.axi_max_burst_beats)
+            m.d.comb += [burst.eq(Mx), page_end.eq(to_4k == Mx)]
 
         m.d.comb += [
             axi.arid.eq(0), axi.araddr.eq(cur), axi.arlen.eq(burst - 1), axi.arsize.eq(lb),
@@ -252,7 +262,9 @@ class AxiReadDma(DmaComponent):
         ar_fire = axi.arvalid & axi.arready
         r_fire = axi.rvalid & axi.rready
         with m.If(ar_fire):
-            m.d.sync += [cur.eq(cur + (burst << lb)), rem.eq(rem - burst)]
+            m.d.sync += [off_in_page.eq(off_in_page + (burst << lb)), to_4k.eq(to_4k - burst), rem.eq(rem - burst)]
+            with m.If(page_end):                         # the page's last beat: the next page
+                m.d.sync += [page.eq(page_next), page_next.eq(page_next + 1), to_4k.eq(AXI_4K // B)]
             with m.If(rem == burst):
                 m.d.sync += active.eq(0)
         m.d.sync += outstanding.eq(outstanding + ar_fire - (r_fire & axi.rlast))

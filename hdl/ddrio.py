@@ -137,13 +137,18 @@ class DdrReader(wiring.Component):
         # --- command ----------------------------------------------------------------------------------
         fmt = Signal(2)
         left = Signal(N_BITS)                  # elements not yet sent into the pipeline
+        last = Signal()                        # left == 1, registered with left
+        more = Signal()                        # left != 0, registered with left
         lmask = Signal(N_BITS)                 # values per group - 1 (saturated to N_BITS bits)
         d_addr, s_addr = Signal(hw.axi_addr_bits), Signal(hw.axi_addr_bits)
-        d_rem, s_rem = Signal(nbyte_bits), Signal(nbyte_bits)      # bytes not yet requested
+        d_rem, s_rem = Signal(nbyte_bits, name="d_rem"), Signal(nbyte_bits, name="s_rem")   # not yet requested
 
-        cmd = self.i_cmd.p
-        c_mask = Signal(N_BITS)
-        m.d.comb += c_mask.eq(((Const(1, 1) << cmd.log2_group) - 1)[:N_BITS])
+        # a command is taken into registers, and its byte counts follow a cycle later (`setup`), its first
+        # requests' sizes a cycle after that (`setup2`), so the group count's shifter and the requests'
+        # arithmetic are paths of their own
+        cmd = Signal.like(self.i_cmd.p)
+        setup = Signal()
+        c_mask = Signal(N_BITS)                # values per group - 1, registered with the command
         c_groups = Signal(N_BITS + 1)
         m.d.comb += c_groups.eq((cmd.n >> cmd.log2_group) + ((cmd.n & c_mask) != 0))
         c_dbytes = Signal(nbyte_bits)
@@ -154,21 +159,27 @@ class DdrReader(wiring.Component):
                 m.d.comb += c_dbytes.eq(cmd.n << 1)
             with m.Default():
                 m.d.comb += c_dbytes.eq((cmd.n + 1) >> 1)
-        m.d.comb += self.i_cmd.ready.eq(left == 0)
+        setup2 = Signal()                      # the cycle after: the requests' counts
+        m.d.comb += self.i_cmd.ready.eq(~more & ~setup & ~setup2)
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
-            m.d.sync += [fmt.eq(cmd.fmt), left.eq(cmd.n), lmask.eq(c_mask), d_addr.eq(cmd.addr),
-                         s_addr.eq(cmd.saddr), d_rem.eq(c_dbytes),
-                         s_rem.eq(Mux(cmd.fmt == DdrFormat.INT4, c_groups << 1, 0))]
+            new = self.i_cmd.p
+            m.d.sync += [cmd.eq(new), setup.eq(1), left.eq(new.n), last.eq(new.n == 1), more.eq(new.n != 0),
+                         c_mask.eq(((Const(1, 1) << new.log2_group) - 1)[:N_BITS])]
 
         # --- requests: burst-sized DMA commands, each only when its buffer has room -------------------
-        d_fly, s_fly = Signal(range(depth + 1)), Signal(range(sdepth + 1))  # beats requested, not arrived
-        d_nb, s_nb = Signal(range(C + 1)), Signal(range(C + 1))
-        m.d.comb += [d_nb.eq(Mux(d_rem > C, C, d_rem)), s_nb.eq(Mux(s_rem > C, C, s_rem))]
-        d_beats, s_beats = Signal(range(CB + 1)), Signal(range(CB + 1))
-        m.d.comb += [d_beats.eq((d_nb + B - 1) >> lb), s_beats.eq((s_nb + B - 1) >> lb)]
+        # Per stream: the bytes and beats of its next request (registered beside the bytes left, so the
+        # credit check is one sum and one compare), and `used`, the beats its buffer holds plus those in flight
+        # (a beat arriving moves from one to the other: only a request and a read change the sum).
+        def next_request(rem):
+            nb = Mux(rem > C, C, rem)
+            return nb, (nb + B - 1) >> lb
+        d_nb, s_nb = Signal(range(C + 1), name="d_nb"), Signal(range(C + 1), name="s_nb")
+        d_beats, s_beats = Signal(range(CB + 1), name="d_beats"), Signal(range(CB + 1), name="s_beats")
+        d_any, s_any = Signal(name="d_any"), Signal(name="s_any")          # bytes left to request
+        d_used = Signal(range(depth + CB + 1), name="d_used")
+        s_used = Signal(range(sdepth + CB + 1), name="s_used")
         d_ok, s_ok = Signal(), Signal()
-        m.d.comb += [d_ok.eq((d_rem != 0) & (dbuf.level + d_fly + d_beats <= depth)),
-                     s_ok.eq((s_rem != 0) & (sbuf.level + s_fly + s_beats <= sdepth))]
+        m.d.comb += [d_ok.eq(d_any & (d_used + d_beats <= depth)), s_ok.eq(s_any & (s_used + s_beats <= sdepth))]
         prefer_s = Signal()                    # alternate between data and scales when both can go
         pick_s = Signal()
         m.d.comb += pick_s.eq(s_ok & (~d_ok | prefer_s))
@@ -180,12 +191,29 @@ class DdrReader(wiring.Component):
         ]
         issue = Signal()
         m.d.comb += [issue.eq(dma.i_cmd.valid & dma.i_cmd.ready), tags.w_en.eq(issue)]
+
+        def set_rem(rem, nb, beats, any_, value):
+            v_nb, v_beats = next_request(value)
+            m.d.sync += [rem.eq(value), nb.eq(v_nb), beats.eq(v_beats), any_.eq(value != 0)]
         with m.If(issue):
             m.d.sync += prefer_s.eq(~pick_s)
             with m.If(pick_s):
-                m.d.sync += [s_addr.eq(s_addr + s_nb), s_rem.eq(s_rem - s_nb)]
+                m.d.sync += s_addr.eq(s_addr + s_nb)
+                set_rem(s_rem, s_nb, s_beats, s_any, s_rem - s_nb)
             with m.Else():
-                m.d.sync += [d_addr.eq(d_addr + d_nb), d_rem.eq(d_rem - d_nb)]
+                m.d.sync += d_addr.eq(d_addr + d_nb)
+                set_rem(d_rem, d_nb, d_beats, d_any, d_rem - d_nb)
+        # the command's byte counts the cycle after it is taken, the requests' the cycle after that (no request
+        # runs then: both streams are done)
+        sbytes, dbytes = Signal.like(s_rem, name="sbytes"), Signal.like(d_rem, name="dbytes")
+        with m.If(setup):
+            m.d.sync += [setup.eq(0), setup2.eq(1), fmt.eq(cmd.fmt), lmask.eq(c_mask), d_addr.eq(cmd.addr),
+                         s_addr.eq(cmd.saddr), dbytes.eq(c_dbytes),
+                         sbytes.eq(Mux(cmd.fmt == DdrFormat.INT4, c_groups << 1, 0))]
+        with m.If(setup2):
+            m.d.sync += setup2.eq(0)
+            set_rem(d_rem, d_nb, d_beats, d_any, dbytes)
+            set_rem(s_rem, s_nb, s_beats, s_any, sbytes)
 
         # --- DMA output: routed by the tag of its command; always accepted (credits) -------------------
         beat = dma.o_data
@@ -196,38 +224,39 @@ class DdrReader(wiring.Component):
             tags.r_en.eq(beat.valid & beat.p.last),
         ]
         m.d.sync += [
-            d_fly.eq(d_fly + Mux(issue & ~pick_s, d_beats, 0) - dbuf.w_en),
-            s_fly.eq(s_fly + Mux(issue & pick_s, s_beats, 0) - sbuf.w_en),
+            d_used.eq(d_used + Mux(issue & ~pick_s, d_beats, 0) - dbuf.r_en),
+            s_used.eq(s_used + Mux(issue & pick_s, s_beats, 0) - sbuf.r_en),
         ]
 
         # --- element extraction ----------------------------------------------------------------------
         en = Signal()                          # conversion pipeline advance
         nib = Signal(lb + 1)                   # nibble position of the next element in the head data beat
         sidx = Signal(max(lb - 1, 1))          # binary16 position of the current scale in the head scale beat
-        idx = Signal(N_BITS)                   # elements sent of this command (for group ends)
+        grp_left = Signal(N_BITS)              # elements of the current group after the next one
+        group_end = Signal()                   # the next element ends its group (grp_left == 0, registered)
         int4 = fmt == DdrFormat.INT4
         can = Signal()
-        m.d.comb += can.eq((left != 0) & dbuf.r_rdy & (~int4 | sbuf.r_rdy))
+        m.d.comb += can.eq(more & dbuf.r_rdy & (~int4 | sbuf.r_rdy))
         take = Signal()
         m.d.comb += take.eq(can & en)
         step = Signal(4)
         m.d.comb += step.eq(Mux(fmt == DdrFormat.F32, 8, Mux(fmt == DdrFormat.F16, 4, 1)))
         nib_next = Signal(lb + 2)
         m.d.comb += nib_next.eq(nib + step)
-        last = Signal()
-        m.d.comb += last.eq(left == 1)
-        group_end = Signal()
-        m.d.comb += group_end.eq(((idx + 1) & lmask) == 0)
         scale_beat_end = Signal()
         m.d.comb += scale_beat_end.eq(sidx == (B // 2 - 1) if B > 2 else 1)
         with m.If(take):
             m.d.comb += dbuf.r_en.eq(nib_next[lb + 1] | last)
             m.d.comb += sbuf.r_en.eq(int4 & ((group_end & scale_beat_end) | last))
-            m.d.sync += [left.eq(left - 1), idx.eq(idx + 1), nib.eq(nib_next[:lb + 1])]
+            m.d.sync += [left.eq(left - 1), last.eq(left == 2), more.eq(~last), nib.eq(nib_next[:lb + 1])]
             with m.If(group_end):
-                m.d.sync += sidx.eq(sidx + 1)
+                m.d.sync += [sidx.eq(sidx + 1), grp_left.eq(lmask), group_end.eq(lmask == 0)]
+            with m.Else():
+                m.d.sync += [grp_left.eq(grp_left - 1), group_end.eq(grp_left == 1)]
             with m.If(last):
-                m.d.sync += [nib.eq(0), sidx.eq(0), idx.eq(0)]
+                m.d.sync += [nib.eq(0), sidx.eq(0)]
+        with m.If(setup):                      # a command's first group
+            m.d.sync += [grp_left.eq(c_mask), group_end.eq(c_mask == 0)]
 
         head, shead = dbuf.r_data, sbuf.r_data
         w32 = head[:32] if B == 4 else head[:W].word_select(nib[3:], 32)
@@ -261,5 +290,5 @@ class DdrReader(wiring.Component):
 
         in_pipe = Signal(range(self.latency + 2))
         m.d.sync += in_pipe.eq(in_pipe + take - (o.valid & o.ready))
-        m.d.comb += [self.o_busy.eq((left != 0) | (in_pipe != 0)), self.o_error.eq(dma.o_error)]
+        m.d.comb += [self.o_busy.eq(more | (in_pipe != 0)), self.o_error.eq(dma.o_error)]
         return m
