@@ -262,16 +262,17 @@ class GemmUnit(wiring.Component):
             run = sequencer(name)
             q, issue, _, room = _prefetch(m, f"{name}_q", len(out.p.as_value()))
             idx = Signal(range(max_cols + g.seg + 1), name=f"{name}_idx")
-            tile = Signal.like(ntiles, name=f"{name}_tile")
+            idx_last = Signal.like(idx, name=f"{name}_idx_last")       # per_tile_len - 1, registered at go
+            left = Signal.like(ntiles, name=f"{name}_left")            # tiles after this one
             with m.If(go):
-                m.d.sync += [idx.eq(0), tile.eq(0)]
+                m.d.sync += [idx.eq(0), idx_last.eq(per_tile_len - 1), left.eq(count - 1)]
             m.d.comb += [issue.eq(run & room & ~go), rd.addr.eq(idx), q.w_data.eq(rd.data),
                          out.valid.eq(q.r_rdy), out.p.eq(q.r_data), q.r_en.eq(out.ready)]
             with m.If(issue):
                 m.d.sync += idx.eq(idx + 1)
-                with m.If(idx == per_tile_len - 1):
-                    m.d.sync += [idx.eq(0), tile.eq(tile + 1)]
-                    with m.If(tile == count - 1):
+                with m.If(idx == idx_last):
+                    m.d.sync += [idx.eq(0), left.eq(left - 1)]
+                    with m.If(left == 0):
                         m.d.sync += run.eq(0)
 
         walker("act", ntiles, kpad, act_r, eng.i_act)
@@ -280,12 +281,14 @@ class GemmUnit(wiring.Component):
         # tile commands: nseg per row tile
         cmd_run = sequencer("cmd")
         cmd_tile = Signal.like(ntiles)
+        cmd_left = Signal.like(ntiles)                # tiles after this one
+        cmd_last = Signal()                           # cmd_left == 0, registered
         with m.If(go):
-            m.d.sync += cmd_tile.eq(0)
+            m.d.sync += [cmd_tile.eq(0), cmd_left.eq(ntiles - 1), cmd_last.eq(ntiles == 1)]
         m.d.comb += [eng.i_cmd.valid.eq(cmd_run & ~go), eng.i_cmd.p.eq(nseg)]
         with m.If(eng.i_cmd.valid & eng.i_cmd.ready):
-            m.d.sync += cmd_tile.eq(cmd_tile + 1)
-            with m.If(cmd_tile == ntiles - 1):
+            m.d.sync += [cmd_tile.eq(cmd_tile + 1), cmd_left.eq(cmd_left - 1), cmd_last.eq(cmd_left == 1)]
+            with m.If(cmd_last):
                 m.d.sync += cmd_run.eq(0)
 
         errors = []
@@ -336,13 +339,16 @@ class GemmUnit(wiring.Component):
         sl_r = Signal(c.rows.shape().width)           # the current row's index in the matrix
         sl_active = Signal()                          # the current tile's bank is claimed
         sx, sx_v = _expect_fifo(m, "sexp", expect, exp_depth)
+        sl_real = Signal()                            # sl_r < c.rows, registered
+        sl_tiles_left = Signal.like(ntiles)           # tiles after this one
         with m.If(go):
-            m.d.sync += [sl_row.eq(0), sl_tile.eq(0), sl_addr.eq(c.sbase), sl_r.eq(0), sl_active.eq(0)]
+            m.d.sync += [sl_row.eq(0), sl_tile.eq(0), sl_addr.eq(c.sbase), sl_r.eq(0), sl_active.eq(0),
+                         sl_real.eq(c.rows != 0), sl_tiles_left.eq(ntiles - 1)]
         with m.If(sl_run & ~go & ~sl_active & ~sbanks.claimed(sl_bank)):
             sbanks.take(sl_bank)
             m.d.sync += sl_active.eq(1)
         s_nbytes = ngroups << 1
-        real = sl_r < c.rows
+        real = sl_real
         sx_data = Signal(expect)
         m.d.comb += [sx_data.row.eq(sl_row), sx_data.nbeats.eq(Mux(real, (s_nbytes + B - 1) >> ceil_log2(B), 0)),
                      sx_data.last.eq(sl_row == C2 - 1), sx.w_data.eq(sx_data),
@@ -350,10 +356,12 @@ class GemmUnit(wiring.Component):
         s_go = sl_active & sx.w_rdy & (~real | sdma.i_cmd.ready)
         m.d.comb += [sx.w_en.eq(s_go), sdma.i_cmd.valid.eq(sl_active & sx.w_rdy & real)]
         with m.If(s_go):
-            m.d.sync += [sl_row.eq(sl_row + 1), sl_r.eq(sl_r + 1), sl_addr.eq(sl_addr + s_nbytes)]
+            m.d.sync += [sl_row.eq(sl_row + 1), sl_r.eq(sl_r + 1), sl_addr.eq(sl_addr + s_nbytes),
+                         sl_real.eq(sl_r + 1 < c.rows)]
             with m.If(sl_row == C2 - 1):
-                m.d.sync += [sl_row.eq(0), sl_active.eq(0), sl_bank.eq(~sl_bank), sl_tile.eq(sl_tile + 1)]
-                with m.If(sl_tile == ntiles - 1):
+                m.d.sync += [sl_row.eq(0), sl_active.eq(0), sl_bank.eq(~sl_bank), sl_tile.eq(sl_tile + 1),
+                             sl_tiles_left.eq(sl_tiles_left - 1)]
+                with m.If(sl_tiles_left == 0):
                     m.d.sync += sl_run.eq(0)
         # receiver: a beat's B/2 scales, one per cycle
         sr_bank = Signal()
@@ -388,18 +396,22 @@ class GemmUnit(wiring.Component):
         srd_run = sequencer("scale")
         sq, s_issue, _, s_room = _prefetch(m, "scale_q", C2 * 16)
         srd_bank, srd_g, srd_tile = Signal(), Signal(range(max_groups + 1)), Signal.like(ntiles)
+        srd_g_last = Signal.like(srd_g)               # ngroups - 1, registered at go
+        srd_tiles_left = Signal.like(ntiles)          # tiles after this one
         with m.If(go):
-            m.d.sync += [srd_bank.eq(0), srd_g.eq(0), srd_tile.eq(0)]
+            m.d.sync += [srd_bank.eq(0), srd_g.eq(0), srd_tile.eq(0), srd_g_last.eq(ngroups - 1),
+                         srd_tiles_left.eq(ntiles - 1)]
         m.d.comb += [s_issue.eq(srd_run & ~go & s_room & sbanks.complete(srd_bank)),
                      sc_r.addr.eq(Cat(srd_g[:ceil_log2(max_groups)] if max_groups > 1 else Const(0, 0), srd_bank)),
                      sq.w_data.eq(sc_r.data),
                      eng.i_scale.valid.eq(sq.r_rdy), eng.i_scale.p.eq(sq.r_data), sq.r_en.eq(eng.i_scale.ready)]
         with m.If(s_issue):
             m.d.sync += srd_g.eq(srd_g + 1)
-            with m.If(srd_g == ngroups - 1):
+            with m.If(srd_g == srd_g_last):
                 sbanks.free(srd_bank)
-                m.d.sync += [srd_g.eq(0), srd_bank.eq(~srd_bank), srd_tile.eq(srd_tile + 1)]
-                with m.If(srd_tile == ntiles - 1):
+                m.d.sync += [srd_g.eq(0), srd_bank.eq(~srd_bank), srd_tile.eq(srd_tile + 1),
+                             srd_tiles_left.eq(srd_tiles_left - 1)]
+                with m.If(srd_tiles_left == 0):
                     m.d.sync += srd_run.eq(0)
 
     def _outputs(self, m, c, go, sequencer, ntiles):
@@ -417,19 +429,28 @@ class GemmUnit(wiring.Component):
         o_n0 = Signal.like(c.rows)                    # first output row of the tile
         o_row = Signal.like(c.dst)                    # L2 element of (token o_t, row o_n0)
         o_issuing = Signal()                          # the current beat's elements are being issued
-        o_len = Signal(range(C2 + 1))
-        left = c.rows - o_n0
-        m.d.comb += o_len.eq(Mux(left > C2, C2, left))
+        # registered beside the counters: the tile's row count (and its last index), whether o_t is a real
+        # token, the tile's last token row and the last tile
+        o_len, o_last_j = Signal(range(C2 + 1)), Signal(range(C2 + 1))
+        real_tok, last_t, last_tile = Signal(), Signal(), Signal()
+        o_tiles_left = Signal.like(ntiles)            # tiles after this one
+
+        def tile_rows(n0):
+            left = c.rows - n0
+            n = Mux(left > C2, C2, left)
+            m.d.sync += [o_len.eq(n), o_last_j.eq(n - 1)]
         m.submodules.wcmdq = wq = fifo.SyncFIFOBuffered(width=len(self.o_wcmd.p.as_value()), depth=4)
         m.d.comb += [self.o_wcmd.valid.eq(wq.r_rdy), self.o_wcmd.p.eq(wq.r_data), wq.r_en.eq(self.o_wcmd.ready)]
         m.submodules.add = add = FpAdd()
         m.submodules.outq = outq = fifo.SyncFIFOBuffered(width=32, depth=add.latency + 4)
-        inflight = Signal(range(add.latency + 2))
+        inflight = Signal(range(add.latency + 3))    # in the operand registers or the adder
         rcmd_pend = Signal()
         with m.If(go):
-            m.d.sync += [o_tile.eq(0), o_t.eq(0), o_n0.eq(0), o_row.eq(c.dst), o_issuing.eq(0)]
+            m.d.sync += [o_tile.eq(0), o_t.eq(0), o_n0.eq(0), o_row.eq(c.dst), o_issuing.eq(0),
+                         real_tok.eq(c.ntok != 0), last_t.eq(R == 1), last_tile.eq(ntiles == 1),
+                         o_tiles_left.eq(ntiles - 1)]
+            tile_rows(0)
         beat = eng.o_y
-        real_tok = o_t < c.ntok
         # a beat starts: a real token row queues its write (and read) command; a padding row is dropped
         start_beat = out_run & ~go & beat.valid & ~o_issuing & wq.w_rdy & ~rcmd_pend
         with m.If(start_beat):
@@ -442,8 +463,12 @@ class GemmUnit(wiring.Component):
         with m.If(self.o_rcmd.valid & self.o_rcmd.ready):
             m.d.sync += rcmd_pend.eq(0)
         fire = o_issuing & ~rcmd_pend & (~c.accm | self.i_old.valid) & (outq.level + inflight < outq.depth)
-        m.d.comb += [add.en.eq(1), add.i_valid.eq(fire), add.i_a.eq(Mux(c.accm, self.i_old.p, NEG_ZERO)),
-                     add.i_b.eq(beat.p.y[o_j]) if C2 > 1 else add.i_b.eq(beat.p.y[0]),
+        # the adder's operands through registers (the engine's row select and the old value are paths of
+        # their own)
+        op_v, op_a, op_b = Signal(), Signal(32, name="op_a"), Signal(32, name="op_b")
+        m.d.sync += [op_v.eq(fire), op_a.eq(Mux(c.accm, self.i_old.p, NEG_ZERO)),
+                     op_b.eq(beat.p.y[o_j] if C2 > 1 else beat.p.y[0])]
+        m.d.comb += [add.en.eq(1), add.i_valid.eq(op_v), add.i_a.eq(op_a), add.i_b.eq(op_b),
                      self.i_old.ready.eq(fire & c.accm),
                      outq.w_en.eq(add.o_valid), outq.w_data.eq(add.o_y),
                      self.o_y.valid.eq(outq.r_rdy), self.o_y.p.eq(outq.r_data), outq.r_en.eq(self.o_y.ready)]
@@ -451,18 +476,21 @@ class GemmUnit(wiring.Component):
         end_beat = Signal()
         with m.If(fire):
             m.d.sync += o_j.eq(o_j + 1)
-            with m.If(o_j == o_len - 1):
+            with m.If(o_j == o_last_j):
                 m.d.sync += o_issuing.eq(0)
                 m.d.comb += end_beat.eq(1)
         with m.If(start_beat & ~real_tok):
             m.d.comb += end_beat.eq(1)
         m.d.comb += beat.ready.eq(end_beat)
         with m.If(end_beat):
-            m.d.sync += [o_t.eq(o_t + 1), o_row.eq(o_row + c.stride)]
-            with m.If(o_t == R - 1):
+            m.d.sync += [o_t.eq(o_t + 1), o_row.eq(o_row + c.stride), real_tok.eq(o_t + 1 < c.ntok),
+                         last_t.eq(o_t + 1 == R - 1)]
+            with m.If(last_t):
                 m.d.sync += [o_t.eq(0), o_tile.eq(o_tile + 1), o_n0.eq(o_n0 + C2),
-                             o_row.eq(c.dst + o_n0 + C2)]
-                with m.If(o_tile == ntiles - 1):
+                             o_row.eq(c.dst + o_n0 + C2), real_tok.eq(c.ntok != 0), last_t.eq(R == 1),
+                             last_tile.eq(o_tiles_left == 1), o_tiles_left.eq(o_tiles_left - 1)]
+                tile_rows(o_n0 + C2)
+                with m.If(last_tile):
                     m.d.sync += out_run.eq(0)
         drained = ~outq.r_rdy & (inflight == 0) & ~wq.r_rdy
         return drained
@@ -490,15 +518,17 @@ class GemmUnit(wiring.Component):
         active = Signal(name=f"w{p}_active")
         x, xv = _expect_fifo(m, f"w{p}_exp", expect, exp_depth)
         first_addr = c.wbase + ((row_bytes * p) << lrp)
+        tiles_left = Signal.like(ntiles, name=f"w{p}_tiles_left")  # tiles after this one
+        real = Signal(name=f"w{p}_real")                          # r < c.rows, registered with r
         with m.If(go):
             m.d.sync += [bank.eq(0), row.eq(0), tile.eq(0), koff.eq(0), active.eq(0),
-                         taddr.eq(first_addr), raddr.eq(first_addr), r0.eq(p * RP), r.eq(p * RP)]
+                         taddr.eq(first_addr), raddr.eq(first_addr), r0.eq(p * RP), r.eq(p * RP),
+                         tiles_left.eq(ntiles - 1), real.eq(p * RP < c.rows)]
         with m.If(run & ~go & ~active & ~banks.claimed(bank)):
             banks.take(bank)
             m.d.sync += active.eq(1)
         rem = row_bytes - koff
         nbytes = Mux(rem > KC // 2, KC // 2, rem)
-        real = r < c.rows
         xd = Signal(expect, name=f"w{p}_xd")
         m.d.comb += [xd.row.eq(row), xd.nbeats.eq(Mux(real, (nbytes + B - 1) >> ceil_log2(B), 0)),
                      xd.last.eq(row == RP - 1), x.w_data.eq(xd),
@@ -507,17 +537,18 @@ class GemmUnit(wiring.Component):
         m.d.comb += [x.w_en.eq(fire), dma.i_cmd.valid.eq(active & x.w_rdy & real)]
         last_chunk = koff + KC // 2 >= row_bytes
         with m.If(fire):
-            m.d.sync += [row.eq(row + 1), r.eq(r + 1), raddr.eq(raddr + row_bytes)]
+            m.d.sync += [row.eq(row + 1), r.eq(r + 1), raddr.eq(raddr + row_bytes), real.eq(r + 1 < c.rows)]
             with m.If(row == RP - 1):
                 m.d.sync += [row.eq(0), active.eq(0), bank.eq(~bank)]
                 with m.If(last_chunk):
                     nt = taddr + (row_bytes << ceil_log2(C2))
                     m.d.sync += [koff.eq(0), tile.eq(tile + 1), taddr.eq(nt), raddr.eq(nt), r0.eq(r0 + C2),
-                                 r.eq(r0 + C2)]
-                    with m.If(tile == ntiles - 1):
+                                 r.eq(r0 + C2), real.eq(r0 + C2 < c.rows), tiles_left.eq(tiles_left - 1)]
+                    with m.If(tiles_left == 0):
                         m.d.sync += run.eq(0)
                 with m.Else():
-                    m.d.sync += [koff.eq(koff + KC // 2), raddr.eq(taddr + koff + KC // 2), r.eq(r0)]
+                    m.d.sync += [koff.eq(koff + KC // 2), raddr.eq(taddr + koff + KC // 2), r.eq(r0),
+                                 real.eq(r0 < c.rows)]
         # receiver: beats of row xv.row into its memory, bank by bank
         rbank = Signal(name=f"w{p}_rbank")
         rbeat = Signal(range(CB + 2), name=f"w{p}_rbeat")
@@ -544,8 +575,10 @@ class GemmUnit(wiring.Component):
         k = Signal(range(self._hw.gemv_max_cols + KC + 1), name=f"w{p}_k")     # k-step within the tile
         kc0 = Signal.like(k, name=f"w{p}_kc0")                                 # the chunk's first k
         ktile = Signal.like(ntiles, name=f"w{p}_ktile")
+        k_last = Signal.like(k, name=f"w{p}_k_last")                           # kpad - SPB, registered at go
+        kt_left = Signal.like(ntiles, name=f"w{p}_kt_left")                    # tiles after this one
         with m.If(go):
-            m.d.sync += [kb.eq(0), k.eq(0), kc0.eq(0), ktile.eq(0)]
+            m.d.sync += [kb.eq(0), k.eq(0), kc0.eq(0), ktile.eq(0), k_last.eq(kpad - SPB), kt_left.eq(ntiles - 1)]
         m.d.comb += issue.eq(rd_run & ~go & room & banks.complete(kb))
         kin = k - kc0                                                           # within the chunk
         for _, rp in mems:
@@ -564,11 +597,11 @@ class GemmUnit(wiring.Component):
                      eng.i_wgt[p].valid.eq(q.r_rdy), eng.i_wgt[p].p.eq(q.r_data), q.r_en.eq(eng.i_wgt[p].ready)]
         with m.If(issue):
             m.d.sync += k.eq(k + SPB)
-            end_chunk = (kin + SPB == KC) | (k + SPB == kpad)
+            end_chunk = (kin == KC - SPB) | (k == k_last)
             with m.If(end_chunk):
                 banks.free(kb)
                 m.d.sync += [kb.eq(~kb), kc0.eq(k + SPB)]
-            with m.If(k + SPB == kpad):
-                m.d.sync += [k.eq(0), kc0.eq(0), ktile.eq(ktile + 1)]
-                with m.If(ktile == ntiles - 1):
+            with m.If(k == k_last):
+                m.d.sync += [k.eq(0), kc0.eq(0), ktile.eq(ktile + 1), kt_left.eq(kt_left - 1)]
+                with m.If(kt_left == 0):
                     m.d.sync += rd_run.eq(0)

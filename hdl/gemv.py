@@ -972,13 +972,16 @@ class SparsePort(wiring.Component):
         half_rows = Signal(20)                       # column stride in bytes
         nseg_m1 = Signal(range(S + 1))
         gmask = Signal(range(S + 1))                 # segments per group - 1
+        left = Signal(signed(len(d.cmd.rows) + 1))   # the matrix's rows from this port's first on
+        setup = Signal()
         with m.If(self.i_start):
-            left = d.cmd.rows.as_signed() - p * d.prow
-            m.d.sync += [rows_p.eq(Mux(left <= 0, 0, Mux(left > d.prow, d.prow, left))),
+            m.d.sync += [left.eq(d.cmd.rows.as_signed() - p * d.prow),
                          half_rows.eq(d.cmd.rows >> 1), nseg_m1.eq(d.nseg - 1),
                          gmask.eq((Const(1, 17) << d.gshift) - 1)]
-        started = Signal()                           # rows_p is valid from the cycle after i_start
-        m.d.sync += started.eq(self.i_start)
+        with m.If(setup):
+            m.d.sync += rows_p.eq(Mux(left <= 0, 0, Mux(left > d.prow, d.prow, left)))
+        started = Signal()                           # rows_p is valid from the second cycle after i_start
+        m.d.sync += [setup.eq(self.i_start), started.eq(setup)]
 
         # --- sequencer: DMA commands and the item FIFO -----------------------------------------------------
         SCALE, COL, END = self.SCALE, self.COL, self.END

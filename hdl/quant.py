@@ -248,8 +248,13 @@ class ActQuantizer(wiring.Component):
         take = Signal()
         m.d.comb += [self.i_beat.ready.eq(f_busy & ~slot_full.bit_select(f_slot, 1) & blocks.w_rdy),
                      take.eq(self.i_beat.valid & self.i_beat.ready)]
+        # the next beat's element count and whether it is the command's last, registered with f_left
         cnt = Signal(LL + 1)                  # elements in this beat: LANES, the command's last the rest
-        m.d.comb += cnt.eq(Mux(f_left >= LANES, LANES, f_left[:LL + 1]))
+        last_elem = Signal()                  # f_left <= LANES
+
+        def set_left(value):
+            m.d.sync += [f_left.eq(value), cnt.eq(Mux(value >= LANES, LANES, value[:LL + 1])),
+                         last_elem.eq(value <= LANES)]
         lanes = [beat[32 * k:32 * (k + 1)] for k in range(LANES)]
         lane_on = [cnt > k for k in range(LANES)]
         # The new running maximum in one compare level: every pair of (lanes, f_max) compared at once; the
@@ -266,7 +271,6 @@ class ActQuantizer(wiring.Component):
             acc = acc | w_
         m.d.comb += nm.eq(acc)
         new_nf = f_nf | Cat(*(lane_on[k] & (lanes[k][23:31] == 0xFF) for k in range(LANES))).any()
-        last_elem = f_left <= LANES
         end_blk = ((f_col[LL:LB] == BW - 1) if LB > LL else Const(1, 1)) | last_elem
         m.d.comb += [wr.en.eq(Mux(take, Cat(*lane_on), 0)), wr.addr.eq(Cat(f_col[LL:LB], f_slot)), wr.data.eq(beat)]
         m.d.comb += [new_blk.lidx.eq(f_col[:LB] + cnt - 1), new_blk.blk.eq(f_col[LB:]), new_blk.last.eq(last_elem),
@@ -277,7 +281,8 @@ class ActQuantizer(wiring.Component):
         with m.Else():
             m.d.comb += new_blk.key.amax.eq(nm)
         with m.If(take):
-            m.d.sync += [f_col.eq(f_col + cnt), f_left.eq(f_left - cnt)]
+            m.d.sync += f_col.eq(f_col + cnt)
+            set_left(f_left - cnt)
             with m.If(last_elem):
                 m.d.sync += f_busy.eq(0)
             with m.If(end_blk):
@@ -297,7 +302,8 @@ class ActQuantizer(wiring.Component):
         m.d.comb += self.i_cmd.ready.eq(fill_free & ((n != 0) | (pending == 0)))
         cmd_take = self.i_cmd.valid & self.i_cmd.ready
         with m.If(cmd_take & (n != 0)):
-            m.d.sync += [f_busy.eq(1), f_left.eq(n), f_col.eq(0), f_limit.eq(self.i_cmd.p.limit),
+            set_left(n)
+            m.d.sync += [f_busy.eq(1), f_col.eq(0), f_limit.eq(self.i_cmd.p.limit),
                          f_force.eq(self.i_cmd.p.force), f_e.eq(self.i_cmd.p.e)]
         m.d.comb += zero_done.eq(cmd_take & (n == 0))
         m.d.sync += pending.eq(pending + (cmd_take & (n != 0)) - done_last)

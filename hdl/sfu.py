@@ -759,7 +759,7 @@ class _RedPort:
     """A lane's way into its adder A1 for the reductions (`Sfu._reductions` drives it): while ``sel`` is
     high A1 adds ``la + lb`` instead of the short path's operands. `_short_tail` records ``rv`` (the lane's
     reduction operand at A1's input: ``a``, or M1's product for SUMSQ/DOT), ``t`` (the time of A1's
-    input) and ``y`` (A1's sum, `FpAdd.LATENCY` enabled cycles after its operands)."""
+    input) and ``y`` (A1's sum, ``Flow.OPERAND_STAGE + FpAdd.LATENCY`` enabled cycles after its operands)."""
 
     def __init__(self, j: int):
         self.la = Signal(32, name=f"red_la{j}")
@@ -842,10 +842,11 @@ class Sfu(wiring.Component):
 
     def __init__(self, hw):
         lanes = hw.sfu_reduce_lanes
-        if lanes % LANES or lanes // LANES <= FpAdd.LATENCY:
+        if lanes % LANES or lanes // LANES <= Flow.OPERAND_STAGE + FpAdd.LATENCY:
             self._MustUse__silence = True
-            raise ValueError(f"Sfu needs sfu_reduce_lanes / {LANES} (slots per bank) > FpAdd latency "
-                             f"({FpAdd.LATENCY}) so a slot's add is done before its next element; got {lanes}")
+            raise ValueError(f"Sfu needs sfu_reduce_lanes / {LANES} (slots per bank) > FpAdd latency with its "
+                             f"operand registers ({Flow.OPERAND_STAGE + FpAdd.LATENCY}) so a slot's add is done "
+                             f"before its next element; got {lanes}")
         self._hw = hw
         self._cmd_layout = command_layout(hw)
         super().__init__({"i_cmd": In(stream.Signature(self._cmd_layout)),
@@ -948,7 +949,7 @@ class Sfu(wiring.Component):
         sbits = max(1, (per - 1).bit_length())
         bank = [[Signal(32, name=f"lane{j + LANES * s}") for s in range(per)] for j in range(LANES)]
         red_max = _is(op, *MAX_OPS)
-        latency = FpAdd.LATENCY
+        latency = Flow.OPERAND_STAGE + FpAdd.LATENCY           # A1 behind its operand registers
 
         def pick(regs, idx):
             v = Signal(32)
