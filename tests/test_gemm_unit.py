@@ -59,6 +59,16 @@ async def axi_read_slave(ctx, axi, mem, rng, stall, B, slverr_at=None):
             pending.append((araddr, arlen + 1))
 
 
+def add_read_slaves(sim, ports, mem, rng, stall, B, slverr_at=None):
+    """An `axi_read_slave` process on each AXI read port of `ports`."""
+    def slave(axi):
+        async def bench(ctx):
+            await axi_read_slave(ctx, axi, mem, rng, stall, B, slverr_at)
+        return bench
+    for axi in ports:
+        sim.add_process(slave(axi))
+
+
 def run_unit(rows, cols, ntok, *, accm=False, seed=0, stall=0.3, chunk_beats=None, hw=HW, slverr_at=None):
     rng = np.random.default_rng(seed)
     dut = GemmUnit(hw, chunk_beats=chunk_beats)
@@ -140,13 +150,7 @@ def run_unit(rows, cols, ntok, *, accm=False, seed=0, stall=0.3, chunk_beats=Non
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    def slave(axi):
-        async def bench(ctx):
-            await axi_read_slave(ctx, axi, mem, rng, stall, B, slverr_at)
-        return bench
-
-    for p in range(dut.axi_ports):
-        sim.add_process(slave(getattr(dut, f"m_axi{p}")))
+    add_read_slaves(sim, [getattr(dut, f"m_axi{p}") for p in range(dut.axi_ports)], mem, rng, stall, B, slverr_at)
     sim.add_testbench(feed)
     sim.add_testbench(l2_side)
     sim.run()

@@ -15,7 +15,7 @@ from amaranth.sim import Simulator
 from hdl.config import HardwareConfig
 from hdl.controller import EngineTracker
 from hdl.l2 import LANES
-from tests.test_gemm_unit import axi_read_slave
+from tests.test_gemm_unit import add_read_slaves
 
 HW = HardwareConfig.preset("tiny")
 
@@ -97,14 +97,7 @@ def test_the_running_range_covers_every_matrix_until_its_last_row(order, seed):
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-
-    def slave(axi):
-        async def bench(ctx):
-            await axi_read_slave(ctx, axi, mem, rng, 0.3, B)
-        return bench
-
-    for p in range(HW.axi_ports):
-        sim.add_process(slave(getattr(dut, f"m_gemv{p}")))
+    add_read_slaves(sim, [getattr(dut, f"m_gemv{p}") for p in range(HW.axi_ports)], mem, rng, 0.3, B)
     sim.add_testbench(feed)
     sim.add_testbench(l2)
     sim.run()
