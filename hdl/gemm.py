@@ -109,6 +109,22 @@ def _expect_fifo(m, name, layout, depth):
     return q, data.View(layout, q.r_data)
 
 
+class _Countdown:
+    """The items left after the current one (of `count`, loaded at `go`) and whether the current one is the
+    last, both registered: a sequencer's end is one flag, not a compare against ``count - 1``."""
+
+    def __init__(self, m, name, count, go):
+        self._m = m
+        self.left = Signal.like(count, name=f"{name}_left")
+        self.last = Signal(name=f"{name}_last")
+        with m.If(go):
+            m.d.sync += [self.left.eq(count - 1), self.last.eq(count == 1)]
+
+    def step(self):
+        """The current item is done (call under its condition)."""
+        self._m.d.sync += [self.left.eq(self.left - 1), self.last.eq(self.left == 1)]
+
+
 class _Banks:
     """Two buffer banks passed from a loader (claims one, then fills it), a receiver (marks it complete) and a
     reader (empties it, which frees it). ``claimed(b)``, ``complete(b)``: the bank's state; ``take(b)``,
@@ -263,16 +279,17 @@ class GemmUnit(wiring.Component):
             q, issue, _, room = _prefetch(m, f"{name}_q", len(out.p.as_value()))
             idx = Signal(range(max_cols + g.seg + 1), name=f"{name}_idx")
             idx_last = Signal.like(idx, name=f"{name}_idx_last")       # per_tile_len - 1, registered at go
-            left = Signal.like(ntiles, name=f"{name}_left")            # tiles after this one
+            tiles = _Countdown(m, f"{name}_tiles", count, go)
             with m.If(go):
-                m.d.sync += [idx.eq(0), idx_last.eq(per_tile_len - 1), left.eq(count - 1)]
+                m.d.sync += [idx.eq(0), idx_last.eq(per_tile_len - 1)]
             m.d.comb += [issue.eq(run & room & ~go), rd.addr.eq(idx), q.w_data.eq(rd.data),
                          out.valid.eq(q.r_rdy), out.p.eq(q.r_data), q.r_en.eq(out.ready)]
             with m.If(issue):
                 m.d.sync += idx.eq(idx + 1)
                 with m.If(idx == idx_last):
-                    m.d.sync += [idx.eq(0), left.eq(left - 1)]
-                    with m.If(left == 0):
+                    m.d.sync += idx.eq(0)
+                    tiles.step()
+                    with m.If(tiles.last):
                         m.d.sync += run.eq(0)
 
         walker("act", ntiles, kpad, act_r, eng.i_act)
@@ -280,15 +297,11 @@ class GemmUnit(wiring.Component):
 
         # tile commands: nseg per row tile
         cmd_run = sequencer("cmd")
-        cmd_tile = Signal.like(ntiles)
-        cmd_left = Signal.like(ntiles)                # tiles after this one
-        cmd_last = Signal()                           # cmd_left == 0, registered
-        with m.If(go):
-            m.d.sync += [cmd_tile.eq(0), cmd_left.eq(ntiles - 1), cmd_last.eq(ntiles == 1)]
+        cmd_tiles = _Countdown(m, "cmd_tiles", ntiles, go)
         m.d.comb += [eng.i_cmd.valid.eq(cmd_run & ~go), eng.i_cmd.p.eq(nseg)]
         with m.If(eng.i_cmd.valid & eng.i_cmd.ready):
-            m.d.sync += [cmd_tile.eq(cmd_tile + 1), cmd_left.eq(cmd_left - 1), cmd_last.eq(cmd_left == 1)]
-            with m.If(cmd_last):
+            cmd_tiles.step()
+            with m.If(cmd_tiles.last):
                 m.d.sync += cmd_run.eq(0)
 
         errors = []
@@ -334,16 +347,15 @@ class GemmUnit(wiring.Component):
         sbanks = _Banks(m, "s")
         # loader
         sl_run = sequencer("sload")
-        sl_bank, sl_row, sl_tile = Signal(), Signal(range(C2 + 1)), Signal.like(ntiles)
+        sl_bank, sl_row = Signal(), Signal(range(C2 + 1))
         sl_addr = Signal(A)                           # the current row's scales
         sl_r = Signal(c.rows.shape().width)           # the current row's index in the matrix
         sl_active = Signal()                          # the current tile's bank is claimed
         sx, sx_v = _expect_fifo(m, "sexp", expect, exp_depth)
         sl_real = Signal()                            # sl_r < c.rows, registered
-        sl_tiles_left = Signal.like(ntiles)           # tiles after this one
+        sl_tiles = _Countdown(m, "sl_tiles", ntiles, go)
         with m.If(go):
-            m.d.sync += [sl_row.eq(0), sl_tile.eq(0), sl_addr.eq(c.sbase), sl_r.eq(0), sl_active.eq(0),
-                         sl_real.eq(c.rows != 0), sl_tiles_left.eq(ntiles - 1)]
+            m.d.sync += [sl_row.eq(0), sl_addr.eq(c.sbase), sl_r.eq(0), sl_active.eq(0), sl_real.eq(c.rows != 0)]
         with m.If(sl_run & ~go & ~sl_active & ~sbanks.claimed(sl_bank)):
             sbanks.take(sl_bank)
             m.d.sync += sl_active.eq(1)
@@ -359,9 +371,9 @@ class GemmUnit(wiring.Component):
             m.d.sync += [sl_row.eq(sl_row + 1), sl_r.eq(sl_r + 1), sl_addr.eq(sl_addr + s_nbytes),
                          sl_real.eq(sl_r + 1 < c.rows)]
             with m.If(sl_row == C2 - 1):
-                m.d.sync += [sl_row.eq(0), sl_active.eq(0), sl_bank.eq(~sl_bank), sl_tile.eq(sl_tile + 1),
-                             sl_tiles_left.eq(sl_tiles_left - 1)]
-                with m.If(sl_tiles_left == 0):
+                m.d.sync += [sl_row.eq(0), sl_active.eq(0), sl_bank.eq(~sl_bank)]
+                sl_tiles.step()
+                with m.If(sl_tiles.last):
                     m.d.sync += sl_run.eq(0)
         # receiver: a beat's B/2 scales, one per cycle
         sr_bank = Signal()
@@ -395,12 +407,11 @@ class GemmUnit(wiring.Component):
         # reader
         srd_run = sequencer("scale")
         sq, s_issue, _, s_room = _prefetch(m, "scale_q", C2 * 16)
-        srd_bank, srd_g, srd_tile = Signal(), Signal(range(max_groups + 1)), Signal.like(ntiles)
+        srd_bank, srd_g = Signal(), Signal(range(max_groups + 1))
         srd_g_last = Signal.like(srd_g)               # ngroups - 1, registered at go
-        srd_tiles_left = Signal.like(ntiles)          # tiles after this one
+        srd_tiles = _Countdown(m, "srd_tiles", ntiles, go)
         with m.If(go):
-            m.d.sync += [srd_bank.eq(0), srd_g.eq(0), srd_tile.eq(0), srd_g_last.eq(ngroups - 1),
-                         srd_tiles_left.eq(ntiles - 1)]
+            m.d.sync += [srd_bank.eq(0), srd_g.eq(0), srd_g_last.eq(ngroups - 1)]
         m.d.comb += [s_issue.eq(srd_run & ~go & s_room & sbanks.complete(srd_bank)),
                      sc_r.addr.eq(Cat(srd_g[:ceil_log2(max_groups)] if max_groups > 1 else Const(0, 0), srd_bank)),
                      sq.w_data.eq(sc_r.data),
@@ -409,9 +420,9 @@ class GemmUnit(wiring.Component):
             m.d.sync += srd_g.eq(srd_g + 1)
             with m.If(srd_g == srd_g_last):
                 sbanks.free(srd_bank)
-                m.d.sync += [srd_g.eq(0), srd_bank.eq(~srd_bank), srd_tile.eq(srd_tile + 1),
-                             srd_tiles_left.eq(srd_tiles_left - 1)]
-                with m.If(srd_tiles_left == 0):
+                m.d.sync += [srd_g.eq(0), srd_bank.eq(~srd_bank)]
+                srd_tiles.step()
+                with m.If(srd_tiles.last):
                     m.d.sync += srd_run.eq(0)
 
     def _outputs(self, m, c, go, sequencer, ntiles):
@@ -423,17 +434,16 @@ class GemmUnit(wiring.Component):
         R, C2 = g.rows, 2 * g.cols
         eng = self._engine
         out_run = sequencer("out")
-        o_tile = Signal.like(ntiles)
         o_t = Signal(range(R + 1))
         o_j = Signal(range(C2 + 1))
         o_n0 = Signal.like(c.rows)                    # first output row of the tile
         o_row = Signal.like(c.dst)                    # L2 element of (token o_t, row o_n0)
         o_issuing = Signal()                          # the current beat's elements are being issued
         # registered beside the counters: the tile's row count (and its last index), whether o_t is a real
-        # token, the tile's last token row and the last tile
+        # token, the tile's last token row
         o_len, o_last_j = Signal(range(C2 + 1)), Signal(range(C2 + 1))
-        real_tok, last_t, last_tile = Signal(), Signal(), Signal()
-        o_tiles_left = Signal.like(ntiles)            # tiles after this one
+        real_tok, last_t = Signal(), Signal()
+        o_tiles = _Countdown(m, "o_tiles", ntiles, go)
 
         def tile_rows(n0):
             left = c.rows - n0
@@ -446,9 +456,8 @@ class GemmUnit(wiring.Component):
         inflight = Signal(range(add.latency + 3))    # in the operand registers or the adder
         rcmd_pend = Signal()
         with m.If(go):
-            m.d.sync += [o_tile.eq(0), o_t.eq(0), o_n0.eq(0), o_row.eq(c.dst), o_issuing.eq(0),
-                         real_tok.eq(c.ntok != 0), last_t.eq(R == 1), last_tile.eq(ntiles == 1),
-                         o_tiles_left.eq(ntiles - 1)]
+            m.d.sync += [o_t.eq(0), o_n0.eq(0), o_row.eq(c.dst), o_issuing.eq(0),
+                         real_tok.eq(c.ntok != 0), last_t.eq(R == 1)]
             tile_rows(0)
         beat = eng.o_y
         # a beat starts: a real token row queues its write (and read) command; a padding row is dropped
@@ -486,11 +495,11 @@ class GemmUnit(wiring.Component):
             m.d.sync += [o_t.eq(o_t + 1), o_row.eq(o_row + c.stride), real_tok.eq(o_t + 1 < c.ntok),
                          last_t.eq(o_t + 1 == R - 1)]
             with m.If(last_t):
-                m.d.sync += [o_t.eq(0), o_tile.eq(o_tile + 1), o_n0.eq(o_n0 + C2),
-                             o_row.eq(c.dst + o_n0 + C2), real_tok.eq(c.ntok != 0), last_t.eq(R == 1),
-                             last_tile.eq(o_tiles_left == 1), o_tiles_left.eq(o_tiles_left - 1)]
+                m.d.sync += [o_t.eq(0), o_n0.eq(o_n0 + C2), o_row.eq(c.dst + o_n0 + C2),
+                             real_tok.eq(c.ntok != 0), last_t.eq(R == 1)]
+                o_tiles.step()
                 tile_rows(o_n0 + C2)
-                with m.If(last_tile):
+                with m.If(o_tiles.last):
                     m.d.sync += out_run.eq(0)
         drained = ~outq.r_rdy & (inflight == 0) & ~wq.r_rdy
         return drained
@@ -509,7 +518,6 @@ class GemmUnit(wiring.Component):
         run = sequencer(f"wload{p}")
         bank = Signal(name=f"w{p}_lbank")
         row = Signal(range(RP + 1), name=f"w{p}_row")
-        tile = Signal.like(ntiles, name=f"w{p}_tile")
         koff = Signal(range(self._hw.gemv_max_cols + KC + 1), name=f"w{p}_koff")   # the chunk's byte offset in a row
         raddr = Signal(A, name=f"w{p}_raddr")                      # this row's chunk
         taddr = Signal(A, name=f"w{p}_taddr")                      # the tile's first row (of this port)
@@ -518,12 +526,12 @@ class GemmUnit(wiring.Component):
         active = Signal(name=f"w{p}_active")
         x, xv = _expect_fifo(m, f"w{p}_exp", expect, exp_depth)
         first_addr = c.wbase + ((row_bytes * p) << lrp)
-        tiles_left = Signal.like(ntiles, name=f"w{p}_tiles_left")  # tiles after this one
+        tiles = _Countdown(m, f"w{p}_tiles", ntiles, go)
         real = Signal(name=f"w{p}_real")                          # r < c.rows, registered with r
         with m.If(go):
-            m.d.sync += [bank.eq(0), row.eq(0), tile.eq(0), koff.eq(0), active.eq(0),
+            m.d.sync += [bank.eq(0), row.eq(0), koff.eq(0), active.eq(0),
                          taddr.eq(first_addr), raddr.eq(first_addr), r0.eq(p * RP), r.eq(p * RP),
-                         tiles_left.eq(ntiles - 1), real.eq(p * RP < c.rows)]
+                         real.eq(p * RP < c.rows)]
         with m.If(run & ~go & ~active & ~banks.claimed(bank)):
             banks.take(bank)
             m.d.sync += active.eq(1)
@@ -542,9 +550,10 @@ class GemmUnit(wiring.Component):
                 m.d.sync += [row.eq(0), active.eq(0), bank.eq(~bank)]
                 with m.If(last_chunk):
                     nt = taddr + (row_bytes << ceil_log2(C2))
-                    m.d.sync += [koff.eq(0), tile.eq(tile + 1), taddr.eq(nt), raddr.eq(nt), r0.eq(r0 + C2),
-                                 r.eq(r0 + C2), real.eq(r0 + C2 < c.rows), tiles_left.eq(tiles_left - 1)]
-                    with m.If(tiles_left == 0):
+                    m.d.sync += [koff.eq(0), taddr.eq(nt), raddr.eq(nt), r0.eq(r0 + C2),
+                                 r.eq(r0 + C2), real.eq(r0 + C2 < c.rows)]
+                    tiles.step()
+                    with m.If(tiles.last):
                         m.d.sync += run.eq(0)
                 with m.Else():
                     m.d.sync += [koff.eq(koff + KC // 2), raddr.eq(taddr + koff + KC // 2), r.eq(r0),
@@ -574,11 +583,10 @@ class GemmUnit(wiring.Component):
         kb = Signal(name=f"w{p}_kbank")
         k = Signal(range(self._hw.gemv_max_cols + KC + 1), name=f"w{p}_k")     # k-step within the tile
         kc0 = Signal.like(k, name=f"w{p}_kc0")                                 # the chunk's first k
-        ktile = Signal.like(ntiles, name=f"w{p}_ktile")
         k_last = Signal.like(k, name=f"w{p}_k_last")                           # kpad - SPB, registered at go
-        kt_left = Signal.like(ntiles, name=f"w{p}_kt_left")                    # tiles after this one
+        ktiles = _Countdown(m, f"w{p}_ktiles", ntiles, go)
         with m.If(go):
-            m.d.sync += [kb.eq(0), k.eq(0), kc0.eq(0), ktile.eq(0), k_last.eq(kpad - SPB), kt_left.eq(ntiles - 1)]
+            m.d.sync += [kb.eq(0), k.eq(0), kc0.eq(0), k_last.eq(kpad - SPB)]
         m.d.comb += issue.eq(rd_run & ~go & room & banks.complete(kb))
         kin = k - kc0                                                           # within the chunk
         for _, rp in mems:
@@ -602,6 +610,7 @@ class GemmUnit(wiring.Component):
                 banks.free(kb)
                 m.d.sync += [kb.eq(~kb), kc0.eq(k + SPB)]
             with m.If(k == k_last):
-                m.d.sync += [k.eq(0), kc0.eq(0), ktile.eq(ktile + 1), kt_left.eq(kt_left - 1)]
-                with m.If(kt_left == 0):
+                m.d.sync += [k.eq(0), kc0.eq(0)]
+                ktiles.step()
+                with m.If(ktiles.last):
                     m.d.sync += rd_run.eq(0)

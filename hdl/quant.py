@@ -350,8 +350,8 @@ class ActQuantizer(wiring.Component):
                          xa.key.base.eq(Mux(e_fld == 0, 1, e_fld) - 157), xa.hot.eq(hot), xa.gts.eq(gts),
                          xb.key.eq(xa.key), xb.pos.eq(pos), xb.gt.eq(gt)]
         e3 = Signal(signed(EXP_BITS))
-        k = xb.key
-        m.d.comb += e3.eq(Mux(k.force, k.e, Mux(k.zero, 0, k.base + xb.pos + xb.gt)))
+        kb = xb.key
+        m.d.comb += e3.eq(Mux(kb.force, kb.e, Mux(kb.zero, 0, kb.base + xb.pos + xb.gt)))
 
         # The words: s1 the ring's read data, p2 .. p4 registers (the exponent joins at p4), then per lane
         # the shift (into s2) and the rounding.

@@ -146,6 +146,12 @@ class Flow:
     #: cycles an arithmetic unit's operands wait in registers of their own before the unit
     OPERAND_STAGE = 1
 
+    @classmethod
+    def unit_latency(cls, unit) -> int:
+        """Cycles from a `_unit`'s aligned operands to its result: the operand registers, then `unit`'s
+        ``LATENCY`` (FpAdd, FpMul, FpLdexp)."""
+        return cls.OPERAND_STAGE + unit.LATENCY
+
     def _unit(self, unit, a, b):
         """`unit` (FpAdd, FpMul, FpLdexp) on the aligned operands, through one register each. The operand
         registers keep a reset so that synthesis cannot fold them into a delay line's shift register: the
@@ -158,7 +164,7 @@ class Flow:
         with m.If(self.en):
             m.d.sync += [ra.eq(va), rb.eq(vb)]
         m.d.comb += [unit.en.eq(self.en), unit.i_valid.eq(1), unit.i_a.eq(ra), unit.i_b.eq(rb)]
-        return unit.o_y, t + self.OPERAND_STAGE + unit.latency
+        return unit.o_y, t + self.unit_latency(unit)
 
     def _shared(self, kind, share, a, b):
         """Inside `Shared.serving`: the request of a `share`-tagged operation (None outside)."""
@@ -263,8 +269,8 @@ class SegmentPoly(wiring.Component):
         super().__init__({"en": In(1), "i_valid": In(1), "i_index": In(self._index_bits), "i_t": In(32),
                           "o_valid": Out(1), "o_y": Out(32)})
 
-    # the ROM read, then three multiply-adds (each unit behind its operand registers, `Flow.OPERAND_STAGE`)
-    LATENCY = 1 + 3 * (FpMul.LATENCY + FpAdd.LATENCY + 2 * Flow.OPERAND_STAGE)
+    # the ROM read, then three multiply-adds (each unit behind its operand registers: `Flow.unit_latency`)
+    LATENCY = 1 + 3 * (Flow.unit_latency(FpMul) + Flow.unit_latency(FpAdd))
 
     @property
     def latency(self) -> int:
@@ -372,8 +378,8 @@ class Shared:
     call given a ``share`` tag, is a request selected by the 1-bit node `when` (None: the default);
     ``shared.binary(kind, tag, a, b, when)`` requests an ``"add"``/``"mul"``/``"ldexp"`` unit directly."""
 
-    _LATENCY = {"poly": SegmentPoly.LATENCY, "add": Flow.OPERAND_STAGE + FpAdd.LATENCY,
-                "mul": Flow.OPERAND_STAGE + FpMul.LATENCY, "ldexp": Flow.OPERAND_STAGE + FpLdexp.LATENCY}
+    _LATENCY = {"poly": SegmentPoly.LATENCY, "add": Flow.unit_latency(FpAdd), "mul": Flow.unit_latency(FpMul),
+                "ldexp": Flow.unit_latency(FpLdexp)}
 
     def __init__(self, f: Flow, starts: dict | None = None):
         self.f, self._starts, self.units = f, starts or {}, {}
@@ -759,7 +765,7 @@ class _RedPort:
     """A lane's way into its adder A1 for the reductions (`Sfu._reductions` drives it): while ``sel`` is
     high A1 adds ``la + lb`` instead of the short path's operands. `_short_tail` records ``rv`` (the lane's
     reduction operand at A1's input: ``a``, or M1's product for SUMSQ/DOT), ``t`` (the time of A1's
-    input) and ``y`` (A1's sum, ``Flow.OPERAND_STAGE + FpAdd.LATENCY`` enabled cycles after its operands)."""
+    input) and ``y`` (A1's sum, ``Flow.unit_latency(FpAdd)`` enabled cycles after its operands)."""
 
     def __init__(self, j: int):
         self.la = Signal(32, name=f"red_la{j}")
@@ -842,11 +848,11 @@ class Sfu(wiring.Component):
 
     def __init__(self, hw):
         lanes = hw.sfu_reduce_lanes
-        if lanes % LANES or lanes // LANES <= Flow.OPERAND_STAGE + FpAdd.LATENCY:
+        a1 = Flow.unit_latency(FpAdd)
+        if lanes % LANES or lanes // LANES <= a1:
             self._MustUse__silence = True
             raise ValueError(f"Sfu needs sfu_reduce_lanes / {LANES} (slots per bank) > FpAdd latency with its "
-                             f"operand registers ({Flow.OPERAND_STAGE + FpAdd.LATENCY}) so a slot's add is done "
-                             f"before its next element; got {lanes}")
+                             f"operand registers ({a1}) so a slot's add is done before its next element; got {lanes}")
         self._hw = hw
         self._cmd_layout = command_layout(hw)
         super().__init__({"i_cmd": In(stream.Signature(self._cmd_layout)),
@@ -949,7 +955,7 @@ class Sfu(wiring.Component):
         sbits = max(1, (per - 1).bit_length())
         bank = [[Signal(32, name=f"lane{j + LANES * s}") for s in range(per)] for j in range(LANES)]
         red_max = _is(op, *MAX_OPS)
-        latency = Flow.OPERAND_STAGE + FpAdd.LATENCY           # A1 behind its operand registers
+        latency = Flow.unit_latency(FpAdd)                    # A1 behind its operand registers
 
         def pick(regs, idx):
             v = Signal(32)

@@ -180,40 +180,42 @@ def _counting(channel, attr, counter, owner, last=None, then=None):
     setattr(channel, attr, wrapped)
 
 
-class _RamRead(_WindowCheck, AxiRamRead):
-    """A port's read side; counts the bursts taken (AR) and answered (R with RLAST queued)."""
+class _Counted:
+    """A RAM side that counts the bursts it takes (AR or AW) and answers (the R beat with RLAST, or B queued)."""
 
-    def __init__(self, bus, clock, reset, *, mem, faults, on_request=None):
-        self.faults = faults
+    def _count(self, req, resp, on_request, last=None):
         self.taken = self.answered = 0
-        super().__init__(bus, clock, reset, mem=mem)
-        _counting(self.ar_channel, "recv", "taken", self, then=on_request)
-        _counting(self.r_channel, "send", "answered", self, last="rlast")
+        self._req, self._resp = req, resp
+        _counting(req, "recv", "taken", self, then=on_request)
+        _counting(resp, "send", "answered", self, last=last)
+
+    def _quiet_tail(self) -> bool:
+        return self._resp.idle()
 
     def open_bursts(self) -> int:
-        """Read bursts the NPU has asked for whose last beat it has not yet taken."""
-        pending = self.ar_channel.count() + self.taken - self.answered
-        return pending + (0 if self.r_channel.idle() else 1 if pending == 0 else 0)
+        """Bursts the NPU has asked for (or started) whose answer it has not yet taken."""
+        return max(self._req.count() + self.taken - self.answered, int(not self._quiet_tail()))
+
+
+class _RamRead(_Counted, _WindowCheck, AxiRamRead):
+    def __init__(self, bus, clock, reset, *, mem, faults, on_request=None):
+        self.faults = faults
+        super().__init__(bus, clock, reset, mem=mem)
+        self._count(self.ar_channel, self.r_channel, on_request, last="rlast")
 
     async def _read(self, address, length):
         self._check("read", address, length)
         return self.read(address, length)
 
 
-class _RamWrite(_WindowCheck, AxiRamWrite):
-    """A port's write side; counts the bursts taken (AW) and answered (B queued)."""
-
+class _RamWrite(_Counted, _WindowCheck, AxiRamWrite):
     def __init__(self, bus, clock, reset, *, mem, faults, on_request=None):
         self.faults = faults
-        self.taken = self.answered = 0
         super().__init__(bus, clock, reset, mem=mem)
-        _counting(self.aw_channel, "recv", "taken", self, then=on_request)
-        _counting(self.b_channel, "send", "answered", self)
+        self._count(self.aw_channel, self.b_channel, on_request)
 
-    def open_bursts(self) -> int:
-        """Write bursts the NPU has started (AW or W beats) whose response it has not yet taken."""
-        pending = self.aw_channel.count() + self.taken - self.answered
-        return pending + (0 if self.b_channel.idle() and self.w_channel.empty() else 1 if pending == 0 else 0)
+    def _quiet_tail(self) -> bool:                 # a write's W beats may come before its AW
+        return self._resp.idle() and self.w_channel.empty()
 
     async def _write(self, address, data):
         self._check("write", address, length=len(data))
