@@ -38,6 +38,8 @@ __all__ = ["BUILTIN_MODEL", "generate", "load_model", "main"]
 # The built-in model: a Hugging Face checkpoint directory shipped with the package (its README.md says how
 # scripts/train_tiny.py made it, with the training curve).
 BUILTIN_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "gemma3n-tiny-pydoc")
+# the packer's INT4 quantisers (`sim.numerics.WEIGHT_METHODS`, named here so that the sampling side needs no sim)
+QUANTIZERS = ("search", "rtn")
 
 Progress = Callable[[int, int, float], object]
 
@@ -108,11 +110,13 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, sampler: Cal
 
 
 def load_model(checkpoint: str | os.PathLike | None = None, *, dtype=np.float32, backend: str = "golden",
-               arithmetic: str = "reference", hw: str = "kv260", max_positions: int | None = None):
+               arithmetic: str = "reference", hw: str = "kv260", max_positions: int | None = None,
+               quantizer: str = "search"):
     """A backend for `generate`: the golden model ``sim.gemma3n.Model`` (``backend="golden"``) or the
     NPU's token program on the instruction-set simulator (``backend="iss"``, `firmware.runtime.Runtime`,
-    in ``reference`` or ``hardware`` arithmetic on hardware preset `hw`), from a Hugging Face checkpoint
-    directory (default: the built-in model, `BUILTIN_MODEL`).
+    in ``reference`` or ``hardware`` arithmetic on hardware preset `hw`, its INT4 weights packed with
+    `quantizer`, `firmware.pack.pack`), from a Hugging Face checkpoint directory (default: the built-in model,
+    `BUILTIN_MODEL`).
 
     The ISS reads a checkpoint's tensors as they are stored (`sim.checkpoint.LazyTensor`: the packer reads them
     in row chunks, reference arithmetic row by row, as it reads arrays). A bad checkpoint raises OSError,
@@ -130,15 +134,17 @@ def load_model(checkpoint: str | os.PathLike | None = None, *, dtype=np.float32,
 
     ckpt = Checkpoint(checkpoint)
     return Runtime.from_hf(ckpt.model_config, ckpt, backend="iss", arithmetic=arithmetic, hw=hw,
-                           max_positions=max_positions)
+                           max_positions=max_positions, quantizer=quantizer)
 
 
 def load_packed(image_dir: str | os.PathLike, *, backend: str = "kv260", checkpoint=None,
-                max_positions: int | None = None, board_root: str = "/", log=None):
+                max_positions: int | None = None, board_root: str = "/", log=None, quantizer: str | None = None):
     """A `Runtime` over a packed image (`firmware.pack.save_image`): on the board (``backend="kv260"``:
     `firmware.board.Kv260Device`, which raises `firmware.board.BoardUnavailable` where there is none) or on the
     ISS in hardware arithmetic (``"iss"``). With `checkpoint` and no image in `image_dir`, the checkpoint is
-    packed there first (for the device's hardware and the kv260 memory map; `max_positions` default 4,096)."""
+    packed there first (for the device's hardware and the kv260 memory map; `max_positions` default 4,096; INT4
+    weights by `quantizer`, default ``"search"``). A `quantizer` other than the one the image in `image_dir` was
+    packed with is a ValueError naming both."""
     from .pack import load_image, pack, save_image
     from .runtime import IssBackend, Runtime, hardware_of
 
@@ -155,9 +161,14 @@ def load_packed(image_dir: str | os.PathLike, *, backend: str = "kv260", checkpo
         log(f"packing {checkpoint} into {image_dir} for {hw.name} (once)")
         os.makedirs(image_dir, exist_ok=True)
         image = pack(ckpt.config, ckpt, hw, max_positions=max_positions or 4096, memory_map="kv260",
-                     out=os.path.join(image_dir, "image.npy"), progress=_LoadProgress(sys.stderr))
+                     out=os.path.join(image_dir, "image.npy"), progress=_LoadProgress(sys.stderr),
+                     quantizer=quantizer or "search")
         save_image(image, image_dir)
     image = load_image(image_dir)
+    if quantizer is not None and image.quantizer != quantizer:
+        raise ValueError(f"{image_dir} holds an image packed with the {image.quantizer!r} quantizer, not "
+                         f"{quantizer!r}: pack the checkpoint into another directory (python -m firmware.pack "
+                         f"--quantizer {quantizer} --out DIR)")
     if device is None:
         from sim.config import ModelConfig
         from .compiler import compile_token
@@ -232,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --backend iss: float64 reference arithmetic or the NPU's INT4/INT8/binary32 "
                             "arithmetic (default: reference)")
     model.add_argument("--hw", default="kv260", help="with --backend iss: hardware preset (default: kv260)")
+    model.add_argument("--quantizer", choices=QUANTIZERS, default=None,
+                       help="with hardware arithmetic: how the packer chooses the INT4 weights' codes and scales: "
+                            "search (least squared error per group) or rtn (round-to-nearest) (default: search; "
+                            "a packed --image keeps its own)")
     model.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                        help="floating-point type the model computes in (default: float32)")
     model.add_argument("--tokenizer", metavar="PATH",
@@ -354,6 +369,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                    "max_positions": args.max_positions}
     if args.backend != "iss" and (args.arithmetic != "reference" or args.hw != "kv260"):
         parser.error("--arithmetic and --hw apply to --backend iss only")
+    if args.quantizer is not None and (args.backend == "golden"
+                                       or (args.backend == "iss" and args.arithmetic != "hardware")):
+        parser.error("--quantizer applies to the NPU's INT4 weights: --backend iss --arithmetic hardware, or "
+                     "--backend kv260")
+    if args.quantizer is not None and args.image is None:
+        backend["quantizer"] = args.quantizer
     if args.max_positions is not None and args.backend == "golden":
         parser.error("--max-positions applies to --backend iss or kv260 (the golden model keeps every position)")
     if args.image is not None and args.backend == "golden":
@@ -369,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             model = load_packed(image_dir, backend=args.backend, checkpoint=args.checkpoint,
                                 max_positions=args.max_positions, board_root=os.environ.get("NPU_BOARD_ROOT", "/"),
-                                log=lambda msg: print(msg, file=sys.stderr))
+                                log=lambda msg: print(msg, file=sys.stderr), quantizer=args.quantizer)
         except (BoardUnavailable, OSError, ValueError, TypeError, RuntimeError) as e:
             print(f"python -m firmware.generate: {e}", file=sys.stderr)
             return 2

@@ -67,7 +67,7 @@ __all__ = ["Image", "TensorEntry", "Descriptor", "Placement", "HostTable", "pack
 ALIGN = 4096
 REGION_ORDER = ("DESC", "CONST", "WEIGHTS", "KV", "LOGITS", "SCRATCH", "PROGRAM")
 PLE_TABLE = "embed_tokens_per_layer.weight"     # the table a map with ``ple_staged`` keeps on the host
-IMAGE_FORMAT = "gemma3n-npu-image/2"
+IMAGE_FORMAT = "gemma3n-npu-image/3"
 CHUNK_BYTES = 64 * 2**20      # float64 working set of one quantisation chunk
 
 
@@ -161,6 +161,7 @@ class Image:
     pieces: dict[str, list[tuple[int, int]]] = field(default_factory=dict)   # region -> [(address, bytes)]
     memory_map: str = "flat"
     host_tables: dict[str, HostTable] = field(default_factory=dict)
+    quantizer: str = "search"                         # how the INT4 codes and scales were chosen (`pack`)
 
     def __post_init__(self):
         if not self.windows:          # one window at address 0 holding the whole array
@@ -226,6 +227,7 @@ class Image:
         return {
             "format": IMAGE_FORMAT,
             "memory_map": self.memory_map,
+            "quantizer": self.quantizer,
             "regions": {k: {"base": b, "size": s} for k, (b, s) in self.regions.items()},
             "pieces": {k: [list(p) for p in v] for k, v in self.pieces.items()},
             "windows": [asdict(w) for w in self.windows],
@@ -614,7 +616,8 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
                                                  shape=(rows, width))
             host_tables[name] = HostTable(name, data, e.nbytes, e.scale_nbytes)
     image = Image(ddr, regions, entries, descs, kv_slots, cfg.to_hf(), hw.to_dict(), scalar_index=scalar_index,
-                  windows=lay.windows, pieces=lay.pieces, memory_map=mm.name, host_tables=host_tables)
+                  windows=lay.windows, pieces=lay.pieces, memory_map=mm.name, host_tables=host_tables,
+                  quantizer=quantizer)
 
     # --- fill ----------------------------------------------------------------------------------------
     for i, d in enumerate(descs):
@@ -779,7 +782,10 @@ def load_image(directory: str | os.PathLike) -> Image:
                       {int(k): v for k, v in m["kv_slots"].items()}, m["config"], m["hardware"],
                       scalar_index=m["scalar_index"], windows=windows,
                       pieces={k: [tuple(p) for p in v] for k, v in m["pieces"].items()},
-                      memory_map=m["memory_map"], host_tables=host_tables)
+                      memory_map=m["memory_map"], host_tables=host_tables, quantizer=m["quantizer"])
+        if image.quantizer not in WEIGHT_METHODS:
+            raise ValueError(f"quantizer is {image.quantizer!r}, expected one of "
+                             f"{', '.join(map(repr, WEIGHT_METHODS))}")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{d}: the packed image is incomplete or inconsistent: {e}") from None
     if sum(w.size for w in windows) != ddr.size:

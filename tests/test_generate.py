@@ -415,6 +415,38 @@ def test_cli_iss_backend_generates_what_the_golden_model_generates(capsys):
     assert code == 0 and len(hw_out[0].split()) == 6
 
 
+def test_cli_quantizer_packs_the_iss_image_with_it(capsys):
+    # --quantizer rtn: the ISS in hardware arithmetic runs the round-to-nearest image, whose greedy ids are
+    # those of a Runtime packed with quantizer="rtn" (the search's image gives other logits)
+    from firmware.runtime import Runtime
+    from sim.checkpoint import Checkpoint
+    from sim.numerics import WEIGHT_METHODS
+    assert fg.QUANTIZERS == WEIGHT_METHODS
+    code, out, _ = run(["--backend", "iss", "--arithmetic", "hardware", "--hw", "tiny", "--quantizer", "rtn",
+                        "--max-new-tokens", "3", "--temperature", "0", "--repetition-penalty", "1"], capsys)
+    assert code == 0
+    ckpt = Checkpoint(BUILTIN_MODEL)
+    runtimes = {q: Runtime.from_hf(ckpt.model_config, ckpt, arithmetic="hardware", hw="tiny", quantizer=q)
+                for q in WEIGHT_METHODS}
+    assert runtimes["rtn"].image.quantizer == "rtn"
+    logits = {q: rt.step(ckpt.model_config.bos_token_id) for q, rt in runtimes.items()}
+    assert not np.array_equal(logits["rtn"], logits["search"])
+    new = []
+    for _ in range(3):
+        new.append(int(np.argmax(logits["rtn"])))
+        logits["rtn"] = runtimes["rtn"].step(new[-1])
+    assert out[0].split() == [str(i) for i in new]
+
+
+@pytest.mark.parametrize("argv", [["--quantizer", "rtn"], ["--backend", "iss", "--quantizer", "rtn"]])
+def test_cli_quantizer_needs_int4_weights(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "--quantizer applies to the NPU's INT4 weights: --backend iss --arithmetic hardware, or --backend kv260")
+
+
 def test_cli_iss_options_need_the_iss_backend(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--arithmetic", "hardware"])

@@ -179,11 +179,13 @@ def _int4_codes(image, name):
 
 def test_quantizer_choice(tmp_path, capsys):
     # pack(quantizer=) and python -m firmware.pack --quantizer: the scale search by default, round-to-nearest on
-    # request; the same layout and bytes either way, different codes and scales
+    # request; the same layout and bytes either way, different codes and scales, the manifest naming the quantizer
     from firmware.pack import load_image, main
     tensors = random_tensors(CFG, seed=4)
     search, rtn = (pack(CFG, tensors, HW["tiny"], quantizer=q) for q in ("search", "rtn"))
-    assert search.ddr.size == rtn.ddr.size and search.manifest() == rtn.manifest()
+    assert (search.manifest()["quantizer"], rtn.manifest()["quantizer"]) == ("search", "rtn")
+    assert search.ddr.size == rtn.ddr.size
+    assert {**search.manifest(), "quantizer": None} == {**rtn.manifest(), "quantizer": None}
     for name in ("layers.0.mlp.down_proj.weight", "layers.2.self_attn.q_proj.weight", "embed_tokens.weight"):
         w = np.asarray(tensors[name], np.float64)
         for image, method in ((search, "search"), (rtn, "rtn")):
@@ -198,7 +200,9 @@ def test_quantizer_choice(tmp_path, capsys):
                  "--out", str(tmp_path)]) == 0
     capsys.readouterr()
     name = "layers.2.self_attn.q_proj.weight"
-    np.testing.assert_array_equal(_int4_codes(load_image(tmp_path), name)[1], _int4_codes(rtn, name)[1])
+    loaded = load_image(tmp_path)
+    assert loaded.quantizer == "rtn"
+    np.testing.assert_array_equal(_int4_codes(loaded, name)[1], _int4_codes(rtn, name)[1])
     with pytest.raises(SystemExit) as e:
         main(["--model", "tiny", "--plan", "--quantizer", "gptq"])
     err = capsys.readouterr().err

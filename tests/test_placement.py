@@ -185,6 +185,11 @@ def test_generate_on_a_packed_image_and_without_a_board(tmp_path):
         new.append(int(np.argmax(logits)))
         logits = rt.step(new[-1])
     assert r.stdout.split("\n")[0].split() == [str(i) for i in new]
+    # the image keeps the quantizer it was packed with; asking for another is one line naming both
+    r = run("--backend", "iss", "--arithmetic", "hardware", "--image", str(tmp_path), "--quantizer", "rtn")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"python -m firmware.generate: {tmp_path} holds an image packed with the 'search' quantizer, not 'rtn': pack "
+        "the checkpoint into another directory (python -m firmware.pack --quantizer rtn --out DIR)"]
     r = run("--backend", "kv260", "--image", str(tmp_path))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == [
