@@ -683,7 +683,7 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m firmware.perf", description=__doc__.splitlines()[0],
                                 usage="%(prog)s [--model M] [--hw HW] [--positions POS ...] [--prefill [TOKENS ...]] "
-                                      "[--kv-format F] [--clock-mhz MHZ] [--json] "
+                                      "[--kv-format F] [--clock-mhz MHZ] [--axi-ports N] [--json] "
                                       "[--<cost> X ...]")
     p.add_argument("--model", default="e4b", choices=sorted(MODEL_PRESETS), help="model preset (default e4b)")
     p.add_argument("--hw", default="kv260", choices=sorted(HW_PRESETS), help="hardware preset (default kv260)")
@@ -699,6 +699,9 @@ def main(argv=None) -> int:
                                                  lambda v: math.isfinite(v) and 1 <= v <= 1000),
                    metavar="MHZ", help="fabric clock, e.g. the one hdl.build's timing estimate supports "
                                        "(default: the preset's)")
+    p.add_argument("--axi-ports", type=arg_type("an integer from 1 to 8", int, lambda v: 1 <= v <= 8),
+                   metavar="N", help="weight-streaming AXI ports of 128 bits (what if the NPU had N; the KV260's "
+                                     "PS takes up to six: HP0..3, HPC0..1) (default: the preset's)")
     for f in fields(Rates):
         requirement, ok = _RATE_RULES.get(f.name, _COST_RULE)
         p.add_argument("--" + f.name.replace("_", "-"), type=arg_type(requirement, float, ok), default=f.default,
@@ -710,6 +713,11 @@ def main(argv=None) -> int:
         hw = hw.replace(kv_format=args.kv_format)
     if args.clock_mhz:
         hw = hw.replace(clock_hz=round(args.clock_mhz * 1e6))
+    if args.axi_ports:
+        try:
+            hw = hw.replace(axi_ports=args.axi_ports)
+        except ValueError as e:
+            p.error(f"argument --axi-ports: {args.hw} cannot have {args.axi_ports} ports: {e}")
     try:
         estimates = estimate(cfg, hw, args.positions, rates)
     except (ExecutionError, ValueError) as e:
@@ -724,7 +732,8 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(to_json(args.model, hw, rates, estimates, prefills), indent=1))
         return 0
-    print(f"{args.model} on {args.hw} (KV cache {hw.kv_format}) at {hw.clock_hz / 1e6:.0f} MHz; {rates}")
+    print(f"{args.model} on {args.hw} (KV cache {hw.kv_format}, {hw.axi_ports} weight ports) at "
+          f"{hw.clock_hz / 1e6:.0f} MHz; {rates}")
     units = ("weights", "kv_stream") + PASS_KINDS + ("scalar_alu", "issue")
     print(f"{'position':>8} " + " ".join(f"{u:>10}" for u in units) + f" {'hidden':>10} {'total Mcyc':>10} {'tok/s':>6} "
           f"{'roofline':>8} {'fraction':>8}")
@@ -745,7 +754,7 @@ def to_json(model: str, hw: HardwareConfig, rates: Rates, estimates: list[TokenE
     and efficiency used, every rate, and per position the tok/s, the cycles per unit and the bytes per token
     (and, if given, the prefill estimates)."""
     return {
-        "model": model, "hw": hw.name, "kv_format": hw.kv_format, "clock_hz": hw.clock_hz,
+        "model": model, "hw": hw.name, "kv_format": hw.kv_format, "clock_hz": hw.clock_hz, "axi_ports": hw.axi_ports,
         "ddr_peak_bytes_per_s": DDR_PEAK_BYTES_PER_S, "ddr_efficiency": rates.ddr_efficiency,
         "port_peak_bytes_per_s": hw.peak_weight_bytes_per_second,
         "stream_bytes_per_s": _stream_rate(hw, rates) * hw.clock_hz,

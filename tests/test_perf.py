@@ -406,3 +406,27 @@ def test_cli_json(capsys):
         assert got["tok_s"] == pytest.approx(e.tok_s) and got["bytes_per_token"] == e.bytes_total > 0
         assert got["total_cycles"] == pytest.approx(e.total_cycles) and got["cycles"]["weights"] > 0
     assert [p["tokens"] for p in out["prefill"]] == [2] and out["prefill"][0]["tok_s"] > 0
+
+
+def test_cli_axi_ports(capsys):
+    """``--axi-ports N``: the NPU with N weight ports of 16 bytes. Where the ports bind (155 MHz: 4 x 16 B x 155 MHz
+    = 9.9 GB/s, below 90 % of the DDR's 19.2 GB/s), a fifth port streams 5/4 of the bytes per cycle; where the DDR
+    binds (six ports at 300 MHz) the stream is the DDR's."""
+    import json
+
+    from firmware.perf import main
+    out = {}
+    for ports, mhz in ((4, "155"), (5, "155"), (6, "300")):
+        assert main(["--model", "tiny", "--positions", "3", "--prefill", "--json", "--clock-mhz", mhz,
+                     "--axi-ports", str(ports)]) == 0
+        out[ports] = json.loads(capsys.readouterr().out)
+        assert out[ports]["axi_ports"] == ports and out[ports]["port_peak_bytes_per_s"] == ports * 16 * float(mhz) * 1e6
+    assert out[5]["stream_bytes_per_s"] == pytest.approx(0.95 * 5 * 16 * 155e6)
+    assert out[6]["stream_bytes_per_s"] == pytest.approx(0.9 * 19.2e9)
+    w4, w5 = (out[n]["positions"][0]["cycles"]["weights"] for n in (4, 5))
+    assert w5 < w4 and out[5]["positions"][0]["tok_s"] > out[4]["positions"][0]["tok_s"]
+    for bad in ("0", "9", "two"):
+        with pytest.raises(SystemExit) as e:
+            main(["--axi-ports", bad])
+        assert e.value.code == 2
+        assert "argument --axi-ports: " in capsys.readouterr().err.splitlines()[-1]
