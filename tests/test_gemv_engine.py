@@ -1,5 +1,5 @@
 """The whole GEMV engine (tiny preset) in cocotb + Verilator: bit-exact against sim.numerics.gemv under
-random AXI latency and stalls (tb/gemv/test_gemv.py)."""
+random AXI latency and stalls, and behind the DDR4 channel model (tb/gemv/test_gemv.py)."""
 
 import pytest
 
@@ -34,6 +34,15 @@ def test_engine_sparse_corners():
     _run("sparse_corners")
 
 
+def test_engine_behind_ddr4():
+    """Every port on one `tb.ddr4` channel, random AR/R pauses and o_y/i_acc flow control: a dense 320 x 1024
+    GEMV (180 KB, longer than a refresh interval) and a sparse 128 x 1024 one at 30 %, bit-exact; bytes read
+    = weight + scale bytes (dense) or the non-zero columns' beats (sparse); cycles >= bytes over the ports'
+    peak and over the DDR4 peak per cycle; the DRAM command log keeps every timing rule. At 1,500 MHz the
+    tiny engine's two 8-byte ports (24 GB/s) ask for more than the DDR4 peak, so the DDR binds."""
+    _run("ddr4_stream", FABRIC_MHZ=1500, ROWS=320, SEED=3, P_STALL=0.1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("flow", [1, 2])
 def test_engine_random_kv260(flow):
@@ -42,3 +51,18 @@ def test_engine_random_kv260(flow):
     cfg = HardwareConfig.preset("kv260")
     run(GemvEngine(cfg), toplevel="gemv", test_module="tb.gemv.test_gemv", build_name="gemv_kv260",
         testcase="random_gemvs", extra_env={"NPU_HW": "kv260", "SEED": str(41 + flow), "FLOW": str(flow)})
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ddr4", "--clocks", "0"], "argument --clocks: must be a number of MHz in [1, 1000], not '0'"),
+    (["--ddr4", "--clocks", "300", "fast"], "argument --clocks: must be a number of MHz in [1, 1000], not 'fast'"),
+])
+def test_benchmark_bad_arguments(argv, message, capsys):
+    # one line naming the option, exit status 2, before anything is built
+    from benchmarks.gemv import main
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("python -m benchmarks.gemv: error:")]
+    assert len(lines) == 1 and message in lines[0], err

@@ -6,7 +6,11 @@ GEMV may read (the non-zero columns' and the scales' port slices), which the ben
 bursts the memories saw.
 
 Every port gets its own `LatencyAxiReadRam` holding the same DDR image (the HP ports of the KV260 all
-see the same DDR).
+see the same DDR), or, with ``ddr4_mhz``, all ports share one DDR4 channel model: a `tb.ddr4.Ddr4Channel` (the
+DRAM clock its own 1,200 MHz, the fabric clock ``ddr4_mhz``) served through `tb.ddr4.axi.Ddr4AxiMemory`, whose
+memory holds the case data, so the results are still checked bit for bit; `use_ddr4` puts a fresh channel at
+another fabric clock behind the ports between GEMVs, and `latencies` and `ddr4_channel.log` (for
+`tb.ddr4.check_timing`) hold each run's read latencies and DRAM commands.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from hdl.gemv import EXP_BITS, command_layout
 from sim.numerics import gemv, pack_int4
 from tb.axi.memory import LatencyAxiReadRam
 from tb.axi.streams import StreamSink, StreamSource, pauses
+from tb.ddr4 import Ddr4Channel, Ddr4Params
+from tb.ddr4.axi import Ddr4AxiMemory
 
 
 def pack_fields(layout, **values) -> int:
@@ -74,20 +80,43 @@ class Case:
 
 
 class GemvBench:
+    """The engine's environment: its AXI read memory, its input streams and the `o_y` sink.
+
+    Parameters
+    ----------
+    mem_size : bytes of the DDR image (each private memory's size, or the DDR4 channel's memory).
+    latency, jitter : cycles of the private memories' read latency (ignored with ``ddr4_mhz``).
+    p_stall : probability per cycle of an AR or R pause on every port (either memory) and of an idle
+        `i_acc` or stalled `o_y` cycle.
+    ddr4_mhz : None, or the fabric clock in MHz at which all ports share one `tb.ddr4` channel.
+    ddr4_params : the channel's `Ddr4Params` (default the model's).
+    """
+
     def __init__(self, dut, cfg: HardwareConfig, *, mem_size: int, seed: int = 0, latency: int = 0,
-                 jitter: int = 0, p_stall: float = 0.0, max_cols: int):
+                 jitter: int = 0, p_stall: float = 0.0, max_cols: int, ddr4_mhz: float | None = None,
+                 ddr4_params: Ddr4Params | None = None):
         self.dut, self.cfg, self.max_cols = dut, cfg, max_cols
         self.rng = random.Random(seed)
         self.mem_size = mem_size
         cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
         self.rams = []
-        for p in range(cfg.axi_ports):
-            r = random.Random(seed * 100 + p)
-            self.rams.append(LatencyAxiReadRam(
-                AxiReadBus.from_prefix(dut, f"m_axi{p}", bus_separator="__"), dut.clk, size=mem_size,
-                latency=latency, jitter=jitter, max_outstanding=cfg.axi_max_outstanding, rng=r,
-                ar_pause=pauses(random.Random(r.random()), p_stall) if p_stall else None,
-                r_pause=pauses(random.Random(r.random()), p_stall) if p_stall else None))
+        self.ddr4 = None
+        if ddr4_mhz is not None:
+            self.ddr4_params = ddr4_params or Ddr4Params()
+            self.ddr4_memory = bytearray(mem_size)
+            rs = [random.Random(seed * 100 + p) for p in range(cfg.axi_ports)]
+            stalls = {k: [pauses(random.Random(r.random()), p_stall) for r in rs] for k in ("ar", "r")} \
+                if p_stall else None
+            self.ddr4 = Ddr4AxiMemory(dut, dut.clk, [f"m_axi{p}" for p in range(cfg.axi_ports)],
+                                      self._channel(ddr4_mhz, 2), pauses=stalls)
+        else:
+            for p in range(cfg.axi_ports):
+                r = random.Random(seed * 100 + p)
+                self.rams.append(LatencyAxiReadRam(
+                    AxiReadBus.from_prefix(dut, f"m_axi{p}", bus_separator="__"), dut.clk, size=mem_size,
+                    latency=latency, jitter=jitter, max_outstanding=cfg.axi_max_outstanding, rng=r,
+                    ar_pause=pauses(random.Random(r.random()), p_stall) if p_stall else None,
+                    r_pause=pauses(random.Random(r.random()), p_stall) if p_stall else None))
         self.cmd = StreamSource(dut, "i_cmd", dut.clk)
         self.act = StreamSource(dut, "i_act", dut.clk)
         self.exp = StreamSource(dut, "i_exp", dut.clk)
@@ -96,6 +125,32 @@ class GemvBench:
         self.cycle = 0
         cocotb.start_soon(self._count())
         cocotb.start_soon(self.out.run())
+
+    def _channel(self, mhz: float, start: int) -> Ddr4Channel:
+        self.ddr4_mhz = mhz
+        return Ddr4Channel(self.ddr4_params, fabric_hz=mhz * 1e6, ports=self.cfg.axi_ports,
+                           port_bytes=self.cfg.bytes_per_beat, memory=self.ddr4_memory, start=start)
+
+    def use_ddr4(self, mhz: float) -> Ddr4Channel:
+        """A fresh DDR4 channel at fabric clock `mhz` behind the ports (between GEMVs: no burst in flight); its
+        DRAM clock and first refresh interval start two cycles from now."""
+        assert self.ddr4 is not None, "the bench was built without ddr4_mhz"
+        assert not any(port.reads for port in self.ddr4.ports), "bursts in flight"
+        self.ddr4.channel = self._channel(mhz, self.ddr4.cycle + 2)
+        self.ddr4.reset_records()
+        return self.ddr4.channel
+
+    @property
+    def ddr4_channel(self) -> Ddr4Channel:
+        return self.ddr4.channel
+
+    def port_bursts(self) -> list[list[tuple[int, int]]]:
+        """Per port, the (address, beats) of the bursts read since the last `run` began."""
+        return self.ddr4.bursts if self.ddr4 is not None else [ram.bursts for ram in self.rams]
+
+    def latencies(self) -> list[int]:
+        """The DDR4 bench's read latencies of the last run (cycles, AR handshake to first R beat), all ports."""
+        return [x for port in self.ddr4.latencies for x in port]
 
     async def _count(self):
         while True:
@@ -110,6 +165,9 @@ class GemvBench:
         await FallingEdge(self.dut.clk)
 
     def write(self, addr: int, data: bytes):
+        if self.ddr4 is not None:
+            assert addr + len(data) <= self.mem_size, "the data does not fit the bench memory"
+            self.ddr4_memory[addr:addr + len(data)] = data
         for ram in self.rams:
             ram.write(addr, data)
 
@@ -150,6 +208,8 @@ class GemvBench:
         sparse = case.sparse
         waddr, saddr = self.place(case, base)
         self.last_addrs = (waddr, saddr)
+        if self.ddr4 is not None:
+            self.ddr4.reset_records()           # its bursts and latencies
         for ram in self.rams:
             ram.bursts.clear()
         await self.load_activations(case.q_a, case.e_a)
@@ -218,9 +278,9 @@ def check_sparse_reads(cfg: HardwareConfig, tb: GemvBench, case: Case):
     waddr, saddr = tb.last_addrs
     total = 0
     zero_cols = [k for k in range(case.cols) if case.q_a[k] == 0]
-    for p, (ram, spans) in enumerate(zip(tb.rams, sparse_spans(cfg, case, waddr, saddr))):
+    for p, (bursts, spans) in enumerate(zip(tb.port_bursts(), sparse_spans(cfg, case, waddr, saddr))):
         want = sorted(a for s, e in spans for a in range(s - s % B, e, B))
-        got = sorted(a + n * B for a, beats in ram.bursts for n in range(beats))
+        got = sorted(a + n * B for a, beats in bursts for n in range(beats))
         assert got == want, f"port {p}: the beats read differ from the non-zero columns' and scales' beats"
         total += len(got) * B
         rows, prow = case.rows, -(-case.rows // (cfg.axi_ports * cfg.weights_per_beat)) * cfg.weights_per_beat

@@ -1,5 +1,6 @@
 """cocotb bench of `hdl.gemv.GemvEngine`: seeded random and directed GEMVs compared bit for bit with
-`sim.numerics.gemv`, under random AXI read latency, AR/R stalls and `o_y`/`i_acc` flow control."""
+`sim.numerics.gemv`, under random AXI read latency, AR/R stalls and `o_y`/`i_acc` flow control; `ddr4_stream`
+and `benchmark` (with DDR4_MHZ) put every port behind one shared DDR4 channel model (`tb.ddr4`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from cocotb.triggers import FallingEdge
 
 from hdl.config import HardwareConfig
 from hdl.gemv import command_layout
+from tb.ddr4 import check_timing
 from tb.gemv.bench import GemvBench, check_sparse_reads, pack_fields, random_case
 from tb.runner import bench_env
 
@@ -245,16 +247,68 @@ async def throughput(dut):
     assert eff >= floor, f"port efficiency {eff:.3f} below {floor}"
 
 
+def percentile(values, q):
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else 0
+
+
+def bytes_read(tb, cfg) -> int:
+    return sum(beats for port in tb.port_bursts() for _, beats in port) * cfg.bytes_per_beat
+
+
+@cocotb.test()
+async def ddr4_stream(dut):
+    """The engine behind the DDR4 model (every port on one `tb.ddr4` channel at FABRIC_MHZ) under random AR/R
+    pauses and `o_y`/`i_acc` flow control: a dense GEMV of ROWS x COLS and a sparse one, bit-exact; the bytes
+    read are the matrix's weight + scale bytes (dense) or exactly the non-zero columns' and the scales' beats
+    (sparse); no GEMV takes fewer cycles than its bytes over the ports' peak or over the DDR4 peak per fabric
+    cycle; the channel's command log keeps every DRAM timing rule, with a refresh inside the dense GEMV."""
+    cfg = HardwareConfig.preset(bench_env("NPU_HW", "tiny"))
+    mhz = float(bench_env("FABRIC_MHZ", "1500"))
+    seed = int(bench_env("SEED", "3"))
+    tb = GemvBench(dut, cfg, mem_size=MEM, seed=seed, p_stall=float(bench_env("P_STALL", "0.1")),
+                   max_cols=cfg.gemv_max_cols, ddr4_mhz=mhz)
+    await tb.reset()
+    rng = np.random.default_rng(seed)
+    rows, cols = int(bench_env("ROWS", "320")), int(bench_env("COLS", str(cfg.gemv_max_cols)))
+    params = tb.ddr4_params
+    ddr_per_cycle = params.peak_bytes_per_s / (mhz * 1e6)          # DDR4 peak bytes per fabric cycle
+    port_per_cycle = cfg.axi_ports * cfg.bytes_per_beat
+    channel = tb.use_ddr4(mhz)
+    dense = random_case(cfg, rng, rows, cols, accm=True)
+    y, cycles = await tb.run(dense, base=0)
+    check(dense, y, cfg.act_block, f"dense {rows}x{cols} behind DDR4 at {mhz:g} MHz (seed {seed})")
+    nbytes = bytes_read(tb, cfg)
+    want = len(dense.weight_bytes()) + len(dense.scale_bytes())
+    assert nbytes == want, f"dense: read {nbytes} bytes, the matrix has {want}"
+    assert cycles >= nbytes / port_per_cycle and cycles >= nbytes / ddr_per_cycle, \
+        f"dense: {cycles} cycles for {nbytes} bytes is above a peak"
+    assert len(tb.latencies()) == sum(len(port) for port in tb.port_bursts())
+    # the DDR4 peak alone keeps the dense GEMV longer than tREFI, so the channel must refresh inside it
+    assert nbytes / ddr_per_cycle * channel.ratio > params.tREFI
+    assert any(c.kind == "REF" for c in channel.log), "no refresh inside the dense GEMV"
+    sparse = sparse_case(cfg, rng, min(rows, cfg.gemv_sparse_max_rows) // 2 * 2, cols, 0.3)
+    y, cycles = await run_sparse(tb, cfg, sparse, f"sparse behind DDR4 at {mhz:g} MHz (seed {seed})", base=MEM // 2)
+    nbytes = bytes_read(tb, cfg)
+    assert cycles >= nbytes / port_per_cycle and cycles >= nbytes / ddr_per_cycle
+    assert not tb.ddr4.errors, tb.ddr4.errors[0]
+    check_timing(channel.log, params, channel.start_ck)
+    assert int(dut.o_error.value) == 0 and int(dut.o_bad_cmd.value) == 0
+
+
 @cocotb.test()
 async def benchmark(dut):
     """E4B-shaped GEMVs for benchmarks/gemv.py: cycles from command to last result, bit-exact checked.
     Parameters: BENCH_SHAPES (comma list of "<rows>x<cols>", or "<rows>x<cols>@<density>" for a sparse GEMV
     whose activations have round(density * cols) non-zero values at random columns), LATENCY, BENCH_MEM,
-    BENCH_OUT (JSON file)."""
+    BENCH_OUT (JSON file), DDR4_MHZ (comma list of fabric clocks: every shape runs behind a fresh DDR4 channel
+    model at each clock instead of the fixed-latency memories; the channel's command log is checked with
+    `check_timing` and the read latencies are recorded per burst)."""
     import json
     cfg = HardwareConfig.preset(bench_env("NPU_HW", "kv260"))
+    clocks = [float(c) for c in bench_env("DDR4_MHZ", "").split(",") if c]
     tb = GemvBench(dut, cfg, mem_size=int(bench_env("BENCH_MEM")), seed=1, latency=int(bench_env("LATENCY", "64")),
-                   max_cols=cfg.gemv_max_cols)
+                   max_cols=cfg.gemv_max_cols, ddr4_mhz=clocks[0] if clocks else None)
     await tb.reset()
     rng = np.random.default_rng(1)
     results = []
@@ -267,24 +321,49 @@ async def benchmark(dut):
             nz = round(float(density) * cols)
             case.q_a[rng.permutation(cols)[nz:]] = 0
             case.sparse = True
-        y, cycles = await tb.run(case, base=0, timeout=50_000_000)
-        check(case, y, cfg.act_block, f"benchmark {shape}")
-        sbytes = len(case.scale_bytes())
-        if case.sparse:
-            nbytes = check_sparse_reads(cfg, tb, case)
-            wbytes = nbytes - sbytes
-            assert wbytes == np.count_nonzero(case.q_a) * rows // 2, "sparse bytes read"
-        else:
-            wbytes = len(case.weight_bytes())
-        ideal = (wbytes + sbytes) / (cfg.axi_ports * cfg.bytes_per_beat)
-        seg = min(case.group, cfg.act_block)
-        parts = rows * -(-cols // seg)                 # one binary32 part per row and segment
-        nsegs_nz = len({k // seg for k in np.flatnonzero(case.q_a)})
-        results.append(dict(rows=rows, cols=cols, weight_bytes=wbytes, scale_bytes=sbytes, cycles=cycles,
-                            ideal=ideal, efficiency=ideal / cycles, sparse=bool(case.sparse),
-                            nonzero=int(np.count_nonzero(case.q_a)), parts=parts,
-                            part_bound=parts / cfg.axi_ports, segments_with_nonzero=nsegs_nz,
-                            segments=-(-cols // seg)))
-        dut._log.info(f"{shape}: {cycles} cycles, ideal {ideal:.0f}, efficiency {100 * ideal / cycles:.2f} %")
+        for mhz in clocks or [None]:
+            channel = tb.use_ddr4(mhz) if mhz else None
+            y, cycles = await tb.run(case, base=0, timeout=50_000_000)
+            check(case, y, cfg.act_block, f"benchmark {shape}" + (f" at {mhz:g} MHz" if mhz else ""))
+            sbytes = len(case.scale_bytes())
+            if case.sparse:
+                nbytes = check_sparse_reads(cfg, tb, case)
+                wbytes = nbytes - sbytes
+                assert wbytes == np.count_nonzero(case.q_a) * rows // 2, "sparse bytes read"
+            else:
+                wbytes = len(case.weight_bytes())
+                assert bytes_read(tb, cfg) == wbytes + sbytes, "dense bytes read"
+            ideal = (wbytes + sbytes) / (cfg.axi_ports * cfg.bytes_per_beat)
+            seg = min(case.group, cfg.act_block)
+            parts = rows * -(-cols // seg)                 # one binary32 part per row and segment
+            nsegs_nz = len({k // seg for k in np.flatnonzero(case.q_a)})
+            r = dict(rows=rows, cols=cols, weight_bytes=wbytes, scale_bytes=sbytes, cycles=cycles,
+                     ideal=ideal, efficiency=ideal / cycles, sparse=bool(case.sparse),
+                     nonzero=int(np.count_nonzero(case.q_a)), parts=parts,
+                     part_bound=parts / cfg.axi_ports, segments_with_nonzero=nsegs_nz,
+                     segments=-(-cols // seg))
+            if mhz:
+                assert not tb.ddr4.errors, tb.ddr4.errors[0]
+                check_timing(channel.log, tb.ddr4_params, channel.start_ck)
+                lats, ns = tb.latencies(), 1e3 / mhz
+                nbytes = wbytes + sbytes
+                seconds = cycles / (mhz * 1e6)
+                r.update(fabric_mhz=mhz, bytes=nbytes, bursts=len(lats), gb_s=nbytes / seconds / 1e9,
+                         ddr_efficiency=nbytes / seconds / tb.ddr4_params.peak_bytes_per_s,
+                         port_efficiency=ideal / cycles,
+                         port_peak_gb_s=cfg.axi_ports * cfg.bytes_per_beat * mhz * 1e6 / 1e9,
+                         lat_mean_ns=sum(lats) / len(lats) * ns, lat_min_ns=min(lats) * ns,
+                         lat_p50_ns=percentile(lats, 0.5) * ns, lat_p90_ns=percentile(lats, 0.9) * ns,
+                         lat_p99_ns=percentile(lats, 0.99) * ns, lat_max_ns=max(lats) * ns,
+                         lat_mean_cycles=sum(lats) / len(lats), lat_max_cycles=max(lats),
+                         refreshes=sum(c.kind == "REF" for c in channel.log),
+                         activates=sum(c.kind == "ACT" for c in channel.log),
+                         refresh_intervals=cycles * float(channel.ratio) / tb.ddr4_params.tREFI)
+                dut._log.info(f"{shape} at {mhz:g} MHz: {cycles} cycles, {100 * r['ddr_efficiency']:.1f} % of the "
+                              f"DDR4 peak, {100 * r['port_efficiency']:.1f} % of the ports', latency mean "
+                              f"{r['lat_mean_ns']:.0f} ns, p99 {r['lat_p99_ns']:.0f} ns")
+            else:
+                dut._log.info(f"{shape}: {cycles} cycles, ideal {ideal:.0f}, efficiency {100 * ideal / cycles:.2f} %")
+            results.append(r)
     with open(bench_env("BENCH_OUT"), "w") as f:
         json.dump(results, f, indent=1)

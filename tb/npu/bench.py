@@ -299,7 +299,8 @@ class NpuBench:
                 await with_timeout(RisingEdge(self.dut.o_irq), self.timeout_cycles * CLOCK_NS, "ns")
             except SimTimeoutError:
                 raise AssertionError(f"no interrupt in {self.timeout_cycles} cycles; "
-                                     f"open: {'; '.join(self.open_transfers()) or 'nothing'}") from None
+                                     f"open: {'; '.join(self.open_transfers()) or 'nothing'}; "
+                                     f"{self.monitor.where()}") from None
             await RisingEdge(self.dut.clk)         # the memory models see the edge's handshakes
         self.interrupts += 1
         busy = self.open_transfers()

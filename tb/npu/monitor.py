@@ -77,6 +77,13 @@ class PassMonitor:
                 self._done.append(self._open)
                 self._open = []
 
+    def where(self) -> str:
+        """Where the controller stands, for a message on a hang: the instructions retired since the last `take`,
+        the last one's steps and those the running instruction has started."""
+        last = self._done[-1] if self._done else []
+        return (f"{len(self._done)} instructions retired since the monitor was last read (the last: {last[-3:]}); "
+                f"the running one started {len(self._open)} steps: {self._open[-3:]}")
+
     def take(self) -> tuple[list[list], list]:
         """(the retired instructions' steps since the last call, the steps of an instruction that stopped
         without retiring: an error)."""
