@@ -439,7 +439,12 @@ class Controller(wiring.Component):
         L2E = hw.l2_bytes // 4
         sc = data.View(layout(Opcode.SCALAR), self._word)
         sregs = self._sregs
-        sa, sb = sregs[sc.a], sregs[sc.b]
+        # the operands S[a] and S[b] and MAX's and MAXI's comparisons, registered every cycle: SCALAR follows
+        # DISPATCH, in which the word is already the instruction's and no instruction writes a scalar register
+        sa, sb = Signal(32, name="sc_a"), Signal(32, name="sc_b")
+        b_gt, imm_gt = Signal(name="sc_b_gt"), Signal(name="sc_imm_gt")
+        m.d.sync += [sa.eq(sregs[sc.a]), sb.eq(sregs[sc.b]), b_gt.eq(_f32_gt(sregs[sc.b], sregs[sc.a])),
+                     imm_gt.eq(_f32_gt(sc.imm, sregs[sc.a]))]
 
         def alu(a, b, fn):
             c = self._alu_cmd
@@ -466,9 +471,9 @@ class Controller(wiring.Component):
                 with m.Case(ScalarFunc.LDPOS):
                     alu(self.i_pos, 0, AluFn.ITOF)
                 with m.Case(ScalarFunc.MAX):
-                    write(Mux(_f32_gt(sb, sa), sb, sa))
+                    write(Mux(b_gt, sb, sa))
                 with m.Case(ScalarFunc.MAXI):
-                    write(Mux(_f32_gt(sc.imm, sa), sc.imm, sa))
+                    write(Mux(imm_gt, sc.imm, sa))
                 for f in (ScalarFunc.RSQRT, ScalarFunc.SQRT, ScalarFunc.RECIP, ScalarFunc.TANH):
                     with m.Case(f):                # one element through the SFU
                         st.launch("SC_SFU", op=SfuOp[f.name], n=1, a=Src.REG, a_val=sa, sink=Sink.REG)

@@ -49,7 +49,7 @@ class AttentionSequencer(Sequencer):
     def elaborate(self, platform):
         m = Module()
         hw = self.hw
-        self._st = st = Steps(m, self.o_pass, self.i_done, end_to(m, self.o_end), by_site=True)
+        self._st = st = Steps(m, self.o_pass, self.i_done, end_to(m, self.o_end), by_site=True, registered=True)
         ctx = self.i_ctx
         op = ctx.word[60:64]
         self._kv_ = data.View(layout(Opcode.KVST), ctx.word)
@@ -85,21 +85,21 @@ class AttentionSequencer(Sequencer):
         return self.i_ctx.base[DdrRegion.KV.value] + self.i_ctx.desc.weight_offset
 
     def _kvst_checks(self, m, st, fmt, bad_length):
-        """KVST's first state: the slot (its format), its lengths and the L2 ranges; then the ring slot
-        POSITION mod capacity in the divider."""
+        """KVST's first states (the checks registered): the slot (its format), its lengths and the L2 ranges;
+        then the ring slot POSITION mod capacity in the divider."""
         hw, ctx, d, kv = self.hw, self.i_ctx, self.i_ctx.desc, self._kv_
-        with m.State("KV"):
-            st.checks([
-                ((d.kind != DescKind.KV) | (d.layout != fmt), lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
-                (bad_length | (d.cols == 0) | (d.rows == 0), lambda: st.fail(ErrorCode.BAD_LENGTH)),
-                (~in_l2(hw, elem(kv.k), d.cols) | ~in_l2(hw, elem(kv.v), d.cols),
-                 lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
-            ], lambda: self._divide(m, ctx.pos, d.rows, "KV_1"))
+        st.checks_registered("KV", [
+            ((d.kind != DescKind.KV) | (d.layout != fmt), lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
+            (bad_length | (d.cols == 0) | (d.rows == 0), lambda: st.fail(ErrorCode.BAD_LENGTH)),
+            (~in_l2(hw, elem(kv.k), d.cols) | ~in_l2(hw, elem(kv.v), d.cols),
+             lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+        ], lambda: self._divide(m, ctx.pos, d.rows, "KV_1"))
 
     def _attn_checks(self, m, st, fmt, bad_length, narrow_ring, uses_engine):
-        """ATTN's first state: the slot (its format), the head shape against the FMAP entry, the window
-        (beyond the ring: ADDRESS_RANGE; narrower than the ring with `narrow_ring`: BAD_LENGTH); the positions
-        seen into `n`. With `uses_engine` it first waits for an async WGEMV to finish."""
+        """ATTN's first states (the checks registered): the slot (its format), the head shape against the FMAP
+        entry, the window (beyond the ring: ADDRESS_RANGE; narrower than the ring with `narrow_ring`:
+        BAD_LENGTH); the shape and the positions seen into `heads`, `hd`, `win`, `cap` and `n`. With
+        `uses_engine` it first waits for an async WGEMV to finish."""
         ctx, d, f, at, eng = self.i_ctx, self.i_ctx.desc, self.i_ctx.fmap, self._at, self.i_engine
         checks = [(eng.active, lambda: None), (eng.failed, lambda: st.fail(eng.code, at_engine=1))] if uses_engine else []
         checks += [
@@ -112,13 +112,12 @@ class AttentionSequencer(Sequencer):
 
         def start():
             seen = Mux((f.window == 0) | (ctx.pos + 1 <= f.window), ctx.pos + 1, f.window)
-            m.d.sync += self.n.eq(seen)
+            m.d.sync += [self.n.eq(seen), self.heads.eq(f.heads), self.hd.eq(f.head_dim), self.win.eq(f.window),
+                         self.cap.eq(d.rows)]
             if uses_engine:     # its GEMVs quantise into the engine: nothing to reuse after it
                 m.d.comb += [self.o_act_n.valid.eq(1), self.o_act_n.payload.eq(0)]
             m.next = "AT_1"
-        with m.State("AT"):
-            m.d.sync += [self.heads.eq(f.heads), self.hd.eq(f.head_dim), self.win.eq(f.window), self.cap.eq(d.rows)]
-            st.checks(checks, start)
+        st.checks_registered("AT", checks, start)
 
     # --- binary16 cache ------------------------------------------------------------------------------------
 
@@ -254,16 +253,18 @@ class AttentionSequencer(Sequencer):
         hw, d = self.hw, self.i_ctx.desc
         A = hw.axi_addr_bits
         # The slot's sizes, from the descriptor (stable from KVST's and ATTN's first state on), one product
-        # each for both instructions: C·D/2 and C·nb·2 bytes per head, then times the heads (two cycles later;
-        # both instructions read them no earlier).
+        # each for both instructions: C·D/2 and C·nb·2 bytes per head (nb registered first), then times the
+        # heads (two and three cycles later; both instructions read them no earlier).
         self.plane, self.kscales, self.planes, self.all_kscales = (Signal(32, name=nm) for nm in
                                                                    ("plane", "kscales", "planes", "all_kscales"))
-        self.blocks = (d.head_dim + hw.act_block - 1) >> ceil_log2(hw.act_block)
+        # the head's activation blocks, registered (stable from the second state on)
+        self.blocks = Signal(16, name="blocks")
+        m.d.sync += self.blocks.eq((d.head_dim + hw.act_block - 1) >> ceil_log2(hw.act_block))
         self.slot_base = (self._kv_base())[:A]
         # a head's planes, K scales, V scales
         self.kb, self.ksb, self.vsb = Signal(A, name="kb"), Signal(A, name="ksb"), Signal(A, name="vsb")
-        # the slot's K scale and V scale regions (three cycles after the descriptor; both instructions read them
-        # no earlier)
+        # the slot's K scale and V scale regions (three and four cycles after the descriptor; both instructions
+        # read them no earlier)
         self.ks_region, self.vs_region = Signal(A, name="ks_region"), Signal(A, name="vs_region")
         m.d.sync += [self.plane.eq((d.rows * d.head_dim) >> 1), self.kscales.eq((d.rows * self.blocks) << 1),
                      self.planes.eq(d.heads * self.plane), self.all_kscales.eq(d.heads * self.kscales),
@@ -292,6 +293,7 @@ class AttentionSequencer(Sequencer):
         # the ring slot's row in a plane / K scales
         row_off, srow, ring = Signal(32, name="row_off"), Signal(32, name="srow"), Signal(32, name="ring")
         j = Signal(8)                                     # head
+        j_end = Signal()                                  # j == heads, registered with j
         hb = Signal(16)                                   # element offset of head j in k and v
         self._kvst_checks(m, st, 1, bad_hd | (d.heads == 0))
         with m.State("KV_1"):
@@ -308,7 +310,7 @@ class AttentionSequencer(Sequencer):
         with m.State("KV_3"):
             sb = self.slot_base
             m.d.sync += [plane_row.eq(sb + row_off), scale_row.eq(self.ks_region + srow),
-                         vsb.eq(self.vs_region + (ring << 1)), j.eq(0), hb.eq(0)]
+                         vsb.eq(self.vs_region + (ring << 1)), j.eq(0), j_end.eq(d.heads == 0), hb.eq(0)]
             m.next = "KV_K"
 
         def quantise(state, **kw):
@@ -327,17 +329,16 @@ class AttentionSequencer(Sequencer):
         k, v = elem(kv.k), elem(kv.v)
         words = d.head_dim >> 3
         with m.State("KV_K"):
-            with m.If(j == d.heads):
+            with m.If(j_end):
                 st.retire()
             with m.Else():
                 m.d.comb += self.o_pack_clear.eq(1)
                 quantise("KV_KQ", a=Src.L2, a_addr=k + hb)
         with m.State("KV_KQ"):
             with m.If(st.done()):
+                plane_out("KV_K1", 0)
                 with m.If(self.i_done.payload.nonfinite | (self.i_pack.emax > 11)):     # 2**(e+4) beyond binary16
-                    st.fail(ErrorCode.NON_FINITE)
-                with m.Else():
-                    plane_out("KV_K1", 0)
+                    st.fail(ErrorCode.NON_FINITE)                                       # (the launch taken back)
         st.wait_pass("KV_K1", lambda: plane_out("KV_K2", 1))
         st.wait_pass("KV_K2", lambda: scale_out("KV_K3", 2))
         st.wait_pass("KV_K3", lambda: scale_out("KV_K4", 3))
@@ -348,17 +349,17 @@ class AttentionSequencer(Sequencer):
         st.wait_pass("KV_K4", v_row)
         with m.State("KV_VA"):
             with m.If(st.done()):
+                quantise("KV_VB", a=Src.L2, a_addr=v + hb, qforce=1, qe=self.i_pack.emax)
                 with m.If(self.i_done.payload.nonfinite | (self.i_pack.emax > 15)):     # 2**e beyond binary16
-                    st.fail(ErrorCode.NON_FINITE)
-                with m.Else():
-                    quantise("KV_VB", a=Src.L2, a_addr=v + hb, qforce=1, qe=self.i_pack.emax)
+                    st.fail(ErrorCode.NON_FINITE)                                       # (the launch taken back)
         st.wait_pass("KV_VB", lambda: plane_out("KV_V1", 0))
         st.wait_pass("KV_V1", lambda: plane_out("KV_V2", 1))
         st.wait_pass("KV_V2", lambda: st.launch("KV_V3", bypass=1, n=1, a=Src.REG, a_val=self.i_pack.vscale,
                                                 sink=Sink.DDR, ddr_addr=vsb, wr_fmt=1))
 
         def next_head():
-            m.d.sync += [j.eq(j + 1), hb.eq(hb + d.head_dim), vsb.eq(vsb + (d.rows << 1))]
+            m.d.sync += [j.eq(j + 1), j_end.eq(j + 1 == d.heads), hb.eq(hb + d.head_dim),
+                         vsb.eq(vsb + (d.rows << 1))]
             m.next = "KV_K"
         st.wait_pass("KV_V3", next_head)
 
@@ -380,7 +381,8 @@ class AttentionSequencer(Sequencer):
         vtab = Signal(A)                              # the V planes' scale table (lo: 2·head_dim bytes on)
         dst, rz, recip_pending = self.dst, self.rz, self.recip_pending
         # Every engine command's addresses are one base plus, for the lo plane, one offset: K from the head's
-        # planes and K scales, V from the chunk's columns and the scale table.
+        # planes and K scales, V from the chunk's columns and the scale table. Which ones, `on_v` and `on_lo`,
+        # is set by the state for all of it (`engine_state`): its conditions choose the command's valid only.
         on_v, on_lo = Signal(name="on_v"), Signal(name="on_lo")
         wbase = (Mux(on_v, vrow, kb) + Mux(on_lo, plane, 0))[:A]
         sbase = (Mux(on_v, vtab, ksb) + Mux(on_lo, Mux(on_v, hd << 1, ks), 0))[:A]
@@ -394,12 +396,17 @@ class AttentionSequencer(Sequencer):
                      job.n.eq(Mux(on_v, hd, n)), job.pc.eq(ctx.pc),
                      self.o_gemv.payload.eq(Mux(self.o_gemv.valid, job, 0))]
 
-        def engine(nxt, v, lo):
-            m.d.comb += [self.o_gemv.valid.eq(1), on_v.eq(v), on_lo.eq(lo)]
+        def engine(nxt):
+            m.d.comb += self.o_gemv.valid.eq(1)
             m.next = nxt
 
-        def after_engine(state, then):
+        def engine_state(v, lo):
+            """In a state that sends an engine command: the command's operands, V or K, lo or hi plane."""
+            m.d.comb += [on_v.eq(v), on_lo.eq(lo)]
+
+        def after_engine(state, then, v, lo):
             with m.State(state):
+                engine_state(v, lo)
                 with m.If(~eng.active):
                     with m.If(eng.failed):
                         st.fail(eng.code)
@@ -428,13 +435,15 @@ class AttentionSequencer(Sequencer):
                 st.launch("AT_Q", bypass=1, n=hd, a=Src.L2, a_addr=aq + self.head_off, sink=Sink.QUANT,
                           qdst=QDst.GEMV)
         with m.State("AT_Q"):
+            engine_state(0, 1)
             with m.If(st.done()):
                 with m.If(self.i_done.payload.nonfinite):
                     st.fail(ErrorCode.NON_FINITE)
                 with m.Else():
-                    engine("AT_K1", 0, 1)
-        after_engine("AT_K1", lambda: engine("AT_K2", 0, 0))
-        after_engine("AT_K2", lambda: st.launch("AT_S1", op=SfuOp.MAX, n=n, a=Src.L2, a_addr=SB, sink=Sink.REG))
+                    engine("AT_K1")
+        after_engine("AT_K1", lambda: engine("AT_K2"), 0, 0)
+        after_engine("AT_K2", lambda: st.launch("AT_S1", op=SfuOp.MAX, n=n, a=Src.L2, a_addr=SB, sink=Sink.REG),
+                     0, 0)
         st.wait_pass("AT_S1", lambda: st.launch("AT_S2", op=SfuOp.EXP, n=n, a=Src.L2, a_addr=SB, emax=st.result,
                                                 sub_emax=1, sink=Sink.L2, dst=SB))
         st.wait_pass("AT_S2", lambda: st.launch("AT_S3", op=SfuOp.SUM, n=n, a=Src.L2, a_addr=SB, sink=Sink.REG))
@@ -460,21 +469,25 @@ class AttentionSequencer(Sequencer):
                 st.launch("AT_VQ", bypass=1, n=Mux(left > MAXC, MAXC, left), a=Src.L2, a_addr=SB + chunk,
                           sink=Sink.QUANT, qdst=QDst.GEMV)
         with m.State("AT_VQ"):
+            engine_state(1, 1)
             with m.If(st.done()):
                 with m.If(self.i_done.payload.nonfinite):
                     st.fail(ErrorCode.NON_FINITE)
+                with m.Elif(chunk == 0):     # RECIP(sum), sent with the first chunk's V GEMV from AT_VR
+                    st.launch("AT_VR", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=rz, sink=Sink.REG)
+                    m.d.sync += recip_pending.eq(1)
                 with m.Else():
-                    engine("AT_V1", 1, 1)
-                    with m.If(chunk == 0):
-                        st.launch("AT_V1", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=rz, sink=Sink.REG)
-                        m.d.sync += recip_pending.eq(1)
-        after_engine("AT_V1", lambda: engine("AT_V2", 1, 0))
+                    engine("AT_V1")
+        with m.State("AT_VR"):
+            engine_state(1, 1)
+            engine("AT_V1")
+        after_engine("AT_V1", lambda: engine("AT_V2"), 1, 0)
 
         def next_chunk():
             # every chunk but the last is MAXC positions of head_dim/2 bytes per plane column
             m.d.sync += [chunk.eq(chunk + chunk_n), vrow.eq(vrow + (hd << (ceil_log2(MAXC) - 1)))]
             m.next = "AT_V"
-        after_engine("AT_V2", next_chunk)
+        after_engine("AT_V2", next_chunk, 1, 0)
 
         def next_head():
             m.d.sync += [h.eq(h + 1), self.head_off.eq(self.head_off + hd)]

@@ -24,7 +24,8 @@ from ..isa import DdrRegion, DescKind, ErrorCode, Opcode, layout
 from ..sfu import SfuOp
 from .engines import gemm_job_layout, gemv_job_layout
 from .passes import QDst, Sink, Src
-from .sequencer import Sequencer, Steps, elem, end_to, engine_state_layout, geometry, in_l2, l2_elements
+from .sequencer import (Sequencer, Steps, context_flags, elem, end_to, engine_state_layout, geometry, in_l2,
+                        l2_elements)
 
 __all__ = ["MatrixSequencer"]
 
@@ -206,22 +207,27 @@ class MatrixSequencer(Sequencer):
         def start():
             m.d.sync += row.eq(Mux(ctx.token >= d.rows, 0, ctx.token))
             m.next = "GA_1"
+        early = context_flags(m, "ga_flags", [
+            (d.kind != DescKind.INT4) | (d.layout != 0), (ctx.token >= d.rows) & ~ga.remap, d.cols == 0,
+            ~in_l2(hw, gd, d.cols)])
+        # ceil(cols / 2**log2_group): one group from 2**32 columns on (cols < 2**32), so the shifts are 5 bits;
+        # cols rounded up to the group, registered in GA (the shifter is a path of its own)
+        g = d.log2_group[:5]
+        cols_up = Signal(33, name="cols_up")
         with m.State("GA"):
+            m.d.sync += cols_up.eq(d.cols + ((1 << g) - 1))
             st.checks([
-                ((d.kind != DescKind.INT4) | (d.layout != 0), lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
-                ((ctx.token >= d.rows) & ~ga.remap, lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
-                (d.cols == 0, lambda: st.fail(ErrorCode.BAD_LENGTH)),
-                (~in_l2(hw, gd, d.cols), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+                (early[0], lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
+                (early[1], lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+                (early[2], lambda: st.fail(ErrorCode.BAD_LENGTH)),
+                (early[3], lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
             ], start)
-        # the products' other operands, registered a cycle ahead (the group count's shifter is a path of its own);
-        # cols fits L2 here, so they have its element address's width
+        # the products' other operands, registered a cycle ahead; cols fits L2 here, so they have its element
+        # address's width
         ea = geometry(hw)[0]
         groups, half_cols = Signal(ea), Signal(ea)
         with m.State("GA_1"):
-            # ceil(cols / 2**log2_group): one group from 2**32 columns on (cols < 2**32), so the shifts are 5 bits
-            g = d.log2_group[:5]
-            m.d.sync += [groups.eq(Mux(d.log2_group >= 32, 1, (d.cols + ((1 << g) - 1)) >> g)),
-                         half_cols.eq((d.cols + 1) >> 1)]
+            m.d.sync += [groups.eq(Mux(d.log2_group >= 32, 1, cols_up >> g)), half_cols.eq((d.cols + 1) >> 1)]
             m.next = "GA_2"
         # the products by halves of the row (one DSP48E2 each, no cascade), summed a cycle later
         parts = [Signal(len(groups) + 16, name=f"ga_{k}") for k in ("b_lo", "b_hi", "s_lo", "s_hi")]

@@ -9,7 +9,7 @@ pc of the failed async WGEMV, `EngineTracker.o_pc`).
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Signal, Value
+from amaranth import Cat, Const, Mux, Signal, Value
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -20,7 +20,8 @@ from ..l2 import l2_geometry
 from ..sfu import SfuOp
 from .passes import BSrc, Sink, Src, done_layout, pass_layout
 
-__all__ = ["context_layout", "end_layout", "DividerPort", "engine_state_layout", "Sequencer", "Steps", "REGIONS"]
+__all__ = ["context_layout", "end_layout", "DividerPort", "engine_state_layout", "Sequencer", "Steps", "REGIONS",
+           "context_flags"]
 
 REGIONS = tuple(DdrRegion)
 
@@ -84,13 +85,31 @@ class Steps:
     each launch; ``by_site=True`` numbers the launches and, in `finish` (called once after the FSM), drives
     each field by one flat choice over the launches that set it. Launches nested deep in checks (ATTN, WGEMV)
     map to far fewer LUTs by site; a few launches in shallow states (VEC, CVO, DMA) to fewer in place
-    (``docs/architecture.md``, "Utilisation")."""
+    (``docs/architecture.md``, "Utilisation").
 
-    def __init__(self, m, o_pass, i_done, end, idle="IDLE", error=None, by_site=False):
+    ``registered=True`` (by site only) sends the command from a register: it leaves the cycle after `launch`
+    (the engine, idle or completing at the launch, is idle then), and no path runs from the sequencer's state
+    and context through the choice of the fields into the engine. The register takes the fields of the site
+    whatever the valid, and the payload is 0 while not valid by an AND at the output; `fail` after `launch`
+    in the same cycle takes the launch back, so that a check on the cycle's inputs (a completion's flags)
+    reaches the valid only, not the fields. A matrix command meant to start beside the pass is sent one cycle
+    after its launch too."""
+
+    def __init__(self, m, o_pass, i_done, end, idle="IDLE", error=None, by_site=False, registered=False):
         self.m, self.o_pass, self.i_done, self._end = m, o_pass, i_done, end
         self.idle, self.error, self.by_site = idle, error or idle, by_site
+        assert by_site or not registered, "a registered pass command is driven by site"
+        self.registered = registered
         self._sites = [None]                 # by site: the fields of each launch; site 0 is none (payload 0)
         self._site = Signal(16, name="pass_site")
+        # registered: the command of the launch in this cycle (all 0 without one), sent from o_pass next cycle
+        self._cmd = Signal.like(o_pass.payload, name="pass_cmd") if registered else o_pass.payload
+        self._launch = Signal(name="pass_launch") if registered else o_pass.valid
+        if registered:
+            valid, payload = Signal(name="pass_valid"), Signal.like(o_pass.payload, name="pass_payload")
+            m.d.sync += [valid.eq(self._launch), Value.cast(payload).eq(Value.cast(self._cmd))]
+            m.d.comb += [o_pass.valid.eq(valid),
+                         Value.cast(o_pass.payload).eq(Mux(valid, Value.cast(payload), 0))]
         self._finished = False
 
     def launch(self, nxt, **fields):
@@ -103,12 +122,12 @@ class Steps:
         else:
             for key, val in fields.items():
                 m.d.comb += Value.cast(getattr(self.o_pass.payload, key)).eq(_value(val))
-        m.d.comb += self.o_pass.valid.eq(1)
+        m.d.comb += self._launch.eq(1)
         m.next = nxt
 
     def finish(self):
         """By site: drive the pass command's fields from the launch that runs (all 0 while none does)."""
-        m, p = self.m, self.o_pass.payload
+        m, p = self.m, self._cmd
         assert self.by_site and not self._finished
         self._finished = True
         for key, _ in p.shape():
@@ -134,6 +153,8 @@ class Steps:
 
     def fail(self, code, at_engine=0):
         self._end(code, at_engine)
+        if self.registered:
+            self.m.d.comb += self._launch.eq(0)
         self.m.next = self.error
 
     def wait_pass(self, state, then):
@@ -175,6 +196,16 @@ class Steps:
 
 def _value(val):
     return Value.cast(val) if isinstance(val, enum.Enum) else val
+
+
+def context_flags(m, name, conds):
+    """`conds`, conditions on the context, registered every cycle (one cycle): the word and the descriptor are
+    the instruction's from the cycle the controller starts the sequencer on (`Sequencer`), so from its first
+    state on the flags are the instruction's, and no cycle holds both their arithmetic and the choice among
+    the checks."""
+    flags = Signal(len(conds), name=name)
+    m.d.sync += flags.eq(Cat(*conds))
+    return [flags[i] for i in range(len(conds))]
 
 
 def end_to(m, o_end):

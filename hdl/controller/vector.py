@@ -21,7 +21,7 @@ from ..isa import (SCALAR_REGS, VEC_REDUCTIONS, CvoFunc, DdrRegion, DmaDir, Erro
 from ..sfu import SfuOp
 from .alu import AluFn, alu_command, alu_result
 from .passes import BSrc, Sink, Src
-from .sequencer import DividerPort, Sequencer, Steps, elem, end_to, geometry, in_l2
+from .sequencer import DividerPort, Sequencer, Steps, context_flags, elem, end_to, geometry, in_l2
 
 __all__ = ["VectorSequencer", "sreg_write_layout"]
 
@@ -114,22 +114,29 @@ class VectorSequencer(Sequencer):
         src2, dst2, sin_ = Signal(ea + 1, name="src2"), Signal(ea + 1, name="dst2"), Signal(ea + 1, name="sin")
         done_all = Signal()                   # left == 0, registered with left
         t = [Signal(ea + 1, name=f"t{k}") for k in range(4)]
+        seg = context_flags(m, "seg_flags", [
+            hd == 0, (ve.func == VecFunc.ROPE) & (hd[0] | ((hd << 1) > SCR)),
+            (ve.func != VecFunc.RMSNORM_NG) & ~in_l2(hw, vb, hd), ~in_l2(hw, vd, vl)])
+        rem_nz = Signal()                     # vl mod hd != 0, registered when the divider is done
         with m.State("VSEG_DIV"):
             with m.If(~self.div.busy):
-                def start():
-                    m.d.sync += [left.eq(self.div.q), done_all.eq(self.div.q == 0), src.eq(va), dst.eq(vd),
-                                 src2.eq(va + half), dst2.eq(vd + half), sin_.eq(vb + half)]
-                    m.d.sync += [t[k].eq(SB + k * half) for k in range(4)]
-                    with m.If(ve.func == VecFunc.ROPE):
-                        m.next = "ROPE_0"
-                    with m.Else():
-                        m.next = "RMS_0"
-                st.checks([
-                    ((hd == 0) | (self.div.r != 0), lambda: st.fail(ErrorCode.BAD_LENGTH)),
-                    ((ve.func == VecFunc.ROPE) & (hd[0] | ((hd << 1) > SCR)), lambda: st.fail(ErrorCode.BAD_LENGTH)),
-                    ((ve.func != VecFunc.RMSNORM_NG) & ~in_l2(hw, vb, hd), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
-                    (~in_l2(hw, vd, vl), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
-                ], start)
+                m.d.sync += rem_nz.eq(self.div.r != 0)
+                m.next = "VSEG_CHK"
+        with m.State("VSEG_CHK"):
+            def start():
+                m.d.sync += [left.eq(self.div.q), done_all.eq(self.div.q == 0), src.eq(va), dst.eq(vd),
+                             src2.eq(va + half), dst2.eq(vd + half), sin_.eq(vb + half)]
+                m.d.sync += [t[k].eq(SB + k * half) for k in range(4)]
+                with m.If(ve.func == VecFunc.ROPE):
+                    m.next = "ROPE_0"
+                with m.Else():
+                    m.next = "RMS_0"
+            st.checks([
+                (seg[0] | rem_nz, lambda: st.fail(ErrorCode.BAD_LENGTH)),
+                (seg[1], lambda: st.fail(ErrorCode.BAD_LENGTH)),
+                (seg[2], lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+                (seg[3], lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+            ], start)
 
         def next_segment(state):
             m.d.sync += [left.eq(left - 1), done_all.eq(left == 1), src.eq(src + hd), dst.eq(dst + hd),
@@ -188,13 +195,14 @@ class VectorSequencer(Sequencer):
         n = cv.length
         need_recip = (cv.func == CvoFunc.SOFTCAP) | ((cv.func == CvoFunc.SCALE) & cv.recip_scale)
         recip = Signal(32)                       # RECIP(S0)
+        early = context_flags(m, "cvo_flags", [
+            (staged & (n > SCR)) | (n == 0),
+            ~in_l2(hw, cs, Mux(rope_f, n << 1, n)) | ~in_l2(hw, cd, Mux(red_f, 1, n)), need_recip])
         with m.State("CVO"):
             st.checks([
-                (staged & (n > SCR), lambda: st.fail(ErrorCode.BAD_LENGTH)),
-                (n == 0, lambda: st.fail(ErrorCode.BAD_LENGTH)),
-                (~in_l2(hw, cs, Mux(rope_f, n << 1, n)), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
-                (~in_l2(hw, cd, Mux(red_f, 1, n)), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
-                (need_recip, lambda: st.launch("CVO_R", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=ctx.s[0],
+                (early[0], lambda: st.fail(ErrorCode.BAD_LENGTH)),
+                (early[1], lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+                (early[2], lambda: st.launch("CVO_R", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=ctx.s[0],
                                                sink=Sink.REG)),
             ], st.go("CVO_MAIN"))
 
