@@ -225,15 +225,18 @@ def decoded_shapes(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dic
 
 
 class CommandDecoder(wiring.Component):
-    """Derives, in one registered step, every quantity the ports need from a command, and validates it.
+    """Derives, in two registered steps, every quantity the ports need from a command, and validates it. The
+    first registers the command (`o_cmd`), its segment size, the rounded-up sums the segment and group counts
+    divide and the checks that need no count; the second the rest.
 
     Members
     -------
     i_cmd : In(command_layout) (a plain value, sampled when `i_load` is high)
     i_load : In(1)
-    o_* : the decoded fields (registered), `o_bad` when the command cannot run: rows or cols 0, cols
-        above `max_cols`, more segments or groups per row than `max_segments`, or a `sparse` command with an odd
-        number of rows or more than `max_rows` (``gemv_sparse_max_rows``).
+    o_* : the decoded fields, all valid from the second cycle after `i_load` (`o_cmd` from the first);
+        `o_bad` when the command cannot run: rows or cols 0, cols above `max_cols`, more segments or groups
+        per row than `max_segments`, or a `sparse` command with an odd number of rows or more than `max_rows`
+        (``gemv_sparse_max_rows``).
     """
 
     def __init__(self, cfg: HardwareConfig, max_cols: int, max_segments: int, max_rows: int | None = None):
@@ -247,25 +250,41 @@ class CommandDecoder(wiring.Component):
         cfg = self._cfg
         W, B = cfg.weights_per_beat, cfg.bytes_per_beat
         lW, lblk = ceil_log2(W), ceil_log2(cfg.act_block)
-        c = self.i_cmd
+        # Step 1: the command, its segment size, the sums the counts divide (cols + segment - 1, at most
+        # 2**16 - 2 + act_block; cols + group - 1, in -1..2**17 - 2: -1 for cols 0 with a group beyond 16
+        # bits) and the checks that need no count. Sparse (column-major) matrices: an even number of rows (a
+        # column is rows/2 whole bytes), at most the rows the ports' per-row memories hold.
+        i = self.i_cmd
+        i_lseg = Mux(i.log2_group < lblk, i.log2_group, lblk)
+        c = self.o_cmd
+        lseg = Signal(range(32))
+        nsum, gsum = Signal(range((1 << 16) + (1 << lblk))), Signal(signed(18))
+        bad1 = Signal()
+        load2 = Signal()
+        m.d.sync += load2.eq(self.i_load)
+        with m.If(self.i_load):
+            m.d.sync += [
+                c.eq(i), lseg.eq(i_lseg),
+                nsum.eq(i.cols + (Const(1, 17) << i_lseg) - 1),
+                gsum.eq(i.cols + (Const(1, 32) << i.log2_group)[:17] - 1),
+                bad1.eq((i.rows == 0) | (i.cols == 0) | (i.cols > self._max_cols) |
+                        (i.sparse & (i.rows[0] | (i.rows > self._max_rows))) | (i.log2_group > 16)),
+            ]
+        # Step 2: the counts and the fields derived from the registered command.
         lg = c.log2_group
-        lseg = Mux(lg < lblk, lg, lblk)
         nseg = Signal(17)
         groups = Signal(17)
         rowbytes = Signal(16)
         m.d.comb += [
-            nseg.eq((c.cols + (Const(1, 17) << lseg) - 1) >> lseg),
-            groups.eq((c.cols + (Const(1, 32) << lg)[:17] - 1) >> lg),
+            nseg.eq(nsum >> lseg),
+            groups.eq(gsum >> lg),
             rowbytes.eq((c.cols + 1) >> 1),
         ]
-        # Sparse (column-major) matrices: an even number of rows (a column is rows/2 whole bytes), at most
-        # the rows the ports' per-row memories hold.
-        bad = ((c.rows == 0) | (c.cols == 0) | (c.cols > self._max_cols) | (nseg > self._max_segments) |
-               (c.sparse & (c.rows[0] | (c.rows > self._max_rows))) | (lg > 16))
+        bad = bad1 | (nseg > self._max_segments)
         lNW = ceil_log2(cfg.axi_ports * W)
-        with m.If(self.i_load):
+        with m.If(load2):
             m.d.sync += [
-                self.o_cmd.eq(c), self.o_lseg.eq(lseg),
+                self.o_lseg.eq(lseg),
                 self.o_lvl.eq(Mux(lseg < lW, lseg, lW)), self.o_subs.eq(W >> Mux(lseg < lW, lseg, lW)),
                 self.o_lspb.eq(Mux(lseg > lW, lseg - lW, 0)),
                 self.o_nseg.eq(nseg), self.o_groups.eq(groups),
@@ -473,21 +492,28 @@ class GemvPort(wiring.Component):
         # Shared by the sequencer and the front end: scale bytes per row, chunks per row.
         g2 = Signal(17 + 1)
         m.d.comb += g2.eq(d.groups << 1)
-        nch = Signal(range(self._max_cols // (self._chunk_beats * W) + 2))
-        m.d.comb += nch.eq((d.nwb + self._chunk_beats - 1) >> ceil_log2(self._chunk_beats))
+        # Chunks per row less one and beats per row less one, registered from the decoder's (valid from the
+        # cycle after `i_start`; their first use is cycles later).
+        nch_m1 = Signal(range(self._max_cols // (self._chunk_beats * W) + 2))
+        nwb_m1 = Signal.like(d.nwb)
+        m.d.sync += [nch_m1.eq(((d.nwb + self._chunk_beats - 1) >> ceil_log2(self._chunk_beats)) - 1),
+                     nwb_m1.eq(d.nwb - 1)]
 
-        seq_active = self._tile_sequencer(m, g2, nch)
-        fe_active = self._front_end(m, g2, nch, banks, isum_w, scale_w, swords)
+        seq_active = self._tile_sequencer(m, g2, nch_m1)
+        fe_active = self._front_end(m, g2, nch_m1, nwb_m1, banks, isum_w, scale_w, swords)
         be_active, reserved = self._back_end(m, banks, isum_r, scale_r, hpw, swords)
         m.d.comb += self.o_idle.eq(~seq_active & ~fe_active & ~be_active & (reserved == 0) &
                                    (bank_state[0] == self.FREE) & (bank_state[1] == self.FREE) & ~self.i_dma_busy)
         return m
 
-    def _tile_sequencer(self, m, g2, nch):
+    def _tile_sequencer(self, m, g2, nch_m1):
         """The DMA commands. Per tile: the scales (one transfer), then the rows in chunks of `chunk_beats`,
         round-robin over the tile's rows (chunk 0 of rows 0..T-1, chunk 1 of rows 0..T-1, ...), so that the
-        back end can start on a tile's first segments while its last chunks are still arriving. Returns the
-        sequencer's active flag."""
+        back end can start on a tile's first segments while its last chunks are still arriving. Every field
+        of a command is a register: a chunk's address and bytes are stepped with the chunks (the round's rows
+        and the tile's rounds counted down), the scale transfer's bytes follow the rows left through two
+        registers (the tile's rows, the product), and the port's first tile is its offset added to the bases
+        in the cycle after `i_start`. Returns the sequencer's active flag."""
         cfg, T, N = self._cfg, self._T, self._cfg.axi_ports
         B = cfg.bytes_per_beat
         d = self.dec
@@ -498,42 +524,63 @@ class GemvPort(wiring.Component):
         rows = d.cmd.rows
         seq_active = Signal()
         seq_left = Signal(signed(22))                # rows left from this tile on
-        seq_t = Signal(range(T + 1))                 # T: the scale transfer comes next
-        seq_c = Signal.like(nch)
+        seq_scale = Signal()                         # the scale transfer comes next
+        seq_trem = Signal(range(T))                  # the round's chunk transfers after the next one
+        seq_crem = Signal.like(nch_m1)               # the tile's chunk rounds after this one
         seq_tile = Signal(ab)                        # the tile's first row
-        seq_coff = Signal(16)                        # chunk byte offset within a row
-        seq_roff = Signal(ab)                        # t * rowbytes
+        seq_rbase = Signal(ab)                       # the round's first chunk: seq_tile + c * CBB
+        seq_caddr = Signal(ab)                       # the next chunk: seq_rbase + t * rowbytes
+        seq_rem = Signal(16)                         # the row's bytes from the round's chunk on
+        seq_full = Signal()                          # seq_rem > CBB: the chunk is a whole one
         seq_saddr = Signal(ab)
+        # Registered from seq_left: the tile's rows (`seq_trows`), the scale transfer's bytes (`seq_snb`),
+        # the port's last tile (`seq_last`); the scale transfer waits until they have settled (`seq_settle`
+        # cycles after seq_left changes).
         seq_trows = Signal(range(T + 1))
-        m.d.comb += seq_trows.eq(Mux(seq_left < T, seq_left, T))
+        seq_snb = Signal(len(seq_trows) + len(g2))
+        seq_last = Signal()
+        seq_settle = Signal(2)
+        m.d.sync += [seq_trows.eq(Mux(seq_left < T, seq_left, T)), seq_snb.eq(seq_trows * g2),
+                     seq_last.eq(seq_left <= N * T)]
+        # The port's first tile: its offsets from the weight and scale bases, registered from the decoder's
+        # fields, added to the bases in the cycle after `i_start` (`seq_load`).
+        seq_toff, seq_soff = Signal((d.rowbytes * (p * T)).shape()), Signal((g2 * (p * T)).shape())
+        seq_load = Signal()
+        m.d.sync += [seq_toff.eq(d.rowbytes * (p * T)), seq_soff.eq(g2 * (p * T)), seq_load.eq(self.i_start)]
+        with m.If(seq_settle != 0):
+            m.d.sync += seq_settle.eq(seq_settle - 1)
         cmd = self.dma_cmd
-        m.d.comb += cmd.valid.eq(seq_active)
-        with m.If(seq_t == T):
-            m.d.comb += [cmd.p.addr.eq(seq_saddr), cmd.p.nbytes.eq(seq_trows * g2)]
+        m.d.comb += cmd.valid.eq(seq_active & (~seq_scale | (seq_settle == 0)))
+        with m.If(seq_scale):
+            m.d.comb += [cmd.p.addr.eq(seq_saddr), cmd.p.nbytes.eq(seq_snb)]
         with m.Else():
-            m.d.comb += [cmd.p.addr.eq(seq_tile + seq_roff + seq_coff),
-                         cmd.p.nbytes.eq(Mux(d.rowbytes - seq_coff > CBB, CBB, d.rowbytes - seq_coff))]
+            m.d.comb += [cmd.p.addr.eq(seq_caddr), cmd.p.nbytes.eq(Mux(seq_full, CBB, seq_rem))]
         with m.If(self.i_start):
             left = rows.as_signed() - p * T
-            m.d.sync += [seq_left.eq(left), seq_active.eq(left > 0), seq_t.eq(T),
-                         seq_tile.eq(d.cmd.wbase + d.rowbytes * (p * T)),
-                         seq_saddr.eq(d.cmd.sbase + g2 * (p * T))]
+            m.d.sync += [seq_left.eq(left), seq_active.eq(left > 0), seq_scale.eq(1), seq_settle.eq(2),
+                         seq_tile.eq(d.cmd.wbase), seq_saddr.eq(d.cmd.sbase)]
+        with m.Elif(seq_load):
+            m.d.sync += [seq_tile.eq(seq_tile + seq_toff), seq_saddr.eq(seq_saddr + seq_soff)]
         with m.Elif(cmd.valid & cmd.ready):
-            with m.If(seq_t == T):
-                m.d.sync += [seq_t.eq(0), seq_c.eq(0), seq_coff.eq(0), seq_roff.eq(0)]
-            with m.Elif(seq_t == seq_trows - 1):
-                m.d.sync += [seq_t.eq(0), seq_roff.eq(0), seq_c.eq(seq_c + 1), seq_coff.eq(seq_coff + CBB)]
-                with m.If(seq_c == nch - 1):
-                    m.d.sync += [seq_t.eq(T), seq_left.eq(seq_left - N * T),
+            with m.If(seq_scale):
+                m.d.sync += [seq_scale.eq(0), seq_trem.eq(seq_trows - 1), seq_crem.eq(nch_m1),
+                             seq_rbase.eq(seq_tile), seq_caddr.eq(seq_tile), seq_rem.eq(d.rowbytes),
+                             seq_full.eq(d.rowbytes > CBB)]
+            with m.Elif(seq_trem == 0):
+                m.d.sync += [seq_trem.eq(seq_trows - 1), seq_crem.eq(seq_crem - 1), seq_rbase.eq(seq_rbase + CBB),
+                             seq_caddr.eq(seq_rbase + CBB), seq_rem.eq(seq_rem - CBB),
+                             seq_full.eq(seq_rem > 2 * CBB)]
+                with m.If(seq_crem == 0):
+                    m.d.sync += [seq_scale.eq(1), seq_settle.eq(2), seq_left.eq(seq_left - N * T),
                                  seq_tile.eq(seq_tile + d.rowbytes * (N * T)),
                                  seq_saddr.eq(seq_saddr + g2 * (N * T))]
-                    with m.If(seq_left <= N * T):
+                    with m.If(seq_last):
                         m.d.sync += seq_active.eq(0)
             with m.Else():
-                m.d.sync += [seq_t.eq(seq_t + 1), seq_roff.eq(seq_roff + d.rowbytes)]
+                m.d.sync += [seq_trem.eq(seq_trem - 1), seq_caddr.eq(seq_caddr + d.rowbytes)]
         return seq_active
 
-    def _front_end(self, m, g2, nch, banks, isum_w, scale_w, swords):
+    def _front_end(self, m, g2, nch_m1, nwb_m1, banks, isum_w, scale_w, swords):
         """Takes the DMA data: a tile's scale beats into its bank, then its weight beats through the
         `SegmentMac` (against the activation words), whose segment sums go to the tile's isum bank. Claims a
         free bank per tile (FILLING), counts the finished chunk rounds and marks the bank FULL after the
@@ -554,7 +601,7 @@ class GemvPort(wiring.Component):
         fe_scale = Signal()                          # in the scale phase of a tile
         fe_wait = Signal()                           # waiting for the bank to be free
         fe_sw = Signal(range(T * S + 2))             # scale word
-        fe_c = Signal.like(nch)                      # chunk
+        fe_c = Signal.like(nch_m1)                   # chunk
         fe_k = Signal(range(CB))                     # beat within the chunk
         fe_beat = Signal(range(self._max_cols // W + 2))   # beat within the row
         m.d.comb += fe_beat.eq((fe_c << lCB) | fe_k)
@@ -562,19 +609,21 @@ class GemvPort(wiring.Component):
         fe_sel = Signal(range(W))
         fe_trows = Signal(range(T + 1))
         m.d.comb += fe_trows.eq(Mux(fe_left < T, fe_left, T))
-        # Scale beats of this tile: ceil(rows of the tile x g2 / B), through three registers (the rows, the
-        # product, the quotient) so that the multiplier is a DSP stage of its own; the tile waits for its bank
-        # until they have settled (`fe_settle` cycles after fe_left changes).
+        # Scale beats of this tile less one: ceil(rows of the tile x g2 / B) - 1, through three registers (the
+        # rows, the product, the quotient) so that the multiplier is a DSP stage of its own; the tile waits for
+        # its bank until they have settled (`fe_settle` cycles after fe_left changes).
         trows_m, prod = Signal.like(fe_trows), Signal(len(fe_trows) + len(g2))
-        nsb = Signal(range(T * S + 2))
-        m.d.sync += [trows_m.eq(fe_trows), prod.eq(trows_m * g2), nsb.eq((prod + B - 1) >> ceil_log2(B))]
+        nsb_m1 = Signal(range(T * S + 2))
+        m.d.sync += [trows_m.eq(fe_trows), prod.eq(trows_m * g2), nsb_m1.eq(((prod + B - 1) >> ceil_log2(B)) - 1)]
         fe_settle = Signal(2)
         with m.If(fe_settle != 0):
             m.d.sync += fe_settle.eq(fe_settle - 1)
         beat = self.dma_data
         row_phase = fe_active & ~fe_wait & ~fe_scale
-        last_sel = fe_sel == d.subs - 1
-        last_beat = fe_beat == d.nwb - 1
+        subs_m1 = Signal.like(d.subs)                # registered from the decoder's, like nwb_m1
+        m.d.sync += subs_m1.eq(d.subs - 1)
+        last_sel = fe_sel == subs_m1
+        last_beat = (fe_c == (nwb_m1 >> lCB)) & (fe_k == nwb_m1[:lCB])     # fe_beat == nwb_m1
         last_k = (fe_k == CB - 1) | last_beat
         last_row = fe_t == fe_trows - 1
         with m.If(self.i_start):
@@ -594,7 +643,7 @@ class GemvPort(wiring.Component):
                          scale_w.data.eq(beat.p.data), scale_w.en.eq(beat.valid)]
             with m.If(beat.valid):
                 m.d.sync += fe_sw.eq(fe_sw + 1)
-                with m.If(fe_sw == nsb - 1):
+                with m.If(fe_sw == nsb_m1):
                     m.d.sync += [fe_scale.eq(0), fe_sw.eq(0)]
         # Weight beats: the beat is presented `subs` times (once when a segment spans whole beats).
         mac_valid = Signal()
@@ -612,15 +661,15 @@ class GemvPort(wiring.Component):
                     with m.If(last_row):
                         m.d.comb += round_end.eq(1)
                         m.d.sync += [fe_t.eq(0), fe_c.eq(fe_c + 1)]
-                        with m.If(fe_c == nch - 1):
+                        with m.If(fe_c == nch_m1):
                             m.d.comb += tile_end.eq(1)
                             m.d.sync += [fe_c.eq(0), fe_bank.eq(~fe_bank), fe_wait.eq(1), fe_scale.eq(1),
                                          fe_left.eq(fe_left - N * T), fe_settle.eq(3)]
                             with m.If(fe_left <= N * T):
                                 m.d.sync += fe_active.eq(0)
         # Segment bookkeeping of this beat/pass.
-        spb_mask = Signal(range(self._max_cols + 1))
-        m.d.comb += spb_mask.eq((Const(1, 16) << d.lspb) - 1)
+        spb_mask = Signal(range(self._max_cols + 1))    # registered from the decoder's, like nwb_m1
+        m.d.sync += spb_mask.eq((Const(1, 16) << d.lspb) - 1)
         seg_idx = Signal(range(2 * self._max_cols + 1))
         sub_shift = Signal(range(ceil_log2(W) + 1))
         m.d.comb += sub_shift.eq(ceil_log2(W) - d.lvl)
@@ -684,35 +733,48 @@ class GemvPort(wiring.Component):
         be_t = Signal(range(T))
         be_trows = Signal(range(T + 1))
         be_gbase = Signal(range(T * S + 1))          # t * groups
+        be_g = Signal.like(be_s)                     # be_s >> gshift: the segment's group
         full = Mux(be_bank, bank_state[1], bank_state[0]) != self.FREE     # filling or full: may start
         rounds = Mux(be_bank, bank_rounds[1], bank_rounds[0])
-        seg_ready = Signal(range(S + 1))             # segments of the tile whose sums are all written
+        # Segments of the tile whose sums are all written, registered: a cycle late, so never more than are
+        # written (the count only grows while the back end walks the bank, and it starts a bank a cycle
+        # after it leaves the last).
+        seg_ready = Signal(range(S + 1))
+        # Registered from the decoder's fields (valid from the cycle after `i_start`, before any bank fills):
+        # segments per chunk round (log2) and segments per row less one.
         spc = Signal(range(32))
-        m.d.comb += spc.eq(lCB + ceil_log2(W) - d.lseg)
+        be_nseg_m1 = Signal.like(d.nseg)
+        m.d.sync += [spc.eq(lCB + ceil_log2(W) - d.lseg), be_nseg_m1.eq(d.nseg - 1)]
         with m.If(Mux(be_bank, bank_state[1], bank_state[0]) == self.FULL):
-            m.d.comb += seg_ready.eq(d.nseg)
+            m.d.sync += seg_ready.eq(d.nseg)
         with m.Else():
-            m.d.comb += seg_ready.eq(rounds << spc)
+            m.d.sync += seg_ready.eq(rounds << spc)
+        # Room for a tile's results, registered: a cycle late, so never more than there is (reads only add
+        # room, and a tile starts at most every T cycles).
+        be_room = Signal()
+        m.d.sync += be_room.eq(res.level + reserved + T <= depth)
+        be_start = Signal()
+        m.d.comb += be_start.eq(~be_active & full & be_room)
         with m.If(self.i_start):
             m.d.sync += [be_bank.eq(0), be_active.eq(0)]
-        with m.Elif(~be_active & full & (res.level + reserved + T <= depth)):
-            m.d.sync += [be_active.eq(1), be_s.eq(0), be_t.eq(0), be_gbase.eq(0),
+        with m.Elif(be_start):
+            m.d.sync += [be_active.eq(1), be_s.eq(0), be_g.eq(0), be_t.eq(0), be_gbase.eq(0),
                          be_trows.eq(Mux(be_bank, bank_rows[1], bank_rows[0]))]
         # Issue stage: read isum, scale, exponent.
         sidx = Signal(range(2 * T * S + 1))
         m.d.comb += [
-            sidx.eq(be_gbase + (be_s >> d.gshift)),
+            sidx.eq(be_gbase + be_g),
             isum_r.addr.eq(Cat(be_s[:lS], be_t, be_bank)),
             scale_r.addr.eq(Cat((sidx >> ceil_log2(hpw))[:ceil_log2(swords)], be_bank)),
             self.o_exp_addr.eq(be_s >> d.eshift),
         ]
         issue = Signal()
         m.d.comb += issue.eq(be_active & (be_s < seg_ready))
-        first, last = be_s == 0, be_s == d.nseg - 1
+        first, last = be_s == 0, be_s == be_nseg_m1
         with m.If(issue):
             m.d.sync += [be_t.eq(be_t + 1), be_gbase.eq(be_gbase + d.groups)]
             with m.If(be_t == T - 1):
-                m.d.sync += [be_t.eq(0), be_gbase.eq(0), be_s.eq(be_s + 1)]
+                m.d.sync += [be_t.eq(0), be_gbase.eq(0), be_s.eq(be_s + 1), be_g.eq((be_s + 1) >> d.gshift)]
                 with m.If(last):
                     m.d.sync += [be_active.eq(0), be_bank.eq(~be_bank)]
                     for b in range(2):
@@ -745,7 +807,7 @@ class GemvPort(wiring.Component):
         with m.If(self.i_start):
             m.d.sync += reserved.eq(0)
         with m.Else():
-            m.d.sync += reserved.eq(reserved + Mux(~be_active & full & (res.level + reserved + T <= depth),
+            m.d.sync += reserved.eq(reserved + Mux(be_start,
                                                     Mux(be_bank, bank_rows[1], bank_rows[0]), 0) - push)
         m.d.comb += [self.o_res.valid.eq(res.r_rdy), self.o_res.p.eq(res.r_data), res.r_en.eq(self.o_res.ready)]
         return be_active, reserved
@@ -813,10 +875,10 @@ class SparsePort(wiring.Component):
     def _item_layout(self):
         return data.StructLayout({"kind": 2, "first": 1, "a": signed(self._cfg.act_bits)})
 
-    def _sequencer(self, m, items, rows_p, half_rows, nseg_m1, gmask, started):
+    def _sequencer(self, m, items, rows_p, half_rows, nseg_m1, gmask, pofs, started):
         """The DMA commands (a group's scales, a transfer per non-zero activation's column) and their items,
         in order, segment by segment; returns its FSM."""
-        cfg, p = self._cfg, self._index
+        cfg = self._cfg
         W = cfg.weights_per_beat
         lW = ceil_log2(W)
         S = self._max_segments
@@ -888,8 +950,9 @@ class SparsePort(wiring.Component):
         with m.FSM(name="seq") as seq_fsm:
             with m.State("Idle"):
                 with m.If(started & (rows_p != 0)):
-                    m.d.sync += [sq_s.eq(0), sq_any.eq(0), sq_saddr.eq(d.cmd.sbase + p * d.prow * 2), sq_j.eq(0),
-                                 word_addr.eq(d.cmd.wbase + p * (d.prow >> 1)),
+                    # pofs = p * prow, an even number (prow is a multiple of W)
+                    m.d.sync += [sq_s.eq(0), sq_any.eq(0), sq_saddr.eq(d.cmd.sbase + pofs * 2), sq_j.eq(0),
+                                 word_addr.eq(d.cmd.wbase + (pofs >> 1)),
                                  seg_lo.eq(0), seg_end.eq(Const(1, cw) << d.lseg), seg_size.eq(Const(1, cw) << d.lseg)]
                     m.next = "Scale"
             with m.State("Scale"):
@@ -972,22 +1035,25 @@ class SparsePort(wiring.Component):
         half_rows = Signal(20)                       # column stride in bytes
         nseg_m1 = Signal(range(S + 1))
         gmask = Signal(range(S + 1))                 # segments per group - 1
+        pofs = Signal((p * d.prow).shape())          # the port's first row
         left = Signal(signed(len(d.cmd.rows) + 1))   # the matrix's rows from this port's first on
-        setup = Signal()
+        setup, setup2 = Signal(), Signal()
         with m.If(self.i_start):
-            m.d.sync += [left.eq(d.cmd.rows.as_signed() - p * d.prow),
+            m.d.sync += [pofs.eq(p * d.prow),
                          half_rows.eq(d.cmd.rows >> 1), nseg_m1.eq(d.nseg - 1),
                          gmask.eq((Const(1, 17) << d.gshift) - 1)]
         with m.If(setup):
+            m.d.sync += left.eq(d.cmd.rows.as_signed() - pofs)
+        with m.If(setup2):
             m.d.sync += rows_p.eq(Mux(left <= 0, 0, Mux(left > d.prow, d.prow, left)))
-        started = Signal()                           # rows_p is valid from the second cycle after i_start
-        m.d.sync += [setup.eq(self.i_start), started.eq(setup)]
+        started = Signal()                           # rows_p is valid from the third cycle after i_start
+        m.d.sync += [setup.eq(self.i_start), setup2.eq(setup), started.eq(setup2)]
 
         # --- sequencer: DMA commands and the item FIFO -----------------------------------------------------
         SCALE, COL, END = self.SCALE, self.COL, self.END
         item_layout = self._item_layout()
         m.submodules.items = items = fifo.SyncFIFOBuffered(width=item_layout.size, depth=16)
-        seq_fsm = self._sequencer(m, items, rows_p, half_rows, nseg_m1, gmask, started)
+        seq_fsm = self._sequencer(m, items, rows_p, half_rows, nseg_m1, gmask, pofs, started)
 
         # --- front end -------------------------------------------------------------------------------------
         # Segments whose sums are written (fe_s) / walked by the back end (be_sdone); scale groups loaded
@@ -1114,7 +1180,7 @@ class SparsePort(wiring.Component):
         m.d.sync += pend.eq(pend + (issue & row_ok & be_last) - push)
         m.d.comb += [self.o_res.valid.eq(res.r_rdy), self.o_res.p.eq(res.r_data), res.r_en.eq(self.o_res.ready)]
         m.d.comb += self.o_idle.eq(seq_fsm.ongoing("Idle") & ~be_active & ~items.r_rdy & (pend == 0) & ~self.i_dma_busy &
-                                   ~started)
+                                   ~setup2 & ~started)
         return m
 
 
@@ -1278,16 +1344,16 @@ class GemvEngine(wiring.Component):
         m.d.comb += [self.i_act.ready.eq(1), self.i_exp.ready.eq(1)]
         m.d.comb += self.o_error.eq(Cat(*[p.o_error for p in ports]).any())
 
-        # Command: accept when idle, decode (one cycle), then start the ports unless it is bad.
+        # Command: accept when idle, decode (two cycles), then start the ports unless it is bad.
         busy = Signal()
-        decoding = Signal()
+        decoding, checking = Signal(), Signal()      # the decoder's first and second step
         m.d.comb += [self.i_cmd.ready.eq(~busy), dec.i_cmd.eq(self.i_cmd.p),
                      dec.i_load.eq(self.i_cmd.valid & ~busy)]
         start = Signal()
-        m.d.sync += decoding.eq(self.i_cmd.valid & ~busy)
+        m.d.sync += [decoding.eq(self.i_cmd.valid & ~busy), checking.eq(decoding)]
         with m.If(self.i_cmd.valid & ~busy):
             m.d.sync += busy.eq(1)
-        with m.If(decoding):
+        with m.If(checking):
             with m.If(dec.o_bad):
                 m.d.sync += [self.o_bad_cmd.eq(1), busy.eq(0)]
             with m.Else():
@@ -1324,7 +1390,7 @@ class GemvEngine(wiring.Component):
             m.d.sync += [out_left.eq(out_left - 1), mt_cnt.eq(mt_cnt + 1)]
             with m.If(mt_cnt == mt_len - 1):
                 m.d.sync += [mt_cnt.eq(0), mt_port.eq(Mux(mt_port == N - 1, 0, mt_port + 1))]
-        done = (out_left == 0) & (inflight == 0) & ~start & ~decoding & \
+        done = (out_left == 0) & (inflight == 0) & ~start & ~decoding & ~checking & \
             Cat(*[p.o_idle for p in ports]).all()
         with m.If(busy & ~decoding & done):
             m.d.sync += busy.eq(0)

@@ -126,6 +126,8 @@ def rtl_decode(cfg, cmd, max_cols, max_segments):
         ctx.set(dut.i_cmd, command_layout(cfg).const(cmd))
         ctx.set(dut.i_load, 1)
         await ctx.tick()
+        ctx.set(dut.i_load, 0)
+        await ctx.tick()                                # the decoder's second step
         for name in ("lseg", "lvl", "subs", "lspb", "nseg", "groups", "gshift", "eshift", "rowbytes", "nwb", "prow",
                      "bad"):
             out[name] = ctx.get(getattr(dut, f"o_{name}"))
