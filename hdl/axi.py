@@ -202,7 +202,10 @@ class AxiReadDma(DmaComponent):
         # --- address side: split each command into bursts -------------------------------------------
         # Commands travel to the data side through a FIFO, so the address side can run ahead by up to
         # `axi_max_outstanding` bursts, across command boundaries.
-        info = data.StructLayout({"off": unsigned(lb), "nin": unsigned(beats_bits), "last": unsigned(beats_bits)})
+        # per command: its start's offset in a beat (`aligned`: 0), its input beats, the index of its last output
+        # beat (`one`: 0)
+        info = data.StructLayout({"off": unsigned(lb), "aligned": 1, "nin": unsigned(beats_bits),
+                                  "last": unsigned(beats_bits), "one": 1})
         m.submodules.cmdq = cmdq = fifo.SyncFIFOBuffered(width=info.size, depth=cfg.axi_max_outstanding + 1)
 
         # the next burst's beat-aligned address as its 4 KB page and the offset in it (a burst never crosses a
@@ -231,8 +234,8 @@ class AxiReadDma(DmaComponent):
         nin = Signal(beats_bits)
         m.d.comb += nin.eq((cmd.nbytes + off + (B - 1)) >> lb)
         cmd_info = Signal(info)
-        m.d.comb += [cmd_info.off.eq(off), cmd_info.nin.eq(nin),
-                     cmd_info.last.eq((cmd.nbytes - 1) >> lb),        # the index of its last output beat
+        m.d.comb += [cmd_info.off.eq(off), cmd_info.aligned.eq(off == 0), cmd_info.nin.eq(nin),
+                     cmd_info.last.eq((cmd.nbytes - 1) >> lb), cmd_info.one.eq(cmd.nbytes <= B),
                      cmdq.w_data.eq(cmd_info)]
         with m.If(take & (cmd.nbytes != 0)):
             m.d.comb += cmdq.w_en.eq(1)
@@ -272,19 +275,21 @@ class AxiReadDma(DmaComponent):
         # --- data side: realign to the command's start -----------------------------------------------
         head = Signal(info)
         m.d.comb += head.eq(cmdq.r_data)
-        i_in = Signal(beats_bits)              # input beats consumed of the head command
-        i_out = Signal(beats_bits)             # output beats emitted
+        # Where the head command stands, kept in registers (compared with the head only on their way in), so
+        # that what the data side does in a cycle, and whether it pops the head, is a function of registers
+        # and a few bits of the head: `in_first` / `out_first` no beat consumed / emitted yet, `flushing` every
+        # input beat consumed, `out_last` the next output beat is the last (once one is emitted).
+        in_next = Signal(beats_bits, init=1)   # input beats consumed of the head command, plus one
+        out_next = Signal(beats_bits, init=1)  # output beats emitted, plus one
+        in_first, out_first = Signal(init=1), Signal(init=1)
+        flushing, out_last = Signal(), Signal()
         prev = Signal(cfg.axi_data_bits)
         prev_err = Signal()
         in_err = Signal()
         m.d.comb += in_err.eq(axi.rresp[1])    # SLVERR and DECERR both have bit 1 set
         combined = Signal(cfg.axi_data_bits)
-        flushing = Signal()
         src = Signal(cfg.axi_data_bits)
-        m.d.comb += [
-            flushing.eq(i_in == head.nin),
-            src.eq(Cat(axi.rdata)),
-        ]
+        m.d.comb += src.eq(Cat(axi.rdata))
         with m.If(flushing):
             m.d.comb += src.eq(0)
         m.d.comb += combined.eq((Cat(prev, src) >> (head.off * 8))[:cfg.axi_data_bits])
@@ -299,13 +304,13 @@ class AxiReadDma(DmaComponent):
         with m.If(stage_ready):
             m.d.sync += [stage_valid.eq(out.valid), self.o_data.p.eq(out.p)]
         out_fire = out.valid & out.ready
-        last_out = i_out == head.last
+        last_out = Mux(out_first, head.one, out_last)
         m.d.comb += out.p.last.eq(last_out)
         with m.If(cmdq.r_rdy):
-            with m.If(head.off == 0):
+            with m.If(head.aligned):
                 m.d.comb += [out.valid.eq(axi.rvalid), out.p.data.eq(axi.rdata), out.p.err.eq(in_err),
                              axi.rready.eq(out.ready)]
-            with m.Elif(i_in == 0):
+            with m.Elif(in_first):
                 m.d.comb += axi.rready.eq(1)   # the first beat only fills the realignment register
             with m.Elif(~flushing):
                 m.d.comb += [out.valid.eq(axi.rvalid), out.p.data.eq(combined),
@@ -313,12 +318,13 @@ class AxiReadDma(DmaComponent):
             with m.Else():
                 m.d.comb += [out.valid.eq(1), out.p.data.eq(combined), out.p.err.eq(prev_err)]
         with m.If(r_fire):
-            m.d.sync += [prev.eq(axi.rdata), prev_err.eq(in_err), i_in.eq(i_in + 1)]
+            m.d.sync += [prev.eq(axi.rdata), prev_err.eq(in_err), in_next.eq(in_next + 1), in_first.eq(0),
+                         flushing.eq(in_next == head.nin)]
         with m.If(out_fire):
-            m.d.sync += i_out.eq(i_out + 1)
+            m.d.sync += [out_next.eq(out_next + 1), out_first.eq(0), out_last.eq(out_next == head.last)]
             with m.If(last_out):
                 m.d.comb += cmdq.r_en.eq(1)
-                m.d.sync += [i_in.eq(0), i_out.eq(0)]
+                m.d.sync += [in_next.eq(1), out_next.eq(1), in_first.eq(1), out_first.eq(1), flushing.eq(0)]
 
         with m.If(r_fire & in_err):
             m.d.sync += self.o_error.eq(1)

@@ -313,7 +313,9 @@ class GemmUnit(wiring.Component):
             errors.append(dma.o_error)
             return dma
 
-        expect = data.StructLayout({"row": range(max(2, C2)), "nbeats": range(max(CB, max_groups) + 2), "last": 1})
+        # per DMA transfer: its row, its beats (`none`: 0) and whether the row is the bank's last
+        expect = data.StructLayout({"row": range(max(2, C2)), "nbeats": range(max(CB, max_groups) + 2), "none": 1,
+                                    "last": 1})
         exp_depth = 2 * (hw.axi_max_outstanding + 2)
 
         # --- scales: per row tile, a transfer per row into the tile's bank ---------------------------------
@@ -363,6 +365,7 @@ class GemmUnit(wiring.Component):
         real = sl_real
         sx_data = Signal(expect)
         m.d.comb += [sx_data.row.eq(sl_row), sx_data.nbeats.eq(Mux(real, (s_nbytes + B - 1) >> ceil_log2(B), 0)),
+                     sx_data.none.eq(sx_data.nbeats == 0),
                      sx_data.last.eq(sl_row == C2 - 1), sx.w_data.eq(sx_data),
                      sdma.i_cmd.p.addr.eq(sl_addr), sdma.i_cmd.p.nbytes.eq(s_nbytes)]
         s_go = sl_active & sx.w_rdy & (~real | sdma.i_cmd.ready)
@@ -381,13 +384,17 @@ class GemmUnit(wiring.Component):
         sr_lane = Signal(range(max(2, B // 2)))
         sr_word = Signal(8 * B)
         sr_have = Signal()
+        # whether every beat of the head row is in, as registers beside sr_beat (the DMA's ready, and through it
+        # its command queue, wait for no compare): `sr_first` no beat in yet (the head's `none` says), `sr_full`
+        # sr_beat == nbeats once a beat is in
+        sr_first, sr_full = Signal(init=1), Signal()
         with m.If(go):
-            m.d.sync += [sr_bank.eq(0), sr_beat.eq(0)]
+            m.d.sync += [sr_bank.eq(0), sr_beat.eq(0), sr_first.eq(1)]
         head_done = Signal()
-        m.d.comb += head_done.eq(sx.r_rdy & (sx_v.nbeats == sr_beat) & ~sr_have)
+        m.d.comb += head_done.eq(sx.r_rdy & Mux(sr_first, sx_v.none, sr_full) & ~sr_have)
         with m.If(head_done):                          # every beat of this row is in (or it had none)
             m.d.comb += sx.r_en.eq(1)
-            m.d.sync += sr_beat.eq(0)
+            m.d.sync += [sr_beat.eq(0), sr_first.eq(1)]
             with m.If(sx_v.last):
                 sbanks.done(sr_bank)
                 m.d.sync += sr_bank.eq(~sr_bank)
@@ -399,7 +406,7 @@ class GemmUnit(wiring.Component):
                      sc_w.data.eq(Cat(*[sr_word.word_select(sr_lane, 16)] * C2)),
                      sc_w.en.eq(Mux(sr_have & (sr_group < ngroups), 1 << sx_v.row, 0))]
         with m.If(sdma.o_data.valid & sdma.o_data.ready):
-            m.d.sync += sr_beat.eq(sr_beat + 1)
+            m.d.sync += [sr_beat.eq(sr_beat + 1), sr_first.eq(0), sr_full.eq(sr_beat + 1 == sx_v.nbeats)]
         with m.If(sr_have):
             m.d.sync += sr_lane.eq(sr_lane + 1)
             with m.If((sr_lane == B // 2 - 1) | (sr_group >= ngroups - 1)):
@@ -471,7 +478,13 @@ class GemmUnit(wiring.Component):
                      self.o_rcmd.valid.eq(rcmd_pend), self.o_rcmd.p.eq(wcmd)]
         with m.If(self.o_rcmd.valid & self.o_rcmd.ready):
             m.d.sync += rcmd_pend.eq(0)
-        fire = o_issuing & ~rcmd_pend & (~c.accm | self.i_old.valid) & (outq.level + inflight < outq.depth)
+        # room in outq for one more result (``outq.level + inflight < outq.depth``) as a register, kept from
+        # the sum's steps: a fire adds one, a result leaving outq takes one
+        o_total = Signal(range(outq.depth + 1))      # outq.level + inflight
+        o_room = Signal(init=1)
+        fire = o_issuing & ~rcmd_pend & (~c.accm | self.i_old.valid) & o_room
+        total_next = o_total + fire - (self.o_y.valid & self.o_y.ready)
+        m.d.sync += [o_total.eq(total_next), o_room.eq(total_next < outq.depth)]
         # the adder's operands through registers (the engine's row select and the old value are paths of
         # their own)
         op_v, op_a, op_b = Signal(), Signal(32, name="op_a"), Signal(32, name="op_b")
@@ -539,6 +552,7 @@ class GemmUnit(wiring.Component):
         nbytes = Mux(rem > KC // 2, KC // 2, rem)
         xd = Signal(expect, name=f"w{p}_xd")
         m.d.comb += [xd.row.eq(row), xd.nbeats.eq(Mux(real, (nbytes + B - 1) >> ceil_log2(B), 0)),
+                     xd.none.eq(xd.nbeats == 0),
                      xd.last.eq(row == RP - 1), x.w_data.eq(xd),
                      dma.i_cmd.p.addr.eq(raddr), dma.i_cmd.p.nbytes.eq(nbytes)]
         fire = active & x.w_rdy & (~real | dma.i_cmd.ready)
@@ -561,19 +575,21 @@ class GemmUnit(wiring.Component):
         # receiver: beats of row xv.row into its memory, bank by bank
         rbank = Signal(name=f"w{p}_rbank")
         rbeat = Signal(range(CB + 2), name=f"w{p}_rbeat")
+        # whether every beat of the head row is in, as registers beside rbeat (as the scales' sr_first, sr_full)
+        rfirst, rfull = Signal(init=1, name=f"w{p}_rfirst"), Signal(name=f"w{p}_rfull")
         with m.If(go):
-            m.d.sync += [rbank.eq(0), rbeat.eq(0)]
-        hdone = x.r_rdy & (xv.nbeats == rbeat)
+            m.d.sync += [rbank.eq(0), rbeat.eq(0), rfirst.eq(1)]
+        hdone = x.r_rdy & Mux(rfirst, xv.none, rfull)
         with m.If(hdone):
             m.d.comb += x.r_en.eq(1)
-            m.d.sync += rbeat.eq(0)
+            m.d.sync += [rbeat.eq(0), rfirst.eq(1)]
             with m.If(xv.last):
                 banks.done(rbank)
                 m.d.sync += rbank.eq(~rbank)
         m.d.comb += dma.o_data.ready.eq(x.r_rdy & ~hdone)
         got = dma.o_data.valid & dma.o_data.ready
         with m.If(got):
-            m.d.sync += rbeat.eq(rbeat + 1)
+            m.d.sync += [rbeat.eq(rbeat + 1), rfirst.eq(0), rfull.eq(rbeat + 1 == xv.nbeats)]
         for i, (wp, _) in enumerate(mems):
             m.d.comb += [wp.addr.eq(Cat(rbeat[:lcb] if CB > 1 else Const(0, 0), rbank)),
                          wp.data.eq(dma.o_data.p.data), wp.en.eq(got & (xv.row == i))]

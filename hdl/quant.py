@@ -29,19 +29,23 @@ then right by ``min(t, 31)``: integer part, guard bit, and a sticky bit from the
 round-to-nearest-even; the sign is applied after the rounding (``|q| <= 127``, so INT8 never overflows).
 
 **Dataflow.** Four elements per cycle (`hdl.l2.LANES`: one L2 word, from `hdl.l2.ElemReader` in beat
-mode). A command's beats are written into a ring of two block slots (block k of the stream fills slot
-k % 2; words of four binary32 lanes, lane-granular writes) while the block's running maximum is kept (the
-beat's lanes and the maximum so far compared pairwise, one compare level); a complete block (its maximum,
-length and number, and its command's limit and force bits, queued in a two-entry FIFO; a forced exponent
-travels in place of the maximum) is read back one ring word per cycle, starting in the cycle after its
-last beat arrived or right after the previous block, and its slot is free again once its last word's read
-is issued. So the fill of block k + 1 overlaps the read-back of block k and the unit takes four elements
+mode). A command's beats pass two register stages (f1: the lanes, those past the command's end zeroed;
+f2: also the larger of lanes 0/1 and of lanes 2/3) and are then written into a ring of two block slots
+(block k of the stream fills slot k % 2; words of four binary32 lanes, lane-granular writes) while the
+block's running maximum is kept (f2's two and the maximum so far compared pairwise, one compare level); a
+complete block (its maximum, length and number, and its command's limit and force bits, queued in a
+two-entry FIFO; a forced exponent travels in place of the maximum) is read back one ring word per cycle,
+starting in the cycle after its last beat was written or right after the previous block, and its slot is
+free again once its last word's read is issued. A beat waiting at f2 for its slot holds the stages
+behind it. So the fill of block k + 1 overlaps the read-back of block k and the unit takes four elements
 per cycle sustained, across blocks, short last blocks and back-to-back commands (a command is accepted in
 the cycle its predecessor's last beat is). ``act_block`` must be a multiple of four, so a beat never spans
 two blocks. Read-back pipeline::
 
-    s0 issue: ring word read, block exponent from the stored max   (o_exp written at a block's first word)
-    s1 shift, per lane: M << 7 >> t, guard, sticky
+    s0 issue: ring word read; s1 .. p3 the block exponent from the stored max (o_exp written at a block's
+              first word), the words held in registers beside it
+    p4 shift amount, per lane: t = e + 156 - Eeff clamped to 0 .. 31; the mantissa's trailing zeros
+    p5 shift, per lane: M << 7 >> t, guard, sticky
     s2 round and sign, per lane; pack the four into the word of W = weights_per_beat lanes
     o_act register: a word leaves when its last lane group (or the command's last element) is in
 
@@ -133,7 +137,8 @@ class ActQuantizer(wiring.Component):
         Set with each ``o_done``: 1 if that command had an inf or NaN input (its words and exponents are then
         unspecified); holds until the next ``o_done``.
 
-    Latency: the read-back starts a block in the cycle after its last beat is accepted (or right after the
+    Latency: a beat is written into the ring two cycles after it is accepted (later while its slot is not
+    free); the read-back starts a block in the cycle after its last beat is written (or right after the
     previous block) and issues one ring word (four elements) per cycle; ``o_done`` pulses `latency` cycles
     after the issue of the command's last word when the outputs are ready.
     """
@@ -161,8 +166,8 @@ class ActQuantizer(wiring.Component):
     @property
     def latency(self) -> int:
         """Cycles from the read-back issue of a command's last element to its ``o_done`` pulse: s1, p2, p3,
-        p4, s2, the o_act register, the done pulse."""
-        return 7
+        p4, p5, s2, the o_act register, the done pulse."""
+        return 8
 
     @staticmethod
     def _exponent_compares(mant, quads, limit):
@@ -193,6 +198,51 @@ class ActQuantizer(wiring.Component):
         """The second part: the hot position p (1 .. 24) and its compare."""
         pos = Cat(*(Cat(*(hot[p - 1] for p in range(1, 25) if p >> b & 1)).any() for b in range(5)))
         return pos, (hot & gts).any()
+
+    def _lane_round(self, m, k, p3_data, p4_data, p4_e, adv, s2_on):
+        """Lane `k` of the read-back from p4 to s2: the shift amount and the trailing-zero count (into p5), the
+        shift and the sticky bit (into s2), the rounding to nearest even and the sign; the lane's INT8 code."""
+        hw = self._hw
+        # p4: ``t = e + 156 - Eeff`` (its lane part registered from p3), clamped, and the mantissa's
+        # trailing-zero count, into p5
+        d3, xr = p3_data[32 * k:32 * (k + 1)], p4_data[32 * k:32 * (k + 1)]
+        u = Signal(signed(9), name=f"p4_u{k}")                # 156 - Eeff: -99 .. 155
+        with m.If(adv):
+            m.d.sync += u.eq(156 - Mux(d3[23:31] == 0, 1, d3[23:31]))
+        r_mant = Cat(xr[0:23], xr[23:31] != 0)
+        t = Signal(signed(EXP_BITS + 2), name=f"t{k}")
+        m.d.comb += t.eq(p4_e + u)
+        # the bits shifted out are non-zero iff v's lowest one lies below tc: a trailing-zero count of the
+        # mantissa and one compare instead of a mask as wide as v
+        tz = Signal(range(25), name=f"tz{k}")
+        with m.Switch(r_mant):                 # the priority encoder, lowest set bit first
+            for b in range(24):
+                with m.Case("-" * (23 - b) + "1" + "0" * b):
+                    m.d.comb += tz.eq(b)
+            with m.Default():
+                m.d.comb += tz.eq(24)          # M = 0: nothing to shift out
+        tc = Signal(5, name=f"p5_tc{k}")
+        p5_tz = Signal(range(25), name=f"p5_tz{k}")
+        p5_sign = Signal(name=f"p5_sign{k}")
+        p5_mant = Signal(24, name=f"p5_mant{k}")
+        with m.If(adv):
+            m.d.sync += [tc.eq(Mux(t < 0, 0, Mux(t > 31, 31, t))),       # t < 0 only for inf/NaN blocks
+                         p5_tz.eq(tz), p5_sign.eq(xr[31]), p5_mant.eq(r_mant)]
+        # p5: the shift and the sticky bit, into s2
+        v = Cat(Const(0, 7), p5_mant)                               # M << 7: 31 bits
+        g_int = Signal(31, name=f"g_int{k}")
+        m.d.comb += g_int.eq(v >> tc)                              # integer part << 1 | guard
+        sticky = (p5_tz != 24) & (p5_tz + 7 < tc)
+        s2_sign, s2_g, s2_st = Signal(name=f"s2_sign{k}"), Signal(name=f"s2_g{k}"), Signal(name=f"s2_st{k}")
+        s2_i = Signal(8, name=f"s2_i{k}")
+        with m.If(adv):
+            m.d.sync += [s2_sign.eq(p5_sign), s2_i.eq(g_int[1:9]), s2_g.eq(g_int[0]), s2_st.eq(sticky)]
+        # s2: round to nearest even, sign.
+        qmag = Signal(9, name=f"qmag{k}")
+        m.d.comb += qmag.eq(s2_i + (s2_g & (s2_st | s2_i[0])))
+        q = Signal(signed(hw.act_bits), name=f"q{k}")
+        m.d.comb += q.eq(Mux(s2_on[k], Mux(s2_sign, -qmag, qmag), 0))
+        return q
 
     def elaborate(self, platform):
         m = Module()
@@ -230,13 +280,18 @@ class ActQuantizer(wiring.Component):
         new_blk = Signal(meta_layout)
         m.d.comb += blocks.w_data.eq(new_blk)
 
-        pending = Signal(range(16))           # commands (n > 0) accepted and not done; at most ~4 fit
+        pending = Signal(range(16))           # commands (n > 0) accepted and not done: at most 11 (one
+                                              # waiting for its beats, one per beat or word in flight)
         done_last = Signal()                  # the last word of a command is accepted this cycle
         zero_done = Signal()
         issue = Signal()
         free_slot = Signal()                  # the read-back issues a block's last word this cycle
 
-        # ---- Fill: i_beat -> ring, running max -------------------------------------------------------
+        # ---- Fill: i_beat -> f1 -> f2 -> ring, running max ----------------------------------------------
+        # A taken beat passes two register stages before it is written: f1 holds its lanes (the magnitudes of
+        # lanes past the command's end zeroed) and where it goes, f2 adds the larger of lanes 0/1 and of
+        # lanes 2/3; at f2 the beat is written into the ring and the running maximum takes the two. The
+        # stages advance together (`go`) unless f2's beat waits for its ring slot.
         f_busy = Signal()
         f_left = Signal(N_BITS)
         f_col = Signal(LC + 1)
@@ -246,54 +301,83 @@ class ActQuantizer(wiring.Component):
         f_e = Signal(signed(EXP_BITS))
         beat = self.i_beat.payload.data
         take = Signal()
-        m.d.comb += [self.i_beat.ready.eq(f_busy & ~slot_full.bit_select(f_slot, 1) & blocks.w_rdy),
-                     take.eq(self.i_beat.valid & self.i_beat.ready)]
+        go = Signal()
+        m.d.comb += [self.i_beat.ready.eq(f_busy & go), take.eq(self.i_beat.valid & self.i_beat.ready)]
         # the next beat's element count and whether it is the command's last, registered with f_left
         cnt = Signal(LL + 1)                  # elements in this beat: LANES, the command's last the rest
         last_elem = Signal()                  # f_left <= LANES
-
-        def set_left(value):
-            m.d.sync += [f_left.eq(value), cnt.eq(Mux(value >= LANES, LANES, value[:LL + 1])),
-                         last_elem.eq(value <= LANES)]
-        lanes = [beat[32 * k:32 * (k + 1)] for k in range(LANES)]
         lane_on = [cnt > k for k in range(LANES)]
-        # The new running maximum in one compare level: every pair of (lanes, f_max) compared at once; the
-        # lowest-numbered candidate that no other beats wins.
-        cand = [Mux(lane_on[k], lanes[k][0:31], 0) for k in range(LANES)] + [f_max]
-        ge = {(i, j): cand[i] >= cand[j] for i in range(len(cand)) for j in range(i + 1, len(cand))}
-        nm = Signal(31)
-        win = []
-        for i in range(len(cand)):
-            wins_i = Cat(*([~ge[(j, i)] for j in range(i)] + [ge[(i, j)] for j in range(i + 1, len(cand))])).all()
-            win.append(Mux(wins_i, cand[i], 0))
-        acc = win[0]
-        for w_ in win[1:]:
-            acc = acc | w_
-        m.d.comb += nm.eq(acc)
-        new_nf = f_nf | Cat(*(lane_on[k] & (lanes[k][23:31] == 0xFF) for k in range(LANES))).any()
+        stage_layout = data.StructLayout({
+            "valid": 1,
+            "on": unsigned(LANES),            # lanes holding elements
+            "word": unsigned(max(1, LB - LL)),  # ring word of the beat within its block
+            "end": 1,                         # the block's last beat
+            "lidx": unsigned(LB), "blk": exp_addr_shape, "last": 1, "limit": 1, "force": 1,   # as meta_layout
+            "e": signed(EXP_BITS),
+        })
+        f1, f2 = Signal(stage_layout, name="f1"), Signal(stage_layout, name="f2")
+        f1_data, f2_data = Signal(32 * LANES, name="f1_data"), Signal(32 * LANES, name="f2_data")
+        f2_max = [Signal(31, name=f"f2_max{i}") for i in range(2)]    # max of lanes 0/1, of lanes 2/3
+        f2_nf = Signal()                      # an inf or NaN in f2's beat
+
+        def largest(cand):
+            """The largest of `cand` in one compare level: every pair compared at once; the lowest-numbered
+            candidate that no other beats wins."""
+            ge = {(i, j): cand[i] >= cand[j] for i in range(len(cand)) for j in range(i + 1, len(cand))}
+            win = []
+            for i in range(len(cand)):
+                wins_i = Cat(*([~ge[(j, i)] for j in range(i)] + [ge[(i, j)] for j in range(i + 1, len(cand))]))
+                win.append(Mux(wins_i.all(), cand[i], 0))
+            acc = win[0]
+            for w_ in win[1:]:
+                acc = acc | w_
+            return acc
+
         end_blk = ((f_col[LL:LB] == BW - 1) if LB > LL else Const(1, 1)) | last_elem
-        m.d.comb += [wr.en.eq(Mux(take, Cat(*lane_on), 0)), wr.addr.eq(Cat(f_col[LL:LB], f_slot)), wr.data.eq(beat)]
-        m.d.comb += [new_blk.lidx.eq(f_col[:LB] + cnt - 1), new_blk.blk.eq(f_col[LB:]), new_blk.last.eq(last_elem),
-                     new_blk.nf.eq(new_nf), new_blk.limit.eq(f_limit), new_blk.force.eq(f_force),
-                     blocks.w_en.eq(take & end_blk)]
-        with m.If(f_force):
-            m.d.comb += new_blk.key.e.eq(f_e)
+        lanes1 = [f1_data[32 * k:32 * (k + 1)] for k in range(LANES)]
+        with m.If(go):
+            m.d.sync += [f1.valid.eq(take), f1.on.eq(Cat(*lane_on)), f1.word.eq(f_col[LL:LB]), f1.end.eq(end_blk),
+                         f1.lidx.eq(f_col[:LB] + cnt - 1), f1.blk.eq(f_col[LB:]), f1.last.eq(last_elem),
+                         f1.limit.eq(f_limit), f1.force.eq(f_force), f1.e.eq(f_e),
+                         f1_data.eq(Cat(*(Cat(Mux(lane_on[k], beat[32 * k:32 * k + 31], 0), beat[32 * k + 31])
+                                          for k in range(LANES)))),
+                         f2.eq(f1), f2_data.eq(f1_data),
+                         f2_nf.eq(Cat(*(lane[23:31] == 0xFF for lane in lanes1)).any())]
+            m.d.sync += [f2_max[i].eq(largest([lanes1[2 * i][0:31], lanes1[2 * i + 1][0:31]])) for i in range(2)]
+
+        # f2: the ring write and the running maximum. Every queued block holds a full slot (an entry is
+        # written as its slot fills and read as the slot frees), so a free slot means room in `blocks`.
+        put = Signal()
+        m.d.comb += [go.eq(~(f2.valid & slot_full.bit_select(f_slot, 1))), put.eq(f2.valid & go)]
+        nm = Signal(31)
+        m.d.comb += nm.eq(largest([f2_max[0], f2_max[1], f_max]))
+        new_nf = f_nf | f2_nf
+        m.d.comb += [wr.en.eq(Mux(put, f2.on, 0)), wr.addr.eq(Cat(f2.word[:LB - LL], f_slot)), wr.data.eq(f2_data)]
+        m.d.comb += [new_blk.lidx.eq(f2.lidx), new_blk.blk.eq(f2.blk), new_blk.last.eq(f2.last),
+                     new_blk.nf.eq(new_nf), new_blk.limit.eq(f2.limit), new_blk.force.eq(f2.force),
+                     blocks.w_en.eq(put & f2.end)]
+        with m.If(f2.force):
+            m.d.comb += new_blk.key.e.eq(f2.e)
         with m.Else():
             m.d.comb += new_blk.key.amax.eq(nm)
-        with m.If(take):
-            m.d.sync += f_col.eq(f_col + cnt)
-            set_left(f_left - cnt)
-            with m.If(last_elem):
-                m.d.sync += f_busy.eq(0)
-            with m.If(end_blk):
+        with m.If(put):
+            with m.If(f2.end):
                 m.d.sync += [f_max.eq(0), f_nf.eq(0), f_slot.eq(~f_slot)]
             with m.Else():
                 m.d.sync += [f_max.eq(nm), f_nf.eq(new_nf)]
         for k in range(2):
-            with m.If(take & end_blk & (f_slot == k)):
+            with m.If(put & f2.end & (f_slot == k)):
                 m.d.sync += slot_full[k].eq(1)
             with m.Elif(free_slot & (r_slot == k)):
                 m.d.sync += slot_full[k].eq(0)
+        with m.If(take):
+            # f_left - cnt, the count and the flag taken from f_left itself: cnt = LANES unless the beat is the
+            # command's last, after which f_left, cnt and last_elem are not read until the next command sets them
+            m.d.sync += [f_col.eq(f_col + cnt), f_left.eq(f_left - LANES),
+                         cnt.eq(Mux(f_left >= 2 * LANES, LANES, (f_left - LANES)[:LL + 1])),
+                         last_elem.eq(f_left <= 2 * LANES)]
+            with m.If(last_elem):
+                m.d.sync += f_busy.eq(0)
 
         # Commands: the next one is taken as soon as the fill side is free, including the cycle in which it
         # takes the previous command's last beat; n = 0 only on an idle unit, so its o_done stays in order.
@@ -302,7 +386,7 @@ class ActQuantizer(wiring.Component):
         m.d.comb += self.i_cmd.ready.eq(fill_free & ((n != 0) | (pending == 0)))
         cmd_take = self.i_cmd.valid & self.i_cmd.ready
         with m.If(cmd_take & (n != 0)):
-            set_left(n)
+            m.d.sync += [f_left.eq(n), cnt.eq(Mux(n >= LANES, LANES, n[:LL + 1])), last_elem.eq(n <= LANES)]
             m.d.sync += [f_busy.eq(1), f_col.eq(0), f_limit.eq(self.i_cmd.p.limit),
                          f_force.eq(self.i_cmd.p.force), f_e.eq(self.i_cmd.p.e)]
         m.d.comb += zero_done.eq(cmd_take & (n == 0))
@@ -354,13 +438,13 @@ class ActQuantizer(wiring.Component):
         m.d.comb += e3.eq(Mux(kb.force, kb.e, Mux(kb.zero, 0, kb.base + xb.pos + xb.gt)))
 
         # The words: s1 the ring's read data, p2 .. p4 registers (the exponent joins at p4), then per lane
-        # the shift (into s2) and the rounding.
+        # the shift amount (into p5), the shift (into s2) and the rounding.
         word_meta = data.StructLayout({
             "valid": 1, "last": 1, "nf": 1, "first": 1, "blk": exp_addr_shape,
             "col": unsigned(LC),              # column of lane 0
             "on": unsigned(LANES),            # lanes holding elements (the command's last word may be short)
         })
-        s1, p2, p3, p4 = (Signal(word_meta, name=n) for n in ("s1", "p2", "p3", "p4"))
+        s1, p2, p3, p4, p5 = (Signal(word_meta, name=n) for n in ("s1", "p2", "p3", "p4", "p5"))
         p2_data, p3_data, p4_data = (Signal(32 * LANES, name=n) for n in ("p2_data", "p3_data", "p4_data"))
         p4_e = Signal(signed(EXP_BITS))
         with m.If(adv):
@@ -368,7 +452,7 @@ class ActQuantizer(wiring.Component):
                          s1.last.eq(lastw & cur.last), s1.nf.eq(nf_cur), s1.first.eq(first), s1.blk.eq(cur.blk),
                          s1.on.eq(Mux(lastw, Cat(*(cur.lidx[:LL] >= k for k in range(LANES))), (1 << LANES) - 1)),
                          p2.eq(s1), p2_data.eq(rd.data), p3.eq(p2), p3_data.eq(p2_data),
-                         p4.eq(p3), p4_data.eq(p3_data), p4_e.eq(e3)]
+                         p4.eq(p3), p4_data.eq(p3_data), p4_e.eq(e3), p5.eq(p4)]
         with m.If(adv & p3.valid & p3.first):
             m.d.sync += [self.o_exp.valid.eq(1), self.o_exp.p.addr.eq(p3.blk), self.o_exp.p.e.eq(e3)]
         with m.Elif(self.o_exp.ready):
@@ -377,40 +461,9 @@ class ActQuantizer(wiring.Component):
         s2_col = Signal(LC)
         s2_on = Signal(LANES)
         with m.If(adv):
-            m.d.sync += [s2_valid.eq(p4.valid), s2_last.eq(p4.last), s2_nf.eq(p4.nf), s2_col.eq(p4.col),
-                         s2_on.eq(p4.on)]
-        qs = []
-        for k in range(LANES):
-            xr = p4_data[32 * k:32 * (k + 1)]
-            r_fld = xr[23:31]
-            r_mant = Cat(xr[0:23], r_fld != 0)
-            t = Signal(signed(EXP_BITS + 2), name=f"t{k}")
-            m.d.comb += t.eq(p4_e + 156 - Mux(r_fld == 0, 1, r_fld))
-            tc = Signal(5, name=f"tc{k}")
-            m.d.comb += tc.eq(Mux(t < 0, 0, Mux(t > 31, 31, t)))      # t < 0 only for inf/NaN blocks
-            v = Cat(Const(0, 7), r_mant)                                # M << 7: 31 bits
-            g_int = Signal(31, name=f"g_int{k}")
-            m.d.comb += g_int.eq(v >> tc)                              # integer part << 1 | guard
-            # the bits shifted out are non-zero iff v's lowest one lies below tc: a trailing-zero count of the
-            # mantissa and one compare instead of a mask as wide as v
-            tz = Signal(range(25), name=f"tz{k}")
-            with m.Switch(r_mant):                 # the priority encoder, lowest set bit first
-                for b in range(24):
-                    with m.Case("-" * (23 - b) + "1" + "0" * b):
-                        m.d.comb += tz.eq(b)
-                with m.Default():
-                    m.d.comb += tz.eq(24)          # M = 0: nothing to shift out
-            sticky = (tz != 24) & (tz + 7 < tc)
-            s2_sign, s2_g, s2_st = Signal(name=f"s2_sign{k}"), Signal(name=f"s2_g{k}"), Signal(name=f"s2_st{k}")
-            s2_i = Signal(8, name=f"s2_i{k}")
-            with m.If(adv):
-                m.d.sync += [s2_sign.eq(xr[31]), s2_i.eq(g_int[1:9]), s2_g.eq(g_int[0]), s2_st.eq(sticky)]
-            # s2: round to nearest even, sign.
-            qmag = Signal(9, name=f"qmag{k}")
-            m.d.comb += qmag.eq(s2_i + (s2_g & (s2_st | s2_i[0])))
-            q = Signal(signed(hw.act_bits), name=f"q{k}")
-            m.d.comb += q.eq(Mux(s2_on[k], Mux(s2_sign, -qmag, qmag), 0))
-            qs.append(q)
+            m.d.sync += [s2_valid.eq(p5.valid), s2_last.eq(p5.last), s2_nf.eq(p5.nf), s2_col.eq(p5.col),
+                         s2_on.eq(p5.on)]
+        qs = [self._lane_round(m, k, p3_data, p4_data, p4_e, adv, s2_on) for k in range(LANES)]
 
         # s2: pack the LANES results into the word of W lanes at the lane group of their column.
         grp = s2_col[LL:LW]

@@ -296,26 +296,34 @@ def test_zero_length_command():
 
 def fill_schedule(hw, lengths, t0: int, latency: int) -> tuple[list[int], list[int]]:
     """The quantiser's timing contract with always-valid input and always-ready outputs, from the first beat's
-    cycle `t0`: per block (act_block elements, a command's last one the rest) of ``b`` beats, the fill takes a
-    beat per cycle once the block's ring slot (block k uses slot k % 2) is free, i.e. from the cycle after
-    the read-back issued the last word of block k - 2; the read-back issues a word per cycle from the cycle
-    after the block's last beat, or after the previous block's last word. Returns (the beat cycles, the
-    o_done cycle per command: `latency` after its last word's issue)."""
+    cycle `t0`: per block (act_block elements, a command's last one the rest) of ``b`` beats, a beat is taken
+    in every cycle in which the fill's two stages advance, and it is written into the ring (leaves f2) in the
+    second such cycle after its take; the stages advance unless f2 holds the first beat of a block whose ring
+    slot (block k uses slot k % 2) is not free, i.e. before the cycle after the read-back issued the last word
+    of block k - 2. The read-back issues a word per cycle from the cycle after the block's last beat is
+    written, or after the previous block's last word. Returns (the beat cycles, the o_done cycle per command:
+    `latency` after its last word's issue)."""
     B = hw.act_block
-    takes, dones, read_end = [], [], []
-    fill_next, read_next = t0, 0
+    beats, sizes, cmd_last = [], [], []    # beats: (block, first beat of its block, last beat of its block)
     for n in lengths:
         for start in range(0, n, B):
             b = -(-min(B, n - start) // LANES)
-            k = len(read_end)
-            f0 = max(fill_next, read_end[k - 2] + 1) if k >= 2 else fill_next
-            takes += list(range(f0, f0 + b))
-            fill_next = f0 + b
-            r0 = max(f0 + b, read_next)
-            read_next = r0 + b
-            read_end.append(r0 + b - 1)
-        dones.append(read_end[-1] + latency)
-    return takes, dones
+            beats += [(len(sizes), i == 0, i == b - 1) for i in range(b)]
+            sizes.append(b)
+        cmd_last.append(len(sizes) - 1)
+    go, read_end, read_next = [t0], [], 0  # go: the cycles in which the stages advance
+    for g in range(1, len(beats) + 2):
+        c = go[-1] + 1                     # f2 holds beat g - 2
+        if g >= 2:
+            k, first, last = beats[g - 2]
+            if first and k >= 2:
+                c = max(c, read_end[k - 2] + 1)
+            if last:
+                r0 = max(c + 1, read_next)
+                read_next = r0 + sizes[k]
+                read_end.append(r0 + sizes[k] - 1)
+        go.append(c)
+    return go[:len(beats)], [read_end[k] + latency for k in cmd_last]
 
 
 @pytest.mark.parametrize("hw", [TINY, KV260, NARROW], ids=lambda h: h.name)
