@@ -51,11 +51,11 @@ Timing (estimate, not sign-off: there is no open-source UltraScale+ timing analy
 holds at most one of: an 8-10 bit exponent add/compare, a 31-bit magnitude compare, a 28-bit add, a
 6-level barrel shift, a leading-zero-count tree, or a 32-bit increment, with at most a 2:1 select or a
 small (<= 6-bit) compare beside it. On UltraScale+ -2 each of these is 3-5 LUT levels or one CARRY8 chain,
-which is the usual budget for 300 MHz. `FpMul`'s 24x24 significand product is written as a plain multiply
-followed by two register stages, so Vivado maps it to two DSP48E2 (27x18 each) with the product pipeline
-registers (MREG/PREG) absorbed. (Yosys's estimate maps the two DSP48E2 without their registers: it keeps
-the 48-bit product registers and the 31-bit sum of the two partial products in the fabric, about 96 FF
-and 31 LUT of `FpMul`'s count.) Latencies: FpAdd 6, FpMul 6, IntToFp 4, F16ToF32 4, F32ToF16 3,
+which is the usual budget for 300 MHz. `FpMul`'s 24x24 significand product is written as two plain
+multiplies, 24x17 and 24x7 bits (one DSP48E2, 27x18, each), each followed by a register, and their sum
+(a 31-bit add) in the next stage, so no fabric adder follows a multiplier in the same stage. (Yosys's
+estimate maps the DSP48E2 without their registers: the partial-product registers, the 48-bit product
+register and the sum stay in the fabric.) Latencies: FpAdd 6, FpMul 6, IntToFp 4, F16ToF32 4, F32ToF16 3,
 FpLdexp 4, IntScaleMul 6 (see each class).
 """
 
@@ -252,10 +252,12 @@ def _round_pack(m, s, big=None):
 class FpAdd(_Binary):
     """binary32 ``a + b`` (RNE), bit-identical to NumPy float32. Latency 6.
 
-    Stages: (1) unpack and order by magnitude; (2) align the smaller operand (27-bit shift with a sticky
-    bit); (3) the 28-bit add or subtract (one adder); (4) leading-zero count and the left-shift count,
-    clamped at the exponent; (5) the left shift keeping the significand and round bit, the exponent;
-    (6) the RNE increment on the packed word and the special-case select."""
+    Stages: (1) unpack, order by magnitude and, beside the compare, the alignment distance ``|ea - eb|``;
+    (2) align the smaller operand (27-bit shift, the sticky bit a masked OR beside it); (3) the 28-bit add
+    or subtract (one adder), beside it the exponent saturated at 31; (4) leading-zero count and the
+    left-shift count, clamped at that exponent; (5) the left shift keeping the
+    significand and round bit, the exponent; (6) the RNE increment on the packed word and the special-case
+    select."""
 
     LATENCY = 6
 
@@ -267,21 +269,31 @@ class FpAdd(_Binary):
         nan = ua["nan"] | ub["nan"] | (ua["inf"] & ub["inf"] & (ua["sign"] != ub["sign"]))
         inf = ua["inf"] | ub["inf"]
         swap = b[:31] > a[:31]
-        big, small = Mux(swap, b, a), Mux(swap, a, b)
-        ubig, usmall = _unpack(big), _unpack(small)
-        s = p.stage(sign=ubig["sign"], sub=ubig["sign"] != usmall["sign"], exp=ubig["eff"],
-                    diff=(ubig["eff"] - usmall["eff"])[:8], mbig=ubig["mant"], msmall=usmall["mant"],
+        # The larger magnitude has the larger (or equal) exponent, so the alignment distance is |ea - eb|,
+        # beside the magnitude compare rather than behind it; saturated at 31 (27 and more leave only the
+        # sticky bit).
+        dab, dba = Signal(signed(10)), Signal(signed(10))
+        m.d.comb += [dab.eq(ua["eff"] - ub["eff"]), dba.eq(ub["eff"] - ua["eff"])]
+        diff = Mux(dab[-1], dba[:8], dab[:8])
+        s = p.stage(sign=Mux(swap, ub["sign"], ua["sign"]), sub=ua["sign"] != ub["sign"],
+                    exp=Mux(swap, ub["eff"], ua["eff"]), shift=Mux(diff[5:].any(), 31, diff[:5]),
+                    mbig=Mux(swap, ub["mant"], ua["mant"]), msmall=Mux(swap, ua["mant"], ub["mant"]),
                     zsign=ua["sign"] & ub["sign"], nan=nan, inf=inf)
-        # Align: 24-bit significands plus guard, round and sticky positions (27 bits).
-        shift = Signal(range(28))
-        m.d.comb += shift.eq(Mux(s["diff"] > 27, 27, s["diff"]))
-        ext = Cat(Const(0, 27), Const(0, 3), s["msmall"]) >> shift
-        aligned = ext[27:54] | ext[:27].any()      # the sticky bit ORed into the LSB
+        # Align: 24-bit significands plus guard, round and sticky positions (27 bits). The sticky bit (ORed
+        # into the LSB) is a masked OR beside the shifter: significand bit i falls below the window when
+        # shift > i + 3.
+        shift, msmall = s["shift"], s["msmall"]
+        ext = Signal(27)
+        m.d.comb += ext.eq(Cat(Const(0, 3), msmall) >> shift)
+        sticky = Cat(*(msmall[i] & (shift > i + 3) for i in range(24))).any()
         s = p.stage(sign=s["sign"], sub=s["sub"], exp=s["exp"], mbig=Cat(Const(0, 3), s["mbig"]),
-                    msmall=aligned, zsign=s["zsign"], nan=s["nan"], inf=s["inf"])
+                    msmall=ext | sticky, zsign=s["zsign"], nan=s["nan"], inf=s["inf"])
         # One adder: a - b = a + ~b + 1 (28 bits; a >= b, so the difference never wraps).
         total = (s["mbig"] + (Cat(s["msmall"], Const(0, 1)) ^ s["sub"].replicate(28)) + s["sub"])[:28]
-        s = p.stage(sign=s["sign"], exp=s["exp"], total=total, zsign=s["zsign"], nan=s["nan"], inf=s["inf"])
+        # Beside it, the clamp of stage 4's shift: the exponent saturated at 31 (the count is at most 27).
+        cap = Mux(s["exp"][5:].any(), 31, s["exp"][:5])
+        s = p.stage(sign=s["sign"], exp=s["exp"], total=total, cap=cap, zsign=s["zsign"], nan=s["nan"],
+                    inf=s["inf"])
         # Stage 4: leading zeros and the left shift. The MSB of `total` (bit 27) has weight
         # 2**(exp + 1 - 127); the shift is clamped so the exponent stays >= 1 (a subnormal result keeps
         # exponent 1 and packs as field 0): left = min(lz, exp), and exp - left is the packed exponent - 1.
@@ -289,7 +301,7 @@ class FpAdd(_Binary):
         total = s["total"]
         lz, zero = _lzc(total)
         left = Signal(5)
-        m.d.comb += left.eq(Mux(lz[:5] < s["exp"], lz[:5], s["exp"][:5]))
+        m.d.comb += left.eq(Mux(lz[:5] < s["cap"], lz[:5], s["cap"]))
         sign = Mux(zero & ~s["inf"], s["zsign"], s["sign"])
         s = p.stage(sign=sign, exp=s["exp"], total=total, left=left, zero=zero, nan=s["nan"], inf=s["inf"])
         # Stage 5: the shift, keeping the 24-bit significand and the round bit (bits 3..27 of total << left).
@@ -319,12 +331,12 @@ class FpMul(_Binary):
     Stages: (1) unpack, special cases, the exponent sum, the leading-zero count of each 24-bit significand
     (0 for a normal one); (2) the subnormal significand, if any, is routed to the first multiplier input
     and shifted left by its count (one 24-bit shifter), and the biased exponent ``E`` of a product in
-    [1, 2); (3, 4) the 24x24 product (DSP48E2 M and P registers); beside it the denormalising shift
-    count ``r = 1 - E`` (clamped) and the exponent flags;
-    (5) one right shift of the product's top 26 bits by ``P[47]`` (normal result) or ``r`` (below the
-    normal range), keeping 24 bits and a round bit, with the sticky bit as the OR of the product bits below
-    the round bit (a masked OR); (6) the RNE increment on the packed ``(exponent - 1) << 23 | significand``
-    word (a rounding carry walks into the exponent and into +inf) and the special-case select."""
+    [1, 2); (3) the 24x17 and 24x7 partial products (one DSP48E2 each), (4) their sum; beside them the
+    denormalising shift count ``r = 1 - E`` (clamped) and the exponent flags; (5) one right shift of the
+    product's top 26 bits by ``P[47]`` (normal result) or ``r`` (below the normal range), keeping 24 bits and
+    a round bit, with the sticky bit as the OR of the product bits below the round bit (a masked OR); (6) the
+    RNE increment on the packed ``(exponent - 1) << 23 | significand`` word (a rounding carry walks into the
+    exponent and into +inf) and the special-case select."""
 
     LATENCY = 6
 
@@ -352,17 +364,19 @@ class FpMul(_Binary):
         m.d.comb += [ma.eq(Mux(s["subb"], s["mb"], s["ma"]) << lz), mb.eq(Mux(s["subb"], s["ma"], s["mb"])),
                      e.eq(s["base"] - lz)]
         s = p.stage(sign=s["sign"], e=e, ma=ma, mb=mb, zero=s["zero"], nan=s["nan"], inf=s["inf"])
-        # Stages 3, 4: the product in [2**46, 2**48), two registers for the DSP48E2. Beside it: the
-        # denormalising shift r = 1 - E (a result below the normal range; 26 and more leave only sticky bits)
-        # and the exponent flags.
-        prod = Signal(48)
-        m.d.comb += prod.eq(s["ma"] * s["mb"])
+        # Stages 3, 4: the product in [2**46, 2**48): the 24x17 and 24x7 partial products (one DSP48E2 each,
+        # its M register), then their sum (P). Beside it: the denormalising shift r = 1 - E (a result below the
+        # normal range; 26 and more leave only sticky bits) and the exponent flags.
+        plo, phi = Signal(41), Signal(31)
+        m.d.comb += [plo.eq(s["ma"] * s["mb"][:17]), phi.eq(s["ma"] * s["mb"][17:])]
         e = s["e"]
         r = Signal(5)
         m.d.comb += r.eq(Mux(e < -24, 26, (1 - e)[:5]))
-        s = p.stage(sign=s["sign"], prod=prod, normal=e >= 1, r=r, big0=e >= 255, big1=e >= 254, em1=(e - 1)[:8],
-                    e0=e[:8], zero=s["zero"], nan=s["nan"], inf=s["inf"])
-        s = p.stage(**s)
+        s = p.stage(sign=s["sign"], plo=plo, phi=phi, normal=e >= 1, r=r, big0=e >= 255, big1=e >= 254,
+                    em1=(e - 1)[:8], e0=e[:8], zero=s["zero"], nan=s["nan"], inf=s["inf"])
+        prod = Signal(48)
+        m.d.comb += prod.eq(s.pop("plo") + (s.pop("phi") << 17))
+        s = p.stage(prod=prod, **s)
         # Stage 5: the significand window. Bit 0 of `win` is the round bit of a normal result whose product
         # MSB is at 46; a normal result shifts by P[47], a subnormal one by r (>= 1). The packed exponent
         # field minus 1: E - 1 + P[47], or 0 below the normal range (the hidden bit then decides).

@@ -76,24 +76,40 @@ class Flow:
 
     #: A data delay of at least RING_STAGES enabled cycles and RING_BITS bits goes into a block-RAM ring
     #: (`_ring`) instead of a register chain (which synthesis maps to SRLC32E shift registers, one LUT per
-    #: 32 stages of one bit): kv260's SFU has 26 such delays of 6 to 32 bits over 48 to 191 cycles.
+    #: 32 stages of one bit): kv260's SFU has 25 such delays of 6 to 32 bits over 49 to 206 cycles.
     RING_STAGES = 48
     RING_BITS = 6
     RING_DEPTH = 512                 # one RAMB18E2 (512 x 36); longer than any SFU delay
 
-    def delay(self, node, t: int, *, valid: bool = False):
+    def delay(self, node, t: int, *, valid: bool = False, flop: bool = True):
         """`node` delayed until time `t` (gated by en; shared between users: each delay starts from the
         longest tap of the same value already built below `t`).
 
         Data delay lines are reset-less, so synthesis maps them to shift registers (SRL16E/SRLC32E hold
         no reset), or, when long and wide enough, to a block-RAM ring; a ``valid=True`` line (a flag that
-        reset must clear) keeps its reset and stays in registers."""
+        reset must clear) keeps its reset and stays in registers. A delayed data value is read from a
+        register of its own beside the line (``flop``; one with a reset, which synthesis cannot fold into
+        the shift register), so that the logic reading it starts from a flip-flop, not from an SRL's or a
+        ring's slow output; ``flop=False`` (operands that go straight into registers) reads the line."""
         v, t0 = node
         if isinstance(v, Const):
             return v
         if t < t0:
             raise ValueError(f"cannot move a value from time {t0} back to {t}")
         d = t - t0
+        if valid or not flop or d == 0:
+            return self._line(v, t0, d, valid)
+        flops = self._delays.setdefault((id(v), t0, "flop"), {})
+        if d not in flops:
+            line = self._line(v, t0, d - 1, False)
+            r = Signal(Value.cast(v).shape(), name=self._name("q"))
+            with self.m.If(self.en):
+                self.m.d.sync += r.eq(line)
+            flops[d] = r
+        return flops[d]
+
+    def _line(self, v, t0: int, d: int, valid: bool):
+        """The tap `d` of `v`'s delay line (`delay`)."""
         taps = self._delays.setdefault((id(v), t0, valid), {0: v})
         if d in taps:
             return taps[d]
@@ -128,17 +144,19 @@ class Flow:
         m.d.comb += y.eq(rd.data)
         return y
 
-    def align(self, *nodes):
+    def align(self, *nodes, flop: bool = True):
         t = max(n[1] for n in nodes)
-        return [self.delay(n, t) for n in nodes], t
+        return [self.delay(n, t, flop=flop) for n in nodes], t
 
     def comb(self, fn, *nodes, register=True):
-        """Apply the combinational function `fn` to the aligned operands (then one register)."""
+        """Apply the combinational function `fn` to the aligned operands (then one register). The register
+        keeps a reset, so that synthesis cannot fold it into a delay line behind it: the step ends at a
+        flip-flop (and a product's register stays beside its DSP48E2, not in an SRL)."""
         vals, t = self.align(*nodes)
         v = Value.cast(fn(*vals))
         if not register:
             return v, t
-        r = Signal(v.shape(), name=self._name("c"), reset_less=True)
+        r = Signal(v.shape(), name=self._name("c"))
         with self.m.If(self.en):
             self.m.d.sync += r.eq(v)
         return r, t + 1
@@ -158,7 +176,7 @@ class Flow:
         unit's first stage then starts from a flip-flop, not from an SRL's slow output or an operand select."""
         m = self.m
         self.sub(type(unit).__name__.lower(), unit)
-        (va, vb), t = self.align(a, b)
+        (va, vb), t = self.align(a, b, flop=False)
         ra = Signal.like(va, name=self._name("opa"), reset_less=False)
         rb = Signal.like(vb, name=self._name("opb"), reset_less=False)
         with m.If(self.en):
@@ -334,8 +352,9 @@ class _Shared:
             self._out = Signal(32, name=self.f._name("sh"))
         return self._out, self._start + self.latency
 
-    def pick(self, operand_nodes):
-        """The per-element choice among the requests' `operand_nodes` (one node per request), at `start`."""
+    def pick(self, operand_nodes, flop=True):
+        """The per-element choice among the requests' `operand_nodes` (one node per request), at `start`
+        (`flop`: as `Flow.delay`'s)."""
         whens = [r[1] for r in self._requests[1:]]
 
         def choose(*vals):
@@ -346,7 +365,7 @@ class _Shared:
             return y
 
         v = self.f.comb(choose, *whens, *operand_nodes, register=False)
-        return self.f.delay(v, self._start), self._start
+        return self.f.delay(v, self._start, flop=flop), self._start
 
     def finish(self):
         y, t = self._build(self)
@@ -367,8 +386,8 @@ def _build_poly(u):
 
 
 def _build_binary(kind):
-    return lambda u: getattr(u.f, kind)(u.pick([r[0][0] for r in u._requests]),
-                                        u.pick([r[0][1] for r in u._requests]))
+    return lambda u: getattr(u.f, kind)(u.pick([r[0][0] for r in u._requests], flop=False),
+                                        u.pick([r[0][1] for r in u._requests], flop=False))
 
 
 class Shared:
@@ -515,7 +534,7 @@ def tanh_flow(f, x):
     lo, hi = _f32_bits(sfu_tables.TANH_LO), _f32_bits(sfu_tables.TANH_HI)
     a = f.comb(lambda v: v[:31], x, register=False)
     inside = f.comb(lambda v: (v >= lo) & (v < hi), a, register=False)
-    z = f.comb(lambda v, i: Mux(i, v, lo), a, inside, register=False)
+    z = f.comb(lambda v, i: Mux(i, v, lo), a, inside)
     index, t = _logseg(f, z, e_lo, j_bits, binades, "t")
     p = f.poly(sfu_tables.table("tanh"), index, t)
 
@@ -534,7 +553,7 @@ def sin_turns_flow(f, turn):
     g = f.comb(lambda t: Mux(t[62], (1 << 62) - t[:62], t[:62])[:63], turn)
     z = f.to_fp(g, 0)
     inside = f.comb(lambda v: (v >= lo) & (v < ONE), z, register=False)
-    zz = f.comb(lambda v, i: Mux(i, v, lo), z, inside, register=False)
+    zz = f.comb(lambda v, i: Mux(i, v, lo), z, inside)
     index, t = _logseg(f, zz, e_lo, j_bits, binades, "t")
     p = f.poly(sfu_tables.table("sin"), index, t)
     small = f.mul(z, f.const(_f32_bits(sfu_tables.HALF_PI)), "m")
@@ -552,8 +571,11 @@ def _payne_hanek(f, a):
     windows = [sfu_tables.payne_hanek_window(max(e, 1) - 150) for e in range(256)]
     w = f.rom(windows, sfu_tables.PH_WINDOW, f.comb(lambda v: v[23:31], a, register=False))
     mant = f.comb(lambda v: Cat(v[:23], v[23:31] != 0), a, register=False)
-    parts = [f.comb(lambda mm, ww, k=k: mm * ww[24 * k:24 * (k + 1)], mant, w) for k in range(4)]
-    parts = [f.comb(lambda v: v, p) for p in parts]              # second product register (DSP PREG)
+    # 24 x 12-bit products (one DSP48E2 each, no adder behind it in the same stage), registered twice (the
+    # DSP's M and P registers), then each 24-bit window's product as the sum of its two halves
+    halves = [f.comb(lambda mm, ww, k=k: mm * ww[12 * k:12 * (k + 1)], mant, w) for k in range(8)]
+    halves = [f.comb(lambda v: v, h) for h in halves]
+    parts = [f.comb(lambda h0, h1: h0 + (h1 << 12), halves[2 * k], halves[2 * k + 1]) for k in range(4)]
     lo = f.comb(lambda p0, p1: p0 + (p1 << 24), parts[0], parts[1])
     hi = f.comb(lambda p2, p3: p2 + (p3 << 24), parts[2], parts[3])
     shift = 24 + sfu_tables.PH_GUARD
@@ -561,11 +583,19 @@ def _payne_hanek(f, a):
 
 
 def _rope_turns(f, hi, lo, pos):
-    """``((hi << 32 | lo) * pos) mod 2**64`` (`sim.sfu.rope_turns`)."""
-    plo = f.comb(lambda l, p: l * p, lo, pos)
-    phi = f.comb(lambda h, p: (h * p)[:32], hi, pos)
-    plo, phi = f.comb(lambda v: v, plo), f.comb(lambda v: v, phi)
-    return f.comb(lambda l, h: (l + Cat(Const(0, 32), h))[:64], plo, phi)
+    """``((hi << 32 | lo) * pos) mod 2**64`` (`sim.sfu.rope_turns`): the 16 x 16-bit products of the
+    frequency's and the position's 16-bit chunks below 2**64 (one DSP48E2 each), registered twice (the DSP's
+    M and P registers), then summed in two stages: the low and high 32-bit halves' terms, then the two."""
+    def chunk(v, i):
+        return v[16 * i:16 * (i + 1)]
+
+    prods = {(i, j): f.comb(lambda a, b, i=i, j=j: chunk(a, i % 2) * chunk(b, j), lo if i < 2 else hi, pos)
+             for i in range(4) for j in range(2) if i + j <= 3}
+    q = {k: f.comb(lambda v: v, n) for k, n in prods.items()}
+    low = f.comb(lambda p00, p01, p10: p00 + (p01 << 16) + (p10 << 16), q[0, 0], q[0, 1], q[1, 0])
+    high = f.comb(lambda p11, p20, p21, p30: (p11 + p20 + (p21 << 16) + (p30 << 16))[:32],
+                  q[1, 1], q[2, 0], q[2, 1], q[3, 0])
+    return f.comb(lambda l, h: (l + Cat(Const(0, 32), h))[:64], low, high)
 
 
 def trig_flow(f, x, hi, lo, pos, rope, cosine):
@@ -573,7 +603,7 @@ def trig_flow(f, x, hi, lo, pos, rope, cosine):
     frequency ``hi:lo`` at position `pos` (``rope`` = 1); ``cosine`` picks cos."""
     small_lo = _f32_bits(sfu_tables.SINCOS_LO)
     big = f.comb(lambda v: (v[:31] < INF) & (v[:31] >= small_lo), x, register=False)
-    aa = f.comb(lambda v, b: Mux(b, v[:31], ONE), x, big, register=False)
+    aa = f.comb(lambda v, b: Mux(b, v[:31], ONE), x, big)
     ph = _payne_hanek(f, aa)
     rt = _rope_turns(f, hi, lo, pos)
 
