@@ -101,7 +101,7 @@ class AttentionSequencer(Sequencer):
         BAD_LENGTH); the shape and the positions seen into `heads`, `hd`, `win`, `cap` and `n`. With
         `uses_engine` it first waits for an async WGEMV to finish."""
         ctx, d, f, at, eng = self.i_ctx, self.i_ctx.desc, self.i_ctx.fmap, self._at, self.i_engine
-        checks = [(eng.active, lambda: None), (eng.failed, lambda: st.fail(eng.code, at_engine=1))] if uses_engine else []
+        checks = [(eng.active, None), (eng.failed, lambda: st.fail(eng.code, at_engine=1))] if uses_engine else []
         checks += [
             ((d.kind != DescKind.KV) | (d.layout != fmt), lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
             (bad_length | (f.head_dim != d.head_dim) | (at.kv_head >= d.heads) | (f.heads == 0),
