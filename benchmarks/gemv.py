@@ -36,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+from firmware.perf import DDR_PEAK_BYTES_PER_S
 from hdl.config import HardwareConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,6 +123,38 @@ def ddr4_table(rows: list[tuple], cmd: str) -> str:
     return "\n".join(lines)
 
 
+def e4b_matrices() -> list[int]:
+    """How many of each of `SHAPES` one E4B token streams: q/o in every layer, k/v in the layers that keep their
+    own cache, gate/up in every layer (and the LM head, vocabulary x hidden, the same 2,048-column pattern, in
+    gate/up rows), down_proj dense in the layers without activation sparsity. PLE, LAuReL and AltUp's small
+    matrices are left out (under 1 % of the bytes)."""
+    from sim.config import PRESETS
+    c = PRESETS["e4b"]
+    layers, own_kv = c.num_hidden_layers, c.num_hidden_layers - c.num_kv_shared_layers
+    dense_down = sum(1 for s in c.activation_sparsity_pattern if s == 0)
+    lm_head = c.vocab_size * c.hidden_size / (c.intermediate_size[0] * c.hidden_size)
+    return [2 * layers, 2 * own_kv, 2 * layers + lm_head, dense_down]
+
+
+def token_stream(results: list[dict], clocks) -> list[str]:
+    """Per clock: the dense shapes' efficiencies weighted by the bytes an E4B token streams through each."""
+    counts = e4b_matrices()
+    lines = []
+    for k, mhz in enumerate(clocks):
+        rs = [results[i * len(clocks) + k] for i in range(len(SHAPES))]
+        nbytes = [n * r["bytes"] for n, r in zip(counts, rs)]
+        cycles = sum(n * r["cycles"] for n, r in zip(counts, rs))
+        seconds = cycles / (mhz * 1e6)
+        ddr = sum(nbytes) / seconds / DDR_PEAK_BYTES_PER_S
+        port = sum(nbytes) / (cycles * 4 * 16)
+        lines.append(f"- {mhz:g} MHz: **{100 * ddr:.1f} %** of the DDR4 peak, **{100 * port:.1f} %** of the "
+                     f"ports' peak")
+    q, kv, up, down = counts
+    return [f"An E4B token's dense weight stream, each shape's cycles weighted by how many of it a token streams "
+            f"(q/o {q:g}, k/v {kv:g}, gate/up with the LM head {up:.1f}, dense down_proj {down:g}; "
+            f"`benchmarks.gemv.e4b_matrices`):", ""] + lines
+
+
 def write_doc(text: str, key: str):
     doc = DOC.read_text()
     start, end = f"<!-- bench:{key} -->", f"<!-- /bench:{key} -->"
@@ -165,7 +198,7 @@ def main(argv=None) -> int:
     res = measure(shapes, args.latency, sparse, clocks)
     if args.ddr4:
         whats = [what for _, _, what in SHAPES + [SPARSE] for _ in clocks]
-        text = ddr4_table(list(zip(whats, res)), ddr4_command(args))
+        text = ddr4_table(list(zip(whats, res)), ddr4_command(args)) + "\n\n" + "\n".join(token_stream(res, clocks))
         key = "ddr4"
         write = list(args.clocks) == list(CLOCKS) and not args.quick
     else:

@@ -61,7 +61,7 @@ def calibrate(hw: HardwareConfig, npz: Path, tokens: int, seed: int = 1, log=pri
         steps = json.loads(res2.read_text())["steps"]
     image = pack(cfg, case.tensors, hw, max_positions=4)
     samples = [(_counters(image, hw, r["words"]), r["cycles"]) for r in micro]
-    base = Rates(gemv_efficiency=0.95, ddr_efficiency=1.0)
+    base = Rates(gemv_efficiency=0.95, ddr_efficiency=1.0)     # the tiny NPU's ports on the calibration memory
     rates = fit_rates(samples, hw, base)
     rows = []
     for (c, cyc), r in zip(samples, micro):
@@ -78,6 +78,32 @@ def calibrate(hw: HardwareConfig, npz: Path, tokens: int, seed: int = 1, log=pri
         val.append((s["step"], s["counters"]["CYCLES"], sched.cycles, sched.hidden, s["counters"], s["identical"],
                     s["ddr_identical"], s.get("max_abs_diff_golden")))
     return rates, rows, val
+
+
+def e4b_table(rates: Rates, positions) -> list[str]:
+    """E4B on the kv260 preset with the fitted pass costs of `rates` and the weight stream's efficiencies of
+    `firmware.perf.Rates` (the GEMV engine behind the DDR4 model, `python -m benchmarks.gemv --ddr4`)."""
+    kv = HardwareConfig.preset("kv260")
+    e4b = ModelConfig.preset("e4b")
+    default = Rates()
+    kv_rates = dataclasses.replace(rates, gemv_efficiency=default.gemv_efficiency,
+                                   ddr_efficiency=default.ddr_efficiency)
+    out = [f"## E4B on kv260 ({kv.clock_hz / 1e6:.0f} MHz; GEMV port efficiency "
+           f"{kv_rates.gemv_efficiency:.1%}, DDR efficiency {kv_rates.ddr_efficiency:.1%} of 19.2 GB/s; fitted "
+           f"pass costs)", "",
+           "| position | weights | KV (ATTN's GEMVs) | " + " | ".join(PASS_KINDS) + " | scalar ALU | issue | "
+           "hidden (overlap) | total Mcycles | tok/s | roofline tok/s | fraction |", "|" + "---|" * (len(PASS_KINDS) + 10)]
+    for e in estimate(e4b, kv, positions, kv_rates):
+        c = e.cycles
+        out.append(f"| {e.position} | {c.get('weights', 0) / 1e6:.1f} | {c.get('kv_stream', 0) / 1e6:.1f} | " +
+                   " | ".join(f"{c.get(k, 0) / 1e6:.1f}" for k in PASS_KINDS) +
+                   f" | {c.get('scalar_alu', 0) / 1e6:.2f} | {c.get('issue', 0) / 1e6:.2f} | "
+                   f"{-e.hidden / 1e6:.1f} | {e.total_cycles / 1e6:.1f} | "
+                   f"{e.tok_s:.2f} | {e.roofline_tok_s:.2f} | {100 * e.roofline_fraction:.1f} % |")
+        top = sorted(e.by_opcode.items(), key=lambda kv_: -kv_[1])
+        out.append("|  | by instruction: " + ", ".join(f"{k} {100 * v / e.total_cycles:.0f} %" for k, v in top[:6]) +
+                   " |" + " |" * (len(PASS_KINDS) + 7))
+    return out
 
 
 def gemm_table(hw: HardwareConfig, npz: Path, seed: int = 1) -> list[str]:
@@ -137,24 +163,7 @@ def main(argv=None) -> int:
                    f"{pred:,.0f} | {100 * (pred - meas) / meas:+.1f} % | {hidden:,.0f} | {c['GEMV_BUSY']:,} | "
                    f"{c['GEMV_STALL']:,} | {c['SFU_BUSY']:,} | {c['ATTN_BUSY']:,} | {c['DMA_BUSY']:,} | "
                    f"{c['ISSUE_STALL']:,} | {c['BYTES_READ']:,} | {c['BYTES_WRITTEN']:,} |")
-    kv = HardwareConfig.preset("kv260")
-    e4b = ModelConfig.preset("e4b")
-    kv_rates = dataclasses.replace(rates, gemv_efficiency=0.95, ddr_efficiency=0.90)
-    out += ["", f"## E4B on kv260 ({kv.clock_hz / 1e6:.0f} MHz; GEMV port efficiency "
-                f"{kv_rates.gemv_efficiency:.0%}, DDR efficiency {kv_rates.ddr_efficiency:.0%} of 19.2 GB/s; fitted "
-                f"pass costs)", "",
-            "| position | weights | KV (ATTN's GEMVs) | " + " | ".join(PASS_KINDS) + " | scalar ALU | issue | "
-            "hidden (overlap) | total Mcycles | tok/s | roofline tok/s | fraction |", "|" + "---|" * (len(PASS_KINDS) + 10)]
-    for e in estimate(e4b, kv, args.positions, kv_rates):
-        c = e.cycles
-        out.append(f"| {e.position} | {c.get('weights', 0) / 1e6:.1f} | {c.get('kv_stream', 0) / 1e6:.1f} | " +
-                   " | ".join(f"{c.get(k, 0) / 1e6:.1f}" for k in PASS_KINDS) +
-                   f" | {c.get('scalar_alu', 0) / 1e6:.2f} | {c.get('issue', 0) / 1e6:.2f} | "
-                   f"{-e.hidden / 1e6:.1f} | {e.total_cycles / 1e6:.1f} | "
-                   f"{e.tok_s:.2f} | {e.roofline_tok_s:.2f} | {100 * e.roofline_fraction:.1f} % |")
-        top = sorted(e.by_opcode.items(), key=lambda kv_: -kv_[1])
-        out.append("|  | by instruction: " + ", ".join(f"{k} {100 * v / e.total_cycles:.0f} %" for k, v in top[:6]) +
-                   " |" + " |" * (len(PASS_KINDS) + 7))
+    out += [""] + e4b_table(rates, args.positions)
     text = "\n".join(out)
     print(text)
     dest = ROOT / "build" / "benchmarks" / "npu.md"

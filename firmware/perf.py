@@ -87,27 +87,31 @@ def _desc_cycles(rates: Rates) -> float:
 @dataclass(frozen=True)
 class Rates:
     """Per-kind costs (the things RTL measurements calibrate; `fit_rates`)."""
-    gemv_efficiency: float = 0.95      # fraction of ports x beat per cycle the GEMV engine sustains (benchmarks.gemv)
-    # fraction of the DDR peak the memory controller delivers to the weight stream: the DDR4 model gives the dense
-    # stream alone 0.942 at 300 MHz, an upper bound for a token (docs/architecture.md "DDR model")
-    ddr_efficiency: float = 0.90
+    # The weight stream's rates, measured on the kv260 GEMV engine behind the DDR4 channel model on E4B's
+    # shapes, weighted by a token's bytes (`python -m benchmarks.gemv --ddr4`, docs/gemv.md "Behind the DDR4
+    # model"): where the ports bind (below about 280 MHz), the fraction of ports x beat per cycle the engine
+    # sustains (0.993 at 163 and 155 MHz, 0.990 at 250); where the DDR binds, the fraction of its peak (0.938 at
+    # 300 MHz). The model has no other master on the DDR (the APU, the display): the board's DDR probe
+    # (docs/kv260.md) measures what they leave.
+    gemv_efficiency: float = 0.993
+    ddr_efficiency: float = 0.938
     elements_per_cycle: float = 1.0    # elements per cycle of a pass (the SFU and the L2 movers take one)
     # fitted by `python -m benchmarks.npu` on the tiny NPU (docs/architecture.md, "Performance")
-    issue: float = 3.7                 # cycles per instruction: fetch, decode, dispatch, retire
-    sfu_pass: float = 199.0            # fixed cycles of a pass through the SFU's functions (its latency, start, end)
-    vec_pass: float = 33.1             # ... of an element-wise pass on the SFU's short path (hdl.sfu.SHORT_OPS)
-    reduce_pass: float = 72.6          # ... of a reduction (the short path to A1, plus the lane tree)
+    issue: float = 3.8                 # cycles per instruction: fetch, decode, dispatch, retire
+    sfu_pass: float = 230.0            # fixed cycles of a pass through the SFU's functions (its latency, start, end)
+    vec_pass: float = 36.1             # ... of an element-wise pass on the SFU's short path (hdl.sfu.SHORT_OPS)
+    reduce_pass: float = 78.6          # ... of a reduction (the short path to A1, plus the lane tree)
     copy_pass: float = 6.7             # ... of an L2 copy (to L2 or a scalar)
-    quant_pass: float = 16.0           # ... of a quantiser pass (L2 -> quantiser at four elements per cycle)
-    ddr_read_pass: float = 16.0        # ... of a DDR read (latency of the memory model)
+    quant_pass: float = 22.0           # ... of a quantiser pass (L2 -> quantiser at four elements per cycle)
+    ddr_read_pass: float = 19.7        # ... of a DDR read (latency of the memory model)
     ddr_write_pass: float = 14.6       # ... of a DDR write (until the last response)
     alu_op: float = 8.7                # a scalar-ALU add or multiply
-    gemv_fixed: float = 64.1           # per WGEMV beyond its bytes
-    # WGEMM (`wgemm_cost`), fitted to the RTL cycles of the six WGEMMs of docs/systolic.md's table (tiny NPU,
-    # tb.npu.calibrate NPU_CALIBRATE=gemm, re-measured at b83a969; tests/test_perf.py RTL_WGEMM_FIT)
-    gemm_quant: float = 30.3           # per token's quantiser pass beyond its elements (start, block latency, lanes)
-    gemm_tile: float = 66.9            # per token tile: unit start, first DDR latency, engine latency, hand-off
-    gemm_row: float = 8.4              # per token row of a row tile beyond its elements: the L2 row command
+    gemv_fixed: float = 116.1          # per WGEMV beyond its bytes
+    # WGEMM (`wgemm_cost`), fitted to the RTL cycles of the six WGEMMs of `python -m benchmarks.npu --gemm` (tiny
+    # NPU, tb.npu.calibrate NPU_CALIBRATE=gemm; tests/test_perf.py RTL_WGEMM_FIT)
+    gemm_quant: float = 12.8           # per token's quantiser pass beyond its elements (start, block latency, lanes)
+    gemm_tile: float = 74.8            # per token tile: unit start, first DDR latency, engine latency, hand-off
+    gemm_row: float = 8.7              # per token row of a row tile beyond its elements: the L2 row command
 
     def __post_init__(self):
         # every cost is a finite number; the fractions and the element rate are checked here, the sign of the
