@@ -371,6 +371,7 @@ class ScaleLane(wiring.Component):
     SCALE_READ = 1                                        # the high field's scale: the cycle after arrival
     EXP_READ = 2 + MUL_LATENCY                            # the high field's exponent, at the FpLdexp input
     LATENCY = EXP_READ + FpLdexp.LATENCY + FpAdd.LATENCY  # arrival to the y write
+    READ_AHEAD = 2                                        # the old y's read, cycles before the add
 
     def __init__(self, rows: int, field: int):
         _check_int("rows", rows)
@@ -432,22 +433,25 @@ class ScaleLane(wiring.Component):
                      ldexp.i_b.eq(self.i_exp[s3.tag.seg_bank][s3.row])]
         s4 = _delay(m, s3, ldexp.latency, "meta_ldexp")
 
-        # y memories, one per field: two tile banks of R rows. Read-modify-write: the old y is read the
-        # cycle before the add (a row/field is written once per segment, at least `seg` cycles apart).
+        # y memories, one per field: two tile banks of R rows. Read-modify-write: the old y is read two
+        # cycles before the add and taken into the adder's operand register (no path from the block RAM's
+        # output into the adder's first stage); a row/field is written once per segment, at least `seg`
+        # cycles apart.
         mems = []
         for fld in range(2):
             mem = Memory(shape=unsigned(32), depth=2 * R, init=[], attrs={"ram_style": "block"})
             m.submodules[f"y{fld}"] = mem
             mems.append(mem)
-        s4_pre = _delay(m, s3, ldexp.latency - 1, "meta_pre")     # s4 one cycle early: read address
+        s4_rd = _delay(m, s3, ldexp.latency - self.READ_AHEAD, "meta_rd")     # s4 two cycles early: address
+        s4_pre = _delay(m, s4_rd, 1, "meta_pre")                                 # the read data
         old = []
         for fld, mem in enumerate(mems):
             rp = mem.read_port(domain="sync", transparent_for=())
-            m.d.comb += [rp.en.eq(1), rp.addr.eq(s4_pre.tag.tile_bank * R + s4_pre.row)]
+            m.d.comb += [rp.en.eq(1), rp.addr.eq(s4_rd.tag.tile_bank * R + s4_rd.row)]
             old.append(rp.data)
-        y_old = Mux(s4.field, old[1], old[0])
-        m.d.comb += [add.i_valid.eq(s4.valid), add.i_a.eq(Mux(s4.tag.tile_first, NEG_ZERO, y_old)),
-                     add.i_b.eq(ldexp.o_y)]
+        a_op = Signal(32, name="a_op")
+        m.d.sync += a_op.eq(Mux(s4_pre.tag.tile_first, NEG_ZERO, Mux(s4_pre.field, old[1], old[0])))
+        m.d.comb += [add.i_valid.eq(s4.valid), add.i_a.eq(a_op), add.i_b.eq(ldexp.o_y)]
         s5 = _delay(m, s4, add.latency, "meta_add")
         for fld, mem in enumerate(mems):
             wp = mem.write_port()
@@ -523,8 +527,9 @@ class SystolicEngine(wiring.Component):
             if 2 * geo.seg <= last_read:
                 raise ValueError(f"two segments ({2 * geo.seg} steps) do not outlast the array's drain and scale "
                                  f"pipeline ({last_read} cycles); use longer segments or a smaller array")
-            # A y entry is read again one segment after it was read for the add; the add must be done by then.
-            if geo.seg <= ScaleLane.LATENCY - ScaleLane.EXP_READ:
+            # A y entry is read again one segment after it was read for the add (READ_AHEAD cycles before the
+            # add); the add must be done by then.
+            if geo.seg <= ScaleLane.LATENCY - ScaleLane.EXP_READ + ScaleLane.READ_AHEAD - 1:
                 raise ValueError(f"segments of {geo.seg} steps are shorter than the scale lane's add loop")
         self._cfg, self._geo = cfg, geo
         self._lanes = [ScaleLane(geo.rows, geo.field) for _ in range(geo.cols)]
