@@ -152,18 +152,22 @@ class _Emitter:
         self.setvl(n)
         self.emit(Opcode.DMA, **fields)
 
-    def wgemv(self, name: str, dst: int, src: int, *, accm=0, sparse=0, row_start=0, rows=None):
+    def wgemv(self, name: str, dst: int, src: int, *, accm=0, sparse=0, row_start=0, rows=None, mask=None,
+              live: float = 1.0):
         """An async WGEMV of matrix `name` (rows from `row_start`) on the vector at `src`: with `reuse` when the
         GEMV engine still holds that vector, quantised by an earlier WGEMV, and nothing has written it since
-        (docs/isa.md, WGEMV)."""
+        (docs/isa.md, WGEMV). With `mask` (an L2 word address; the engine must hold `src`) only the rows whose
+        mask element is not zero are fetched, about `live` of them."""
         d = self.image.descriptor(name, row_start, rows)
         reuse = int(self.engine == (src, d.cols))
+        if mask is not None and not reuse:
+            raise ValueError(f"a masked WGEMV of {name} needs the engine to hold its input (reuse)")
         self.engine = (src, d.cols)       # held from here on (emit forgets it if the rows overwrite src)
         # async: the engine streams the weights while later independent passes run (the NPU tracks the hazards
         # on dst, docs/architecture.md "Overlap")
-        self.emit(Opcode.WGEMV, dst=dst, src=src, desc=d.index, accm=accm, findemax=0, sparse=sparse, reuse=reuse,
-                  async_=1)
-        self.streams.append((len(self.prog.words) - 1, d.rows * d.cols))
+        self.emit(Opcode.WGEMV, dst=dst, src=src if mask is None else mask, desc=d.index, accm=accm, findemax=0,
+                  sparse=sparse, reuse=reuse, mask=int(mask is not None), async_=1)
+        self.streams.append((len(self.prog.words) - 1, round(d.rows * d.cols * live)))
 
     def prefetch(self, name: str, pair: tuple[str, str] = PREFETCH_PAIRS[0]) -> int:
         """Load the CONST vector `name` (a norm gain, a scale, the AltUp router) into the next buffer of `pair`
@@ -520,7 +524,18 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     up_step = L + "4.D FFN: up, GELU(gate) * up, down" + (" (sparse: zero columns skipped)" if sparse else "")
     e.step = up_step
     up = e.sub(i, "mlp.up_proj.weight")
-    e.wgemv(up, m["up"], m["h"], rows=pieces[0][1])     # streams while the top-k runs
+    # With the GEMV engine's row mask the up projection of a sparse layer fetches only the rows of the gate
+    # units the top-k keeps (GELU(0) * up = 0 whatever up is), so it runs after the top-k; without it, its first
+    # piece streams while the top-k runs.
+    masked = sparse and e.hw.gemv_row_mask
+    live = 1.0 - cfg.activation_sparsity_pattern[i]
+
+    def up_piece(r0, rows):
+        e.wgemv(up, m["up"] + r0 // 4, m["h"], row_start=r0, rows=rows,
+                **(dict(mask=m["gate"] + r0 // 4, live=live) if masked else {}))
+
+    if not masked:
+        up_piece(*pieces[0])
     if sparse:
         e.step = L + "4.D Gaussian top-k: cutoff = mean + z * std (population)"
         e.setvl(F)
@@ -538,10 +553,11 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
         e.scalar(ScalarFunc.ADD, d=3, a=0, b=3)                  # cutoff
         e.vec(VecFunc.RELU_SUBS, dst=m["gate"], a=m["gate"], s=3)
     e.step = up_step
+    if masked:
+        up_piece(*pieces[0])
     for k, (r0, rows) in enumerate(pieces):
         if k + 1 < len(pieces):
-            nxt, nrows = pieces[k + 1]
-            e.wgemv(up, m["up"] + nxt // 4, m["h"], row_start=nxt, rows=nrows)
+            up_piece(*pieces[k + 1])
         e.setvl(rows)
         e.vec(VecFunc.GELU_MUL, dst=m["gate"] + r0 // 4, a=m["gate"] + r0 // 4, b=m["up"] + r0 // 4)
     down = e.sub(i, "mlp.down_proj.weight")

@@ -687,7 +687,7 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m firmware.perf", description=__doc__.splitlines()[0],
                                 usage="%(prog)s [--model M] [--hw HW] [--positions POS ...] [--prefill [TOKENS ...]] "
-                                      "[--kv-format F] [--clock-mhz MHZ] [--axi-ports N] [--json] "
+                                      "[--kv-format F] [--clock-mhz MHZ] [--axi-ports N] [--row-mask] [--json] "
                                       "[--<cost> X ...]")
     p.add_argument("--model", default="e4b", choices=sorted(MODEL_PRESETS), help="model preset (default e4b)")
     p.add_argument("--hw", default="kv260", choices=sorted(HW_PRESETS), help="hardware preset (default kv260)")
@@ -706,6 +706,9 @@ def main(argv=None) -> int:
     p.add_argument("--axi-ports", type=arg_type("an integer from 1 to 8", int, lambda v: 1 <= v <= 8),
                    metavar="N", help="weight-streaming AXI ports of 128 bits (what if the NPU had N; the KV260's "
                                      "PS takes up to six: HP0..3, HPC0..1) (default: the preset's)")
+    p.add_argument("--row-mask", action="store_true",
+                   help="what if the GEMV engine had the WGEMV row mask (HardwareConfig.gemv_row_mask): the sparse "
+                        "layers' up projection fetches only the rows of the gate units the top-k keeps")
     for f in fields(Rates):
         requirement, ok = _RATE_RULES.get(f.name, _COST_RULE)
         p.add_argument("--" + f.name.replace("_", "-"), type=arg_type(requirement, float, ok), default=f.default,
@@ -722,6 +725,8 @@ def main(argv=None) -> int:
             hw = hw.replace(axi_ports=args.axi_ports)
         except ValueError as e:
             p.error(f"argument --axi-ports: {args.hw} cannot have {args.axi_ports} ports: {e}")
+    if args.row_mask:
+        hw = hw.replace(gemv_row_mask=True)
     try:
         estimates = estimate(cfg, hw, args.positions, rates)
     except (ExecutionError, ValueError) as e:
@@ -736,7 +741,8 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(to_json(args.model, hw, rates, estimates, prefills), indent=1))
         return 0
-    print(f"{args.model} on {args.hw} (KV cache {hw.kv_format}, {hw.axi_ports} weight ports) at "
+    print(f"{args.model} on {args.hw} (KV cache {hw.kv_format}, {hw.axi_ports} weight ports"
+          f"{', the row mask' if hw.gemv_row_mask else ''}) at "
           f"{hw.clock_hz / 1e6:.0f} MHz; {rates}")
     units = ("weights", "kv_stream") + PASS_KINDS + ("scalar_alu", "issue")
     print(f"{'position':>8} " + " ".join(f"{u:>10}" for u in units) + f" {'hidden':>10} {'total Mcyc':>10} {'tok/s':>6} "
@@ -759,6 +765,7 @@ def to_json(model: str, hw: HardwareConfig, rates: Rates, estimates: list[TokenE
     (and, if given, the prefill estimates)."""
     return {
         "model": model, "hw": hw.name, "kv_format": hw.kv_format, "clock_hz": hw.clock_hz, "axi_ports": hw.axi_ports,
+        "gemv_row_mask": hw.gemv_row_mask,
         "ddr_peak_bytes_per_s": DDR_PEAK_BYTES_PER_S, "ddr_efficiency": rates.ddr_efficiency,
         "port_peak_bytes_per_s": hw.peak_weight_bytes_per_second,
         "stream_bytes_per_s": _stream_rate(hw, rates) * hw.clock_hz,

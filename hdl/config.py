@@ -108,6 +108,11 @@ class HardwareConfig:
     gemv_sparse_max_rows : GEMV block: the most rows of a sparse (column-major) GEMV; every port keeps
         per-row integer sums and binary32 accumulators for its share (a power of two, at least one beat of
         INT4 weights per port; E4B's hidden size 2048 on kv260).
+    gemv_row_mask : GEMV block: WGEMV `mask` (docs/isa.md): the rows whose mask element is zero are not
+        fetched (the up projection of the sparse layers, whose gate units the Gaussian top-k zeroes). The
+        RTL engine has no row mask yet, so every preset leaves it off; the ISS and the performance model
+        run it (`python -m firmware.perf --row-mask`), and a masked WGEMV on an NPU without it stops with
+        `BAD_FUNCTION`.
     kv_format : the KV cache format: ``"fp16"`` (binary16 K and V; ATTN runs on the SFU, one element per
         cycle) or ``"int8"`` (power-of-two scaled INT8 K and V held as two INT4 planes; ATTN's dot products
         run on the GEMV engine at the weight-stream rate). docs/numerics.md, "KV cache".
@@ -139,6 +144,7 @@ class HardwareConfig:
     # --- GEMV block (hdl/gemv.py) ---
     gemv_max_cols: int = 16384
     gemv_sparse_max_rows: int = 2048
+    gemv_row_mask: bool = False
     # --- KV cache (sim/iss.py ATTN/KVST, firmware/pack.py, docs/numerics.md "KV cache") ---
     kv_format: str = "fp16"
     kv_max_head_dim: int = 256
@@ -313,6 +319,8 @@ def _field_meanings() -> dict[str, str]:
 def _format_value(field: str, value) -> str:
     if isinstance(value, DeviceBudget):
         return value.name
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if field == "clock_hz":
         return f"{value / 1e6:g} MHz"
     if field.endswith("_bytes"):

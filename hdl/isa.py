@@ -218,7 +218,7 @@ FORMATS: dict[Opcode, tuple[Field, ...]] = {
     Opcode.CVO: (Field("func", 4, CvoFunc), _a("src"), _a("dst"), Field("length", 16), _b("sub_emax"),
                  _b("recip_scale"), _b("accm"), Field("rsvd", 2), _b("async_")),
     Opcode.WGEMV: (_a("dst"), _a("src"), Field("desc", 16), _b("accm"), _b("findemax"), _b("sparse"),
-                   _b("reuse"), Field("rsvd", 5), _b("async_")),
+                   _b("reuse"), _b("mask"), Field("rsvd", 4), _b("async_")),
     Opcode.VEC: (Field("func", 5, VecFunc), _a("dst"), _a("a"), _a("b"), Field("s", 3), _b("async_")),
     Opcode.ATTN: (_a("dst"), _a("q"), Field("slot", 8), Field("kv_head", 4), Field("shape_ptr", 6),
                   Field("rsvd", 7), _b("async_")),

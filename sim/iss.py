@@ -442,8 +442,17 @@ class Machine:
         d = self._desc(i.desc)
         if d.kind != 0:
             self._err(ErrorCode.BAD_DESCRIPTOR, f"descriptor {i.desc} is not a weight matrix")
-        x = self.l2[self._vec(i.src, d.cols)]
-        if i.reuse:            # the engine's activations, not src (checked below, after the shape checks)
+        if i.mask and not self.hw.gemv_row_mask:
+            self._err(ErrorCode.BAD_FUNCTION, "WGEMV mask: this NPU's GEMV engine has no row mask")
+        if i.mask and (i.sparse or not i.reuse):
+            self._err(ErrorCode.BAD_FUNCTION, "WGEMV mask needs reuse (src then names the row mask) and a dense "
+                                              "matrix")
+        if i.mask:             # src is the row mask; the activations are the engine's (checked below)
+            live = self.l2[self._vec(i.src, d.rows)] != 0
+            x = None
+        else:
+            x = self.l2[self._vec(i.src, d.cols)]
+        if i.reuse and not i.mask:   # the engine's activations, not src (checked below, after the shape checks)
             self.touched.pop()
         if i.sparse and d.layout != 1:
             self._err(ErrorCode.BAD_DESCRIPTOR, f"sparse WGEMV needs a column-major matrix ({d.tensor})")
@@ -475,7 +484,14 @@ class Machine:
             q_w, s_w = self._int4_rows(entry, d.row_start, d.rows)
             q_a, e_a = quantize_activations(x.astype(np.float32), self.hw.act_block)
             y = gemv(q_w, s_w, q_a, e_a, group=d.group, block=self.hw.act_block)
-        # Bytes: dense reads every row; sparse reads the columns of non-zero activations only.
+        if i.mask and y is not None:
+            # the rows of a zero mask element are not fetched and read +0 (every row's result is its own)
+            y = np.where(live, y, self.dtype(0))
+        fetched = d.rows
+        if i.mask:
+            fetched = self._density_rows(d) if self.arithmetic == COUNT else int(np.count_nonzero(live))
+            self.counters.weight_bytes_skipped += (d.rows - fetched) * ((d.cols + d.cols % 2) // 2 + ngroups * 2)
+        # Bytes: dense reads every fetched row; sparse reads the columns of non-zero activations only.
         pcols = d.cols + d.cols % 2
         if i.sparse:
             # the engine skips the columns whose quantised activation is 0 (a tiny x can quantise to 0)
@@ -485,9 +501,9 @@ class Machine:
             self.counters.weight_bytes_skipped += (d.cols - nz) * d.rows // 2
             self.counters.sparse_gemvs[(d.rows, d.cols, d.group, int(nz))] += 1
         else:
-            read = d.rows * pcols // 2
-        self.counters.bytes_read["WEIGHTS"] += read + d.rows * ngroups * 2
-        self.counters.gemv_bytes += read + d.rows * ngroups * 2
+            read = fetched * pcols // 2
+        self.counters.bytes_read["WEIGHTS"] += read + fetched * ngroups * 2
+        self.counters.gemv_bytes += read + fetched * ngroups * 2
         self.counters.elements[self._name] += 2 * read
         out = self._vec(i.dst, d.rows)
         if y is None:
@@ -546,6 +562,12 @@ class Machine:
             for t, yt in zip(tile, y):
                 out = outs[t]
                 self.l2[out] = (self.l2[out] + yt) if i.accm else yt
+
+    def _density_rows(self, d) -> int:
+        """The live rows of a masked WGEMV without values (COUNT): the up projection of a sparse layer keeps the
+        gate units above its Gaussian top-k cutoff, ``1 - sparsity`` of them."""
+        layer = int(d.tensor.split(".")[1])
+        return round(d.rows * (1.0 - self.model.activation_sparsity_pattern[layer]))
 
     def _density_columns(self, d) -> int:
         layer = int(d.tensor.split(".")[1])

@@ -226,6 +226,8 @@ def _cvo(i, st, hw):
 def _wgemv(i, st, hw):
     d = st.desc
     steps = [DESC_LOAD] + ([] if i.reuse else [_quant(d.cols)])
+    if i.mask:          # the row mask's pass into the engine: one L2 element a row, as the quantiser's
+        steps.append(_quant(d.rows))
     steps.append(Engine(d.rows, d.cols, bool(i.accm), bool(i.sparse)))
     if i.findemax:
         steps.append(Pass("REDUCE_MAX", "L2", "NONE", "REG", d.rows))

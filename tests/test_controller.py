@@ -206,11 +206,11 @@ def _matrix(rows, cols, layout=0, group=32):
 
 
 WGEMV = [
-    ({"accm": 0, "findemax": 0, "sparse": 0, "reuse": 0, "async_": 0}, {}),
-    ({"accm": 1, "findemax": 0, "sparse": 0, "reuse": 0, "async_": 1}, {}),
-    ({"accm": 0, "findemax": 1, "sparse": 0, "reuse": 0, "async_": 0}, {}),
-    ({"accm": 0, "findemax": 0, "sparse": 0, "reuse": 1, "async_": 1}, {"act_n": 40}),
-    ({"accm": 0, "findemax": 0, "sparse": 1, "reuse": 0, "async_": 0}, {"layout": 1}),
+    ({"accm": 0, "findemax": 0, "sparse": 0, "reuse": 0, "mask": 0, "async_": 0}, {}),
+    ({"accm": 1, "findemax": 0, "sparse": 0, "reuse": 0, "mask": 0, "async_": 1}, {}),
+    ({"accm": 0, "findemax": 1, "sparse": 0, "reuse": 0, "mask": 0, "async_": 0}, {}),
+    ({"accm": 0, "findemax": 0, "sparse": 0, "reuse": 1, "mask": 0, "async_": 1}, {"act_n": 40}),
+    ({"accm": 0, "findemax": 0, "sparse": 1, "reuse": 0, "mask": 0, "async_": 0}, {"layout": 1}),
 ]
 
 
@@ -269,14 +269,19 @@ def test_attention_sequencer_attn_waits_for_an_async_wgemv(busy):
     (VectorSequencer, Opcode.DMA, {"dir": DmaDir.DDR_TO_L2, "region": DdrRegion.LOGITS, "l2": 0, "offset": 0,
                                    "async_": 0}, {"vl": 4}, "BAD_FUNCTION"),
     (MatrixSequencer, Opcode.WGEMV, {"dst": 0, "src": 0, "desc": 0, "accm": 0, "findemax": 0, "sparse": 1,
-                                     "reuse": 0, "async_": 0}, {"desc": _matrix(24, 40)}, "BAD_DESCRIPTOR"),
+                                     "reuse": 0, "mask": 0, "async_": 0}, {"desc": _matrix(24, 40)}, "BAD_DESCRIPTOR"),
     (MatrixSequencer, Opcode.WGEMV, {"dst": 0, "src": 0, "desc": 0, "accm": 0, "findemax": 0, "sparse": 0,
-                                     "reuse": 1, "async_": 0}, {"desc": _matrix(24, 40), "act_n": 8}, "BAD_LENGTH"),
+                                     "reuse": 1, "mask": 0, "async_": 0}, {"desc": _matrix(24, 40), "act_n": 8},
+     "BAD_LENGTH"),
+    (MatrixSequencer, Opcode.WGEMV, {"dst": 0, "src": 0, "desc": 0, "accm": 0, "findemax": 0, "sparse": 0,
+                                     "reuse": 1, "mask": 1, "async_": 0}, {"desc": _matrix(24, 40), "act_n": 40},
+     "BAD_FUNCTION"),
     (AttentionSequencer, Opcode.ATTN, {"dst": 64, "q": 0, "slot": 0, "kv_head": 0, "shape_ptr": 0, "async_": 0},
      {"pos": 3, "desc": _slot(8, 2, 16, TINY), "fmap": (2, 32, 0)}, "BAD_LENGTH"),
     (AttentionSequencer, Opcode.ATTN, {"dst": 64, "q": 0, "slot": 0, "kv_head": 0, "shape_ptr": 0, "async_": 0},
      {"pos": 9, "desc": _slot(8, 2, 16, TINY), "fmap": (2, 16, 0)}, "ADDRESS_RANGE"),
-], ids=["vl0", "rmsnorm_segments", "dma_region", "sparse_layout", "reuse_cols", "attn_head_dim", "attn_beyond_ring"])
+], ids=["vl0", "rmsnorm_segments", "dma_region", "sparse_layout", "reuse_cols", "attn_head_dim",
+                             "attn_beyond_ring", "row_mask"])
 def test_sequencers_end_bad_instructions_with_the_isa_error(seq_cls, op, fields, state, code):
     word, _ = _insn(TINY, op, **fields)
     steps, got = run(seq_cls(TINY), word, **state)

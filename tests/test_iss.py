@@ -159,7 +159,7 @@ def test_out_of_range_accesses_stop_with_the_error_code():
         m.run([setvl, bad, halt], token=0, pos=0)
     assert e.value.code is ErrorCode.ADDRESS_RANGE
     # A descriptor that does not exist.
-    bad = encode(Opcode.WGEMV, dst=0, src=0, desc=len(image.descriptors), accm=0, findemax=0, sparse=0, reuse=0,
+    bad = encode(Opcode.WGEMV, dst=0, src=0, desc=len(image.descriptors), accm=0, findemax=0, sparse=0, reuse=0, mask=0,
                  async_=0)
     with pytest.raises(ExecutionError, match="descriptor .* does not exist") as e:
         m.run([bad, halt], token=0, pos=0)
@@ -240,7 +240,8 @@ def test_wgemm_equals_wgemv_per_token(tokens):
         single = Machine(image, hw, "hardware")
         for t in range(tokens):
             single.l2[:d.cols] = xs[t].astype(np.float32)
-            single.run([encode(Opcode.WGEMV, dst=dst, src=0, desc=d.index, accm=0, findemax=0, sparse=0, reuse=0,
+            single.run([encode(Opcode.WGEMV, dst=dst, src=0, desc=d.index, accm=0, findemax=0, sparse=0,
+                               reuse=0, mask=0,
                                async_=0), halt], token=0, pos=0)
             np.testing.assert_array_equal(got[t], single.l2[dst * 4:dst * 4 + d.rows], err_msg=f"token {t}")
         passes = -(-tokens // hw.systolic_rows)
@@ -314,7 +315,8 @@ def test_sparse_wgemv_reads_column_major_weights_and_group_major_scales():
         x[rng.random(d.cols) >= density] = 0.0
         m = Machine(image, hw, "hardware")
         m.l2[:d.cols] = x
-        m.run([encode(Opcode.WGEMV, dst=1024, src=0, desc=d.index, accm=0, findemax=0, sparse=1, reuse=0, async_=0), halt],
+        m.run([encode(Opcode.WGEMV, dst=1024, src=0, desc=d.index, accm=0, findemax=0, sparse=1,
+                      reuse=0, mask=0, async_=0), halt],
               token=0, pos=0)
         q_a, e_a = quantize_activations(x, hw.act_block)
         np.testing.assert_array_equal(m.l2[4096:4096 + d.rows],
@@ -329,7 +331,8 @@ def test_sparse_wgemv_reads_column_major_weights_and_group_major_scales():
     x[:3] = [40.0, 1e-6, -3.0]
     m = Machine(image, hw, "hardware")
     m.l2[:d.cols] = x
-    m.run([encode(Opcode.WGEMV, dst=1024, src=0, desc=d.index, accm=0, findemax=0, sparse=1, reuse=0, async_=0), halt],
+    m.run([encode(Opcode.WGEMV, dst=1024, src=0, desc=d.index, accm=0, findemax=0, sparse=1,
+                  reuse=0, mask=0, async_=0), halt],
           token=0, pos=0)
     assert m.counters.bytes_read["WEIGHTS"] == 2 * d.rows // 2 + d.rows * -(-d.cols // d.group) * 2
 
@@ -397,7 +400,7 @@ def test_wgemv_reuse_computes_with_the_engines_activations(arithmetic):
     load = [encode(Opcode.CTRL, func=CtrlFunc.SETVL, imm=q.cols)]
     x = np.random.default_rng(3).standard_normal(q.cols)
     gemv = lambda dst, d, reuse: encode(Opcode.WGEMV, dst=dst, src=0, desc=d.index, accm=0, findemax=0, sparse=0,
-                                        reuse=reuse, async_=0)
+                                        reuse=reuse, mask=0, async_=0)
     square = encode(Opcode.VEC, func=VecFunc.MUL, dst=0, a=0, b=0, s=0, async_=0)
     def machine():
         mm = Machine(image, hw, arithmetic, source=tensors if arithmetic == "reference" else None)

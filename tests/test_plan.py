@@ -48,7 +48,7 @@ def cvo(func, accm=0, recip_scale=0):
 
 def wgemv(desc, accm=0, findemax=0, sparse=0, reuse=0, async_=0):
     return insn(Opcode.WGEMV, dst=64, src=0, desc=desc.index, accm=accm, findemax=findemax, sparse=sparse,
-                reuse=reuse, async_=async_)
+                reuse=reuse, mask=0, async_=async_)
 
 
 def test_step_vocabulary_is_the_controllers():

@@ -97,6 +97,7 @@ class MatrixSequencer(Sequencer):
 
         st.checks_registered("WG", [
             (d.kind != DescKind.INT4, lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
+            (wg.mask, lambda: st.fail(ErrorCode.BAD_FUNCTION)),      # the engine has no row mask (gemv_row_mask)
             (d.cols == 0, lambda: st.fail(ErrorCode.BAD_LENGTH)),
             (~in_l2(hw, ws, d.cols), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
             (wg.sparse != (d.layout == 1), lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),

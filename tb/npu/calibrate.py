@@ -55,7 +55,7 @@ def micro_programs(image, hw: HardwareConfig) -> dict[str, list[int]]:
     progs["scalar_add"] = [encode(Opcode.SCALAR, func=ScalarFunc.ADD, d=1, a=1, b=2, imm=0)] * REPS
     progs["scalar_recip"] = [encode(Opcode.SCALAR, func=ScalarFunc.RECIP, d=1, a=3, b=0, imm=0)] * REPS
     def gemv(reuse):
-        return encode(Opcode.WGEMV, dst=128, src=0, desc=mat.index, accm=0, findemax=0, sparse=0, reuse=reuse,
+        return encode(Opcode.WGEMV, dst=128, src=0, desc=mat.index, accm=0, findemax=0, sparse=0, reuse=reuse, mask=0,
                       async_=0)
 
     progs["wgemv"] = [_ctrl(CtrlFunc.SETVL, 4)] + [gemv(0)] * REPS
@@ -88,7 +88,7 @@ def gemm_programs(image, hw: HardwareConfig) -> dict[str, list[int]]:
             progs[f"wgemm_{d.rows}x{d.cols}_t{t}"] = _wgemm_program(d, t)
             progs[f"wgemv_{d.rows}x{d.cols}_t{t}"] = load + [
                 encode(Opcode.WGEMV, dst=1024 + k * outs, src=k * ins, desc=d.index, accm=0, findemax=0, sparse=0,
-                       reuse=0, async_=0) for k in range(t)] + [halt]
+                       reuse=0, mask=0, async_=0) for k in range(t)] + [halt]
         progs[f"load_{d.rows}x{d.cols}"] = load + [halt]
     return progs
 

@@ -301,7 +301,7 @@ def hazard_programs(image, hw: HardwareConfig) -> list[tuple[str, list[int], tup
     setvl = lambda n: _ctrl(CtrlFunc.SETVL, n)
     vec = lambda f, dst, a, b=0: encode(Opcode.VEC, func=f, dst=dst, a=a, b=b, s=0, async_=0)
     wgemv = lambda dst, d, accm=0: encode(Opcode.WGEMV, dst=dst, src=0, desc=d.index, accm=accm, findemax=0,
-                                          sparse=0, reuse=0, async_=1)
+                                          sparse=0, reuse=0, mask=0, async_=1)
     dma = lambda d, region, l2, off: encode(Opcode.DMA, dir=d, region=region, l2=l2, offset=off, async_=0)
     # L2 words: x 0..15, A 64..95, B 128..159, C 192..223, D 256..287, E 320..321
     body = [
@@ -322,7 +322,7 @@ def hazard_programs(image, hw: HardwareConfig) -> list[tuple[str, list[int], tup
     ]
     halt = _ctrl(CtrlFunc.HALT)
     reuse = lambda dst, d: encode(Opcode.WGEMV, dst=dst, src=0, desc=d.index, accm=0, findemax=0, sparse=0,
-                                  reuse=1, async_=1)
+                                  reuse=1, mask=0, async_=1)
     wide = next(d for d in image.descriptors if d.kind == 0 and d.layout == 0 and d.cols == 128)
     held = [
         setvl(64), dma(DmaDir.DDR_TO_L2, DdrRegion.CONST, 0, 0),
@@ -360,7 +360,7 @@ def async_fault_programs(image, hw: HardwareConfig):
     at = bad.ddr_offset(bad.region("DESC")[0] + 32 * d.index, 8)
     bad.ddr[at:at + 8] = np.frombuffer((d.weight_offset + BAD_WEIGHT_OFFSET).to_bytes(8, "little"), np.uint8)
     wgemv = lambda dst, desc: encode(Opcode.WGEMV, dst=dst, src=0, desc=desc.index, accm=0, findemax=0,
-                                     sparse=0, reuse=0, async_=1)
+                                     sparse=0, reuse=0, mask=0, async_=1)
     head = [_ctrl(CtrlFunc.SETVL, 64), encode(Opcode.DMA, dir=DmaDir.DDR_TO_L2, region=DdrRegion.CONST, l2=0,
                                               offset=0, async_=0), wgemv(64, d)]
     halt = _ctrl(CtrlFunc.HALT)
@@ -495,7 +495,8 @@ def attention_programs(image, hw: HardwareConfig):
     q_inf = store(hd + 3, 0x7F80)                           # head 1's query element 3 = inf
     kv_w = cfg.num_key_value_heads * hd // 4
     qproj = next(d for d in img.descriptors if d.tensor == "layers.0.self_attn.q_proj.weight")
-    wgemv = encode(Opcode.WGEMV, dst=128, src=0, desc=qproj.index, accm=0, findemax=0, sparse=0, reuse=0, async_=1)
+    wgemv = encode(Opcode.WGEMV, dst=128, src=0, desc=qproj.index, accm=0, findemax=0, sparse=0,
+                   reuse=0, mask=0, async_=1)
     p = len(head)
     cases = [
         ("full attention over 1,101 positions, both KV heads", head + both + out(2 * group * hd) + [halt], None,
@@ -514,7 +515,8 @@ def attention_programs(image, hw: HardwareConfig):
         ("a window narrower than its ring", head + [shape(SHAPE_SLIDING, cfg.sliding_window - 1),
          attn(64, 0, slide, 0, SHAPE_SLIDING), halt], (ErrorCode.BAD_LENGTH, p + 1), 2),
     ]
-    reuse = encode(Opcode.WGEMV, dst=128, src=0, desc=qproj.index, accm=0, findemax=0, sparse=0, reuse=1, async_=1)
+    reuse = encode(Opcode.WGEMV, dst=128, src=0, desc=qproj.index, accm=0, findemax=0, sparse=0,
+                   reuse=1, mask=0, async_=1)
     cases.append(("WGEMV reuse after an ATTN (its GEMVs quantised into the engine)",
                   head + [setvl(64), wgemv, attn(64, 0, full, 1, SHAPE_FULL), reuse, halt],
                   (ErrorCode.BAD_LENGTH, p + 3), 9))
@@ -572,7 +574,7 @@ def gemm_programs(image, hw: HardwareConfig):
         setvl(832), dma(DmaDir.L2_TO_DDR, DdrRegion.SCRATCH, 512, 0),              # words 512..719
         wgemm(720, 0, o, 5),                             # 128 columns: two chunks; 720..799
         setvl(320), dma(DmaDir.L2_TO_DDR, DdrRegion.LOGITS, 720, 0),              # meets its rows
-        encode(Opcode.WGEMV, dst=800, src=0, desc=small.index, accm=0, findemax=0, sparse=0, reuse=0, async_=1),
+        encode(Opcode.WGEMV, dst=800, src=0, desc=small.index, accm=0, findemax=0, sparse=0, reuse=0, mask=0, async_=1),
         wgemm(802, 0, ragged.descriptors[table.index], 9, a=0),     # 13 rows, three token tiles: 802..837
         wgemm(838, 0, small, 1),
         setvl(160), dma(DmaDir.L2_TO_DDR, DdrRegion.SCRATCH, 800, 208),           # words 800..839
