@@ -88,11 +88,15 @@ def command_layout(cfg: HardwareConfig) -> data.StructLayout:
     ``group = 2**log2_group``. `accm` adds the result to the values streamed in on ``i_acc``. `sparse`: W is
     column-major (column k = ``rows/2`` bytes at ``wbase + k*rows/2``, rows 2i / 2i+1 in the low / high nibble;
     rows even, at most ``gemv_sparse_max_rows``), its scales group-major ``[ceil(cols/group), rows]`` at
-    `sbase`, and the columns of zero activations are never fetched."""
-    return data.StructLayout({
+    `sbase`, and the columns of zero activations are never fetched. `mask` (an engine with ``gemv_row_mask``):
+    only the rows the row mask written before the command marks live are fetched; the others read +0."""
+    fields = {
         "wbase": unsigned(cfg.axi_addr_bits), "sbase": unsigned(cfg.axi_addr_bits),
         "rows": unsigned(20), "cols": unsigned(16), "log2_group": unsigned(5), "accm": 1, "sparse": 1,
-    })
+    }
+    if cfg.gemv_row_mask:
+        fields["mask"] = 1
+    return data.StructLayout(fields)
 
 
 class SegmentMac(wiring.Component):

@@ -458,10 +458,12 @@ class Machine:
             self._err(ErrorCode.BAD_DESCRIPTOR, f"sparse WGEMV needs a column-major matrix ({d.tensor})")
         if not i.sparse and d.layout != 0:
             self._err(ErrorCode.BAD_DESCRIPTOR, f"dense WGEMV needs a row-major matrix ({d.tensor})")
-        if d.cols > self.hw.gemv_max_cols or (i.sparse and (d.rows > self.hw.gemv_sparse_max_rows or d.rows % 2)):
+        if d.cols > self.hw.gemv_max_cols or (i.sparse and (d.rows > self.hw.gemv_sparse_max_rows or d.rows % 2)) \
+                or (i.mask and d.rows > self.hw.gemv_max_cols):
             self._err(ErrorCode.BAD_LENGTH, f"WGEMV of {d.rows} x {d.cols} exceeds the GEMV engine (at most "
                                             f"{self.hw.gemv_max_cols} columns; sparse: an even number of rows, at "
-                                            f"most {self.hw.gemv_sparse_max_rows})")
+                                            f"most {self.hw.gemv_sparse_max_rows}; mask: at most "
+                                            f"{self.hw.gemv_max_cols} rows)")
         if i.reuse:
             self._vec(i.dst, d.rows)
             self.touched.pop()

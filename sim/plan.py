@@ -35,10 +35,11 @@ __all__ = ["Pass", "Engine", "Gemm", "Alu", "Step", "State", "plan", "wgemm_step
 # hdl.controller): strings, so that the model does not depend on the controller.
 SOURCES = ("L2", "PAIRS", "DDR", "REG", "PACK")
 B_SOURCES = ("NONE", "L2")
-SINKS = ("L2", "REG", "DDR", "DESC", "QUANT")
+SINKS = ("L2", "REG", "DDR", "DESC", "QUANT", "MASK")
 # What a pass costs like (firmware.perf.Rates: ``<kind>_pass``): "sfu" (the SFU's functions), "vec" (its short
 # path, element-wise: `hdl.sfu.SHORT_OPS` from L2), "reduce" (the short path to one result), "copy" (around the
-# SFU, L2 or a scalar into L2 or a scalar), "quant" (L2 -> the activation quantiser), "ddr_read", "ddr_write".
+# SFU, L2 or a scalar into L2 or a scalar), "quant" (L2 -> the activation quantiser or the GEMV engine's row
+# mask, four elements a cycle), "ddr_read", "ddr_write".
 PASS_KINDS = ("sfu", "vec", "reduce", "copy", "quant", "ddr_read", "ddr_write")
 
 _OPS = frozenset(op.name for op in SfuOp)
@@ -79,7 +80,7 @@ class Pass:
             return "ddr_write"
         if self.src == "DDR":
             return "ddr_read"
-        if self.sink == "QUANT":
+        if self.sink in ("QUANT", "MASK"):
             return "quant"
         if self.op is None:
             return "copy"
@@ -226,8 +227,8 @@ def _cvo(i, st, hw):
 def _wgemv(i, st, hw):
     d = st.desc
     steps = [DESC_LOAD] + ([] if i.reuse else [_quant(d.cols)])
-    if i.mask:          # the row mask's pass into the engine: one L2 element a row, as the quantiser's
-        steps.append(_quant(d.rows))
+    if i.mask:          # the row mask's pass into the engine: one L2 element a row
+        steps.append(Pass(None, "L2", "NONE", "MASK", d.rows))
     steps.append(Engine(d.rows, d.cols, bool(i.accm), bool(i.sparse)))
     if i.findemax:
         steps.append(Pass("REDUCE_MAX", "L2", "NONE", "REG", d.rows))

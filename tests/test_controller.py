@@ -362,3 +362,16 @@ def test_sequencers_on_other_configurations(hw):
     steps = check(MatrixSequencer, hw, Opcode.WGEMM, {"dst": 2000, "src": 0, "desc": 0, "tokens": 7, "accm": 0,
                                                       "async_": 1}, desc=_matrix(64, 128, group=hw.weight_group))
     assert sum(isinstance(s, Gemm) for s in steps) == -(-7 // hw.systolic_rows)
+
+
+def test_matrix_sequencer_masked_wgemv_sends_its_mask_first():
+    """WGEMV `mask` on a controller whose engine has the row mask: the MASK pass of d.rows elements from src,
+    then the engine's command (the plan of the ISS); without reuse it stops with BAD_FUNCTION."""
+    import dataclasses
+    masked = dataclasses.replace(TINY, gemv_row_mask=True)
+    fields = {"dst": 64, "src": 8, "desc": 0, "accm": 0, "findemax": 0, "sparse": 0, "reuse": 1, "mask": 1,
+              "async_": 0}
+    steps = check(MatrixSequencer, masked, Opcode.WGEMV, fields, desc=_matrix(24, 40), act_n=40)
+    assert [s.sink for s in steps if isinstance(s, Pass)] == ["MASK"]
+    word, _ = _insn(masked, Opcode.WGEMV, **{**fields, "reuse": 0})
+    assert run(MatrixSequencer(masked), word, desc=_matrix(24, 40))[1] == "BAD_FUNCTION"

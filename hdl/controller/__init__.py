@@ -227,6 +227,10 @@ class Controller(wiring.Component):
                 ready = Mux(sel, dst.ready, ready)
             m.d.comb += src.ready.eq(ready if u.packer is not None else Mux(qdst == QDst.PACK, 1, ready))
         m.d.comb += tr.i_gemm_tok.eq(eng.o_qtok)
+        if hw.gemv_row_mask:
+            connect(m, eng.o_mask, tr.i_gemv_mask)
+        else:
+            m.d.comb += eng.o_mask.ready.eq(1)          # no MASK pass runs (the WGEMV stops with BAD_FUNCTION)
         if u.packer is not None:
             connect(m, eng.o_pack, u.packer.i_cmd)
             connect(m, u.packer.o_elem, eng.i_pack)

@@ -58,6 +58,7 @@ class EngineTracker(wiring.Component):
     i_act_n : In(stream(cols))             the engine now holds `cols` activations (0: none reusable)
     i_gemv_act, i_gemv_exp, i_gemm_act, i_gemm_exp : In(stream)   the quantiser's words, routed by the top
     i_gemm_tok : In(range(systolic_rows))  the GEMM unit's token slot they fill
+    i_gemv_mask : In(stream)               the MASK pass's words (with ``gemv_row_mask``)
     o_hold : Out(hold_layout)              the rows not yet in L2
     o_idle : Out(1)                        no matrix runs and none is waiting to be taken by its unit
     o_failed : Out(1); o_code : Out(ErrorCode); o_pc : Out(PC_BITS)   an error of the last matrix, at its pc
@@ -87,6 +88,8 @@ class EngineTracker(wiring.Component):
         members["i_gemm_act"] = In(self._gemm.signature.members["i_act"].signature.flip())
         members["i_gemm_exp"] = In(self._gemm.signature.members["i_exp"].signature.flip())
         members["i_gemm_tok"] = In(self._gemm.signature.members["i_tok"].shape)
+        if hw.gemv_row_mask:
+            members["i_gemv_mask"] = In(self._gemv.signature.members["i_mask"].signature.flip())
         for p in range(hw.axi_ports):
             members[f"m_gemv{p}"] = Out(AxiReadSignature.from_config(hw))
         super().__init__(members)
@@ -105,6 +108,8 @@ class EngineTracker(wiring.Component):
         connect(m, wiring.flipped(self.i_gemv_exp), gemv.i_exp)
         connect(m, wiring.flipped(self.i_gemm_act), gemm.i_act)
         connect(m, wiring.flipped(self.i_gemm_exp), gemm.i_exp)
+        if hw.gemv_row_mask:
+            connect(m, wiring.flipped(self.i_gemv_mask), gemv.i_mask)
         m.d.comb += gemm.i_tok.eq(self.i_gemm_tok)
 
         is_gemm = Signal()            # the running matrix is a WGEMM tile (it has the weight ports)

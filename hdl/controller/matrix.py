@@ -79,6 +79,7 @@ class MatrixSequencer(Sequencer):
         m.d.comb += [job.cmd.wbase.eq(self._weights(d.weight_offset)), job.cmd.sbase.eq(self._weights(d.scale_offset)),
                      job.cmd.rows.eq(d.rows), job.cmd.cols.eq(d.cols), job.cmd.log2_group.eq(d.log2_group),
                      job.cmd.accm.eq(wg.accm), job.cmd.sparse.eq(wg.sparse),
+                     *([job.cmd.mask.eq(wg.mask)] if hw.gemv_row_mask else []),
                      job.lo.eq(wd), job.n.eq(d.rows), job.pc.eq(ctx.pc),
                      self.o_gemv.payload.eq(Mux(self.o_gemv.valid, job, 0))]
 
@@ -95,19 +96,26 @@ class MatrixSequencer(Sequencer):
             m.d.comb += [self.o_act_n.valid.eq(1), self.o_act_n.payload.eq(d.cols)]
             st.launch("WG_Q", bypass=1, n=d.cols, a=Src.L2, a_addr=ws, sink=Sink.QUANT, qdst=QDst.GEMV)
 
+        # WGEMV `mask` (an engine with a row mask only; with reuse, on a dense matrix): src names the mask, d.rows
+        # elements, which a MASK pass sends to the engine before its command
+        mask = wg.mask if hw.gemv_row_mask else 0
+        n_src = Mux(wg.mask, d.rows, d.cols)
         st.checks_registered("WG", [
             (d.kind != DescKind.INT4, lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
-            (wg.mask, lambda: st.fail(ErrorCode.BAD_FUNCTION)),      # the engine has no row mask (gemv_row_mask)
-            (d.cols == 0, lambda: st.fail(ErrorCode.BAD_LENGTH)),
-            (~in_l2(hw, ws, d.cols), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
+            (wg.mask & (wg.sparse | ~wg.reuse) if hw.gemv_row_mask else wg.mask,
+             lambda: st.fail(ErrorCode.BAD_FUNCTION)),
+            (n_src == 0, lambda: st.fail(ErrorCode.BAD_LENGTH)),
+            (~in_l2(hw, ws, n_src), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
             (wg.sparse != (d.layout == 1), lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
-            ((d.cols > hw.gemv_max_cols) | (wg.sparse & ((d.rows > hw.gemv_sparse_max_rows) | d.rows[0])),
-             lambda: st.fail(ErrorCode.BAD_LENGTH)),
+            ((d.cols > hw.gemv_max_cols) | (wg.sparse & ((d.rows > hw.gemv_sparse_max_rows) | d.rows[0])) |
+             (wg.mask & (d.rows > hw.gemv_max_cols)), lambda: st.fail(ErrorCode.BAD_LENGTH)),
             (d.rows == 0, lambda: st.fail(ErrorCode.BAD_LENGTH)),
             (~in_l2(hw, wd, d.rows), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
             (wg.reuse & (d.cols != eng.act_n), lambda: st.fail(ErrorCode.BAD_LENGTH)),
+            (mask, lambda: st.launch("WG_M", bypass=1, n=d.rows, a=Src.L2, a_addr=ws, sink=Sink.MASK)),
             (wg.reuse, run),
         ], quantise)
+        st.wait_pass("WG_M", run)
         with m.State("WG_Q"):
             with m.If(st.done()):
                 with m.If(self.i_done.payload.nonfinite):

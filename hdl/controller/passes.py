@@ -9,7 +9,8 @@ b operand    none, or ``L2`` (a second `ElemReader`)
 sinks        ``L2`` (an `ElemWriter`), ``REG`` (the last element: scalar results), ``DDR`` (a `DdrWriter`:
              binary32 or binary16), ``DESC`` (the words of a descriptor), ``QUANT`` (the activation quantiser,
              whose words go to ``qdst``: the GEMV engine, token slot ``qtok`` of the GEMM unit, or the KV packer;
-             always from ``L2`` around the SFU, four elements per cycle: the reader's beats)
+             always from ``L2`` around the SFU, four elements per cycle: the reader's beats), ``MASK`` (the GEMV
+             engine's row mask: per element a live bit, set unless it is ±0; from ``L2`` as ``QUANT``)
 ===========  ================================================================================================
 
 A sequencer sends a pass as one `pass_layout` command on ``i_cmd``; the engine takes it while it is idle or in
@@ -33,7 +34,7 @@ from ..l2 import LANES, WORD_BITS, ElemReader, ElemWriter, l2_geometry, write_la
 from ..quant import ActQuantizer, command_layout as quant_command_layout, pack_command_layout
 from ..sfu import REDUCE_OPS, SHORT_OPS, Sfu, SfuOp
 
-__all__ = ["Src", "BSrc", "Sink", "QDst", "pass_layout", "done_layout", "hold_layout", "L2ReadPort", "PassEngine"]
+__all__ = ["Src", "BSrc", "Sink", "QDst", "mask_layout", "pass_layout", "done_layout", "hold_layout", "L2ReadPort", "PassEngine"]
 
 
 class Src(enum.Enum, shape=3):
@@ -55,6 +56,7 @@ class Sink(enum.Enum, shape=3):
     DDR = 2
     DESC = 3
     QUANT = 4
+    MASK = 5          # the GEMV engine's row mask (WGEMV `mask`): a live bit per element that is not ±0
 
 
 class QDst(enum.Enum, shape=2):
@@ -62,6 +64,12 @@ class QDst(enum.Enum, shape=2):
     GEMV = 0          # the GEMV engine's activation memories (WGEMV, INT8 ATTN)
     GEMM = 1          # token slot ``qtok`` of the GEMM unit (WGEMM)
     PACK = 2          # the KV packer (INT8 KVST)
+
+
+def mask_layout(hw: HardwareConfig) -> data.StructLayout:
+    """A word of the GEMV engine's row mask: rows ``addr * LANES ..``, bit i set when row ``addr * LANES + i``
+    is live (`Sink.MASK`)."""
+    return data.StructLayout({"addr": range(hw.gemv_max_cols // LANES), "bits": LANES})
 
 
 def pass_layout(hw: HardwareConfig) -> data.StructLayout:
@@ -120,6 +128,7 @@ class PassEngine(wiring.Component):
     m_wr : Out(AxiWriteSignature)          the DdrWriter (DMA to DDR, KVST)
     o_act, o_exp : Out(stream)             the quantiser's words and exponents, for ``o_qdst`` / ``o_qtok``
     o_pack : Out(stream(pack_command_layout)); i_pack : In(stream(32))   the KV packer's reads (Src.PACK)
+    o_mask : Out(stream(mask_layout))      a MASK pass's live bits, a word of four elements per beat from 0 on
     o_desc : Out(DESCRIPTOR)               the words of the last DESC pass
     o_active, o_sfu, o_dma : Out(1)        a pass is held or runs / runs through the SFU / the DDR movers are busy
     """
@@ -141,6 +150,7 @@ class PassEngine(wiring.Component):
             "o_exp": Out(self._quant.signature.members["o_exp"].signature),
             "o_qdst": Out(QDst), "o_qtok": Out(range(hw.systolic_rows)),
             "o_pack": Out(stream.Signature(pack_command_layout())),
+            "o_mask": Out(stream.Signature(mask_layout(hw))),
             "i_pack": In(stream.Signature(unsigned(32))),
             "o_desc": Out(DESCRIPTOR),
             "o_active": Out(1), "o_sfu": Out(1), "o_dma": Out(1),
@@ -203,8 +213,10 @@ class PassEngine(wiring.Component):
                          pending.quant.eq(c.sink == Sink.QUANT), pending.pack.eq(c.a == Src.PACK)]
         self._commands(m, c, pending, units, wide, n_out, a_n)
         operands = self._operands(m, c, active, start, err, rd_a, rd_b, ddr_rd)
-        stage = self._stage(m, c, active, wide, operands, rd_a, rd_b, quant, sfu)
-        self._sinks_and_completion(m, c, active, start, done, pending, err, n_out, stage, wr, ddr_wr, quant)
+        mask_beats = Signal(range(hw.gemv_max_cols // LANES + 1))     # MASK: the beats sent (their words' address)
+        stage = self._stage(m, c, active, wide, operands, rd_a, rd_b, quant, sfu, mask_beats)
+        self._sinks_and_completion(m, c, active, start, done, pending, err, n_out, stage, wr, ddr_wr, quant,
+                                   mask_beats)
         m.d.comb += [self.o_sfu.eq(active & ~c.bypass), self.o_dma.eq(ddr_rd.o_busy | ddr_wr.o_busy)]
         return m
 
@@ -213,7 +225,7 @@ class PassEngine(wiring.Component):
                                                                        "sfu", "quant"))
         m.d.comb += [
             rd_a.i_cmd.valid.eq(pending.rd_a), rd_a.i_cmd.payload.addr.eq(c.a_addr),
-            rd_a.i_beats.eq((c.sink == Sink.QUANT) | wide), rd_a.i_cmd.payload.n.eq(a_n),
+            rd_a.i_beats.eq((c.sink == Sink.QUANT) | (c.sink == Sink.MASK) | wide), rd_a.i_cmd.payload.n.eq(a_n),
             rd_b.i_cmd.valid.eq(pending.rd_b), rd_b.i_cmd.payload.addr.eq(c.b_addr),
             rd_b.i_cmd.payload.n.eq(c.n), rd_b.i_beats.eq(wide),
             ddr_rd.i_cmd.valid.eq(pending.ddr_rd), ddr_rd.i_cmd.payload.addr.eq(c.ddr_addr),
@@ -276,7 +288,7 @@ class PassEngine(wiring.Component):
                              rd_b.o_elem.ready.eq(b_ready)]
         return a_valid, a_data, a_ready, b_valid, b_data, b_ready
 
-    def _stage(self, m, c, active, wide, operands, rd_a, rd_b, quant, sfu):
+    def _stage(self, m, c, active, wide, operands, rd_a, rd_b, quant, sfu, mask_beats):
         """One register between the operands and the SFU or the quantiser; then the SFU or the bypass.
 
         A beat is either the readers' (four elements: the quantiser's passes and the wide passes; b from the
@@ -289,15 +301,26 @@ class PassEngine(wiring.Component):
         st_v = Signal()
         st_ready, st_in_v = Signal(), Signal()
         st_in = Signal.like(st)
-        m.d.comb += [st_ready.eq(~st_v | Mux(c.sink == Sink.QUANT, quant.i_beat.ready, sfu.i_data.ready)),
+        to_mask = c.sink == Sink.MASK
+        m.d.comb += [st_ready.eq(~st_v | Mux(c.sink == Sink.QUANT, quant.i_beat.ready,
+                                             Mux(to_mask, self.o_mask.ready, sfu.i_data.ready))),
                      quant.i_beat.valid.eq(st_v), quant.i_beat.payload.data.eq(st.a.as_value()),
                      quant.i_beat.payload.n.eq(st.n),
-                     sfu.i_data.valid.eq(st_v & (c.sink != Sink.QUANT)), sfu.i_data.payload.eq(st)]
+                     sfu.i_data.valid.eq(st_v & (c.sink != Sink.QUANT) & ~to_mask), sfu.i_data.payload.eq(st)]
+        # MASK: the beat's live bits (an element that is not ±0; the lanes past the beat's count are not live),
+        # addressed by the beats sent since the pass started
+        maddr = mask_beats
+        m.d.comb += [self.o_mask.valid.eq(st_v & to_mask), self.o_mask.payload.addr.eq(maddr),
+                     self.o_mask.payload.bits.eq(Cat(*[(st.n > j) & st.a[j][:31].any() for j in range(LANES)]))]
+        with m.If(~active):
+            m.d.sync += maddr.eq(0)
+        with m.Elif(self.o_mask.valid & self.o_mask.ready):
+            m.d.sync += maddr.eq(maddr + 1)
         with m.If(st_ready):
             m.d.sync += [st_v.eq(st_in_v & active), st.eq(st_in)]
         a_beat, b_beat = rd_a.o_beat, rd_b.o_beat
         b_wide = c.b == BSrc.L2
-        with m.If(wide | (c.sink == Sink.QUANT)):
+        with m.If(wide | (c.sink == Sink.QUANT) | to_mask):
             m.d.comb += [st_in_v.eq(a_beat.valid & (~b_wide | b_beat.valid)), st_in.a.eq(a_beat.payload.data),
                          st_in.n.eq(a_beat.payload.n),
                          a_beat.ready.eq(st_ready & (~b_wide | b_beat.valid)),
@@ -317,7 +340,8 @@ class PassEngine(wiring.Component):
                          sfu.o_data.ready.eq(s_ready)]
         return s_valid, s_y, s_n, s_ready
 
-    def _sinks_and_completion(self, m, c, active, start, done, pending, err, n_out, stage, wr, ddr_wr, quant):
+    def _sinks_and_completion(self, m, c, active, start, done, pending, err, n_out, stage, wr, ddr_wr, quant,
+                              mask_beats):
         s_valid, s_y, s_n, s_ready = stage
         s_last = Signal(32)                        # the last element of the beat (scalar results)
         with m.Switch(s_n):
@@ -369,6 +393,8 @@ class PassEngine(wiring.Component):
                 m.d.comb += finished.eq(seen.quant)
             with m.Case(Sink.REG, Sink.DESC):
                 m.d.comb += finished.eq(sunk == n_out)
+            with m.Case(Sink.MASK):
+                m.d.comb += finished.eq(mask_beats == (n_out + LANES - 1) >> ceil_log2(LANES))
         with m.If(active & ~start & finished & (pending.as_value() == 0)):
             m.d.sync += active.eq(0)
             m.d.comb += done.eq(1)
