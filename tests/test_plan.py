@@ -88,7 +88,7 @@ def test_steps_check_their_fields():
         Pass(None, "SRAM", "NONE", "L2", 1)
     with pytest.raises(ValueError, match=r"Pass.b must be one of NONE, L2, not 'DDR'"):
         Pass("ADD", "L2", "DDR", "L2", 1)
-    with pytest.raises(ValueError, match=r"Pass.sink must be one of L2, REG, DDR, DESC, QUANT, not 'PACK'"):
+    with pytest.raises(ValueError, match=r"Pass.sink must be one of L2, REG, DDR, DESC, QUANT, MASK, not 'PACK'"):
         Pass(None, "L2", "NONE", "PACK", 1)
     with pytest.raises(ValueError, match=r"Pass.n must be a positive integer, not 0"):
         Pass(None, "L2", "NONE", "L2", 0)
