@@ -44,7 +44,7 @@ Dataflow (docs/gemv.md has the full design and the measurements)::
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -54,6 +54,7 @@ from .axi import AxiReadDma, AxiReadSignature, read_command_layout, read_data_la
 from .config import HardwareConfig, ceil_log2
 from .fp import INT_SCALE_MAX_BITS, NEG_ZERO, FpAdd, FpLdexp, IntScaleMul, check_int_scale_bits, rejecting
 from .l2 import one_hot_mux
+from .rowmask import MASK_LANES, RowGather, mask_layout
 
 __all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "PartAccumulator",
            "GemvPort", "SparsePort", "EnginePort", "GemvEngine"]
@@ -272,7 +273,8 @@ class CommandDecoder(wiring.Component):
                 nsum.eq(i.cols + (Const(1, 17) << i_lseg) - 1),
                 gsum.eq(i.cols + (Const(1, 32) << i.log2_group)[:17] - 1),
                 bad1.eq((i.rows == 0) | (i.cols == 0) | (i.cols > self._max_cols) |
-                        (i.sparse & (i.rows[0] | (i.rows > self._max_rows))) | (i.log2_group > 16)),
+                        (i.sparse & (i.rows[0] | (i.rows > self._max_rows))) | (i.log2_group > 16) |
+                        ((i.mask & (i.sparse | (i.rows > cfg.gemv_max_cols))) if cfg.gemv_row_mask else 0)),
             ]
         # Step 2: the counts and the fields derived from the registered command.
         lg = c.log2_group
@@ -415,7 +417,17 @@ def _port_members(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dict
         "i_exp_e": In(signed(EXP_BITS)),
         "o_res": Out(stream.Signature(unsigned(32))),
         "o_idle": Out(1), "o_error": Out(1),
+        **({"i_mask_en": In(1), "i_mask_addr": In(range(cfg.gemv_max_cols // MASK_LANES)),
+            "i_mask_bits": In(MASK_LANES), "i_gather": In(1), "o_gather_busy": Out(1)}
+           if cfg.gemv_row_mask else {}),
     }
+
+
+def _mask_share(cfg: HardwareConfig) -> int:
+    """The most rows of one port's share of a masked command (the sparse mode's row split of
+    ``gemv_max_cols`` rows)."""
+    W, N = cfg.weights_per_beat, cfg.axi_ports
+    return -(-cfg.gemv_max_cols // (N * W)) * W
 
 
 def _datapath_members(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dict:
@@ -455,6 +467,13 @@ class GemvPort(wiring.Component):
     fp : Out(part signature): the port's `PartAccumulator` (isum, scale, addend y; the sum back)
     o_res : Out(stream(32)): this port's row results, in its row order
     o_idle : Out(1)
+    i_rows : In(20): the rows the port works out its tiles from (the command's; masked: its gathered rows as
+        if they were its tiles of a command, `EnginePort`)
+    o_idx_addr : Out; i_idx : In (``gemv_row_mask``): the gathered rows' index memory (`RowGather`)
+
+    With `mask` (``dec.cmd.mask``) its tiles are its gathered rows, T at a time: a scale transfer per row and
+    each row's chunks at the row's own address (`_masked_sequencer`); the bank's scales then keep a whole
+    number of beats per row.
     """
 
     def __init__(self, cfg: HardwareConfig, index: int, *, max_cols: int, max_segments: int, tile_rows: int):
@@ -463,7 +482,12 @@ class GemvPort(wiring.Component):
         W = cfg.weights_per_beat
         # A chunk holds whole activation blocks (so whole segments) and is at least one full burst.
         self._chunk_beats = max(cfg.axi_max_burst_beats, cfg.act_block // W, 1)
-        super().__init__(_datapath_members(cfg, max_cols, max_segments))
+        members = _datapath_members(cfg, max_cols, max_segments)
+        members["i_rows"] = In(20)
+        if cfg.gemv_row_mask:
+            members["o_idx_addr"] = Out(range(_mask_share(cfg)))
+            members["i_idx"] = In(range(cfg.gemv_max_cols))
+        super().__init__(members)
 
     # Bank states: FREE -> FILLING (front end) -> FULL (last isum written) -> FREE (back end done).
     FREE, FILLING, FULL = 0, 1, 2
@@ -481,7 +505,7 @@ class GemvPort(wiring.Component):
         m.submodules.isum_mem = isum_mem = Memory(shape=signed(cfg.segment_sum_bits), depth=2 * T * S, init=[])
         isum_w, isum_r = isum_mem.write_port(), isum_mem.read_port()
         hpw = B // 2                                # binary16 scales per beat
-        swords = max(1, T * S // hpw)
+        swords = max(1, T * -(-S // hpw))          # masked: a whole number of beats per row
         m.submodules.scale_mem = scale_mem = Memory(shape=unsigned(8 * B), depth=2 * swords, init=[])
         scale_w, scale_r = scale_mem.write_port(), scale_mem.read_port()
 
@@ -503,14 +527,26 @@ class GemvPort(wiring.Component):
         m.d.sync += [nch_m1.eq(((d.nwb + self._chunk_beats - 1) >> ceil_log2(self._chunk_beats)) - 1),
                      nwb_m1.eq(d.nwb - 1)]
 
-        seq_active = self._tile_sequencer(m, g2, nch_m1)
+        seq_cmd = stream.Signature(read_command_layout(cfg.axi_addr_bits, LEN_BITS)).create()
+        seq_active = self._tile_sequencer(m, g2, nch_m1, seq_cmd)
+        if cfg.gemv_row_mask:
+            msk_cmd = stream.Signature(read_command_layout(cfg.axi_addr_bits, LEN_BITS)).create()
+            msk_active = self._masked_sequencer(m, g2, nch_m1, msk_cmd)
+            masked = d.cmd.mask
+            m.d.comb += [self.dma_cmd.valid.eq(Mux(masked, msk_cmd.valid, seq_cmd.valid)),
+                         self.dma_cmd.p.eq(Mux(masked, msk_cmd.p, seq_cmd.p)),
+                         seq_cmd.ready.eq(self.dma_cmd.ready & ~masked), msk_cmd.ready.eq(self.dma_cmd.ready & masked)]
+            seq_active = seq_active | msk_active
+        else:
+            m.d.comb += [self.dma_cmd.valid.eq(seq_cmd.valid), self.dma_cmd.p.eq(seq_cmd.p),
+                         seq_cmd.ready.eq(self.dma_cmd.ready)]
         fe_active = self._front_end(m, g2, nch_m1, nwb_m1, banks, isum_w, scale_w, swords)
         be_active, reserved = self._back_end(m, banks, isum_r, scale_r, hpw, swords)
         m.d.comb += self.o_idle.eq(~seq_active & ~fe_active & ~be_active & (reserved == 0) &
                                    (bank_state[0] == self.FREE) & (bank_state[1] == self.FREE) & ~self.i_dma_busy)
         return m
 
-    def _tile_sequencer(self, m, g2, nch_m1):
+    def _tile_sequencer(self, m, g2, nch_m1, cmd):
         """The DMA commands. Per tile: the scales (one transfer), then the rows in chunks of `chunk_beats`,
         round-robin over the tile's rows (chunk 0 of rows 0..T-1, chunk 1 of rows 0..T-1, ...), so that the
         back end can start on a tile's first segments while its last chunks are still arriving. Every field
@@ -525,7 +561,7 @@ class GemvPort(wiring.Component):
         p = self._index
         CB = self._chunk_beats
         CBB = CB * B                                 # bytes per chunk
-        rows = d.cmd.rows
+        rows = self.i_rows
         seq_active = Signal()
         seq_left = Signal(signed(22))                # rows left from this tile on
         seq_scale = Signal()                         # the scale transfer comes next
@@ -553,7 +589,6 @@ class GemvPort(wiring.Component):
         m.d.sync += [seq_toff.eq(d.rowbytes * (p * T)), seq_soff.eq(g2 * (p * T)), seq_load.eq(self.i_start)]
         with m.If(seq_settle != 0):
             m.d.sync += seq_settle.eq(seq_settle - 1)
-        cmd = self.dma_cmd
         m.d.comb += cmd.valid.eq(seq_active & (~seq_scale | (seq_settle == 0)))
         with m.If(seq_scale):
             m.d.comb += [cmd.p.addr.eq(seq_saddr), cmd.p.nbytes.eq(seq_snb)]
@@ -561,7 +596,8 @@ class GemvPort(wiring.Component):
             m.d.comb += [cmd.p.addr.eq(seq_caddr), cmd.p.nbytes.eq(Mux(seq_full, CBB, seq_rem))]
         with m.If(self.i_start):
             left = rows.as_signed() - p * T
-            m.d.sync += [seq_left.eq(left), seq_active.eq(left > 0), seq_scale.eq(1), seq_settle.eq(2),
+            run = (left > 0) & ~d.cmd.mask if cfg.gemv_row_mask else left > 0     # masked: `_masked_sequencer`
+            m.d.sync += [seq_left.eq(left), seq_active.eq(run), seq_scale.eq(1), seq_settle.eq(2),
                          seq_tile.eq(d.cmd.wbase), seq_saddr.eq(d.cmd.sbase)]
         with m.Elif(seq_load):
             m.d.sync += [seq_tile.eq(seq_tile + seq_toff), seq_saddr.eq(seq_saddr + seq_soff)]
@@ -584,6 +620,80 @@ class GemvPort(wiring.Component):
                 m.d.sync += [seq_trem.eq(seq_trem - 1), seq_caddr.eq(seq_caddr + d.rowbytes)]
         return seq_active
 
+    def _masked_sequencer(self, m, g2, nch_m1, cmd):
+        """The DMA commands of a masked command: the port's gathered rows (`i_idx`, in row order), T a tile.
+        Per tile the rows' indices are read into a table of their weight and scale offsets (``idx *
+        rowbytes``, ``idx * g2``), then come a scale transfer per row (`g2` bytes) and the rows' chunks,
+        round-robin over the tile's rows as `_tile_sequencer` sends them, each at its row's address. The
+        gathered rows are ``i_rows``'s tiles (`EnginePort`). Returns the sequencer's active flag."""
+        cfg, T = self._cfg, self._T
+        B = cfg.bytes_per_beat
+        d = self.dec
+        ab = cfg.axi_addr_bits
+        CBB = self._chunk_beats * B
+        lT, lNT = ceil_log2(T), ceil_log2(T * cfg.axi_ports)
+        share = _mask_share(cfg)
+        # the gathered rows: i_rows is their tiles as a command's (q whole tiles of this port, then r rows)
+        count = Cat(self.i_rows[:lT], self.i_rows[lNT:])
+        roff = Array(Signal(ab, name=f"mk_roff{t}") for t in range(T))
+        soff = Array(Signal(ab, name=f"mk_soff{t}") for t in range(T))
+        left = Signal(range(share + 1))              # gathered rows from this tile on
+        base = Signal(range(share + T))              # the tile's first gathered row
+        trows = Signal(range(T + 1))
+        f = Signal(range(T + 2))                     # the table's fill: the next index read
+        st1, st2 = Signal(), Signal()                # an index (then its products) on its way to the table
+        t1, t2 = Signal(range(T)), Signal(range(T))
+        pr, ps = Signal(ab), Signal(ab)
+        t = Signal(range(T))
+        c = Signal.like(nch_m1)
+        rb = Signal(ab)                              # the round's chunk base: wbase + c * CBB
+        rem = Signal(16)                             # the row's bytes from the round's chunk on
+        full = Signal()
+        m.d.comb += self.o_idx_addr.eq(base + f)
+        m.d.sync += [st1.eq(0), st2.eq(st1), t2.eq(t1), pr.eq(self.i_idx * d.rowbytes), ps.eq(self.i_idx * g2)]
+        with m.If(st2):
+            m.d.sync += [roff[t2].eq(pr), soff[t2].eq(ps)]
+        active = Signal()
+        with m.FSM(name="masked_seq"):
+            with m.State("IDLE"):
+                with m.If(self.i_start & d.cmd.mask & (count != 0)):
+                    m.d.sync += [left.eq(count), base.eq(0)]
+                    m.next = "TILE"
+            with m.State("TILE"):
+                m.d.comb += active.eq(1)
+                m.d.sync += [trows.eq(Mux(left < T, left, T)), f.eq(0)]
+                m.next = "FILL"
+            with m.State("FILL"):
+                m.d.comb += active.eq(1)
+                with m.If(f < trows):
+                    m.d.sync += [f.eq(f + 1), st1.eq(1), t1.eq(f)]
+                with m.Elif(~st1 & ~st2):
+                    m.d.sync += t.eq(0)
+                    m.next = "SCALES"
+            with m.State("SCALES"):
+                m.d.comb += [active.eq(1), cmd.valid.eq(1), cmd.p.addr.eq(d.cmd.sbase + soff[t]),
+                             cmd.p.nbytes.eq(g2)]
+                with m.If(cmd.ready):
+                    m.d.sync += t.eq(t + 1)
+                    with m.If(t == trows - 1):
+                        m.d.sync += [t.eq(0), c.eq(0), rb.eq(d.cmd.wbase), rem.eq(d.rowbytes),
+                                     full.eq(d.rowbytes > CBB)]
+                        m.next = "CHUNKS"
+            with m.State("CHUNKS"):
+                m.d.comb += [active.eq(1), cmd.valid.eq(1), cmd.p.addr.eq(rb + roff[t]),
+                             cmd.p.nbytes.eq(Mux(full, CBB, rem))]
+                with m.If(cmd.ready):
+                    m.d.sync += t.eq(t + 1)
+                    with m.If(t == trows - 1):
+                        m.d.sync += [t.eq(0), c.eq(c + 1), rb.eq(rb + CBB), rem.eq(rem - CBB),
+                                     full.eq(rem > 2 * CBB)]
+                        with m.If(c == nch_m1):
+                            m.d.sync += [left.eq(left - trows), base.eq(base + T)]
+                            m.next = "TILE"
+                            with m.If(left == trows):
+                                m.next = "IDLE"
+        return active
+
     def _front_end(self, m, g2, nch_m1, nwb_m1, banks, isum_w, scale_w, swords):
         """Takes the DMA data: a tile's scale beats into its bank, then its weight beats through the
         `SegmentMac` (against the activation words), whose segment sums go to the tile's isum bank. Claims a
@@ -597,7 +707,7 @@ class GemvPort(wiring.Component):
         p = self._index
         CB = self._chunk_beats
         lCB = ceil_log2(CB)
-        rows = d.cmd.rows
+        rows = self.i_rows
         bank_state, bank_rows, bank_rounds = banks
         fe_active = Signal()
         fe_left = Signal(signed(22))
@@ -618,7 +728,12 @@ class GemvPort(wiring.Component):
         # its bank until they have settled (`fe_settle` cycles after fe_left changes).
         trows_m, prod = Signal.like(fe_trows), Signal(len(fe_trows) + len(g2))
         nsb_m1 = Signal(range(T * S + 2))
-        m.d.sync += [trows_m.eq(fe_trows), prod.eq(trows_m * g2), nsb_m1.eq(((prod + B - 1) >> ceil_log2(B)) - 1)]
+        # masked: each row's scales are a transfer of their own, so a whole number of beats (g2 rounded up)
+        g2eff = Signal.like(g2)
+        m.d.sync += g2eff.eq(Mux(d.cmd.mask, ((g2 + B - 1) >> ceil_log2(B)) << ceil_log2(B), g2)
+                             if cfg.gemv_row_mask else g2)
+        m.d.sync += [trows_m.eq(fe_trows), prod.eq(trows_m * g2eff),
+                     nsb_m1.eq(((prod + B - 1) >> ceil_log2(B)) - 1)]
         fe_settle = Signal(2)
         with m.If(fe_settle != 0):
             m.d.sync += fe_settle.eq(fe_settle - 1)
@@ -736,7 +851,7 @@ class GemvPort(wiring.Component):
         be_s = Signal(range(S + 1))
         be_t = Signal(range(T))
         be_trows = Signal(range(T + 1))
-        be_gbase = Signal(range(T * S + 1))          # t * groups
+        be_gbase = Signal(range(T * (S + hpw) + 1))  # t * groups (masked: t * the groups' whole beats)
         be_g = Signal.like(be_s)                     # be_s >> gshift: the segment's group
         full = Mux(be_bank, bank_state[1], bank_state[0]) != self.FREE     # filling or full: may start
         rounds = Mux(be_bank, bank_rounds[1], bank_rounds[0])
@@ -749,6 +864,10 @@ class GemvPort(wiring.Component):
         spc = Signal(range(32))
         be_nseg_m1 = Signal.like(d.nseg)
         m.d.sync += [spc.eq(lCB + ceil_log2(W) - d.lseg), be_nseg_m1.eq(d.nseg - 1)]
+        # a row's scale halfwords in the bank: the row's groups; masked, its whole beats of them
+        gstride = Signal.like(d.groups)
+        m.d.sync += gstride.eq(Mux(d.cmd.mask, ((d.groups + hpw - 1) >> ceil_log2(hpw)) << ceil_log2(hpw), d.groups)
+                               if cfg.gemv_row_mask else d.groups)
         with m.If(Mux(be_bank, bank_state[1], bank_state[0]) == self.FULL):
             m.d.sync += seg_ready.eq(d.nseg)
         with m.Else():
@@ -765,7 +884,7 @@ class GemvPort(wiring.Component):
             m.d.sync += [be_active.eq(1), be_s.eq(0), be_g.eq(0), be_t.eq(0), be_gbase.eq(0),
                          be_trows.eq(Mux(be_bank, bank_rows[1], bank_rows[0]))]
         # Issue stage: read isum, scale, exponent.
-        sidx = Signal(range(2 * T * S + 1))
+        sidx = Signal(range(2 * T * (S + hpw) + 1))
         m.d.comb += [
             sidx.eq(be_gbase + be_g),
             isum_r.addr.eq(Cat(be_s[:lS], be_t, be_bank)),
@@ -776,7 +895,7 @@ class GemvPort(wiring.Component):
         m.d.comb += issue.eq(be_active & (be_s < seg_ready))
         first, last = be_s == 0, be_s == be_nseg_m1
         with m.If(issue):
-            m.d.sync += [be_t.eq(be_t + 1), be_gbase.eq(be_gbase + d.groups)]
+            m.d.sync += [be_t.eq(be_t + 1), be_gbase.eq(be_gbase + gstride)]
             with m.If(be_t == T - 1):
                 m.d.sync += [be_t.eq(0), be_gbase.eq(0), be_s.eq(be_s + 1), be_g.eq((be_s + 1) >> d.gshift)]
                 with m.If(last):
@@ -1229,6 +1348,10 @@ class EnginePort(wiring.Component):
         for dp in (dense, sparse):
             m.d.comb += [dp.i_dma_busy.eq(dma.o_busy), dp.i_act_data.eq(act_r.data), dp.dma_data.p.eq(dma.o_data.p),
                          dp.fp.sum.eq(part.o_sum)]
+        if cfg.gemv_row_mask:
+            self._row_mask(m, dense)
+        else:
+            m.d.comb += dense.i_rows.eq(self.dec.cmd.rows)
         m.d.comb += [
             dense.i_start.eq(self.i_start & ~sp), sparse.i_start.eq(self.i_start & sp),
             # DMA commands and memory reads from the running datapath.
@@ -1251,6 +1374,24 @@ class EnginePort(wiring.Component):
             self.o_idle.eq(dense.o_idle & sparse.o_idle),
         ]
         return m
+
+    def _row_mask(self, m, dense):
+        """The port's copy of the row mask and its gather (`RowGather`) of the live rows of its share, rows
+        ``p * prow ..`` (``i_gather``); the dense datapath then runs them as its tiles: ``q`` whole tiles and
+        ``r`` rows of ``count = q * T + r`` read as the rows ``q * N * T + p * T + r`` of a command."""
+        cfg, p, T, N = self._cfg, self._index, self._T, self._cfg.axi_ports
+        d = self.dec
+        m.submodules.gather = g = RowGather(cfg.gemv_max_cols, _mask_share(cfg))
+        lo = Signal(21)
+        m.d.comb += [g.i_mask_en.eq(self.i_mask_en), g.i_mask_addr.eq(self.i_mask_addr),
+                     g.i_mask_bits.eq(self.i_mask_bits), g.i_start.eq(self.i_gather),
+                     lo.eq(d.prow * p), g.i_lo.eq(Mux(lo < d.cmd.rows, lo, d.cmd.rows)),
+                     g.i_hi.eq(Mux(lo + d.prow < d.cmd.rows, lo + d.prow, d.cmd.rows)),
+                     self.o_gather_busy.eq(g.o_busy),
+                     g.i_idx_addr.eq(dense.o_idx_addr), dense.i_idx.eq(g.o_idx)]
+        count, lT = g.o_count, ceil_log2(T)
+        rows = Cat(count[:lT], Const(p, ceil_log2(N)), count[lT:])
+        m.d.comb += dense.i_rows.eq(Mux(d.cmd.mask, rows, d.cmd.rows))
 
 
 class GemvEngine(wiring.Component):
@@ -1297,6 +1438,8 @@ class GemvEngine(wiring.Component):
             "o_y": Out(stream.Signature(unsigned(32))),
             "o_busy": Out(1), "o_error": Out(1), "o_bad_cmd": Out(1),
         }
+        if cfg.gemv_row_mask:
+            members["i_mask"] = In(stream.Signature(mask_layout(cfg.gemv_max_cols)))
         for p in range(cfg.axi_ports):
             members[f"m_axi{p}"] = Out(AxiReadSignature.from_config(cfg))
         super().__init__(members)
@@ -1345,6 +1488,9 @@ class GemvEngine(wiring.Component):
                 port.i_exp_en.eq(self.i_exp.valid), port.i_exp_addr.eq(self.i_exp.p.addr),
                 port.i_exp_e.eq(self.i_exp.p.e),
             ]
+            if cfg.gemv_row_mask:
+                m.d.comb += [port.i_mask_en.eq(self.i_mask.valid), port.i_mask_addr.eq(self.i_mask.p.addr),
+                             port.i_mask_bits.eq(self.i_mask.p.bits)]
         m.d.comb += [self.i_act.ready.eq(1), self.i_exp.ready.eq(1)]
         m.d.comb += self.o_error.eq(Cat(*[p.o_error for p in ports]).any())
 
@@ -1362,15 +1508,30 @@ class GemvEngine(wiring.Component):
                 m.d.sync += [self.o_bad_cmd.eq(1), busy.eq(0)]
             with m.Else():
                 m.d.comb += start.eq(1)
-        for port in ports:
-            m.d.comb += port.i_start.eq(start)
+        # masked: the ports gather their live rows first, then start
+        masked = dec.o_cmd.mask if cfg.gemv_row_mask else 0
+        gathering = Signal()
+        if cfg.gemv_row_mask:
+            m.d.comb += self.i_mask.ready.eq(1)
+            gathered = gathering & ~Cat(*[p.o_gather_busy for p in ports]).any()
+            with m.If(start & masked):
+                m.d.sync += gathering.eq(1)
+            with m.If(gathered):
+                m.d.sync += gathering.eq(0)
+            for port in ports:
+                m.d.comb += [port.i_gather.eq(start & masked), port.i_start.eq(Mux(masked, gathered, start))]
+        else:
+            for port in ports:
+                m.d.comb += port.i_start.eq(start)
 
-        # Merge in row order: dense, tile j comes from port j mod N (T rows); sparse, port p holds rows
-        # p * prow .. (p + 1) * prow - 1.
+        # Merge in row order: dense, tile j comes from port j mod N (T rows); sparse and masked, port p holds
+        # rows p * prow .. (p + 1) * prow - 1 (masked: the live ones; a row the mask skips reads +0).
         out_left = Signal(21)         # rows not yet issued to the output adder
         mt_port = Signal(range(N))
-        mt_cnt = Signal(range(max(T, cfg.gemv_sparse_max_rows // N)))
-        mt_len = Mux(sparse, dec.o_prow, T)
+        mt_cnt = Signal(range(max(T, cfg.gemv_sparse_max_rows // N, _mask_share(cfg) if cfg.gemv_row_mask else 1)))
+        mt_len = Mux(sparse | masked, dec.o_prow, T)
+        merged = Signal()             # a row leaves the merge
+        live, mask_ok = self._merge_mask(m, start, merged, masked) if cfg.gemv_row_mask else (Const(1), Const(1))
         fadd = FpAdd()
         m.submodules.accm_add = fadd
         m.submodules.out = out = fifo.SyncFIFOBuffered(width=32, depth=fadd.latency + 4)
@@ -1381,23 +1542,53 @@ class GemvEngine(wiring.Component):
             with m.If(mt_port == k):
                 m.d.comb += [head_valid.eq(port.o_res.valid), head_data.eq(port.o_res.p)]
         accm = dec.o_cmd.accm
-        can = (out_left != 0) & head_valid & (~accm | self.i_acc.valid) & (out.level + inflight < out.depth)
+        can = (out_left != 0) & (head_valid | ~live) & mask_ok & (~accm | self.i_acc.valid) & \
+            (out.level + inflight < out.depth)
         for k, port in enumerate(ports):
-            m.d.comb += port.o_res.ready.eq(can & (mt_port == k))
+            m.d.comb += port.o_res.ready.eq(can & live & (mt_port == k))
         m.d.comb += [self.i_acc.ready.eq(can & accm), fadd.en.eq(1), fadd.i_valid.eq(can),
-                     fadd.i_a.eq(Mux(accm, self.i_acc.p, NEG_ZERO)), fadd.i_b.eq(head_data),
+                     fadd.i_a.eq(Mux(accm, self.i_acc.p, NEG_ZERO)), fadd.i_b.eq(Mux(live, head_data, 0)),
                      out.w_en.eq(fadd.o_valid), out.w_data.eq(fadd.o_y)]
         m.d.sync += inflight.eq(inflight + can - fadd.o_valid)
+        m.d.comb += merged.eq(can)
         with m.If(start):
             m.d.sync += [out_left.eq(dec.o_cmd.rows), mt_port.eq(0), mt_cnt.eq(0)]
         with m.Elif(can):
             m.d.sync += [out_left.eq(out_left - 1), mt_cnt.eq(mt_cnt + 1)]
             with m.If(mt_cnt == mt_len - 1):
                 m.d.sync += [mt_cnt.eq(0), mt_port.eq(Mux(mt_port == N - 1, 0, mt_port + 1))]
-        done = (out_left == 0) & (inflight == 0) & ~start & ~decoding & ~checking & \
+        done = (out_left == 0) & (inflight == 0) & ~start & ~decoding & ~checking & ~gathering & \
             Cat(*[p.o_idle for p in ports]).all()
         with m.If(busy & ~decoding & done):
             m.d.sync += busy.eq(0)
         m.d.comb += [self.o_y.valid.eq(out.r_rdy), self.o_y.p.eq(out.r_data), out.r_en.eq(self.o_y.ready)]
         m.d.comb += self.o_busy.eq(busy)
         return m
+
+    def _merge_mask(self, m, start, merged, masked):
+        """The merge's copy of the row mask, read a word ahead of the row it is at (`merged`: the row leaves):
+        returns (the row is live, the mask is ready), both 1 for a command without `mask`. The first word is
+        read in the two cycles after `start`; every later one from the cycle the merge enters the word before
+        it, at least four rows (cycles) before it is needed."""
+        cfg = self._cfg
+        L, lL = MASK_LANES, ceil_log2(MASK_LANES)
+        m.submodules.merge_mask = mem = Memory(shape=L, depth=cfg.gemv_max_cols // L, init=[])
+        mw, mr = mem.write_port(), mem.read_port()
+        m.d.comb += [mw.en.eq(self.i_mask.valid), mw.addr.eq(self.i_mask.p.addr), mw.data.eq(self.i_mask.p.bits)]
+        row = Signal(range(cfg.gemv_max_cols + 1))   # the merge's row (masked commands)
+        bits = Signal(L)                             # its word's live bits
+        load = Signal(2)                             # the first word: 2 after start, 1 when its data is in
+        m.d.comb += mr.addr.eq(Mux(load != 0, 0, (row >> lL) + 1))
+        with m.If(start):
+            m.d.sync += [row.eq(0), load.eq(2)]
+        with m.Elif(load != 0):
+            m.d.sync += load.eq(load - 1)
+            with m.If(load == 1):
+                m.d.sync += bits.eq(mr.data)
+        with m.Elif(merged):
+            m.d.sync += row.eq(row + 1)
+            with m.If(row[:lL] == L - 1):
+                m.d.sync += bits.eq(mr.data)
+        live = ~masked | bits.bit_select(row[:lL], 1)
+        ok = ~masked | (load == 0)
+        return live, ok

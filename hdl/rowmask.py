@@ -9,15 +9,21 @@ counts them; the port then fetches the gathered rows as tiles, each row at its o
 from __future__ import annotations
 
 from amaranth import Cat, Const, Module, Mux, Signal
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .config import ceil_log2
 
-__all__ = ["MASK_LANES", "RowGather"]
+__all__ = ["MASK_LANES", "mask_layout", "RowGather"]
 
 MASK_LANES = 4          # live bits per mask word: one L2 word of binary32 mask elements
+
+
+def mask_layout(max_rows: int) -> data.StructLayout:
+    """A word of the row mask: rows ``addr * MASK_LANES ..``, bit i set when row ``addr * MASK_LANES + i`` is
+    live."""
+    return data.StructLayout({"addr": range(max_rows // MASK_LANES), "bits": MASK_LANES})
 
 
 class RowGather(wiring.Component):

@@ -10,9 +10,10 @@ from tb.runner import run
 TINY = HardwareConfig.preset("tiny")
 
 
-def _run(testcase, **env):
-    run(GemvEngine(TINY), toplevel="gemv", test_module="tb.gemv.test_gemv", build_name="gemv_tiny",
-        testcase=testcase, extra_env={"NPU_HW": "tiny", **{k: str(v) for k, v in env.items()}})
+def _run(testcase, cfg=TINY, build="gemv_tiny", **env):
+    run(GemvEngine(cfg), toplevel="gemv", test_module="tb.gemv.test_gemv", build_name=build,
+        testcase=testcase, extra_env={"NPU_HW": "tiny", "ROW_MASK": str(int(cfg.gemv_row_mask)),
+                                      **{k: str(v) for k, v in env.items()}})
 
 
 @pytest.mark.parametrize("flow", [0, 1, 2])
@@ -32,6 +33,14 @@ def test_engine_sparse_random(flow):
 
 def test_engine_sparse_corners():
     _run("sparse_corners")
+
+
+@pytest.mark.parametrize("flow", [0, 1])
+def test_engine_row_mask(flow):
+    """WGEMV `mask` on the tiny engine built with the row mask: masked GEMVs at live-row densities 0 to 100 %
+    bit-exact, reading only the live rows' beats; dense ones after them unchanged."""
+    _run("masked_random", cfg=TINY.replace(gemv_row_mask=True), build="gemv_tiny_mask", SEED=51 + flow,
+         FLOW=flow)
 
 
 def test_engine_behind_ddr4():

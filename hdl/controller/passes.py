@@ -32,9 +32,10 @@ from ..ddrwrite import DdrWriter
 from ..isa import DESC_WORDS, DESCRIPTOR
 from ..l2 import LANES, WORD_BITS, ElemReader, ElemWriter, l2_geometry, write_layout
 from ..quant import ActQuantizer, command_layout as quant_command_layout, pack_command_layout
+from ..rowmask import mask_layout
 from ..sfu import REDUCE_OPS, SHORT_OPS, Sfu, SfuOp
 
-__all__ = ["Src", "BSrc", "Sink", "QDst", "mask_layout", "pass_layout", "done_layout", "hold_layout", "L2ReadPort", "PassEngine"]
+__all__ = ["Src", "BSrc", "Sink", "QDst", "pass_layout", "done_layout", "hold_layout", "L2ReadPort", "PassEngine"]
 
 
 class Src(enum.Enum, shape=3):
@@ -64,12 +65,6 @@ class QDst(enum.Enum, shape=2):
     GEMV = 0          # the GEMV engine's activation memories (WGEMV, INT8 ATTN)
     GEMM = 1          # token slot ``qtok`` of the GEMM unit (WGEMM)
     PACK = 2          # the KV packer (INT8 KVST)
-
-
-def mask_layout(hw: HardwareConfig) -> data.StructLayout:
-    """A word of the GEMV engine's row mask: rows ``addr * LANES ..``, bit i set when row ``addr * LANES + i``
-    is live (`Sink.MASK`)."""
-    return data.StructLayout({"addr": range(hw.gemv_max_cols // LANES), "bits": LANES})
 
 
 def pass_layout(hw: HardwareConfig) -> data.StructLayout:
@@ -150,7 +145,7 @@ class PassEngine(wiring.Component):
             "o_exp": Out(self._quant.signature.members["o_exp"].signature),
             "o_qdst": Out(QDst), "o_qtok": Out(range(hw.systolic_rows)),
             "o_pack": Out(stream.Signature(pack_command_layout())),
-            "o_mask": Out(stream.Signature(mask_layout(hw))),
+            "o_mask": Out(stream.Signature(mask_layout(hw.gemv_max_cols))),
             "i_pack": In(stream.Signature(unsigned(32))),
             "o_desc": Out(DESCRIPTOR),
             "o_active": Out(1), "o_sfu": Out(1), "o_dma": Out(1),

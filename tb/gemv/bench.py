@@ -53,6 +53,7 @@ class Case:
     w_offset: int = 0        # extra byte offset of the weights (alignment tests)
     s_offset: int = 0
     sparse: bool = False     # column-major weights, group-major scales, zero-activation columns skipped
+    mask: np.ndarray | None = None   # bool [rows]: a masked command (`gemv_row_mask`), only these rows fetched
 
     @property
     def rows(self):
@@ -63,7 +64,12 @@ class Case:
         return self.q_w.shape[1]
 
     def expected(self, block):
-        return gemv(self.q_w, self.scale, self.q_a, self.e_a, group=self.group, block=block, acc=self.acc)
+        if self.mask is None:
+            return gemv(self.q_w, self.scale, self.q_a, self.e_a, group=self.group, block=block, acc=self.acc)
+        # WGEMV mask: a skipped row reads +0, then accm adds the old value as for every row
+        y = np.where(self.mask, gemv(self.q_w, self.scale, self.q_a, self.e_a, group=self.group, block=block),
+                     np.float32(0))
+        return y if self.acc is None else (self.acc + y).astype(np.float32)
 
     def weight_bytes(self) -> bytes:
         if self.sparse:                       # column k = rows/2 bytes, rows 2i / 2i+1 = low / high nibble
@@ -122,6 +128,7 @@ class GemvBench:
         self.exp = StreamSource(dut, "i_exp", dut.clk)
         self.acc = StreamSource(dut, "i_acc", dut.clk, rng=random.Random(seed + 7), p_idle=p_stall)
         self.out = StreamSink(dut, "o_y", dut.clk, rng=random.Random(seed + 8), p_stall=p_stall)
+        self.mask = StreamSource(dut, "i_mask", dut.clk) if cfg.gemv_row_mask else None
         self.cycle = 0
         cocotb.start_soon(self._count())
         cocotb.start_soon(self.out.run())
@@ -181,6 +188,15 @@ class GemvBench:
         await self.exp.send([pack_fields(exp_layout, addr=k, e=int(e) & ((1 << EXP_BITS) - 1))
                              for k, e in enumerate(e_a)])
 
+    async def load_mask(self, live: np.ndarray):
+        """The row mask of the next command, MASK_LANES rows a word from row 0 (as the controller's MASK pass
+        sends it)."""
+        from hdl.rowmask import MASK_LANES, mask_layout
+        bits = np.pad(live.astype(np.int64), (0, -len(live) % MASK_LANES)).reshape(-1, MASK_LANES)
+        layout = mask_layout(self.cfg.gemv_max_cols)
+        await self.mask.send([pack_fields(layout, addr=k, bits=int(sum(int(b) << i for i, b in enumerate(w))))
+                              for k, w in enumerate(bits)])
+
     def dut_layouts(self):
         from amaranth import signed
         from amaranth.lib import data
@@ -214,8 +230,11 @@ class GemvBench:
             ram.bursts.clear()
         await self.load_activations(case.q_a, case.e_a)
         n0 = len(self.out.items)
+        if case.mask is not None:
+            await self.load_mask(case.mask)
         word = pack_fields(command_layout(self.cfg), wbase=waddr, sbase=saddr, rows=case.rows, cols=case.cols,
-                           log2_group=case.group.bit_length() - 1, accm=case.acc is not None, sparse=sparse)
+                           log2_group=case.group.bit_length() - 1, accm=case.acc is not None, sparse=sparse,
+                           mask=case.mask is not None)
         if case.acc is not None:
             cocotb.start_soon(self.acc.send([int(v) for v in case.acc.astype(np.float32).view(np.uint32)]))
         await self.cmd.send([word])
@@ -290,4 +309,38 @@ def check_sparse_reads(cfg: HardwareConfig, tb: GemvBench, case: Case):
             s, e = waddr + k * rows // 2 + lo, waddr + k * rows // 2 + hi
             first = -(-s // B) * B
             assert not any(a in gotset for a in range(first, e - B + 1, B)), f"port {p}: column {k} was read"
+    return total
+
+
+def masked_spans(cfg: HardwareConfig, case: Case, waddr: int, saddr: int) -> list[list[tuple[int, int]]]:
+    """Per port, the byte ranges ``(start, end)`` a masked GEMV must read, one per transfer, in the engine's row
+    split (port p owns rows ``p * prow ..``, as `sparse_spans`): each live row's scales (``groups * 2`` bytes at
+    ``saddr + r * groups * 2``) and its chunks (``rowbytes`` at ``waddr + r * rowbytes`` in pieces of a chunk,
+    ``max(burst, act_block / W)`` beats)."""
+    N, W, B = cfg.axi_ports, cfg.weights_per_beat, cfg.bytes_per_beat
+    rows, rowbytes, g2 = case.rows, (case.cols + 1) // 2, -(-case.cols // case.group) * 2
+    prow = -(-rows // (N * W)) * W
+    cbb = max(cfg.axi_max_burst_beats, cfg.act_block // W, 1) * B
+    out = []
+    for p in range(N):
+        spans = []
+        for r in np.flatnonzero(case.mask[p * prow:(p + 1) * prow]) + p * prow:
+            r = int(r)
+            spans.append((saddr + r * g2, saddr + (r + 1) * g2))
+            spans += [(waddr + r * rowbytes + c, waddr + r * rowbytes + min(c + cbb, rowbytes))
+                      for c in range(0, rowbytes, cbb)]
+        out.append(spans)
+    return out
+
+
+def check_span_reads(cfg: HardwareConfig, tb: GemvBench, spans: list[list[tuple[int, int]]]) -> int:
+    """The bursts of the last run read exactly the beats of `spans` (per port, as a multiset: one transfer per
+    span); returns the bytes read."""
+    B = cfg.bytes_per_beat
+    total = 0
+    for p, (bursts, want_spans) in enumerate(zip(tb.port_bursts(), spans)):
+        want = sorted(a for s, e in want_spans for a in range(s - s % B, e, B))
+        got = sorted(a + n * B for a, beats in bursts for n in range(beats))
+        assert got == want, f"port {p}: the beats read differ from the live rows' scales and chunks"
+        total += len(got) * B
     return total
