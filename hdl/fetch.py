@@ -17,7 +17,7 @@ controller turns it into `ErrorCode.BUS_ERROR`. The fetch never reads past the p
 
 from __future__ import annotations
 
-from amaranth import Module, Signal, unsigned
+from amaranth import Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -93,24 +93,31 @@ class Fetch(wiring.Component):
         sub = Signal(range(max(wpb, 2)))            # word index inside the head beat
 
         # --- requests: one burst-sized command when the FIFO can hold it and everything in flight ----
+        # The command's size is registered from `words_left` every cycle; `req_fresh` is low the cycle after
+        # `words_left` changes (a start, a command, a stop), while it is the old value's, and no command
+        # leaves then: a cycle between commands (each is a burst of many beats) and one after the start.
         chunk_words = burst * wpb
-        req_words = Signal(PC_BITS + 1)
-        m.d.comb += req_words.eq(words_left)
-        with m.If(words_left > chunk_words):
-            m.d.comb += req_words.eq(chunk_words)
-        req_beats = Signal(cnt_bits)
-        m.d.comb += req_beats.eq((req_words + wpb - 1) // wpb if wpb > 1 else req_words)
+        req_words = Signal(PC_BITS + 1)             # min(words_left, chunk_words)
+        req_beats = Signal(cnt_bits)                # its beats
+        req_limit = Signal(cnt_bits)                # depth - req_beats: room for it while level + in_flight <= this
+        req_any = Signal()                          # words_left != 0
+        req_fresh = Signal()
+        beats_of_left = Mux(words_left > chunk_words, burst, (words_left + wpb - 1) // wpb if wpb > 1 else words_left)
+        m.d.sync += [req_words.eq(Mux(words_left > chunk_words, chunk_words, words_left)),
+                     req_beats.eq(beats_of_left), req_limit.eq(depth - beats_of_left),
+                     req_any.eq(words_left != 0), req_fresh.eq(1)]
         room = Signal()
-        m.d.comb += room.eq(beats.level + in_flight + req_beats <= depth)
+        m.d.comb += room.eq(beats.level + in_flight <= req_limit)
         m.d.comb += [
             dma.i_cmd.payload.addr.eq(next_addr),
             dma.i_cmd.payload.nbytes.eq(req_words * WORD_BYTES),
-            dma.i_cmd.valid.eq(active & (words_left != 0) & room & ~self.i_stop),
+            dma.i_cmd.valid.eq(active & req_fresh & req_any & room & ~self.i_stop),
         ]
         arrived = Signal()
         m.d.comb += arrived.eq(dma.o_data.valid & dma.o_data.ready)
         with m.If(dma.i_cmd.valid & dma.i_cmd.ready):
-            m.d.sync += [next_addr.eq(next_addr + req_words * WORD_BYTES), words_left.eq(words_left - req_words)]
+            m.d.sync += [next_addr.eq(next_addr + req_words * WORD_BYTES), words_left.eq(words_left - req_words),
+                         req_fresh.eq(0)]
             m.d.sync += in_flight.eq(in_flight + req_beats - arrived)
         with m.Else():
             m.d.sync += in_flight.eq(in_flight - arrived)
@@ -126,16 +133,19 @@ class Fetch(wiring.Component):
         head = beats.r_data
         word = Signal(64)
         m.d.comb += word.eq(head.word_select(sub, 64) if wpb > 1 else head[0:64])
+        # words_out_left != 0 and == 1, registered with it
+        out_any, out_last = Signal(), Signal()
         m.d.comb += [
             self.o_insn.payload.word.eq(word),
             self.o_insn.payload.pc.eq(pc),
             self.o_insn.payload.err.eq(head[cfg.axi_data_bits]),
-            self.o_insn.valid.eq(active & beats.r_rdy & (words_out_left != 0)),
+            self.o_insn.valid.eq(active & beats.r_rdy & out_any),
         ]
         last_of_beat = Signal()
-        m.d.comb += last_of_beat.eq((sub == wpb - 1) | (words_out_left == 1))
+        m.d.comb += last_of_beat.eq((sub == wpb - 1) | out_last)
         with m.If(self.o_insn.valid & self.o_insn.ready):
-            m.d.sync += [pc.eq(pc + 1), words_out_left.eq(words_out_left - 1)]
+            m.d.sync += [pc.eq(pc + 1), words_out_left.eq(words_out_left - 1), out_any.eq(~out_last),
+                         out_last.eq(words_out_left == 2)]
             if wpb > 1:
                 m.d.sync += sub.eq(sub + 1)
             with m.If(last_of_beat):
@@ -145,12 +155,16 @@ class Fetch(wiring.Component):
         # --- start / stop ---------------------------------------------------------------------------
         m.d.comb += self.o_busy.eq(active | draining | (in_flight != 0) | dma.o_busy)
         with m.If(self.i_stop & (active | draining)):
-            m.d.sync += [active.eq(0), draining.eq(1), words_left.eq(0), words_out_left.eq(0)]
+            m.d.sync += [active.eq(0), draining.eq(1), words_left.eq(0), words_out_left.eq(0), out_any.eq(0),
+                         out_last.eq(0), req_fresh.eq(0)]
         with m.If(draining):
             m.d.comb += beats.r_en.eq(1)                 # empty the FIFO
             with m.If((in_flight == 0) & ~dma.o_busy & ~beats.r_rdy & ~self.i_stop):
                 m.d.sync += draining.eq(0)
-        with m.If(self.i_start & ~self.o_busy):
-            m.d.sync += [active.eq(1), next_addr.eq(self.i_base), words_left.eq(self.i_len),
-                         words_out_left.eq(self.i_len), pc.eq(0), sub.eq(0)]
+        # idle (neither active nor draining) implies nothing in flight (draining ends only when the last
+        # burst is back), so a start is taken on those two registers alone
+        with m.If(self.i_start & ~active & ~draining):
+            m.d.sync += [active.eq(1), next_addr.eq(self.i_base), words_left.eq(self.i_len), req_fresh.eq(0),
+                         words_out_left.eq(self.i_len), out_any.eq(self.i_len != 0), out_last.eq(self.i_len == 1),
+                         pc.eq(0), sub.eq(0)]
         return m

@@ -24,7 +24,7 @@ Dataflow (docs/gemv.md has the full design and the measurements)::
   presented ``W / seg`` times). Each segment sum is written to the tile's isum bank at ``[t, s]``.
 - **Binary32 side.** The contract adds the parts of a row strictly in segment order, and an adder has
   a latency of several cycles, so the back end walks a complete tile *segment-major*: ``(s, t)`` for t in
-  0..T-1, so that consecutive additions into the same row are T cycles apart (T > FpAdd latency). It starts
+  0..T-1, so that consecutive additions into the same row are T cycles apart (T > FpAdd latency + 1). It starts
   on a tile as soon as the first chunk round is in and follows the rounds, so a tile ends one round
   (T * 16 beats) after its last beat arrives. Banks are double-buffered: the front end fills tile k+1 while
   the back end drains tile k. The back end issues one
@@ -143,25 +143,37 @@ class SegmentMac(wiring.Component):
     @property
     def latency(self) -> int:
         """Cycles from an input with ``i_last`` to its ``o_valid``."""
-        return 1 + self.tree_stages + 1
+        return 2 + self.tree_stages + 1
 
     def elaborate(self, platform):
         m = Module()
         cfg, W = self._cfg, self._W
         pbits = cfg.WEIGHT_BITS + cfg.act_bits
-        lo = Signal(range(2 * W))
-        hi = Signal(range(2 * W + 1))
-        m.d.comb += [lo.eq(self.i_sel << self.i_lvl), hi.eq(lo + (Const(1, 1) << self.i_lvl))]
-        # Stage 1: masked products.
+        # Stage 0: the beat, the activations (a memory's unregistered output upstream) and the lane mask,
+        # registered: lane i counts when i < i_nlanes and i >> i_lvl == i_sel (the sub-sum i_sel of width
+        # 2**i_lvl), a few LUTs per lane.
+        w0 = Signal.like(self.i_w, name="w_0")
+        a0 = Signal.like(self.i_a, name="a_0")
+        take0 = Signal(W, name="take_0")
+        m.d.sync += [w0.eq(self.i_w), a0.eq(self.i_a)]
+        sub = Signal(W)                             # the lanes of sub-sum i_sel
+        with m.Switch(self.i_lvl):
+            for lvl in range(ceil_log2(W) + 1):
+                with m.Case(lvl):
+                    m.d.comb += sub.eq(Cat(self.i_sel == (i >> lvl) for i in range(W)))
+        for i in range(W):
+            m.d.sync += take0[i].eq((i < self.i_nlanes) & sub[i])
+        ctrl = Cat(self.i_valid, self.i_first, self.i_last, self.i_tag)
+        c0 = Signal(len(ctrl), name="ctrl_0")
+        m.d.sync += c0.eq(ctrl)
+        # Stage 1: masked products (the mask resets the product register).
         prods = []
         for i in range(W):
             p = Signal(signed(pbits), name=f"prod_{i}")
-            take = (i < self.i_nlanes) & (i >= lo) & (i < hi)
-            m.d.sync += p.eq(Mux(take, self.i_w[i] * self.i_a[i], 0))
+            m.d.sync += p.eq(Mux(take0[i], w0[i] * a0[i], 0))
             prods.append(p)
-        ctrl = Cat(self.i_valid, self.i_first, self.i_last, self.i_tag)
         c = Signal(len(ctrl), name="ctrl_1")
-        m.d.sync += c.eq(ctrl)
+        m.d.sync += c.eq(c0)
         # Adder tree, a register after every two levels.
         level, width = prods, pbits
         depth = 0
@@ -355,7 +367,7 @@ class PartAccumulator(wiring.Component):
         ``y + part``, `latency` cycles after the inputs.
     """
 
-    PART_LATENCY = IntScaleMul.LATENCY + FpLdexp.LATENCY
+    PART_LATENCY = 1 + IntScaleMul.LATENCY + FpLdexp.LATENCY
     LATENCY = PART_LATENCY + FpAdd.LATENCY
 
     def __init__(self, cfg: HardwareConfig, isum_bits: int = INT_SCALE_MAX_BITS):
@@ -379,16 +391,20 @@ class PartAccumulator(wiring.Component):
         m = Module()
         fadd, fmul, ldx = FpAdd(), IntScaleMul(self._isum_bits), FpLdexp(EXP_BITS)
         m.submodules += [fadd, fmul, ldx]
+        # The inputs are registered (they come from the back ends' block RAM outputs).
+        valid0, isum0 = Signal(name="valid_in"), Signal(self._isum_bits, name="isum_in")
+        scale0, exp0 = Signal(16, name="scale_in"), Signal(EXP_BITS, name="exp_in")
+        m.d.sync += [valid0.eq(self.i_valid), isum0.eq(self.i_isum[:self._isum_bits]), scale0.eq(self.i_scale),
+                     exp0.eq(self.i_exp)]
         m.d.comb += [fmul.en.eq(1), ldx.en.eq(1), fadd.en.eq(1),
-                     fmul.i_valid.eq(self.i_valid), fmul.i_a.eq(self.i_isum[:self._isum_bits]),
-                     fmul.i_b.eq(self.i_scale)]
-        e_at_ldx = _delay(m, self.i_exp, fmul.latency, "exp")
-        v_ldx = _delay(m, self.i_valid, fmul.latency, "valid_mul")
+                     fmul.i_valid.eq(valid0), fmul.i_a.eq(isum0), fmul.i_b.eq(scale0)]
+        e_at_ldx = _delay(m, exp0, fmul.latency, "exp")
+        v_ldx = _delay(m, valid0, fmul.latency, "valid_mul")
         m.d.comb += [ldx.i_valid.eq(v_ldx), ldx.i_a.eq(fmul.o_y), ldx.i_b.eq(e_at_ldx)]
         v_add = _delay(m, v_ldx, ldx.latency, "valid_ldx")
         m.d.comb += [fadd.i_valid.eq(v_add), fadd.i_a.eq(self.i_y), fadd.i_b.eq(ldx.o_y),
                      self.o_valid.eq(fadd.o_valid), self.o_sum.eq(fadd.o_y)]
-        assert fmul.latency + ldx.latency == self.PART_LATENCY
+        assert 1 + fmul.latency + ldx.latency == self.PART_LATENCY
         return m
 
 
@@ -567,6 +583,7 @@ class GemvPort(wiring.Component):
         seq_scale = Signal()                         # the scale transfer comes next
         seq_trem = Signal(range(T))                  # the round's chunk transfers after the next one
         seq_crem = Signal.like(nch_m1)               # the tile's chunk rounds after this one
+        seq_tzero, seq_czero = Signal(), Signal()    # seq_trem == 0, seq_crem == 0, registered with them
         seq_tile = Signal(ab)                        # the tile's first row
         seq_rbase = Signal(ab)                       # the round's first chunk: seq_tile + c * CBB
         seq_caddr = Signal(ab)                       # the next chunk: seq_rbase + t * rowbytes
@@ -604,20 +621,23 @@ class GemvPort(wiring.Component):
         with m.Elif(cmd.valid & cmd.ready):
             with m.If(seq_scale):
                 m.d.sync += [seq_scale.eq(0), seq_trem.eq(seq_trows - 1), seq_crem.eq(nch_m1),
+                             seq_tzero.eq(seq_trows == 1), seq_czero.eq(nch_m1 == 0),
                              seq_rbase.eq(seq_tile), seq_caddr.eq(seq_tile), seq_rem.eq(d.rowbytes),
                              seq_full.eq(d.rowbytes > CBB)]
-            with m.Elif(seq_trem == 0):
+            with m.Elif(seq_tzero):
                 m.d.sync += [seq_trem.eq(seq_trows - 1), seq_crem.eq(seq_crem - 1), seq_rbase.eq(seq_rbase + CBB),
+                             seq_tzero.eq(seq_trows == 1), seq_czero.eq(seq_crem == 1),
                              seq_caddr.eq(seq_rbase + CBB), seq_rem.eq(seq_rem - CBB),
                              seq_full.eq(seq_rem > 2 * CBB)]
-                with m.If(seq_crem == 0):
+                with m.If(seq_czero):
                     m.d.sync += [seq_scale.eq(1), seq_settle.eq(2), seq_left.eq(seq_left - N * T),
                                  seq_tile.eq(seq_tile + d.rowbytes * (N * T)),
                                  seq_saddr.eq(seq_saddr + g2 * (N * T))]
                     with m.If(seq_last):
                         m.d.sync += seq_active.eq(0)
             with m.Else():
-                m.d.sync += [seq_trem.eq(seq_trem - 1), seq_caddr.eq(seq_caddr + d.rowbytes)]
+                m.d.sync += [seq_trem.eq(seq_trem - 1), seq_tzero.eq(seq_trem == 1),
+                             seq_caddr.eq(seq_caddr + d.rowbytes)]
         return seq_active
 
     def _masked_sequencer(self, m, g2, nch_m1, cmd):
@@ -721,19 +741,21 @@ class GemvPort(wiring.Component):
         m.d.comb += fe_beat.eq((fe_c << lCB) | fe_k)
         fe_t = Signal(range(T))
         fe_sel = Signal(range(W))
-        fe_trows = Signal(range(T + 1))
-        m.d.comb += fe_trows.eq(Mux(fe_left < T, fe_left, T))
+        # Registered from fe_left: the tile's rows (`fe_trows`), less one (`fe_tlast`), the port's last tile
+        # (`fe_final`).
+        fe_trows, fe_tlast, fe_final = Signal(range(T + 1)), Signal(range(T)), Signal()
+        trows = Mux(fe_left < T, fe_left, T)
+        m.d.sync += [fe_trows.eq(trows), fe_tlast.eq(trows - 1), fe_final.eq(fe_left <= N * T)]
         # Scale beats of this tile less one: ceil(rows of the tile x g2 / B) - 1, through three registers (the
         # rows, the product, the quotient) so that the multiplier is a DSP stage of its own; the tile waits for
         # its bank until they have settled (`fe_settle` cycles after fe_left changes).
-        trows_m, prod = Signal.like(fe_trows), Signal(len(fe_trows) + len(g2))
+        prod = Signal(len(fe_trows) + len(g2))
         nsb_m1 = Signal(range(T * S + 2))
         # masked: each row's scales are a transfer of their own, so a whole number of beats (g2 rounded up)
         g2eff = Signal.like(g2)
         m.d.sync += g2eff.eq(Mux(d.cmd.mask, ((g2 + B - 1) >> ceil_log2(B)) << ceil_log2(B), g2)
                              if cfg.gemv_row_mask else g2)
-        m.d.sync += [trows_m.eq(fe_trows), prod.eq(trows_m * g2eff),
-                     nsb_m1.eq(((prod + B - 1) >> ceil_log2(B)) - 1)]
+        m.d.sync += [prod.eq(fe_trows * g2eff), nsb_m1.eq(((prod + B - 1) >> ceil_log2(B)) - 1)]
         fe_settle = Signal(2)
         with m.If(fe_settle != 0):
             m.d.sync += fe_settle.eq(fe_settle - 1)
@@ -741,15 +763,16 @@ class GemvPort(wiring.Component):
         row_phase = fe_active & ~fe_wait & ~fe_scale
         subs_m1 = Signal.like(d.subs)                # registered from the decoder's, like nwb_m1
         m.d.sync += subs_m1.eq(d.subs - 1)
-        last_sel = fe_sel == subs_m1
-        last_beat = (fe_c == (nwb_m1 >> lCB)) & (fe_k == nwb_m1[:lCB])     # fe_beat == nwb_m1
+        last_sel = Signal()                          # fe_sel == subs_m1, registered with fe_sel
+        last_beat = Signal()                         # fe_beat == nwb_m1, registered with fe_c and fe_k
+        c_end, k_end = nwb_m1 >> lCB, nwb_m1[:lCB]
         last_k = (fe_k == CB - 1) | last_beat
-        last_row = fe_t == fe_trows - 1
+        last_row = fe_t == fe_tlast
         with m.If(self.i_start):
             left = rows.as_signed() - p * T
             m.d.sync += [fe_left.eq(left), fe_active.eq(left > 0), fe_bank.eq(0), fe_wait.eq(1),
                          fe_scale.eq(1), fe_sw.eq(0), fe_c.eq(0), fe_k.eq(0), fe_t.eq(0), fe_sel.eq(0),
-                         fe_settle.eq(3)]
+                         last_sel.eq(d.subs == 1), last_beat.eq(d.nwb == 1), fe_settle.eq(3)]
         with m.If(fe_active & fe_wait & (fe_settle == 0) &
                   (Mux(fe_bank, bank_state[1], bank_state[0]) == self.FREE)):
             m.d.sync += fe_wait.eq(0)
@@ -772,27 +795,29 @@ class GemvPort(wiring.Component):
         tile_end = Signal()
         round_end = Signal()
         with m.If(mac_valid):
-            m.d.sync += fe_sel.eq(fe_sel + 1)
+            m.d.sync += [fe_sel.eq(fe_sel + 1), last_sel.eq(fe_sel + 1 == subs_m1)]
             with m.If(last_sel):
-                m.d.sync += [fe_sel.eq(0), fe_k.eq(fe_k + 1)]
+                m.d.sync += [fe_sel.eq(0), last_sel.eq(subs_m1 == 0), fe_k.eq(fe_k + 1),
+                             last_beat.eq((fe_c == c_end) & (fe_k + 1 == k_end))]
                 with m.If(last_k):
-                    m.d.sync += [fe_k.eq(0), fe_t.eq(fe_t + 1)]
+                    m.d.sync += [fe_k.eq(0), fe_t.eq(fe_t + 1), last_beat.eq((fe_c == c_end) & (k_end == 0))]
                     with m.If(last_row):
                         m.d.comb += round_end.eq(1)
-                        m.d.sync += [fe_t.eq(0), fe_c.eq(fe_c + 1)]
+                        m.d.sync += [fe_t.eq(0), fe_c.eq(fe_c + 1), last_beat.eq((fe_c + 1 == c_end) & (k_end == 0))]
                         with m.If(fe_c == nch_m1):
                             m.d.comb += tile_end.eq(1)
                             m.d.sync += [fe_c.eq(0), fe_bank.eq(~fe_bank), fe_wait.eq(1), fe_scale.eq(1),
-                                         fe_left.eq(fe_left - N * T), fe_settle.eq(3)]
-                            with m.If(fe_left <= N * T):
+                                         fe_left.eq(fe_left - N * T), fe_settle.eq(3), last_beat.eq(nwb_m1 == 0)]
+                            with m.If(fe_final):
                                 m.d.sync += fe_active.eq(0)
         # Segment bookkeeping of this beat/pass.
         spb_mask = Signal(range(self._max_cols + 1))    # registered from the decoder's, like nwb_m1
         m.d.sync += spb_mask.eq((Const(1, 16) << d.lspb) - 1)
         seg_idx = Signal(range(2 * self._max_cols + 1))
-        sub_shift = Signal(range(ceil_log2(W) + 1))
-        m.d.comb += sub_shift.eq(ceil_log2(W) - d.lvl)
-        with m.If(d.lvl < ceil_log2(W)):
+        sub_shift = Signal(range(ceil_log2(W) + 1))  # registered from the decoder's, like nwb_m1
+        sub_seg = Signal()                           # segments narrower than a beat, likewise
+        m.d.sync += [sub_shift.eq(ceil_log2(W) - d.lvl), sub_seg.eq(d.lvl < ceil_log2(W))]
+        with m.If(sub_seg):
             m.d.comb += seg_idx.eq((fe_beat << sub_shift) + fe_sel)
         with m.Else():
             m.d.comb += seg_idx.eq(fe_beat >> d.lspb)
@@ -810,7 +835,7 @@ class GemvPort(wiring.Component):
         m.d.sync += [
             f1.valid.eq(mac_valid & sub_live), f1.w.eq(beat.p.data),
             f1.nl.eq(Mux(nl > W, W, nl)), f1.sel.eq(fe_sel),
-            f1.first.eq(seg_first | (d.lvl < ceil_log2(W))), f1.last.eq(seg_last | (d.lvl < ceil_log2(W))),
+            f1.first.eq(seg_first | sub_seg), f1.last.eq(seg_last | sub_seg),
             f1.addr.eq(Cat(seg_idx[:lS], fe_t, fe_bank)),
         ]
         m.d.comb += [
@@ -842,7 +867,7 @@ class GemvPort(wiring.Component):
         d = self.dec
         lCB = ceil_log2(self._chunk_beats)
         bank_state, bank_rows, bank_rounds = banks
-        assert T > FpAdd.LATENCY, f"tile_rows ({T}) must exceed the FpAdd latency ({FpAdd.LATENCY})"
+        assert T > FpAdd.LATENCY + 1, f"tile_rows ({T}) must exceed the FpAdd latency plus one"
         depth = 2 * T
         m.submodules.res = res = fifo.SyncFIFOBuffered(width=32, depth=depth)
         reserved = Signal(range(depth + 1))
@@ -913,12 +938,14 @@ class GemvPort(wiring.Component):
         scale_half = scale_r.data.word_select(half1, 16) if hpw > 1 else scale_r.data[:16]
         fp = self.fp
         m.d.comb += [fp.valid.eq(tag1[0]), fp.isum.eq(isum_r.data), fp.scale.eq(scale_half)]
-        tag4 = _delay(m, tag1, PartAccumulator.PART_LATENCY, "tag_part")
-        # In-order accumulation: y[t] = (first ? -0 : y[t]) + part.
+        tag3 = _delay(m, tag1, PartAccumulator.PART_LATENCY - 1, "tag_part")
+        tag4 = _delay(m, tag3, 1, "tag_y")
+        # In-order accumulation: y[t] = (first ? -0 : y[t]) + part, the addend registered from the y registers
+        # a cycle before the addition (the row's last sum is written LATENCY cycles after its addition and the
+        # row's next addition comes T > LATENCY + 1 cycles after it).
         y = [Signal(32, name=f"y_{t}") for t in range(T)]
-        t4 = tag4[3:]
         y_t = Signal(32)
-        m.d.comb += y_t.eq(Mux(tag4[1], NEG_ZERO, Cat(*y).word_select(t4, 32)))
+        m.d.sync += y_t.eq(Mux(tag3[1], NEG_ZERO, Cat(*y).word_select(tag3[3:], 32)))
         m.d.comb += fp.y.eq(y_t)
         tag5 = _delay(m, tag4, FpAdd.LATENCY, "tag_add")
         with m.If(tag5[0]):
@@ -959,7 +986,7 @@ class SparsePort(wiring.Component):
     - **Back end.** For every segment, *including the segments without any non-zero activation* (their sums
       are 0 and their parts ±0 are added as in `sim.numerics.gemv`: they decide the sign of zero results),
       walks the port's rows: ``part = ldexp(fp32(isum) * fp32(scale), e)``, ``y[r] = y[r] + part`` with y in a
-      memory (the first segment adds ``-0 + part``), at least ``FpAdd.LATENCY + 2`` issue cycles per walk so a
+      memory (the first segment adds ``-0 + part``), at least ``FpAdd.LATENCY + 3`` issue cycles per walk so a
       row's next addition reads the previous one's result; the last segment's sums go to the result FIFO.
       One part per cycle: the binary32 side bounds the sparse mode (rows_p cycles per segment).
 
@@ -984,9 +1011,9 @@ class SparsePort(wiring.Component):
         """Rows of isum the front end updates per cycle (kv260: 8 of a beat's 32)."""
         return max(1, self._cfg.weights_per_beat // self.CYCLES_PER_BEAT)
 
-    #: Issue cycles of the shortest row walk: a row's y is read one cycle before its addition and written
+    #: Issue cycles of the shortest row walk: a row's y is read two cycles before its addition and written
     #: FpAdd.LATENCY cycles after it.
-    MIN_WALK = FpAdd.LATENCY + 2
+    MIN_WALK = FpAdd.LATENCY + 3
 
     @property
     def min_walk(self) -> int:
@@ -1010,6 +1037,7 @@ class SparsePort(wiring.Component):
         SCALE, COL, END = self.SCALE, self.COL, self.END
         item_layout = self._item_layout()
         sq_s = Signal(range(S + 1))
+        sq_gfirst = Signal()                         # the segment is its group's first, registered with sq_s
         sq_j = Signal(range(self._max_cols // W + 1))
         sq_jlast = Signal.like(sq_j)
         sq_mask = Signal(W)
@@ -1074,13 +1102,13 @@ class SparsePort(wiring.Component):
             with m.State("Idle"):
                 with m.If(started & (rows_p != 0)):
                     # pofs = p * prow, an even number (prow is a multiple of W)
-                    m.d.sync += [sq_s.eq(0), sq_any.eq(0), sq_saddr.eq(d.cmd.sbase + pofs * 2), sq_j.eq(0),
-                                 word_addr.eq(d.cmd.wbase + (pofs >> 1)),
+                    m.d.sync += [sq_s.eq(0), sq_gfirst.eq(1), sq_any.eq(0), sq_saddr.eq(d.cmd.sbase + pofs * 2),
+                                 sq_j.eq(0), word_addr.eq(d.cmd.wbase + (pofs >> 1)),
                                  seg_lo.eq(0), seg_end.eq(Const(1, cw) << d.lseg), seg_size.eq(Const(1, cw) << d.lseg)]
                     m.next = "Scale"
             with m.State("Scale"):
                 # The group's scales, at its first segment.
-                with m.If((sq_s & gmask) == 0):
+                with m.If(sq_gfirst):
                     m.d.comb += [cmd.valid.eq(items.w_rdy), cmd.p.addr.eq(sq_saddr), cmd.p.nbytes.eq(rows_p << 1),
                                  items.w_en.eq(cmd.ready), item_in.kind.eq(SCALE)]
                     with m.If(cmd.ready & items.w_rdy):
@@ -1119,7 +1147,8 @@ class SparsePort(wiring.Component):
                 with m.If(drained):                  # the segment's transfers are announced first
                     m.d.comb += [items.w_en.eq(1), item_in.kind.eq(END), item_in.first.eq(~sq_any)]
                     with m.If(items.w_rdy):
-                        m.d.sync += [sq_s.eq(sq_s + 1), sq_any.eq(0), seg_lo.eq(seg_end),
+                        m.d.sync += [sq_s.eq(sq_s + 1), sq_gfirst.eq(((sq_s + 1) & gmask) == 0), sq_any.eq(0),
+                                     seg_lo.eq(seg_end),
                                      seg_end.eq(seg_end + seg_size)]
                         with m.If(sq_s == nseg_m1):
                             m.next = "Idle"
@@ -1192,8 +1221,12 @@ class SparsePort(wiring.Component):
         m.d.comb += item.eq(items.r_data)
         beat = self.dma_data
         bank_empty = Signal(2)                       # the segment in the bank had no non-zero activation
-        s_free = fe_s < be_sdone + 2
-        g_free = fe_g < be_gdone + 2
+        # Registered, from this cycle's counts and whether the front end's count steps (`s_step`, `g_step`):
+        # the back end's count is a cycle old, which only delays a bank's release by a cycle.
+        s_free, g_free = Signal(), Signal()
+        s_step, g_step = Signal(), Signal()
+        m.d.sync += [s_free.eq(Mux(s_step, fe_s + 1 < be_sdone + 2, fe_s < be_sdone + 2)),
+                     g_free.eq(Mux(g_step, fe_g + 1 < be_gdone + 2, fe_g < be_gdone + 2))]
         f_valid = Signal()
         f_first = Signal()
         f_addr = Signal(range(2 * (PR // L)))
@@ -1202,7 +1235,7 @@ class SparsePort(wiring.Component):
         wq = Signal(data.ArrayLayout(signed(cfg.WEIGHT_BITS), L))
         part = fe_j[:ceil_log2(Q)] if Q > 1 else 0
         m.d.comb += wq.eq(beat.p.data.word_select(part, cfg.WEIGHT_BITS * L) if Q > 1 else beat.p.data)
-        beat_done = (part == Q - 1) if Q > 1 else 1
+        beat_done = Signal(init=int(Q == 1))              # part == Q - 1, registered with fe_j
         col_beat = Signal()
         with m.If(items.r_rdy):
             with m.Switch(item.kind):
@@ -1213,19 +1246,19 @@ class SparsePort(wiring.Component):
                         with m.If(beat.valid):
                             m.d.sync += fe_sw.eq(fe_sw + 1)
                             with m.If(beat.p.last):
-                                m.d.comb += items.r_en.eq(1)
+                                m.d.comb += [items.r_en.eq(1), g_step.eq(1)]
                                 m.d.sync += [fe_sw.eq(0), fe_g.eq(fe_g + 1)]
                 with m.Case(COL):
                     with m.If(s_free):
                         m.d.comb += [beat.ready.eq(beat_done), col_beat.eq(beat.valid)]
                         with m.If(beat.valid):
-                            m.d.sync += fe_j.eq(fe_j + 1)
+                            m.d.sync += [fe_j.eq(fe_j + 1), beat_done.eq((part == Q - 2) if Q > 1 else 1)]
                             with m.If(beat.p.last & beat_done):
                                 m.d.comb += items.r_en.eq(1)
-                                m.d.sync += fe_j.eq(0)
+                                m.d.sync += [fe_j.eq(0), beat_done.eq(int(Q == 1))]
                 with m.Case(END):
                     with m.If(s_free):
-                        m.d.comb += items.r_en.eq(1)
+                        m.d.comb += [items.r_en.eq(1), s_step.eq(1)]
                         m.d.sync += fe_s.eq(fe_s + 1)
                         for b in range(2):
                             with m.If(fe_s[0] == b):
@@ -1252,24 +1285,32 @@ class SparsePort(wiring.Component):
         be_active = Signal()
         be_s = Signal(range(S + 1))
         be_r = Signal(range(max(PR, self.min_walk) + 1))
-        walk_m1 = Signal.like(be_r)
-        m.d.comb += walk_m1.eq(Mux(rows_p < self.min_walk, self.min_walk, rows_p) - 1)
-        with m.If(started & (rows_p != 0)):
-            m.d.sync += [be_active.eq(1), be_s.eq(0), be_r.eq(0), be_sdone.eq(0), be_gdone.eq(0),
-                         fe_s.eq(0), fe_g.eq(0), fe_sw.eq(0), fe_j.eq(0), fe_full.eq(0)]
-        be_last = be_s == nseg_m1
-        row_ok = be_r < rows_p
+        walk_m1 = Signal.like(be_r)                  # registered: rows_p is stable from `started` on
+        m.d.sync += walk_m1.eq(Mux(rows_p < self.min_walk, self.min_walk, rows_p) - 1)
+        # The walk's conditions, registered along with the counters they compare: the segment is the last
+        # (`be_last`), the row is one of the port's (`row_ok`), the segment's sums are written (`be_avail`,
+        # from a count a cycle old: never more than are written) and the result FIFO has room (`be_room`,
+        # from a level a cycle old: reads only add room).
+        be_last, row_ok, be_avail, be_room = Signal(), Signal(), Signal(), Signal()
         issue = Signal()
-        m.d.comb += issue.eq(be_active & (fe_full > be_s) &
-                             (~be_last | ~row_ok | (res.level + pend < depth)))
+        res_used = res.level + pend
+        last_issue = issue & row_ok & be_last
+        m.d.sync += [be_avail.eq(fe_full > be_s), be_room.eq(Mux(last_issue, res_used + 1 < depth, res_used < depth))]
+        m.d.comb += issue.eq(be_active & be_avail & (~be_last | ~row_ok | be_room))
         with m.If(issue):
-            m.d.sync += be_r.eq(be_r + 1)
+            m.d.sync += [be_r.eq(be_r + 1), row_ok.eq(be_r + 1 < rows_p)]
             with m.If(be_r == walk_m1):
-                m.d.sync += [be_r.eq(0), be_s.eq(be_s + 1), be_sdone.eq(be_sdone + 1)]
+                m.d.sync += [be_r.eq(0), row_ok.eq(1), be_s.eq(be_s + 1), be_sdone.eq(be_sdone + 1),
+                             be_last.eq(be_s + 1 == nseg_m1), be_avail.eq(fe_full > be_s + 1)]
                 with m.If(((be_s & gmask) == gmask) | be_last):
                     m.d.sync += be_gdone.eq(be_gdone + 1)
                 with m.If(be_last):
                     m.d.sync += be_active.eq(0)
+        with m.If(started & (rows_p != 0)):
+            m.d.sync += [be_active.eq(1), be_s.eq(0), be_r.eq(0), be_sdone.eq(0), be_gdone.eq(0),
+                         fe_s.eq(0), fe_g.eq(0), fe_sw.eq(0), fe_j.eq(0), fe_full.eq(0),
+                         be_last.eq(nseg_m1 == 0), row_ok.eq(1), be_avail.eq(0), s_free.eq(1), g_free.eq(1),
+                         beat_done.eq(int(Q == 1))]
         m.d.comb += [
             isum_rb.addr.eq(Cat((be_r >> lL)[:ceil_log2(PR // L)], be_s[0])),
             scale_r.addr.eq(Cat((be_r >> ceil_log2(hpw))[:ceil_log2(swords)], (be_s >> d.gshift)[0])),
@@ -1291,16 +1332,20 @@ class SparsePort(wiring.Component):
         scale_half = scale_r.data.word_select(half1, 16) if hpw > 1 else scale_r.data[:16]
         fp = self.fp
         m.d.comb += [fp.valid.eq(tag1.valid), fp.isum.eq(isum1), fp.scale.eq(scale_half)]
-        assert PartAccumulator.PART_LATENCY >= 1
-        tag4p = data.View(tag_layout, _delay(m, tag1.as_value(), PartAccumulator.PART_LATENCY - 1, "tag_part"))
+        assert PartAccumulator.PART_LATENCY >= 2
+        tag4r = data.View(tag_layout, _delay(m, tag1.as_value(), PartAccumulator.PART_LATENCY - 2, "tag_part"))
+        tag4p = data.View(tag_layout, _delay(m, tag4r.as_value(), 1, "tag_read"))
         tag4 = data.View(tag_layout, _delay(m, tag4p.as_value(), 1, "tag_add"))
-        m.d.comb += y_r.addr.eq(tag4p.r)             # y[r] arrives with the part
-        m.d.comb += fp.y.eq(Mux(tag4.first, NEG_ZERO, y_r.data))
+        # y[r] is read two cycles before the addition and registered (-0 for the first segment).
+        m.d.comb += y_r.addr.eq(tag4r.r)
+        y4 = Signal(32)
+        m.d.sync += y4.eq(Mux(tag4p.first, NEG_ZERO, y_r.data))
+        m.d.comb += fp.y.eq(y4)
         tag5 = data.View(tag_layout, _delay(m, tag4.as_value(), FpAdd.LATENCY, "tag_sum"))
         m.d.comb += [y_w.en.eq(tag5.valid & ~tag5.last), y_w.addr.eq(tag5.r), y_w.data.eq(fp.sum)]
         push = tag5.valid & tag5.last
         m.d.comb += [res.w_en.eq(push), res.w_data.eq(fp.sum)]
-        m.d.sync += pend.eq(pend + (issue & row_ok & be_last) - push)
+        m.d.sync += pend.eq(pend + last_issue - push)
         m.d.comb += [self.o_res.valid.eq(res.r_rdy), self.o_res.p.eq(res.r_data), res.r_en.eq(self.o_res.ready)]
         m.d.comb += self.o_idle.eq(seq_fsm.ongoing("Idle") & ~be_active & ~items.r_rdy & (pend == 0) & ~self.i_dma_busy &
                                    ~setup2 & ~started)
@@ -1345,9 +1390,13 @@ class EnginePort(wiring.Component):
         sp = self.dec.cmd.sparse
         m.submodules.part = part = PartAccumulator(cfg, cfg.segment_sum_bits)
         m.d.comb += part.i_exp.eq(exp_r.data)
+        # The running datapath's DMA commands pass through a two-entry FIFO, so that their ready is a register's
+        # (the DMA's command queue is a cycle further).
+        cmd_layout = read_command_layout(cfg.axi_addr_bits, LEN_BITS)
+        m.submodules.cmd_buf = cmd_buf = fifo.SyncFIFO(width=cmd_layout.size, depth=2)
         for dp in (dense, sparse):
-            m.d.comb += [dp.i_dma_busy.eq(dma.o_busy), dp.i_act_data.eq(act_r.data), dp.dma_data.p.eq(dma.o_data.p),
-                         dp.fp.sum.eq(part.o_sum)]
+            m.d.comb += [dp.i_dma_busy.eq(dma.o_busy | cmd_buf.r_rdy), dp.i_act_data.eq(act_r.data),
+                         dp.dma_data.p.eq(dma.o_data.p), dp.fp.sum.eq(part.o_sum)]
         if cfg.gemv_row_mask:
             self._row_mask(m, dense)
         else:
@@ -1355,9 +1404,10 @@ class EnginePort(wiring.Component):
         m.d.comb += [
             dense.i_start.eq(self.i_start & ~sp), sparse.i_start.eq(self.i_start & sp),
             # DMA commands and memory reads from the running datapath.
-            dma.i_cmd.valid.eq(Mux(sp, sparse.dma_cmd.valid, dense.dma_cmd.valid)),
-            dma.i_cmd.p.eq(Mux(sp, sparse.dma_cmd.p, dense.dma_cmd.p)),
-            dense.dma_cmd.ready.eq(dma.i_cmd.ready & ~sp), sparse.dma_cmd.ready.eq(dma.i_cmd.ready & sp),
+            cmd_buf.w_en.eq(Mux(sp, sparse.dma_cmd.valid, dense.dma_cmd.valid)),
+            cmd_buf.w_data.eq(Mux(sp, sparse.dma_cmd.p, dense.dma_cmd.p)),
+            dense.dma_cmd.ready.eq(cmd_buf.w_rdy & ~sp), sparse.dma_cmd.ready.eq(cmd_buf.w_rdy & sp),
+            dma.i_cmd.valid.eq(cmd_buf.r_rdy), dma.i_cmd.p.eq(cmd_buf.r_data), cmd_buf.r_en.eq(dma.i_cmd.ready),
             act_r.addr.eq(Mux(sp, sparse.o_act_addr, dense.o_act_addr)),
             exp_r.addr.eq(Mux(sp, sparse.o_exp_addr, dense.o_exp_addr)),
             part.i_valid.eq(Mux(sp, sparse.fp.valid, dense.fp.valid)),
@@ -1403,7 +1453,7 @@ class GemvEngine(wiring.Component):
     max_cols : int, optional
         Activation memory size (default ``cfg.gemv_max_cols``).
     tile_rows : int, optional
-        Rows per tile (T): a power of two above the FpAdd latency (default: the smallest such).
+        Rows per tile (T): a power of two above the FpAdd latency plus one (default: the smallest such).
 
     Members
     -------
@@ -1455,10 +1505,11 @@ class GemvEngine(wiring.Component):
                              f"not {cfg.axi_ports!r}")
         lat = FpAdd.LATENCY
         if tile_rows is None:
-            tile_rows = 1 << lat.bit_length()
-        if isinstance(tile_rows, bool) or not isinstance(tile_rows, int) or tile_rows <= lat or \
+            tile_rows = 1 << (lat + 1).bit_length()
+        if isinstance(tile_rows, bool) or not isinstance(tile_rows, int) or tile_rows <= lat + 1 or \
                 tile_rows & (tile_rows - 1):
-            raise ValueError(f"tile_rows must be a power of two above the FpAdd latency ({lat}), not {tile_rows!r}")
+            raise ValueError(f"tile_rows must be a power of two above the FpAdd latency plus one ({lat + 1}), "
+                             f"not {tile_rows!r}")
         if cfg.act_block > max_cols:
             raise ValueError(f"act_block ({cfg.act_block}) exceeds max_cols ({max_cols})")
         _check_segment_sums(cfg)             # the ports' PartAccumulator needs exact segment sums
@@ -1527,35 +1578,46 @@ class GemvEngine(wiring.Component):
         # Merge in row order: dense, tile j comes from port j mod N (T rows); sparse and masked, port p holds
         # rows p * prow .. (p + 1) * prow - 1 (masked: the live ones; a row the mask skips reads +0).
         out_left = Signal(21)         # rows not yet issued to the output adder
+        out_any = Signal()            # out_left != 0, registered with it
         mt_port = Signal(range(N))
         mt_cnt = Signal(range(max(T, cfg.gemv_sparse_max_rows // N, _mask_share(cfg) if cfg.gemv_row_mask else 1)))
-        mt_len = Mux(sparse | masked, dec.o_prow, T)
+        mt_len_m1 = Signal(21)
+        m.d.sync += mt_len_m1.eq(Mux(sparse | masked, dec.o_prow, T) - 1)    # from the decoded command, before any row
         merged = Signal()             # a row leaves the merge
         live, mask_ok = self._merge_mask(m, start, merged, masked) if cfg.gemv_row_mask else (Const(1), Const(1))
         fadd = FpAdd()
         m.submodules.accm_add = fadd
-        m.submodules.out = out = fifo.SyncFIFOBuffered(width=32, depth=fadd.latency + 4)
-        inflight = Signal(range(fadd.latency + 2))
+        # The adder's operands are registered in front of it (`add_*`): a cycle more for each row.
+        add_valid, add_a, add_b = Signal(), Signal(32), Signal(32)
+        lat = fadd.latency + 1
+        m.submodules.out = out = fifo.SyncFIFOBuffered(width=32, depth=lat + 4)
+        inflight = Signal(range(lat + 2))
         head_valid = Signal()
         head_data = Signal(32)
         for k, port in enumerate(ports):
             with m.If(mt_port == k):
                 m.d.comb += [head_valid.eq(port.o_res.valid), head_data.eq(port.o_res.p)]
         accm = dec.o_cmd.accm
-        can = (out_left != 0) & (head_valid | ~live) & mask_ok & (~accm | self.i_acc.valid) & \
-            (out.level + inflight < out.depth)
+        # Room in the output FIFO for the rows in flight, registered: from a level a cycle old (reads only
+        # add room) and this cycle's issue. A row the mask skips takes no port result and adds +0.
+        room = Signal()
+        used = out.level + inflight
+        can = out_any & (head_valid | ~live) & mask_ok & (~accm | self.i_acc.valid) & room
+        m.d.sync += room.eq(Mux(can, used + 1 < out.depth, used < out.depth))
         for k, port in enumerate(ports):
             m.d.comb += port.o_res.ready.eq(can & live & (mt_port == k))
-        m.d.comb += [self.i_acc.ready.eq(can & accm), fadd.en.eq(1), fadd.i_valid.eq(can),
-                     fadd.i_a.eq(Mux(accm, self.i_acc.p, NEG_ZERO)), fadd.i_b.eq(Mux(live, head_data, 0)),
+        m.d.sync += [add_valid.eq(can), add_a.eq(Mux(accm, self.i_acc.p, NEG_ZERO)),
+                     add_b.eq(Mux(live, head_data, 0))]
+        m.d.comb += [self.i_acc.ready.eq(can & accm), fadd.en.eq(1), fadd.i_valid.eq(add_valid),
+                     fadd.i_a.eq(add_a), fadd.i_b.eq(add_b),
                      out.w_en.eq(fadd.o_valid), out.w_data.eq(fadd.o_y)]
         m.d.sync += inflight.eq(inflight + can - fadd.o_valid)
         m.d.comb += merged.eq(can)
         with m.If(start):
-            m.d.sync += [out_left.eq(dec.o_cmd.rows), mt_port.eq(0), mt_cnt.eq(0)]
+            m.d.sync += [out_left.eq(dec.o_cmd.rows), out_any.eq(dec.o_cmd.rows != 0), mt_port.eq(0), mt_cnt.eq(0)]
         with m.Elif(can):
-            m.d.sync += [out_left.eq(out_left - 1), mt_cnt.eq(mt_cnt + 1)]
-            with m.If(mt_cnt == mt_len - 1):
+            m.d.sync += [out_left.eq(out_left - 1), out_any.eq(out_left != 1), mt_cnt.eq(mt_cnt + 1)]
+            with m.If(mt_cnt == mt_len_m1):
                 m.d.sync += [mt_cnt.eq(0), mt_port.eq(Mux(mt_port == N - 1, 0, mt_port + 1))]
         done = (out_left == 0) & (inflight == 0) & ~start & ~decoding & ~checking & ~gathering & \
             Cat(*[p.o_idle for p in ports]).all()

@@ -227,6 +227,20 @@ def test_matrix_sequencer_wgemm_in_tiles():
     assert [s.tokens for s in steps if isinstance(s, Gemm)] == [4, 4, 1]
 
 
+@pytest.mark.parametrize("rows,dst,code", [(12, 4090, "NONE"), (12, 4091, "ADDRESS_RANGE"),
+                                           (70_000, 0, "ADDRESS_RANGE"), (0xFFFF_FFFF, 0, "ADDRESS_RANGE")],
+                         ids=["last_row_fits", "one_row_beyond", "rows_past_the_span_stride", "rows_max"])
+def test_matrix_sequencer_wgemm_output_range(rows, dst, code):
+    # the output range ends at dst + (tokens - 1) * stride + rows: exactly at L2's end fits, past it fails; rows
+    # beyond L2 fail it whatever the saturated stride of the span's product
+    fields = {"dst": dst, "src": 0, "desc": 0, "tokens": 2, "accm": 0, "async_": 0}
+    if code == "NONE":
+        check(MatrixSequencer, TINY, Opcode.WGEMM, fields, desc=_matrix(rows, 20))
+    else:
+        word, _ = _insn(TINY, Opcode.WGEMM, **fields)
+        assert run(MatrixSequencer(TINY), word, desc=_matrix(rows, 20)) == ([], code)
+
+
 def test_matrix_sequencer_gather():
     check(MatrixSequencer, TINY, Opcode.GATHER, {"dst": 8, "desc": 0, "remap": 0, "async_": 0}, desc=_matrix(10, 24))
 

@@ -144,6 +144,11 @@ class MatrixSequencer(Sequencer):
         L2E = l2_elements(hw)
         in_stride, out_stride = Signal(nb + 2), Signal(34)   # elements between tokens (16-byte rows)
         last_tok = Signal.like(wm.tokens)                     # the last token's index
+        # the output span's stride, saturated at SAT > L2 (rows >= SAT fail the output range either way), so
+        # that each span is one DSP48E2's product
+        SAT = 1 << (len(in_stride) - 1)
+        assert SAT > L2E
+        span_stride = Signal.like(in_stride)
         left = Signal(9)                                      # tokens not yet in a tile
         tok = Signal(range(R + 1))                            # the token being quantised, in its tile
         tile = Signal(range(R + 1))                           # tokens in this tile
@@ -155,14 +160,14 @@ class MatrixSequencer(Sequencer):
                 st.fail(ErrorCode.BAD_LENGTH)
             with m.Else():
                 m.d.sync += [in_stride.eq((d.cols + 3) & ~3), out_stride.eq((d.rows + 3) & ~3),
-                             last_tok.eq(wm.tokens - 1)]
+                             span_stride.eq(Mux(d.rows >= SAT, SAT, (d.rows + 3) & ~3)), last_tok.eq(wm.tokens - 1)]
                 m.next = "WM_1"
         # the last token's input and output ends: the products, then the sums, a cycle each
         in_span = Signal(len(last_tok) + len(in_stride))
-        out_span = Signal(len(last_tok) + len(out_stride))
+        out_span = Signal(len(last_tok) + len(span_stride))
         in_end, out_end = (Signal(max(len(span), len(d.cols)) + 2) for span in (in_span, out_span))   # 3 terms
         with m.State("WM_1"):
-            m.d.sync += [in_span.eq(last_tok * in_stride), out_span.eq(last_tok * out_stride)]
+            m.d.sync += [in_span.eq(last_tok * in_stride), out_span.eq(last_tok * span_stride)]
             m.next = "WM_2"
         with m.State("WM_2"):
             m.d.sync += [in_end.eq(elem(wm.src) + in_span + d.cols), out_end.eq(elem(wm.dst) + out_span + d.rows)]

@@ -21,7 +21,7 @@ from ..sfu import SfuOp
 from .passes import BSrc, Sink, Src, done_layout, pass_layout
 
 __all__ = ["context_layout", "end_layout", "DividerPort", "engine_state_layout", "Sequencer", "Steps", "REGIONS",
-           "context_flags"]
+           "context_flags", "recode"]
 
 REGIONS = tuple(DdrRegion)
 
@@ -84,8 +84,10 @@ class Steps:
     ``by_site=False`` assigns them where `launch` is called, so each field is a select per condition around
     each launch; ``by_site=True`` numbers the launches and, in `finish` (called once after the FSM), drives
     each field by one flat choice over the launches that set it. Launches nested deep in checks (ATTN, WGEMV)
-    map to far fewer LUTs by site; a few launches in shallow states (VEC, CVO, DMA) to fewer in place
-    (``docs/architecture.md``, "Utilisation").
+    map to far fewer LUTs by site (``docs/architecture.md``, "Utilisation"). By site, the launch that runs is
+    a number, each field a case on it; or, with ``one_hot=True``, one select per launch, each field the OR of
+    its launches' values gated by their selects: no encoding and decoding of the number between the states'
+    conditions and the fields (fewer levels where the launches are few and shallow: the vector sequencer).
 
     ``registered=True`` (by site only) sends the command from a register: it leaves the cycle after `launch`
     (the engine, idle or completing at the launch, is idle then), and no path runs from the sequencer's state
@@ -95,13 +97,16 @@ class Steps:
     reaches the valid only, not the fields. A matrix command meant to start beside the pass is sent one cycle
     after its launch too."""
 
-    def __init__(self, m, o_pass, i_done, end, idle="IDLE", error=None, by_site=False, registered=False):
+    def __init__(self, m, o_pass, i_done, end, idle="IDLE", error=None, by_site=False, registered=False,
+                 one_hot=False):
         self.m, self.o_pass, self.i_done, self._end = m, o_pass, i_done, end
         self.idle, self.error, self.by_site = idle, error or idle, by_site
         assert by_site or not registered, "a registered pass command is driven by site"
         self.registered = registered
         self._sites = [None]                 # by site: the fields of each launch; site 0 is none (payload 0)
-        self._site = Signal(16, name="pass_site")
+        self._site = Signal(16, name="pass_site")        # the number of the launch that runs
+        self.one_hot = one_hot
+        self._site_bits = [None]             # one_hot: each launch's select (high while it runs)
         # registered: the command of the launch in this cycle (all 0 without one), sent from o_pass next cycle
         self._cmd = Signal.like(o_pass.payload, name="pass_cmd") if registered else o_pass.payload
         self._launch = Signal(name="pass_launch") if registered else o_pass.valid
@@ -118,7 +123,14 @@ class Steps:
         if self.by_site:
             assert not self._finished, "a launch after Steps.finish"
             self._sites.append(fields)
-            m.d.comb += self._site.eq(len(self._sites) - 1)
+            if self.one_hot:
+                # kept: each select a LUT output of its own, so that synthesis does not fold the states'
+                # conditions into every field's choice
+                bit = Signal(name=f"pass_site_{len(self._sites) - 1}", attrs={"keep": 1})
+                self._site_bits.append(bit)
+                m.d.comb += bit.eq(1)
+            else:
+                m.d.comb += self._site.eq(len(self._sites) - 1)
         else:
             for key, val in fields.items():
                 m.d.comb += Value.cast(getattr(self.o_pass.payload, key)).eq(_value(val))
@@ -133,7 +145,10 @@ class Steps:
         for key, _ in p.shape():
             cases = [(k, f[key]) for k, f in enumerate(self._sites)
                      if k and key in f and not (isinstance(f[key], int) and f[key] == 0)]
-            if cases:
+            if cases and self.one_hot:
+                m.d.comb += Value.cast(getattr(p, key)).eq(
+                    _or([Mux(self._site_bits[k], _value(val), 0) for k, val in cases]))
+            elif cases:
                 with m.Switch(self._site):
                     for k, val in cases:
                         with m.Case(k):
@@ -184,6 +199,13 @@ class Steps:
         with m.State(state + "_C"):
             self.checks([(flags[i], act or self.go(state)) for i, (_, act) in enumerate(cases)], otherwise)
 
+    def choose(self, flags, actions):
+        """One ``If`` per action on its flag, `flags` one-hot (`context_flags` with ``first``): each action's
+        condition is its flag alone, no chain of the ones before it."""
+        for flag, act in zip(flags, actions, strict=True):
+            with self.m.If(flag):
+                act()
+
     def checks(self, cases, otherwise):
         """``If``/``Elif`` over `cases` (condition, action) in order, then ``Else: otherwise()``."""
         m = self.m
@@ -198,14 +220,34 @@ def _value(val):
     return Value.cast(val) if isinstance(val, enum.Enum) else val
 
 
-def context_flags(m, name, conds):
+def _or(terms):
+    """The OR of `terms`, as a balanced tree."""
+    while len(terms) > 1:
+        terms = [terms[k] | terms[k + 1] if k + 1 < len(terms) else terms[k] for k in range(0, len(terms), 2)]
+    return terms[0]
+
+
+def context_flags(m, name, conds, first=False):
     """`conds`, conditions on the context, registered every cycle (one cycle): the word and the descriptor are
     the instruction's from the cycle the controller starts the sequencer on (`Sequencer`), so from its first
     state on the flags are the instruction's, and no cycle holds both their arithmetic and the choice among
-    the checks."""
+    the checks.
+
+    With `first`, flag k is condition k and none before it, and one more flag follows: none of them (one
+    flag of the result is high), for `Steps.choose`."""
+    if first:
+        conds = [c & ~Cat(*conds[:k]).any() if k else c for k, c in enumerate(conds)] + [~Cat(*conds).any()]
     flags = Signal(len(conds), name=name)
     m.d.sync += flags.eq(Cat(*conds))
     return [flags[i] for i in range(len(conds))]
+
+
+def recode(fsm, encoding="auto"):
+    """Mark `fsm`'s state register (after its ``with m.FSM`` block) for re-encoding by synthesis: Yosys takes
+    ``auto`` as one-hot below 32 states (a state's test one flip-flop, not a decode of the binary number ahead
+    of every condition), Vivado extracts FSMs itself either way. The re-encoded register starts from the
+    reset (the system's synchronous reset), not from its initial value."""
+    fsm._data["signal"].attrs["fsm_encoding"] = encoding
 
 
 def end_to(m, o_end):

@@ -21,7 +21,7 @@ from ..isa import (SCALAR_REGS, VEC_REDUCTIONS, CvoFunc, DdrRegion, DmaDir, Erro
 from ..sfu import SfuOp
 from .alu import AluFn, alu_command, alu_result
 from .passes import BSrc, Sink, Src
-from .sequencer import DividerPort, Sequencer, Steps, context_flags, elem, end_to, geometry, in_l2
+from .sequencer import DividerPort, Sequencer, Steps, context_flags, elem, end_to, geometry, in_l2, recode
 
 __all__ = ["VectorSequencer", "sreg_write_layout"]
 
@@ -50,7 +50,7 @@ class VectorSequencer(Sequencer):
 
     def elaborate(self, platform):
         m = Module()
-        st = Steps(m, self.o_pass, self.i_done, end_to(m, self.o_end))
+        st = Steps(m, self.o_pass, self.i_done, end_to(m, self.o_end), by_site=True, one_hot=True)
         op = self.i_ctx.word[60:64]
         self._vec_op = vec_op = Signal(SfuOp)        # the SFU function of an element-wise VEC or a reduction
         with m.Switch(data.View(layout(Opcode.VEC), self.i_ctx.word).func):
@@ -58,7 +58,7 @@ class VectorSequencer(Sequencer):
                 if f not in SEGMENTED:
                     with m.Case(f):
                         m.d.comb += vec_op.eq(SfuOp[f.name])
-        with m.FSM(name="vector"):
+        with m.FSM(name="vector") as fsm:
             with m.State("IDLE"):
                 with m.If(self.i_start):
                     with m.Switch(op):
@@ -69,6 +69,8 @@ class VectorSequencer(Sequencer):
             self._vec(m, st)
             self._cvo(m, st)
             self._dma(m, st)
+        st.finish()
+        recode(fsm)
         return m
 
     def alu(self, m, a, b, fn, nxt):
@@ -84,19 +86,24 @@ class VectorSequencer(Sequencer):
         vl, hd = ctx.vl, ctx.hd
         two_operand = _any(ve.func, TWO_OPERAND)
         vec_op = self._vec_op
+        # the checks on the context, the first that holds registered a cycle ahead (`context_flags`): VEC is
+        # the first state
+        early = context_flags(m, "vec_flags", [
+            vl == 0, ~in_l2(hw, va, vl), two_operand & ~in_l2(hw, vb, vl), _any(ve.func, SEGMENTED),
+            _any(ve.func, VEC_REDUCTIONS), ~in_l2(hw, vd, vl)], first=True)
         with m.State("VEC"):
-            st.checks([
-                (vl == 0, lambda: st.fail(ErrorCode.BAD_LENGTH)),
-                (~in_l2(hw, va, vl), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
-                (two_operand & ~in_l2(hw, vb, vl), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
-                (_any(ve.func, SEGMENTED), lambda: self._divide(m, vl, hd, "VSEG_DIV")),
-                (_any(ve.func, VEC_REDUCTIONS), lambda: st.launch(
+            st.choose(early, [
+                lambda: st.fail(ErrorCode.BAD_LENGTH),
+                lambda: st.fail(ErrorCode.ADDRESS_RANGE),
+                lambda: st.fail(ErrorCode.ADDRESS_RANGE),
+                lambda: self._divide(m, vl, hd, "VSEG_DIV"),
+                lambda: st.launch(
                     "VEC_SCALAR", op=vec_op, n=vl, a=Src.L2, a_addr=va, b=Mux(two_operand, BSrc.L2, BSrc.NONE),
-                    b_addr=vb, s=ctx.s[ve.s], sink=Sink.REG)),
-                (~in_l2(hw, vd, vl), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
-            ], lambda: st.launch("RETIRE_PASS", op=vec_op, n=vl, a=Src.L2, a_addr=va,
+                    b_addr=vb, s=ctx.s[ve.s], sink=Sink.REG),
+                lambda: st.fail(ErrorCode.ADDRESS_RANGE),
+                lambda: st.launch("RETIRE_PASS", op=vec_op, n=vl, a=Src.L2, a_addr=va,
                                  b=Mux(two_operand, BSrc.L2, BSrc.NONE), b_addr=vb, s=ctx.s[ve.s], sink=Sink.L2,
-                                 dst=vd))
+                                 dst=vd)])
 
         def write_sreg():
             m.d.comb += [self.o_sreg.valid.eq(1), self.o_sreg.payload.idx.eq(ve.s),
@@ -110,10 +117,14 @@ class VectorSequencer(Sequencer):
         src, dst = Signal(ea + 1), Signal(ea + 1)
         half = hd[1:]
         # ROPE's operand addresses, registered at the start (and stepped with src and dst): the second halves
-        # of x and of the output, sin's table, the scratch rows t1 .. t3
+        # of x and of the output, sin's table
         src2, dst2, sin_ = Signal(ea + 1, name="src2"), Signal(ea + 1, name="dst2"), Signal(ea + 1, name="sin")
         done_all = Signal()                   # left == 0, registered with left
-        t = [Signal(ea + 1, name=f"t{k}") for k in range(4)]
+        # the scratch rows t0 .. t3, from HD alone: k · half registered every cycle, then SB + that (the
+        # instruction's from its third cycle on; ROPE reads them from ROPE_1 on)
+        t, t_off = ([Signal(ea + 1, name=f"{nm}{k}") for k in range(4)] for nm in ("t", "t_off"))
+        m.d.sync += [t_off[1].eq(half), t_off[2].eq(half << 1), t_off[3].eq(half + (half << 1))]   # adds, no DSP
+        m.d.sync += [t[k].eq(SB + t_off[k]) for k in range(4)]
         seg = context_flags(m, "seg_flags", [
             hd == 0, (ve.func == VecFunc.ROPE) & (hd[0] | ((hd << 1) > SCR)),
             (ve.func != VecFunc.RMSNORM_NG) & ~in_l2(hw, vb, hd), ~in_l2(hw, vd, vl)])
@@ -126,7 +137,6 @@ class VectorSequencer(Sequencer):
             def start():
                 m.d.sync += [left.eq(self.div.q), done_all.eq(self.div.q == 0), src.eq(va), dst.eq(vd),
                              src2.eq(va + half), dst2.eq(vd + half), sin_.eq(vb + half)]
-                m.d.sync += [t[k].eq(SB + k * half) for k in range(4)]
                 with m.If(ve.func == VecFunc.ROPE):
                     m.next = "ROPE_0"
                 with m.Else():
@@ -197,14 +207,14 @@ class VectorSequencer(Sequencer):
         recip = Signal(32)                       # RECIP(S0)
         early = context_flags(m, "cvo_flags", [
             (staged & (n > SCR)) | (n == 0),
-            ~in_l2(hw, cs, Mux(rope_f, n << 1, n)) | ~in_l2(hw, cd, Mux(red_f, 1, n)), need_recip])
+            Mux(rope_f, ~in_l2(hw, cs, n << 1), ~in_l2(hw, cs, n)) | Mux(red_f, ~in_l2(hw, cd, 1), ~in_l2(hw, cd, n)),
+            need_recip], first=True)
         with m.State("CVO"):
-            st.checks([
-                (early[0], lambda: st.fail(ErrorCode.BAD_LENGTH)),
-                (early[1], lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
-                (early[2], lambda: st.launch("CVO_R", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=ctx.s[0],
-                                               sink=Sink.REG)),
-            ], st.go("CVO_MAIN"))
+            st.choose(early, [
+                lambda: st.fail(ErrorCode.BAD_LENGTH),
+                lambda: st.fail(ErrorCode.ADDRESS_RANGE),
+                lambda: st.launch("CVO_R", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=ctx.s[0], sink=Sink.REG),
+                st.go("CVO_MAIN")])
 
         def got_recip():
             m.d.sync += recip.eq(st.result)
@@ -231,15 +241,18 @@ class VectorSequencer(Sequencer):
         l2e = elem(dm.l2)
         ddr = (ctx.base[dm.region.as_value()] + (dm.offset << 4))[:hw.axi_addr_bits]
         region = dm.region
+        early = context_flags(m, "dma_flags", [
+            dm.dir == DmaDir.L2_TO_L2, ctx.vl == 0, ~in_l2(hw, l2e, ctx.vl),
+            (dm.dir == DmaDir.DDR_TO_L2) & (region != DdrRegion.CONST) & (region != DdrRegion.SCRATCH),
+            dm.dir == DmaDir.DDR_TO_L2, (region != DdrRegion.LOGITS) & (region != DdrRegion.SCRATCH)], first=True)
         with m.State("DMA"):
-            st.checks([
-                (dm.dir == DmaDir.L2_TO_L2, lambda: st.fail(ErrorCode.BAD_FUNCTION)),
-                (ctx.vl == 0, lambda: st.fail(ErrorCode.BAD_LENGTH)),
-                (~in_l2(hw, l2e, ctx.vl), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
-                ((dm.dir == DmaDir.DDR_TO_L2) & (region != DdrRegion.CONST) & (region != DdrRegion.SCRATCH),
-                 lambda: st.fail(ErrorCode.BAD_FUNCTION)),
-                (dm.dir == DmaDir.DDR_TO_L2, lambda: st.launch(
-                    "RETIRE_PASS", bypass=1, n=ctx.vl, a=Src.DDR, ddr_addr=ddr, ddr_fmt=0, sink=Sink.L2, dst=l2e)),
-                ((region != DdrRegion.LOGITS) & (region != DdrRegion.SCRATCH), lambda: st.fail(ErrorCode.BAD_FUNCTION)),
-            ], lambda: st.launch("RETIRE_PASS", bypass=1, n=ctx.vl, a=Src.L2, a_addr=l2e, sink=Sink.DDR,
-                                 ddr_addr=ddr, wr_fmt=0))
+            st.choose(early, [
+                lambda: st.fail(ErrorCode.BAD_FUNCTION),
+                lambda: st.fail(ErrorCode.BAD_LENGTH),
+                lambda: st.fail(ErrorCode.ADDRESS_RANGE),
+                lambda: st.fail(ErrorCode.BAD_FUNCTION),
+                lambda: st.launch(
+                    "RETIRE_PASS", bypass=1, n=ctx.vl, a=Src.DDR, ddr_addr=ddr, ddr_fmt=0, sink=Sink.L2, dst=l2e),
+                lambda: st.fail(ErrorCode.BAD_FUNCTION),
+                lambda: st.launch("RETIRE_PASS", bypass=1, n=ctx.vl, a=Src.L2, a_addr=l2e, sink=Sink.DDR,
+                                  ddr_addr=ddr, wr_fmt=0)])
