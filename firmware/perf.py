@@ -337,6 +337,27 @@ def _sparse_gemv_time(shape, hw: HardwareConfig, rates: Rates) -> tuple[float, f
     return max(stream, sparse_gemv_cycles(rows, cols, group, nz, hw)), stream
 
 
+def masked_gemv_cycles(rows: int, cols: int, group: int, live: int, hw: HardwareConfig, stream: float) -> float:
+    """Engine cycles of a masked WGEMV (`hdl.gemv`, WGEMV `mask`) beyond ``gemv_fixed`` whose bytes take
+    `stream` cycles: each port first gathers the live rows of its share (`hdl.rowmask.RowGather`: two cycles
+    per word of four rows, and a cycle per live row, the largest share's), then the rows stream while the merge
+    issues every row, live or not, one a cycle."""
+    from hdl.rowmask import MASK_LANES
+    W, N = hw.weights_per_beat, hw.axi_ports
+    prow = -(-rows // (N * W)) * W
+    gather = 2 + 2 * -(-prow // MASK_LANES) + -(-live // N)
+    return gather + max(stream, rows)
+
+
+def _masked_extra(shapes, hw: HardwareConfig, rates: Rates) -> float:
+    """The cycles beyond their bytes (counted with the rest) of the masked GEMVs `shapes` (shape -> count)."""
+    total = 0.0
+    for (rows, cols, group, live), n in shapes.items():
+        stream = live * ((cols + cols % 2) // 2 + -(-cols // group) * 2) / _stream_rate(hw, rates)
+        total += n * (masked_gemv_cycles(rows, cols, group, live, hw, stream) - stream)
+    return total
+
+
 def _sparse_extra(shapes, hw: HardwareConfig, rates: Rates) -> float:
     """The cycles beyond their bytes (counted with the rest) of the sparse GEMVs `shapes` (shape -> count)."""
     return sum(n * (t - b) for n, (t, b) in ((n, _sparse_gemv_time(sh, hw, rates)) for sh, n in shapes.items()))
@@ -368,7 +389,8 @@ def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dic
         units["sfu"] += recips
         by_op["ATTN"] += recips
 
-    weights = counters.gemv_bytes / rate + n_wgemv * rates.gemv_fixed + _sparse_extra(counters.sparse_gemvs, hw, rates)
+    weights = (counters.gemv_bytes / rate + n_wgemv * rates.gemv_fixed + _sparse_extra(counters.sparse_gemvs, hw, rates)
+               + _masked_extra(counters.masked_gemvs, hw, rates))
     units["weights"] += weights
     by_op["WGEMV"] += weights
     # INT8 ATTN's GEMVs over the KV planes: the same engine costs, but inside ATTN (not a weight stream that

@@ -286,7 +286,7 @@ PRESETS: dict[str, HardwareConfig] = {
         axi_id_bits=4, axi_max_burst_beats=16, axi_max_outstanding=4, act_bits=8, acc_bits=32,
         act_block=16, weight_group=32, systolic_rows=4, systolic_cols=4,
         l2_bytes=64 << 10, constant_cache_bytes=4 << 10, l2_scratch_bytes=16 << 10, sfu_reduce_lanes=32,
-        gemv_max_cols=1024, gemv_sparse_max_rows=128, kv_format="int8", kv_max_head_dim=128),
+        gemv_max_cols=1024, gemv_sparse_max_rows=128, gemv_row_mask=True, kv_format="int8", kv_max_head_dim=128),
 }
 # The binary16 KV cache (ATTN on the SFU) on the tiny NPU: the other `kv_format`, kept buildable and tested.
 PRESETS["tiny_fp16"] = PRESETS["tiny"].replace(name="tiny_fp16", kv_format="fp16")

@@ -81,6 +81,9 @@ class Counters:
     # sparse WGEMVs by shape, (rows, cols, group, non-zero columns) -> count: their time is bound by the
     # engine's per-row binary32 parts, not by their bytes (firmware.perf.sparse_gemv_cycles)
     sparse_gemvs: Counter = field(default_factory=Counter)
+    # masked WGEMVs by shape, (rows, cols, group, live rows) -> count: the engine gathers the live rows first
+    # and merges every row, live or not, one a cycle (firmware.perf.masked_gemv_cycles)
+    masked_gemvs: Counter = field(default_factory=Counter)
     # ATTN on the GEMV engine (kv_format "int8"): its engine commands, their bytes (KV planes and scales; not
     # in gemv_bytes) and its sparse commands by shape (as sparse_gemvs)
     attn_gemvs: int = 0
@@ -492,6 +495,7 @@ class Machine:
         fetched = d.rows
         if i.mask:
             fetched = self._density_rows(d) if self.arithmetic == COUNT else int(np.count_nonzero(live))
+            self.counters.masked_gemvs[(d.rows, d.cols, d.group, fetched)] += 1
             self.counters.weight_bytes_skipped += (d.rows - fetched) * ((d.cols + d.cols % 2) // 2 + ngroups * 2)
         # Bytes: dense reads every fetched row; sparse reads the columns of non-zero activations only.
         pcols = d.cols + d.cols % 2
