@@ -345,7 +345,7 @@ def masked_gemv_cycles(rows: int, cols: int, group: int, live: int, hw: Hardware
     from hdl.rowmask import MASK_LANES
     W, N = hw.weights_per_beat, hw.axi_ports
     prow = -(-rows // (N * W)) * W
-    gather = 2 + 2 * -(-prow // MASK_LANES) + -(-live // N)
+    gather = 3 + 2 * -(-prow // MASK_LANES) + -(-live // N)
     return gather + max(stream, rows)
 
 

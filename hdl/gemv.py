@@ -655,15 +655,18 @@ class GemvPort(wiring.Component):
         share = _mask_share(cfg)
         # the gathered rows: i_rows is their tiles as a command's (q whole tiles of this port, then r rows)
         count = Cat(self.i_rows[:lT], self.i_rows[lNT:])
-        roff = Array(Signal(ab, name=f"mk_roff{t}") for t in range(T))
-        soff = Array(Signal(ab, name=f"mk_soff{t}") for t in range(T))
+        # offsets from the bases: a row's bytes are at most 2**15, its scales' 2**(log2 max_segments + 1)
+        ob = ceil_log2(cfg.gemv_max_cols) + 15
+        sb = ceil_log2(cfg.gemv_max_cols) + ceil_log2(self._max_segments) + 1
+        roff = Array(Signal(ob, name=f"mk_roff{t}") for t in range(T))
+        soff = Array(Signal(sb, name=f"mk_soff{t}") for t in range(T))
         left = Signal(range(share + 1))              # gathered rows from this tile on
         base = Signal(range(share + T))              # the tile's first gathered row
         trows = Signal(range(T + 1))
         f = Signal(range(T + 2))                     # the table's fill: the next index read
         st1, st2 = Signal(), Signal()                # an index (then its products) on its way to the table
         t1, t2 = Signal(range(T)), Signal(range(T))
-        pr, ps = Signal(ab), Signal(ab)
+        pr, ps = Signal(ob), Signal(sb)
         t = Signal(range(T))
         c = Signal.like(nch_m1)
         rb = Signal(ab)                              # the round's chunk base: wbase + c * CBB
@@ -1432,11 +1435,14 @@ class EnginePort(wiring.Component):
         cfg, p, T, N = self._cfg, self._index, self._T, self._cfg.axi_ports
         d = self.dec
         m.submodules.gather = g = RowGather(cfg.gemv_max_cols, _mask_share(cfg))
-        lo = Signal(21)
+        # the share's bounds, registered from the decoded command (i_gather comes a cycle after the start)
+        lo, hi = Signal(21), Signal(21)
+        end = d.prow * (p + 1)
+        m.d.sync += [lo.eq(Mux(d.prow * p < d.cmd.rows, d.prow * p, d.cmd.rows)),
+                     hi.eq(Mux(end < d.cmd.rows, end, d.cmd.rows))]
         m.d.comb += [g.i_mask_en.eq(self.i_mask_en), g.i_mask_addr.eq(self.i_mask_addr),
                      g.i_mask_bits.eq(self.i_mask_bits), g.i_start.eq(self.i_gather),
-                     lo.eq(d.prow * p), g.i_lo.eq(Mux(lo < d.cmd.rows, lo, d.cmd.rows)),
-                     g.i_hi.eq(Mux(lo + d.prow < d.cmd.rows, lo + d.prow, d.cmd.rows)),
+                     g.i_lo.eq(lo), g.i_hi.eq(hi),
                      self.o_gather_busy.eq(g.o_busy),
                      g.i_idx_addr.eq(dense.o_idx_addr), dense.i_idx.eq(g.o_idx)]
         count, lT = g.o_count, ceil_log2(T)
@@ -1564,13 +1570,16 @@ class GemvEngine(wiring.Component):
         gathering = Signal()
         if cfg.gemv_row_mask:
             m.d.comb += self.i_mask.ready.eq(1)
-            gathered = gathering & ~Cat(*[p.o_gather_busy for p in ports]).any()
+            # the gathers start a cycle after the command (their shares' bounds registered from it)
+            go = Signal()
+            m.d.sync += go.eq(start & masked)
+            gathered = gathering & ~go & ~Cat(*[p.o_gather_busy for p in ports]).any()
             with m.If(start & masked):
                 m.d.sync += gathering.eq(1)
             with m.If(gathered):
                 m.d.sync += gathering.eq(0)
             for port in ports:
-                m.d.comb += [port.i_gather.eq(start & masked), port.i_start.eq(Mux(masked, gathered, start))]
+                m.d.comb += [port.i_gather.eq(go), port.i_start.eq(Mux(masked, gathered, start))]
         else:
             for port in ports:
                 m.d.comb += port.i_start.eq(start)
