@@ -345,7 +345,7 @@ def masked_gemv_cycles(rows: int, cols: int, group: int, live: int, hw: Hardware
     from hdl.rowmask import MASK_LANES
     W, N = hw.weights_per_beat, hw.axi_ports
     prow = -(-rows // (N * W)) * W
-    gather = 3 + 2 * -(-prow // MASK_LANES) + -(-live // N)
+    gather = 4 + 2 * -(-prow // MASK_LANES) + -(-live // N)
     return gather + max(stream, rows)
 
 
@@ -709,7 +709,7 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m firmware.perf", description=__doc__.splitlines()[0],
                                 usage="%(prog)s [--model M] [--hw HW] [--positions POS ...] [--prefill [TOKENS ...]] "
-                                      "[--kv-format F] [--clock-mhz MHZ] [--axi-ports N] [--row-mask] [--json] "
+                                      "[--kv-format F] [--clock-mhz MHZ] [--axi-ports N] [--no-row-mask] [--json] "
                                       "[--<cost> X ...]")
     p.add_argument("--model", default="e4b", choices=sorted(MODEL_PRESETS), help="model preset (default e4b)")
     p.add_argument("--hw", default="kv260", choices=sorted(HW_PRESETS), help="hardware preset (default kv260)")
@@ -728,9 +728,9 @@ def main(argv=None) -> int:
     p.add_argument("--axi-ports", type=arg_type("an integer from 1 to 8", int, lambda v: 1 <= v <= 8),
                    metavar="N", help="weight-streaming AXI ports of 128 bits (what if the NPU had N; the KV260's "
                                      "PS takes up to six: HP0..3, HPC0..1) (default: the preset's)")
-    p.add_argument("--row-mask", action="store_true",
-                   help="what if the GEMV engine had the WGEMV row mask (HardwareConfig.gemv_row_mask): the sparse "
-                        "layers' up projection fetches only the rows of the gate units the top-k keeps")
+    p.add_argument("--no-row-mask", action="store_true",
+                   help="the NPU without the GEMV engine's row mask (HardwareConfig.gemv_row_mask): the sparse "
+                        "layers' up projection fetches every row, not only those of the gate units the top-k keeps")
     for f in fields(Rates):
         requirement, ok = _RATE_RULES.get(f.name, _COST_RULE)
         p.add_argument("--" + f.name.replace("_", "-"), type=arg_type(requirement, float, ok), default=f.default,
@@ -747,8 +747,8 @@ def main(argv=None) -> int:
             hw = hw.replace(axi_ports=args.axi_ports)
         except ValueError as e:
             p.error(f"argument --axi-ports: {args.hw} cannot have {args.axi_ports} ports: {e}")
-    if args.row_mask:
-        hw = hw.replace(gemv_row_mask=True)
+    if args.no_row_mask:
+        hw = hw.replace(gemv_row_mask=False)
     try:
         estimates = estimate(cfg, hw, args.positions, rates)
     except (ExecutionError, ValueError) as e:
@@ -764,7 +764,7 @@ def main(argv=None) -> int:
         print(json.dumps(to_json(args.model, hw, rates, estimates, prefills), indent=1))
         return 0
     print(f"{args.model} on {args.hw} (KV cache {hw.kv_format}, {hw.axi_ports} weight ports"
-          f"{', the row mask' if hw.gemv_row_mask else ''}) at "
+          f"{'' if hw.gemv_row_mask else ', no row mask'}) at "
           f"{hw.clock_hz / 1e6:.0f} MHz; {rates}")
     units = ("weights", "kv_stream") + PASS_KINDS + ("scalar_alu", "issue")
     print(f"{'position':>8} " + " ".join(f"{u:>10}" for u in units) + f" {'hidden':>10} {'total Mcyc':>10} {'tok/s':>6} "

@@ -108,11 +108,10 @@ class HardwareConfig:
     gemv_sparse_max_rows : GEMV block: the most rows of a sparse (column-major) GEMV; every port keeps
         per-row integer sums and binary32 accumulators for its share (a power of two, at least one beat of
         INT4 weights per port; E4B's hidden size 2048 on kv260).
-    gemv_row_mask : GEMV block: WGEMV `mask` (docs/isa.md): the rows whose mask element is zero are not
-        fetched (the up projection of the sparse layers, whose gate units the Gaussian top-k zeroes). The
-        RTL engine has no row mask yet, so every preset leaves it off; the ISS and the performance model
-        run it (`python -m firmware.perf --row-mask`), and a masked WGEMV on an NPU without it stops with
-        `BAD_FUNCTION`.
+    gemv_row_mask : GEMV block: WGEMV `mask` (docs/isa.md, docs/gemv.md "Row mask"): the rows whose mask
+        element is zero are not fetched (the up projection of the sparse layers, whose gate units the
+        Gaussian top-k zeroes); a masked WGEMV on an NPU without it stops with `BAD_FUNCTION`
+        (`python -m firmware.perf --no-row-mask` prices the NPU without it).
     kv_format : the KV cache format: ``"fp16"`` (binary16 K and V; ATTN runs on the SFU, one element per
         cycle) or ``"int8"`` (power-of-two scaled INT8 K and V held as two INT4 planes; ATTN's dot products
         run on the GEMV engine at the weight-stream rate). docs/numerics.md, "KV cache".
@@ -279,7 +278,7 @@ PRESETS: dict[str, HardwareConfig] = {
         axi_id_bits=6, axi_max_burst_beats=16, axi_max_outstanding=8, act_bits=8, acc_bits=32,
         act_block=64, weight_group=128, systolic_rows=32, systolic_cols=8,
         l2_bytes=1 << 20, constant_cache_bytes=64 << 10, l2_scratch_bytes=128 << 10, sfu_reduce_lanes=32,
-        gemv_max_cols=16384, gemv_sparse_max_rows=2048, kv_format="int8"),
+        gemv_max_cols=16384, gemv_sparse_max_rows=2048, gemv_row_mask=True, kv_format="int8"),
     # Small enough that the full chip simulates in seconds in Verilator; same structure.
     "tiny": HardwareConfig(
         name="tiny", clock_hz=100_000_000, axi_ports=2, axi_data_bits=64, axi_addr_bits=40,

@@ -1435,11 +1435,11 @@ class EnginePort(wiring.Component):
         cfg, p, T, N = self._cfg, self._index, self._T, self._cfg.axi_ports
         d = self.dec
         m.submodules.gather = g = RowGather(cfg.gemv_max_cols, _mask_share(cfg))
-        # the share's bounds, registered from the decoded command (i_gather comes a cycle after the start)
-        lo, hi = Signal(21), Signal(21)
-        end = d.prow * (p + 1)
-        m.d.sync += [lo.eq(Mux(d.prow * p < d.cmd.rows, d.prow * p, d.cmd.rows)),
-                     hi.eq(Mux(end < d.cmd.rows, end, d.cmd.rows))]
+        # the share's bounds from the decoded command in two registered steps, the products then the clamps
+        # (i_gather comes two cycles after the start)
+        lo0, end0, lo, hi = Signal(23), Signal(23), Signal(21), Signal(21)
+        m.d.sync += [lo0.eq(d.prow * p), end0.eq(d.prow * (p + 1)),
+                     lo.eq(Mux(lo0 < d.cmd.rows, lo0, d.cmd.rows)), hi.eq(Mux(end0 < d.cmd.rows, end0, d.cmd.rows))]
         m.d.comb += [g.i_mask_en.eq(self.i_mask_en), g.i_mask_addr.eq(self.i_mask_addr),
                      g.i_mask_bits.eq(self.i_mask_bits), g.i_start.eq(self.i_gather),
                      g.i_lo.eq(lo), g.i_hi.eq(hi),
@@ -1570,10 +1570,10 @@ class GemvEngine(wiring.Component):
         gathering = Signal()
         if cfg.gemv_row_mask:
             m.d.comb += self.i_mask.ready.eq(1)
-            # the gathers start a cycle after the command (their shares' bounds registered from it)
-            go = Signal()
-            m.d.sync += go.eq(start & masked)
-            gathered = gathering & ~go & ~Cat(*[p.o_gather_busy for p in ports]).any()
+            # the gathers start two cycles after the command (their shares' bounds registered from it)
+            go0, go = Signal(), Signal()
+            m.d.sync += [go0.eq(start & masked), go.eq(go0)]
+            gathered = gathering & ~go0 & ~go & ~Cat(*[p.o_gather_busy for p in ports]).any()
             with m.If(start & masked):
                 m.d.sync += gathering.eq(1)
             with m.If(gathered):

@@ -437,7 +437,8 @@ def test_cli_axi_ports(capsys):
 
 
 def test_cli_row_mask(capsys):
-    """``--row-mask``: the sparse layers' up projection fetches only the live gate rows. The bytes per token
+    """The row mask (``--no-row-mask`` prices the NPU without it): the sparse layers' up projection fetches
+    only the live gate rows. The bytes per token
     fall by exactly the skipped rows (1 - sparsity of each up piece's rows kept, each row its INT4 weights and
     binary16 scales), counted here from the configuration, and the token gets faster."""
     import json
@@ -446,9 +447,9 @@ def test_cli_row_mask(capsys):
     from firmware.perf import main
     cfg = ModelConfig.preset("e4b")
     out = {}
-    for flag in ([], ["--row-mask"]):
+    for flag in (["--no-row-mask"], []):
         assert main(["--positions", "128", "--prefill", "--json"] + flag) == 0
-        out[bool(flag)] = json.loads(capsys.readouterr().out)
+        out[not flag] = json.loads(capsys.readouterr().out)
     assert (out[False]["gemv_row_mask"], out[True]["gemv_row_mask"]) == (False, True)
     group = HardwareConfig.preset("kv260").weight_group
     row = cfg.hidden_size // 2 + cfg.hidden_size // group * 2
