@@ -287,6 +287,42 @@ def test_add_alignment_sticky_and_cancellation():
     check(simulate(FpAdd(), a, b), want)
 
 
+def add_normalise_vectors(seed, per=3):
+    """Cancelling sums for FpAdd's normalisation: for the larger operand's exponent field e = 1..40 (the
+    left-shift cap min(e, 31) at every value, and beyond) and every bit length 1..25 of the exact
+    difference (every leading-zero count of the 28-bit sum), `per` random pairs with equal exponents and
+    `per` with exponents one apart (bits below the guard position then take part); both orders and signs."""
+    rng = np.random.default_rng(seed)
+    e = np.repeat(np.arange(1, 41), 25 * per)
+    nb = np.tile(np.repeat(np.arange(1, 26), per), 40)
+    # Equal exponents: significands A > B in [2**23, 2**24), A - B of bit length nb (<= 23 here).
+    n1 = np.minimum(nb, 23)
+    dlt = (1 << (n1 - 1)) | rng.integers(0, 1 << 22, len(e), dtype=np.int64) & ((1 << (n1 - 1)) - 1)
+    big = rng.integers(0, 1 << 23, len(e), dtype=np.int64) % ((1 << 23) - dlt) + (1 << 23) + dlt
+    a = (e << 23 | (big - (1 << 23))).astype(np.uint32)
+    b = (e << 23 | (big - dlt - (1 << 23))).astype(np.uint32)
+    # Exponents one apart: 2A - B = D (units of B's ulp) with D of bit length nb, B in [2**23, 2**24).
+    e2 = np.maximum(e, 2)
+    d2 = (1 << (nb - 1)) | rng.integers(0, 1 << 24, len(e), dtype=np.int64) & ((1 << (nb - 1)) - 1)
+    bb = rng.integers(1 << 23, 1 << 24, len(e), dtype=np.int64)
+    bb = bb - ((bb + d2) & 1)                           # 2A = B + D is even
+    ok = (bb + d2 >= 1 << 24) & (bb + d2 < 1 << 25)
+    a2 = (e2[ok] << 23 | ((bb + d2)[ok] // 2 - (1 << 23))).astype(np.uint32)
+    b2 = ((e2[ok] - 1) << 23 | (bb[ok] - (1 << 23))).astype(np.uint32)
+    xa, xb = np.concatenate([a, a2]), np.concatenate([b, b2])
+    sa = rng.integers(0, 2, len(xa)).astype(np.uint32) << 31
+    xa, xb = xa | sa, xb | (sa ^ np.uint32(0x80000000))
+    return np.concatenate([xa, xb]), np.concatenate([xb, xa])
+
+
+def test_add_normalise_every_count_and_clamp():
+    a, b = add_normalise_vectors(33)
+    want = f32(a) + f32(b)
+    w = bits(want) & 0x7FFFFFFF
+    assert ((w > 0) & (w < 0x00800000)).sum() > 1000 and (w >= 0x00800000).sum() > 1000
+    check(rtl_lanes(FpAdd, a, b), want)
+
+
 class _BinaryLanes(wiring.Component):
     """`lanes` FpAdd or FpMul units side by side on shared en/valid (pysim's cost is mostly per cycle)."""
 
