@@ -24,6 +24,16 @@ def make_bench(dut, seed, **kw):
     return cfg, GemvBench(dut, cfg, mem_size=MEM, seed=seed, max_cols=cfg.gemv_max_cols, **kw)
 
 
+async def seeded_bench(dut):
+    """The bench of the run's SEED and FLOW (memory latency, jitter and stall probability), reset; with the
+    run's NumPy generator and seed."""
+    seed = int(bench_env("SEED", "1"))
+    lat, jit, p = [(0, 0, 0.0), (20, 10, 0.25), (60, 0, 0.05)][int(bench_env("FLOW", "1"))]
+    cfg, tb = make_bench(dut, seed, latency=lat, jitter=jit, p_stall=p)
+    await tb.reset()
+    return cfg, tb, np.random.default_rng(seed), seed
+
+
 def check(case, y, block, what):
     want = case.expected(block)
     np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32),
@@ -56,11 +66,7 @@ async def run_sparse(tb, cfg, case, what, base):
 async def sparse_random(dut):
     """Seeded random sparse GEMVs at densities 0, 5, 30 and 100 %: bit-exact, and only the non-zero
     columns' (and the scales') beats are read."""
-    seed = int(bench_env("SEED", "1"))
-    lat, jit, p = [(0, 0, 0.0), (20, 10, 0.25), (60, 0, 0.05)][int(bench_env("FLOW", "1"))]
-    cfg, tb = make_bench(dut, seed, latency=lat, jitter=jit, p_stall=p)
-    await tb.reset()
-    rng = np.random.default_rng(seed)
+    cfg, tb, rng, seed = await seeded_bench(dut)
     W, R = cfg.weights_per_beat, cfg.gemv_sparse_max_rows
     n = int(bench_env("CASES", "8"))
     for k in range(n):
@@ -127,13 +133,9 @@ async def sparse_corners(dut):
 @cocotb.test()
 async def masked_random(dut):
     """WGEMV `mask` (an engine with gemv_row_mask): seeded random masked GEMVs at live-row densities 0, 5, 30 and
-    100 %, with and without accm, some misaligned, between dense and sparse ones: bit-exact (a skipped row
-    reads +0 before accm), and exactly the live rows' scale and chunk beats are read."""
-    seed = int(bench_env("SEED", "1"))
-    lat, jit, p = [(0, 0, 0.0), (20, 10, 0.25), (60, 0, 0.05)][int(bench_env("FLOW", "1"))]
-    cfg, tb = make_bench(dut, seed, latency=lat, jitter=jit, p_stall=p)
-    await tb.reset()
-    rng = np.random.default_rng(seed)
+    100 %, with and without accm, some misaligned, dense ones between them: bit-exact (a skipped row reads +0
+    before accm), and exactly the live rows' scale and chunk beats are read."""
+    cfg, tb, rng, seed = await seeded_bench(dut)
     W = cfg.weights_per_beat
     for k, density in enumerate([0.05, 0.3, 1.0, 0.0, 0.05, 0.3, 0.6, 0.05]):
         rows = int(rng.choice([1, 4, 9, 33, 64, int(rng.integers(1, 140))]))
@@ -154,11 +156,7 @@ async def masked_random(dut):
 
 @cocotb.test()
 async def random_gemvs(dut):
-    seed = int(bench_env("SEED", "1"))
-    lat, jit, p = [(0, 0, 0.0), (20, 10, 0.25), (60, 0, 0.05)][int(bench_env("FLOW", "1"))]
-    cfg, tb = make_bench(dut, seed, latency=lat, jitter=jit, p_stall=p)
-    await tb.reset()
-    rng = np.random.default_rng(seed)
+    cfg, tb, rng, seed = await seeded_bench(dut)
     W = cfg.weights_per_beat
     n = int(bench_env("CASES", "12"))
     for k in range(n):
