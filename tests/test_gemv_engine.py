@@ -16,6 +16,10 @@ def _run(testcase, cfg=TINY, build="gemv_tiny", **env):
                                       **{k: str(v) for k, v in env.items()}})
 
 
+def test_tiny_has_the_row_mask():
+    assert TINY.gemv_row_mask          # so the benches below build the engine with it
+
+
 @pytest.mark.parametrize("flow", [0, 1, 2])
 def test_engine_random(flow):
     _run("random_gemvs", SEED=21 + flow, FLOW=flow)
@@ -35,12 +39,18 @@ def test_engine_sparse_corners():
     _run("sparse_corners")
 
 
-@pytest.mark.parametrize("flow", [0, 1])
+@pytest.mark.parametrize("flow", [1, pytest.param(0, marks=pytest.mark.slow)])
 def test_engine_row_mask(flow):
-    """WGEMV `mask` on the tiny engine built with the row mask: masked GEMVs at live-row densities 0 to 100 %
+    """WGEMV `mask` on the tiny engine (it has the row mask): masked GEMVs at live-row densities 0 to 100 %
     bit-exact, reading only the live rows' beats; dense ones after them unchanged."""
-    _run("masked_random", cfg=TINY.replace(gemv_row_mask=True), build="gemv_tiny_mask", SEED=51 + flow,
-         FLOW=flow)
+    _run("masked_random", SEED=51 + flow, FLOW=flow)
+
+
+@pytest.mark.slow
+def test_engine_without_row_mask():
+    """The engine built without the row mask (`gemv_row_mask` off): the random dense and sparse GEMVs."""
+    _run(["random_gemvs", "sparse_random"], cfg=TINY.replace(gemv_row_mask=False), build="gemv_tiny_nomask",
+         SEED=61, FLOW=1)
 
 
 def test_engine_behind_ddr4():

@@ -19,8 +19,8 @@ MEM = 1 << 18
 
 def make_bench(dut, seed, **kw):
     cfg = HardwareConfig.preset(bench_env("NPU_HW", "tiny"))
-    if bench_env("ROW_MASK", "0") == "1":
-        cfg = cfg.replace(gemv_row_mask=True)
+    # the engine's row mask as built (ROW_MASK), else the preset's
+    cfg = cfg.replace(gemv_row_mask=bench_env("ROW_MASK", str(int(cfg.gemv_row_mask))) == "1")
     return cfg, GemvBench(dut, cfg, mem_size=MEM, seed=seed, max_cols=cfg.gemv_max_cols, **kw)
 
 
