@@ -642,8 +642,8 @@ class GemvPort(wiring.Component):
 
     def _masked_sequencer(self, m, g2, nch_m1, cmd):
         """The DMA commands of a masked command: the port's gathered rows (`i_idx`, in row order), T a tile.
-        Per tile the rows' indices are read into a table of their weight and scale offsets (``idx *
-        rowbytes``, ``idx * g2``), then come a scale transfer per row (`g2` bytes) and the rows' chunks,
+        Per tile the rows' indices are read (and registered) into a table of their weight and scale offsets
+        (``idx * rowbytes``, ``idx * g2``, each product a DSP48E2 stage of its own), then come a scale transfer per row (`g2` bytes) and the rows' chunks,
         round-robin over the tile's rows as `_tile_sequencer` sends them, each at its row's address. The
         gathered rows are ``i_rows``'s tiles (`EnginePort`). Returns the sequencer's active flag."""
         cfg, T = self._cfg, self._T
@@ -664,8 +664,9 @@ class GemvPort(wiring.Component):
         base = Signal(range(share + T))              # the tile's first gathered row
         trows = Signal(range(T + 1))
         f = Signal(range(T + 2))                     # the table's fill: the next index read
-        st1, st2 = Signal(), Signal()                # an index (then its products) on its way to the table
-        t1, t2 = Signal(range(T)), Signal(range(T))
+        st1, st1r, st2 = Signal(), Signal(), Signal()    # an index (registered, then its products) on its way
+        t1, t1r, t2 = Signal(range(T)), Signal(range(T)), Signal(range(T))     # to the table
+        idx = Signal.like(self.i_idx)
         pr, ps = Signal(ob), Signal(sb)
         t = Signal(range(T))
         c = Signal.like(nch_m1)
@@ -673,7 +674,8 @@ class GemvPort(wiring.Component):
         rem = Signal(16)                             # the row's bytes from the round's chunk on
         full = Signal()
         m.d.comb += self.o_idx_addr.eq(base + f)
-        m.d.sync += [st1.eq(0), st2.eq(st1), t2.eq(t1), pr.eq(self.i_idx * d.rowbytes), ps.eq(self.i_idx * g2)]
+        m.d.sync += [st1.eq(0), st1r.eq(st1), t1r.eq(t1), idx.eq(self.i_idx),
+                     st2.eq(st1r), t2.eq(t1r), pr.eq(idx * d.rowbytes), ps.eq(idx * g2)]
         with m.If(st2):
             m.d.sync += [roff[t2].eq(pr), soff[t2].eq(ps)]
         active = Signal()
@@ -690,7 +692,7 @@ class GemvPort(wiring.Component):
                 m.d.comb += active.eq(1)
                 with m.If(f < trows):
                     m.d.sync += [f.eq(f + 1), st1.eq(1), t1.eq(f)]
-                with m.Elif(~st1 & ~st2):
+                with m.Elif(~st1 & ~st1r & ~st2):
                     m.d.sync += t.eq(0)
                     m.next = "SCALES"
             with m.State("SCALES"):
