@@ -505,8 +505,8 @@ def schedule(machine, words, hw: HardwareConfig, rates: Rates, *, token: int, po
 
 def features(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> dict:
     """The coefficients of each fitted cost in a run's cycle count (`fit_rates`): cycles = sum(f * cost), plus
-    the cycles at known rates (``_elements``, ``_streaming``, ``_known``: WGEMMs, sparse GEMVs beyond their
-    bytes). A WGEMM's coefficients depend on which term of each of its `max`es wins, resolved at `rates`
+    the cycles at known rates (``_elements``, ``_streaming``, ``_known``: WGEMMs, sparse and masked GEMVs
+    beyond their bytes). A WGEMM's coefficients depend on which term of each of its `max`es wins, resolved at `rates`
     (`_wgemm_terms`); so does an INT8 ATTN's RECIP pass (`_recip_beside`)."""
     f = Counter({"issue": sum(counters.instructions.values()), "alu_op": counters.alu_ops,
                  "gemv_fixed": counters.instructions.get("WGEMV", 0) + counters.attn_gemvs})
@@ -514,7 +514,8 @@ def features(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> dict:
         f[f"{k}_pass"] = sum(n for (op, kind), n in counters.passes.items() if kind == k)
     elements = sum(n / PASS_LANES.get(kind, 1) for (_, kind), n in counters.pass_elements.items())
     streaming = (counters.gemv_bytes + counters.attn_gemv_bytes) / _stream_rate(hw, rates)
-    known = _sparse_extra(counters.sparse_gemvs, hw, rates) + _sparse_extra(counters.attn_sparse_gemvs, hw, rates)
+    known = (_sparse_extra(counters.sparse_gemvs, hw, rates) + _sparse_extra(counters.attn_sparse_gemvs, hw, rates)
+             + _masked_extra(counters.masked_gemvs, hw, rates))
     for shape, n in counters.attn_recips.items():     # a RECIP pass that outlasts its V GEMVs: the difference
         if _recip_beside(shape, hw, rates) > 0:
             f[f"{ATTN_RECIP.kind}_pass"] += n

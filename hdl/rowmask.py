@@ -47,6 +47,7 @@ class RowGather(wiring.Component):
 
     def __init__(self, max_rows: int, max_share: int):
         if max_rows % MASK_LANES or max_rows <= 0:
+            self._MustUse__silence = True    # never built: no "created but never used" warning
             raise ValueError(f"max_rows must be a positive multiple of {MASK_LANES}, not {max_rows!r}")
         self._max_rows, self._max_share = max_rows, max_share
         super().__init__({

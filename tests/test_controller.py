@@ -288,14 +288,14 @@ def test_attention_sequencer_attn_waits_for_an_async_wgemv(busy):
                                      "reuse": 1, "mask": 0, "async_": 0}, {"desc": _matrix(24, 40), "act_n": 8},
      "BAD_LENGTH"),
     (MatrixSequencer, Opcode.WGEMV, {"dst": 0, "src": 0, "desc": 0, "accm": 0, "findemax": 0, "sparse": 0,
-                                     "reuse": 1, "mask": 1, "async_": 0}, {"desc": _matrix(24, 40), "act_n": 40},
+                                     "reuse": 0, "mask": 1, "async_": 0}, {"desc": _matrix(24, 40)},
      "BAD_FUNCTION"),
     (AttentionSequencer, Opcode.ATTN, {"dst": 64, "q": 0, "slot": 0, "kv_head": 0, "shape_ptr": 0, "async_": 0},
      {"pos": 3, "desc": _slot(8, 2, 16, TINY), "fmap": (2, 32, 0)}, "BAD_LENGTH"),
     (AttentionSequencer, Opcode.ATTN, {"dst": 64, "q": 0, "slot": 0, "kv_head": 0, "shape_ptr": 0, "async_": 0},
      {"pos": 9, "desc": _slot(8, 2, 16, TINY), "fmap": (2, 16, 0)}, "ADDRESS_RANGE"),
-], ids=["vl0", "rmsnorm_segments", "dma_region", "sparse_layout", "reuse_cols", "attn_head_dim",
-                             "attn_beyond_ring", "row_mask"])
+], ids=["vl0", "rmsnorm_segments", "dma_region", "sparse_layout", "reuse_cols", "mask_without_reuse",
+        "attn_head_dim", "attn_beyond_ring"])
 def test_sequencers_end_bad_instructions_with_the_isa_error(seq_cls, op, fields, state, code):
     word, _ = _insn(TINY, op, **fields)
     steps, got = run(seq_cls(TINY), word, **state)
@@ -380,12 +380,16 @@ def test_sequencers_on_other_configurations(hw):
 
 def test_matrix_sequencer_masked_wgemv_sends_its_mask_first():
     """WGEMV `mask` on a controller whose engine has the row mask: the MASK pass of d.rows elements from src,
-    then the engine's command (the plan of the ISS); without reuse it stops with BAD_FUNCTION."""
+    then the engine's command (the plan of the ISS); without reuse, or on an NPU without the mask, it stops
+    with BAD_FUNCTION."""
     import dataclasses
     masked = dataclasses.replace(TINY, gemv_row_mask=True)
+    plain = dataclasses.replace(TINY, gemv_row_mask=False)
     fields = {"dst": 64, "src": 8, "desc": 0, "accm": 0, "findemax": 0, "sparse": 0, "reuse": 1, "mask": 1,
               "async_": 0}
     steps = check(MatrixSequencer, masked, Opcode.WGEMV, fields, desc=_matrix(24, 40), act_n=40)
     assert [s.sink for s in steps if isinstance(s, Pass)] == ["MASK"]
     word, _ = _insn(masked, Opcode.WGEMV, **{**fields, "reuse": 0})
     assert run(MatrixSequencer(masked), word, desc=_matrix(24, 40))[1] == "BAD_FUNCTION"
+    word, _ = _insn(plain, Opcode.WGEMV, **fields)
+    assert run(MatrixSequencer(plain), word, desc=_matrix(24, 40), act_n=40) == ([], "BAD_FUNCTION")
