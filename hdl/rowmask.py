@@ -14,10 +14,11 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .config import ceil_log2
+from .l2 import LANES
 
 __all__ = ["MASK_LANES", "mask_layout", "RowGather"]
 
-MASK_LANES = 4          # live bits per mask word: one L2 word of binary32 mask elements
+MASK_LANES = LANES      # live bits per mask word: one L2 word of binary32 mask elements (the MASK pass's beat)
 
 
 def mask_layout(max_rows: int) -> data.StructLayout:
