@@ -44,7 +44,7 @@ Dataflow (docs/gemv.md has the full design and the measurements)::
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -968,6 +968,25 @@ class GemvPort(wiring.Component):
         return be_active, reserved
 
 
+def _set_bits(bits: Value) -> tuple[Value, Value]:
+    """(a bit of `bits` is set, two are), as a tree of halves: no carry chain."""
+    if len(bits) == 1:
+        return bits[0], Const(0, 1)
+    h = len(bits) // 2
+    any_lo, two_lo = _set_bits(bits[:h])
+    any_hi, two_hi = _set_bits(bits[h:])
+    return any_lo | any_hi, two_lo | two_hi | (any_lo & any_hi)
+
+
+def _below_set(bits: Value) -> Value:
+    """Bit i: a bit of `bits` below i is set (a prefix OR as a tree of halves, no carry chain); ``bits &
+    _below_set(bits)`` is `bits` without its lowest set bit."""
+    if len(bits) == 1:
+        return Const(0, 1)
+    h = len(bits) // 2
+    return Cat(_below_set(bits[:h]), _below_set(bits[h:]) | Mux(bits[:h].any(), (1 << (len(bits) - h)) - 1, 0))
+
+
 class SparsePort(wiring.Component):
     """One weight port of the sparse mode: a column-major GEMV that never fetches the weight columns of
     zero activations (docs/gemv.md, "Sparse mode").
@@ -1030,7 +1049,7 @@ class SparsePort(wiring.Component):
     def _item_layout(self):
         return data.StructLayout({"kind": 2, "first": 1, "a": signed(self._cfg.act_bits)})
 
-    def _sequencer(self, m, items, rows_p, half_rows, nseg_m1, gmask, pofs, started):
+    def _sequencer(self, m, items, room, rows_p, half_rows, nseg_m1, gmask, pofs, started):
         """The DMA commands (a group's scales, a transfer per non-zero activation's column) and their items,
         in order, segment by segment; returns its FSM."""
         cfg = self._cfg
@@ -1050,14 +1069,16 @@ class SparsePort(wiring.Component):
         sq_any = Signal()
         sq_saddr = Signal(ab)                        # this group's scales of this port
         # The segment's columns [seg_lo, seg_hi): stepped segment by segment (seg_end unclamped); its first
-        # and last word and the lanes of the word being scanned that lie in it ([in_lo, in_hi], registered at
+        # and last word and the lanes of the word being scanned that lie in it (`in_seg`, registered at
         # the word's Load).
         cw = ceil_log2(2 * self._max_cols + 1)
         seg_lo, seg_end, seg_size = Signal(cw), Signal(cw), Signal(cw)
         seg_hi = Signal(cw)
         m.d.comb += seg_hi.eq(Mux(seg_end > d.cmd.cols, d.cmd.cols, seg_end))
         sq_jfirst, sq_hlast = Signal.like(sq_j), Signal(range(W))
-        in_lo, in_hi = Signal(range(W)), Signal(range(W))
+        in_seg = Signal(W)
+        at_first, at_last = Signal(), Signal()       # the word is the segment's first, last (from Load on)
+        sq_nz = Signal()                             # sq_mask != 0, as a register
         # A column's transfer starts at its activation word's address (`word_addr`: stepped with the word, a
         # word's W columns apart) plus the lane's offset, lane * rows / 2, from a table the port writes at
         # the command's start, one lane a cycle (W cycles, while the first scales are on their way).
@@ -1067,39 +1088,40 @@ class SparsePort(wiring.Component):
         lane_w, lane_r = lane_mem.write_port(), lane_mem.read_port(domain="comb")
         fill = Signal(range(W + 1), init=W)         # lanes of the table written
         fill_off = Signal(off_bits)
+        filled = Signal(init=1)                     # fill == W, as a register
         with m.If(started):
-            m.d.sync += [fill.eq(0), fill_off.eq(0)]
+            m.d.sync += [fill.eq(0), fill_off.eq(0), filled.eq(0)]
         with m.Elif(fill != W):
             m.d.comb += [lane_w.en.eq(1), lane_w.addr.eq(fill), lane_w.data.eq(fill_off)]
-            m.d.sync += [fill.eq(fill + 1), fill_off.eq(fill_off + half_rows)]
-        # The mask's lowest non-zero lane (one-hot, then its index) and the mask without it.
-        lowest = Signal(W)
-        m.d.comb += lowest.eq(sq_mask & (~sq_mask + 1))
-        low = Signal(range(W))
-        for b in range(lW):
-            m.d.comb += low[b].eq(Cat(*[lowest[i] for i in range(W) if (i >> b) & 1]).any())
-        low_a = Signal(signed(cfg.act_bits))         # its activation
-        m.d.comb += low_a.eq(one_hot_mux(lowest, [sq_q[i] for i in range(W)]))
-        # Two registered stages from the mask to the DMA: the lane picked (`pk_*`), then its transfer
-        # (`tx_*`, the DMA's command and the front end's item, written together), so that the priority
-        # encoder, the lane table and the address adder take a cycle each and the DMA sees a register.
-        pk_valid, pk_low, pk_first = Signal(), Signal(range(W)), Signal()
-        pk_a, pk_word = Signal(signed(cfg.act_bits)), Signal(ab)
+            m.d.sync += [fill.eq(fill + 1), fill_off.eq(fill_off + half_rows), filled.eq(fill == W - 1)]
+        # The mask's lowest non-zero lane, one-hot (a prefix OR tree, no carry chain), and the mask without it.
+        below = _below_set(sq_mask)
+        # Two registered stages from the mask to the DMA: the lane picked (`pk_*`: one-hot, with a copy of the
+        # word's activations), then its transfer (`tx_*`, the DMA's command and the front end's item, written
+        # together), so that the prefix OR, then the lane's index, the lane table, the address adder and the
+        # lane's activation take a cycle each and the DMA sees a register. A lane moves on only into an empty
+        # transfer stage, so every decision is a register's: a transfer every other cycle at most, where the
+        # front end takes at least `CYCLES_PER_BEAT` cycles for each (a transfer is at least a beat).
+        pk_valid, pk_lane, pk_first = Signal(), Signal(W), Signal()
+        pk_q, pk_word = Signal.like(sq_q), Signal(ab)
+        pk_low = Signal(range(W))                   # pk_lane's index
+        for k in range(lW):
+            m.d.comb += pk_low[k].eq(Cat(*[pk_lane[i] for i in range(W) if (i >> k) & 1]).any())
         tx_valid, tx_first, tx_a, tx_addr = Signal(), Signal(), Signal(signed(cfg.act_bits)), Signal(ab)
         cmd = self.dma_cmd
         item_in = Signal(item_layout)
         m.d.comb += items.w_data.eq(item_in)
-        tx_fire = tx_valid & cmd.ready & items.w_rdy
-        pk_move = pk_valid & (~tx_valid | tx_fire) & (fill == W)
+        tx_fire = tx_valid & cmd.ready & room
+        pk_move = pk_valid & ~tx_valid & filled
         pk_free = ~pk_valid | pk_move
         m.d.comb += lane_r.addr.eq(pk_low)
         with m.If(pk_move):
-            m.d.sync += [tx_valid.eq(1), tx_first.eq(pk_first), tx_a.eq(pk_a),
+            m.d.sync += [tx_valid.eq(1), tx_first.eq(pk_first), tx_a.eq(one_hot_mux(pk_lane, list(pk_q))),
                          tx_addr.eq(pk_word + lane_r.data), pk_valid.eq(0)]
         with m.Elif(tx_fire):
             m.d.sync += tx_valid.eq(0)
         with m.If(tx_valid):
-            m.d.comb += [cmd.valid.eq(items.w_rdy), cmd.p.addr.eq(tx_addr), cmd.p.nbytes.eq(rows_p >> 1),
+            m.d.comb += [cmd.valid.eq(room), cmd.p.addr.eq(tx_addr), cmd.p.nbytes.eq(rows_p >> 1),
                          items.w_en.eq(cmd.ready), item_in.kind.eq(COL), item_in.first.eq(tx_first),
                          item_in.a.eq(tx_a)]
         drained = ~pk_valid & ~tx_valid
@@ -1114,9 +1136,9 @@ class SparsePort(wiring.Component):
             with m.State("Scale"):
                 # The group's scales, at its first segment.
                 with m.If(sq_gfirst):
-                    m.d.comb += [cmd.valid.eq(items.w_rdy), cmd.p.addr.eq(sq_saddr), cmd.p.nbytes.eq(rows_p << 1),
+                    m.d.comb += [cmd.valid.eq(room), cmd.p.addr.eq(sq_saddr), cmd.p.nbytes.eq(rows_p << 1),
                                  items.w_en.eq(cmd.ready), item_in.kind.eq(SCALE)]
-                    with m.If(cmd.ready & items.w_rdy):
+                    with m.If(cmd.ready & room):
                         m.d.sync += sq_saddr.eq(sq_saddr + (d.cmd.rows << 1))
                         m.next = "Load"
                 with m.Else():
@@ -1127,31 +1149,37 @@ class SparsePort(wiring.Component):
                              sq_hlast.eq(last_col[:lW])]
                 with m.If(first_j != sq_j):
                     m.d.sync += word_addr.eq(word_addr + (half_rows << lW))
+            # A word: its read (Load), its activations registered (Fetch), its mask (Mask), a lane per cycle
+            # (Emit); every decision from a register.
             with m.State("Load"):
                 m.d.comb += self.o_act_addr.eq(sq_j)
-                m.d.sync += [in_lo.eq(Mux(sq_j == sq_jfirst, seg_lo[:lW], 0)),
-                             in_hi.eq(Mux(sq_j == sq_jlast, sq_hlast, W - 1))]
+                m.d.sync += [at_first.eq(sq_j == sq_jfirst), at_last.eq(sq_j == sq_jlast)]
+                m.next = "Fetch"
+            with m.State("Fetch"):
+                in_lo = Mux(at_first, seg_lo[:lW], 0)
+                in_hi = Mux(at_last, sq_hlast, W - 1)
+                m.d.sync += [in_seg.eq(Cat(*[(in_lo <= i) & (in_hi >= i) for i in range(W)])),
+                             sq_q.eq(self.i_act_data)]
                 m.next = "Mask"
             with m.State("Mask"):
-                mask = []
-                for i in range(W):
-                    mask.append((self.i_act_data[i] != 0) & (in_lo <= i) & (in_hi >= i))
-                m.d.sync += [sq_mask.eq(Cat(*mask)), sq_q.eq(self.i_act_data)]
+                mask = Cat(*[(sq_q[i] != 0) & in_seg[i] for i in range(W)])
+                m.d.sync += [sq_mask.eq(mask), sq_nz.eq(_set_bits(mask)[0])]
                 m.next = "Emit"
             with m.State("Emit"):
-                with m.If(sq_mask != 0):
+                with m.If(sq_nz):
                     with m.If(pk_free):
-                        m.d.sync += [pk_valid.eq(1), pk_low.eq(low), pk_a.eq(low_a), pk_first.eq(~sq_any),
-                                     pk_word.eq(word_addr), sq_mask.eq(sq_mask & ~lowest), sq_any.eq(1)]
-                with m.Elif(sq_j == sq_jlast):
+                        m.d.sync += [pk_valid.eq(1), pk_lane.eq(sq_mask & ~below), pk_q.eq(sq_q), pk_first.eq(~sq_any),
+                                     pk_word.eq(word_addr), sq_mask.eq(sq_mask & below),
+                                     sq_nz.eq(_set_bits(sq_mask)[1]), sq_any.eq(1)]
+                with m.Elif(at_last):
                     m.next = "End"
                 with m.Else():
                     m.d.sync += [sq_j.eq(sq_j + 1), word_addr.eq(word_addr + (half_rows << lW))]
                     m.next = "Load"
             with m.State("End"):
                 with m.If(drained):                  # the segment's transfers are announced first
-                    m.d.comb += [items.w_en.eq(1), item_in.kind.eq(END), item_in.first.eq(~sq_any)]
-                    with m.If(items.w_rdy):
+                    m.d.comb += [items.w_en.eq(room), item_in.kind.eq(END), item_in.first.eq(~sq_any)]
+                    with m.If(room):
                         m.d.sync += [sq_s.eq(sq_s + 1), sq_gfirst.eq(((sq_s + 1) & gmask) == 0), sq_any.eq(0),
                                      seg_lo.eq(seg_end),
                                      seg_end.eq(seg_end + seg_size)]
@@ -1209,8 +1237,12 @@ class SparsePort(wiring.Component):
         # --- sequencer: DMA commands and the item FIFO -----------------------------------------------------
         SCALE, COL, END = self.SCALE, self.COL, self.END
         item_layout = self._item_layout()
-        m.submodules.items = items = fifo.SyncFIFOBuffered(width=item_layout.size, depth=16)
-        seq_fsm = self._sequencer(m, items, rows_p, half_rows, nseg_m1, gmask, pofs, started)
+        # The sequencer writes while `room`, a register: the FIFO had at most depth - 3 items a cycle before, so
+        # one more write always fits (16 items in flight, as an unregistered `w_rdy` at depth 16 would allow).
+        m.submodules.items = items = fifo.SyncFIFOBuffered(width=item_layout.size, depth=18)
+        room = Signal()
+        m.d.sync += room.eq(items.level <= items.depth - 3)
+        seq_fsm = self._sequencer(m, items, room, rows_p, half_rows, nseg_m1, gmask, pofs, started)
 
         # --- front end -------------------------------------------------------------------------------------
         # Segments whose sums are written (fe_s) / walked by the back end (be_sdone); scale groups loaded
@@ -1575,7 +1607,10 @@ class GemvEngine(wiring.Component):
             # the gathers start two cycles after the command (their shares' bounds registered from it)
             go0, go = Signal(), Signal()
             m.d.sync += [go0.eq(start & masked), go.eq(go0)]
-            gathered = gathering & ~go0 & ~go & ~Cat(*[p.o_gather_busy for p in ports]).any()
+            # the ports start a cycle after their gathers are seen done (a registered pulse)
+            gathered = Signal()
+            m.d.sync += gathered.eq(gathering & ~go0 & ~go & ~gathered &
+                                    ~Cat(*[p.o_gather_busy for p in ports]).any())
             with m.If(start & masked):
                 m.d.sync += gathering.eq(1)
             with m.If(gathered):
@@ -1590,7 +1625,6 @@ class GemvEngine(wiring.Component):
         # rows p * prow .. (p + 1) * prow - 1 (masked: the live ones; a row the mask skips reads +0).
         out_left = Signal(21)         # rows not yet issued to the output adder
         out_any = Signal()            # out_left != 0, registered with it
-        mt_port = Signal(range(N))
         mt_cnt = Signal(range(max(T, cfg.gemv_sparse_max_rows // N, _mask_share(cfg) if cfg.gemv_row_mask else 1)))
         mt_len_m1 = Signal(21)
         m.d.sync += mt_len_m1.eq(Mux(sparse | masked, dec.o_prow, T) - 1)    # from the decoded command, before any row
@@ -1605,18 +1639,21 @@ class GemvEngine(wiring.Component):
         inflight = Signal(range(lat + 2))
         head_valid = Signal()
         head_data = Signal(32)
-        for k, port in enumerate(ports):
-            with m.If(mt_port == k):
-                m.d.comb += [head_valid.eq(port.o_res.valid), head_data.eq(port.o_res.p)]
+        # The port the merge reads, one-hot (`mt_sel`): a port's ready is its own valid and select and the
+        # merge's registered conditions, with no select among the ports in front of it.
+        mt_sel = Signal(N, init=1)
+        m.d.comb += [head_valid.eq(Cat(*[s & p.o_res.valid for s, p in zip(mt_sel, ports)]).any()),
+                     head_data.eq(one_hot_mux(mt_sel, [p.o_res.p for p in ports]))]
         accm = dec.o_cmd.accm
         # Room in the output FIFO for the rows in flight, registered: from a level a cycle old (reads only
         # add room) and this cycle's issue. A row the mask skips takes no port result and adds +0.
         room = Signal()
         used = out.level + inflight
-        can = out_any & (head_valid | ~live) & mask_ok & (~accm | self.i_acc.valid) & room
+        rest = out_any & mask_ok & (~accm | self.i_acc.valid) & room
+        can = rest & (head_valid | ~live)
         m.d.sync += room.eq(Mux(can, used + 1 < out.depth, used < out.depth))
         for k, port in enumerate(ports):
-            m.d.comb += port.o_res.ready.eq(can & live & (mt_port == k))
+            m.d.comb += port.o_res.ready.eq(rest & live & mt_sel[k] & port.o_res.valid)
         m.d.sync += [add_valid.eq(can), add_a.eq(Mux(accm, self.i_acc.p, NEG_ZERO)),
                      add_b.eq(Mux(live, head_data, 0))]
         m.d.comb += [self.i_acc.ready.eq(can & accm), fadd.en.eq(1), fadd.i_valid.eq(add_valid),
@@ -1625,13 +1662,17 @@ class GemvEngine(wiring.Component):
         m.d.sync += inflight.eq(inflight + can - fadd.o_valid)
         m.d.comb += merged.eq(can)
         with m.If(start):
-            m.d.sync += [out_left.eq(dec.o_cmd.rows), out_any.eq(dec.o_cmd.rows != 0), mt_port.eq(0), mt_cnt.eq(0)]
+            m.d.sync += [out_left.eq(dec.o_cmd.rows), out_any.eq(dec.o_cmd.rows != 0), mt_cnt.eq(0), mt_sel.eq(1)]
         with m.Elif(can):
             m.d.sync += [out_left.eq(out_left - 1), out_any.eq(out_left != 1), mt_cnt.eq(mt_cnt + 1)]
             with m.If(mt_cnt == mt_len_m1):
-                m.d.sync += [mt_cnt.eq(0), mt_port.eq(Mux(mt_port == N - 1, 0, mt_port + 1))]
-        done = (out_left == 0) & (inflight == 0) & ~start & ~decoding & ~checking & ~gathering & \
-            Cat(*[p.o_idle for p in ports]).all()
+                m.d.sync += [mt_cnt.eq(0), mt_sel.eq(mt_sel.rotate_left(1))]
+        # The ports' idle flags registered: a cycle old, and not yet cleared in the cycle after a port starts
+        # (`kicked`).
+        idle, kicked = Signal(), Signal()
+        m.d.sync += [idle.eq(Cat(*[p.o_idle for p in ports]).all()),
+                     kicked.eq(Cat(*[p.i_start for p in ports]).any())]
+        done = (out_left == 0) & (inflight == 0) & ~start & ~decoding & ~checking & ~gathering & ~kicked & idle
         with m.If(busy & ~decoding & done):
             m.d.sync += busy.eq(0)
         m.d.comb += [self.o_y.valid.eq(out.r_rdy), self.o_y.p.eq(out.r_data), out.r_en.eq(self.o_y.ready)]
@@ -1651,17 +1692,18 @@ class GemvEngine(wiring.Component):
         row = Signal(range(cfg.gemv_max_cols + 1))   # the merge's row (masked commands)
         bits = Signal(L)                             # its word's live bits
         load = Signal(2)                             # the first word: 2 after start, 1 when its data is in
+        loaded = Signal(init=1)                      # load == 0, as a register
         m.d.comb += mr.addr.eq(Mux(load != 0, 0, (row >> lL) + 1))
         with m.If(start):
-            m.d.sync += [row.eq(0), load.eq(2)]
+            m.d.sync += [row.eq(0), load.eq(2), loaded.eq(0)]
         with m.Elif(load != 0):
             m.d.sync += load.eq(load - 1)
             with m.If(load == 1):
-                m.d.sync += bits.eq(mr.data)
+                m.d.sync += [bits.eq(mr.data), loaded.eq(1)]
         with m.Elif(merged):
             m.d.sync += row.eq(row + 1)
             with m.If(row[:lL] == L - 1):
                 m.d.sync += bits.eq(mr.data)
         live = ~masked | bits.bit_select(row[:lL], 1)
-        ok = ~masked | (load == 0)
+        ok = ~masked | loaded
         return live, ok

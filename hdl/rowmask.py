@@ -69,16 +69,18 @@ class RowGather(wiring.Component):
         iw, ir = idx_mem.write_port(), idx_mem.read_port()
         m.d.comb += [ir.addr.eq(self.i_idx_addr), self.o_idx.eq(ir.data)]
 
-        word = Signal(range(self._max_rows // L + 1))        # the word being read or scanned
-        last = Signal.like(word)                             # the share's last word
-        lo, hi = Signal.like(self.i_lo), Signal.like(self.i_hi)
+        words = self._max_rows // L + 2
+        word, word_p1, word_p2 = Signal(range(words)), Signal(range(words)), Signal(range(words))  # word + 0, 1, 2
+        lo_low = Signal(lL)                                  # the share's first row within its word
+        hi = Signal.like(self.i_hi)
+        first_bits, last_bits = Signal(L), Signal(L)         # the first and the last word's rows in [lo, hi)
+        at_first, at_last = Signal(), Signal()               # the scanned word is the share's first, last
         bits = Signal(L)                                     # the scanned word's live rows not yet gathered
         count = Signal.like(self.o_count)
         next_word = Signal()                                 # the scan moves to the next word (read it now)
-        m.d.comb += [mr.addr.eq(Mux(next_word, word + 1, word)), self.o_count.eq(count)]
-        # the scanned word's rows inside [lo, hi)
-        rows_in = Signal(L)
-        m.d.comb += rows_in.eq(Cat(*[(Cat(Const(i, lL), word) >= lo) & (Cat(Const(i, lL), word) < hi) for i in range(L)]))
+        m.d.comb += [mr.addr.eq(Mux(next_word, word_p1, word)), self.o_count.eq(count)]
+        # the scanned word's rows inside [lo, hi): all but in the share's first and last words
+        rows_in = Mux(at_first, first_bits, (1 << L) - 1) & Mux(at_last, last_bits, (1 << L) - 1)
         low = Signal(range(L))                               # the lowest live row left in `bits`
         for i in reversed(range(L)):
             with m.If(bits[i]):
@@ -87,12 +89,17 @@ class RowGather(wiring.Component):
             with m.State("IDLE"):
                 m.d.comb += self.o_busy.eq(self.i_start)
                 with m.If(self.i_start):
-                    m.d.sync += [word.eq(self.i_lo >> lL), last.eq((self.i_hi - 1) >> lL), lo.eq(self.i_lo),
-                                 hi.eq(self.i_hi), count.eq(0)]
+                    first = self.i_lo >> lL
+                    m.d.sync += [word.eq(first), word_p1.eq(first + 1), word_p2.eq(first + 2),
+                                 lo_low.eq(self.i_lo[:lL]), hi.eq(self.i_hi), count.eq(0), at_first.eq(1)]
                     with m.If(self.i_hi > self.i_lo):
                         m.next = "READ"
             with m.State("READ"):                            # the first word's data arrives next cycle
                 m.d.comb += self.o_busy.eq(1)
+                hi_m1_low = (hi[:lL] - 1)[:lL]               # the last row's place in its word
+                m.d.sync += [at_last.eq(hi <= (word_p1 << lL)),
+                             first_bits.eq(Cat(*[lo_low <= i for i in range(L)])),
+                             last_bits.eq(Cat(*[hi_m1_low >= i for i in range(L)]))]
                 m.next = "LOAD"
             with m.State("LOAD"):
                 m.d.comb += self.o_busy.eq(1)
@@ -103,11 +110,12 @@ class RowGather(wiring.Component):
                 with m.If(bits != 0):
                     m.d.comb += [iw.en.eq(1), iw.addr.eq(count), iw.data.eq(Cat(low, word))]
                     m.d.sync += [count.eq(count + 1), bits.eq(bits & ~(1 << low))]
-                with m.If((bits & ~(1 << low)) == 0):
-                    with m.If(word == last):
+                with m.If((bits & (bits - 1)) == 0):         # at most one live row left: this word is done
+                    with m.If(at_last):
                         m.next = "IDLE"
                     with m.Else():
                         m.d.comb += next_word.eq(1)
-                        m.d.sync += word.eq(word + 1)
+                        m.d.sync += [word.eq(word_p1), word_p1.eq(word_p2), word_p2.eq(word_p2 + 1),
+                                     at_first.eq(0), at_last.eq(hi <= (word_p2 << lL))]
                         m.next = "LOAD"
         return m
