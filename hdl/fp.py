@@ -29,10 +29,12 @@ then one RNE increment on the packed ``(exponent - 1) << 23 | significand`` word
 rounding overflow walks into the exponent (and into +inf) without extra logic. The other primitives have
 their own, narrower back ends ending in the same kind of packed increment:
 
-- `FpAdd`: the 28-bit sum's leading-zero count and a left shift clamped at the exponent (which is what makes
-  a subnormal sum), keeping only the 24-bit significand and the round bit; the bits below the round bit
-  come from the sum's low three bits (a shift of 3 or more only follows cancellation of operands whose
-  exponents differ by at most 1, which leaves those bits 0). The add and subtract are one adder
+- `FpAdd`: the 28-bit sum's left shift by its leading-zero count clamped at the exponent (which is what
+  makes a subnormal sum), in two stages: whole 4-bit groups (the clamped group count is the trailing ones
+  of a 7-bit vector of registered group flags), then within the top group; it keeps only the 24-bit
+  significand and the rounding increment (from the round bit, the bits below it and the LSB). The
+  alignment distance is that of the exponent fields (a subnormal's significand enters the aligner shifted
+  left by one instead), so no zero-field detect precedes its subtract. The add and subtract are one adder
   (``a + (b ^ sub) + sub``).
 - `FpMul`: at most one operand is normalised (two subnormals give a signed zero: their exact product is
   below ``2**-252``), before the product, so the product's MSB is at bit 47 or 46: no leading-zero count
@@ -224,12 +226,13 @@ def _finish(m, self, pipe, y):
 
 def _round_pack(m, s, big=None):
     """The last stage of FpAdd and FpMul (combinational): round to nearest even and pack. `s` holds
-    ``sign``, ``sig`` (24 bits, the hidden-bit position first), ``rnd`` (the round bit), ``sticky`` (non-zero
-    bits below it), ``bem1`` (the biased exponent minus one: the hidden bit's carry into the packed word
-    completes it, a subnormal result has bem1 = 0 and sig[23] = 0) and the ``zero``, ``nan`` and ``inf``
-    flags; `big` (optional) forces overflow. A rounding carry walks into the exponent, and into +inf (or
-    bit 31, for a bem1 of 254) without extra logic."""
-    inc = s["rnd"] & (s["sticky"] | s["sig"][0])
+    ``sign``, ``sig`` (24 bits, the hidden-bit position first), ``rnd`` (the round bit) and ``sticky``
+    (non-zero bits below it) or instead ``inc`` (the RNE increment, precomputed), ``bem1`` (the biased
+    exponent minus one: the hidden bit's carry into the packed word completes it, a subnormal result has
+    bem1 = 0 and sig[23] = 0) and the ``zero``, ``nan`` and ``inf`` flags; `big` (optional) forces overflow.
+    A rounding carry walks into the exponent, and into +inf (or bit 31, for a bem1 of 254) without extra
+    logic."""
+    inc = s["inc"] if "inc" in s else s["rnd"] & (s["sticky"] | s["sig"][0])
     packed = Signal(32)
     m.d.comb += packed.eq(Cat(Const(0, 23), s["bem1"]) + s["sig"] + inc)
     overflow = packed[31] | (packed[23:31] == _EXP_ALL)
@@ -252,12 +255,13 @@ def _round_pack(m, s, big=None):
 class FpAdd(_Binary):
     """binary32 ``a + b`` (RNE), bit-identical to NumPy float32. Latency 6.
 
-    Stages: (1) unpack, order by magnitude and, beside the compare, the alignment distance ``|ea - eb|``;
-    (2) align the smaller operand (27-bit shift, the sticky bit a masked OR beside it); (3) the 28-bit add
-    or subtract (one adder), beside it the exponent saturated at 31; (4) leading-zero count and the
-    left-shift count, clamped at that exponent; (5) the left shift keeping the
-    significand and round bit, the exponent; (6) the RNE increment on the packed word and the special-case
-    select."""
+    Stages: (1) unpack, order by magnitude and, beside the compare, the alignment distance (the exponent
+    fields' ``|ea - eb|``); (2) align the smaller operand (27-bit shift, the sticky bit a masked OR beside
+    it); (3) the 28-bit add or subtract (one adder), behind it each 4-bit group's zero flag, and beside it
+    the shift cap ``min(exp, 31)`` in 4-bit groups; (4) the normalising left shift in whole 4-bit groups
+    (the count from the registered flags, already clamped); (5) the shift within the top group (clamped),
+    keeping the significand, the RNE increment bit, and the exponent; (6) the increment on the packed word
+    and the special-case select."""
 
     LATENCY = 6
 
@@ -271,14 +275,22 @@ class FpAdd(_Binary):
         swap = b[:31] > a[:31]
         # The larger magnitude has the larger (or equal) exponent, so the alignment distance is |ea - eb|,
         # beside the magnitude compare rather than behind it; saturated at 31 (27 and more leave only the
-        # sticky bit).
-        dab, dba = Signal(signed(10)), Signal(signed(10))
-        m.d.comb += [dab.eq(ua["eff"] - ub["eff"]), dba.eq(ub["eff"] - ua["eff"])]
+        # sticky bit). It is the distance of the exponent fields, not of the effective exponents (no
+        # zero-field detect before the subtract): a subnormal operand added to a normal one is the smaller,
+        # its effective exponent is its field + 1, and its significand (bit 23 clear) enters the aligner
+        # shifted left by one instead. Two subnormals have the same distance either way (0).
+        ea, eb = a[23:31], b[23:31]
+        dab, dba = Signal(signed(9)), Signal(signed(9))
+        m.d.comb += [dab.eq(ea - eb), dba.eq(eb - ea)]
         diff = Mux(dab[-1], dba[:8], dab[:8])
+        za, zb = ea == 0, eb == 0
+        ma = Mux(za & ~zb, Cat(Const(0, 1), a[:23]), ua["mant"])
+        mb = Mux(zb & ~za, Cat(Const(0, 1), b[:23]), ub["mant"])
         s = p.stage(sign=Mux(swap, ub["sign"], ua["sign"]), sub=ua["sign"] != ub["sign"],
                     exp=Mux(swap, ub["eff"], ua["eff"]), shift=Mux(diff[5:].any(), 31, diff[:5]),
-                    mbig=Mux(swap, ub["mant"], ua["mant"]), msmall=Mux(swap, ua["mant"], ub["mant"]),
-                    zsign=ua["sign"] & ub["sign"], nan=nan, inf=inf)
+                    mbig=Mux(swap, ub["mant"], ua["mant"]), msmall=Mux(swap, ma, mb),
+                    zsign=ua["sign"] & ub["sign"],
+                    nan=nan, inf=inf)
         # Align: 24-bit significands plus guard, round and sticky positions (27 bits). The sticky bit (ORed
         # into the LSB) is a masked OR beside the shifter: significand bit i falls below the window when
         # shift > i + 3.
@@ -290,30 +302,55 @@ class FpAdd(_Binary):
                     msmall=ext | sticky, zsign=s["zsign"], nan=s["nan"], inf=s["inf"])
         # One adder: a - b = a + ~b + 1 (28 bits; a >= b, so the difference never wraps).
         total = (s["mbig"] + (Cat(s["msmall"], Const(0, 1)) ^ s["sub"].replicate(28)) + s["sub"])[:28]
-        # Beside it, the clamp of stage 4's shift: the exponent saturated at 31 (the count is at most 27).
-        cap = Mux(s["exp"][5:].any(), 31, s["exp"][:5])
-        s = p.stage(sign=s["sign"], exp=s["exp"], total=total, cap=cap, zsign=s["zsign"], nan=s["nan"],
-                    inf=s["inf"])
-        # Stage 4: leading zeros and the left shift. The MSB of `total` (bit 27) has weight
-        # 2**(exp + 1 - 127); the shift is clamped so the exponent stays >= 1 (a subnormal result keeps
-        # exponent 1 and packs as field 0): left = min(lz, exp), and exp - left is the packed exponent - 1.
-        # An exact zero sum is +0 unless both operands were -0 (RNE); an infinity keeps the larger's sign.
-        total = s["total"]
-        lz, zero = _lzc(total)
-        left = Signal(5)
-        m.d.comb += left.eq(Mux(lz[:5] < s["cap"], lz[:5], s["cap"]))
-        sign = Mux(zero & ~s["inf"], s["zsign"], s["sign"])
-        s = p.stage(sign=sign, exp=s["exp"], total=total, left=left, zero=zero, nan=s["nan"], inf=s["inf"])
-        # Stage 5: the shift, keeping the 24-bit significand and the round bit (bits 3..27 of total << left).
-        # A shift of 3 or more means cancellation with exponents at most 1 apart, so total[0:2] is 0 then:
-        # the shifter takes total[1:28] and the bits below the round bit are ORed from total[0:3] directly.
-        left, total = s["left"], s["total"]
-        shifted = Signal(25)
+        # Beside it, the clamp of the normalising shift, cap = min(exp, 31) (the count is at most 27), split
+        # as the shift in whole 4-bit groups (stage 4) and within a group (stage 5): ge[k - 1] = cap >= 4k,
+        # k = 1..7, and cap's low two bits. Behind the adder, u[j] = (group 6 - j of the sum is zero) &
+        # (cap >= 4j + 4), stage 4's group flags (one LUT each).
+        exp = s["exp"]
+        ge = Cat(*(exp >= 4 * k for k in range(1, 8)))
+        u = Cat(*((total[24 - 4 * j:28 - 4 * j] == 0) & ge[j] for j in range(7)))
+        s = p.stage(sign=s["sign"], exp=exp, total=total, ge=ge, u=u, capf=Mux(exp[5:].any(), 3, exp[:2]),
+                    zsign=s["zsign"], nan=s["nan"], inf=s["inf"])
+        # Stages 4 and 5 normalise: left = min(lz, cap), lz the sum's leading-zero count. The MSB of `total`
+        # (bit 27) has weight 2**(exp + 1 - 127); the clamp keeps the exponent >= 1 (a subnormal result keeps
+        # exponent 1 and packs as field 0), and exp - left is the packed exponent - 1. With lz = 4g + f (g
+        # leading all-zero groups of total's seven 4-bit groups) and cap = 4c + r: left = 4·min(g, c) + f'
+        # where f' = f when g < c, else min(f, r) (f = 4 when the group that lands on top is all zero).
+        # Stage 4: the group shift by k = min(g, c) groups, k the number of trailing ones of u: the
+        # thermometer t[j] = (k >= j) = u[0] & .. & u[j - 1] and the one-hot sel[j] = t[j] & ~u[j] (sel[7] =
+        # t[7]); k in binary drives a shifter by 16, 8 and 4.
+        total, ge, u = s["total"], s["ge"], s["u"]
+        t = [Const(1, 1)] + [u[:j].all() for j in range(1, 8)]
+        sel = Cat(*(t[j] & ~u[j] for j in range(7)), t[7])
+        groups = Signal(3)
+        m.d.comb += groups.eq(Cat(t[1] & ~t[2] | t[3] & ~t[4] | t[5] & ~t[6] | t[7], t[2] & ~t[4] | t[6],
+                                  t[4]))
+        coarse = Signal(28)
+        m.d.comb += coarse.eq(total << Cat(Const(0, 2), groups))
+        # The group shift stops at c (k = c) when cap < 4k + 4: f' = min(f, r) then.
+        at_cap = Cat(*(sel[k] & ~ge[k] for k in range(7)), sel[7]).any()
+        s = p.stage(sign=s["sign"], exp=s["exp"], coarse=coarse, groups=groups,
+                    fcap=Mux(at_cap, s["capf"], 3), zsign=s["zsign"], nan=s["nan"], inf=s["inf"])
+        # Stage 5: the shift within a group, f' = min(leading zeros of the top group, fcap), keeping the
+        # 24-bit significand (bits 4..27 of coarse << f') and the RNE increment: the round bit (bit 3) and
+        # the LSB or a non-zero bit below the round bit, for each f' from coarse's low five bits alone and
+        # selected by f'.
+        # The group shift keeps a non-zero sum non-zero. An exact zero sum is +0 unless both operands were -0
+        # (RNE); an infinity keeps the larger's sign.
+        coarse = s["coarse"]
+        top = coarse[24:28]
+        lz4 = Mux(top[3], 0, Mux(top[2], 1, Mux(top[1], 2, Mux(top[0], 3, 4))))
+        fine = Signal(2)
+        m.d.comb += fine.eq(Mux(lz4 < s["fcap"], lz4, s["fcap"]))
+        shifted = Signal(28)
         bem1 = Signal(8)
-        m.d.comb += [shifted.eq((total[1:28] << left)[2:27]), bem1.eq(s["exp"] - left)]
-        rest = total[0] | (total[1] & (left < 2)) | (total[2] & (left == 0))
-        s = p.stage(sign=s["sign"], sig=shifted[1:25], rnd=shifted[0], sticky=rest, bem1=bem1, zero=s["zero"],
-                    nan=s["nan"], inf=s["inf"])
+        m.d.comb += [shifted.eq(coarse << fine), bem1.eq(s["exp"] - Cat(fine, s["groups"]))]
+        zero = coarse == 0
+        sign = Mux(zero & ~s["inf"], s["zsign"], s["sign"])
+        incs = [coarse[3 - f] & (coarse[4 - f] | coarse[:3 - f].any()) for f in range(3)]
+        incs.append(coarse[0] & coarse[1])
+        inc = Mux(fine[1], Mux(fine[0], incs[3], incs[2]), Mux(fine[0], incs[1], incs[0]))
+        s = p.stage(sign=sign, sig=shifted[4:28], inc=inc, bem1=bem1, zero=zero, nan=s["nan"], inf=s["inf"])
         # Stage 6: round to nearest even and pack; bem1 <= 254, a rounding carry may reach 2**31.
         y = p.stage(y=_round_pack(m, s))["y"]
         _finish(m, self, p, y)

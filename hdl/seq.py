@@ -13,7 +13,7 @@ binary32 reciprocal of an integer.
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -57,6 +57,16 @@ class SeqDivider(wiring.Component):
         return m
 
 
+def _multi(v):
+    """(any bit set, more than one bit set) of `v`, as a balanced tree."""
+    if len(v) == 1:
+        return v[0], Const(0, 1)
+    half = len(v) // 2
+    al, ml = _multi(v[:half])
+    ah, mh = _multi(v[half:])
+    return al | ah, ml | mh | (al & ah)
+
+
 class IntRecip(wiring.Component):
     """``fp32(1 / n)`` (round to nearest) of an unsigned 32-bit ``n >= 1``; 3 cycles for a power of two, 28
     otherwise (n is registered, then its highest bit, then the division starts).
@@ -75,37 +85,49 @@ class IntRecip(wiring.Component):
         m = Module()
         n = Signal(32)
         load, classify = Signal(), Signal()   # n has just been registered; its highest bit has
-        k = Signal(range(32))                 # floor(log2 n)
+        e0 = Signal(8)                        # 126 - floor(log2 n): the exponent field of 1/n (not a power of 2)
         top = Signal(32)                      # its highest set bit alone
-        zero, pow2 = Signal(), Signal()
+        # per 8-bit group of n: any bit set, more than one set (n is 0 or a power of two when no group has
+        # more than one and at most one group has any)
+        gany, gmulti = Signal(4), Signal(4)
         rem = Signal(34)
         q = Signal(self.QBITS)
         count = Signal(range(self.QBITS + 1))
+        more = Signal()                       # count != 0
         with m.If(self.i_start):
-            m.d.sync += [n.eq(self.i_n), load.eq(1), self.o_busy.eq(1), q.eq(0), count.eq(0)]
+            m.d.sync += [n.eq(self.i_n), load.eq(1), self.o_busy.eq(1), q.eq(0), count.eq(0), more.eq(0)]
         with m.Elif(load):
-            # one-hot: a set bit with none set above it (its index in the next cycle); a power of two has no
-            # other bit
-            hb = Cat(*[n[i] & ~n[i + 1:].any() if i < 31 else n[31] for i in range(32)])
-            m.d.sync += [load.eq(0), classify.eq(1), top.eq(hb), zero.eq(n == 0), pow2.eq((n & (n - 1)) == 0)]
+            # one-hot: a set bit with none set above it (its index in the next cycle), the lowest set bit of
+            # n bit-reversed, r & (~r + 1) (one carry chain)
+            r = Cat(*(n[31 - i] for i in range(32)))
+            low = Signal(32)
+            m.d.comb += low.eq(r & (~r + 1))
+            hb = Cat(*(low[31 - i] for i in range(32)))
+            groups = [_multi(n[8 * g:8 * g + 8]) for g in range(4)]
+            m.d.sync += [load.eq(0), classify.eq(1), top.eq(hb),
+                         gany.eq(Cat(*(a for a, _ in groups))), gmulti.eq(Cat(*(x for _, x in groups)))]
         with m.Elif(classify):
+            zero = ~gany.any()
+            pow2 = ~(gmulti.any() | _multi(gany)[1])
             idx = Cat(*[Cat(*[top[i] for i in range(32) if (i >> b) & 1]).any() for b in range(5)])
-            m.d.sync += [classify.eq(0), k.eq(idx)]
+            m.d.sync += [classify.eq(0), e0.eq(126 - idx)]
             with m.If(zero):
                 m.d.sync += [self.o_y.eq(0x7F800000), self.o_busy.eq(0)]
             with m.Elif(pow2):
                 m.d.sync += [self.o_y.eq((127 - idx) << 23), self.o_busy.eq(0)]
             with m.Else():
-                m.d.sync += [rem.eq(top << 1), count.eq(self.QBITS)]
+                m.d.sync += [rem.eq(top << 1), count.eq(self.QBITS), more.eq(1)]
         with m.Elif(self.o_busy):
-            ge = rem >= n
-            with m.If(count != 0):
-                m.d.sync += [rem.eq(Mux(ge, rem - n, rem) << 1), q.eq(Cat(ge, q[:-1])),
-                             count.eq(count - 1)]
+            # one subtract: its borrow is rem < n
+            diff = Signal(35)
+            m.d.comb += diff.eq(rem - n)
+            ge = ~diff[34]
+            with m.If(more):
+                m.d.sync += [rem.eq(Mux(ge, diff[:34], rem) << 1), q.eq(Cat(ge, q[:-1])),
+                             count.eq(count - 1), more.eq(count != 1)]
             with m.Else():
-                mant = Signal(25)
-                m.d.comb += mant.eq(q[1:] + q[0])             # 24-bit significand, rounded up on a 1 round bit
-                exp = Signal(9)
-                m.d.comb += exp.eq(126 - k + mant[24])
-                m.d.sync += [self.o_y.eq(Cat(Mux(mant[24], 0, mant[:23]), exp[:8])), self.o_busy.eq(0)]
+                # q[24] is the hidden bit (the first quotient bit is 1), q[1:24] the fraction, q[0] the round
+                # bit (1/n is never a tie): one increment on the packed word rounds up, a carry out of the
+                # fraction walking into the exponent field
+                m.d.sync += [self.o_y.eq(Cat(q[1:24], e0) + q[0]), self.o_busy.eq(0)]
         return m
