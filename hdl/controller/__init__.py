@@ -65,6 +65,14 @@ def _f32_gt(a, b):
     return ~_is_nan(a) & ~_is_nan(b) & _gt(a, b)
 
 
+def _early(m, cond, name):
+    """`cond`, a condition on the instruction word (and the settings), registered every cycle: the word is the
+    instruction's from DISPATCH on, so the flag is from the state after DISPATCH on (MEMSET, SCALAR, DESC)."""
+    flag = Signal(name=name)
+    m.d.sync += flag.eq(cond)
+    return flag
+
+
 def merge(m, out, ins):
     """Drive stream `out` from the streams `ins`, at most one of which is valid in a cycle and each of which
     drives its payload to 0 while it is not valid (every command here is a ``comb`` payload assigned only
@@ -177,11 +185,15 @@ class Controller(wiring.Component):
         """The architectural state, and the context every sequencer reads."""
         hw, u = self._hw, self._u
         self._sregs = Array([Signal(32, name=f"s{i}") for i in range(SCALAR_REGS)])
-        # the scalar registers' one write port: whoever writes drives it (comb) in that cycle
+        # the scalar registers' one write port: whoever writes drives it (comb) in that cycle, and the register
+        # written the cycle after (`held`). Every write ends its instruction (a retire), and the next instruction
+        # reads the registers from its DISPATCH on, two cycles later at the earliest (FETCH between).
         self._sreg_w = w = Signal(data.StructLayout({"en": 1, "idx": range(SCALAR_REGS), "value": 32}))
+        held = Signal.like(w, name="sreg_write")
+        m.d.sync += held.eq(w)
         for i, r in enumerate(self._sregs):
-            with m.If(w.en & (w.idx == i)):
-                m.d.sync += r.eq(w.value)
+            with m.If(held.en & (held.idx == i)):
+                m.d.sync += r.eq(held.value)
         self._vl, self._hd, self._inv_hd, self._emax = (Signal(32, name=n) for n in ("vl", "hd", "inv_hd", "emax"))
         self._word, self._pc = Signal(64), Signal(PC_BITS)
         self._fmap_w = u.fmap.write_port()
@@ -425,9 +437,10 @@ class Controller(wiring.Component):
     def _memset(self, m, st):
         ms = data.View(layout(Opcode.MEMSET), self._word)
         w = self._fmap_w
+        bad = _early(m, (ms.slot >= SCALAR_REGS) | (ms.c != 0), "ms_bad")
         with m.State("MEMSET"):
             with m.If(ms.cache == ShapeCache.SCALAR):
-                with m.If((ms.slot >= SCALAR_REGS) | (ms.c != 0)):
+                with m.If(bad):
                     st.fail(ErrorCode.BAD_FUNCTION)
                 with m.Else():
                     self._write_sreg(m, ms.slot[:3], Cat(ms.b, ms.a))
@@ -443,12 +456,13 @@ class Controller(wiring.Component):
         L2E = hw.l2_bytes // 4
         sc = data.View(layout(Opcode.SCALAR), self._word)
         sregs = self._sregs
-        # the operands S[a] and S[b] and MAX's and MAXI's comparisons, registered every cycle: SCALAR follows
-        # DISPATCH, in which the word is already the instruction's and no instruction writes a scalar register
+        # the operands S[a] and S[b], registered every cycle: SCALAR follows DISPATCH, in which the word is
+        # already the instruction's and no instruction writes a scalar register; MAX's and MAXI's comparisons
+        # of them, registered every cycle too (from SCALAR on: SC_MAX takes them)
         sa, sb = Signal(32, name="sc_a"), Signal(32, name="sc_b")
         b_gt, imm_gt = Signal(name="sc_b_gt"), Signal(name="sc_imm_gt")
-        m.d.sync += [sa.eq(sregs[sc.a]), sb.eq(sregs[sc.b]), b_gt.eq(_f32_gt(sregs[sc.b], sregs[sc.a])),
-                     imm_gt.eq(_f32_gt(sc.imm, sregs[sc.a]))]
+        m.d.sync += [sa.eq(sregs[sc.a]), sb.eq(sregs[sc.b]), b_gt.eq(_f32_gt(sb, sa)), imm_gt.eq(_f32_gt(sc.imm, sa))]
+        beyond = _early(m, sc.imm >= L2E, "sc_beyond")          # LD, ST: the address is outside L2
 
         def alu(a, b, fn):
             c = self._alu_cmd
@@ -474,23 +488,23 @@ class Controller(wiring.Component):
                     alu(sa, sc.imm, AluFn.ADD)
                 with m.Case(ScalarFunc.LDPOS):
                     alu(self.i_pos, 0, AluFn.ITOF)
-                with m.Case(ScalarFunc.MAX):
-                    write(Mux(b_gt, sb, sa))
-                with m.Case(ScalarFunc.MAXI):
-                    write(Mux(imm_gt, sc.imm, sa))
+                with m.Case(ScalarFunc.MAX, ScalarFunc.MAXI):
+                    m.next = "SC_MAX"
                 for f in (ScalarFunc.RSQRT, ScalarFunc.SQRT, ScalarFunc.RECIP, ScalarFunc.TANH):
                     with m.Case(f):                # one element through the SFU
                         st.launch("SC_SFU", op=SfuOp[f.name], n=1, a=Src.REG, a_val=sa, sink=Sink.REG)
                 with m.Case(ScalarFunc.LD):
-                    with m.If(sc.imm >= L2E):
+                    with m.If(beyond):
                         st.fail(ErrorCode.ADDRESS_RANGE)
                     with m.Else():
                         st.launch("SC_SFU", bypass=1, n=1, a=Src.L2, a_addr=sc.imm, sink=Sink.REG)
                 with m.Case(ScalarFunc.ST):
-                    with m.If(sc.imm >= L2E):
+                    with m.If(beyond):
                         st.fail(ErrorCode.ADDRESS_RANGE)
                     with m.Else():
                         st.launch("SC_ST", bypass=1, n=1, a=Src.REG, a_val=sa, sink=Sink.L2, dst=sc.imm)
+        with m.State("SC_MAX"):
+            write(Mux(sc.func == ScalarFunc.MAX, Mux(b_gt, sb, sa), Mux(imm_gt, sc.imm, sa)))
         with m.State("SC_ALU"):
             with m.If(u.alu.o_y.valid):
                 write(u.alu.o_y.payload)
@@ -502,8 +516,9 @@ class Controller(wiring.Component):
         hw, u = self._hw, self._u
         op = self._word[60:64]
         index = self._desc_index
+        beyond = _early(m, index >= self.i_desc_count, "desc_beyond")
         with m.State("DESC"):
-            with m.If(index >= self.i_desc_count):
+            with m.If(beyond):
                 st.fail(ErrorCode.BAD_DESCRIPTOR)
             with m.Else():
                 st.launch("DESC_W", bypass=1, n=DESC_WORDS, a=Src.DDR,

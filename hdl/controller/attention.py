@@ -17,7 +17,7 @@ scale out.
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal, signed
+from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream
 from amaranth.lib.wiring import In, Out
 
@@ -27,9 +27,18 @@ from ..quant import EXP_BITS
 from ..sfu import SfuOp
 from .engines import gemv_job_layout
 from .passes import BSrc, QDst, Sink, Src
-from .sequencer import DividerPort, Sequencer, Steps, elem, end_to, engine_state_layout, geometry, in_l2
+from .sequencer import (DividerPort, Sequencer, Steps, elem, end_to, engine_state_layout, geometry, in_l2,
+                        product, recode)
 
 __all__ = ["AttentionSequencer"]
+
+
+def _early(m, cond):
+    """`cond`, a condition on the context, registered every cycle: the instruction's from the cycle after the
+    start on, when the first state registers it again as a check (`Steps.checks_registered`)."""
+    flag = Signal(name="early")
+    m.d.sync += flag.eq(cond)
+    return flag
 
 
 class AttentionSequencer(Sequencer):
@@ -49,7 +58,8 @@ class AttentionSequencer(Sequencer):
     def elaborate(self, platform):
         m = Module()
         hw = self.hw
-        self._st = st = Steps(m, self.o_pass, self.i_done, end_to(m, self.o_end), by_site=True, registered=True)
+        self._st = st = Steps(m, self.o_pass, self.i_done, end_to(m, self.o_end), by_site=True, registered=True,
+                              one_hot=True, bus_error_state="BUS_ERROR")
         ctx = self.i_ctx
         op = ctx.word[60:64]
         self._kv_ = data.View(layout(Opcode.KVST), ctx.word)
@@ -61,19 +71,21 @@ class AttentionSequencer(Sequencer):
         self.cap, self.slot = Signal(32, name="cap"), Signal(32, name="slot")
         if hw.kv_format == "int8":
             self._int8_state(m)
-        with m.FSM(name="attention"):
-            with m.State("IDLE"):
+        with m.FSM(name="attention") as fsm:
+            with st.state("IDLE"):
                 with m.If(self.i_start):
                     with m.If(op == Opcode.KVST):
                         m.next = "KV"
                     with m.Else():
                         m.next = "AT"
             st.wait_pass("RETIRE_PASS", st.retire)
+            st.bus_error()
             if hw.kv_format == "int8":
                 self._int8(m, st)
             else:
                 self._kvst_fp16(m, st)
                 self._attn_fp16(m, st)
+        recode(fsm, "one-hot")
         st.finish()
         return m
 
@@ -89,9 +101,9 @@ class AttentionSequencer(Sequencer):
         then the ring slot POSITION mod capacity in the divider."""
         hw, ctx, d, kv = self.hw, self.i_ctx, self.i_ctx.desc, self._kv_
         st.checks_registered("KV", [
-            ((d.kind != DescKind.KV) | (d.layout != fmt), lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
-            (bad_length | (d.cols == 0) | (d.rows == 0), lambda: st.fail(ErrorCode.BAD_LENGTH)),
-            (~in_l2(hw, elem(kv.k), d.cols) | ~in_l2(hw, elem(kv.v), d.cols),
+            (_early(m, (d.kind != DescKind.KV) | (d.layout != fmt)), lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
+            (_early(m, bad_length | (d.cols == 0) | (d.rows == 0)), lambda: st.fail(ErrorCode.BAD_LENGTH)),
+            (_early(m, ~in_l2(hw, elem(kv.k), d.cols) | ~in_l2(hw, elem(kv.v), d.cols)),
              lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
         ], lambda: self._divide(m, ctx.pos, d.rows, "KV_1"))
 
@@ -103,15 +115,16 @@ class AttentionSequencer(Sequencer):
         ctx, d, f, at, eng = self.i_ctx, self.i_ctx.desc, self.i_ctx.fmap, self._at, self.i_engine
         checks = [(eng.active, None), (eng.failed, lambda: st.fail(eng.code, at_engine=1))] if uses_engine else []
         checks += [
-            ((d.kind != DescKind.KV) | (d.layout != fmt), lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
-            (bad_length | (f.head_dim != d.head_dim) | (at.kv_head >= d.heads) | (f.heads == 0),
+            (_early(m, (d.kind != DescKind.KV) | (d.layout != fmt)), lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
+            (_early(m, bad_length | (f.head_dim != d.head_dim) | (at.kv_head >= d.heads) | (f.heads == 0)),
              lambda: st.fail(ErrorCode.BAD_LENGTH)),
-            (((f.window == 0) | (f.window > d.rows)) & (ctx.pos >= d.rows), lambda: st.fail(ErrorCode.ADDRESS_RANGE))]
+            (_early(m, ((f.window == 0) | (f.window > d.rows)) & (ctx.pos >= d.rows)),
+             lambda: st.fail(ErrorCode.ADDRESS_RANGE))]
         if narrow_ring:
-            checks.append(((f.window != 0) & (f.window < d.rows), lambda: st.fail(ErrorCode.BAD_LENGTH)))
+            checks.append((_early(m, (f.window != 0) & (f.window < d.rows)), lambda: st.fail(ErrorCode.BAD_LENGTH)))
 
         def start():
-            seen = Mux((f.window == 0) | (ctx.pos + 1 <= f.window), ctx.pos + 1, f.window)
+            seen = Mux((f.window == 0) | (ctx.pos < f.window), ctx.pos + 1, f.window)      # pos + 1 <= window
             m.d.sync += [self.n.eq(seen), self.heads.eq(f.heads), self.hd.eq(f.head_dim), self.win.eq(f.window),
                          self.cap.eq(d.rows)]
             if uses_engine:     # its GEMVs quantise into the engine: nothing to reuse after it
@@ -126,12 +139,12 @@ class AttentionSequencer(Sequencer):
         # elements from the slot's start: the K row, the V row
         k_off, v_off = Signal(32, name="k_off"), Signal(32, name="v_off")
         self._kvst_checks(m, st, 0, 0)
-        with m.State("KV_1"):
+        with st.state("KV_1"):
             with m.If(~self.div.busy):
                 m.d.sync += [k_off.eq(self.div.r * d.cols), v_off.eq((d.rows + self.div.r) * d.cols)]
                 m.next = "KV_2"
         A = hw.axi_addr_bits
-        with m.State("KV_2"):
+        with st.state("KV_2"):
             st.launch("KV_3", bypass=1, n=d.cols, a=Src.L2, a_addr=elem(kv.k), sink=Sink.DDR,
                       ddr_addr=(self._kv_base() + (k_off << 1))[:A], wr_fmt=1)
         st.wait_pass("KV_3", lambda: st.launch("RETIRE_PASS", bypass=1, n=d.cols, a=Src.L2, a_addr=elem(kv.v),
@@ -164,11 +177,11 @@ class AttentionSequencer(Sequencer):
             (scored + hd > SCR, lambda: st.fail(ErrorCode.BAD_LENGTH)),
             (~in_l2(hw, aq, span) | ~in_l2(hw, ad, span), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
         ], lambda: self._divide(m, ctx.pos + 1 - n, cap, "AT_2"))
-        with m.State("AT_2"):
+        with st.state("AT_2"):
             with m.If(~self.div.busy):
                 m.d.sync += [slot.eq(self.div.r), t.eq(0), row_off.eq(self.div.r * d.cols)]
                 m.next = "AT_3"
-        with m.State("AT_3"):
+        with st.state("AT_3"):
             row = (self._kv_base() + (row_off << 1) + ((at.kv_head * hd) << 1))[:A]
             m.d.sync += [k_row.eq(row), first_row.eq(row)]
             m.next = "AT_K"
@@ -187,14 +200,14 @@ class AttentionSequencer(Sequencer):
             m.next = state
 
         # phase 1: per position, the K row, then a DOT per head into scores[h][t]
-        with m.State("AT_K"):
+        with st.state("AT_K"):
             m.d.sync += h.eq(0)
             with m.If(t == n):
                 m.next = "AT_SM"
             with m.Else():
                 st.launch("AT_KD", bypass=1, n=hd, a=Src.DDR, ddr_addr=k_row, ddr_fmt=1, sink=Sink.L2, dst=SB)
         st.wait_pass("AT_KD", st.go("AT_DOT"))
-        with m.State("AT_DOT"):
+        with st.state("AT_DOT"):
             with m.If(h == heads):
                 next_position("AT_K")
             with m.Else():
@@ -203,7 +216,7 @@ class AttentionSequencer(Sequencer):
         st.wait_pass("AT_DOTW", lambda: next_head("AT_DOT"))
         # phase 2: softmax per head
         srow = scores + h * n
-        with m.State("AT_SM"):
+        with st.state("AT_SM"):
             with m.If(h == heads):
                 m.d.sync += [t.eq(0), k_row.eq(first_row)]
                 self._divide(m, ctx.pos + 1 - n, cap, "AT_V0")
@@ -218,11 +231,11 @@ class AttentionSequencer(Sequencer):
                                                  sink=Sink.L2, dst=srow))
         st.wait_pass("AT_SM5", lambda: next_head("AT_SM"))
         # phase 3: per position, the V row, then per head dst += p * V
-        with m.State("AT_V0"):
+        with st.state("AT_V0"):
             with m.If(~self.div.busy):
                 m.d.sync += slot.eq(self.div.r)
                 m.next = "AT_V"
-        with m.State("AT_V"):
+        with st.state("AT_V"):
             with m.If(t == n):
                 st.retire()
             with m.Else():
@@ -230,12 +243,12 @@ class AttentionSequencer(Sequencer):
                 st.launch("AT_VD", bypass=1, n=hd, a=Src.DDR, ddr_addr=(k_row + cap * row_bytes)[:A], ddr_fmt=1,
                           sink=Sink.L2, dst=SB)
         st.wait_pass("AT_VD", st.go("AT_P"))
-        with m.State("AT_P"):
+        with st.state("AT_P"):
             with m.If(h == heads):
                 next_position("AT_V")
             with m.Else():
                 st.launch("AT_PW", bypass=1, n=1, a=Src.L2, a_addr=scores + h * n + t, sink=Sink.REG)
-        with m.State("AT_PW"):
+        with st.state("AT_PW"):
             with m.If(st.done()):
                 dst = ad + h * hd
                 with m.If(t == 0):
@@ -252,29 +265,27 @@ class AttentionSequencer(Sequencer):
         bytes, then per head the K scales hi/lo of C·nb binary16, then per head the V scales of C binary16."""
         hw, d = self.hw, self.i_ctx.desc
         A = hw.axi_addr_bits
-        # The slot's sizes, from the descriptor (stable from KVST's and ATTN's first state on), one product
-        # each for both instructions: C·D/2 and C·nb·2 bytes per head (nb registered first), then times the
-        # heads (two and three cycles later; both instructions read them no earlier).
-        self.plane, self.kscales, self.planes, self.all_kscales = (Signal(32, name=nm) for nm in
-                                                                   ("plane", "kscales", "planes", "all_kscales"))
-        # the head's activation blocks, registered (stable from the second state on)
-        self.blocks = Signal(16, name="blocks")
+        # The slot's sizes, from the descriptor (stable from KVST's and ATTN's first state on, cycle 0: the
+        # start), one product each for both instructions (`product`, 4 cycles): C·D/2 bytes per head (from cycle
+        # 4 on) and C·nb·2 (nb registered first: from 5 on), then times the heads (from 8 and 9 on).
+        self.blocks = Signal(16, name="blocks")           # the head's activation blocks (from cycle 1 on)
         m.d.sync += self.blocks.eq((d.head_dim + hw.act_block - 1) >> ceil_log2(hw.act_block))
-        self.slot_base = (self._kv_base())[:A]
+        self.plane = product(m, d.rows, d.head_dim, 33, "plane_x2")[1:]
+        self.kscales = Cat(Const(0, 1), product(m, d.rows, self.blocks, 31, "kscales_2"))
+        self.planes = product(m, d.heads, self.plane, 32, "planes")
+        self.all_kscales = product(m, d.heads, self.kscales, 32, "all_kscales")
+        self.slot_base = Signal(A, name="slot_base")     # from cycle 1 on
+        m.d.sync += self.slot_base.eq(self._kv_base())
         # a head's planes, K scales, V scales
         self.kb, self.ksb, self.vsb = Signal(A, name="kb"), Signal(A, name="ksb"), Signal(A, name="vsb")
-        # the slot's K scale and V scale regions (three and four cycles after the descriptor; both instructions
-        # read them no earlier)
+        # the slot's K scale and V scale regions (from cycles 9 and 10 on; both instructions read them no
+        # earlier)
         self.ks_region, self.vs_region = Signal(A, name="ks_region"), Signal(A, name="vs_region")
-        m.d.sync += [self.plane.eq((d.rows * d.head_dim) >> 1), self.kscales.eq((d.rows * self.blocks) << 1),
-                     self.planes.eq(d.heads * self.plane), self.all_kscales.eq(d.heads * self.kscales),
-                     self.ks_region.eq(self.slot_base + (self.planes << 2)),
+        m.d.sync += [self.ks_region.eq(self.slot_base + (self.planes << 2)),
                      self.vs_region.eq(self.slot_base + (self.planes << 2) + (self.all_kscales << 1))]
-        # ATTN: the head's output rows; a head's sum, then recip(sum): the RECIP pass runs beside the first
-        # chunk's V GEMVs (`recip_pending`)
-        self.head_off = Signal(geometry(hw)[0])          # h · head_dim, stepped head by head
-        self.dst = Signal(geometry(hw)[0])
-        m.d.comb += self.dst.eq(elem(self._at.dst) + self.head_off)
+        # ATTN: the head's query and output rows (q + h·head_dim, dst + h·head_dim, stepped head by head); a
+        # head's sum, then recip(sum): the RECIP pass runs beside the first chunk's V GEMVs (`recip_pending`)
+        self.q_at, self.dst = Signal(geometry(hw)[0], name="q_at"), Signal(geometry(hw)[0], name="dst")
         self.rz, self.recip_pending = Signal(32, name="rz"), Signal(name="recip_pending")
         with m.If(self.recip_pending & self.i_done.valid):
             m.d.sync += [self.rz.eq(self.i_done.payload.result), self.recip_pending.eq(0)]
@@ -290,24 +301,27 @@ class AttentionSequencer(Sequencer):
         hw, d, kv = self.hw, self.i_ctx.desc, self._kv_
         A = hw.axi_addr_bits
         vsb, plane, ks = self.vsb, self.plane, self.kscales
-        # the ring slot's row in a plane / K scales
-        row_off, srow, ring = Signal(32, name="row_off"), Signal(32, name="srow"), Signal(32, name="ring")
+        # the ring slot's row in a plane / K scales: products of the divider's remainder, which holds from the
+        # cycle it is done (KV_1) on, so they are the slot's from 4 cycles later on (KV_3)
+        row_off = product(m, self.div.r, d.head_dim, 33, "row_off_x2")[1:]
+        srow = Cat(Const(0, 1), product(m, self.div.r, self.blocks, 31, "srow_2"))
+        ring = Signal(32, name="ring")
         j = Signal(8)                                     # head
         j_end = Signal()                                  # j == heads, registered with j
+        last_j = Signal(9, name="last_j")                 # heads - 1 (mod 2**9): j + 1 == heads is j == last_j
+        m.d.sync += last_j.eq(d.heads - 1)
         hb = Signal(16)                                   # element offset of head j in k and v
         self._kvst_checks(m, st, 1, bad_hd | (d.heads == 0))
-        with m.State("KV_1"):
+        with st.state("KV_1"):
             with m.If(~self.div.busy):
-                m.d.sync += [row_off.eq((self.div.r * d.head_dim) >> 1), srow.eq((self.div.r * self.blocks) << 1),
-                             ring.eq(self.div.r)]
+                m.d.sync += ring.eq(self.div.r)
                 m.next = "KV_2"
-        with m.State("KV_2"):                        # the slot's regions are ready from KV_3 on
-            m.next = "KV_3"
+        st.pause("KV_2", 3, "KV_3")
         # the rows KVST writes, head after head, each address stepped from the last one: `plane_row` through
         # K_hi, K_lo, V_hi, V_lo of head 0, then of head 1 ... (a plane apart), `scale_row` through the K scales
         # hi and lo of head 0, 1 ... (a scale plane apart), `vsb` through the V scales (a row of C apart)
         plane_row, scale_row = Signal(A, name="plane_row"), Signal(A, name="scale_row")
-        with m.State("KV_3"):
+        with st.state("KV_3"):
             sb = self.slot_base
             m.d.sync += [plane_row.eq(sb + row_off), scale_row.eq(self.ks_region + srow),
                          vsb.eq(self.vs_region + (ring << 1)), j.eq(0), j_end.eq(d.heads == 0), hb.eq(0)]
@@ -328,17 +342,24 @@ class AttentionSequencer(Sequencer):
             m.d.sync += scale_row.eq(scale_row + ks)
         k, v = elem(kv.k), elem(kv.v)
         words = d.head_dim >> 3
-        with m.State("KV_K"):
+        with st.state("KV_K"):
             with m.If(j_end):
                 st.retire()
             with m.Else():
                 m.d.comb += self.o_pack_clear.eq(1)
                 quantise("KV_KQ", a=Src.L2, a_addr=k + hb)
-        with m.State("KV_KQ"):
+        # the checks on a quantiser pass's completion and the packer's exponent, registered at the completion
+        # (`bad`, with the exponent `qe`) and taken the cycle after (KV_KC, KV_VC)
+        bad, qe = Signal(name="kv_bad"), Signal.like(self.i_pack.emax, name="kv_qe")
+        with st.state("KV_KQ"):
             with m.If(st.done()):
+                m.d.sync += bad.eq(self.i_done.payload.nonfinite | (self.i_pack.emax > 11))  # 2**(e+4) beyond
+                m.next = "KV_KC"                                                           # binary16
+        with st.state("KV_KC"):
+            with m.If(bad):
+                st.fail(ErrorCode.NON_FINITE)
+            with m.Else():
                 plane_out("KV_K1", 0)
-                with m.If(self.i_done.payload.nonfinite | (self.i_pack.emax > 11)):     # 2**(e+4) beyond binary16
-                    st.fail(ErrorCode.NON_FINITE)                                       # (the launch taken back)
         st.wait_pass("KV_K1", lambda: plane_out("KV_K2", 1))
         st.wait_pass("KV_K2", lambda: scale_out("KV_K3", 2))
         st.wait_pass("KV_K3", lambda: scale_out("KV_K4", 3))
@@ -347,18 +368,23 @@ class AttentionSequencer(Sequencer):
             m.d.comb += self.o_pack_clear.eq(1)
             quantise("KV_VA", a=Src.L2, a_addr=v + hb)
         st.wait_pass("KV_K4", v_row)
-        with m.State("KV_VA"):
+        with st.state("KV_VA"):
             with m.If(st.done()):
-                quantise("KV_VB", a=Src.L2, a_addr=v + hb, qforce=1, qe=self.i_pack.emax)
-                with m.If(self.i_done.payload.nonfinite | (self.i_pack.emax > 15)):     # 2**e beyond binary16
-                    st.fail(ErrorCode.NON_FINITE)                                       # (the launch taken back)
+                m.d.sync += [bad.eq(self.i_done.payload.nonfinite | (self.i_pack.emax > 15)),   # 2**e beyond
+                             qe.eq(self.i_pack.emax)]                                          # binary16
+                m.next = "KV_VC"
+        with st.state("KV_VC"):
+            with m.If(bad):
+                st.fail(ErrorCode.NON_FINITE)
+            with m.Else():
+                quantise("KV_VB", a=Src.L2, a_addr=v + hb, qforce=1, qe=qe)
         st.wait_pass("KV_VB", lambda: plane_out("KV_V1", 0))
         st.wait_pass("KV_V1", lambda: plane_out("KV_V2", 1))
         st.wait_pass("KV_V2", lambda: st.launch("KV_V3", bypass=1, n=1, a=Src.REG, a_val=self.i_pack.vscale,
                                                 sink=Sink.DDR, ddr_addr=vsb, wr_fmt=1))
 
         def next_head():
-            m.d.sync += [j.eq(j + 1), j_end.eq(j + 1 == d.heads), hb.eq(hb + d.head_dim),
+            m.d.sync += [j.eq(j + 1), j_end.eq(j == last_j), hb.eq(hb + d.head_dim),
                          vsb.eq(vsb + (d.rows << 1))]
             m.next = "KV_K"
         st.wait_pass("KV_V3", next_head)
@@ -373,77 +399,96 @@ class AttentionSequencer(Sequencer):
         heads, hd, n, h = self.heads, self.hd, self.n, self.h
         kb, ksb, vsb, plane, ks = self.kb, self.ksb, self.vsb, self.plane, self.kscales
         aq, ad = elem(at.q), elem(at.dst)
-        head_plane, head_ks = Signal(32, name="head_plane"), Signal(32, name="head_ks")
-        head_rows = Signal(32, name="head_rows")
-        # the chunk's first position and its positions
-        chunk, chunk_n = Signal(nb, name="chunk"), Signal(nb, name="chunk_n")
+        # the chunk's first score (SB + its first position), its positions, the positions from it on; each
+        # check on them a flag registered with them: the first chunk, none left, more than MAXC left
+        s_at, chunk_n, left = Signal(geometry(hw)[0], name="s_at"), Signal(nb, name="chunk_n"), Signal(nb, name="left")
+        first, none_left, more = Signal(name="first"), Signal(name="none_left"), Signal(name="more")
+        take = Mux(more, MAXC, left)                  # the chunk's positions
+        h_end = Signal(name="h_end")                  # h == heads, registered with h
+        last_h = Signal(16, name="last_h")            # heads - 1 (mod 2**16): h + 1 == heads is h == last_h
+        no_heads = Signal(name="no_heads")            # heads == 0
+        m.d.sync += [last_h.eq(heads - 1), no_heads.eq(heads == 0)]
         vrow = Signal(A)                              # the chunk's first V_hi column (V_lo: a plane on)
         vtab = Signal(A)                              # the V planes' scale table (lo: 2·head_dim bytes on)
         dst, rz, recip_pending = self.dst, self.rz, self.recip_pending
         # Every engine command's addresses are one base plus, for the lo plane, one offset: K from the head's
         # planes and K scales, V from the chunk's columns and the scale table. Which ones, `on_v` and `on_lo`,
-        # is set by the state for all of it (`engine_state`): its conditions choose the command's valid only.
+        # registered: V from the first chunk to the next head, lo from the quantiser pass before the lo plane's
+        # command to that command (`engine`); the states' conditions choose the command's valid only.
         on_v, on_lo = Signal(name="on_v"), Signal(name="on_lo")
         wbase = (Mux(on_v, vrow, kb) + Mux(on_lo, plane, 0))[:A]
         sbase = (Mux(on_v, vtab, ksb) + Mux(on_lo, Mux(on_v, hd << 1, ks), 0))[:A]
 
-        # K: n rows of head_dim columns into the scratch; V: head_dim rows of the chunk's columns into dst
+        # K: n rows of head_dim columns into the scratch; V: head_dim rows of the chunk's columns into dst. The
+        # command is sent from a register, the cycle after `engine` (the payload 0 while not valid): no path
+        # runs from the state through the choice of its operands into the tracker; a state after `engine` sees
+        # the engine active from the cycle after the one that sends it (`sent`).
         job = Signal.like(self.o_gemv.payload)
+        send, sent = Signal(name="gemv_launch"), Signal(name="gemv_valid")
+        held = Signal.like(self.o_gemv.payload, name="gemv_payload")
         m.d.comb += [job.cmd.wbase.eq(wbase), job.cmd.sbase.eq(sbase),
                      job.cmd.rows.eq(Mux(on_v, hd, n)), job.cmd.cols.eq(Mux(on_v, chunk_n, hd)),
                      job.cmd.log2_group.eq(Mux(on_v, V_PLANE_LOG2_GROUP, LB)), job.cmd.sparse.eq(on_v),
-                     job.cmd.accm.eq(~on_lo | (on_v & (chunk != 0))), job.lo.eq(Mux(on_v, dst, SB)),
+                     job.cmd.accm.eq(~on_lo | (on_v & ~first)), job.lo.eq(Mux(on_v, dst, SB)),
                      job.n.eq(Mux(on_v, hd, n)), job.pc.eq(ctx.pc),
-                     self.o_gemv.payload.eq(Mux(self.o_gemv.valid, job, 0))]
+                     self.o_gemv.valid.eq(sent), self.o_gemv.payload.eq(Mux(sent, held, 0))]
+        m.d.sync += [sent.eq(send), held.eq(job)]
 
         def engine(nxt):
-            m.d.comb += self.o_gemv.valid.eq(1)
+            m.d.comb += send.eq(1)
+            m.d.sync += on_lo.eq(0)
             m.next = nxt
 
-        def engine_state(v, lo):
-            """In a state that sends an engine command: the command's operands, V or K, lo or hi plane."""
-            m.d.comb += [on_v.eq(v), on_lo.eq(lo)]
-
-        def after_engine(state, then, v, lo):
-            with m.State(state):
-                engine_state(v, lo)
-                with m.If(~eng.active):
+        def after_engine(state, then):
+            with st.state(state):
+                with m.If(~eng.active & ~sent):
                     with m.If(eng.failed):
-                        st.fail(eng.code)
+                        m.next = "AT_ENGINE_ERROR"
                     with m.Else():
                         then()
 
         # the engine runs its GEMVs: an async WGEMV must finish first; a sliding ring is the window
         self._attn_checks(m, st, 1, bad_hd, 1, uses_engine=True)
-        span, _ = self._products(m, heads * hd, 0)                     # then AT_1P: the checks on it
+        # the Q and output span, from the FMAP entry (from cycle 4 on: AT_1P, the checks on it)
+        span = product(m, ctx.fmap.heads, ctx.fmap.head_dim, 32, "span")
+        with st.state("AT_1"):
+            m.next = "AT_1P"
         st.checks_registered("AT_1P", [
             (n > SCR, lambda: st.fail(ErrorCode.BAD_LENGTH)),
             (~in_l2(hw, aq, span) | ~in_l2(hw, ad, span), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
         ], st.go("AT_2"))
-        with m.State("AT_2"):
-            m.d.sync += [head_plane.eq(at.kv_head * plane), head_ks.eq(at.kv_head * ks),
-                         head_rows.eq(at.kv_head * d.rows), vtab.eq(ctx.base[DdrRegion.WEIGHTS.value] + d.scale_offset)]
-            m.next = "AT_3"
-        with m.State("AT_3"):
+        # the head's planes, K scales and V scales from the slot's start (from cycles 8, 9 and 4 on); AT_3, from
+        # cycle 10 on (the V scale region), adds them to the regions
+        head_plane = product(m, at.kv_head, plane, 32, "head_plane")
+        head_ks = product(m, at.kv_head, ks, 32, "head_ks")
+        head_rows = product(m, at.kv_head, d.rows, 32, "head_rows")
+        m.d.sync += vtab.eq(ctx.base[DdrRegion.WEIGHTS.value] + d.scale_offset)
+        st.pause("AT_2", 4, "AT_3")
+        with st.state("AT_3"):
             m.d.sync += [kb.eq(self.slot_base + (head_plane << 2)), ksb.eq(self.ks_region + (head_ks << 1)),
-                         vsb.eq(self.vs_region + (head_rows << 1)), h.eq(0), self.head_off.eq(0)]
+                         vsb.eq(self.vs_region + (head_rows << 1)), h.eq(0), h_end.eq(no_heads),
+                         self.q_at.eq(aq), dst.eq(ad), on_v.eq(0)]
             m.next = "AT_H"
-        with m.State("AT_H"):
-            with m.If(h == heads):
+        with st.state("AT_H"):
+            with m.If(h_end):
                 st.retire()
             with m.Else():
-                st.launch("AT_Q", bypass=1, n=hd, a=Src.L2, a_addr=aq + self.head_off, sink=Sink.QUANT,
-                          qdst=QDst.GEMV)
-        with m.State("AT_Q"):
-            engine_state(0, 1)
+                st.launch("AT_Q", bypass=1, n=hd, a=Src.L2, a_addr=self.q_at, sink=Sink.QUANT, qdst=QDst.GEMV)
+                m.d.sync += on_lo.eq(1)
+        # the failures of the engine (its code holds until the next START) and of the quantiser passes, ended
+        # from states of their own (the cycle after): the end and the return to IDLE see those states only
+        with st.state("AT_ENGINE_ERROR"):
+            st.fail(eng.code)
+        with st.state("AT_NON_FINITE"):
+            st.fail(ErrorCode.NON_FINITE)
+        with st.state("AT_Q"):
             with m.If(st.done()):
                 with m.If(self.i_done.payload.nonfinite):
-                    st.fail(ErrorCode.NON_FINITE)
+                    m.next = "AT_NON_FINITE"
                 with m.Else():
                     engine("AT_K1")
-        after_engine("AT_K1", lambda: engine("AT_K2"), 0, 0)
-        after_engine("AT_K2", lambda: st.launch("AT_S1", op=SfuOp.MAX, n=n, a=Src.L2, a_addr=SB, sink=Sink.REG),
-                     0, 0)
+        after_engine("AT_K1", lambda: engine("AT_K2"))
+        after_engine("AT_K2", lambda: st.launch("AT_S1", op=SfuOp.MAX, n=n, a=Src.L2, a_addr=SB, sink=Sink.REG))
         st.wait_pass("AT_S1", lambda: st.launch("AT_S2", op=SfuOp.EXP, n=n, a=Src.L2, a_addr=SB, emax=st.result,
                                                 sub_emax=1, sink=Sink.L2, dst=SB))
         st.wait_pass("AT_S2", lambda: st.launch("AT_S3", op=SfuOp.SUM, n=n, a=Src.L2, a_addr=SB, sink=Sink.REG))
@@ -455,41 +500,43 @@ class AttentionSequencer(Sequencer):
         st.wait_pass("AT_S3", scale_by_v)
 
         def chunks():
-            m.d.sync += [chunk.eq(0), vrow.eq(kb + (plane << 1))]
+            m.d.sync += [s_at.eq(SB), left.eq(n), first.eq(1), none_left.eq(n == 0), more.eq(n > MAXC),
+                         vrow.eq(kb + (plane << 1)), on_v.eq(1)]
             m.next = "AT_V"
         st.wait_pass("AT_S5", chunks)
-        with m.State("AT_V"):
-            left = n - chunk
+        with st.state("AT_V"):
             with m.If(recip_pending):
                 pass                         # the RECIP pass is still running
-            with m.Elif(chunk == n):
-                st.launch("AT_O", op=SfuOp.MULS, n=hd, a=Src.L2, a_addr=dst, s=rz, sink=Sink.L2, dst=dst)
+            with m.Elif(none_left):
+                m.next = "AT_VO"
             with m.Else():
-                m.d.sync += chunk_n.eq(Mux(left > MAXC, MAXC, left))
-                st.launch("AT_VQ", bypass=1, n=Mux(left > MAXC, MAXC, left), a=Src.L2, a_addr=SB + chunk,
-                          sink=Sink.QUANT, qdst=QDst.GEMV)
-        with m.State("AT_VQ"):
-            engine_state(1, 1)
+                m.d.sync += chunk_n.eq(take)
+                st.launch("AT_VQ", bypass=1, n=take, a=Src.L2, a_addr=s_at, sink=Sink.QUANT, qdst=QDst.GEMV)
+                m.d.sync += on_lo.eq(1)
+        with st.state("AT_VO"):                 # a launch of its own: each state's launch selected by the state
+            st.launch("AT_O", op=SfuOp.MULS, n=hd, a=Src.L2, a_addr=dst, s=rz, sink=Sink.L2, dst=dst)
+        with st.state("AT_VQ"):
             with m.If(st.done()):
                 with m.If(self.i_done.payload.nonfinite):
-                    st.fail(ErrorCode.NON_FINITE)
-                with m.Elif(chunk == 0):     # RECIP(sum), sent with the first chunk's V GEMV from AT_VR
-                    st.launch("AT_VR", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=rz, sink=Sink.REG)
-                    m.d.sync += recip_pending.eq(1)
+                    m.next = "AT_NON_FINITE"
                 with m.Else():
+                    with m.If(first):        # RECIP(sum), sent with the first chunk's V GEMV
+                        st.launch("AT_V1", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=rz, sink=Sink.REG)
+                        m.d.sync += recip_pending.eq(1)
                     engine("AT_V1")
-        with m.State("AT_VR"):
-            engine_state(1, 1)
-            engine("AT_V1")
-        after_engine("AT_V1", lambda: engine("AT_V2"), 1, 0)
+        after_engine("AT_V1", lambda: engine("AT_V2"))
 
         def next_chunk():
-            # every chunk but the last is MAXC positions of head_dim/2 bytes per plane column
-            m.d.sync += [chunk.eq(chunk + chunk_n), vrow.eq(vrow + (hd << (ceil_log2(MAXC) - 1)))]
+            # every chunk but the last is MAXC positions of head_dim/2 bytes per plane column; the chunk took
+            # min(left, MAXC) positions
+            m.d.sync += [s_at.eq(s_at + chunk_n), left.eq(Mux(more, left - MAXC, 0)), first.eq(0),
+                         none_left.eq(~more), more.eq(left > 2 * MAXC),
+                         vrow.eq(vrow + (hd << (ceil_log2(MAXC) - 1)))]
             m.next = "AT_V"
-        after_engine("AT_V2", next_chunk, 1, 0)
+        after_engine("AT_V2", next_chunk)
 
         def next_head():
-            m.d.sync += [h.eq(h + 1), self.head_off.eq(self.head_off + hd)]
+            m.d.sync += [h.eq(h + 1), h_end.eq(h == last_h), self.q_at.eq(self.q_at + hd), dst.eq(dst + hd),
+                         on_v.eq(0)]
             m.next = "AT_H"
         st.wait_pass("AT_O", next_head)

@@ -133,6 +133,11 @@ class EngineTracker(wiring.Component):
             job = self.i_gemm.payload
             m.d.sync += [gm_cmd.eq(job.cmd), hold.active.eq(1), is_gemm.eq(1), hold.lo.eq(job.lo),
                          hold.n.eq(job.n), self.o_pc.eq(job.pc), pend.gemm.eq(1)]
+        # the running range's end, of the matrix taken (the GEMM tile's when both are): one sum
+        gemm_in = self.i_gemm.valid & self.i_gemm.ready
+        with m.If((self.i_gemv.valid & self.i_gemv.ready) | gemm_in):
+            m.d.sync += hold.hi.eq(Mux(gemm_in, self.i_gemm.payload.lo, self.i_gemv.payload.lo) +
+                                   Mux(gemm_in, self.i_gemm.payload.n, self.i_gemv.payload.n))
         m.d.comb += [gemv.i_cmd.valid.eq(pend.gemv), gemv.i_cmd.payload.eq(cmd),
                      gemm.i_cmd.valid.eq(pend.gemm), gemm.i_cmd.payload.eq(gm_cmd)]
         # the L2 reader and writer: one command per matrix (GEMV) or per token row (GEMM)

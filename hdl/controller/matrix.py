@@ -25,7 +25,7 @@ from ..sfu import SfuOp
 from .engines import gemm_job_layout, gemv_job_layout
 from .passes import QDst, Sink, Src
 from .sequencer import (Sequencer, Steps, context_flags, elem, end_to, engine_state_layout, geometry, in_l2,
-                        l2_elements)
+                        l2_elements, product, PRODUCT_LATENCY)
 
 __all__ = ["MatrixSequencer"]
 
@@ -162,13 +162,12 @@ class MatrixSequencer(Sequencer):
                 m.d.sync += [in_stride.eq((d.cols + 3) & ~3), out_stride.eq((d.rows + 3) & ~3),
                              span_stride.eq(Mux(d.rows >= SAT, SAT, (d.rows + 3) & ~3)), last_tok.eq(wm.tokens - 1)]
                 m.next = "WM_1"
-        # the last token's input and output ends: the products, then the sums, a cycle each
-        in_span = Signal(len(last_tok) + len(in_stride))
-        out_span = Signal(len(last_tok) + len(span_stride))
+        # the last token's input and output ends: the products (`product`, of the operands registered in WM:
+        # from WM_1 on, four cycles), then the sums, a cycle
+        in_span = product(m, last_tok, in_stride, len(last_tok) + len(in_stride), "in_span")
+        out_span = product(m, last_tok, span_stride, len(last_tok) + len(span_stride), "out_span")
         in_end, out_end = (Signal(max(len(span), len(d.cols)) + 2) for span in (in_span, out_span))   # 3 terms
-        with m.State("WM_1"):
-            m.d.sync += [in_span.eq(last_tok * in_stride), out_span.eq(last_tok * span_stride)]
-            m.next = "WM_2"
+        st.pause("WM_1", PRODUCT_LATENCY, "WM_2")
         with m.State("WM_2"):
             m.d.sync += [in_end.eq(elem(wm.src) + in_span + d.cols), out_end.eq(elem(wm.dst) + out_span + d.rows)]
             m.next = "WM_3"
@@ -243,12 +242,12 @@ class MatrixSequencer(Sequencer):
         with m.State("GA_1"):
             m.d.sync += [groups.eq(Mux(d.log2_group >= 32, 1, cols_up >> g)), half_cols.eq((d.cols + 1) >> 1)]
             m.next = "GA_2"
-        # the products by halves of the row (one DSP48E2 each, no cascade), summed a cycle later
-        parts = [Signal(len(groups) + 16, name=f"ga_{k}") for k in ("b_lo", "b_hi", "s_lo", "s_hi")]
-        with m.State("GA_2"):
-            m.d.sync += [parts[0].eq(row[:16] * half_cols), parts[1].eq(row[16:] * half_cols),
-                         parts[2].eq(row[:16] * groups), parts[3].eq(row[16:] * groups)]
-            m.next = "GA_2S"
+        # the products by halves of the row (one DSP48E2 each, `product`: of the operands registered in GA_1,
+        # from GA_2 on, four cycles), summed a cycle later
+        parts = [product(m, r, op, len(groups) + 16, f"ga_{k}") for k, r, op in
+                 (("b_lo", row[:16], half_cols), ("b_hi", row[16:], half_cols), ("s_lo", row[:16], groups),
+                  ("s_hi", row[16:], groups))]
+        st.pause("GA_2", PRODUCT_LATENCY, "GA_2S")
         with m.State("GA_2S"):
             m.d.sync += [row_bytes.eq(parts[0] + (parts[1] << 16)), row_scales.eq(parts[2] + (parts[3] << 16))]
             m.next = "GA_3"

@@ -92,9 +92,10 @@ def done_layout() -> data.StructLayout:
 
 
 def hold_layout(hw: HardwareConfig) -> data.StructLayout:
-    """The L2 rows the GEMV engine or the GEMM unit has yet to write: [lo, lo + n) while ``active``."""
+    """The L2 rows the GEMV engine or the GEMM unit has yet to write: [lo, lo + n) while ``active``; ``hi`` is
+    lo + n (registered with them)."""
     ea, nb, _ = l2_geometry(hw)
-    return data.StructLayout({"active": 1, "lo": ea, "n": nb})
+    return data.StructLayout({"active": 1, "lo": ea, "n": nb, "hi": max(ea, nb) + 1})
 
 
 def L2ReadPort(hw: HardwareConfig) -> wiring.Signature:
@@ -103,9 +104,9 @@ def L2ReadPort(hw: HardwareConfig) -> wiring.Signature:
     return wiring.Signature({"req": Out(stream.Signature(unsigned(wa))), "resp": In(stream.Signature(unsigned(WORD_BITS)))})
 
 
-def meets(hold, lo, n):
-    """The element range [lo, lo + n) meets the rows `hold` says are yet to be written."""
-    return hold.active & (lo < hold.lo + hold.n) & (hold.lo < lo + n)
+def meets(hold, lo, hi):
+    """The element range [lo, hi) meets the rows `hold` says are yet to be written."""
+    return hold.active & (lo < hold.hi) & (hold.lo < hi)
 
 
 class PassEngine(wiring.Component):
@@ -178,24 +179,36 @@ class PassEngine(wiring.Component):
         done = Signal()
         m.d.comb += [self.o_qdst.eq(c.qdst), self.o_qtok.eq(c.qtok), self.o_active.eq(active | queued)]
         m.d.comb += self.i_cmd.ready.eq(~queued & (~active | done))
+
+        # a reduction (one element out), a wide pass (a SHORT_OPS pass from L2 into L2 or a register, four
+        # elements per cycle: the readers' beats, the SFU's four lanes, the writer's beats; every other pass moves
+        # one element per cycle), the ends of its L2 ranges and a MASK pass's words: each registered with the
+        # pass, so that no decode of its op and no sum is on the way from the pass or the hold to its start or
+        # its completion
+        def derived(p):
+            is_reduce = ~p.bypass & Cat(*[p.op == op for op in REDUCE_OPS]).any()
+            a_n, n_out = Mux(p.a == Src.PAIRS, p.n << 1, p.n), Mux(is_reduce, 1, p.n)
+            mask_words = (n_out + LANES - 1) >> ceil_log2(LANES)    # (mask_last: minus 1, never a beat for 0)
+            return {"is_reduce": is_reduce,
+                    "wide": ~p.bypass & Cat(*[p.op == op for op in SHORT_OPS]).any() & (p.a == Src.L2)
+                    & ((p.sink == Sink.L2) | (p.sink == Sink.REG)),
+                    "a_n": a_n, "a_hi": p.a_addr + a_n, "b_hi": p.b_addr + p.n, "dst_hi": p.dst + n_out,
+                    "mask_words": mask_words, "mask_last": (mask_words + (1 << (len(mask_words) + 1)) - 1)
+                    [:len(mask_words) + 1]}
+        new = derived(self.i_cmd.payload)
+        cd = {k: Signal.like(v, name=f"c_{k}") for k, v in new.items()}
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
-            m.d.sync += [c.eq(self.i_cmd.payload), queued.eq(1)]
+            m.d.sync += [c.eq(self.i_cmd.payload), queued.eq(1), *[cd[k].eq(v) for k, v in new.items()]]
         with m.If(start):
             m.d.sync += queued.eq(0)
 
         a_in_l2 = (c.a == Src.L2) | (c.a == Src.PAIRS)
-        is_reduce = Signal()
-        m.d.comb += is_reduce.eq(~c.bypass & Cat(*[c.op == op for op in REDUCE_OPS]).any())
-        # a wide pass: a SHORT_OPS pass from L2 into L2 or a register, four elements per cycle (the readers'
-        # beats, the SFU's four lanes, the writer's beats); every other pass moves one element per cycle
-        wide = Signal()
-        m.d.comb += wide.eq(~c.bypass & Cat(*[c.op == op for op in SHORT_OPS]).any() & (c.a == Src.L2)
-                            & ((c.sink == Sink.L2) | (c.sink == Sink.REG)))
+        is_reduce, wide, a_n = cd["is_reduce"], cd["wide"], cd["a_n"]
         n_out = Signal.like(c.n)
         m.d.comb += n_out.eq(Mux(is_reduce, 1, c.n))
-        a_n = Mux(c.a == Src.PAIRS, c.n << 1, c.n)
-        hazard = ((a_in_l2 & meets(self.i_hold, c.a_addr, a_n)) | ((c.b == BSrc.L2) & meets(self.i_hold, c.b_addr, c.n))
-                  | ((c.sink == Sink.L2) & meets(self.i_hold, c.dst, n_out)))
+        hazard = ((a_in_l2 & meets(self.i_hold, c.a_addr, cd["a_hi"]))
+                  | ((c.b == BSrc.L2) & meets(self.i_hold, c.b_addr, cd["b_hi"]))
+                  | ((c.sink == Sink.L2) & meets(self.i_hold, c.dst, cd["dst_hi"])))
         m.d.comb += start.eq(queued & ~active & ~hazard)
 
         pending = Signal(data.StructLayout({name: 1 for name in (*units, "pack")}))
@@ -208,10 +221,13 @@ class PassEngine(wiring.Component):
                          pending.quant.eq(c.sink == Sink.QUANT), pending.pack.eq(c.a == Src.PACK)]
         self._commands(m, c, pending, units, wide, n_out, a_n)
         operands = self._operands(m, c, active, start, err, rd_a, rd_b, ddr_rd)
-        mask_beats = Signal(range(hw.gemv_max_cols // LANES + 1))     # MASK: the beats sent (their words' address)
-        stage = self._stage(m, c, active, wide, operands, rd_a, rd_b, quant, sfu, mask_beats)
+        # MASK: the beats sent (their words' address), and whether they are all of the pass's words
+        mask_beats = Signal(range(hw.gemv_max_cols // LANES + 1))
+        mask_all = Signal(init=1)
+        stage = self._stage(m, c, active, wide, operands, rd_a, rd_b, quant, sfu, mask_beats, mask_all,
+                            cd["mask_words"], cd["mask_last"])
         self._sinks_and_completion(m, c, active, start, done, pending, err, n_out, stage, wr, ddr_wr, quant,
-                                   mask_beats)
+                                   mask_all)
         m.d.comb += [self.o_sfu.eq(active & ~c.bypass), self.o_dma.eq(ddr_rd.o_busy | ddr_wr.o_busy)]
         return m
 
@@ -283,7 +299,8 @@ class PassEngine(wiring.Component):
                              rd_b.o_elem.ready.eq(b_ready)]
         return a_valid, a_data, a_ready, b_valid, b_data, b_ready
 
-    def _stage(self, m, c, active, wide, operands, rd_a, rd_b, quant, sfu, mask_beats):
+    def _stage(self, m, c, active, wide, operands, rd_a, rd_b, quant, sfu, mask_beats, mask_all, mask_words,
+               mask_last):
         """One register between the operands and the SFU or the quantiser; then the SFU or the bypass.
 
         A beat is either the readers' (four elements: the quantiser's passes and the wide passes; b from the
@@ -308,9 +325,9 @@ class PassEngine(wiring.Component):
         m.d.comb += [self.o_mask.valid.eq(st_v & to_mask), self.o_mask.payload.addr.eq(maddr),
                      self.o_mask.payload.bits.eq(Cat(*[(st.n > j) & st.a[j][:31].any() for j in range(LANES)]))]
         with m.If(~active):
-            m.d.sync += maddr.eq(0)
+            m.d.sync += [maddr.eq(0), mask_all.eq(mask_words == 0)]
         with m.Elif(self.o_mask.valid & self.o_mask.ready):
-            m.d.sync += maddr.eq(maddr + 1)
+            m.d.sync += [maddr.eq(maddr + 1), mask_all.eq(maddr == mask_last)]
         with m.If(st_ready):
             m.d.sync += [st_v.eq(st_in_v & active), st.eq(st_in)]
         a_beat, b_beat = rd_a.o_beat, rd_b.o_beat
@@ -336,7 +353,7 @@ class PassEngine(wiring.Component):
         return s_valid, s_y, s_n, s_ready
 
     def _sinks_and_completion(self, m, c, active, start, done, pending, err, n_out, stage, wr, ddr_wr, quant,
-                              mask_beats):
+                              mask_all):
         s_valid, s_y, s_n, s_ready = stage
         s_last = Signal(32)                        # the last element of the beat (scalar results)
         with m.Switch(s_n):
@@ -349,8 +366,9 @@ class PassEngine(wiring.Component):
         words = Signal(DESCRIPTOR.size)
         m.d.comb += Value.cast(self.o_desc).eq(words)
         sunk = Signal.like(c.n)                    # elements taken by REG/DESC sinks
+        sunk_all = Signal(init=1)                  # sunk == n_out, registered with sunk
         with m.If(start):
-            m.d.sync += sunk.eq(0)
+            m.d.sync += [sunk.eq(0), sunk_all.eq(n_out == 0)]
         take = s_valid & s_ready
         with m.Switch(c.sink):
             with m.Case(Sink.L2):
@@ -363,7 +381,8 @@ class PassEngine(wiring.Component):
             with m.Case(Sink.REG, Sink.DESC):
                 m.d.comb += s_ready.eq(active)
                 with m.If(take):
-                    m.d.sync += [result.eq(s_last), sunk.eq(sunk + s_n)]
+                    m.d.sync += [result.eq(s_last), sunk.eq(sunk + s_n),
+                                 sunk_all.eq((sunk + s_n)[:len(sunk)] == n_out)]
                     with m.If(c.sink == Sink.DESC):          # a scalar result must not touch the descriptor
                         with m.Switch(sunk[:ceil_log2(DESC_WORDS)]):
                             for i in range(DESC_WORDS):
@@ -387,10 +406,10 @@ class PassEngine(wiring.Component):
             with m.Case(Sink.QUANT):
                 m.d.comb += finished.eq(seen.quant)
             with m.Case(Sink.REG, Sink.DESC):
-                m.d.comb += finished.eq(sunk == n_out)
+                m.d.comb += finished.eq(sunk_all)
             with m.Case(Sink.MASK):
-                m.d.comb += finished.eq(mask_beats == (n_out + LANES - 1) >> ceil_log2(LANES))
-        with m.If(active & ~start & finished & (pending.as_value() == 0)):
+                m.d.comb += finished.eq(mask_all)
+        with m.If(active & finished & (pending.as_value() == 0)):          # (start needs ~active)
             m.d.sync += active.eq(0)
             m.d.comb += done.eq(1)
         with m.If(active & ddr_wr.o_error):

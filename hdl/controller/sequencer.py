@@ -9,11 +9,14 @@ pc of the failed async WGEMV, `EngineTracker.o_pc`).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from amaranth import Cat, Const, Mux, Signal, Value
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import HardwareConfig
+from ..dsp import MUL_A_BITS, MUL_B_BITS, DspMacc
 from ..fetch import PC_BITS
 from ..isa import DESCRIPTOR, FMAP_ENTRY, SCALAR_REGS, DdrRegion, ErrorCode
 from ..l2 import l2_geometry
@@ -21,7 +24,7 @@ from ..sfu import SfuOp
 from .passes import BSrc, Sink, Src, done_layout, pass_layout
 
 __all__ = ["context_layout", "end_layout", "DividerPort", "engine_state_layout", "Sequencer", "Steps", "REGIONS",
-           "context_flags", "recode"]
+           "context_flags", "recode", "product", "PRODUCT_LATENCY"]
 
 REGIONS = tuple(DdrRegion)
 
@@ -88,6 +91,9 @@ class Steps:
     a number, each field a case on it; or, with ``one_hot=True``, one select per launch, each field the OR of
     its launches' values gated by their selects: no encoding and decoding of the number between the states'
     conditions and the fields (fewer levels where the launches are few and shallow: the vector sequencer).
+    One-hot and registered, a launch in a state entered with `state` that holds no other launch is selected by
+    the state alone: its fields are the state's whatever its conditions (a completion, the checks around it),
+    which reach the valid only.
 
     ``registered=True`` (by site only) sends the command from a register: it leaves the cycle after `launch`
     (the engine, idle or completing at the launch, is idle then), and no path runs from the sequencer's state
@@ -98,8 +104,9 @@ class Steps:
     after its launch too."""
 
     def __init__(self, m, o_pass, i_done, end, idle="IDLE", error=None, by_site=False, registered=False,
-                 one_hot=False):
+                 one_hot=False, bus_error_state=None):
         self.m, self.o_pass, self.i_done, self._end = m, o_pass, i_done, end
+        self.bus_error_state = bus_error_state
         self.idle, self.error, self.by_site = idle, error or idle, by_site
         assert by_site or not registered, "a registered pass command is driven by site"
         self.registered = registered
@@ -107,6 +114,8 @@ class Steps:
         self._site = Signal(16, name="pass_site")        # the number of the launch that runs
         self.one_hot = one_hot
         self._site_bits = [None]             # one_hot: each launch's select (high while it runs)
+        self._site_states = [None]           # one_hot: the state of each launch (None: not entered with `state`)
+        self._state, self._in_state = None, {}   # the state `state` is in; each state's decode
         # registered: the command of the launch in this cycle (all 0 without one), sent from o_pass next cycle
         self._cmd = Signal.like(o_pass.payload, name="pass_cmd") if registered else o_pass.payload
         self._launch = Signal(name="pass_launch") if registered else o_pass.valid
@@ -124,10 +133,12 @@ class Steps:
             assert not self._finished, "a launch after Steps.finish"
             self._sites.append(fields)
             if self.one_hot:
-                # kept: each select a LUT output of its own, so that synthesis does not fold the states'
-                # conditions into every field's choice
-                bit = Signal(name=f"pass_site_{len(self._sites) - 1}", attrs={"keep": 1})
+                # kept (but where the state selects it): each select a LUT output of its own, so that synthesis
+                # does not fold the states' conditions into every field's choice
+                by_state = self.registered and self._state is not None
+                bit = Signal(name=f"pass_site_{len(self._sites) - 1}", attrs={} if by_state else {"keep": 1})
                 self._site_bits.append(bit)
+                self._site_states.append(self._state)
                 m.d.comb += bit.eq(1)
             else:
                 m.d.comb += self._site.eq(len(self._sites) - 1)
@@ -142,17 +153,62 @@ class Steps:
         m, p = self.m, self._cmd
         assert self.by_site and not self._finished
         self._finished = True
+        if self.one_hot and self.registered:
+            per_state = {}
+            for name in self._site_states[1:]:
+                per_state[name] = per_state.get(name, 0) + 1
+            self._site_bits = [bit if name is None or per_state[name] > 1 else self._in_state[name]
+                               for bit, name in zip(self._site_bits, self._site_states)]
         for key, _ in p.shape():
             cases = [(k, f[key]) for k, f in enumerate(self._sites)
                      if k and key in f and not (isinstance(f[key], int) and f[key] == 0)]
-            if cases and self.one_hot:
+            if cases and self.one_hot and self.registered:
+                self._field_free(getattr(p, key), [(bit, f.get(key, 0)) for bit, f in
+                                                   zip(self._site_bits[1:], self._sites[1:])])
+            elif cases and self.one_hot:
+                # the launches of one value share its select: the OR of their selects, then one AND per value
+                groups = {}
+                for k, val in cases:
+                    groups.setdefault(_same(val), (val, []))[1].append(self._site_bits[k])
                 m.d.comb += Value.cast(getattr(p, key)).eq(
-                    _or([Mux(self._site_bits[k], _value(val), 0) for k, val in cases]))
+                    _or([Mux(_or(bits), _value(val), 0) for val, bits in groups.values()]))
             elif cases:
                 with m.Switch(self._site):
                     for k, val in cases:
                         with m.Case(k):
                             m.d.comb += Value.cast(getattr(p, key)).eq(_value(val))
+
+    def _field_free(self, field, sel_vals):
+        """One-hot and registered: drive `field` from the launches' (select, value) `sel_vals`, free while none
+        runs (the register's payload is 0 then by the AND at the output): a constant field bit by bit, the OR
+        of the selects of the launches that set it or the NOT of the OR of those that clear it, whichever is
+        fewer; any other field the OR of its values gated by their selects (the launches of one value share
+        its select)."""
+        m, field = self.m, Value.cast(field)
+        consts = [_const(val) for _, val in sel_vals]
+        if all(c is not None for c in consts):
+            for i in range(len(field)):
+                ones = [sel for (sel, _), c in zip(sel_vals, consts) if (c >> i) & 1]
+                zeros = [sel for (sel, _), c in zip(sel_vals, consts) if not (c >> i) & 1]
+                m.d.comb += field[i].eq((_or(ones) if ones else 0) if len(ones) <= len(zeros) else ~_or(zeros))
+            return
+        groups = {}
+        for sel, val in sel_vals:
+            if _const(val) != 0:
+                groups.setdefault(_same(val), (val, []))[1].append(sel)
+        m.d.comb += field.eq(_or([Mux(_or(sels), _value(val), 0) for val, sels in groups.values()]))
+
+    @contextmanager
+    def state(self, name):
+        """``with m.State(name)``, known to the launches in it (`one_hot`: their selects)."""
+        with self.m.State(name):
+            self._in_state[name] = bit = Signal(name=f"in_{name.lower()}")
+            self.m.d.comb += bit.eq(1)
+            self._state, outer = name, self._state
+            try:
+                yield
+            finally:
+                self._state = outer
 
     def done(self):
         return self.i_done.valid
@@ -173,14 +229,31 @@ class Steps:
         self.m.next = self.error
 
     def wait_pass(self, state, then):
-        """State `state`: wait for the pass; a bus error ends the instruction, else ``then()``."""
+        """State `state`: wait for the pass; a bus error ends the instruction, else ``then()``. With
+        `bus_error_state`, a bus error goes there, which ends the instruction the cycle after (`bus_error`):
+        the end and the return to `idle` then see one state for all the waits, not each of them."""
         m = self.m
-        with m.State(state):
+        with self.state(state):
             with m.If(self.i_done.valid):
                 with m.If(self.i_done.payload.err):
-                    self.fail(ErrorCode.BUS_ERROR)
+                    if self.bus_error_state is None:
+                        self.fail(ErrorCode.BUS_ERROR)
+                    else:
+                        m.next = self.bus_error_state
                 with m.Else():
                     then()
+
+    def bus_error(self):
+        """State `bus_error_state` (inside the FSM): end the instruction with BUS_ERROR."""
+        with self.state(self.bus_error_state):
+            self.fail(ErrorCode.BUS_ERROR)
+
+    def pause(self, state, cycles, nxt):
+        """`cycles` states from `state` on (``state``, ``state_1`` ...), then `nxt`."""
+        names = [state] + [f"{state}_{i}" for i in range(1, cycles)] + [nxt]
+        for here, there in zip(names, names[1:]):
+            with self.state(here):
+                self.m.next = there
 
     def go(self, name):
         def f():
@@ -193,10 +266,10 @@ class Steps:
         the choice among them. An action of None waits: back to `state`, whose conditions are taken again."""
         m = self.m
         flags = Signal(len(cases), name=f"{state.lower()}_flags")
-        with m.State(state):
+        with self.state(state):
             m.d.sync += flags.eq(Cat(*[cond for cond, _ in cases]))
             m.next = state + "_C"
-        with m.State(state + "_C"):
+        with self.state(state + "_C"):
             self.checks([(flags[i], act or self.go(state)) for i, (_, act) in enumerate(cases)], otherwise)
 
     def choose(self, flags, actions):
@@ -218,6 +291,23 @@ class Steps:
 
 def _value(val):
     return Value.cast(val) if isinstance(val, enum.Enum) else val
+
+
+def _const(val):
+    """The integer of a constant value (an int, an enum member), else None."""
+    if isinstance(val, int):
+        return val
+    if isinstance(val, enum.Enum):
+        return Value.cast(val).value
+    return None
+
+
+def _same(val):
+    """A key equal for the values of the same expression on the same signals."""
+    if isinstance(val, int):
+        return ("int", val)
+    v = Value.cast(val)
+    return repr(v), tuple(sorted(id(sig) for sig in v._rhs_signals()))
 
 
 def _or(terms):
@@ -242,6 +332,30 @@ def context_flags(m, name, conds, first=False):
     return [flags[i] for i in range(len(conds))]
 
 
+PRODUCT_LATENCY = 4
+
+
+def product(m, a, b, width, name):
+    """``(a · b) mod 2**width`` of unsigned `a` and `b`, registered: the operands of cycle x give the result from
+    cycle x + `PRODUCT_LATENCY` on (it follows them while they change). Each partial product (26 × 17 bits) is
+    a `hdl.dsp.DspMacc` with all its registers (Yosys packs none into a multiply of the RTL: a product from
+    registers into a register is a DSP48E2 with none, 3.15 ns in `hdl.timing`), then one register their sum."""
+    a, b = Value.cast(a), Value.cast(b)
+    if len(b) > len(a):
+        a, b = b, a
+    wa, wb = MUL_A_BITS - 1, MUL_B_BITS - 1
+    parts = []
+    for i in range(0, len(a), wa):
+        for j in range(0, len(b), wb):
+            if i + j < width:
+                m.submodules[f"{name}_{i}_{j}"] = mac = DspMacc(MUL_A_BITS, MUL_B_BITS)
+                m.d.comb += [mac.i_a.eq(a[i:i + wa]), mac.i_b.eq(b[j:j + wb]), mac.i_restart.eq(1)]
+                parts.append(mac.o_p[:width - i - j] << (i + j))
+    res = Signal(width, name=name)
+    m.d.sync += res.eq(sum(parts)[:width])
+    return res
+
+
 def recode(fsm, encoding="auto"):
     """Mark `fsm`'s state register (after its ``with m.FSM`` block) for re-encoding by synthesis: Yosys takes
     ``auto`` as one-hot below 32 states (a state's test one flip-flop, not a decode of the binary number ahead
@@ -257,6 +371,7 @@ def end_to(m, o_end):
     return end
 
 
+
 def elem(word_addr):
     """The element address of an L2 word address (4 binary32 elements per 16-byte word)."""
     return Cat(Const(0, 2), word_addr)
@@ -267,8 +382,12 @@ def l2_elements(hw: HardwareConfig) -> int:
 
 
 def in_l2(hw: HardwareConfig, e, n):
-    """The element range [e, e + n) lies inside L2."""
-    return (e + n) <= l2_elements(hw)
+    """The element range [e, e + n) lies inside L2 (a length of more bits than the L2's element count has is
+    outside by those bits alone: the sum and its compare are as wide as L2 only)."""
+    top, n = l2_elements(hw), Value.cast(n)
+    if len(n) > top.bit_length():
+        return (n[top.bit_length():] == 0) & ((e + n[:top.bit_length()]) <= top)
+    return (e + n) <= top
 
 
 def geometry(hw: HardwareConfig):
