@@ -160,6 +160,9 @@ class AxiReadDma(DmaComponent):
         Bus widths, ``axi_max_burst_beats`` and ``axi_max_outstanding``.
     len_bits : int
         Width of a command's byte count (one command moves at most ``2**len_bits - 1`` bytes).
+    cmd_ready_registered : bool
+        ``i_cmd.ready`` is a register (the command register is empty), so the user's logic after the
+        handshake does not wait on the DMA's state; a command is then taken at most every other cycle.
 
     Members
     -------
@@ -183,7 +186,8 @@ class AxiReadDma(DmaComponent):
     ``axi_max_outstanding`` commands are queued between the address and data sides.
     """
 
-    def __init__(self, cfg: HardwareConfig, *, len_bits: int = 24):
+    def __init__(self, cfg: HardwareConfig, *, len_bits: int = 24, cmd_ready_registered: bool = False):
+        self._cmd_ready_registered = bool(cmd_ready_registered)
         super().__init__(cfg, len_bits, {
             "o_data": Out(stream.Signature(read_data_layout(cfg.axi_data_bits))),
             "axi": Out(AxiReadSignature.from_config(cfg)),
@@ -202,21 +206,24 @@ class AxiReadDma(DmaComponent):
         # --- address side: split each command into bursts -------------------------------------------
         # Commands travel to the data side through a FIFO, so the address side can run ahead by up to
         # `axi_max_outstanding` bursts, across command boundaries.
-        # per command: its start's offset in a beat (`aligned`: 0), its input beats, the index of its last output
-        # beat (`one`: 0)
-        info = data.StructLayout({"off": unsigned(lb), "aligned": 1, "nin": unsigned(beats_bits),
+        # per command: its start's offset in a beat (`aligned`: 0), the indices of its last input beat (`one_in`:
+        # 0) and of its last output beat (`one`: 0)
+        info = data.StructLayout({"off": unsigned(lb), "aligned": 1, "last_in": unsigned(beats_bits), "one_in": 1,
                                   "last": unsigned(beats_bits), "one": 1})
         m.submodules.cmdq = cmdq = fifo.SyncFIFOBuffered(width=info.size, depth=cfg.axi_max_outstanding + 1)
 
         # the next burst's beat-aligned address as its 4 KB page and the offset in it (a burst never crosses a
         # page, so a burst steps the offset and, on reaching the page's end, the page by one: `page_next` holds
         # page + 1 ahead, so no carry runs from the offset through the page)
+        Mx = cfg.axi_max_burst_beats
+        P = AXI_4K // B                        # beats per page (at least Mx)
         off_in_page = Signal(12)
-        to_4k = Signal(range(AXI_4K // B + 1))
         page = Signal(cfg.axi_addr_bits - 12)
         page_next = Signal(cfg.axi_addr_bits - 12)
         cur = Cat(off_in_page, page)
-        rem = Signal(beats_bits)               # beats left to request for the current command
+        # the beats from the page's start to the command's end: the beats left to request are span - off_b
+        # (off_b = off_in_page >> lb), those to the page's end P - off_b
+        span = Signal(max(beats_bits, P.bit_length()) + 1)
         active = Signal()
         outstanding = Signal(range(cfg.axi_max_outstanding + 1))
 
@@ -225,35 +232,36 @@ class AxiReadDma(DmaComponent):
         held = Signal()
         cmd = Signal.like(self.i_cmd.p)
         take = held & ~active & cmdq.w_rdy
-        m.d.comb += self.i_cmd.ready.eq(~held | take)
-        with m.If(self.i_cmd.valid & self.i_cmd.ready):
-            m.d.sync += [cmd.eq(self.i_cmd.p), held.eq(1)]
-        with m.Elif(take):
+        m.d.comb += self.i_cmd.ready.eq(~held if self._cmd_ready_registered else ~held | take)
+        with m.If(self.i_cmd.ready):          # (the payload is taken whether valid or not: `held` says which)
+            m.d.sync += [cmd.eq(self.i_cmd.p), held.eq(self.i_cmd.valid)]
+        with m.Elif(take):                     # (with `cmd_ready_registered`: handed on, not refilled)
             m.d.sync += held.eq(0)
         off = cmd.addr[:lb] if lb else Const(0, 1)
-        nin = Signal(beats_bits)
-        m.d.comb += nin.eq((cmd.nbytes + off + (B - 1)) >> lb)
         cmd_info = Signal(info)
-        m.d.comb += [cmd_info.off.eq(off), cmd_info.aligned.eq(off == 0), cmd_info.nin.eq(nin),
-                     cmd_info.last.eq((cmd.nbytes - 1) >> lb), cmd_info.one.eq(cmd.nbytes <= B),
+        m.d.comb += [cmd_info.off.eq(off), cmd_info.aligned.eq(off == 0),
+                     cmd_info.last_in.eq((cmd.nbytes + off - 1) >> lb), cmd_info.one_in.eq(cmd.nbytes + off <= B),
+                     cmd_info.last.eq((cmd.nbytes - 1) >> lb),
+                     cmd_info.one.eq(cmd.nbytes <= B),
                      cmdq.w_data.eq(cmd_info)]
         with m.If(take & (cmd.nbytes != 0)):
             m.d.comb += cmdq.w_en.eq(1)
             m.d.sync += [off_in_page.eq(cmd.addr[:12] & ~(B - 1)), page.eq(cmd.addr[12:]),
-                         page_next.eq(cmd.addr[12:] + 1), to_4k.eq((AXI_4K - (cmd.addr[:12] & ~(B - 1))) >> lb),
-                         rem.eq(nin), active.eq(1)]
+                         page_next.eq(cmd.addr[12:] + 1), span.eq((cmd.nbytes + cmd.addr[:12] + (B - 1)) >> lb),
+                         active.eq(1)]
 
-        # Burst length: min(remaining, max burst, beats to the next 4 KB boundary (`to_4k`, kept in a
-        # register beside the offset)).
-        burst = Signal(range(cfg.axi_max_burst_beats + 1))
-        page_end = Signal()                    # burst == to_4k, decided beside the choice, not after it
-        Mx = cfg.axi_max_burst_beats
-        with m.If((rem <= Mx) & (rem <= to_4k)):
-            m.d.comb += [burst.eq(rem), page_end.eq(rem == to_4k)]
-        with m.Elif(to_4k < Mx):
-            m.d.comb += [burst.eq(to_4k), page_end.eq(1)]
-        with m.Else():
-            m.d.comb += [burst.eq(Mx), page_end.eq(to_4k == Mx)]
+        # Burst length: min(left, Mx, beats to the page's end). The command's last burst is the one whose
+        # bytes end in the page (span <= P) within Mx beats; any other burst is Mx beats, or ends the page
+        # (`page_end`: off_b >= P - Mx), so the next offset and span are two values chosen by a compare of the
+        # offset with a constant.
+        off_b = off_in_page[lb:]
+        w = P.bit_length()
+        left = Signal(w)                       # beats left to request, when span <= P
+        m.d.comb += left.eq(span[:w] - off_b)
+        final, page_end = Signal(), Signal()
+        m.d.comb += [final.eq((span <= P) & (left <= Mx)), page_end.eq(off_b >= P - Mx)]
+        burst = Signal(range(Mx + 1))
+        m.d.comb += burst.eq(Mux(final, left, Mux(off_b > P - Mx, P - off_b, Mx)))
 
         m.d.comb += [
             axi.arid.eq(0), axi.araddr.eq(cur), axi.arlen.eq(burst - 1), axi.arsize.eq(lb),
@@ -264,12 +272,12 @@ class AxiReadDma(DmaComponent):
         ]
         ar_fire = axi.arvalid & axi.arready
         r_fire = axi.rvalid & axi.rready
-        with m.If(ar_fire):
-            m.d.sync += [off_in_page.eq(off_in_page + (burst << lb)), to_4k.eq(to_4k - burst), rem.eq(rem - burst)]
-            with m.If(page_end):                         # the page's last beat: the next page
-                m.d.sync += [page.eq(page_next), page_next.eq(page_next + 1), to_4k.eq(AXI_4K // B)]
-            with m.If(rem == burst):
-                m.d.sync += active.eq(0)
+        with m.If(ar_fire):                    # (after the command's last burst only `active` matters)
+            m.d.sync += active.eq(~final)
+            with m.If(page_end):               # the page's last beat: the next page
+                m.d.sync += [off_in_page.eq(0), page.eq(page_next), page_next.eq(page_next + 1), span.eq(span - P)]
+            with m.Else():
+                m.d.sync += off_in_page.eq(off_in_page + (Mx << lb))
         m.d.sync += outstanding.eq(outstanding + ar_fire - (r_fire & axi.rlast))
 
         # --- data side: realign to the command's start -----------------------------------------------
@@ -278,11 +286,12 @@ class AxiReadDma(DmaComponent):
         # Where the head command stands, kept in registers (compared with the head only on their way in), so
         # that what the data side does in a cycle, and whether it pops the head, is a function of registers
         # and a few bits of the head: `in_first` / `out_first` no beat consumed / emitted yet, `flushing` every
-        # input beat consumed, `out_last` the next output beat is the last (once one is emitted).
+        # input beat consumed, `in_last` / `out_last` the next input / output beat is the last (once one is
+        # consumed / emitted).
         in_next = Signal(beats_bits, init=1)   # input beats consumed of the head command, plus one
         out_next = Signal(beats_bits, init=1)  # output beats emitted, plus one
-        in_first, out_first = Signal(init=1), Signal(init=1)
-        flushing, out_last = Signal(), Signal()
+        in_first, out_first = Signal(init=1, name="in_first"), Signal(init=1, name="out_first")
+        flushing, in_last, out_last = Signal(name="flushing"), Signal(name="in_last"), Signal(name="out_last")
         prev = Signal(cfg.axi_data_bits)
         prev_err = Signal()
         in_err = Signal()
@@ -319,7 +328,7 @@ class AxiReadDma(DmaComponent):
                 m.d.comb += [out.valid.eq(1), out.p.data.eq(combined), out.p.err.eq(prev_err)]
         with m.If(r_fire):
             m.d.sync += [prev.eq(axi.rdata), prev_err.eq(in_err), in_next.eq(in_next + 1), in_first.eq(0),
-                         flushing.eq(in_next == head.nin)]
+                         in_last.eq(in_next == head.last_in), flushing.eq(Mux(in_first, head.one_in, in_last))]
         with m.If(out_fire):
             m.d.sync += [out_next.eq(out_next + 1), out_first.eq(0), out_last.eq(out_next == head.last)]
             with m.If(last_out):

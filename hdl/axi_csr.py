@@ -106,15 +106,14 @@ class AxiToCsr(wiring.Component):
         alen = Signal(8)
         asize = Signal(range(lDBB + 1))            # AxSIZE, capped at the bus width
         aburst = Signal(2)
-        beat = Signal(8)                           # index of the current beat
+        left = Signal(8)                           # beats of the burst after the current one
         resp = Signal(2)                           # worst response so far (of the burst / of the R beat)
-        last_beat = Signal()
-        m.d.comb += last_beat.eq(beat == alen)
+        last_beat = Signal()                       # left == 0, registered with it
 
-        def take(ax_addr, ax_len, ax_size, ax_burst):
+        def take(ax_addr, ax_len, ax_size, ax_burst, one):
             return [addr.eq(ax_addr[:ADDR_BITS]), alen.eq(ax_len),
-                    asize.eq(Mux(ax_size > lDBB, lDBB, ax_size)), aburst.eq(ax_burst), beat.eq(0),
-                    resp.eq(0)]
+                    asize.eq(Mux(ax_size > lDBB, lDBB, ax_size)), aburst.eq(ax_burst), left.eq(ax_len),
+                    last_beat.eq(one), resp.eq(0)]
 
         # Address_(n+1): INCR (and the reserved type 3) steps from the size-aligned address; WRAP keeps the
         # bits above the wrap mask ((AxLEN << AxSIZE) | (size - 1) = bytes of the burst - 1 for the legal
@@ -180,76 +179,78 @@ class AxiToCsr(wiring.Component):
                      s.bid.eq(bid), s.bresp.eq(resp), s.rid.eq(rid), s.rdata.eq(rdata), s.rresp.eq(resp),
                      s.rlast.eq(last_beat)]
 
-        with m.FSM(name="bridge"):
-            with m.State("Idle"):
-                take_w = Signal()
-                m.d.comb += [take_w.eq(s.awvalid & ~(s.arvalid & prefer_read)),
-                             s.awready.eq(take_w), s.arready.eq(s.arvalid & ~take_w)]
-                with m.If(take_w):
-                    m.d.sync += [bid.eq(s.awid), *take(s.awaddr, s.awlen, s.awsize, s.awburst)]
-                    m.d.sync += prefer_read.eq(1)
-                    m.next = "Write-Data"
-                with m.Elif(s.arvalid):
-                    m.d.sync += [rid.eq(s.arid), *take(s.araddr, s.arlen, s.arsize, s.arburst)]
-                    m.d.sync += prefer_read.eq(0)
-                    m.next = "Read-Beat"
+        step = Signal()                            # on to the burst's next beat (Write-Word, Read-Data)
+        with m.If(step):
+            m.d.sync += [addr.eq(next_addr), left.eq(left - 1), last_beat.eq(left == 1)]
 
-            # --- write: per W beat, its words, then WREADY; after the last beat the B response --------
-            with m.State("Write-Data"):
-                with m.If(s.wvalid):
-                    m.d.sync += [aw_done.eq(0), w_done.eq(0)]
-                    m.d.sync += pending.eq(Cat(wstrb[w].any() for w in range(NW)))
-                    m.next = "Write-Word"
-            with m.State("Write-Word"):
-                with m.If(pending == 0):
-                    m.d.comb += s.wready.eq(1)
-                    with m.If(last_beat):
-                        m.next = "Write-Resp"
-                    with m.Else():
-                        m.d.sync += [addr.eq(next_addr), beat.eq(beat + 1)]
-                        m.next = "Write-Data"
-                with m.Else():
-                    m.d.comb += [lite.awvalid.eq(~aw_done), lite.wvalid.eq(~w_done)]
-                    aw_ok = aw_done | lite.awready
-                    w_ok = w_done | lite.wready
-                    m.d.sync += [aw_done.eq(aw_ok), w_done.eq(w_ok)]
-                    with m.If(aw_ok & w_ok):
-                        m.next = "Write-Lite-Resp"
-            with m.State("Write-Lite-Resp"):
-                m.d.comb += lite.bready.eq(1)
-                with m.If(lite.bvalid):
-                    m.d.sync += [worst(lite.bresp), pending.bit_select(pick, 1).eq(0), aw_done.eq(0),
-                                 w_done.eq(0)]
-                    m.next = "Write-Word"
-            with m.State("Write-Resp"):
-                m.d.comb += s.bvalid.eq(1)
-                with m.If(s.bready):
-                    m.next = "Idle"
+        # The bridge's states, one flop each (one-hot: a decision reads its own state's flop, no decoder).
+        names = ("idle", "write_data", "write_word", "write_lite_resp", "write_resp",
+                 "read_beat", "read_word", "read_lite_data", "read_data")
+        st = {n: Signal(name=f"st_{n}", init=n == "idle") for n in names}
 
-            # --- read: per beat, its words, then the R beat --------------------------------------------------
-            with m.State("Read-Beat"):
-                m.d.comb += beat_start.eq(1)
-                m.d.sync += [pending.eq(read_words), resp.eq(0)]
-                m.next = "Read-Word"
-            with m.State("Read-Word"):
-                with m.If(pending == 0):
-                    m.next = "Read-Data"
-                with m.Else():
-                    m.d.comb += lite.arvalid.eq(1)
-                    with m.If(lite.arready):
-                        m.next = "Read-Lite-Data"
-            with m.State("Read-Lite-Data"):
-                m.d.comb += lite.rready.eq(1)
-                with m.If(lite.rvalid):
-                    m.d.comb += word_back.eq(1)
-                    m.d.sync += [worst(lite.rresp), pending.bit_select(pick, 1).eq(0)]
-                    m.next = "Read-Word"
-            with m.State("Read-Data"):
-                m.d.comb += s.rvalid.eq(1)
-                with m.If(s.rready):
-                    with m.If(last_beat):
-                        m.next = "Idle"
-                    with m.Else():
-                        m.d.sync += [addr.eq(next_addr), beat.eq(beat + 1)]
-                        m.next = "Read-Beat"
+        def goto(here, there):
+            return [st[here].eq(0), st[there].eq(1)]
+
+        with m.If(st["idle"]):
+            # the burst registers follow AW or AR every idle cycle (unused until a burst is taken), so their
+            # enables do not wait on the valids
+            take_w = Signal()
+            m.d.comb += [take_w.eq(s.awvalid & ~(s.arvalid & prefer_read)),
+                         s.awready.eq(take_w), s.arready.eq(s.arvalid & ~take_w)]
+            m.d.sync += [bid.eq(s.awid), rid.eq(s.arid),
+                         *take(Mux(take_w, s.awaddr, s.araddr), Mux(take_w, s.awlen, s.arlen),
+                               Mux(take_w, s.awsize, s.arsize), Mux(take_w, s.awburst, s.arburst),
+                               Mux(take_w, s.awlen == 0, s.arlen == 0))]
+            with m.If(take_w):
+                m.d.sync += [prefer_read.eq(1), *goto("idle", "write_data")]
+            with m.Elif(s.arvalid):
+                m.d.sync += [prefer_read.eq(0), *goto("idle", "read_beat")]
+
+        # --- write: per W beat, its words, then WREADY; after the last beat the B response ------------
+        with m.If(st["write_data"] & s.wvalid):
+            m.d.sync += [aw_done.eq(0), w_done.eq(0), pending.eq(Cat(wstrb[w].any() for w in range(NW))),
+                         *goto("write_data", "write_word")]
+        with m.If(st["write_word"]):
+            with m.If(pending == 0):
+                m.d.comb += [s.wready.eq(1), step.eq(~last_beat)]
+                m.d.sync += [st["write_word"].eq(0), st["write_resp"].eq(last_beat), st["write_data"].eq(~last_beat)]
+            with m.Else():
+                m.d.comb += [lite.awvalid.eq(~aw_done), lite.wvalid.eq(~w_done)]
+                aw_ok = aw_done | lite.awready
+                w_ok = w_done | lite.wready
+                m.d.sync += [aw_done.eq(aw_ok), w_done.eq(w_ok)]
+                with m.If(aw_ok & w_ok):
+                    m.d.sync += goto("write_word", "write_lite_resp")
+        with m.If(st["write_lite_resp"]):
+            m.d.comb += lite.bready.eq(1)
+            with m.If(lite.bvalid):
+                m.d.sync += [worst(lite.bresp), pending.bit_select(pick, 1).eq(0), aw_done.eq(0), w_done.eq(0),
+                             *goto("write_lite_resp", "write_word")]
+        with m.If(st["write_resp"]):
+            m.d.comb += s.bvalid.eq(1)
+            with m.If(s.bready):
+                m.d.sync += goto("write_resp", "idle")
+
+        # --- read: per beat, its words, then the R beat ------------------------------------------------------
+        with m.If(st["read_beat"]):
+            m.d.comb += beat_start.eq(1)
+            m.d.sync += [pending.eq(read_words), resp.eq(0), *goto("read_beat", "read_word")]
+        with m.If(st["read_word"]):
+            with m.If(pending == 0):
+                m.d.sync += goto("read_word", "read_data")
+            with m.Else():
+                m.d.comb += lite.arvalid.eq(1)
+                with m.If(lite.arready):
+                    m.d.sync += goto("read_word", "read_lite_data")
+        with m.If(st["read_lite_data"]):
+            m.d.comb += lite.rready.eq(1)
+            with m.If(lite.rvalid):
+                m.d.comb += word_back.eq(1)
+                m.d.sync += [worst(lite.rresp), pending.bit_select(pick, 1).eq(0),
+                             *goto("read_lite_data", "read_word")]
+        with m.If(st["read_data"]):
+            m.d.comb += s.rvalid.eq(1)
+            with m.If(s.rready):
+                m.d.comb += step.eq(~last_beat)
+                m.d.sync += [st["read_data"].eq(0), st["idle"].eq(last_beat), st["read_beat"].eq(~last_beat)]
         return m

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import enum
 
-from amaranth import Cat, Const, Module, Mux, Signal, unsigned
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth import Cat, Const, Elaboratable, Module, Mux, Signal, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .axi import AxiReadDma, AxiReadSignature
@@ -68,6 +69,36 @@ def reader_buffer_beats(hw: HardwareConfig) -> int:
     128 cycles)."""
     return 4 * hw.axi_max_burst_beats
 
+
+
+class _BeatBuffer(Elaboratable):
+    """A FIFO of `depth` (a power of two) entries of `width` bits behind a registered output, timed as
+    `amaranth.lib.fifo.SyncFIFOBuffered` (an entry written in cycle t is on ``r_data`` with ``r_rdy`` in t + 2 at
+    the earliest), with no ``w_rdy``: the reader's credit rule keeps it from overflowing. The memory's fill is
+    two pointers, each only counting up, so ``r_en`` reaches a pointer's enable and the output register's,
+    never an up/down count."""
+
+    def __init__(self, width: int, depth: int):
+        self._width, self._depth = width, depth
+        self.w_en, self.w_data = Signal(name="w_en"), Signal(width, name="w_data")
+        self.r_en, self.r_rdy, self.r_data = Signal(name="r_en"), Signal(name="r_rdy"), Signal(width, name="r_data")
+
+    def elaborate(self, platform):
+        m = Module()
+        ab = ceil_log2(self._depth)
+        m.submodules.mem = mem = Memory(shape=unsigned(self._width), depth=self._depth, init=[])
+        wr, rd = mem.write_port(), mem.read_port(domain="sync")
+        wp, rp = Signal(ab + 1), Signal(ab + 1)   # entries written into / read from the memory
+        filled, pull = Signal(), Signal()         # the memory holds an entry; it moves to the output register
+        m.d.comb += [filled.eq(wp != rp), pull.eq(filled & (~self.r_rdy | self.r_en)),
+                     wr.en.eq(self.w_en), wr.addr.eq(wp[:ab]), wr.data.eq(self.w_data),
+                     rd.en.eq(pull), rd.addr.eq(rp[:ab]), self.r_data.eq(rd.data)]
+        with m.If(self.w_en):
+            m.d.sync += wp.eq(wp + 1)
+        with m.If(pull):
+            m.d.sync += rp.eq(rp + 1)
+        m.d.sync += self.r_rdy.eq(filled | (self.r_rdy & ~self.r_en))
+        return m
 
 
 class DdrReader(wiring.Component):
@@ -113,8 +144,8 @@ class DdrReader(wiring.Component):
     @property
     def latency(self) -> int:
         """Conversion pipeline depth: an element leaves ``o_elem`` this many cycles after its beat is
-        consumed (one IntScaleMul)."""
-        return IntScaleMul.LATENCY
+        consumed (a register for the element's fields, then one IntScaleMul)."""
+        return 1 + IntScaleMul.LATENCY
 
     def elaborate(self, platform):
         m = Module()
@@ -128,14 +159,16 @@ class DdrReader(wiring.Component):
         sdepth = 2 * CB                        # scale beat buffer depth
         nbyte_bits = N_BITS + 3                # 4 * n bytes
 
-        m.submodules.dma = dma = AxiReadDma(hw, len_bits=C.bit_length())
+        m.submodules.dma = dma = AxiReadDma(hw, len_bits=C.bit_length(), cmd_ready_registered=True)
         wiring.connect(m, wiring.flipped(self.axi), dma.axi)
-        m.submodules.dbuf = dbuf = fifo.SyncFIFOBuffered(width=W + 1, depth=depth)
-        m.submodules.sbuf = sbuf = fifo.SyncFIFOBuffered(width=W + 1, depth=sdepth)
-        m.submodules.tags = tags = fifo.SyncFIFOBuffered(width=1, depth=hw.axi_max_outstanding + 2)
+        m.submodules.dbuf = dbuf = _BeatBuffer(W + 1, depth)
+        m.submodules.sbuf = sbuf = _BeatBuffer(W + 1, sdepth)
+        T = hw.axi_max_outstanding + 2         # tags: commands issued and not yet delivered, at most
+        m.submodules.tags = tags = _BeatBuffer(1, 1 << ceil_log2(T))
 
         # --- command ----------------------------------------------------------------------------------
         fmt = Signal(2)
+        int4 = Signal(name="int4")             # fmt == INT4, registered with it
         left = Signal(N_BITS)                  # elements not yet sent into the pipeline
         last = Signal()                        # left == 1, registered with left
         more = Signal()                        # left != 0, registered with left
@@ -143,14 +176,14 @@ class DdrReader(wiring.Component):
         d_addr, s_addr = Signal(hw.axi_addr_bits), Signal(hw.axi_addr_bits)
         d_rem, s_rem = Signal(nbyte_bits, name="d_rem"), Signal(nbyte_bits, name="s_rem")   # not yet requested
 
-        # a command is taken into registers, and its byte counts follow a cycle later (`setup`), its first
-        # requests' sizes a cycle after that (`setup2`), so the group count's shifter and the requests'
-        # arithmetic are paths of their own
+        # a command is taken into registers; the cycle after (`setup`) its data bytes and its group count's
+        # shifted count and rounding flag, the cycle after that (`setup2`) its scale bytes, so the shifter, the
+        # rounding add and the requests' arithmetic are paths of their own
         cmd = Signal.like(self.i_cmd.p)
         setup = Signal()
         c_mask = Signal(N_BITS)                # values per group - 1, registered with the command
-        c_groups = Signal(N_BITS + 1)
-        m.d.comb += c_groups.eq((cmd.n >> cmd.log2_group) + ((cmd.n & c_mask) != 0))
+        g_whole = Signal(N_BITS, name="g_whole")     # n >> log2_group
+        g_part = Signal(name="g_part")               # a partial group at the end
         c_dbytes = Signal(nbyte_bits)
         with m.Switch(cmd.fmt):
             with m.Case(DdrFormat.F32):
@@ -175,45 +208,61 @@ class DdrReader(wiring.Component):
             return nb, (nb + B - 1) >> lb
         d_nb, s_nb = Signal(range(C + 1), name="d_nb"), Signal(range(C + 1), name="s_nb")
         d_beats, s_beats = Signal(range(CB + 1), name="d_beats"), Signal(range(CB + 1), name="s_beats")
-        d_any, s_any = Signal(name="d_any"), Signal(name="s_any")          # bytes left to request
+        d_any, s_any = Signal(name="d_any"), Signal(name="s_any")          # a request of that size is due
+        d_calc, s_calc = Signal(name="d_calc"), Signal(name="s_calc")      # `nb`/`beats`/`any` made from `rem`
         d_used = Signal(range(depth + CB + 1), name="d_used")
         s_used = Signal(range(sdepth + CB + 1), name="s_used")
+        # `fit`: used + beats <= the buffer's depth, registered: made from the cycle's `used` and `beats` (a read
+        # in that cycle counts the cycle after). While `beats` is being made (`calc`) it counts CB beats, the
+        # most a request has (a smaller request may wait a cycle for it); a stream never requests in that cycle
+        # or the next.
+        d_fit, s_fit = Signal(name="d_fit"), Signal(name="s_fit")
         d_ok, s_ok = Signal(), Signal()
-        m.d.comb += [d_ok.eq(d_any & (d_used + d_beats <= depth)), s_ok.eq(s_any & (s_used + s_beats <= sdepth))]
+        m.d.comb += [d_ok.eq(d_any & d_fit), s_ok.eq(s_any & s_fit)]
+        tag_room = Signal(init=1, name="tag_room")    # fewer than T tags
         prefer_s = Signal()                    # alternate between data and scales when both can go
         pick_s = Signal()
         m.d.comb += pick_s.eq(s_ok & (~d_ok | prefer_s))
         m.d.comb += [
-            dma.i_cmd.valid.eq((d_ok | s_ok) & tags.w_rdy),
+            dma.i_cmd.valid.eq((d_ok | s_ok) & tag_room),
             dma.i_cmd.p.addr.eq(Mux(pick_s, s_addr, d_addr)),
             dma.i_cmd.p.nbytes.eq(Mux(pick_s, s_nb, d_nb)),
             tags.w_data.eq(pick_s),
         ]
         issue = Signal()
         m.d.comb += [issue.eq(dma.i_cmd.valid & dma.i_cmd.ready), tags.w_en.eq(issue)]
+        # the tags' count and whether it is below T, registered (the two cases of a request made beside it)
+        n_tags = Signal(range(T + 1), name="n_tags")
+        left_tags = Signal(range(T + 1), name="left_tags")
+        m.d.comb += left_tags.eq(n_tags - tags.r_en)
+        m.d.sync += [n_tags.eq(left_tags + issue),
+                     tag_room.eq((left_tags < T - 1) | (~issue & (left_tags == T - 1)))]
 
-        def set_rem(rem, nb, beats, any_, value):
-            v_nb, v_beats = next_request(value)
-            m.d.sync += [rem.eq(value), nb.eq(v_nb), beats.eq(v_beats), any_.eq(value != 0)]
+        # A request takes its bytes off `rem` and holds the stream for a cycle (`calc`), in which the next
+        # request's size is made from the registered `rem`: a stream requests at most every other cycle, which
+        # a burst-sized request at one beat per cycle leaves unnoticed.
+        def calc(rem, nb, beats, any_, flag):
+            with m.If(flag):
+                v_nb, v_beats = next_request(rem)
+                m.d.sync += [nb.eq(v_nb), beats.eq(v_beats), any_.eq(rem != 0), flag.eq(0)]
+        calc(d_rem, d_nb, d_beats, d_any, d_calc)
+        calc(s_rem, s_nb, s_beats, s_any, s_calc)
         with m.If(issue):
             m.d.sync += prefer_s.eq(~pick_s)
             with m.If(pick_s):
-                m.d.sync += s_addr.eq(s_addr + s_nb)
-                set_rem(s_rem, s_nb, s_beats, s_any, s_rem - s_nb)
+                m.d.sync += [s_addr.eq(s_addr + s_nb), s_rem.eq(s_rem - s_nb), s_any.eq(0), s_calc.eq(1)]
             with m.Else():
-                m.d.sync += d_addr.eq(d_addr + d_nb)
-                set_rem(d_rem, d_nb, d_beats, d_any, d_rem - d_nb)
-        # the command's byte counts the cycle after it is taken, the requests' the cycle after that (no request
+                m.d.sync += [d_addr.eq(d_addr + d_nb), d_rem.eq(d_rem - d_nb), d_any.eq(0), d_calc.eq(1)]
+        # the data bytes the cycle after a command is taken, the scale bytes the cycle after that (no request
         # runs then: both streams are done)
-        sbytes, dbytes = Signal.like(s_rem, name="sbytes"), Signal.like(d_rem, name="dbytes")
         with m.If(setup):
-            m.d.sync += [setup.eq(0), setup2.eq(1), fmt.eq(cmd.fmt), lmask.eq(c_mask), d_addr.eq(cmd.addr),
-                         s_addr.eq(cmd.saddr), dbytes.eq(c_dbytes),
-                         sbytes.eq(Mux(cmd.fmt == DdrFormat.INT4, c_groups << 1, 0))]
+            m.d.sync += [setup.eq(0), setup2.eq(1), fmt.eq(cmd.fmt), int4.eq(cmd.fmt == DdrFormat.INT4),
+                         lmask.eq(c_mask), d_addr.eq(cmd.addr),
+                         s_addr.eq(cmd.saddr), d_rem.eq(c_dbytes), d_calc.eq(1),
+                         g_whole.eq(cmd.n >> cmd.log2_group), g_part.eq((cmd.n & c_mask) != 0)]
         with m.If(setup2):
-            m.d.sync += setup2.eq(0)
-            set_rem(d_rem, d_nb, d_beats, d_any, dbytes)
-            set_rem(s_rem, s_nb, s_beats, s_any, sbytes)
+            m.d.sync += [setup2.eq(0), s_rem.eq(Mux(int4, (g_whole + g_part) << 1, 0)),
+                         s_calc.eq(1)]
 
         # --- DMA output: routed by the tag of its command; always accepted (credits) -------------------
         beat = dma.o_data
@@ -223,10 +272,16 @@ class DdrReader(wiring.Component):
             dbuf.w_en.eq(beat.valid & ~tags.r_data), sbuf.w_en.eq(beat.valid & tags.r_data),
             tags.r_en.eq(beat.valid & beat.p.last),
         ]
-        m.d.sync += [
-            d_used.eq(d_used + Mux(issue & ~pick_s, d_beats, 0) - dbuf.r_en),
-            s_used.eq(s_used + Mux(issue & pick_s, s_beats, 0) - sbuf.r_en),
-        ]
+
+        # `used` + a request's beats - a read, with the sums made before the late request and read bits choose
+        def credit(fit, used, beats, lim, issued, r_en, calcing):
+            total = Signal(range(lim + CB + 1), name=fit.name + "_sum")
+            m.d.comb += total.eq(used + beats)
+            m.d.sync += used.eq(Mux(r_en, Mux(issued, total - 1, used - 1), Mux(issued, total, used)))
+            need = Mux(calcing, used + CB, total)
+            m.d.sync += fit.eq(need <= lim)
+        credit(d_fit, d_used, d_beats, depth, issue & ~pick_s, dbuf.r_en, d_calc)
+        credit(s_fit, s_used, s_beats, sdepth, issue & pick_s, sbuf.r_en, s_calc)
 
         # --- element extraction ----------------------------------------------------------------------
         en = Signal()                          # conversion pipeline advance
@@ -234,7 +289,6 @@ class DdrReader(wiring.Component):
         sidx = Signal(max(lb - 1, 1))          # binary16 position of the current scale in the head scale beat
         grp_left = Signal(N_BITS)              # elements of the current group after the next one
         group_end = Signal()                   # the next element ends its group (grp_left == 0, registered)
-        int4 = fmt == DdrFormat.INT4
         can = Signal()
         m.d.comb += can.eq(more & dbuf.r_rdy & (~int4 | sbuf.r_rdy))
         take = Signal()
@@ -243,20 +297,33 @@ class DdrReader(wiring.Component):
         m.d.comb += step.eq(Mux(fmt == DdrFormat.F32, 8, Mux(fmt == DdrFormat.F16, 4, 1)))
         nib_next = Signal(lb + 2)
         m.d.comb += nib_next.eq(nib + step)
-        scale_beat_end = Signal()
-        m.d.comb += scale_beat_end.eq(sidx == (B // 2 - 1) if B > 2 else 1)
+        # the next element ends the head data beat (nib + step reaches the beat's end), registered with nib: nib
+        # is a multiple of step, so it is (nib + 2 * step) mod 2**(lb + 1) == 0 after a take
+        beat_end = Signal()
+        scale_beat_end = Signal()              # sidx == B/2 - 1 (the head scale beat's last scale), registered
+        if B <= 2:
+            m.d.comb += scale_beat_end.eq(1)
+        # the buffers' reads: what the head beats would do, from registers, then the pipeline's advance alone
+        d_pop, s_pop = Signal(name="d_pop", attrs={"keep": 1}), Signal(name="s_pop", attrs={"keep": 1})
+        m.d.comb += [d_pop.eq(can & (beat_end | last)),
+                     s_pop.eq(can & int4 & ((group_end & scale_beat_end) | last)),
+                     dbuf.r_en.eq(d_pop & en), sbuf.r_en.eq(s_pop & en)]
         with m.If(take):
-            m.d.comb += dbuf.r_en.eq(nib_next[lb + 1] | last)
-            m.d.comb += sbuf.r_en.eq(int4 & ((group_end & scale_beat_end) | last))
-            m.d.sync += [left.eq(left - 1), last.eq(left == 2), more.eq(~last), nib.eq(nib_next[:lb + 1])]
+            m.d.sync += [left.eq(left - 1), last.eq(left == 2), more.eq(~last), nib.eq(nib_next[:lb + 1]),
+                         beat_end.eq((nib + 2 * step)[:lb + 1] == 0)]
             with m.If(group_end):
                 m.d.sync += [sidx.eq(sidx + 1), grp_left.eq(lmask), group_end.eq(lmask == 0)]
+                if B > 2:
+                    m.d.sync += scale_beat_end.eq(sidx == B // 2 - 2)
             with m.Else():
                 m.d.sync += [grp_left.eq(grp_left - 1), group_end.eq(grp_left == 1)]
             with m.If(last):
                 m.d.sync += [nib.eq(0), sidx.eq(0)]
-        with m.If(setup):                      # a command's first group
-            m.d.sync += [grp_left.eq(c_mask), group_end.eq(c_mask == 0)]
+                if B > 2:
+                    m.d.sync += scale_beat_end.eq(0)
+        with m.If(setup):                      # a command's first group; its first element at nibble 0
+            c_step = Mux(cmd.fmt == DdrFormat.F32, 8, Mux(cmd.fmt == DdrFormat.F16, 4, 1))
+            m.d.sync += [grp_left.eq(c_mask), group_end.eq(c_mask == 0), beat_end.eq(c_step == 1 << (lb + 1))]
 
         head, shead = dbuf.r_data, sbuf.r_data
         w32 = head[:32] if B == 4 else head[:W].word_select(nib[3:], 32)
@@ -265,20 +332,23 @@ class DdrReader(wiring.Component):
         scale = shead[:W].word_select(sidx, 16) if B > 2 else shead[:16]
         err = head[W] | (int4 & shead[W])
 
-        # --- conversion: q * fp32(scale) (INT4) or 1 * fp32(h) (F16, exact) in one IntScaleMul; F32 bits
-        # bypass in a delay line of the same depth ----------------------------------------------------------
-        m.submodules.mul = mul = IntScaleMul(4)
-        m.d.comb += [mul.en.eq(en), mul.i_valid.eq(take), mul.i_a.eq(Mux(int4, q4, 1)),
-                     mul.i_b.eq(Mux(int4, scale, h16))]
+        # --- conversion: the element's fields into registers (x), then q * fp32(scale) (INT4) or 1 * fp32(h)
+        # (F16, exact) in one IntScaleMul; F32 bits bypass in a delay line of the same depth -----------------
+        x_valid, x_a, x_b = Signal(name="x_valid"), Signal(4, name="x_a"), Signal(16, name="x_b")
         side = data.StructLayout({"fmt": 2, "raw": 32, "last": 1, "err": 1})
-        stages = [Signal(side, name="side_in")]
-        m.d.comb += [stages[0].fmt.eq(fmt), stages[0].raw.eq(w32), stages[0].last.eq(last), stages[0].err.eq(err)]
-        for i in range(self.latency):
+        stages = [Signal(side, name="side0")]
+        with m.If(en):
+            m.d.sync += [x_valid.eq(take), x_a.eq(Mux(int4, q4, 1)), x_b.eq(Mux(int4, scale, h16)),
+                         stages[0].fmt.eq(fmt), stages[0].raw.eq(w32), stages[0].last.eq(last),
+                         stages[0].err.eq(err)]
+        m.submodules.mul = mul = IntScaleMul(4)
+        m.d.comb += [mul.en.eq(en), mul.i_valid.eq(x_valid), mul.i_a.eq(x_a), mul.i_b.eq(x_b)]
+        for i in range(mul.latency):
             s = Signal(side, name=f"side{i + 1}")
             with m.If(en):
                 m.d.sync += s.eq(stages[-1])
             stages.append(s)
-        assert mul.latency == self.latency
+        assert 1 + mul.latency == self.latency
         out = stages[-1]
         o = self.o_elem
         m.d.comb += [

@@ -20,7 +20,7 @@ DECERR) sets the sticky ``o_error``.
 
 from __future__ import annotations
 
-from amaranth import Const, Module, Mux, Signal, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -66,8 +66,9 @@ class AxiWriteDma(DmaComponent):
 
     Notes
     -----
-    One AW per cycle and one W beat per cycle; the W side has no bubble between bursts once the next
-    burst's address has been accepted. ``i_data.ready`` depends combinationally on ``wready``.
+    One AW every other cycle (each burst is sized in the cycle before its address) and one W beat per cycle;
+    the W side has no bubble between bursts once the next burst's address has been accepted.
+    ``i_data.ready`` depends combinationally on ``wready``.
     """
 
     def __init__(self, cfg: HardwareConfig, *, len_bits: int = 24):
@@ -98,65 +99,83 @@ class AxiWriteDma(DmaComponent):
         m.d.comb += nbeats.eq((cmd.nbytes + off + (B - 1)) >> lb)
         first_strb = Signal(B)                     # strobes of the command's first and last beats
         last_strb = Signal(B)
-        total = Signal(beats_bits)                 # beats of the current command
+        wleft = Signal(beats_bits)                 # W beats of the command not yet sent
+        w_first, w_last = Signal(), Signal()       # the next W beat is the command's first / last
         m.d.comb += self.i_cmd.ready.eq(~busy)
-
         cur = Signal(cfg.axi_addr_bits)            # next burst's beat-aligned address
         rem = Signal(beats_bits)                   # beats left to address
         active = Signal()                          # bursts left to address
         outstanding = Signal(range(cfg.axi_max_outstanding + 1))   # AW accepted, B not yet received
+        to_4k = Signal(range(AXI_4K // B + 1))     # beats from `cur` to the next 4 KB boundary
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
-            m.d.sync += [busy.eq(1), cur.eq(cmd.addr & ~(B - 1)), rem.eq(nbeats), total.eq(nbeats),
-                         active.eq(cmd.nbytes != 0),
+            m.d.sync += [busy.eq(1), cur.eq(cmd.addr & ~(B - 1)), rem.eq(nbeats), wleft.eq(nbeats),
+                         w_first.eq(1), w_last.eq(nbeats == 1), active.eq(cmd.nbytes != 0),
+                         to_4k.eq((AXI_4K - (cmd.addr[:12] & ~(B - 1))) >> lb),
                          first_strb.eq((Const(full, B) << off)[:B]),
                          last_strb.eq(((Const(1, B + 1) << end) - 1)[:B])]
 
         # --- AW: min(remaining, max burst, beats to the next 4 KB boundary) ---------------------------
-        to_4k = Signal(range(AXI_4K // B + 1))
-        m.d.comb += to_4k.eq((AXI_4K - cur[:12]) >> lb)
-        burst = Signal(range(cfg.axi_max_burst_beats + 1))
-        with m.If((rem <= cfg.axi_max_burst_beats) & (rem <= to_4k)):
-            m.d.comb += burst.eq(rem)
-        with m.Elif(to_4k < cfg.axi_max_burst_beats):
-            m.d.comb += burst.eq(to_4k)
-        with m.Else():
-            m.d.comb += burst.eq(cfg.axi_max_burst_beats)
+        # The next burst is sized in a cycle of its own (`sized` low), from registers into registers: a
+        # command's first burst one cycle after its acceptance, each further burst one cycle after the
+        # address before it.
+        Mx = cfg.axi_max_burst_beats
+        sized = Signal()                           # `burst`, `page_end` and `final` describe the next burst
+        burst = Signal(range(Mx + 1))
+        page_end = Signal()                        # the burst ends at a 4 KB boundary
+        final = Signal()                           # the command's last burst
+        with m.If(active & ~sized):
+            m.d.sync += sized.eq(1)
+            with m.If((rem <= Mx) & (rem <= to_4k)):
+                m.d.sync += [burst.eq(rem), page_end.eq(rem == to_4k), final.eq(1)]
+            with m.Elif(to_4k < Mx):
+                m.d.sync += [burst.eq(to_4k), page_end.eq(1), final.eq(0)]
+            with m.Else():
+                m.d.sync += [burst.eq(Mx), page_end.eq(to_4k == Mx), final.eq(0)]
 
-        # Burst lengths travel from AW to W; an entry exists only after its AW handshake.
-        m.submodules.lens = lens = fifo.SyncFIFO(width=8, depth=cfg.axi_max_outstanding)
+        # Burst lengths (awlen, and awlen == 0) travel from AW to W; an entry exists only after its AW
+        # handshake.
+        m.submodules.lens = lens = fifo.SyncFIFO(width=9, depth=cfg.axi_max_outstanding)
         m.d.comb += [
             axi.awid.eq(0), axi.awaddr.eq(cur), axi.awlen.eq(burst - 1), axi.awsize.eq(lb),
             axi.awburst.eq(AxiBurst.INCR), axi.awlock.eq(0),
             axi.awcache.eq(0b0011),                # normal non-cacheable bufferable, as the read side
             axi.awprot.eq(0), axi.awqos.eq(0),
-            axi.awvalid.eq(active & (outstanding < cfg.axi_max_outstanding) & lens.w_rdy),
-            lens.w_data.eq(burst - 1),
+            axi.awvalid.eq(active & sized & (outstanding < cfg.axi_max_outstanding) & lens.w_rdy),
+            lens.w_data.eq(Cat(axi.awlen, burst == 1)),
         ]
         aw_fire = axi.awvalid & axi.awready
         m.d.comb += lens.w_en.eq(aw_fire)
         with m.If(aw_fire):
-            m.d.sync += [cur.eq(cur + (burst << lb)), rem.eq(rem - burst)]
-            with m.If(rem == burst):
+            m.d.sync += [cur.eq(cur + (burst << lb)), rem.eq(rem - burst), sized.eq(0),
+                         to_4k.eq(Mux(page_end, AXI_4K // B, to_4k - burst))]
+            with m.If(final):
                 m.d.sync += active.eq(0)
 
         # --- W: DDR-aligned beats, strobes from the command ------------------------------------------
-        wbeat = Signal(beats_bits)                 # beats sent of this command
-        bbeat = Signal(8)                          # beats sent of the head burst
-        is_first = wbeat == 0
-        is_last = wbeat == total - 1
+        # A burst's awlen leaves `lens` with its first W beat; its other beats count against a copy, and
+        # whether the next beat ends the burst is registered (`b_last`), so the FIFO's read reaches only
+        # `wlast` and those registers.
+        b_first = Signal(init=1)                   # the next W beat starts a burst (its awlen: `lens`' head)
+        b_last = Signal()                          # the next W beat ends its burst (when not `b_first`)
+        b_left = Signal(8)                         # beats of the current burst after the next one
+        head_len, head_one = lens.r_data[:8], lens.r_data[8]
         strb = Signal(B)
-        m.d.comb += strb.eq(Mux(is_first, first_strb, full) & Mux(is_last, last_strb, full))
+        m.d.comb += strb.eq(Mux(w_first, first_strb, full) & Mux(w_last, last_strb, full))
+        w_can = Signal()
+        m.d.comb += w_can.eq(lens.r_rdy | ~b_first)
         m.d.comb += [
-            axi.wdata.eq(self.i_data.p), axi.wstrb.eq(strb), axi.wlast.eq(bbeat == lens.r_data),
-            axi.wvalid.eq(self.i_data.valid & lens.r_rdy),
-            self.i_data.ready.eq(axi.wready & lens.r_rdy),
+            axi.wdata.eq(self.i_data.p), axi.wstrb.eq(strb), axi.wlast.eq(Mux(b_first, head_one, b_last)),
+            axi.wvalid.eq(self.i_data.valid & w_can),
+            self.i_data.ready.eq(axi.wready & w_can),
         ]
         w_fire = axi.wvalid & axi.wready
+        m.d.comb += lens.r_en.eq(w_fire & b_first)
         with m.If(w_fire):
-            m.d.sync += [wbeat.eq(wbeat + 1), bbeat.eq(bbeat + 1)]
-            with m.If(axi.wlast):
-                m.d.comb += lens.r_en.eq(1)
-                m.d.sync += bbeat.eq(0)
+            m.d.sync += [wleft.eq(wleft - 1), w_first.eq(0), w_last.eq(wleft == 2), b_first.eq(axi.wlast)]
+            with m.If(b_first):
+                m.d.sync += [b_left.eq(head_len - 1), b_last.eq(head_len == 1)]
+            with m.Else():
+                m.d.sync += [b_left.eq(b_left - 1), b_last.eq(b_left == 1)]
 
         # --- B ----------------------------------------------------------------------------------------
         m.d.comb += axi.bready.eq(1)
@@ -168,7 +187,7 @@ class AxiWriteDma(DmaComponent):
         done = Signal()
         m.d.comb += done.eq(busy & ~active & (outstanding == 0))
         with m.If(done):
-            m.d.sync += [busy.eq(0), wbeat.eq(0)]
+            m.d.sync += busy.eq(0)
         m.d.comb += [self.o_done.eq(done), self.o_busy.eq(busy)]
         return m
 
@@ -239,6 +258,7 @@ class DdrWriter(wiring.Component):
         cmd = self.i_cmd.p
         f16 = Signal()
         left = Signal(N_BITS)                      # elements not yet taken from i_elem
+        more = Signal()                            # left != 0, registered with it
         pos = Signal(lb)                           # byte lane of the next element to pack
         to_pack = Signal(N_BITS)                   # elements not yet packed
         caddr = Signal(hw.axi_addr_bits)
@@ -250,7 +270,7 @@ class DdrWriter(wiring.Component):
             self.i_cmd.ready.eq(dma.i_cmd.ready),
         ]
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
-            m.d.sync += [f16.eq(cmd.fmt == DdrFormat.F16), left.eq(cmd.n), to_pack.eq(cmd.n),
+            m.d.sync += [f16.eq(cmd.fmt == DdrFormat.F16), left.eq(cmd.n), more.eq(cmd.n != 0), to_pack.eq(cmd.n),
                          pos.eq(caddr[:lb])]
 
         # --- element pipeline: F32ToF16, raw bits alongside ------------------------------------------
@@ -258,12 +278,12 @@ class DdrWriter(wiring.Component):
         en = Signal()
         take = Signal()
         m.d.comb += [
-            self.i_elem.ready.eq(en & (left != 0)),
+            self.i_elem.ready.eq(en & more),
             take.eq(self.i_elem.valid & self.i_elem.ready),
             cvt.en.eq(en), cvt.i_valid.eq(take), cvt.i_a.eq(self.i_elem.p),
         ]
         with m.If(take):
-            m.d.sync += left.eq(left - 1)
+            m.d.sync += [left.eq(left - 1), more.eq(left != 1)]
         raw = self.i_elem.p
         for i in range(cvt.latency):
             r = Signal(32, name=f"raw{i + 1}")

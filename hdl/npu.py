@@ -29,7 +29,7 @@ START_WHILE_BUSY once the running program has completed).
 from __future__ import annotations
 
 
-from amaranth import Cat, Module, ResetInserter, Signal
+from amaranth import Cat, Module, Mux, ResetInserter, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -135,10 +135,10 @@ class Npu(wiring.Component):
             m.d.comb += port.bready.eq(1)
 
         # --- counters ---------------------------------------------------------------------------------
-        B = hw.bytes_per_beat
         ports = [getattr(self, f"m_axi{p}") for p in range(hw.axi_ports)]
-        beats_r = sum((p.rvalid & p.rready) for p in ports)
-        bytes_w = sum(sum(p.wstrb[i] for i in range(B)) * (p.wvalid & p.wready) for p in ports)
+        clear = Signal()
+        m.d.comb += clear.eq(clear_cmd | core_reset)
+        bytes_r, bytes_w = _traffic(m, ports, hw.bytes_per_beat, clear)
         gemv_beat = sum((getattr(ctl, f"m_gemv{p}").rvalid & getattr(ctl, f"m_gemv{p}").rready)
                         for p in range(hw.axi_ports))
         u = ctl.o_unit_busy
@@ -153,18 +153,43 @@ class Npu(wiring.Component):
             "ATTN_BUSY": u.attn,
             "DMA_BUSY": u.dma,
             "ISSUE_STALL": u.issue_wait & running,
-            "BYTES_READ": beats_r * B,
+            "BYTES_READ": bytes_r,
             "BYTES_WRITTEN": bytes_w,
             "GEMM_BUSY": u.gemm,
         }
         for name in COUNTERS:
-            c = Signal(64, name=f"cnt_{name.lower()}")
-            with m.If(clear_cmd | core_reset):
-                m.d.sync += c.eq(0)
-            with m.Else():
-                m.d.sync += c.eq(c + incr[name])
+            c = _counter(m, name, incr[name], clear)
             m.d.comb += [reg(f"{name}_LO").eq(c[:32]), reg(f"{name}_HI").eq(c[32:])]
         return m
+
+
+def _traffic(m, ports, B, clear):
+    """The bytes the AXI `ports` read and write in a cycle, two cycles late: the handshakes and strobes are
+    registered, then their counts, so the ports' paths end at a register, and the strobes' popcount and the
+    64-bit sums are paths of their own (the counters lag by two cycles): (read, written). `clear` zeroes both
+    stages with the counters, so what a counter adds after a clear happened after it."""
+    n = len(ports)
+    r_fire, w_fire = Signal(n, name="r_fire"), Signal(n, name="w_fire")
+    w_strb = [Signal(B, name=f"w_strb{i}") for i in range(n)]
+    bytes_r = Signal(range(n * B + 1), name="bytes_r")
+    bytes_w = Signal(range(n * B + 1), name="bytes_w")
+    m.d.sync += [r_fire.eq(Cat(p.rvalid & p.rready for p in ports)), w_fire.eq(Cat(p.wvalid & p.wready for p in ports)),
+                 [w.eq(p.wstrb) for w, p in zip(w_strb, ports)],
+                 bytes_r.eq(sum(r_fire[i] for i in range(n)) * B),
+                 bytes_w.eq(sum(Mux(w_fire[i], sum(w_strb[i][k] for k in range(B)), 0) for i in range(n)))]
+    with m.If(clear):
+        m.d.sync += [r_fire.eq(0), w_fire.eq(0), bytes_r.eq(0), bytes_w.eq(0)]
+    return bytes_r, bytes_w
+
+
+def _counter(m, name, incr, clear):
+    """A 64-bit CSR counter adding `incr` each cycle, zeroed by `clear`."""
+    c = Signal(64, name=f"cnt_{name.lower()}")
+    with m.If(clear):
+        m.d.sync += c.eq(0)
+    with m.Else():
+        m.d.sync += c.eq(c + incr)
+    return c
 
 
 

@@ -207,20 +207,24 @@ class ActQuantizer(wiring.Component):
         # trailing-zero count, into p5
         d3, xr = p3_data[32 * k:32 * (k + 1)], p4_data[32 * k:32 * (k + 1)]
         u = Signal(signed(9), name=f"p4_u{k}")                # 156 - Eeff: -99 .. 155
+        hid = Signal(name=f"p4_hid{k}")                       # the hidden bit: exponent field != 0
         with m.If(adv):
-            m.d.sync += u.eq(156 - Mux(d3[23:31] == 0, 1, d3[23:31]))
-        r_mant = Cat(xr[0:23], xr[23:31] != 0)
+            m.d.sync += [u.eq(156 - Mux(d3[23:31] == 0, 1, d3[23:31])), hid.eq(d3[23:31] != 0)]
+        r_mant = Cat(xr[0:23], hid)
         t = Signal(signed(EXP_BITS + 2), name=f"t{k}")
         m.d.comb += t.eq(p4_e + u)
         # the bits shifted out are non-zero iff v's lowest one lies below tc: a trailing-zero count of the
         # mantissa and one compare instead of a mask as wide as v
+        # The count is 4 * j + o: j the first 4-bit group with a one (6 if none: 24 for M = 0), o the lowest
+        # one's place in that group, each group's place found beside the groups' ORs.
+        groups = [r_mant[4 * j:4 * j + 4] for j in range(6)]
+        g_any = [g.any() for g in groups]
+        g_place = [Mux(g[0], 0, Mux(g[1], 1, Mux(g[2], 2, 3))) for g in groups]
+        j_first, o_first = Const(6, 3), Const(0, 2)
+        for j in reversed(range(6)):
+            j_first, o_first = Mux(g_any[j], j, j_first), Mux(g_any[j], g_place[j], o_first)
         tz = Signal(range(25), name=f"tz{k}")
-        with m.Switch(r_mant):                 # the priority encoder, lowest set bit first
-            for b in range(24):
-                with m.Case("-" * (23 - b) + "1" + "0" * b):
-                    m.d.comb += tz.eq(b)
-            with m.Default():
-                m.d.comb += tz.eq(24)          # M = 0: nothing to shift out
+        m.d.comb += tz.eq(Cat(o_first, j_first))
         tc = Signal(5, name=f"p5_tc{k}")
         p5_tz = Signal(range(25), name=f"p5_tz{k}")
         p5_sign = Signal(name=f"p5_sign{k}")
@@ -365,9 +369,10 @@ class ActQuantizer(wiring.Component):
                 m.d.sync += [f_max.eq(0), f_nf.eq(0), f_slot.eq(~f_slot)]
             with m.Else():
                 m.d.sync += [f_max.eq(nm), f_nf.eq(new_nf)]
+        slot_lw = [Signal(max(1, LB - LL), name=f"slot_lw{k}") for k in range(2)]      # see `lastw`
         for k in range(2):
             with m.If(put & f2.end & (f_slot == k)):
-                m.d.sync += slot_full[k].eq(1)
+                m.d.sync += [slot_full[k].eq(1), slot_lw[k].eq(f2.lidx[LL:] if LB > LL else 0)]
             with m.Elif(free_slot & (r_slot == k)):
                 m.d.sync += slot_full[k].eq(0)
         with m.If(take):
@@ -402,7 +407,8 @@ class ActQuantizer(wiring.Component):
         cur = data.View(meta_layout, blocks.r_data)
         m.d.comb += issue.eq(blocks.r_rdy & adv)
         first = q_w == 0
-        lastw = (q_w == cur.lidx[LL:]) if LB > LL else Const(1, 1)
+        # the head block's last word from its slot's register (`blocks`' head is slot r_slot's), not the FIFO
+        lastw = (q_w == Mux(r_slot, slot_lw[1], slot_lw[0])) if LB > LL else Const(1, 1)
         nf_cur = Mux(first & (cur.blk == 0), 0, q_nf) | cur.nf
         m.d.comb += [rd.en.eq(adv), rd.addr.eq(Cat(q_w[:LB - LL], r_slot)), blocks.r_en.eq(issue & lastw),
                      free_slot.eq(issue & lastw)]
@@ -524,10 +530,11 @@ class KvPacker(wiring.Component):
     exponent, whose scale is ``o_vscale``.
 
     Storage: the words in a memory of ``max_elems / W`` words of W INT8 lanes (only the low 8 bits of each
-    lane: ``|q| <= 119``), the exponents in one of ``ceil(max_elems / B)`` entries, both with a combinational read
-    port (distributed RAM) and both rounded up to a power-of-two depth (at least 2). Write and read
-    addresses wrap modulo that depth: a row longer than ``max_elems`` overwrites its start. A read in the
-    cycle of a write to the same entry sees the old contents.
+    lane: ``|q| <= 119``), the exponents in one of ``ceil(max_elems / B)`` entries (each as its lo and hi scales'
+    clamped exponent fields, made as it is written), both with a combinational read port (distributed RAM) and
+    both rounded up to a power-of-two depth (at least 2). Write and read addresses wrap modulo that depth: a
+    row longer than ``max_elems`` overwrites its start. A read in the cycle of a write to the same entry sees
+    the old contents.
 
     Parameters
     ----------
@@ -600,11 +607,17 @@ class KvPacker(wiring.Component):
         return 2
 
     @staticmethod
-    def _pow2_bits(m, biased, name) -> Value:
-        """binary32 bits of a power of two from its biased exponent (signed), the field clamped."""
+    def _field(m, e, bias, name) -> Value:
+        """The binary32 exponent field of a power of two from its exponent `e` (signed) plus `bias`, clamped (the
+        bounds compared with `e` itself, beside the sum)."""
         fld = Signal(8, name=name)
-        m.d.comb += fld.eq(Mux(biased < SCALE_FIELD_MIN, SCALE_FIELD_MIN,
-                               Mux(biased > SCALE_FIELD_MAX, SCALE_FIELD_MAX, biased)))
+        m.d.comb += fld.eq(Mux(e < SCALE_FIELD_MIN - bias, SCALE_FIELD_MIN,
+                               Mux(e > SCALE_FIELD_MAX - bias, SCALE_FIELD_MAX, (e + bias)[:8])))
+        return fld
+
+    @staticmethod
+    def _pow2_bits(fld) -> Value:
+        """binary32 bits of a power of two from its exponent field."""
         return Cat(Const(0, 23), fld, Const(0, 1))
 
     def elaborate(self, platform):
@@ -619,12 +632,15 @@ class KvPacker(wiring.Component):
 
         # ---- Writes: the quantiser's words and exponents; the running maximum exponent ---------------------
         m.submodules.words = words = Memory(shape=data.ArrayLayout(signed(8), W), depth=w_depth, init=[])
-        m.submodules.exps = exps = Memory(shape=signed(EXP_BITS), depth=e_depth, init=[])
+        # a block's exponent is kept as its two scales' exponent fields (lo, hi), made as it is written
+        m.submodules.exps = exps = Memory(shape=unsigned(16), depth=e_depth, init=[])
         w_wr, w_rd = words.write_port(), words.read_port(domain="comb")
         e_wr, e_rd = exps.write_port(), exps.read_port(domain="comb")
         m.d.comb += [self.i_act.ready.eq(1), self.i_exp.ready.eq(1),
                      w_wr.en.eq(self.i_act.valid), w_wr.addr.eq(self.i_act.p.addr),   # addr wraps (truncated)
-                     e_wr.en.eq(self.i_exp.valid), e_wr.addr.eq(self.i_exp.p.addr), e_wr.data.eq(self.i_exp.p.e)]
+                     e_wr.en.eq(self.i_exp.valid), e_wr.addr.eq(self.i_exp.p.addr),
+                     e_wr.data.eq(Cat(self._field(m, self.i_exp.p.e, 127, "lo_field"),
+                                      self._field(m, self.i_exp.p.e, 127 + 4, "hi_field")))]
         for i in range(W):
             m.d.comb += w_wr.data[i].eq(self.i_act.p.q[i])                           # |q| <= 119: low 8 bits
 
@@ -634,7 +650,7 @@ class KvPacker(wiring.Component):
             m.d.sync += self.o_emax.eq(self.i_exp.p.e)
         with m.Else():
             m.d.sync += self.o_emax.eq(emax)
-        m.d.comb += self.o_vscale.eq(self._pow2_bits(m, self.o_emax + 127, "vscale_field"))
+        m.d.comb += self.o_vscale.eq(self._pow2_bits(self._field(m, self.o_emax, 127, "vscale_field")))
 
         # ---- Reads: element k of the running command into the o_elem register -------------------------------
         r_left = Signal(N_BITS)
@@ -650,18 +666,19 @@ class KvPacker(wiring.Component):
             m.d.comb += hi.eq(q[4:8] + q[3])          # ((q + 8) >> 4) & 0xF
             nibbles.append(Mux(r_sel[0], q[0:4], hi))
         plane = Cat(*nibbles)
-        e_k = e_rd.data
-        scale = self._pow2_bits(m, e_k + Mux(r_sel[0], 127, 127 + 4), "scale_field")
+        scale = self._pow2_bits(Mux(r_sel[0], e_rd.data[:8], e_rd.data[8:]))
 
         load = Signal()
-        m.d.comb += [self.o_busy.eq((r_left != 0) | self.o_elem.valid),
+        r_more = Signal()                             # r_left != 0, registered with it
+        m.d.comb += [self.o_busy.eq(r_more | self.o_elem.valid),
                      self.i_cmd.ready.eq(~self.o_busy),
-                     load.eq((r_left != 0) & (~self.o_elem.valid | self.o_elem.ready))]
+                     load.eq(r_more & (~self.o_elem.valid | self.o_elem.ready))]
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
-            m.d.sync += [r_left.eq(self.i_cmd.p.n), r_k.eq(0), r_sel.eq(self.i_cmd.p.sel)]
+            m.d.sync += [r_left.eq(self.i_cmd.p.n), r_more.eq(self.i_cmd.p.n != 0), r_k.eq(0),
+                         r_sel.eq(self.i_cmd.p.sel)]
         with m.If(load):
             m.d.sync += [self.o_elem.valid.eq(1), self.o_elem.payload.eq(Mux(r_sel[1], scale, plane)),
-                         r_left.eq(r_left - 1), r_k.eq(r_k + 1)]
+                         r_left.eq(r_left - 1), r_more.eq(r_left != 1), r_k.eq(r_k + 1)]
         with m.Elif(self.o_elem.ready):
             m.d.sync += self.o_elem.valid.eq(0)
         return m
