@@ -48,7 +48,7 @@ o_error : Out(1)                         sticky: a weight or scale read got an A
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -443,8 +443,7 @@ class GemmUnit(wiring.Component):
         out_run = sequencer("out")
         o_t = Signal(range(R + 1))
         o_j = Signal(range(C2 + 1))
-        o_n0 = Signal.like(c.rows)                    # first output row of the tile
-        o_row = Signal.like(c.dst)                    # L2 element of (token o_t, row o_n0)
+        o_row = Signal.like(c.dst)                    # L2 element of (token o_t, the tile's first row n0)
         o_issuing = Signal()                          # the current beat's elements are being issued
         # registered beside the counters: the tile's row count (and its last index), whether o_t is a real
         # token, the tile's last token row
@@ -452,10 +451,14 @@ class GemmUnit(wiring.Component):
         real_tok, last_t = Signal(), Signal()
         o_tiles = _Countdown(m, "o_tiles", ntiles, go)
 
-        def tile_rows(n0):
-            left = c.rows - n0
-            n = Mux(left > C2, C2, left)
-            m.d.sync += [o_len.eq(n), o_last_j.eq(n - 1)]
+        # the rows after the current tile (rows - n0 - C2), less one, and the next tile's first L2 element
+        # (dst + n0 + C2), stepped with the tiles, so that a tile's row count is one compare and select
+        o_rem, o_rem_m1 = Signal(signed(len(c.rows) + 2)), Signal(signed(len(c.rows) + 2))
+        o_next_row = Signal.like(o_row)
+
+        def tile_rows(left, left_m1):
+            big = left > C2
+            m.d.sync += [o_len.eq(Mux(big, C2, left)), o_last_j.eq(Mux(big, C2 - 1, left_m1))]
         m.submodules.wcmdq = wq = fifo.SyncFIFOBuffered(width=len(self.o_wcmd.p.as_value()), depth=4)
         m.d.comb += [self.o_wcmd.valid.eq(wq.r_rdy), self.o_wcmd.p.eq(wq.r_data), wq.r_en.eq(self.o_wcmd.ready)]
         m.submodules.add = add = FpAdd()
@@ -463,9 +466,10 @@ class GemmUnit(wiring.Component):
         inflight = Signal(range(add.latency + 3))    # in the operand registers or the adder
         rcmd_pend = Signal()
         with m.If(go):
-            m.d.sync += [o_t.eq(0), o_n0.eq(0), o_row.eq(c.dst), o_issuing.eq(0),
-                         real_tok.eq(c.ntok != 0), last_t.eq(R == 1)]
-            tile_rows(0)
+            m.d.sync += [o_t.eq(0), o_row.eq(c.dst), o_issuing.eq(0),
+                         real_tok.eq(c.ntok != 0), last_t.eq(R == 1),
+                         o_rem.eq(c.rows - C2), o_rem_m1.eq(c.rows - (C2 + 1)), o_next_row.eq(c.dst + C2)]
+            tile_rows(c.rows, c.rows - 1)
         beat = eng.o_y
         # a beat starts: a real token row queues its write (and read) command; a padding row is dropped
         start_beat = out_run & ~go & beat.valid & ~o_issuing & wq.w_rdy & ~rcmd_pend
@@ -508,10 +512,11 @@ class GemmUnit(wiring.Component):
             m.d.sync += [o_t.eq(o_t + 1), o_row.eq(o_row + c.stride), real_tok.eq(o_t + 1 < c.ntok),
                          last_t.eq(o_t + 1 == R - 1)]
             with m.If(last_t):
-                m.d.sync += [o_t.eq(0), o_n0.eq(o_n0 + C2), o_row.eq(c.dst + o_n0 + C2),
-                             real_tok.eq(c.ntok != 0), last_t.eq(R == 1)]
+                m.d.sync += [o_t.eq(0), o_row.eq(o_next_row),
+                             real_tok.eq(c.ntok != 0), last_t.eq(R == 1),
+                             o_rem.eq(o_rem - C2), o_rem_m1.eq(o_rem_m1 - C2), o_next_row.eq(o_next_row + C2)]
                 o_tiles.step()
-                tile_rows(o_n0 + C2)
+                tile_rows(o_rem, o_rem_m1)
                 with m.If(o_tiles.last):
                     m.d.sync += out_run.eq(0)
         drained = ~outq.r_rdy & (inflight == 0) & ~wq.r_rdy

@@ -428,9 +428,12 @@ class ScaleLane(wiring.Component):
 
         # fp32(isum) × fp32(scale): one exact integer product, rounded once.
         m.d.comb += [mul.i_valid.eq(s1.valid), mul.i_a.eq(v1), mul.i_b.eq(s1_scale)]
-        s3 = _delay(m, s1, self.MUL_LATENCY, "meta_mul")
-        m.d.comb += [ldexp.i_valid.eq(s3.valid), ldexp.i_a.eq(mul.o_y),
-                     ldexp.i_b.eq(self.i_exp[s3.tag.seg_bank][s3.row])]
+        # the row's block exponent is selected a cycle ahead (from the exponent bank, written segments before)
+        s3_pre = _delay(m, s1, self.MUL_LATENCY - 1, "meta_mul")
+        s3 = _delay(m, s3_pre, 1, "meta_mul_last")
+        e3 = Signal(signed(EXP_BITS), reset_less=True)
+        m.d.sync += e3.eq(self.i_exp[s3_pre.tag.seg_bank][s3_pre.row])
+        m.d.comb += [ldexp.i_valid.eq(s3.valid), ldexp.i_a.eq(mul.o_y), ldexp.i_b.eq(e3)]
         s4 = _delay(m, s3, ldexp.latency, "meta_ldexp")
 
         # y memories, one per field: two tile banks of R rows. Read-modify-write: the old y is read two
@@ -573,9 +576,12 @@ class SystolicEngine(wiring.Component):
         full = Signal(2)              # y bank complete: set by the last lane, cleared by the readout
         # Which k-step of its current beat each weight port is on (always 0 with one step per beat).
         chunk = [Signal(range(max(2, g.steps_per_beat)), name=f"chunk_{p}") for p in range(g.wgt_ports)]
-        last_k = k == seg - 1
-        first = (k == 0) & (s == 0)
-        last_seg = s == self.i_cmd.payload - 1
+        # The step's flags as registers, stepped with k and s: last_k (k == seg - 1), first (k == 0 and s == 0)
+        # and s + 1, so that the tile's last segment is one equality with the command.
+        last_k = Signal(init=int(seg == 1))
+        first = Signal(init=1)
+        s_p1 = Signal(17, init=1)
+        last_seg = s_p1 == self.i_cmd.payload
         seg_per_block, seg_per_group = g.block // seg, g.group // seg
         end_block = last_seg | ((s & (seg_per_block - 1)) == seg_per_block - 1)
         end_group = last_seg | ((s & (seg_per_group - 1)) == seg_per_group - 1)
@@ -604,11 +610,12 @@ class SystolicEngine(wiring.Component):
             m.d.sync += [step.a.eq(self.i_act.payload), step.w.eq(w_now), step.last.eq(last_k),
                          step.tag.seg_bank.eq(seg_bank), step.tag.tile_first.eq(s == 0),
                          step.tag.tile_last.eq(last_seg), step.tag.tile_bank.eq(tile_bank)]
-            m.d.sync += k.eq(Mux(last_k, 0, k + 1))
+            m.d.sync += [k.eq(Mux(last_k, 0, k + 1)), last_k.eq(Mux(last_k, seg == 1, k == seg - 2)),
+                         first.eq(last_k & last_seg)]
             with m.If(last_k):
                 m.d.sync += [exp_hold[seg_bank].eq(self.i_exp.payload),
                              scale_hold[seg_bank].eq(self.i_scale.payload), seg_bank.eq(~seg_bank)]
-                m.d.sync += s.eq(Mux(last_seg, 0, s + 1))
+                m.d.sync += [s.eq(Mux(last_seg, 0, s + 1)), s_p1.eq(Mux(last_seg, 1, s_p1 + 1))]
                 with m.If(last_seg):
                     m.d.sync += tile_bank.eq(~tile_bank)
         with m.Else():
