@@ -53,7 +53,7 @@ from . import config
 from .axi import AxiReadDma, AxiReadSignature, read_command_layout, read_data_layout
 from .config import HardwareConfig, ceil_log2
 from .fp import INT_SCALE_MAX_BITS, NEG_ZERO, FpAdd, FpLdexp, IntScaleMul, check_int_scale_bits, rejecting
-from .l2 import one_hot_mux
+from .l2 import one_hot_mux, set_bits
 from .rowmask import MASK_LANES, RowGather, mask_layout
 
 __all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "PartAccumulator",
@@ -968,16 +968,6 @@ class GemvPort(wiring.Component):
         return be_active, reserved
 
 
-def _set_bits(bits: Value) -> tuple[Value, Value]:
-    """(a bit of `bits` is set, two are), as a tree of halves: no carry chain."""
-    if len(bits) == 1:
-        return bits[0], Const(0, 1)
-    h = len(bits) // 2
-    any_lo, two_lo = _set_bits(bits[:h])
-    any_hi, two_hi = _set_bits(bits[h:])
-    return any_lo | any_hi, two_lo | two_hi | (any_lo & any_hi)
-
-
 def _below_set(bits: Value) -> Value:
     """Bit i: a bit of `bits` below i is set (a prefix OR as a tree of halves, no carry chain); ``bits &
     _below_set(bits)`` is `bits` without its lowest set bit."""
@@ -1163,14 +1153,14 @@ class SparsePort(wiring.Component):
                 m.next = "Mask"
             with m.State("Mask"):
                 mask = Cat(*[(sq_q[i] != 0) & in_seg[i] for i in range(W)])
-                m.d.sync += [sq_mask.eq(mask), sq_nz.eq(_set_bits(mask)[0])]
+                m.d.sync += [sq_mask.eq(mask), sq_nz.eq(set_bits(mask)[0])]
                 m.next = "Emit"
             with m.State("Emit"):
                 with m.If(sq_nz):
                     with m.If(pk_free):
                         m.d.sync += [pk_valid.eq(1), pk_lane.eq(sq_mask & ~below), pk_q.eq(sq_q), pk_first.eq(~sq_any),
                                      pk_word.eq(word_addr), sq_mask.eq(sq_mask & below),
-                                     sq_nz.eq(_set_bits(sq_mask)[1]), sq_any.eq(1)]
+                                     sq_nz.eq(set_bits(sq_mask)[1]), sq_any.eq(1)]
                 with m.Elif(at_last):
                     m.next = "End"
                 with m.Else():

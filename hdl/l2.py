@@ -129,6 +129,16 @@ def one_hot_mux(grant: list, values: list):
     return out
 
 
+def set_bits(bits):
+    """(a bit of `bits` is set, two or more are), as a balanced tree of halves: no carry chain."""
+    if len(bits) == 1:
+        return bits[0], Const(0, 1)
+    h = len(bits) // 2
+    any_lo, two_lo = set_bits(bits[:h])
+    any_hi, two_hi = set_bits(bits[h:])
+    return any_lo | any_hi, two_lo | two_hi | (any_lo & any_hi)
+
+
 class L2(wiring.Component):
     """The L2 scratchpad: simple dual-port word memory shared by arbitrated read and write ports.
 

@@ -17,6 +17,8 @@ from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from .l2 import set_bits
+
 __all__ = ["SeqDivider", "IntRecip"]
 
 
@@ -57,16 +59,6 @@ class SeqDivider(wiring.Component):
         return m
 
 
-def _multi(v):
-    """(any bit set, more than one bit set) of `v`, as a balanced tree."""
-    if len(v) == 1:
-        return v[0], Const(0, 1)
-    half = len(v) // 2
-    al, ml = _multi(v[:half])
-    ah, mh = _multi(v[half:])
-    return al | ah, ml | mh | (al & ah)
-
-
 class IntRecip(wiring.Component):
     """``fp32(1 / n)`` (round to nearest) of an unsigned 32-bit ``n >= 1``; 3 cycles for a power of two, 28
     otherwise (n is registered, then its highest bit, then the division starts).
@@ -103,12 +95,12 @@ class IntRecip(wiring.Component):
             low = Signal(32)
             m.d.comb += low.eq(r & (~r + 1))
             hb = Cat(*(low[31 - i] for i in range(32)))
-            groups = [_multi(n[8 * g:8 * g + 8]) for g in range(4)]
+            groups = [set_bits(n[8 * g:8 * g + 8]) for g in range(4)]
             m.d.sync += [load.eq(0), classify.eq(1), top.eq(hb),
                          gany.eq(Cat(*(a for a, _ in groups))), gmulti.eq(Cat(*(x for _, x in groups)))]
         with m.Elif(classify):
             zero = ~gany.any()
-            pow2 = ~(gmulti.any() | _multi(gany)[1])
+            pow2 = ~(gmulti.any() | set_bits(gany)[1])
             idx = Cat(*[Cat(*[top[i] for i in range(32) if (i >> b) & 1]).any() for b in range(5)])
             m.d.sync += [classify.eq(0), e0.eq(126 - idx)]
             with m.If(zero):
