@@ -511,10 +511,16 @@ def _unit(name: str, hw):
         engine._MustUse__silence = True         # not built: no "created but never used" warning
         return EnginePort(hw, 0, max_cols=engine.max_cols, max_segments=engine.max_segments,
                           tile_rows=engine._T), 1
+    if name == "gemv":
+        from .gemv import GemvEngine
+        return GemvEngine(hw), 1
+    if name == "gemm":
+        from .gemm import GemmUnit
+        return GemmUnit(hw), 1
     raise ValueError(name)
 
 
-UNITS = ("fpadd", "fpmul", "divider", "decoder", "csr-bridge", "quantiser", "l2", "gemv-port")
+UNITS = ("fpadd", "fpmul", "divider", "decoder", "csr-bridge", "quantiser", "l2", "gemv-port", "gemv", "gemm")
 
 
 def main(argv=None) -> int:
