@@ -643,8 +643,9 @@ class GemvPort(wiring.Component):
     def _masked_sequencer(self, m, g2, nch_m1, cmd):
         """The DMA commands of a masked command: the port's gathered rows (`i_idx`, in row order), T a tile.
         Per tile the rows' indices are read (and registered) into a table of their weight and scale offsets
-        (``idx * rowbytes``, ``idx * g2``, each product a DSP48E2 stage of its own), then come a scale transfer per row (`g2` bytes) and the rows' chunks,
-        round-robin over the tile's rows as `_tile_sequencer` sends them, each at its row's address. The
+        (``idx * rowbytes``, ``idx * g2``, each product a DSP48E2 stage of its own), then come a scale transfer
+        per row (`g2` bytes) and the rows' chunks, round-robin over the tile's rows as `_tile_sequencer` sends
+        them, each at its row's address. The
         gathered rows are ``i_rows``'s tiles (`EnginePort`). Returns the sequencer's active flag."""
         cfg, T = self._cfg, self._T
         B = cfg.bytes_per_beat
@@ -1227,8 +1228,9 @@ class SparsePort(wiring.Component):
         # --- sequencer: DMA commands and the item FIFO -----------------------------------------------------
         SCALE, COL, END = self.SCALE, self.COL, self.END
         item_layout = self._item_layout()
-        # The sequencer writes while `room`, a register: the FIFO had at most depth - 3 items a cycle before, so
-        # one more write always fits (16 items in flight, as an unregistered `w_rdy` at depth 16 would allow).
+        # The sequencer writes while `room`, a register: the FIFO held at most depth - 3 items a cycle before
+        # and takes one write a cycle, so a write while `room` always fits (17 items at most, at least the 16
+        # an unregistered `w_rdy` at depth 16 would allow).
         m.submodules.items = items = fifo.SyncFIFOBuffered(width=item_layout.size, depth=18)
         room = Signal()
         m.d.sync += room.eq(items.level <= items.depth - 3)

@@ -580,7 +580,7 @@ class SystolicEngine(wiring.Component):
         # and s + 1, so that the tile's last segment is one equality with the command.
         last_k = Signal(init=int(seg == 1))
         first = Signal(init=1)
-        s_p1 = Signal(17, init=1)
+        s_p1 = Signal(len(s) + 1, init=1)
         last_seg = s_p1 == self.i_cmd.payload
         seg_per_block, seg_per_group = g.block // seg, g.group // seg
         end_block = last_seg | ((s & (seg_per_block - 1)) == seg_per_block - 1)

@@ -1072,3 +1072,30 @@ def test_l2_kv260_maps_to_uram():
     bits = KV260.l2_bytes * 8
     assert util.uram * 4096 * 72 >= bits, format_table(util)
     assert util.bram36 == 0 and util.lut < 4000, format_table(util)
+
+
+@pytest.mark.parametrize("width", [1, 5, 8, 32])
+def test_set_bits_and_below_set_against_integer_arithmetic(width):
+    """`set_bits` (any bit set, two or more) and the GEMV scan's `_below_set` (``x & _below_set(x)`` is x
+    without its lowest set bit, ``x & (x - 1)``; ``x & ~_below_set(x)`` its lowest set bit, ``x & -x``):
+    every value up to 8 bits, 2,000 seeded ones and the corners at 32."""
+    from amaranth import Signal
+    from hdl.gemv import _below_set
+    from hdl.l2 import set_bits
+    x, any_, two, rest, low = Signal(width), Signal(), Signal(), Signal(width), Signal(width)
+    m = Module()
+    a, t = set_bits(x)
+    below = _below_set(x)
+    m.d.comb += [any_.eq(a), two.eq(t), rest.eq(x & below), low.eq(x & ~below)]
+    rng = random.Random(width)
+    values = range(1 << width) if width <= 8 else \
+        [0, 1, (1 << width) - 1, 1 << (width - 1), 3 << (width - 2)] + [rng.getrandbits(width) for _ in range(2000)]
+    sim = Simulator(m)
+
+    async def bench(ctx):
+        for v in values:
+            ctx.set(x, v)
+            got = (ctx.get(any_), ctx.get(two), ctx.get(rest), ctx.get(low))
+            assert got == (int(v != 0), int(bin(v).count("1") >= 2), v & (v - 1) if v else 0, v & -v), (width, v)
+    sim.add_testbench(bench)
+    sim.run()
