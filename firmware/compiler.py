@@ -1,9 +1,19 @@
-"""Token compiler: model config + packed image (manifest) -> the instruction program for one decode token.
+"""Token compiler: model config + packed image (manifest) -> the instruction program for one decode token,
+or for T tokens at once (a prefill program).
 
-The program is position independent: the token id and the position are CSRs that GATHER, KVST, ATTN and
-the RoPE functions read, so one program serves every token of a sequence. `compile_token` returns the
+The decode program is position independent: the token id and the position are CSRs that GATHER, KVST, ATTN
+and the RoPE functions read, so one program serves every token of a sequence. `compile_token` returns the
 words and a listing that maps every instruction to the step of the Gemma 3n pipeline it implements
 (docs/architecture.md, "Dataflow of one token").
+
+`compile_tokens(..., tokens=T)` emits the same pipeline for T tokens: every per-token buffer has T copies,
+the projections run once for all T tokens (WGEMM on the systolic array, or T WGEMVs when those are faster:
+`gemm_pays`), and the vector work, KV stores and attention run token by token in order, so token t attends
+to the tokens before it exactly as if they had been decoded one by one; only the last token's logits are
+computed. CTRL SETTOK / SETPOS give each token its id and position; their immediates are placeholders
+(the token's index) that `Program.bind` replaces by the ids and positions of a run. Every token's results
+are bit for bit those of the decode program: the same instructions on the same values (WGEMM is
+bit-identical to WGEMV, docs/systolic.md).
 
 L2 is allocated statically (`L2Map`): every buffer the token needs gets a fixed word address, checked
 against the configured L2 size. Scalar registers: S7 holds the RMSNorm epsilon, S5 holds 1/D, S6 the
@@ -22,7 +32,7 @@ from sim.config import ModelConfig
 
 from .pack import Image, Layout, ffn_pieces, folded_router_name, logit_chunk_rows, logit_chunks
 
-__all__ = ["compile_token", "Program", "L2Map"]
+__all__ = ["compile_token", "compile_tokens", "gemm_pays", "Program", "L2Map"]
 
 EPS, TARGET, INV_D = 7, 6, 5
 SHAPE_SLIDING, SHAPE_FULL = 0, 1
@@ -33,6 +43,22 @@ class Program:
     words: list[int] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)      # the pipeline step of each word
     l2_map: dict[str, tuple[int, int]] = field(default_factory=dict)   # buffer -> (word address, elements)
+    tokens: int = 1                                      # tokens per run (a prefill program: more than one)
+    # (word index, SETTOK or SETPOS, token index) of every word whose immediate `bind` sets
+    slots: list[tuple[int, CtrlFunc, int]] = field(default_factory=list)
+
+    def bind(self, ids, positions) -> list[int]:
+        """The words for a run of `ids` at `positions` (one each per token; the decode program takes neither:
+        its token and position are the CSRs)."""
+        ids, positions = list(ids), list(positions)
+        if len(ids) != self.tokens or len(positions) != self.tokens:
+            raise ValueError(f"the program runs {self.tokens} tokens: got {len(ids)} ids and {len(positions)} "
+                             f"positions")
+        words = list(self.words)
+        for index, func, t in self.slots:
+            imm = ids[t] if func is CtrlFunc.SETTOK else positions[t]
+            words[index] = encode(Opcode.CTRL, func=func, imm=int(imm))
+        return words
 
     def listing(self) -> str:
         from .asm import disassemble
@@ -42,26 +68,40 @@ class Program:
 
 
 class L2Map:
-    """Static allocation of L2 buffers in 16-byte words."""
+    """Static allocation of L2 buffers in 16-byte words. A per-token buffer has one copy per token, one after
+    another (`stride` words apart); its name means the copy of token `t`."""
 
-    def __init__(self, words: int):
-        self.words = words
+    def __init__(self, words: int, tokens: int = 1):
+        self.words, self.tokens = words, tokens
         self.top = 0
         self.buffers: dict[str, tuple[int, int]] = {}
+        self.stride: dict[str, int] = {}     # per-token buffer -> words between two tokens' copies
+        self.t = 0                           # the token whose copies the names mean
 
-    def alloc(self, name: str, elements: int) -> int:
+    def alloc(self, name: str, elements: int, per_token: bool = False, over: str | None = None) -> int:
+        """Allocate `name`; with `over`, inside the words of buffer `over` (their lives must not overlap)."""
         if name in self.buffers:
             raise ValueError(f"L2 buffer {name!r} allocated twice")
         size = -(-elements // 4)
-        if self.top + size > self.words:
-            raise ValueError(f"L2 is too small: buffer {name!r} ({elements} elements) does not fit in "
-                             f"{self.words} words ({self.top} used)")
+        copies = self.tokens if per_token else 1
+        if over is not None:
+            base, n = self.buffers[over]
+            if size > -(-n // 4) * (self.tokens if over in self.stride else 1):
+                raise ValueError(f"L2 buffer {name!r} ({elements} elements) does not fit in buffer {over!r}")
+            self.buffers[name] = (base, elements)
+            return base
+        if self.top + size * copies > self.words:
+            what = f"{copies} copies of {elements} elements" if copies > 1 else f"{elements} elements"
+            raise ValueError(f"L2 is too small: buffer {name!r} ({what}) does not fit in {self.words} words "
+                             f"({self.top} used)")
         self.buffers[name] = (self.top, elements)
-        self.top += size
+        if per_token:
+            self.stride[name] = size
+        self.top += size * copies
         return self.buffers[name][0]
 
     def __getitem__(self, name: str) -> int:
-        return self.buffers[name][0]
+        return self.buffers[name][0] + self.t * self.stride.get(name, 0)
 
 
 def _f32_bits(x: float) -> int:
@@ -72,14 +112,26 @@ def _f32_bits(x: float) -> int:
 PREFETCH_PAIRS = (("gain", "gain2"), ("router", "router2"))
 
 
+def gemm_pays(hw: HardwareConfig, tokens: int) -> bool:
+    """Whether one WGEMM of `tokens` tokens streams a dense matrix faster than `tokens` WGEMVs: the array takes
+    a k-step of 2C rows per cycle and re-streams the weights per tile of R tokens, the GEMV engine a beat of
+    W weights per port and cycle on N ports (docs/systolic.md)."""
+    tiles = -(-tokens // hw.systolic_rows)
+    return tiles * hw.weights_per_beat * hw.axi_ports < 2 * hw.systolic_cols * tokens
+
+
 class _Emitter:
-    def __init__(self, cfg: ModelConfig, image: Image, hw: HardwareConfig):
+    def __init__(self, cfg: ModelConfig, image: Image, hw: HardwareConfig, tokens: int = 1,
+                 gemm: bool | None = None):
         self.cfg, self.image, self.hw = cfg, image, hw
-        self.prog = Program()
+        self.prog = Program(tokens=tokens)
         self.step = ""
         self.vl = None
         self.hd = None
-        self.l2 = L2Map(hw.l2_program_words)
+        self.T = tokens
+        self.gemm = gemm_pays(hw, tokens) if gemm is None else bool(gemm)
+        self.looping = False                      # inside `each`: names mean one token's copies
+        self.l2 = L2Map(hw.l2_program_words, tokens)
         self.vl_after: list[int | None] = []      # the vector length in effect after each word
         self.streams: list[tuple[int, int]] = []  # (index, weight bytes) of every async WGEMV
         self.last_use: dict[str, int] = {}        # prefetch buffer -> index of its last reader
@@ -103,6 +155,9 @@ class _Emitter:
         if op in (Opcode.GATHER, Opcode.WGEMV):
             d = self.image.descriptors[f["desc"]]
             return f["dst"] * 4, f["dst"] * 4 + (d.cols if op is Opcode.GATHER else d.rows)
+        if op is Opcode.WGEMM:
+            d = self.image.descriptors[f["desc"]]
+            return f["dst"] * 4, f["dst"] * 4 + (f["tokens"] - 1) * -(-d.rows // 4) * 4 + d.rows
         if op is Opcode.SCALAR and f["func"] is ScalarFunc.ST:
             return f["imm"], f["imm"] + 1
         return None
@@ -116,6 +171,55 @@ class _Emitter:
         w = self._l2_write(op, f)
         if op is Opcode.ATTN or (w is not None and w[0] < src * 4 + cols and src * 4 < w[1]):
             self.engine = None
+
+    # --- tokens -------------------------------------------------------------------------------------------
+
+    def each(self, only: int | None = None):
+        """Iterate over the tokens (`only`: that one), the per-token buffer names meaning each token's copies
+        in turn. Inside an iteration it yields the current token alone, so building blocks that loop over the
+        tokens serve one token when called from a token's iteration."""
+        if self.looping:
+            yield self.l2.t
+            return
+        self.looping = True
+        try:
+            for t in range(self.T) if only is None else (only,):
+                self.l2.t = t
+                yield t
+        finally:
+            self.looping, self.l2.t = False, 0
+
+    def settok(self, t: int):
+        """Token t's id into TOKEN (a multi-token program only; `Program.bind` sets the immediate)."""
+        if self.T > 1:
+            self.emit(Opcode.CTRL, func=CtrlFunc.SETTOK, imm=t)
+
+    def setpos(self, t: int):
+        """Token t's position into POS (a multi-token program only)."""
+        if self.T > 1:
+            self.emit(Opcode.CTRL, func=CtrlFunc.SETPOS, imm=t)
+
+    def proj(self, name: str, dst: str, src: str, *, sparse=0, row_start=0, rows=None, mask=None,
+             live: float = 1.0, dst_off: int = 0, gemm_dst: int | None = None):
+        """The projection of matrix `name` from buffer `src` into buffer `dst` (+ `dst_off` words) for every
+        token (inside a token's iteration: for that token), with `mask` a buffer name (its elements from
+        `dst_off` words on) for a masked WGEMV: one async WGEMM of all tokens when `gemm` holds,
+        the matrix is dense and row-major and the buffers' copies lie one matrix side apart (the WGEMM's token
+        strides; `gemm_dst`: the WGEMM's own output address for a `dst` laid out by the caller); otherwise a
+        WGEMV per token."""
+        d = self.image.descriptor(name, row_start, rows)
+        m = self.l2
+        strides = m.stride.get(src) == -(-d.cols // 4) and (gemm_dst is not None
+                                                             or m.stride.get(dst) == -(-d.rows // 4))
+        if (self.looping or self.T == 1 or not self.gemm or sparse or mask is not None or d.layout != Layout.ROW
+                or d.group != self.hw.weight_group or not strides):
+            for _ in self.each():
+                self.wgemv(name, m[dst] + dst_off, m[src], sparse=sparse, row_start=row_start, rows=rows,
+                           mask=None if mask is None else m[mask] + dst_off, live=live)
+            return
+        self.emit(Opcode.WGEMM, dst=m[dst] + dst_off if gemm_dst is None else gemm_dst, src=m[src], desc=d.index,
+                  tokens=self.T, accm=0, async_=1)
+        self.streams.append((len(self.prog.words) - 1, d.rows * d.cols * -(-self.T // self.hw.systolic_rows)))
 
     # --- small building blocks ----------------------------------------------------------------------
 
@@ -221,17 +325,20 @@ class _Emitter:
             if self.l2[b] == buf_addr:
                 self.last_use[b] = len(self.prog.words) - 1
 
-    def rmsnorm(self, dst: int, src: int, n: int, seg: int, gain: str | None):
-        if gain is None:
-            self.setvl(n)
-            self.sethd(seg)
-            self.vec(VecFunc.RMSNORM_NG, dst=dst, a=src, s=EPS)
-        else:
-            g = self.prefetch(gain)
-            self.setvl(n)
-            self.sethd(seg)
-            self.vec(VecFunc.RMSNORM, dst=dst, a=src, b=g, s=EPS)
-            self.use(g)
+    def rmsnorm(self, dst: str, src: str, n: int, seg: int, gain: str | None):
+        """RMSNorm of buffer `src` into buffer `dst` for every token (`each`), with the CONST gain `gain`."""
+        m = self.l2
+        for _ in self.each():
+            if gain is None:
+                self.setvl(n)
+                self.sethd(seg)
+                self.vec(VecFunc.RMSNORM_NG, dst=m[dst], a=m[src], s=EPS)
+            else:
+                g = self.prefetch(gain)
+                self.setvl(n)
+                self.sethd(seg)
+                self.vec(VecFunc.RMSNORM, dst=m[dst], a=m[src], b=g, s=EPS)
+                self.use(g)
 
     def sub(self, i: int, name: str) -> str:
         return f"layers.{i}.{name}"
@@ -240,6 +347,20 @@ class _Emitter:
 def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) -> Program:
     """The instruction program that computes one decode token of `config` on the NPU: from the token id
     (CSR) to the soft-capped logits in the LOGITS region."""
+    return compile_tokens(config, image, hw, tokens=1)
+
+
+# per-token buffers: (name, elements) in allocation order; the rest have one copy ("tokens" in the module doc)
+_SHARED = ("scalars", "ple", "gain", "gain2", "laurel", "centred", "router", "router2", "coefs", "u", "acc",
+           "rope.sliding", "rope.full", "logits", "logits2")
+
+
+def compile_tokens(config: ModelConfig | dict, image: Image, hw: HardwareConfig, tokens: int = 1,
+                   gemm: bool | None = None) -> Program:
+    """The program that runs `tokens` consecutive tokens of a sequence (each at its own position, bound by
+    `Program.bind`) and leaves the last one's soft-capped logits in the LOGITS region; ``tokens=1`` is the
+    decode program. `gemm`: run the dense projections as WGEMMs (True), as WGEMVs per token (False), or as
+    `gemm_pays` decides (None)."""
     cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
     if cfg.head_dim % 8:
         raise ValueError(f"head_dim must be a multiple of 8 (RoPE tables in whole L2 words), not {cfg.head_dim}")
@@ -249,7 +370,13 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
     if cfg.altup_num_inputs > INV_D:
         raise ValueError(f"altup_num_inputs must be at most {INV_D} (the prediction coefficients take S0..S{{n-1}}, "
                          f"below the constants in S{INV_D}..S7), not {cfg.altup_num_inputs}")
-    e = _Emitter(cfg, image, hw)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_TOKENS:
+        raise ValueError(f"tokens must be an integer from 1 to {MAX_TOKENS} (WGEMM's token field), not {tokens!r}")
+    slots = image.staging_slots
+    if image.host_tables and tokens > slots:
+        raise ValueError(f"a program of {tokens} tokens needs {tokens} host-table staging slots; the image has "
+                         f"{slots}")
+    e = _Emitter(cfg, image, hw, tokens, gemm)
     D, n, P, L = cfg.hidden_size, cfg.altup_num_inputs, cfg.hidden_size_per_layer_input, cfg.num_hidden_layers
     hd, F = cfg.head_dim, max(cfg.intermediate_size)
     a = cfg.altup_active_idx
@@ -257,25 +384,71 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
     # --- L2 map ---------------------------------------------------------------------------------------
     m.alloc("scalars", image.tensors["scalars"].nbytes // 4)
     for k in range(n):
-        m.alloc(f"xs{k}", D)
-        m.alloc(f"pred{k}", D)
+        m.alloc(f"xs{k}", D, per_token=True)
+        m.alloc(f"pred{k}", D, per_token=True)
     for name, size in (("x0", D), ("pli", L * P), ("ple", L * P), ("gain", max(D, hd)), ("gain2", max(D, hd)),
                        ("xn", D),
                        ("lt", cfg.laurel_rank), ("lr", D), ("laurel", D), ("q", cfg.q_dim), ("k", cfg.kv_dim),
                        ("v", cfg.kv_dim), ("attn", cfg.q_dim), ("o", D), ("xa", D), ("h", D), ("gate", F),
                        ("up", F), ("centred", F), ("dn", D), ("out", D), ("innov", D), ("gi", D), ("pg", P), ("pp", D),
                        ("router", n * D), ("router2", n * D), ("coefs", n * n * n), ("mvec", n), ("u", D), ("acc", D),
-                       ("rope.sliding", hd), ("rope.full", hd), ("cs.sliding", hd), ("cs.full", hd),
-                       ("logits", logit_chunk_rows(cfg, hw))):
-        m.alloc(name, size)
+                       ("rope.sliding", hd), ("rope.full", hd), ("cs.sliding", hd), ("cs.full", hd)):
+        # the FFN's buffers have one copy per token only where one WGEMM serves every token (else the FFN runs
+        # token by token, `_layer`)
+        m.alloc(name, size, per_token=name not in _SHARED and (name not in ("gate", "up") or e.gemm))
+    # the logits of a multi-token program go over the FFN's buffers where they fit (unused by then)
+    free = ["up", "gate", "centred"] if tokens > 1 else []
+
+    def logits(name):
+        rows = logit_chunk_rows(cfg, hw)
+        for over in free:
+            if -(-rows // 4) <= -(-m.buffers[over][1] // 4) * (tokens if over in m.stride else 1):
+                free.remove(over)
+                return m.alloc(name, rows, over=over)
+        return m.alloc(name, rows)
+    logits("logits")
     if cfg.vocab_size > logit_chunk_rows(cfg, hw):
         # a second logits buffer lets a chunk's soft-cap and store run under the next chunk's weight stream;
         # without room for it the chunks run one after another (the same results)
         try:
-            m.alloc("logits2", logit_chunk_rows(cfg, hw))
+            logits("logits2")
         except ValueError:
             pass
+    if tokens > 1:
+        m.alloc("target", 1, per_token=True)      # each token's AltUp magnitude target between projections
 
+    _setup(e)
+    for i in range(L):
+        _layer(e, cfg, i)
+    for _ in e.each(only=tokens - 1):
+        _output(e)
+    e.step = "end"
+    e.emit(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)
+    e.prog.l2_map = dict(m.buffers)
+    e.prog.slots = [(k, CtrlFunc(f), int(t)) for k, w in enumerate(e.prog.words)
+                    for f, t in [_ctrl_slot(w)] if f is not None]
+    return e.prog
+
+
+MAX_TOKENS = 255
+
+
+def _ctrl_slot(word: int):
+    """(function, token index) of a CTRL SETTOK / SETPOS word, else (None, None)."""
+    from hdl.isa import decode
+    if word >> 60 != Opcode.CTRL.value:
+        return None, None
+    insn = decode(word)
+    if insn.func in (CtrlFunc.SETTOK, CtrlFunc.SETPOS):
+        return insn.func, insn.imm
+    return None, None
+
+
+def _setup(e: _Emitter):
+    """Constants, each token's RoPE cos/sin, embedding, per-layer inputs and AltUp streams."""
+    cfg, m, image = e.cfg, e.l2, e.image
+    D, n, P, L = cfg.hidden_size, cfg.altup_num_inputs, cfg.hidden_size_per_layer_input, cfg.num_hidden_layers
+    hd, a = cfg.head_dim, cfg.altup_active_idx
     # --- 0. constants and per-token tables --------------------------------------------------------------
     e.step = "setup: scalar constants"
     e.dma_in("scalars", m["scalars"])
@@ -288,57 +461,71 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
     for kind in ("sliding", "full"):
         e.step = f"setup: RoPE cos/sin at this position ({kind} theta)"
         e.dma_in(f"rope.{kind}", m[f"rope.{kind}"])
-        e.emit(Opcode.CVO, func=CvoFunc.ROPE_COS, src=m[f"rope.{kind}"], dst=m[f"cs.{kind}"], length=hd // 2,
-               sub_emax=0, recip_scale=0, accm=0, async_=0)
-        e.emit(Opcode.CVO, func=CvoFunc.ROPE_SIN, src=m[f"rope.{kind}"], dst=m[f"cs.{kind}"] + hd // 8,
-               length=hd // 2, sub_emax=0, recip_scale=0, accm=0, async_=0)
+        for t in e.each():
+            e.setpos(t)
+            e.emit(Opcode.CVO, func=CvoFunc.ROPE_COS, src=m[f"rope.{kind}"], dst=m[f"cs.{kind}"], length=hd // 2,
+                   sub_emax=0, recip_scale=0, accm=0, async_=0)
+            e.emit(Opcode.CVO, func=CvoFunc.ROPE_SIN, src=m[f"rope.{kind}"], dst=m[f"cs.{kind}"] + hd // 8,
+                   length=hd // 2, sub_emax=0, recip_scale=0, accm=0, async_=0)
 
     # --- 1. embedding -----------------------------------------------------------------------------------
     e.step = "1 embedding x0 = E[id] * sqrt(D)"
     embed = image.descriptor("embed_tokens.weight", 0, cfg.vocab_size)
-    e.emit(Opcode.GATHER, dst=m["x0"], desc=embed.index, remap=0, async_=0)
-    e.const(0, "embed_scale")
-    e.setvl(D)
-    e.vec(VecFunc.MULS, dst=m["xs0"] if a == 0 else m["x0"], a=m["x0"], s=0)
-    x0 = m["xs0"] if a == 0 else m["x0"]
+    x0 = "xs0" if a == 0 else "x0"
+    for t in e.each():
+        e.settok(t)
+        e.emit(Opcode.GATHER, dst=m["x0"], desc=embed.index, remap=0, async_=0)
+        e.const(0, "embed_scale")
+        e.setvl(D)
+        e.vec(VecFunc.MULS, dst=m[x0], a=m["x0"], s=0)
 
     # --- 3. per-layer inputs ----------------------------------------------------------------------------
     e.step = "3 PLE projection x0 W^T * D^-1/2, RMSNorm per layer"
-    e.wgemv("per_layer_model_projection.weight", m["pli"], x0)
-    e.const(0, "ple_proj_scale")
-    e.setvl(L * P)
-    e.vec(VecFunc.MULS, dst=m["pli"], a=m["pli"], s=0)
-    e.rmsnorm(m["pli"], m["pli"], L * P, P, "per_layer_projection_norm.weight")
-    e.step = "3 PLE table row (id outside the PLE vocab -> row 0) * sqrt(P), sum, * 1/sqrt(2)"
-    e.emit(Opcode.GATHER, dst=m["ple"], desc=image.descriptor("embed_tokens_per_layer.weight").index, remap=1,
-           async_=0)
-    e.const(0, "ple_embed_scale")
-    e.setvl(L * P)
-    e.vec(VecFunc.MULS, dst=m["ple"], a=m["ple"], s=0)
-    e.vec(VecFunc.ADD, dst=m["pli"], a=m["pli"], b=m["ple"])
-    e.const(0, "inv_sqrt2")
-    e.vec(VecFunc.MULS, dst=m["pli"], a=m["pli"], s=0)
+    e.proj("per_layer_model_projection.weight", "pli", x0)
+    for t in e.each():
+        e.step = "3 PLE projection x0 W^T * D^-1/2, RMSNorm per layer"
+        e.const(0, "ple_proj_scale")
+        e.setvl(L * P)
+        e.vec(VecFunc.MULS, dst=m["pli"], a=m["pli"], s=0)
+        e.rmsnorm("pli", "pli", L * P, P, "per_layer_projection_norm.weight")
+        e.step = "3 PLE table row (id outside the PLE vocab -> row 0) * sqrt(P), sum, * 1/sqrt(2)"
+        # a staged table holds token t's row in its staging slot t (the slot's descriptor has one row)
+        table = image.descriptor("embed_tokens_per_layer.weight", t if image.host_tables else 0)
+        e.settok(t)
+        e.emit(Opcode.GATHER, dst=m["ple"], desc=table.index, remap=1, async_=0)
+        e.const(0, "ple_embed_scale")
+        e.setvl(L * P)
+        e.vec(VecFunc.MULS, dst=m["ple"], a=m["ple"], s=0)
+        e.vec(VecFunc.ADD, dst=m["pli"], a=m["pli"], b=m["ple"])
+        e.const(0, "inv_sqrt2")
+        e.vec(VecFunc.MULS, dst=m["pli"], a=m["pli"], s=0)
 
     # --- 2. AltUp init ----------------------------------------------------------------------------------
     e.step = "2 AltUp init: target = rms(x0)"
-    e.setvl(D)
-    e.vec(VecFunc.SUMSQ, a=x0, s=TARGET)
-    e.scalar(ScalarFunc.MUL, d=TARGET, a=TARGET, b=INV_D)
-    e.scalar(ScalarFunc.SQRT, d=TARGET, a=TARGET)
+    for _ in e.each():
+        e.setvl(D)
+        e.vec(VecFunc.SUMSQ, a=m[x0], s=TARGET)
+        e.scalar(ScalarFunc.MUL, d=TARGET, a=TARGET, b=INV_D)
+        e.scalar(ScalarFunc.SQRT, d=TARGET, a=TARGET)
+        if e.T > 1:
+            e.scalar(ScalarFunc.ST, a=TARGET, imm=m["target"] * 4)
     for k in range(n - 1):
         e.step = f"2 AltUp init: xs[{k + 1}] = x0 P_{k}^T rescaled to rms(x0)"
-        dst = m[f"xs{k + 1}"]
-        e.wgemv(f"altup_projections.{k}.weight", dst, x0)
-        _magnitude_match(e, dst)
+        e.proj(f"altup_projections.{k}.weight", f"xs{k + 1}", x0)
+        for _ in e.each():
+            if e.T > 1:
+                e.scalar(ScalarFunc.LD, d=TARGET, imm=m["target"] * 4)
+            _magnitude_match(e, m[f"xs{k + 1}"])
     if a != 0:
-        e.setvl(D)
-        e.vec(VecFunc.COPY, dst=m["xs0"], a=m["x0"])
+        for _ in e.each():
+            e.setvl(D)
+            e.vec(VecFunc.COPY, dst=m["xs0"], a=m["x0"])
 
-    # --- 4. layers --------------------------------------------------------------------------------------
-    for i in range(L):
-        _layer(e, cfg, i)
 
-    # --- 5. output --------------------------------------------------------------------------------------
+def _output(e: _Emitter):
+    """The logits of the current token (the last one)."""
+    cfg, m, hw = e.cfg, e.l2, e.hw
+    D, n = cfg.hidden_size, cfg.altup_num_inputs
     e.step = "5 unembed: target = rms(xs[0])"
     e.setvl(D)
     e.vec(VecFunc.SUMSQ, a=m["xs0"], s=TARGET)
@@ -354,7 +541,7 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
     e.step = "5 mean of the streams, final norm"
     e.const(0, "inv_streams")
     e.vec(VecFunc.MULS, dst=m["acc"], a=m["acc"], s=0)
-    e.rmsnorm(m["acc"], m["acc"], D, D, "norm.weight")
+    e.rmsnorm("acc", "acc", D, D, "norm.weight")
     head = "embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
     bufs = [m["logits"]] + ([m["logits2"]] if "logits2" in m.buffers else [])
 
@@ -380,10 +567,6 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
             pending = None
     if pending is not None:
         finish(*pending)
-    e.step = "end"
-    e.emit(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)
-    e.prog.l2_map = dict(m.buffers)
-    return e.prog
 
 
 def _magnitude_match(e: _Emitter, buf: int):
@@ -399,60 +582,65 @@ def _magnitude_match(e: _Emitter, buf: int):
     e.vec(VecFunc.MULS, dst=buf, a=buf, s=1)
 
 
-def _router(e: _Emitter, i: int, src: int):
+def _router(e: _Emitter, i: int, src: str):
     """mvec = tanh(W_router (rmsnorm(src) * g / D)), n values, computed as tanh((W' src) * rs): the router-norm
     gain g is folded into the router's columns at pack time (W', `firmware.pack.folded_router`) and
     rs = (sum(src^2) * (1/D) + eps)^-1/2 * (1/D) uses RMSNORM's mean and epsilon. One SUMSQ and one DOT per
-    router row over src, no normalised copy of it; the n tanh in one CVO pass over mvec. Uses S0 and S1."""
+    router row over src, no normalised copy of it; the n tanh in one CVO pass over mvec. Uses S0 and S1. Every
+    token's, the router loaded once."""
     cfg, m = e.cfg, e.l2
     D, n = cfg.hidden_size, cfg.altup_num_inputs
-    e.setvl(D)
-    e.vec(VecFunc.SUMSQ, a=src, s=1)
-    e.scalar(ScalarFunc.MUL, d=1, a=1, b=INV_D)
-    e.scalar(ScalarFunc.ADD, d=1, a=1, b=EPS)
-    e.scalar(ScalarFunc.RSQRT, d=1, a=1)
-    e.scalar(ScalarFunc.MUL, d=1, a=1, b=INV_D)              # S1 = rs
-    w = e.prefetch(folded_router_name(i), PREFETCH_PAIRS[1])
-    e.setvl(D)
-    for j in range(n):
-        e.vec(VecFunc.DOT, a=w + j * D // 4, b=src, s=0)
-        e.use(w)
-        e.scalar(ScalarFunc.MUL, d=0, a=0, b=1)
-        e.scalar(ScalarFunc.ST, a=0, imm=m["mvec"] * 4 + j)
-    # one SFU pass for the n tanh, not n one-element passes (the same function, the same bits)
-    e.emit(Opcode.CVO, func=CvoFunc.TANH, src=m["mvec"], dst=m["mvec"], length=n, sub_emax=0, recip_scale=0, accm=0,
-           async_=0)
+    w = None
+    for _ in e.each():
+        e.setvl(D)
+        e.vec(VecFunc.SUMSQ, a=m[src], s=1)
+        e.scalar(ScalarFunc.MUL, d=1, a=1, b=INV_D)
+        e.scalar(ScalarFunc.ADD, d=1, a=1, b=EPS)
+        e.scalar(ScalarFunc.RSQRT, d=1, a=1)
+        e.scalar(ScalarFunc.MUL, d=1, a=1, b=INV_D)              # S1 = rs
+        if w is None:
+            w = e.prefetch(folded_router_name(i), PREFETCH_PAIRS[1])
+        e.setvl(D)
+        for j in range(n):
+            e.vec(VecFunc.DOT, a=w + j * D // 4, b=m[src], s=0)
+            e.use(w)
+            e.scalar(ScalarFunc.MUL, d=0, a=0, b=1)
+            e.scalar(ScalarFunc.ST, a=0, imm=m["mvec"] * 4 + j)
+        # one SFU pass for the n tanh, not n one-element passes (the same function, the same bits)
+        e.emit(Opcode.CVO, func=CvoFunc.TANH, src=m["mvec"], dst=m["mvec"], length=n, sub_emax=0, recip_scale=0,
+               accm=0, async_=0)
 
 
 def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     m = e.l2
     D, n, hd = cfg.hidden_size, cfg.altup_num_inputs, cfg.head_dim
     a = cfg.altup_active_idx
-    F = cfg.intermediate_size[i]
     L = f"layer {i}: "
     if D % 4:
         raise ValueError(f"hidden_size must be a multiple of 4 (whole L2 words), not {D}")
     # 4.A AltUp predict
     e.step = L + "4.A AltUp router on xs[active]"
-    _router(e, i, m[f"xs{a}"])
+    _router(e, i, f"xs{a}")
     e.step = L + "4.A AltUp predict: pred[r] = xs[r] + sum_c C[r][c] xs[c]"
     e.dma_in(e.sub(i, "altup.prediction_coefs.weight"), m["coefs"])
 
     def predict(rows):
-        for r in rows:
-            e.setvl(n)
-            for c in range(n):
-                e.vec(VecFunc.DOT, a=m["coefs"] + (r * n + c) * n // 4, b=m["mvec"], s=c)
-            e.setvl(D)
-            for c in range(n):      # the first FMAS adds xs[r] itself: pred[r] needs no copy of it first
-                e.vec(VecFunc.FMAS, dst=m[f"pred{r}"], a=m[f"xs{c}"], b=m[f"xs{r}" if c == 0 else f"pred{r}"], s=c)
+        for _ in e.each():
+            for r in rows:
+                e.setvl(n)
+                for c in range(n):
+                    e.vec(VecFunc.DOT, a=m["coefs"] + (r * n + c) * n // 4, b=m["mvec"], s=c)
+                e.setvl(D)
+                for c in range(n):      # the first FMAS adds xs[r] itself: pred[r] needs no copy of it first
+                    e.vec(VecFunc.FMAS, dst=m[f"pred{r}"], a=m[f"xs{c}"], b=m[f"xs{r}" if c == 0 else f"pred{r}"],
+                          s=c)
     # Only the active stream's prediction is needed now; the others are first read by the correction, so
     # they run under the gate projection's weight stream (the coefficients and the router's mvec stay in L2
     # until the correction's router and coefficients replace them).
     predict([a])
-    x_in = m[f"pred{a}"]
+    x_in = f"pred{a}"
     e.step = L + "4.B input norm"
-    e.rmsnorm(m["xn"], x_in, D, D, e.sub(i, "input_layernorm.weight"))
+    e.rmsnorm("xn", x_in, D, D, e.sub(i, "input_layernorm.weight"))
     # The projections are software-pipelined: each WGEMV is issued before the vector work on the previous
     # one's rows, so that work runs while the engine streams the next matrix (async WGEMV; the NPU tracks
     # the hazards, docs/architecture.md "Overlap"). Every buffer keeps one producer per layer.
@@ -463,60 +651,108 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     # xn is quantised once, for LAuReL's left matrix; Q, K and V `reuse` it. LAuReL's right matrix (input lt)
     # comes after them, its norm and merge under o_proj's stream.
     e.step = laurel
-    e.wgemv(e.sub(i, "laurel.linear_left.weight"), m["lt"], m["xn"])
+    e.proj(e.sub(i, "laurel.linear_left.weight"), "lt", "xn")
     e.step = q_step
-    e.wgemv(e.sub(i, "self_attn.q_proj.weight"), m["q"], m["xn"])
+    e.proj(e.sub(i, "self_attn.q_proj.weight"), "q", "xn")
     kv = L + "4.B K projection, K-norm, RoPE; V projection, V-norm; store to the KV cache"
 
     def norm_rope(buf, n, gain):
-        e.rmsnorm(m[buf], m[buf], n, hd, e.sub(i, gain))
-        e.setvl(n)
-        e.sethd(hd)
-        e.vec(VecFunc.ROPE, dst=m[buf], a=m[buf], b=m[f"cs.{kind}"])
+        for _ in e.each():
+            e.rmsnorm(buf, buf, n, hd, e.sub(i, gain))
+            e.setvl(n)
+            e.sethd(hd)
+            e.vec(VecFunc.ROPE, dst=m[buf], a=m[buf], b=m[f"cs.{kind}"])
 
     if not shared:
         e.step = kv
-        e.wgemv(e.sub(i, "self_attn.k_proj.weight"), m["k"], m["xn"])
+        e.proj(e.sub(i, "self_attn.k_proj.weight"), "k", "xn")
     e.step = q_step
     norm_rope("q", cfg.q_dim, "self_attn.q_norm.weight")
     if not shared:
         e.step = kv
-        e.wgemv(e.sub(i, "self_attn.v_proj.weight"), m["v"], m["xn"])
+        e.proj(e.sub(i, "self_attn.v_proj.weight"), "v", "xn")
         norm_rope("k", cfg.kv_dim, "self_attn.k_norm.weight")
     e.step = laurel
-    e.wgemv(e.sub(i, "laurel.linear_right.weight"), m["lr"], m["lt"])
-    if not shared:
-        e.step = kv
-        e.rmsnorm(m["v"], m["v"], cfg.kv_dim, hd, None)
-        e.emit(Opcode.KVST, k=m["k"], v=m["v"], slot=e.image.kv_slots[i], shape_ptr=0, async_=0)
+    e.proj(e.sub(i, "laurel.linear_right.weight"), "lr", "lt")
     src = cfg.kv_source(i)
-    e.step = L + f"4.B-5 attention over the KV cache of layer {src} ({kind}" + \
-        (f", window {cfg.sliding_window})" if cfg.is_sliding(i) else ")")
     group = cfg.num_attention_heads // cfg.num_key_value_heads
-    for g in range(cfg.num_key_value_heads):
-        off = g * group * hd // 4
-        e.emit(Opcode.ATTN, dst=m["attn"] + off, q=m["q"] + off, slot=e.image.kv_slots[src], kv_head=g,
-               shape_ptr=SHAPE_SLIDING if cfg.is_sliding(i) else SHAPE_FULL, async_=0)
+    # token by token, in order: token t's KV row is stored before its attention and after token t-1's, so it
+    # attends to the tokens before it and itself, as in decoding
+    for t in e.each():
+        if not shared:
+            e.step = kv
+            e.rmsnorm("v", "v", cfg.kv_dim, hd, None)
+            e.setpos(t)
+            e.emit(Opcode.KVST, k=m["k"], v=m["v"], slot=e.image.kv_slots[i], shape_ptr=0, async_=0)
+        else:
+            e.setpos(t)
+        e.step = L + f"4.B-5 attention over the KV cache of layer {src} ({kind}" + \
+            (f", window {cfg.sliding_window})" if cfg.is_sliding(i) else ")")
+        for g in range(cfg.num_key_value_heads):
+            off = g * group * hd // 4
+            e.emit(Opcode.ATTN, dst=m["attn"] + off, q=m["q"] + off, slot=e.image.kv_slots[src], kv_head=g,
+                   shape_ptr=SHAPE_SLIDING if cfg.is_sliding(i) else SHAPE_FULL, async_=0)
     e.step = L + "4.B-5 o_proj, 4.C post-attention norm, residual, LAuReL merge / sqrt(2)"
-    e.wgemv(e.sub(i, "self_attn.o_proj.weight"), m["o"], m["attn"])
-    e.step = laurel
-    e.rmsnorm(m["lr"], m["lr"], D, D, e.sub(i, "laurel.post_laurel_norm.weight"))
-    e.setvl(D)
-    e.vec(VecFunc.ADD, dst=m["laurel"], a=m["xn"], b=m["lr"])
-    e.step = L + "4.B-5 o_proj, 4.C post-attention norm, residual, LAuReL merge / sqrt(2)"
-    e.rmsnorm(m["o"], m["o"], D, D, e.sub(i, "post_attention_layernorm.weight"))
-    e.setvl(D)
-    e.vec(VecFunc.ADD, dst=m["xa"], a=x_in, b=m["o"])
-    e.vec(VecFunc.ADD, dst=m["xa"], a=m["xa"], b=m["laurel"])
-    e.const(0, "inv_sqrt2")
-    e.vec(VecFunc.MULS, dst=m["xa"], a=m["xa"], s=0)
+    e.proj(e.sub(i, "self_attn.o_proj.weight"), "o", "attn")
     gate_step = L + "4.D FFN: pre-norm, gate"
-    e.step = gate_step
-    e.rmsnorm(m["h"], m["xa"], D, D, e.sub(i, "pre_feedforward_layernorm.weight"))
-    # The up projection runs in pieces of rows (firmware.pack.ffn_pieces; the engine keeps h, so only the gate
-    # quantises it): GELU(gate) * up of a piece runs under the next up piece's weight stream, and the last piece
-    # is small, so little of it waits.
-    e.wgemv(e.sub(i, "mlp.gate_proj.weight"), m["gate"], m["h"])
+    for _ in e.each():
+        e.step = laurel
+        e.rmsnorm("lr", "lr", D, D, e.sub(i, "laurel.post_laurel_norm.weight"))
+        e.setvl(D)
+        e.vec(VecFunc.ADD, dst=m["laurel"], a=m["xn"], b=m["lr"])
+        e.step = L + "4.B-5 o_proj, 4.C post-attention norm, residual, LAuReL merge / sqrt(2)"
+        e.rmsnorm("o", "o", D, D, e.sub(i, "post_attention_layernorm.weight"))
+        e.setvl(D)
+        e.vec(VecFunc.ADD, dst=m["xa"], a=m[x_in], b=m["o"])
+        e.vec(VecFunc.ADD, dst=m["xa"], a=m["xa"], b=m["laurel"])
+        e.const(0, "inv_sqrt2")
+        e.vec(VecFunc.MULS, dst=m["xa"], a=m["xa"], s=0)
+        e.step = gate_step
+        e.rmsnorm("h", "xa", D, D, e.sub(i, "pre_feedforward_layernorm.weight"))
+    masked = cfg.activation_sparsity_pattern[i] > 0 and e.hw.gemv_row_mask
+    if e.T > 1 and (masked or not e.gemm):
+        # token by token where the projections are WGEMVs anyway (the FFN's buffers then have one copy), and
+        # where the up projection is masked: a masked WGEMV reuses the engine's activations (h), which the
+        # token's own gate WGEMV leaves there
+        for _ in e.each():
+            _ffn(e, cfg, i, predict)
+    else:
+        _ffn(e, cfg, i, predict)
+    e.rmsnorm("dn", "dn", D, D, e.sub(i, "post_feedforward_layernorm.weight"))
+    for _ in e.each():
+        e.setvl(D)
+        e.vec(VecFunc.ADD, dst=m["out"], a=m["xa"], b=m["dn"])
+    e.step = L + "4.E AltUp correct (router on the unscaled output)"
+    _router(e, i, "out")
+    e.dma_in(e.sub(i, "altup.correction_coefs.weight"), m["coefs"])
+
+    def correct(rows):
+        for _ in e.each():
+            e.const(4, "one")
+            for r in rows:
+                e.setvl(n)
+                e.vec(VecFunc.DOT, a=m["coefs"] + r * n // 4, b=m["mvec"], s=0)
+                e.scalar(ScalarFunc.ADD, d=0, a=0, b=4)
+                e.setvl(D)
+                e.vec(VecFunc.FMAS, dst=m[f"xs{r}"], a=m["innov"], b=m[f"pred{r}"], s=0)
+    # The PLE reads only the active stream: the other streams' corrections run under its two weight streams.
+    others = [r for r in range(n) if r != a]
+    for _ in e.each():
+        e.setvl(D)
+        e.vec(VecFunc.SUB, dst=m["innov"], a=m["out"], b=m[x_in])
+        correct([a])
+    _ple(e, cfg, i, correct, others)
+
+
+def _ffn(e: _Emitter, cfg: ModelConfig, i: int, predict):
+    """4.D: gate, the other streams' predictions under its stream, the sparse top-k, up in pieces with
+    GELU(gate) * up under the next piece's stream, down (every token's, or the current token's)."""
+    m = e.l2
+    n, a = cfg.altup_num_inputs, cfg.altup_active_idx
+    F = cfg.intermediate_size[i]
+    L = f"layer {i}: "
+    e.step = L + "4.D FFN: pre-norm, gate"
+    e.proj(e.sub(i, "mlp.gate_proj.weight"), "gate", "h")
     e.step = L + "4.A AltUp predict, the other streams (under the gate projection's stream)"
     predict([r for r in range(n) if r != a])
     pieces = ffn_pieces(cfg, i)
@@ -529,87 +765,86 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
     # piece streams while the top-k runs.
     masked = sparse and e.hw.gemv_row_mask
     live = 1.0 - cfg.activation_sparsity_pattern[i]
+    # as WGEMMs, piece k's outputs lie token after token from T * r0 elements on (a piece's WGEMM strides)
+    whole = e.T > 1 and not e.looping and not masked and e.gemm
+
+    def up_off(r0, rows, t):
+        return (e.T * r0 + t * -(-rows // 4) * 4) // 4 if whole else r0 // 4
 
     def up_piece(r0, rows):
-        e.wgemv(up, m["up"] + r0 // 4, m["h"], row_start=r0, rows=rows,
-                **(dict(mask=m["gate"] + r0 // 4, live=live) if masked else {}))
+        e.proj(up, "up", "h", row_start=r0, rows=rows, dst_off=r0 // 4,
+               gemm_dst=e.l2.buffers["up"][0] + up_off(r0, rows, 0) if whole else None,
+               **(dict(mask="gate", live=live) if masked else {}))
 
     if not masked:
         up_piece(*pieces[0])
     if sparse:
         e.step = L + "4.D Gaussian top-k: cutoff = mean + z * std (population)"
-        e.setvl(F)
-        e.vec(VecFunc.SUM, a=m["gate"], s=0)
-        e.const(1, f"inv_ffn.{i}")
-        e.scalar(ScalarFunc.MUL, d=0, a=0, b=1)                  # S0 = mean
-        e.const(2, "minus_one")
-        e.scalar(ScalarFunc.MUL, d=2, a=0, b=2)                  # S2 = -mean
-        e.vec(VecFunc.ADDS, dst=m["centred"], a=m["gate"], s=2)
-        e.vec(VecFunc.SUMSQ, a=m["centred"], s=3)
-        e.scalar(ScalarFunc.MUL, d=3, a=3, b=1)
-        e.scalar(ScalarFunc.SQRT, d=3, a=3)                      # S3 = std
-        e.const(4, f"std_mult.{i}")
-        e.scalar(ScalarFunc.MUL, d=3, a=3, b=4)
-        e.scalar(ScalarFunc.ADD, d=3, a=0, b=3)                  # cutoff
-        e.vec(VecFunc.RELU_SUBS, dst=m["gate"], a=m["gate"], s=3)
+        for _ in e.each():
+            e.setvl(F)
+            e.vec(VecFunc.SUM, a=m["gate"], s=0)
+            e.const(1, f"inv_ffn.{i}")
+            e.scalar(ScalarFunc.MUL, d=0, a=0, b=1)                  # S0 = mean
+            e.const(2, "minus_one")
+            e.scalar(ScalarFunc.MUL, d=2, a=0, b=2)                  # S2 = -mean
+            e.vec(VecFunc.ADDS, dst=m["centred"], a=m["gate"], s=2)
+            e.vec(VecFunc.SUMSQ, a=m["centred"], s=3)
+            e.scalar(ScalarFunc.MUL, d=3, a=3, b=1)
+            e.scalar(ScalarFunc.SQRT, d=3, a=3)                      # S3 = std
+            e.const(4, f"std_mult.{i}")
+            e.scalar(ScalarFunc.MUL, d=3, a=3, b=4)
+            e.scalar(ScalarFunc.ADD, d=3, a=0, b=3)                  # cutoff
+            e.vec(VecFunc.RELU_SUBS, dst=m["gate"], a=m["gate"], s=3)
     e.step = up_step
     if masked:
         up_piece(*pieces[0])
     for k, (r0, rows) in enumerate(pieces):
         if k + 1 < len(pieces):
             up_piece(*pieces[k + 1])
-        e.setvl(rows)
-        e.vec(VecFunc.GELU_MUL, dst=m["gate"] + r0 // 4, a=m["gate"] + r0 // 4, b=m["up"] + r0 // 4)
+        for t in e.each():
+            e.setvl(rows)
+            base = e.l2.buffers["up"][0] + up_off(r0, rows, t) if whole else m["up"] + r0 // 4
+            e.vec(VecFunc.GELU_MUL, dst=m["gate"] + r0 // 4, a=m["gate"] + r0 // 4, b=base)
     down = e.sub(i, "mlp.down_proj.weight")
-    e.wgemv(down, m["dn"], m["gate"], sparse=int(sparse and e.image.tensors[down].layout == Layout.COL))
-    e.rmsnorm(m["dn"], m["dn"], D, D, e.sub(i, "post_feedforward_layernorm.weight"))
-    e.setvl(D)
-    e.vec(VecFunc.ADD, dst=m["out"], a=m["xa"], b=m["dn"])
-    e.step = L + "4.E AltUp correct (router on the unscaled output)"
-    _router(e, i, m["out"])
-    e.dma_in(e.sub(i, "altup.correction_coefs.weight"), m["coefs"])
-    e.setvl(D)
-    e.vec(VecFunc.SUB, dst=m["innov"], a=m["out"], b=x_in)
+    e.proj(down, "dn", "gate", sparse=int(sparse and e.image.tensors[down].layout == Layout.COL))
 
-    def correct(rows):
-        e.const(4, "one")
-        for r in rows:
-            e.setvl(n)
-            e.vec(VecFunc.DOT, a=m["coefs"] + r * n // 4, b=m["mvec"], s=0)
-            e.scalar(ScalarFunc.ADD, d=0, a=0, b=4)
-            e.setvl(D)
-            e.vec(VecFunc.FMAS, dst=m[f"xs{r}"], a=m["innov"], b=m[f"pred{r}"], s=0)
-    # The PLE reads only the active stream: the other streams' corrections run under its two weight streams.
-    others = [r for r in range(n) if r != a]
-    correct([a])
+
+def _ple(e: _Emitter, cfg: ModelConfig, i: int, correct, others):
+    """4.E: the per-layer input's gate and projection, the other streams' corrections under their streams."""
+    m = e.l2
+    D, a, P = cfg.hidden_size, cfg.altup_active_idx, cfg.hidden_size_per_layer_input
+    L = f"layer {i}: "
     e.step = L + "4.E PLE: gate(xs[active] * correct_output_scale) * pli, project, norm, add to xs[1:]"
+    step = e.step
     if cfg.altup_correct_scale:
         g = e.prefetch(e.sub(i, "altup.correct_output_scale"))
-        e.setvl(D)
-        e.vec(VecFunc.MUL, dst=m["gi"], a=m[f"xs{a}"], b=g)
-        e.use(g)
+        for _ in e.each():
+            e.setvl(D)
+            e.vec(VecFunc.MUL, dst=m["gi"], a=m[f"xs{a}"], b=g)
+            e.use(g)
     else:
-        e.setvl(D)
-        e.vec(VecFunc.COPY, dst=m["gi"], a=m[f"xs{a}"])
-    P = cfg.hidden_size_per_layer_input
-    e.wgemv(e.sub(i, "per_layer_input_gate.weight"), m["pg"], m["gi"])
+        for _ in e.each():
+            e.setvl(D)
+            e.vec(VecFunc.COPY, dst=m["gi"], a=m[f"xs{a}"])
+    e.proj(e.sub(i, "per_layer_input_gate.weight"), "pg", "gi")
     if P % 4:
         raise ValueError(f"hidden_size_per_layer_input must be a multiple of 4, not {P}")
     half = (len(others) + 1) // 2
-    step = e.step
-    e.step = L + "4.E AltUp correct, the other streams (under the PLE streams)"
-    correct(others[:half])
-    e.step = step
-    e.setvl(P)
-    e.vec(VecFunc.GELU_MUL, dst=m["pg"], a=m["pg"], b=m["pli"] + i * P // 4)
-    e.wgemv(e.sub(i, "per_layer_projection.weight"), m["pp"], m["pg"])
+    for _ in e.each():
+        e.step = L + "4.E AltUp correct, the other streams (under the PLE streams)"
+        correct(others[:half])
+        e.step = step
+        e.setvl(P)
+        e.vec(VecFunc.GELU_MUL, dst=m["pg"], a=m["pg"], b=m["pli"] + i * P // 4)
+    e.proj(e.sub(i, "per_layer_projection.weight"), "pp", "pg")
     e.step = L + "4.E AltUp correct, the other streams (under the PLE streams)"
     correct(others[half:])
     e.step = step
-    e.rmsnorm(m["pp"], m["pp"], D, D, e.sub(i, "post_per_layer_input_norm.weight"))
-    e.setvl(D)
-    for r in range(1, n):
-        e.vec(VecFunc.ADD, dst=m[f"xs{r}"], a=m[f"xs{r}"], b=m["pp"])
+    e.rmsnorm("pp", "pp", D, D, e.sub(i, "post_per_layer_input_norm.weight"))
+    for _ in e.each():
+        e.setvl(D)
+        for r in range(1, cfg.altup_num_inputs):
+            e.vec(VecFunc.ADD, dst=m[f"xs{r}"], a=m[f"xs{r}"], b=m["pp"])
 
 
 # --- command line ------------------------------------------------------------------------------------------

@@ -13,8 +13,10 @@ progress and a final summary go to stderr.
 
 A *backend* is any object with ``reset()`` (forget the sequence: empty KV cache, position 0) and
 ``step(token_id) -> logits`` (append one token and return the float logits over the vocabulary that predict
-the next one); optionally ``config`` with ``vocab_size``, ``bos_token_id`` and ``eos_token_id``. The golden
-model ``sim.gemma3n.Model`` is one; an NPU driver is another.
+the next one); optionally ``prefill(ids) -> logits`` (append several, the logits after the last: the prompt
+runs through it) and ``config`` with ``vocab_size``, ``bos_token_id`` and ``eos_token_id``. The golden
+model ``sim.gemma3n.Model`` is one; the NPU runtime (`firmware.runtime.Runtime`, with prefill programs) is
+another.
 """
 
 from __future__ import annotations
@@ -56,8 +58,9 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, sampler: Cal
     Parameters
     ----------
     model
-        The backend (see the module docstring). It is `reset` first, then fed the prompt one token at a
-        time with ``step``; every sampled token except the last is fed back the same way.
+        The backend (see the module docstring). It is `reset` first, then fed the prompt with ``prefill``
+        if it has one, else one token at a time with ``step``; every sampled token except the last is fed
+        back with ``step``.
     prompt_ids : sequence of int
         At least one id (Gemma prompts start with BOS); checked against ``model.config.vocab_size``
         when the backend has one.
@@ -94,8 +97,11 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, sampler: Cal
 
     start = time.perf_counter()
     model.reset()
-    for t in prompt:
-        logits = model.step(t)
+    if callable(getattr(model, "prefill", None)):       # the NPU runtime: the prompt as prefill programs
+        logits = model.prefill(prompt)
+    else:
+        for t in prompt:
+            logits = model.step(t)
     context = list(prompt)
     new: list[int] = []
     while True:

@@ -33,8 +33,9 @@ part of each window, one after the other (`Image.windows`), and the host writes 
 (relocating if a window lies elsewhere: `firmware.runtime`).
 
 PLE staging. With a map's ``ple_staged`` (kv260) the per-layer embedding table (E4B: 1.18 GB, of which a
-token reads one 4.5 KB row) is not in DDR: the image holds one staged row (its descriptor has one row, so
-GATHER's PLE remap rule reads it for any token) and the whole table is a host table
+token reads one 4.5 KB row) is not in DDR: the image holds a staged row per token of a program
+(`staging_slots`, a descriptor of one row each, so GATHER's PLE remap rule reads it for any token; the
+decode program reads slot 0) and the whole table is a host table
 (`Image.host_tables`, rows of INT4 bytes followed by their binary16 scales, quantised exactly as in
 DDR); the host copies the token's row into place before every START (`Image.stage_rows`).
 
@@ -88,7 +89,7 @@ class TensorEntry:
     scale_offset: int | None = None
     nbytes: int = 0
     scale_nbytes: int = 0
-    staged: bool = False        # a host table: DDR holds the one row the host stages (`Image.stage_rows`)
+    staged: bool = False        # a host table: DDR holds the rows the host stages (`Image.stage_rows`)
 
 
 @dataclass(frozen=True)
@@ -196,15 +197,22 @@ class Image:
         w = next(p for p in self.windows if p.window == window)
         return self.ddr[w.ddr_offset:w.ddr_offset + w.size]
 
-    def stage_rows(self, token: int) -> list[tuple[str, int, np.ndarray]]:
-        """``(region, offset, bytes)`` the host writes before running `token`: for every host table, the row
-        GATHER reads for it (row 0 for an id beyond the table: the PLE remap rule), bytes then scales."""
+    @property
+    def staging_slots(self) -> int:
+        """Tokens a program may run at once as far as the host tables go: their staging slots (no host table:
+        no limit, reported as 0)."""
+        return min((sum(d.tensor == name for d in self.descriptors) for name in self.host_tables), default=0)
+
+    def stage_rows(self, token: int, slot: int = 0) -> list[tuple[str, int, np.ndarray]]:
+        """``(region, offset, bytes)`` the host writes before running `token` as token `slot` of a program:
+        for every host table, the row GATHER reads for it (row 0 for an id beyond the table: the PLE remap
+        rule), bytes then scales, into staging slot `slot`."""
         out = []
         for name, t in self.host_tables.items():
             e = self.tensors[name]
             row = t.data[token if 0 <= token < t.data.shape[0] else 0]
-            out.append((e.region, e.offset, row[:t.row_bytes]))
-            out.append((e.region, e.scale_offset, row[t.row_bytes:]))
+            out.append((e.region, e.offset + slot * t.row_bytes, row[:t.row_bytes]))
+            out.append((e.region, e.scale_offset + slot * t.scale_bytes, row[t.row_bytes:]))
         return out
 
     def descriptor(self, tensor: str, row_start: int = 0, rows: int | None = None) -> Descriptor:
@@ -294,6 +302,12 @@ def logit_chunks(cfg: ModelConfig, hw: HardwareConfig) -> list[tuple[int, int]]:
     sizes[-1] += S - sum(sizes)
     starts = [sum(sizes[:j]) for j in range(len(sizes))]
     return list(zip(starts, sizes))
+
+
+def staging_slots(hw: HardwareConfig) -> int:
+    """Staging slots of a staged host table: one per token of a token tile of the systolic array, the most a
+    prefill program runs at once (`firmware.compiler.compile_tokens`)."""
+    return hw.systolic_rows
 
 
 def ffn_pieces(cfg: ModelConfig, layer: int) -> list[tuple[int, int]]:
@@ -558,7 +572,8 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
             raise ValueError(f"column-major {name!r} needs an even number of rows, not {rows}")
         pcols = cols + cols % 2
         staged = mm.ple_staged and name == PLE_TABLE
-        held = 1 if staged else rows            # rows in DDR: a staged host table holds the token's row
+        # rows in DDR: a staged host table holds a staging slot per token of a multi-token program
+        held = staging_slots(hw) if staged else rows
         nbytes = held * pcols // 2
         ngroups = -(-cols // group)
         off = alloc.take("WEIGHTS", nbytes, 64)
@@ -567,8 +582,13 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
                                     held * ngroups * 2, staged=staged)
         # One descriptor for the whole matrix (GEMVs, and row gathers from embedding tables); the LM head
         # also gets one per chunk of rows, the FFN up projection one per piece (`_row_pieces`).
-        descs.append(Descriptor(len(descs), DescKind.INT4, name, 0, held, cols, off, soff, layout, group))
+        descs.append(Descriptor(len(descs), DescKind.INT4, name, 0, 1 if staged else held, cols, off, soff, layout,
+                                group))
         if staged:
+            # one descriptor of one row per staging slot: GATHER's remap rule reads it for any token
+            for t in range(1, held):
+                descs.append(Descriptor(len(descs), DescKind.INT4, name, t, 1, cols, off + t * pcols // 2,
+                                        soff + t * ngroups * 2, layout, group))
             continue
         for r0, n in _row_pieces(cfg, hw, name, rows):
             assert layout == Layout.ROW, "row chunks of a column-major matrix have no contiguous scales"
@@ -607,14 +627,14 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
     host_tables = {}
     for name, e in entries.items():
         if e.staged:
-            rows = e.shape[0]
-            width = e.nbytes + e.scale_nbytes
+            rows, slots = e.shape[0], staging_slots(hw)
+            row_bytes, scale_bytes = e.nbytes // slots, e.scale_nbytes // slots
             if out is None:
-                data = np.zeros((rows, width), np.uint8)
+                data = np.zeros((rows, row_bytes + scale_bytes), np.uint8)
             else:
                 data = np.lib.format.open_memmap(_host_table_path(out, name), mode="w+", dtype=np.uint8,
-                                                 shape=(rows, width))
-            host_tables[name] = HostTable(name, data, e.nbytes, e.scale_nbytes)
+                                                 shape=(rows, row_bytes + scale_bytes))
+            host_tables[name] = HostTable(name, data, row_bytes, scale_bytes)
     image = Image(ddr, regions, entries, descs, kv_slots, cfg.to_hf(), hw.to_dict(), scalar_index=scalar_index,
                   windows=lay.windows, pieces=lay.pieces, memory_map=mm.name, host_tables=host_tables,
                   quantizer=quantizer)
@@ -811,7 +831,8 @@ def region_map(image: Image) -> str:
             lines.append(f"  {'':<10} {'(used)':>16} {used[name]:>14,}")
     for name, t in image.host_tables.items():
         lines.append(f"  host table {name}: {t.data.shape[0]:,} rows x {t.data.shape[1]:,} B = "
-                     f"{t.data.nbytes / mib:,.1f} MiB, kept on the host; one row staged per token")
+                     f"{t.data.nbytes / mib:,.1f} MiB, kept on the host; one row staged per token "
+                     f"({image.staging_slots} slots)")
     total = image.ddr.size
     lines.append(f"  NPU-side total: {total / mib:,.1f} MiB ({total / 1e9:.3f} GB) in {len(image.windows)} "
                  f"window(s)")

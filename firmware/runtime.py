@@ -46,7 +46,7 @@ from sim.gemma3n import resolve_tensor_names
 from sim.iss import HARDWARE, REFERENCE, ExecutionError, Machine
 from sim.numerics import WEIGHT_METHODS
 
-from .compiler import Program, compile_token
+from .compiler import MAX_TOKENS, Program, compile_token, compile_tokens
 from .pack import Image, pack
 
 __all__ = ["Runtime", "Backend", "IssBackend", "CsrBackend", "NpuDevice", "Placed", "hardware_of", "attach_rtl_device",
@@ -75,6 +75,10 @@ class Backend(Protocol):
         """Run the program for `token` at position `pos` until HALT; return a copy of the logits. Raises
         `sim.iss.ExecutionError` (with the `ErrorCode` and the instruction index) if the program stops on an
         error."""
+
+    def run_words(self, words: list[int], token: int, pos: int) -> np.ndarray:
+        """Run another program (a bound prefill program, `firmware.compiler.Program.bind`) once, as `run`
+        runs the loaded one; the loaded program stays the one `run` runs."""
 
     @property
     def counters(self):
@@ -119,7 +123,10 @@ class IssBackend:
         self.machine.image.view(region, offset, len(data))[:] = np.frombuffer(bytes(data), np.uint8)
 
     def run(self, token: int, pos: int) -> np.ndarray:
-        self.machine.run(self.program.words, token=token, pos=pos, trace=self.trace)
+        return self.run_words(self.program.words, token, pos)
+
+    def run_words(self, words: list[int], token: int, pos: int) -> np.ndarray:
+        self.machine.run(words, token=token, pos=pos, trace=self.trace)
         return self.machine.logits.copy()
 
     @property
@@ -331,6 +338,24 @@ class CsrBackend:
         self.wait()
         return self.logits()
 
+    def run_words(self, words: list[int], token: int, pos: int) -> np.ndarray:
+        """The words go into the PROGRAM region behind the loaded program (PROGRAM_BASE and PROGRAM_LEN point
+        at them for this run, then back at the loaded program)."""
+        code = np.asarray(words, dtype="<u8").view(np.uint8)
+        at = -(-len(self.program.words) * 8 // 64) * 64
+        if at + code.size > self.image.region("PROGRAM")[1]:
+            raise ValueError(f"a program of {len(words)} words does not fit the PROGRAM region behind the loaded "
+                             f"one ({self.image.region('PROGRAM')[1]} bytes); pack with a larger program_bytes")
+        base = self.placed.base("PROGRAM")
+        self.device.mem_write(base + at, code)
+        self.csr_write64("PROGRAM_BASE", base + at)
+        self.csr_write("PROGRAM_LEN", len(words))
+        try:
+            return self.run(token, pos)
+        finally:
+            self.csr_write64("PROGRAM_BASE", base)
+            self.csr_write("PROGRAM_LEN", len(self.program.words))
+
     def logits(self) -> np.ndarray:
         n = ModelConfig.from_hf(self.image.config).vocab_size
         raw = self.device.mem_read(self.placed.base("LOGITS"), 4 * n)
@@ -369,6 +394,10 @@ class Runtime:
         self.program = program
         self.backend = backend
         self.position = 0
+        # prefill programs: WGEMMs for the projections (True), WGEMVs (False), or `gemm_pays`'s choice (None)
+        self.prefill_gemm: bool | None = None
+        self._prefill_tokens: int | None = None
+        self._programs: dict[tuple, Program] = {}
         backend.load(image, program)
 
     @property
@@ -468,3 +497,77 @@ class Runtime:
         logits = self.backend.run(token_id, self.position)
         self.position += 1
         return logits
+
+    def prefill(self, ids) -> np.ndarray:
+        """Run the prompt `ids` from the current position and return the logits after the last one, leaving
+        the runtime (position, KV cache) where ``step`` on each id would have left it, with the same bits.
+
+        The ids run in prefill programs of up to `prefill_tokens` tokens (`firmware.compiler.compile_tokens`:
+        the projections once for all of them), one after another; a single remaining id, and the ids a
+        multi-token program may not run (`multi_token_limit`), run through ``step``. Bad ids raise here,
+        before anything runs."""
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+            raise TypeError(f"ids must be a sequence of token ids, not {type(ids).__name__}")
+        ids = [check_index("token id", t, self.config.vocab_size, "the vocabulary") for t in ids]
+        if not ids:
+            raise ValueError("ids must hold at least one token id")
+        k, logits = 0, None
+        while k < len(ids):
+            n = min(len(ids) - k, self.prefill_tokens, self.multi_token_limit(self.position))
+            if n == 1:
+                logits = self.step(ids[k])
+                k += 1
+                continue
+            program = self.prefill_program(n)
+            for t, token in enumerate(ids[k:k + n]):
+                for region, offset, data in self.image.stage_rows(token, slot=t):
+                    self.backend.write(region, offset, data)
+            positions = range(self.position, self.position + n)
+            logits = self.backend.run_words(program.bind(ids[k:k + n], positions), ids[k], self.position)
+            self.position += n
+            k += n
+        return logits
+
+    def multi_token_limit(self, pos: int) -> int:
+        """The most tokens one program may run from position `pos`. A layer that shares the KV cache of a
+        sliding-window layer reads that layer's ring after every token of the program has been stored; once the
+        ring is full, a later token's row replaces one that an earlier token still attends to. So with such a
+        layer a program's tokens stay below the window (the rest run one per program); otherwise any number."""
+        cfg = self.config
+        if any(cfg.is_kv_shared(i) and cfg.is_sliding(cfg.kv_source(i)) for i in range(cfg.num_hidden_layers)):
+            return max(1, cfg.sliding_window - pos)
+        return MAX_TOKENS
+
+    @property
+    def _hw(self) -> HardwareConfig:
+        """The hardware the backend runs (an ISS's, a device's), else the image's preset."""
+        hw = getattr(self.backend, "hw", None) or getattr(getattr(self.backend, "device", None), "hw", None)
+        return hw if isinstance(hw, HardwareConfig) else hardware_of(self.image)
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Tokens per prefill program: the most that fit (L2, the host tables' staging slots), at most a token
+        tile of the systolic array; settable (1 runs every prompt token through ``step``)."""
+        if self._prefill_tokens is None:
+            n = self._hw.systolic_rows
+            if self.image.host_tables:
+                n = min(n, self.image.staging_slots)
+            while n > 1:
+                try:
+                    self.prefill_program(n)
+                    break
+                except ValueError:
+                    n -= 1
+            self._prefill_tokens = n
+        return self._prefill_tokens
+
+    @prefill_tokens.setter
+    def prefill_tokens(self, n: int) -> None:
+        self._prefill_tokens = check_positive_int("prefill_tokens", n)
+
+    def prefill_program(self, tokens: int) -> Program:
+        """The prefill program of `tokens` tokens (compiled once; `prefill_gemm` as `compile_tokens`'s gemm)."""
+        key = (tokens, self.prefill_gemm)
+        if key not in self._programs:
+            self._programs[key] = compile_tokens(self.config, self.image, self._hw, tokens, gemm=self.prefill_gemm)
+        return self._programs[key]

@@ -26,7 +26,7 @@ __all__ = ["Register", "Field", "RegisterMap", "MAP", "REGISTERS", "by_name", "c
 
 ADDR_BITS = 12                  # a 4 KiB register window
 NPU_ID = 0x4733_4E31            # "G3N1"
-ISA_VERSION = 2                 # 2: WGEMV `reuse` (docs/isa.md)
+ISA_VERSION = 3                 # 2: WGEMV `reuse`; 3: CTRL SETTOK, SETPOS (docs/isa.md)
 
 
 def hardware_hash(hardware: dict) -> int:

@@ -115,6 +115,8 @@ class CtrlFunc(enum.Enum, shape=4):
     SETHD = 2         # HD = imm (RoPE head dimension)
     FENCE = 3         # wait until every earlier instruction has completed
     HALT = 4          # end of program: wait for completion, set DONE
+    SETTOK = 5        # TOKEN = imm, once every earlier instruction has completed (multi-token programs)
+    SETPOS = 6        # POS = imm, likewise
 
 
 class DmaDir(enum.Enum, shape=2):

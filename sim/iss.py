@@ -782,6 +782,10 @@ class Machine:
             self.vl = i.imm
         elif i.func is CtrlFunc.SETHD:
             self.hd = i.imm
+        elif i.func is CtrlFunc.SETTOK:
+            self.token = i.imm
+        elif i.func is CtrlFunc.SETPOS:
+            self.pos = i.imm
 
     def _x_memset(self, i):
         if i.cache is ShapeCache.SCALAR:

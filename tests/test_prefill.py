@@ -1,0 +1,177 @@
+"""Prefill programs (`firmware.compiler.compile_tokens`, `Runtime.prefill`) on the instruction-set simulator.
+
+Hardware arithmetic: a prompt run through prefill programs leaves every bit where feeding its ids one by one
+through `step` leaves it: the logits after the prompt and at every later step, and every byte of the KV
+cache. Reference arithmetic: prefill then `step` reproduces the float64 golden model (and transformers, the
+fixtures) within the bounds of tests/test_iss.py. The fixtures cover sliding windows the prompts cross, KV
+sharing, sparse layers, and prompts longer than one program.
+"""
+
+import numpy as np
+import pytest
+
+from firmware.compiler import MAX_TOKENS, compile_token, compile_tokens, gemm_pays
+from firmware.generate import generate
+from firmware.pack import pack
+from firmware.runtime import Runtime
+from firmware.sampling import Sampler, SamplingParams
+from hdl.config import PRESETS as HW
+from hdl.isa import CtrlFunc, Opcode, decode
+from sim.config import ModelConfig
+from sim.gemma3n import Model
+from tests.oracle import FIXTURES, load_case
+
+REFERENCE_TOL = 1e-6
+
+
+def _runtimes(case, hw="tiny", memory_map="flat", **kw):
+    n = len(case.input_ids) + 1
+    return [Runtime.from_hf(case.config, case.tensors, arithmetic="hardware", hw=hw, max_positions=n,
+                            memory_map=memory_map, **kw) for _ in range(2)]
+
+
+def _assert_same_state(plain: Runtime, pre: Runtime, what: str):
+    assert plain.position == pre.position, what
+    for layer, slot in plain.image.kv_slots.items():
+        np.testing.assert_array_equal(pre.machine.kv_bytes(slot), plain.machine.kv_bytes(slot),
+                                      err_msg=f"{what}: KV cache of layer {layer}")
+
+
+@pytest.mark.parametrize("name, prompt, tokens, gemm", [
+    ("f64_s3_l5", 9, None, True),      # no KV sharing: the whole prompt in programs of 4, window 6 crossed
+    ("f64_s1_l15", 11, 3, True),       # 5 KV-shared layers, 5 sparse, window 5: programs below it, then steps
+    ("f32_s4_l12", 7, 2, False),       # 6 shared, 4 sparse, WGEMVs per token, a remainder program of 1 (step)
+    ("f64_s2_l7", 3, None, True),      # a prompt shorter than a tile
+])
+def test_prefill_leaves_every_bit_where_steps_leave_it(name, prompt, tokens, gemm):
+    case = load_case(FIXTURES / f"{name}.npz")
+    plain, pre = _runtimes(case)
+    pre.prefill_gemm = gemm
+    if tokens is not None:
+        pre.prefill_tokens = tokens
+    ids = [int(t) for t in case.input_ids]
+    want = [plain.step(t) for t in ids[:prompt]]
+    got = pre.prefill(ids[:prompt])
+    np.testing.assert_array_equal(got, want[-1])
+    _assert_same_state(plain, pre, f"{name} after the prompt")
+    programs = pre.counters.instructions["CTRL.SETPOS"]
+    assert programs > 0, "no prefill program ran"
+    if gemm:
+        assert pre.counters.instructions["WGEMM"] > 0
+    for k, t in enumerate(ids[prompt:]):
+        np.testing.assert_array_equal(pre.step(t), plain.step(t), err_msg=f"{name} step {prompt + k}")
+    _assert_same_state(plain, pre, f"{name} at the end")
+
+
+def test_prefill_on_the_staged_memory_map():
+    # kv260's map stages the PLE table's rows: each prompt token's row in its own slot
+    case = load_case(FIXTURES / "f64_s3_l5.npz")
+    plain, pre = _runtimes(case, memory_map="kv260")
+    assert pre.image.host_tables and pre.image.staging_slots == HW["tiny"].systolic_rows
+    ids = [int(t) for t in case.input_ids][:8]
+    want = [plain.step(t) for t in ids]
+    np.testing.assert_array_equal(pre.prefill(ids), want[-1])
+    _assert_same_state(plain, pre, "staged map")
+
+
+def test_prefill_in_reference_arithmetic_reproduces_the_golden_model():
+    case = load_case(FIXTURES / "f64_s1_l15.npz")
+    rt = Runtime.from_hf(case.config, case.tensors, arithmetic="reference", hw="tiny")
+    rt.prefill_gemm = True
+    golden = Model.from_hf(case.config, case.tensors)
+    ids = [int(t) for t in case.input_ids]
+    prompt = 4
+    for t in ids[:prompt]:
+        want = golden.step(t)
+    got = rt.prefill(ids[:prompt])
+    assert rt.counters.instructions["WGEMM"] > 0
+    assert np.max(np.abs(got - want)) <= REFERENCE_TOL
+    assert np.max(np.abs(got - case.logits[prompt - 1])) <= 1e-9
+    for k, t in enumerate(ids[prompt:], prompt):
+        got = rt.step(t)
+        assert np.max(np.abs(got - golden.step(t))) <= REFERENCE_TOL, f"step {k}"
+        assert np.max(np.abs(got - case.logits[k])) <= 1e-9, f"step {k}"
+
+
+def test_generate_runs_the_prompt_as_prefill():
+    case = load_case(FIXTURES / "f64_s3_l5.npz")
+    plain, pre = _runtimes(case)
+    pre.prefill_gemm = True
+    ids = [int(t) for t in case.input_ids][:6]
+    greedy = Sampler(SamplingParams(temperature=0.0))
+    assert generate(pre, ids, 4, greedy) == generate(plain, ids, 4, greedy)
+    assert pre.counters.instructions["WGEMM"] > 0 and plain.counters.instructions["WGEMM"] == 0
+
+
+def test_multi_token_limit_keeps_shared_sliding_rings_exact():
+    shared = load_case(FIXTURES / "f64_s1_l15.npz")          # KV-shared layers read a sliding layer's ring
+    rt = Runtime.from_hf(shared.config, shared.tensors, arithmetic="hardware", hw="tiny")
+    w = rt.config.sliding_window
+    assert [rt.multi_token_limit(p) for p in (0, w - 2, w - 1, w, 3 * w)] == [w, 2, 1, 1, 1]
+    alone = load_case(FIXTURES / "f64_s3_l5.npz")             # no KV sharing
+    rt = Runtime.from_hf(alone.config, alone.tensors, arithmetic="hardware", hw="tiny")
+    assert rt.multi_token_limit(10 * rt.config.sliding_window) == MAX_TOKENS
+
+
+def test_prefill_program_structure_and_bind():
+    cfg, hw = ModelConfig.preset("tiny"), HW["tiny"]
+    image = pack(cfg, None, hw, fill=False)
+    assert compile_tokens(cfg, image, hw, tokens=1).words == compile_token(cfg, image, hw).words
+    prog = compile_tokens(cfg, image, hw, tokens=3, gemm=True)
+    kinds = [(f, t) for _, f, t in prog.slots]
+    # SETTOK before each token's embedding and PLE rows, SETPOS before its RoPE phases and every KV store
+    # or attention
+    assert kinds.count((CtrlFunc.SETTOK, 2)) == 2
+    assert kinds.count((CtrlFunc.SETPOS, 1)) == 2 + cfg.num_hidden_layers
+    words = prog.bind([5, 6, 7], [40, 41, 42])
+    for index, func, t in prog.slots:
+        insn = decode(words[index])
+        assert insn.op is Opcode.CTRL and insn.func is func and insn.imm == ([5, 6, 7] if func is CtrlFunc.SETTOK
+                                                                             else [40, 41, 42])[t]
+    assert [w for k, w in enumerate(words) if k not in {i for i, _, _ in prog.slots}] == \
+        [w for k, w in enumerate(prog.words) if k not in {i for i, _, _ in prog.slots}]
+    gemms = [decode(w) for w in prog.words if w >> 60 == Opcode.WGEMM.value]
+    assert gemms and all(g.tokens == 3 for g in gemms)
+    assert not any(w >> 60 == Opcode.WGEMM.value for w in compile_tokens(cfg, image, hw, 3, gemm=False).words)
+    with pytest.raises(ValueError, match="runs 3 tokens: got 2 ids and 3 positions"):
+        prog.bind([1, 2], [0, 1, 2])
+
+
+def test_gemm_pays_where_the_array_outruns_the_gemv_stream():
+    # kv260: 2C = 16 rows per k-step against 4 ports x 32 weights per beat: the array takes 128 / 16 = 8 tokens'
+    # time per pass, re-streamed per tile of 32 tokens (from 33 tokens on, two passes against 33 x 16 / 128)
+    kv = HW["kv260"]
+    assert [t for t in range(1, 65) if gemm_pays(kv, t)] == list(range(9, 65))
+    assert not gemm_pays(kv, 8) and gemm_pays(kv, 9)
+    # tiny: 2C = 8 against 2 x 16: more than 4 tokens per tile of 4 never happens, so never
+    assert not any(gemm_pays(HW["tiny"], t) for t in range(1, 65))
+
+
+@pytest.mark.parametrize("tokens, message", [
+    (0, "tokens must be an integer from 1 to 255"), (256, "tokens must be an integer from 1 to 255"),
+    (True, "tokens must be an integer"), (64, "L2 is too small"),
+])
+def test_compile_tokens_rejects_bad_counts(tokens, message):
+    cfg, hw = ModelConfig.preset("tiny"), HW["tiny"]
+    with pytest.raises(ValueError, match=message):
+        compile_tokens(cfg, pack(cfg, None, hw, fill=False), hw, tokens=tokens)
+
+
+def test_compile_tokens_needs_a_staging_slot_per_token():
+    cfg, hw = ModelConfig.preset("tiny"), HW["tiny"]
+    image = pack(cfg, None, hw, fill=False, memory_map="kv260")
+    with pytest.raises(ValueError, match="needs 5 host-table staging slots; the image has 4"):
+        compile_tokens(cfg, image, hw, tokens=5)
+
+
+def test_prefill_rejects_bad_ids_before_running():
+    case = load_case(FIXTURES / "f64_s3_l5.npz")
+    rt = Runtime.from_hf(case.config, case.tensors, arithmetic="hardware", hw="tiny")
+    for ids, err in (([], ValueError), ([1, rt.config.vocab_size], ValueError), ("abc", TypeError),
+                     ([1, -2], ValueError)):
+        with pytest.raises(err):
+            rt.prefill(ids)
+    assert rt.position == 0 and rt.counters.instructions["HALT"] == 0 if "HALT" in rt.counters.instructions \
+        else rt.position == 0
+    with pytest.raises(ValueError, match="prefill_tokens"):
+        rt.prefill_tokens = 0
