@@ -32,7 +32,8 @@ from sim.config import ModelConfig
 
 from .pack import Image, Layout, ffn_pieces, folded_router_name, logit_chunk_rows, logit_chunks
 
-__all__ = ["compile_token", "compile_tokens", "gemm_pays", "Program", "L2Map"]
+__all__ = ["compile_token", "compile_tokens", "gemm_pays", "multi_token_limit", "prefill_runs", "program_tokens",
+           "Program", "L2Map", "MAX_TOKENS"]
 
 EPS, TARGET, INV_D = 7, 6, 5
 SHAPE_SLIDING, SHAPE_FULL = 0, 1
@@ -431,6 +432,40 @@ def compile_tokens(config: ModelConfig | dict, image: Image, hw: HardwareConfig,
 
 
 MAX_TOKENS = 255
+
+
+def multi_token_limit(cfg: ModelConfig, pos: int) -> int:
+    """The most tokens one program may run from position `pos`. A layer that shares the KV cache of a
+    sliding-window layer reads that layer's ring after every token of the program has been stored; once the
+    ring is full, a later token's row replaces one that an earlier token still attends to. So with such a layer
+    a program's tokens stay below the window (the rest run one per program); otherwise any number."""
+    if any(cfg.is_kv_shared(i) and cfg.is_sliding(cfg.kv_source(i)) for i in range(cfg.num_hidden_layers)):
+        return max(1, cfg.sliding_window - pos)
+    return MAX_TOKENS
+
+
+def prefill_runs(cfg: ModelConfig, n: int, start: int, per_program: int) -> list[tuple[int, int]]:
+    """``(position, tokens)`` of the programs that run `n` prompt tokens from position `start` with up to
+    `per_program` tokens a program (`multi_token_limit`; one token: the decode program)."""
+    runs, pos, end = [], start, start + n
+    while pos < end:
+        k = min(end - pos, per_program, multi_token_limit(cfg, pos))
+        runs.append((pos, k))
+        pos += k
+    return runs
+
+
+def program_tokens(cfg: ModelConfig, image: Image, hw: HardwareConfig, gemm: bool | None = None) -> int:
+    """The most tokens a prefill program runs on `image`: a token tile of the systolic array at most, as many as
+    the host tables' staging slots and L2 hold."""
+    n = min(hw.systolic_rows, image.staging_slots or hw.systolic_rows)
+    while n > 1:
+        try:
+            compile_tokens(cfg, image, hw, n, gemm)
+            return n
+        except ValueError:
+            n -= 1
+    return 1
 
 
 def _ctrl_slot(word: int):

@@ -29,8 +29,9 @@ the costs from RTL measurements (``(counters, cycles)`` pairs: micro-programs th
 whole tokens, from the full-chip bench, `tb/npu`); the defaults are the values fitted from the tiny NPU
 (docs/architecture.md, "Performance"; the WGEMM costs from the WGEMMs of docs/systolic.md's table). ``python -m
 firmware.perf --model e4b --hw kv260 --positions 128 1024 4096 --prefill 32 128 512`` prints the breakdown per
-unit and per instruction class, then `prefill`: a model estimate of a prompt's time with the projections as
-WGEMMs (the compiler emits no prefill program).
+unit and per instruction class, then `prefill`: a prompt's time in the compiled prefill programs
+(`firmware.compiler.compile_tokens`, priced like the decode program), beside an estimate with every projection a
+WGEMM over full token tiles of the systolic array.
 """
 
 from __future__ import annotations
@@ -585,13 +586,14 @@ def estimate(cfg: ModelConfig, hw: HardwareConfig, positions: list[int], rates: 
     return out
 
 
-# --- prefill (a model estimate: the compiler emits no prefill program) ------------------------------------------
+# --- prefill: the compiled programs, and an estimate over full token tiles ---------------------------------------
 
 @dataclass
 class PrefillEstimate:
-    """T prompt tokens: the decode program's projections as WGEMMs over token tiles, everything else of each
-    token as the decode model costs it at that token's position, the output section once (the last token's
-    logits). A model estimate from WGEMM/WGEMV costs, not a compiled program."""
+    """T prompt tokens. `compiled`: the compiled prefill programs as `Runtime.prefill` runs them, priced like the
+    decode program. `cycles` (`gemm` + `rest` + `head`): an estimate with the decode program's projections as
+    WGEMMs over full token tiles, everything else of each token as the decode model costs it at that token's
+    position, the output section once (the last token's logits)."""
     tokens: int
     clock_hz: float
     gemm: float = 0.0             # cycles of the projection WGEMMs (all layers, all tokens)
@@ -601,6 +603,13 @@ class PrefillEstimate:
     stream_bound: float = 0.0     # the projections' bytes once per token tile at the DDR rate
     decode: float = 0.0           # the same T tokens decoded one by one (the decode model at each position)
     projections: int = 0          # projection matrices per token (WGEMMs of T tokens each)
+    compiled: float = 0.0         # the compiled prefill programs, as `Runtime.prefill` runs the prompt
+    program_tokens: int = 1       # tokens per compiled prefill program (`firmware.compiler.program_tokens`)
+    program_gemm: bool = False    # their projections as WGEMMs (`firmware.compiler.gemm_pays`)
+
+    @property
+    def compiled_seconds(self) -> float:
+        return self.compiled / self.clock_hz
 
     @property
     def cycles(self) -> float:
@@ -626,9 +635,30 @@ def _over_positions(cost, tokens: int, breaks) -> float:
     return total
 
 
+def _runs_cost(runs, cost, breaks) -> float:
+    """sum(cost(pos, k) for (pos, k) in runs), where a run's cost is affine in its position between the
+    `breaks` for runs of the same length: evaluated at the first and last run of each such stretch and
+    interpolated in between."""
+    total, k0 = 0.0, 0
+    while k0 < len(runs):
+        k1 = k0
+        while (k1 + 1 < len(runs) and runs[k1 + 1][1] == runs[k0][1]
+               and not any(runs[k1][0] <= b < runs[k1 + 1][0] + runs[k1 + 1][1] for b in breaks)):
+            k1 += 1
+        (p0, n0), (p1, n1) = runs[k0], runs[k1]
+        c0 = cost(p0, n0)
+        c1 = cost(p1, n1) if k1 > k0 else c0
+        total += (k1 - k0 + 1) * (c0 + c1) / 2
+        k0 = k1 + 1
+    return total
+
+
 def prefill(cfg: ModelConfig, hw: HardwareConfig, tokens: list[int], rates: Rates = Rates()) \
         -> list[PrefillEstimate]:
-    """Prefill estimates for prompts of each length in `tokens` (`PrefillEstimate`). The projections are the
+    """Prefill estimates for prompts of each length in `tokens` (`PrefillEstimate`): the compiled prefill programs
+    (`firmware.compiler.prefill_runs` of `program_tokens` a program, each run in the ISS's counting mode and
+    priced by `schedule`; runs of one length between the window's bend interpolated), and the full-tile
+    estimate. Its projections are the
     decode program's dense row-major WGEMVs before its output section (firmware/compiler.py: PLE and AltUp
     projections, q/k/v/o, LAuReL, gate/up/down of dense layers, the router, the per-layer gate and projection);
     the column-major W_down of sparse layers (which WGEMM cannot read) stays a per-token sparse WGEMV.
@@ -637,7 +667,7 @@ def prefill(cfg: ModelConfig, hw: HardwareConfig, tokens: list[int], rates: Rate
     rates.check_costs()
     from hdl.isa import CtrlFunc, Opcode, decode, encode
     from sim.iss import COUNT, Machine
-    from .compiler import compile_token
+    from .compiler import compile_token, compile_tokens, gemm_pays, prefill_runs, program_tokens
     from .pack import pack
 
     image = pack(cfg, None, hw, max_positions=max(tokens) + 1, fill=False)
@@ -681,9 +711,22 @@ def prefill(cfg: ModelConfig, hw: HardwareConfig, tokens: list[int], rates: Rate
     breaks = (cfg.sliding_window - 1,) if cfg.sliding_window else ()
     geo = GemmGeometry.of(hw)
     per_insn = geo.max_tokens // geo.R * geo.R                      # whole tiles per WGEMM instruction
+    per_program = program_tokens(cfg, image, hw)
+    gemm = gemm_pays(hw, per_program)
+    programs = {}
+
+    def run_cost(pos, k):
+        if k == 1:
+            return token(pos)
+        if k not in programs:
+            programs[k] = compile_tokens(cfg, image, hw, k)
+        return run(programs[k].bind([2] * k, range(pos, pos + k)), pos)
+
     out = []
     for t in tokens:
-        e = PrefillEstimate(tokens=t, clock_hz=hw.clock_hz, projections=len(shapes))
+        e = PrefillEstimate(tokens=t, clock_hz=hw.clock_hz, projections=len(shapes), program_tokens=per_program,
+                            program_gemm=gemm)
+        e.compiled = _runs_cost(prefill_runs(cfg, t, 0, per_program), run_cost, breaks)
         for rows, cols in shapes:
             for t0 in range(0, t, per_insn):
                 g = Wgemm(rows, cols, min(per_insn, t - t0))
@@ -800,7 +843,9 @@ def to_json(model: str, hw: HardwareConfig, rates: Rates, estimates: list[TokenE
         "prefill": [{
             "tokens": e.tokens, "seconds": e.seconds, "tok_s": e.tok_s, "cycles": e.cycles, "gemm_cycles": e.gemm,
             "rest_cycles": e.rest, "head_cycles": e.head, "array_bound_cycles": e.array_bound,
-            "stream_bound_cycles": e.stream_bound, "decode_seconds": e.decode / e.clock_hz}
+            "stream_bound_cycles": e.stream_bound, "decode_seconds": e.decode / e.clock_hz,
+            "compiled_seconds": e.compiled_seconds, "compiled_cycles": e.compiled,
+            "program_tokens": e.program_tokens, "program_gemm": e.program_gemm}
             for e in (prefills or [])],
     }
 
@@ -808,18 +853,23 @@ def to_json(model: str, hw: HardwareConfig, rates: Rates, estimates: list[TokenE
 def _print_prefill(estimates: list[PrefillEstimate], hw: HardwareConfig) -> None:
     geo = GemmGeometry.of(hw)
     n = estimates[0].projections
-    print(f"\nprefill: a MODEL ESTIMATE from the WGEMM and WGEMV costs, not a compiled program (the compiler emits "
-          f"no prefill program). The {n} projection matrices of a token run as WGEMMs over token tiles of "
-          f"{geo.R} on the {geo.R} x {geo.C2 // 2} array; the rest of each token (attention, norms, SFU passes, "
-          f"sparse W_down) costs what it costs in the decode model at that position; the output section once.")
-    print(f"{'tokens':>6} {'WGEMM Mcyc':>10} {'array bnd':>10} {'stream bnd':>10} {'rest Mcyc':>10} {'head Mcyc':>9} "
-          f"{'prefill s':>9} {'tok/s':>7} {'decode s':>9} {'speed-up':>8}")
+    e0 = estimates[0]
+    print(f"\nprefill: the compiled prefill programs (firmware.compiler.compile_tokens, as Runtime.prefill runs a "
+          f"prompt from position 0): {e0.program_tokens} token(s) a program (what L2 and the staging slots hold), "
+          f"projections as {'WGEMMs' if e0.program_gemm else 'WGEMVs per token (a WGEMM of so few tokens is slower)'}"
+          f"; 'full tiles' is the estimate with every projection a WGEMM over token tiles of {geo.R} on the "
+          f"{geo.R} x {geo.C2 // 2} array (the {n} projection matrices of a token; the rest of each token as the "
+          f"decode model costs it), which a program of {geo.R} tokens would reach where L2 held them.")
+    print(f"{'tokens':>6} {'compiled s':>10} {'tok/s':>7} {'decode s':>9} {'speed-up':>8} | {'full tiles':>10} "
+          f"{'WGEMM Mcyc':>10} {'array bnd':>10} {'stream bnd':>10} {'rest Mcyc':>10} {'head Mcyc':>9} {'speed-up':>8}")
     for e in estimates:
-        print(f"{e.tokens:>6} {e.gemm / 1e6:>10.1f} {e.array_bound / 1e6:>10.1f} {e.stream_bound / 1e6:>10.1f} "
-              f"{e.rest / 1e6:>10.1f} {e.head / 1e6:>9.1f} {e.seconds:>9.2f} {e.tok_s:>7.1f} "
-              f"{e.decode / e.clock_hz:>9.2f} {e.decode / e.cycles:>8.2f}")
-    print("  array bnd: one k-step per cycle (token tiles x row tiles x padded K); stream bnd: the projections' "
-          "weights once per token tile at the DDR rate; decode s: the same tokens decoded one by one")
+        print(f"{e.tokens:>6} {e.compiled_seconds:>10.2f} {e.tokens / e.compiled_seconds:>7.1f} "
+              f"{e.decode / e.clock_hz:>9.2f} {e.decode / e.compiled:>8.2f} | {e.seconds:>10.2f} "
+              f"{e.gemm / 1e6:>10.1f} {e.array_bound / 1e6:>10.1f} {e.stream_bound / 1e6:>10.1f} "
+              f"{e.rest / 1e6:>10.1f} {e.head / 1e6:>9.1f} {e.decode / e.cycles:>8.2f}")
+    print("  compiled s: the prefill programs' cycles in the decode model's costs; decode s: the same tokens "
+          "decoded one by one; array bnd: one k-step per cycle (token tiles x row tiles x padded K); stream bnd: "
+          "the projections' weights once per token tile at the DDR rate")
 
 
 if __name__ == "__main__":

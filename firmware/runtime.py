@@ -46,7 +46,7 @@ from sim.gemma3n import resolve_tensor_names
 from sim.iss import HARDWARE, REFERENCE, ExecutionError, Machine
 from sim.numerics import WEIGHT_METHODS
 
-from .compiler import MAX_TOKENS, Program, compile_token, compile_tokens
+from .compiler import Program, compile_token, compile_tokens, multi_token_limit, prefill_runs, program_tokens
 from .pack import Image, pack
 
 __all__ = ["Runtime", "Backend", "IssBackend", "CsrBackend", "NpuDevice", "Placed", "hardware_of", "attach_rtl_device",
@@ -247,6 +247,7 @@ class CsrBackend:
         self.program: Program | None = None
         self.placed: Placed | None = None
         self._counters: dict[str, int] = {}
+        self.program_writes: list[tuple[int, np.ndarray]] = []    # (offset in PROGRAM, bytes) of `run_words`
 
     # --- CSRs by name ------------------------------------------------------------------------------------
 
@@ -348,6 +349,7 @@ class CsrBackend:
                              f"one ({self.image.region('PROGRAM')[1]} bytes); pack with a larger program_bytes")
         base = self.placed.base("PROGRAM")
         self.device.mem_write(base + at, code)
+        self.program_writes.append((at, code))
         self.csr_write64("PROGRAM_BASE", base + at)
         self.csr_write("PROGRAM_LEN", len(words))
         try:
@@ -503,40 +505,32 @@ class Runtime:
         the runtime (position, KV cache) where ``step`` on each id would have left it, with the same bits.
 
         The ids run in prefill programs of up to `prefill_tokens` tokens (`firmware.compiler.compile_tokens`:
-        the projections once for all of them), one after another; a single remaining id, and the ids a
-        multi-token program may not run (`multi_token_limit`), run through ``step``. Bad ids raise here,
-        before anything runs."""
+        the projections once for all of them), one after another (`firmware.compiler.prefill_runs`); a run of
+        one id, and the ids a multi-token program may not run (`firmware.compiler.multi_token_limit`), run
+        through ``step``. Bad ids raise here, before anything runs."""
         if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
             raise TypeError(f"ids must be a sequence of token ids, not {type(ids).__name__}")
         ids = [check_index("token id", t, self.config.vocab_size, "the vocabulary") for t in ids]
         if not ids:
             raise ValueError("ids must hold at least one token id")
-        k, logits = 0, None
-        while k < len(ids):
-            n = min(len(ids) - k, self.prefill_tokens, self.multi_token_limit(self.position))
+        logits, k = None, 0
+        for pos, n in prefill_runs(self.config, len(ids), self.position, self.prefill_tokens):
+            run = ids[k:k + n]
+            k += n
             if n == 1:
-                logits = self.step(ids[k])
-                k += 1
+                logits = self.step(run[0])
                 continue
             program = self.prefill_program(n)
-            for t, token in enumerate(ids[k:k + n]):
+            for t, token in enumerate(run):
                 for region, offset, data in self.image.stage_rows(token, slot=t):
                     self.backend.write(region, offset, data)
-            positions = range(self.position, self.position + n)
-            logits = self.backend.run_words(program.bind(ids[k:k + n], positions), ids[k], self.position)
+            logits = self.backend.run_words(program.bind(run, range(pos, pos + n)), run[0], pos)
             self.position += n
-            k += n
         return logits
 
     def multi_token_limit(self, pos: int) -> int:
-        """The most tokens one program may run from position `pos`. A layer that shares the KV cache of a
-        sliding-window layer reads that layer's ring after every token of the program has been stored; once the
-        ring is full, a later token's row replaces one that an earlier token still attends to. So with such a
-        layer a program's tokens stay below the window (the rest run one per program); otherwise any number."""
-        cfg = self.config
-        if any(cfg.is_kv_shared(i) and cfg.is_sliding(cfg.kv_source(i)) for i in range(cfg.num_hidden_layers)):
-            return max(1, cfg.sliding_window - pos)
-        return MAX_TOKENS
+        """`firmware.compiler.multi_token_limit` of this model."""
+        return multi_token_limit(self.config, pos)
 
     @property
     def _hw(self) -> HardwareConfig:
@@ -546,19 +540,11 @@ class Runtime:
 
     @property
     def prefill_tokens(self) -> int:
-        """Tokens per prefill program: the most that fit (L2, the host tables' staging slots), at most a token
-        tile of the systolic array; settable (1 runs every prompt token through ``step``)."""
+        """Tokens per prefill program: `firmware.compiler.program_tokens` (at most a token tile of the systolic
+        array, as many as fit L2 and the host tables' staging slots); settable (1 runs every prompt token
+        through ``step``)."""
         if self._prefill_tokens is None:
-            n = self._hw.systolic_rows
-            if self.image.host_tables:
-                n = min(n, self.image.staging_slots)
-            while n > 1:
-                try:
-                    self.prefill_program(n)
-                    break
-                except ValueError:
-                    n -= 1
-            self._prefill_tokens = n
+            self._prefill_tokens = program_tokens(self.config, self.image, self._hw, self.prefill_gemm)
         return self._prefill_tokens
 
     @prefill_tokens.setter

@@ -273,6 +273,28 @@ def test_prefill_sums_the_decode_positions(tiny_prefill):
         assert e.decode == pytest.approx(direct, rel=1e-9)
 
 
+def test_compiled_prefill_sums_its_programs(tiny_prefill):
+    """The compiled prefill is the prompt's prefill programs (and decode steps past what one program may run),
+    each priced by `schedule` as the decode program is: the few-point sum equals the runs priced one by one."""
+    from firmware.compiler import compile_tokens, prefill_runs, program_tokens
+    from firmware.pack import pack
+    from firmware.perf import schedule
+    from sim.iss import COUNT, Machine
+    cfg, hw, estimates = tiny_prefill
+    image = pack(cfg, None, hw, max_positions=cfg.sliding_window + 4, fill=False)
+    per = program_tokens(cfg, image, hw)
+    assert per == hw.systolic_rows or per > 1
+    for e in estimates:
+        runs = prefill_runs(cfg, e.tokens, 0, per)
+        assert sum(k for _, k in runs) == e.tokens and e.program_tokens == per
+        direct = 0.0
+        for pos, k in runs:
+            words = compile_tokens(cfg, image, hw, k).bind([2] * k, range(pos, pos + k))
+            direct += schedule(Machine(image, hw, COUNT), words, hw, Rates(), token=2, pos=pos).cycles
+        assert e.compiled == pytest.approx(direct, rel=1e-9)
+        assert e.compiled <= e.decode * (1 + 1e-9)         # the output section once, the rest as decode
+
+
 def test_prefill_structure(tiny_prefill):
     from firmware.compiler import compile_token
     from firmware.pack import pack
@@ -299,9 +321,9 @@ def test_cli_prints_decode_and_prefill(capsys):
     from firmware.perf import main
     assert main(["--model", "tiny", "--hw", "kv260", "--positions", "3", "--prefill", "2", "5"]) == 0
     text = capsys.readouterr().out
-    assert "MODEL ESTIMATE" in text and "not a compiled program" in text
+    assert "the compiled prefill programs" in text and "full tiles" in text
     rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["2"], ["5"])]
-    assert [r[0] for r in rows] == ["2", "5"] and all(len(r) == 10 for r in rows)
+    assert [r[0] for r in rows] == ["2", "5"] and all(len(r) == 13 and r[5] == "|" for r in rows)
     assert main(["--model", "tiny", "--hw", "tiny", "--positions", "3", "--prefill"]) == 0
     assert "prefill" not in capsys.readouterr().out
 

