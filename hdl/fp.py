@@ -618,8 +618,9 @@ class F32ToF16(_Unary):
     rounded correctly, signed zeros; every binary32 subnormal rounds to ±0). NaN gives the canonical
     binary16 quiet NaN `QNAN16` (0x7E00). Latency 3.
 
-    Stages: unpack and the binary16 exponent with the denormalising shift count; the right shift of the
-    24-bit significand keeping 11 bits, a round bit and a sticky bit; RNE increment on the packed
+    Stages: unpack, the binary16 exponent with the denormalising shift count and the significand's prefix OR
+    from its lowest bit; the right shift of the 24-bit significand keeping 11 bits and a round bit, the sticky
+    bit picked from the prefix OR by the shift count; RNE increment on the packed
     ``(exponent - 1) << 10 | significand`` word (a rounding carry walks into the exponent and into inf)."""
 
     LATENCY = 3
@@ -635,14 +636,21 @@ class F32ToF16(_Unary):
         r = Signal(range(26))
         m.d.comb += r.eq(Mux(e16 >= 1, 0, Mux(1 - e16 > 25, 25, 1 - e16)))
         special_bits = Mux(ua["nan"], QNAN16, Cat(Const(0x7C00, 15), ua["sign"]))
+        # low[k]: a significand bit at or below k is set
+        low = Cat(*(ua["mant"][:k + 1].any() for k in range(24)))
         s = p.stage(sign=ua["sign"], big=e16 >= 31, be=Mux(e16 >= 1, e16, 1)[:5], r=r, mant=ua["mant"],
-                    special=ua["nan"] | ua["inf"], special_bits=special_bits)
-        # The 24-bit significand (hidden bit at 23) keeps its top 11 bits after the extra shift `r`.
+                    low=low, special=ua["nan"] | ua["inf"], special_bits=special_bits)
+        # The 24-bit significand (hidden bit at 23) keeps its top 11 bits after the extra shift `r`; the
+        # sticky bit is any significand bit below the round bit's, 12 + r: low[11 + r] (every bit past 23).
         ext = Signal(24 + 26)
         m.d.comb += ext.eq(Cat(Const(0, 26), s["mant"]) >> s["r"])
         sig = ext[26 + 13:]                 # 11 bits
         rnd = ext[26 + 12]
-        sticky = ext[:26 + 12].any()
+        sticky = Signal()
+        with m.Switch(s["r"]):
+            for r_val in range(26):
+                with m.Case(r_val):
+                    m.d.comb += sticky.eq(s["low"][min(11 + r_val, 23)])
         s = p.stage(sign=s["sign"], big=s["big"], be=s["be"], sig=sig, rnd=rnd, sticky=sticky,
                     special=s["special"], special_bits=s["special_bits"])
         inc = s["rnd"] & (s["sticky"] | s["sig"][0])
