@@ -886,7 +886,8 @@ def _ple(e: _Emitter, cfg: ModelConfig, i: int, correct, others):
 
 def main(argv=None) -> int:
     """``python -m firmware.compiler (--checkpoint DIR | --model M) [--hw HW] [--memory-map MAP]
-    [--max-positions N] [--out FILE]``: the token program of a model for a hardware preset, over an image that
+    [--max-positions N] [--tokens T] [--out FILE]``: the token program (``--tokens``: a prefill program of T
+    tokens, its SETTOK/SETPOS immediates the token indices) of a model for a hardware preset, over an image that
     is only planned (`firmware.pack.pack` with ``fill=False``: no weights are read). Prints the listing
     (`Program.listing`), or writes the words (little-endian u64) to FILE and the listing to FILE.lst. Bad
     input: one line on stderr naming the option, exit status 2."""
@@ -915,6 +916,9 @@ def main(argv=None) -> int:
                         "the plan checks the image fits)")
     p.add_argument("--max-positions", type=POSITIVE, metavar="N",
                    help="positions the KV cache holds (default: the model's max_position_embeddings)")
+    p.add_argument("--tokens", type=POSITIVE, default=1, metavar="T",
+                   help=f"tokens per program: 1 is the decode program, more a prefill program "
+                        f"(compile_tokens; at most {MAX_TOKENS}) (default 1)")
     p.add_argument("--out", metavar="FILE", help="write the words to FILE and the listing to FILE.lst")
     args = p.parse_args(argv)
     if args.checkpoint is not None:
@@ -934,9 +938,10 @@ def main(argv=None) -> int:
     hw = HardwareConfig.preset(args.hw)
     try:
         image = pack(cfg, None, hw, fill=False, max_positions=args.max_positions, memory_map=args.memory_map)
-        program = compile_token(cfg, image, hw)
+        program = compile_tokens(cfg, image, hw, tokens=args.tokens)
     except ValueError as e:
-        p.error(f"cannot compile for --hw {args.hw}, --memory-map {args.memory_map}: {e}")
+        p.error(f"cannot compile for --hw {args.hw}, --memory-map {args.memory_map}"
+                + (f", --tokens {args.tokens}" if args.tokens > 1 else "") + f": {e}")
     if args.out is None:
         print(program.listing())
         return 0

@@ -560,6 +560,7 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
                                 layout=int(int8_kv)))
     if len(descs) > 256:
         raise ValueError(f"{len(descs)} KV cache layers do not fit the 8-bit slot field of ATTN/KVST")
+    slots = []                                  # staging slots 1.. of the staged tables (their descriptors)
     for name, shape in expected.items():
         if _is_const(name, shape):
             n = math.prod(shape) * 4
@@ -585,15 +586,17 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
         descs.append(Descriptor(len(descs), DescKind.INT4, name, 0, 1 if staged else held, cols, off, soff, layout,
                                 group))
         if staged:
-            # one descriptor of one row per staging slot: GATHER's remap rule reads it for any token
-            for t in range(1, held):
-                descs.append(Descriptor(len(descs), DescKind.INT4, name, t, 1, cols, off + t * pcols // 2,
-                                        soff + t * ngroups * 2, layout, group))
+            # one descriptor of one row per further staging slot (GATHER's remap rule reads it for any token),
+            # after every other descriptor: the decode program's words do not depend on the memory map
+            slots += [(name, t, cols, off + t * pcols // 2, soff + t * ngroups * 2, layout, group)
+                      for t in range(1, held)]
             continue
         for r0, n in _row_pieces(cfg, hw, name, rows):
             assert layout == Layout.ROW, "row chunks of a column-major matrix have no contiguous scales"
             descs.append(Descriptor(len(descs), DescKind.INT4, name, r0, n, cols,
                                     off + r0 * pcols // 2, soff + r0 * ngroups * 2, layout, group))
+    for name, t, cols, off, soff, layout, group in slots:
+        descs.append(Descriptor(len(descs), DescKind.INT4, name, t, 1, cols, off, soff, layout, group))
     folded = {folded_router_name(i): i for i in range(cfg.num_hidden_layers)}    # derived: name -> layer
     n = cfg.altup_num_inputs * cfg.hidden_size * 4
     for name in folded:

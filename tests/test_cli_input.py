@@ -238,6 +238,15 @@ def test_compiler_writes_words_and_listing(tiny_program, tmp_path, capsys):
     assert f"wrote {out} ({len(tiny_program.words)} words" in capsys.readouterr().err
 
 
+def test_compiler_prints_a_prefill_program(capsys):
+    from firmware.pack import pack
+    want = compiler.compile_tokens(TINY, pack(TINY, None, TINY_HW, fill=False), TINY_HW, tokens=3)
+    assert compiler.main(["--model", "tiny", "--hw", "tiny", "--tokens", "3"]) == 0
+    text = capsys.readouterr().out
+    assert text == want.listing() + "\n"
+    assert "ctrl.settok imm=0x2" in text and "ctrl.setpos imm=0x2" in text
+
+
 def test_compiler_bad_input(tmp_path, capsys):
     empty, bad_json, not_gemma = (tmp_path / n for n in ("empty", "bad_json", "not_gemma"))
     for d in (empty, bad_json, not_gemma):
@@ -263,6 +272,10 @@ def test_compiler_bad_input(tmp_path, capsys):
         (["--model", "tiny", "--out", str(tmp_path)], f"argument --out: cannot write {str(tmp_path)!r}: "
                                                       f"Is a directory"),
         (["--model", "tiny", "--out", str(tmp_path / "no" / "x.bin")], "argument --out: cannot write "),
+        (["--model", "tiny", "--tokens", "0"], "argument --tokens: must be a positive integer, not '0'"),
+        (["--model", "tiny", "--tokens", "300"], "cannot compile for --hw kv260, --memory-map flat, --tokens 300: "
+                                                 "tokens must be an integer from 1 to 255"),
+        (["--model", "e4b", "--tokens", "8"], "--tokens 8: L2 is too small: buffer "),
     ]
     for argv, message in cases:
         assert message in _error_line(_bad(compiler.main, argv, capsys)), argv
