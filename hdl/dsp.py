@@ -80,6 +80,8 @@ class DspMacc(wiring.Component):
     cascade : A comes from the slice above (``i_acin``, its ``o_acout``) instead of ``i_a``: the dedicated
         A cascade of a DSP column, which must be wired straight from one slice's ``o_acout`` to the next
         one's ``i_acin``.
+    ce : the registers (A, B, M, P, OPMODE) load only in cycles with ``i_ce`` high (the slice's clock
+        enables), for a pipeline that stalls; without it they load every cycle.
 
     Members
     -------
@@ -88,6 +90,7 @@ class DspMacc(wiring.Component):
     o_acout : Out(signed(30))       the A register: A one cycle later, sign-extended to 30 bits
     i_b : In(signed(b_bits))        B operand
     i_restart : In(1)               the product that reaches P next cycle starts a new sum
+    i_ce : In(1)                    (with ``ce``) the clock enable of every register
     o_p : Out(signed(48))           the P register
 
     Timing: A and B at the inputs in cycle x are in the A/B registers in x + 1 (``o_acout``), their product
@@ -97,15 +100,18 @@ class DspMacc(wiring.Component):
 
     LATENCY = 3
 
-    def __init__(self, a_bits: int, b_bits: int, *, cascade: bool = False):
+    def __init__(self, a_bits: int, b_bits: int, *, cascade: bool = False, ce: bool = False):
         with rejecting(self):
             _check_width("DspMacc", "a_bits", a_bits, MUL_A_BITS, " (the DSP48E2 multiplier's A input)")
             _check_width("DspMacc", "b_bits", b_bits, MUL_B_BITS, " (the DSP48E2 multiplier's B input)")
-        self._a_bits, self._b_bits, self._cascade = a_bits, b_bits, bool(cascade)
-        super().__init__({
+        self._a_bits, self._b_bits, self._cascade, self._ce = a_bits, b_bits, bool(cascade), bool(ce)
+        ports = {
             "i_a": In(signed(a_bits)), "i_acin": In(signed(A_BITS)), "o_acout": Out(signed(A_BITS)),
             "i_b": In(signed(b_bits)), "i_restart": In(1), "o_p": Out(signed(P_BITS)),
-        })
+        }
+        if self._ce:
+            ports["i_ce"] = In(1)
+        super().__init__(ports)
 
     @property
     def cascade(self) -> bool:
@@ -114,6 +120,7 @@ class DspMacc(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         a_in = self.i_acin if self._cascade else self.i_a.as_signed()
+        ce = self.i_ce if self._ce else Const(1, 1)
         if uses_xilinx_primitives(platform):
             zero = Const(0, 1)
             opmode = Signal(9)                                   # the port's full width
@@ -135,8 +142,8 @@ class DspMacc(wiring.Component):
                 i_CARRYIN=zero, i_CARRYCASCIN=zero, i_MULTSIGNIN=zero, i_CARRYINSEL=Const(0, 3),
                 i_INMODE=Const(0, 5), i_ALUMODE=Const(0, 4),
                 i_OPMODE=opmode,
-                i_CEA1=zero, i_CEA2=Const(1, 1), i_CEB1=zero, i_CEB2=Const(1, 1), i_CEM=Const(1, 1),
-                i_CEP=Const(1, 1), i_CECTRL=Const(1, 1), i_CEAD=zero, i_CED=zero, i_CEC=zero,
+                i_CEA1=zero, i_CEA2=ce, i_CEB1=zero, i_CEB2=ce, i_CEM=ce,
+                i_CEP=ce, i_CECTRL=ce, i_CEAD=zero, i_CED=zero, i_CEC=zero,
                 i_CEINMODE=zero, i_CEALUMODE=zero, i_CECARRYIN=zero,
                 i_RSTA=zero, i_RSTB=zero, i_RSTM=zero, i_RSTP=zero, i_RSTCTRL=ResetSignal(), i_RSTD=zero,
                 i_RSTC=zero, i_RSTINMODE=zero, i_RSTALUMODE=zero, i_RSTALLCARRYIN=zero,
@@ -149,8 +156,9 @@ class DspMacc(wiring.Component):
         mreg = Signal(signed(MUL_A_BITS + MUL_B_BITS), reset_less=True)
         restart = Signal()                                        # the OPMODE register (RSTCTRL)
         preg = Signal(signed(P_BITS), reset_less=True)
-        m.d.sync += [a2.eq(a_in), b2.eq(self.i_b), mreg.eq(a2[:MUL_A_BITS].as_signed() * b2),
-                     restart.eq(self.i_restart), preg.eq(mreg + Mux(restart, 0, preg))]
+        with m.If(ce):
+            m.d.sync += [a2.eq(a_in), b2.eq(self.i_b), mreg.eq(a2[:MUL_A_BITS].as_signed() * b2),
+                         restart.eq(self.i_restart), preg.eq(mreg + Mux(restart, 0, preg))]
         m.d.comb += [self.o_acout.eq(a2), self.o_p.eq(preg)]
         return m
 

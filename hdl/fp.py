@@ -537,8 +537,8 @@ class FpLdexp(_Binary):
     (only a subnormal `a` with ``k >= 0`` shifts left; a normal `a` with ``E >= 1`` shifts right by 0)
     with the shifter's input, ``M`` or ``M`` reversed; (2) the shift count (``1 - E`` clamped, 0, or
     ``min(lz, E - 1)`` from a 5-bit compare) and beside it the exponent field ``E - lz`` (an 11-bit
-    subtract); (3) the shift with the round bit, the sticky bit as a masked OR of the significand bits
-    below the round bit, the packed word ``field << 23 | fraction`` with the NaN and ±inf words selected
+    subtract); (3) the shift with the round bit, the sticky bit (the significand bits below the round bit)
+    from a compare of the shift count with the significand's trailing-zero count (stage 1), the packed word ``field << 23 | fraction`` with the NaN and ±inf words selected
     in (and their round bit cleared); (4) the RNE increment of the fraction (its carry ORed into the
     exponent field, which is 0 whenever there is a round bit).
 
@@ -574,8 +574,10 @@ class FpLdexp(_Binary):
         m.d.comb += e.eq(ua["eff"] + k)
         right = (ua["e"] != 0) | k[-1]
         x = Mux(right, Cat(Const(0, 1), ua["mant"]), Cat(ua["mant"][::-1], Const(0, 1)))
+        # tz: the significand's trailing zeros (24 or more: no bit set), for the sticky bit of a right shift
+        tz = _lzc(ua["mant"][::-1])[0]
         s = p.stage(sign=ua["sign"], e=e, x=x, right=right, lz=_lzc(ua["mant"])[0][:5], zero=ua["zero"],
-                    nan=ua["nan"], inf=ua["inf"])
+                    nan=ua["nan"], inf=ua["inf"], tz=Mux(ua["mant"] == 0, 31, tz[:5]))
         # Stage 2: right by 1 - E (E <= 0; clamped at 25) or by 0, or left by min(lz, E - 1): the result is
         # normal when E > lz (E >= 24, or E in 1..23 and a 5-bit compare); the field E - lz is used only then.
         e, lz, right = s["e"], s["lz"], s["right"]
@@ -584,15 +586,14 @@ class FpLdexp(_Binary):
         field = Signal(signed(12))
         m.d.comb += field.eq(e - lz)
         s = p.stage(sign=s["sign"] & ~s["nan"], x=s["x"], right=right, amt=amt, normal=normal & ~s["zero"],
-                    field=field, nan=s["nan"], inf=s["inf"])
+                    field=field, nan=s["nan"], inf=s["inf"], tz=s["tz"])
         # Stage 3: the shift. Right: Cat(0, M) >> amt, bit 0 the round bit, bits 1..24 the significand, the
-        # sticky bit the OR of M's bits below amt - 1 (a masked OR).
+        # sticky bit the OR of M's bits below amt - 1: M's lowest set bit lies below it (tz + 2 <= amt).
         x, amt, right = s["x"], s["amt"], s["right"]
         y = Signal(25)
         m.d.comb += y.eq(x >> amt)
         sig = Mux(right, y[1:25], y[:24][::-1])
-        masked = Signal(24)
-        m.d.comb += masked.eq(x[1:25] & Cat(*(amt > j + 1 for j in range(24))))
+        below = s["tz"] + 2 <= amt
         ovf = s["inf"] | (s["normal"] & (s["field"] >= 255))
         word = Signal(31)
         with m.If(s["nan"]):
@@ -601,7 +602,7 @@ class FpLdexp(_Binary):
             m.d.comb += word.eq(_INF)
         with m.Else():
             m.d.comb += word.eq(Cat(sig[:23], Mux(s["normal"], s["field"][:8], 0)))
-        s = p.stage(sign=s["sign"], word=word, rnd=right & y[0] & ~s["nan"] & ~s["inf"], sticky=right & masked.any())
+        s = p.stage(sign=s["sign"], word=word, rnd=right & y[0] & ~s["nan"] & ~s["inf"], sticky=right & below)
         # Stage 4: RNE. A round bit only comes with field 0 (and then the fraction's carry makes field 1).
         word = s["word"]
         inc = s["rnd"] & (s["sticky"] | word[0])
@@ -695,8 +696,8 @@ class IntScaleMul(_Binary):
     ``fp32(0) = +0`` (so ``0 * -1.0 = -0.0``).
 
     Stages: (1) |x| (one carry chain), binary16 decode and the special cases; (2, 3) the unsigned
-    ``(int_bits) x 11``-bit product, written as a plain multiply followed by a register so that it maps to
-    one DSP48E2 with its M and P registers; (4) leading-zero count of the product; (5) the normalising
+    ``(int_bits) x 11``-bit product in one DSP48E2 (`hdl.dsp.DspMacc`: |x| and the significand in its A and
+    B registers, the product in M, then in P); (4) leading-zero count of the product; (5) the normalising
     left shift and the binary32 exponent (an 8-bit add), in parallel; (6) the RNE increment on the packed
     ``exponent << 23 | fraction`` word (a carry out of the fraction walks into the exponent) and the
     special-case select. Products of at most 24 bits (``int_bits <= 14``) are exact: stage 6 then has no
@@ -737,13 +738,15 @@ class IntScaleMul(_Binary):
         e, f = h[10:15], h[:10]
         inf_s = (e == 31) & (f == 0)
         nan = ((e == 31) & (f != 0)) | (inf_s & (x == 0))
-        s = p.stage(sign=(x < 0) ^ h[15], mag=mag, sig=Cat(f, e != 0), eff=Mux(e == 0, 1, e),
-                    special=e == 31, nan=nan)
-        # Stages 2, 3: the exact product (DSP48E2 M and P registers).
-        prod = Signal(pw)
-        m.d.comb += prod.eq(s["mag"] * s["sig"])
-        s = p.stage(sign=s["sign"], prod=prod, eff=s["eff"], special=s["special"], nan=s["nan"])
+        # Stages 1 to 3 of the product: one DSP48E2 (`hdl.dsp.DspMacc`, its clock enables the pipeline's):
+        # |x| and the significand in its A and B registers, the exact product in M, then in P.
+        from .dsp import DspMacc
+        m.submodules.mul = mul = DspMacc(n + 1, 12, ce=True)
+        m.d.comb += [mul.i_a.eq(mag), mul.i_b.eq(Cat(f, e != 0)), mul.i_restart.eq(1), mul.i_ce.eq(self.en)]
+        s = p.stage(sign=(x < 0) ^ h[15], eff=Mux(e == 0, 1, e), special=e == 31, nan=nan)
         s = p.stage(**s)
+        s = p.stage(**s)
+        s["prod"] = mul.o_p[:pw]
         # Stage 4: leading zeros. The product's value is prod * 2**(eff - 25).
         lz, zero = _lzc(s["prod"])
         lzr = Signal(range(pw))

@@ -921,9 +921,13 @@ class Sfu(wiring.Component):
         remaining = Signal.like(cmd.length)
         is_red = _is(op, *REDUCE_OPS)
 
-        # elements of long commands in flight: a short command waits for them to leave
-        long_n = Signal(range(self.latency + 2))
-        m.d.comb += self.i_cmd.ready.eq(~busy & ~(_is(Value.cast(self.i_cmd.payload.op), *SHORT_OPS) & (long_n != 0)))
+        # elements of long commands in flight: a short command waits for them to leave. The count takes its
+        # entries and exits a cycle late (`inc_r`, `dec_r`: registered, off the output's ready path); an entry
+        # not yet counted holds a short command too, an exit not yet counted holds it one cycle longer.
+        long_n = Signal(range(self.latency + 3))
+        inc_r, dec_r = Signal(), Signal()
+        m.d.comb += self.i_cmd.ready.eq(~busy & ~(_is(Value.cast(self.i_cmd.payload.op), *SHORT_OPS)
+                                                  & ((long_n != 0) | inc_r)))
         p = self.i_data.payload
         take = Signal()
         last = Signal()                              # the beat holds the command's last elements
@@ -953,10 +957,10 @@ class Sfu(wiring.Component):
         t_valid = f.delay(n0(take & is_short), t_short, valid=True)
         (yv,), t_out = f.align(y)
         l_valid = f.delay(n0(take & ~is_short), t_out, valid=True)
-        inc, dec = take & ~is_short, l_valid & en
-        with m.If(inc & ~dec):
+        m.d.sync += [inc_r.eq(take & ~is_short), dec_r.eq(l_valid & en)]
+        with m.If(inc_r & ~dec_r):
             m.d.sync += long_n.eq(long_n + 1)
-        with m.Elif(dec & ~inc):
+        with m.Elif(dec_r & ~inc_r):
             m.d.sync += long_n.eq(long_n - 1)
 
         # the reductions feed at each lane's A1 input (lanes 1..3 reach it before lane 0, whose M1 takes x)
