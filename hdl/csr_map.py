@@ -98,8 +98,10 @@ def _build() -> "RegisterMap":
             Field("ERROR", 2, 1, "the last program stopped on an error (see ERROR_CODE, ERROR_PC)"))),
         Register("ERROR_CODE", 0x010, "ro", "hdl.isa.ErrorCode of the last error (0: none)"),
         Register("ERROR_PC", 0x014, "ro", "index of the instruction that caused the last error"),
-        Register("TOKEN_ID", 0x018, "rw", "token id the program embeds (GATHER)"),
-        Register("POSITION", 0x01C, "rw", "position of the token in the sequence (RoPE, KV slot, window)"),
+        Register("TOKEN_ID", 0x018, "rw", "token id the program starts with (GATHER; CTRL SETTOK replaces it for later "
+                                          "instructions)"),
+        Register("POSITION", 0x01C, "rw", "position the program starts at (RoPE, KV slot, window; CTRL SETPOS replaces "
+                                          "it)"),
         Register("PROGRAM_BASE_LO", 0x020, "rw", "DDR byte address of the token program (16-byte aligned)"),
         Register("PROGRAM_BASE_HI", 0x024, "rw", "high word of PROGRAM_BASE"),
         Register("PROGRAM_LEN", 0x028, "rw", "program length in 64-bit words (bound on fetch)"),

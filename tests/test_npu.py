@@ -42,6 +42,15 @@ def test_tokens_bit_identical_to_the_iss():
 
 
 @pytest.mark.slow
+def test_prefill_programs_bit_identical_to_the_iss():
+    """f64_s3_l5 (no KV sharing, window 6): the first 6 ids as prefill programs of 4 and 2 tokens (their
+    projections WGEMMs, SETTOK/SETPOS per token), then position 6 as a decode step (it rewrites ring slot 0);
+    the logits, every byte of DDR and the controller's steps against the ISS's."""
+    simulate(HW, "tokens", seed=5, env={"NPU_NPZ": str(ROOT / "tests" / "fixtures" / "f64_s3_l5.npz"),
+                                        "NPU_TOKENS": "7", "NPU_PREFILL": "6"})
+
+
+@pytest.mark.slow
 def test_tokens_at_the_kv260_addresses():
     """The kv260 memory map with the high window clipped so WEIGHTS splits over both banks (base below 4 GB,
     pieces above it), the PLE row staged by the host: 3 tokens, logits and every byte of DDR."""
@@ -113,6 +122,49 @@ def test_attention_programs_have_the_expected_iss_outcomes():
 
 
 @pytest.mark.slow
+def test_tokpos_programs_give_the_iss_results():
+    """CTRL SETTOK and SETPOS between the instructions that read TOKEN and POS (tb.npu.test_npu.tokpos_programs):
+    GATHER, ROPE_COS/SIN, LDPOS, KVST and ATTN at the set values, the async matrices behind them, the errors."""
+    _bench("tokpos")
+
+
+def test_tokpos_programs_have_the_expected_iss_outcomes():
+    """The directed SETTOK/SETPOS programs mean what they say: the ISS ends each one as the bench expects (the
+    bus error cases excepted: the ISS does not model the DDR window), each GATHER writes the row of the token
+    set before it (the remapped one row 0), the positions' RoPE values and ATTN outputs differ, and LDPOS
+    stores each position."""
+    from tb.npu.test_npu import _bench_image, _iss_outcome, tokpos_programs
+    progs, broken = tokpos_programs(_bench_image(load_npz(FIXTURE), HW), HW)
+    ran = {}
+    for img, name, words, want, pos, token in progs:
+        m, _, got = _iss_outcome(img, HW, words, token=token, pos=pos)
+        assert got == (None if img is broken else want), name
+        ran[name] = (img, words, m)
+    img, words, m = ran["GATHER of the host's token, then of three set by SETTOK"]
+    alone = [words[0], words[-1]]                          # GATHER into 0, HALT
+    rows = [m.l2[64 * k:64 * k + 64] for k in range(4)]
+    for row, token in zip(rows, (7, 11, 319, 0)):
+        np.testing.assert_array_equal(row, _iss_outcome(img, HW, alone, token=token)[0].l2[:64])
+    assert len({r.tobytes() for r in rows}) == 4
+    m = ran["ROPE_COS/SIN and LDPOS at the host's position, then at two set by SETPOS"][2]
+    cs = [m.l2[(80 + 4 * k) * 4:(84 + 4 * k) * 4] for k in range(3)]
+    assert all(np.all(np.isfinite(c)) for c in cs) and len({c.tobytes() for c in cs}) == 3
+    np.testing.assert_array_equal(m.l2[96 * 4:96 * 4 + 3], np.float32([3, 5, 0x1234_5678]))
+    m = ran["KVST at two positions, ATTN at three"][2]
+    outs = [m.l2[(64 + 16 * k) * 4:(80 + 16 * k) * 4] for k in range(3)]
+    assert all(np.all(np.isfinite(o)) and np.count_nonzero(o) == 64 for o in outs)
+    assert len({o.tobytes() for o in outs}) == 3
+    img, words, m = ran["SETPOS and SETTOK right behind an async WGEMV and WGEMM"]
+    assert m.l2[272 * 4] == 2
+    np.testing.assert_array_equal(m.l2[256 * 4:272 * 4], _iss_outcome(img, HW, alone, token=9)[0].l2[:64])
+    for lo, hi in ((128, 160), (192, 256)):                # the WGEMV's rows, the WGEMM's two tokens' rows
+        rows = m.l2[lo * 4:hi * 4]
+        assert np.all(np.isfinite(rows)) and np.count_nonzero(rows) == rows.size
+    m = ran["a GATHER after SETTOK beyond its table"][2]
+    np.testing.assert_array_equal(m.l2[:64], _iss_outcome(img, HW, alone, token=5)[0].l2[:64])
+
+
+@pytest.mark.slow
 def test_bad_input_ends_in_the_documented_error_state():
     _bench("bad_input")
 
@@ -140,6 +192,8 @@ def test_cli_argument_errors(capsys, tmp_path):
         (["--hf-npz", str(FIXTURE), "--tokens", "0"], "must be a positive integer, not '0'"),
         (["--hf-npz", str(FIXTURE), "--tokens", "17"], "has only 16 input ids"),
         (["--hf-npz", str(FIXTURE), "--hw", "big"], "--hw must be one of kv260, tiny, tiny_fp16, not 'big'"),
+        (["--hf-npz", str(FIXTURE), "--tokens", "3", "--prefill", "4"], "--prefill 4: more than the 3 tokens run"),
+        (["--hf-npz", str(FIXTURE), "--prefill", "0"], "must be a positive integer, not '0'"),
     ]:
         with pytest.raises(SystemExit) as e:
             main(argv)
@@ -216,11 +270,11 @@ def test_csr_backend_refuses_an_npu_of_another_isa_or_build():
             self.written += len(data)
 
     good = csr_map.version_word(HW.to_dict())
-    assert good & 0xFF == csr_map.ISA_VERSION == 2
+    assert good & 0xFF == csr_map.ISA_VERSION == 3
     dev = Device(good)
     CsrBackend(dev).load(image, program)
     assert dev.written > 0
-    for version, match in ((good & ~0xFF | 1, "ISA version 1; this firmware needs 2"),
+    for version, match in ((good & ~0xFF | 1, "ISA version 1; this firmware needs 3"),
                            (csr_map.version_word(HardwareConfig.preset("kv260").to_dict()), "other hardware")):
         dev = Device(version)
         with pytest.raises(RuntimeError, match=match):

@@ -21,9 +21,15 @@ arithmetic.
 Instructions issue in order; only one sequencer runs at a time, so their streams into the shared units are
 merged without arbitration. A WGEMV's matrix runs beside later instructions (``async_``); a pass whose L2
 ranges meet the rows still to be written waits for them (`PassEngine`), the next WGEMV waits for the engine,
-FENCE and HALT wait for it. The results are therefore those of sequential execution (the ISS) for any program.
-An async WGEMV that fails (a bus error on its weights) is reported at the next instruction boundary, FENCE or
-HALT, with ERROR_PC = the WGEMV's index; instructions issued after it may have run.
+FENCE, HALT, SETTOK and SETPOS wait for it. The results are therefore those of sequential execution (the ISS)
+for any program. An async WGEMV that fails (a bus error on its weights) is reported at the next instruction
+boundary, FENCE, HALT, SETTOK or SETPOS, with ERROR_PC = the WGEMV's index; instructions issued after it may
+have run.
+
+TOKEN and POS are registers of the controller: START loads them from ``i_token`` and ``i_pos`` (the TOKEN_ID
+and POSITION CSRs) and SETTOK and SETPOS write them once a running async WGEMV or WGEMM has finished (every
+other instruction has completed when it retires; the matrix reads neither). GATHER's row, the SFU's RoPE phase,
+KVST's and ATTN's positions and LDPOS read them.
 """
 
 from __future__ import annotations
@@ -102,7 +108,7 @@ class Controller(wiring.Component):
     i_start : In(1)                      pulse: a program starts (the fetch is started by the top)
     i_ack : In(1)                        pulse: clear o_done and o_error (IRQ_ACK)
     i_prog_len : In(PC_BITS)             program length in words: running past it is BAD_LENGTH (no HALT)
-    i_token, i_pos, i_desc_count : In(32)
+    i_token, i_pos, i_desc_count : In(32)   TOKEN and POS as a program starts (CTRL SETTOK / SETPOS change them)
     i_base_<region> : In(64)             DDR byte address of every region
     o_stop : Out(1)                      pulse: the program ended (HALT or error): stop the fetch
     o_busy, o_done, o_error : Out(1)     o_done / o_error stay until the next start
@@ -184,6 +190,8 @@ class Controller(wiring.Component):
     def _context(self, m):
         """The architectural state, and the context every sequencer reads."""
         hw, u = self._hw, self._u
+        # TOKEN and POS: loaded at START (`_fsm`), written by SETTOK and SETPOS (`_ctrl`)
+        self._token, self._pos = Signal(32, name="token"), Signal(32, name="pos")
         self._sregs = Array([Signal(32, name=f"s{i}") for i in range(SCALAR_REGS)])
         # the scalar registers' one write port: whoever writes drives it (comb) in that cycle, and the register
         # written the cycle after (`held`). Every write ends its instruction (a retire), and the next instruction
@@ -201,7 +209,7 @@ class Controller(wiring.Component):
         m.d.comb += fmap_r.addr.eq(data.View(layout(Opcode.ATTN), self._word).shape_ptr)
         ctx = self._ctx = Signal(context_layout(hw))
         m.d.comb += [ctx.word.eq(self._word), ctx.pc.eq(self._pc), ctx.vl.eq(self._vl), ctx.hd.eq(self._hd),
-                     ctx.inv_hd.eq(self._inv_hd), ctx.pos.eq(self.i_pos), ctx.token.eq(self.i_token),
+                     ctx.inv_hd.eq(self._inv_hd), ctx.pos.eq(self._pos), ctx.token.eq(self._token),
                      ctx.emax.eq(self._emax), Value.cast(ctx.desc).eq(u.engine.o_desc.as_value()),
                      Value.cast(ctx.fmap).eq(Value.cast(fmap_r.data))]
         m.d.comb += [ctx.s[i].eq(self._sregs[i]) for i in range(SCALAR_REGS)]
@@ -224,7 +232,7 @@ class Controller(wiring.Component):
         connect(m, eng.m_wr, wiring.flipped(self.m_wr))
         for p in range(hw.axi_ports):
             connect(m, getattr(tr, f"m_gemv{p}"), wiring.flipped(getattr(self, f"m_gemv{p}")))
-        m.d.comb += [eng.i_hold.eq(tr.o_hold), eng.i_pos.eq(self.i_pos)]
+        m.d.comb += [eng.i_hold.eq(tr.o_hold), eng.i_pos.eq(self._pos)]
 
         # the quantiser's words go where the running pass says
         qdst = eng.o_qdst
@@ -317,7 +325,7 @@ class Controller(wiring.Component):
             m.d.sync += [self.o_done.eq(0), self.o_error.eq(0)]
         with m.If(self.i_start & ~busy):
             m.d.sync += [busy.eq(1), self.o_done.eq(0), self.o_error.eq(0), err_code.eq(ErrorCode.NONE),
-                         start_while_busy.eq(0)]
+                         start_while_busy.eq(0), self._token.eq(self.i_token), self._pos.eq(self.i_pos)]
         with m.If(self.i_start & busy):
             m.d.sync += start_while_busy.eq(1)
 
@@ -417,17 +425,21 @@ class Controller(wiring.Component):
                     m.d.sync += self._hd.eq(c.imm)
                     m.d.comb += [u.irecip.i_start.eq(1), u.irecip.i_n.eq(c.imm)]
                     m.next = "SETHD_W"
-                with m.Case(CtrlFunc.HALT, CtrlFunc.FENCE):
+                with m.Case(CtrlFunc.HALT, CtrlFunc.FENCE, CtrlFunc.SETTOK, CtrlFunc.SETPOS):
                     m.next = "DRAIN"
                 with m.Default():          # NOP
                     st.retire()
-        with m.State("DRAIN"):             # FENCE, HALT: wait for an async WGEMV
+        with m.State("DRAIN"):             # FENCE, HALT, SETTOK, SETPOS: wait for an async WGEMV or WGEMM
             with m.If(~tr.o_hold.active):
                 with m.If(tr.o_failed):
                     fail_async()
                 with m.Elif(c.func == CtrlFunc.HALT):
                     m.next = "HALT"
                 with m.Else():
+                    with m.If(c.func == CtrlFunc.SETTOK):
+                        m.d.sync += self._token.eq(c.imm)
+                    with m.If(c.func == CtrlFunc.SETPOS):
+                        m.d.sync += self._pos.eq(c.imm)
                     st.retire()
         with m.State("SETHD_W"):
             with m.If(~u.irecip.o_busy):
@@ -487,7 +499,7 @@ class Controller(wiring.Component):
                 with m.Case(ScalarFunc.ADDI):
                     alu(sa, sc.imm, AluFn.ADD)
                 with m.Case(ScalarFunc.LDPOS):
-                    alu(self.i_pos, 0, AluFn.ITOF)
+                    alu(self._pos, 0, AluFn.ITOF)
                 with m.Case(ScalarFunc.MAX, ScalarFunc.MAXI):
                     m.next = "SC_MAX"
                 for f in (ScalarFunc.RSQRT, ScalarFunc.SQRT, ScalarFunc.RECIP, ScalarFunc.TANH):

@@ -9,7 +9,8 @@ Tests:
   window and overwrites ring slot 0, and its id 313 is outside the PLE vocabulary) through
   ``Runtime(backend="rtl")`` and ``Runtime(backend="iss", arithmetic="hardware")``: the logits of every step
   bit for bit, and every byte of DDR (KV cache, logits, scratch, and everything the program must not
-  touch) equal to the ISS's view of it.
+  touch) equal to the ISS's view of it; with ``NPU_PREFILL`` = P the first P ids run as one
+  ``Runtime.prefill`` (prefill programs, their projections as WGEMMs) checked as one step.
 - ``bad_input``: programs with a reserved opcode, an L2 address beyond L2 (in a field, and a vector running
   past L2), no HALT, and START written while busy each end in STATUS.ERROR with the documented
   `hdl.isa.ErrorCode` and ERROR_PC (the ISS agrees on both; START while busy: the running program
@@ -26,6 +27,12 @@ Tests:
   (112), several row tiles and column chunks, HALT right behind one; a non-finite input in the second tile,
   malformed WGEMMs (no tokens, a column-major matrix, groups the scale lanes do not take, ranges past L2) and
   bus errors on the weights (async and not): DDR and the outcome equal the ISS's.
+- ``tokpos``: CTRL SETTOK and SETPOS between the instructions that read TOKEN and POS (`tokpos_programs`):
+  GATHERs of several tokens in one program (the host's TOKEN_ID first, a remapped one last), ROPE_COS/SIN and
+  LDPOS at several positions, KVST at two positions and ATTN at three, SETTOK and SETPOS right behind an
+  async WGEMV and WGEMM (their rows unchanged), an async WGEMV failing while SETTOK or SETPOS waits for it
+  (BUS_ERROR at the WGEMV's index) and a GATHER after SETTOK beyond its table (ADDRESS_RANGE, the row
+  before it written): DDR and the outcome equal the ISS's.
 - ``board``: the on-board runtime's own code (`firmware.board.Kv260Device`: discovery, u-dma-buf windows, image
   load, relocation, PLE staging, the CSR protocol, the UIO interrupt wait) on the NPU, through a stand-in
   board (`tb.board`: sysfs files, ``/dev/<window>`` files the bench's DDR maps, a pty as ``/dev/uio0``, the CSR
@@ -54,8 +61,8 @@ from firmware.pack import pack
 from firmware.runtime import CsrBackend, attach_rtl_device, detach_rtl_device
 from hdl import csr_map
 from hdl.config import HardwareConfig
-from hdl.isa import (CtrlFunc, DdrRegion, DecodeError, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache, VecFunc,
-                     decode, encode)
+from hdl.isa import (CtrlFunc, CvoFunc, DdrRegion, DecodeError, DmaDir, ErrorCode, Opcode, ScalarFunc, ShapeCache,
+                     VecFunc, decode, encode)
 from sim.config import ModelConfig
 from sim.iss import HARDWARE, ExecutionError, Machine
 from hdl.memory_map import memory_map
@@ -103,7 +110,8 @@ async def tokens(dut):
     case = load_npz(npz)
     try:
         mm = sim_memory_map(memory_map_name(), window_bytes())
-        records = await bridge(compare_tokens)(device, case, hw, n, golden=False, memory_map=mm, log=dut._log.info)
+        records = await bridge(compare_tokens)(device, case, hw, n, golden=False, memory_map=mm, log=dut._log.info,
+                                               prefill=int(bench_env("NPU_PREFILL", "0")))
     finally:
         detach_rtl_device()
     assert not bench.faults, f"accesses outside the DDR window: {bench.faults[:8]}"
@@ -125,7 +133,8 @@ async def compare(dut):
     case = load_npz(npz)
     try:
         mm = sim_memory_map(memory_map_name(), window_bytes())
-        records = await bridge(compare_tokens)(device, case, hw, n, golden=True, memory_map=mm, log=dut._log.info)
+        records = await bridge(compare_tokens)(device, case, hw, n, golden=True, memory_map=mm, log=dut._log.info,
+                                               prefill=int(bench_env("NPU_PREFILL", "0")))
     finally:
         detach_rtl_device()
     out = {"npz": str(npz), "hw": hw.name, "seed": seed, "memory_map": memory_map_name(),
@@ -374,8 +383,8 @@ def async_fault_programs(image, hw: HardwareConfig):
 
 
 def run_directed(device, hw, cases, broken, log, tag) -> list[str]:
-    """Run (image, name, words, expected outcome[, position]) programs on the NPU and the ISS; returns the
-    failures. On
+    """Run (image, name, words, expected outcome[, position[, token]]) programs on the NPU and the ISS (the
+    host's POSITION and TOKEN_ID, default 0); returns the failures. On
     `broken` (an image whose weights point outside the DDR window) the ISS, which does not model bus errors,
     is taken to agree with the expected outcome."""
     npu = CsrBackend(device)
@@ -384,8 +393,8 @@ def run_directed(device, hw, cases, broken, log, tag) -> list[str]:
     for img0, name, words, want, *at in cases:
         if only not in name:
             continue
-        pos = at[0] if at else 0
-        m, img, iss = _iss_outcome(img0, hw, words, pos=pos)
+        pos, token = (list(at) + [0, 0])[:2]
+        m, img, iss = _iss_outcome(img0, hw, words, token=token, pos=pos)
         if img0 is broken and iss is None:
             iss = want
         if iss != want:
@@ -393,7 +402,7 @@ def run_directed(device, hw, cases, broken, log, tag) -> list[str]:
         npu.load(img0, _program(words))
         seen = len(device.bench.unquiet)
         try:
-            npu.run(0, pos)
+            npu.run(token, pos)
             got = None
         except ExecutionError as e:
             got = (e.code, e.pc)
@@ -453,7 +462,7 @@ def _random_kv(image, hw: HardwareConfig, seed: int = 7):
         if d.kind != 2:
             continue
         lay = KvInt8Layout(d.capacity, d.heads, d.head_dim, hw.act_block)
-        at = base + d.weight_offset
+        at = img.ddr_offset(base + d.weight_offset, 1)      # the slot in the image (one window holds KV)
         img.ddr[at:at + lay.scales_base] = rng.integers(0, 256, lay.scales_base, dtype=np.uint8)
         for j in range(d.heads):
             e = rng.integers(-6, -2, d.capacity * lay.kblocks)
@@ -620,6 +629,88 @@ def gemm_host(device, case, hw, log) -> list[str]:
     return run_directed(device, hw, progs, broken, log, "gemm")
 
 
+# --- CTRL SETTOK and SETPOS -----------------------------------------------------------------------------------
+
+def tokpos_programs(image, hw: HardwareConfig):
+    """(image, name, words, expected (ErrorCode, pc) or None, position, token) of directed programs that change
+    TOKEN and POS between the instructions that read them (see ``tokpos``), and the image whose q_proj
+    weights lie outside the DDR window (the ISS runs its programs to HALT). KVST and ATTN use a random INT8
+    KV cache. Results leave through LOGITS and SCRATCH."""
+    from firmware.compiler import SHAPE_FULL
+    cfg = ModelConfig.from_hf(image.config)
+    img = _random_kv(image, hw)
+    by = img.matrices()
+    q0, q1 = by["layers.0.self_attn.q_proj.weight"], by["layers.1.self_attn.q_proj.weight"]
+    embed = img.descriptor("embed_tokens.weight", 0, cfg.vocab_size)
+    full = img.kv_slots[next(i for i in cfg.kv_cache_layers if not cfg.is_sliding(i))]
+    assert (q0.rows, q0.cols, q1.rows, embed.cols, img.descriptors[full].capacity) == (128, 64, 128, 64, 4), \
+        "the fixture's tiny shapes changed"
+    hd, group = cfg.head_dim, cfg.num_attention_heads // cfg.num_key_value_heads
+    halt, setvl = _ctrl(CtrlFunc.HALT), lambda n: _ctrl(CtrlFunc.SETVL, n)
+    settok, setpos = lambda t: _ctrl(CtrlFunc.SETTOK, t), lambda p: _ctrl(CtrlFunc.SETPOS, p)
+    dma = lambda d, region, l2, off: encode(Opcode.DMA, dir=d, region=region, l2=l2, offset=off, async_=0)
+    gather = lambda dst, remap=0: encode(Opcode.GATHER, dst=dst, desc=embed.index, remap=remap, async_=0)
+    cvo = lambda f, src, dst, n: encode(Opcode.CVO, func=f, src=src, dst=dst, length=n, sub_emax=0, recip_scale=0,
+                                        accm=0, async_=0)
+    ldpos = lambda d: encode(Opcode.SCALAR, func=ScalarFunc.LDPOS, d=d, a=0, b=0, imm=0)
+    st_reg = lambda a, elem: encode(Opcode.SCALAR, func=ScalarFunc.ST, d=0, a=a, b=0, imm=elem)
+    kvst = lambda k, v: encode(Opcode.KVST, k=k, v=v, slot=full, shape_ptr=0, async_=0)
+    attn = lambda dst, q, kvh: encode(Opcode.ATTN, dst=dst, q=q, slot=full, kv_head=kvh, shape_ptr=SHAPE_FULL,
+                                      async_=0)
+    wgemv = lambda dst, d: encode(Opcode.WGEMV, dst=dst, src=0, desc=d.index, accm=0, findemax=0, sparse=0,
+                                  reuse=0, mask=0, async_=1)
+    wgemm = lambda dst, d, t: encode(Opcode.WGEMM, dst=dst, src=0, desc=d.index, tokens=t, accm=0, async_=1)
+    rope = img.tensors["rope.full"]
+    # L2 words: GATHER rows of 16 words at 0, 16, 32, 48
+    gathers = [gather(0), settok(11), gather(16), settok(cfg.vocab_size - 1), gather(32),
+               settok(0xFFFF_FFFF), gather(48, remap=1), setvl(256), dma(DmaDir.L2_TO_DDR, DdrRegion.LOGITS, 0, 0)]
+    # the table of hd/2 frequencies at 64..67; cos/sin pairs of two words at 80, 84, 88; LDPOS's at 96 (elements)
+    ropes = [setvl(rope.nbytes // 4), dma(DmaDir.DDR_TO_L2, DdrRegion.CONST, 64, rope.offset // 16)]
+    for k, p in enumerate((None, 5, 0x1234_5678)):
+        ropes += ([] if p is None else [setpos(p)]) + [
+            cvo(CvoFunc.ROPE_COS, 64, 80 + 4 * k, hd // 2), cvo(CvoFunc.ROPE_SIN, 64, 82 + 4 * k, hd // 2),
+            ldpos(k + 1), st_reg(k + 1, 96 * 4 + k)]
+    ropes += [setvl(33 * 4), dma(DmaDir.L2_TO_DDR, DdrRegion.LOGITS, 64, 0)]
+    # queries, K and V rows from CONST at 0..31; KVST at positions 1 (the host's) and 2, ATTN at 2, 3 and 1 into
+    # 64, 80, 96
+    kv_w = cfg.num_key_value_heads * hd // 4
+    kv = [setvl(2 * group * hd), dma(DmaDir.DDR_TO_L2, DdrRegion.CONST, 0, 0),
+          encode(Opcode.MEMSET, cache=ShapeCache.FMAP, slot=SHAPE_FULL, a=group, b=hd, c=0),
+          kvst(0, kv_w), setpos(2), kvst(2 * kv_w, 3 * kv_w), attn(64, 0, 0), setpos(3), attn(80, 16, 1),
+          setpos(1), attn(96, 0, 1), setvl(3 * group * hd), dma(DmaDir.L2_TO_DDR, DdrRegion.LOGITS, 64, 0)]
+    # x (two tokens) at 0..31; the WGEMV's rows at 128..159, the WGEMM's at 192..255, the GATHER's at 256..271,
+    # LDPOS's at 272
+    behind = [setvl(2 * q0.cols), dma(DmaDir.DDR_TO_L2, DdrRegion.CONST, 0, 0), setvl(q0.cols),
+              wgemv(128, q0), setpos(2), ldpos(1), st_reg(1, 272 * 4),
+              wgemm(192, q1, 2), settok(9), gather(256),
+              setvl(145 * 4), dma(DmaDir.L2_TO_DDR, DdrRegion.SCRATCH, 128, 0)]
+    beyond = [gather(0), setvl(embed.cols), dma(DmaDir.L2_TO_DDR, DdrRegion.LOGITS, 0, 0), settok(cfg.vocab_size),
+              gather(16), halt]
+    # an async WGEMV whose weights meet bus errors, SETTOK or SETPOS right behind it
+    at = img.ddr_offset(img.region("DESC")[0] + 32 * q0.index, 8)
+    broken = dataclasses.replace(img, ddr=img.ddr.copy())
+    broken.ddr[at:at + 8] = np.frombuffer((q0.weight_offset + BAD_WEIGHT_OFFSET).to_bytes(8, "little"), np.uint8)
+    failing = behind[:4]
+    progs = [
+        (img, "GATHER of the host's token, then of three set by SETTOK", gathers + [halt], None, 0, 7),
+        (img, "ROPE_COS/SIN and LDPOS at the host's position, then at two set by SETPOS", ropes + [halt], None, 3, 0),
+        (img, "KVST at two positions, ATTN at three", kv + [halt], None, 1, 0),
+        (img, "SETPOS and SETTOK right behind an async WGEMV and WGEMM", behind + [halt], None, 0, 2),
+        (img, "a GATHER after SETTOK beyond its table", beyond, (ErrorCode.ADDRESS_RANGE, 4), 0, 5),
+        (broken, "a bus error on an async WGEMV, SETPOS behind it", failing + [setpos(2), gather(256), halt],
+         (ErrorCode.BUS_ERROR, 3), 0, 0),
+        (broken, "a bus error on an async WGEMV, SETTOK behind it", failing + [settok(9), gather(256), halt],
+         (ErrorCode.BUS_ERROR, 3), 0, 0),
+    ]
+    return progs, broken
+
+
+def tokpos_host(device, case, hw, log) -> list[str]:
+    """Blocking host code of `tokpos`; returns the failures (empty: pass)."""
+    progs, broken = tokpos_programs(_bench_image(case, hw), hw)
+    return run_directed(device, hw, progs, broken, log, "tokpos")
+
+
 async def _directed(dut, host):
     """Run a directed-program host (`gemm_host`, `hazards_host`: each includes programs whose weights lie
     outside the DDR window) and check its failures and the bench's out-of-window accesses."""
@@ -638,6 +729,11 @@ async def _directed(dut, host):
 @cocotb.test()
 async def gemm(dut):
     await _directed(dut, gemm_host)
+
+
+@cocotb.test()
+async def tokpos(dut):
+    await _directed(dut, tokpos_host)
 
 
 @cocotb.test()
