@@ -574,10 +574,13 @@ class FpLdexp(_Binary):
         m.d.comb += e.eq(ua["eff"] + k)
         right = (ua["e"] != 0) | k[-1]
         x = Mux(right, Cat(Const(0, 1), ua["mant"]), Cat(ua["mant"][::-1], Const(0, 1)))
-        # tz: the significand's trailing zeros (24 or more: no bit set), for the sticky bit of a right shift
-        tz = _lzc(ua["mant"][::-1])[0]
+        # tz: the significand's trailing zeros (31: no bit set), for the sticky bit of a right shift; counted on
+        # the raw fraction bits, beside the unpacking (the hidden bit, 23, only matters for a zero fraction)
+        frac = self.i_a[:23]
+        tz_frac, frac_zero = _lzc(frac[::-1])
+        tz = Mux(frac_zero, Mux(self.i_a[23:31] != 0, 23, 31), tz_frac[:5])
         s = p.stage(sign=ua["sign"], e=e, x=x, right=right, lz=_lzc(ua["mant"])[0][:5], zero=ua["zero"],
-                    nan=ua["nan"], inf=ua["inf"], tz=Mux(ua["mant"] == 0, 31, tz[:5]))
+                    nan=ua["nan"], inf=ua["inf"], tz=tz)
         # Stage 2: right by 1 - E (E <= 0; clamped at 25) or by 0, or left by min(lz, E - 1): the result is
         # normal when E > lz (E >= 24, or E in 1..23 and a 5-bit compare); the field E - lz is used only then.
         e, lz, right = s["e"], s["lz"], s["right"]
