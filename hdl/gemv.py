@@ -995,9 +995,9 @@ class SparsePort(wiring.Component):
       transfer (and END) is announced to the front end through an item FIFO, in order.
     - **Front end.** Scale beats go to the scale bank of the group (double-buffered); the beats of a column
       update the segment's isum bank (double-buffered, `update_lanes` = W / CYCLES_PER_BEAT sums per word)
-      with ``isum[r] += w[r, k] * a[k]``, W / CYCLES_PER_BEAT rows per cycle (a read-modify-write whose
-      read port is transparent to the write, so back-to-back updates of the same word are exact); the first
-      column of a segment overwrites.
+      with ``isum[r] += w[r, k] * a[k]``, W / CYCLES_PER_BEAT rows per cycle (a read-modify-write: a column
+      walks CYCLES_PER_BEAT >= 2 words a beat, so a word is read again at least a cycle after its write; at a
+      whole beat per cycle the read is transparent to the write); the first column of a segment overwrites.
     - **Back end.** For every segment, *including the segments without any non-zero activation* (their sums
       are 0 and their parts ±0 are added as in `sim.numerics.gemv`: they decide the sign of zero results),
       walks the port's rows: ``part = ldexp(fp32(isum) * fp32(scale), e)``, ``y[r] = y[r] + part`` with y in a
@@ -1196,9 +1196,15 @@ class SparsePort(wiring.Component):
         # --- memories ------------------------------------------------------------------------------------
         # Every partial sum of a segment is bounded like the whole one: `cfg.segment_sum_bits` (kv260: 18) wide.
         isum_layout = data.ArrayLayout(signed(cfg.segment_sum_bits), L)
-        m.submodules.isum_mem = isum_mem = Memory(shape=isum_layout, depth=2 * (PR // L), init=[])
+        # In block RAM whatever its depth (a shallow bank of wide words would otherwise go to LUTRAM).
+        m.submodules.isum_mem = isum_mem = Memory(shape=isum_layout, depth=2 * (PR // L), init=[],
+                                                  attrs={"ram_style": "block"})
         isum_w = isum_mem.write_port()
-        isum_ra = isum_mem.read_port(transparent_for=(isum_w,))     # front end read-modify-write
+        # The front end's read-modify-write reads a word the cycle before it writes it back. With Q >= 2 words
+        # per beat a column walks at least two words, so a word's next read comes at least a cycle after its
+        # write: no transparency (which Yosys builds in the fabric, a register of the written word and a bypass
+        # per bit). With Q = 1 a port of at most W rows updates one word every cycle, through a transparent read.
+        isum_ra = isum_mem.read_port(transparent_for=(isum_w,) if Q == 1 else ())
         isum_rb = isum_mem.read_port()                               # back end
         swords = max(1, PR // hpw)
         m.submodules.scale_mem = scale_mem = Memory(shape=unsigned(8 * B), depth=2 * swords, init=[])

@@ -328,12 +328,15 @@ async def ddr4_stream(dut):
 async def benchmark(dut):
     """E4B-shaped GEMVs for benchmarks/gemv.py: cycles from command to last result, bit-exact checked.
     Parameters: BENCH_SHAPES (comma list of "<rows>x<cols>", or "<rows>x<cols>@<density>" for a sparse GEMV
-    whose activations have round(density * cols) non-zero values at random columns), LATENCY, BENCH_MEM,
-    BENCH_OUT (JSON file), DDR4_MHZ (comma list of fabric clocks: every shape runs behind a fresh DDR4 channel
-    model at each clock instead of the fixed-latency memories; the channel's command log is checked with
-    `check_timing` and the read latencies are recorded per burst)."""
+    whose activations have round(density * cols) non-zero values at random columns), BENCH_GROUP (the weight
+    group, default the preset's), AXI_OUTSTANDING (the engine's `axi_max_outstanding`, default the preset's),
+    LATENCY, BENCH_MEM, BENCH_OUT (JSON file), DDR4_MHZ (comma list of fabric
+    clocks: every shape runs behind a fresh DDR4 channel model at each clock instead of the fixed-latency
+    memories; the channel's command log is checked with `check_timing` and the read latencies are recorded per
+    burst)."""
     import json
     cfg = HardwareConfig.preset(bench_env("NPU_HW", "kv260"))
+    cfg = cfg.replace(axi_max_outstanding=int(bench_env("AXI_OUTSTANDING", str(cfg.axi_max_outstanding))))
     clocks = [float(c) for c in bench_env("DDR4_MHZ", "").split(",") if c]
     tb = GemvBench(dut, cfg, mem_size=int(bench_env("BENCH_MEM")), seed=1, latency=int(bench_env("LATENCY", "64")),
                    max_cols=cfg.gemv_max_cols, ddr4_mhz=clocks[0] if clocks else None)
@@ -343,7 +346,8 @@ async def benchmark(dut):
     for shape in bench_env("BENCH_SHAPES").split(","):
         dims, _, density = shape.partition("@")
         rows, cols = (int(v) for v in dims.split("x"))
-        case = random_case(cfg, rng, rows, cols, zero_rows=0.0, zero_cols=0.0)
+        case = random_case(cfg, rng, rows, cols, zero_rows=0.0, zero_cols=0.0,
+                           group=int(bench_env("BENCH_GROUP", "0")) or None)
         case.q_a[case.q_a == 0] = 1
         if density:
             nz = round(float(density) * cols)
