@@ -163,13 +163,17 @@ class _Pipe:
         m.d.comb += lz_w.eq(Mux(zero, w, lz))
         left = Signal(range(w + 1))
         m.d.comb += left.eq(Mux(d < 0, 0, Mux(lz_w < d, lz_w, d)))
-        s = self.stage(sign=sign, exp=exp, mant=mant, zero=zero, left=left, nan=nan, inf=inf)
+        # the trailing zeros, for the sticky bit: a set bit stays below the round bit after the left shift
+        # when it lies below w - 25 - left (a zero `mant` has none: its count is then w or more)
+        tz = _lzc(mant[::-1])[0]
+        s = self.stage(sign=sign, exp=exp, mant=mant, zero=zero, left=left, nan=nan, inf=inf, tz=tz)
         # Stage B: the shift. The result exponent is exp - left (>= 1); subnormal results end with exponent 1
         # and a 0 in the hidden-bit position, which packs as exponent field 0.
         shifted = Signal(w)
         be = Signal(signed(len(exp) + 1))
         m.d.comb += [shifted.eq((s["mant"] << s["left"])[:w]), be.eq(s["exp"] - s["left"])]
-        s = self.stage(sign=s["sign"], sig=shifted[w - 24:], rnd=shifted[w - 25], sticky=shifted[:w - 25].any(),
+        s = self.stage(sign=s["sign"], sig=shifted[w - 24:], rnd=shifted[w - 25],
+                       sticky=~s["zero"] & (s["tz"] + s["left"] < w - 25),
                        bem1=(be - 1)[:8], big=be > 254, zero=s["zero"], nan=s["nan"], inf=s["inf"])
         # Stage C: round to nearest even and pack.
         return self.stage(y=_round_pack(m, s, big=s["big"]))["y"]

@@ -119,6 +119,12 @@ async def sparse_corners(dut):
     cases.append(("all zero activations: -0 results", c))
     cases.append(("1 column", sparse_case(cfg, rng, 2, 1, 1.0)))
     cases.append(("max cols", sparse_case(cfg, rng, 2 * W, tb.max_cols, 0.05)))
+    # INT8 attention's V planes: one scale group per row, every column of the activation memory non-zero
+    v_rows = cfg.axi_ports * W
+    cases.append(("max cols, every column, one group per row", sparse_case(cfg, rng, v_rows, tb.max_cols, 1.0,
+                                                                           group=1 << 16)))
+    cases.append(("max cols - 1, 90 %, one group per row", sparse_case(cfg, rng, v_rows, tb.max_cols - 1, 0.9,
+                                                                       group=1 << 16)))
     for what, case in cases:
         await run_sparse(tb, cfg, case, what, base=4096)
     # A dense GEMV after the sparse ones, then a sparse one again: the modes share the AXI ports.
