@@ -82,6 +82,9 @@ class DspMacc(wiring.Component):
         one's ``i_acin``.
     ce : the registers (A, B, M, P, OPMODE) load only in cycles with ``i_ce`` high (the slice's clock
         enables), for a pipeline that stalls; without it they load every cycle.
+    preg : the P register and the accumulation (default); without it ``o_p`` is the M register's product
+        (``PREG = 0``, OPMODE M: no accumulation, ``i_restart`` unused), for a product registered in the
+        fabric after the slice.
 
     Members
     -------
@@ -100,11 +103,12 @@ class DspMacc(wiring.Component):
 
     LATENCY = 3
 
-    def __init__(self, a_bits: int, b_bits: int, *, cascade: bool = False, ce: bool = False):
+    def __init__(self, a_bits: int, b_bits: int, *, cascade: bool = False, ce: bool = False, preg: bool = True):
         with rejecting(self):
             _check_width("DspMacc", "a_bits", a_bits, MUL_A_BITS, " (the DSP48E2 multiplier's A input)")
             _check_width("DspMacc", "b_bits", b_bits, MUL_B_BITS, " (the DSP48E2 multiplier's B input)")
         self._a_bits, self._b_bits, self._cascade, self._ce = a_bits, b_bits, bool(cascade), bool(ce)
+        self._preg = bool(preg)
         ports = {
             "i_a": In(signed(a_bits)), "i_acin": In(signed(A_BITS)), "o_acout": Out(signed(A_BITS)),
             "i_b": In(signed(b_bits)), "i_restart": In(1), "o_p": Out(signed(P_BITS)),
@@ -124,13 +128,14 @@ class DspMacc(wiring.Component):
         if uses_xilinx_primitives(platform):
             zero = Const(0, 1)
             opmode = Signal(9)                                   # the port's full width
-            m.d.comb += opmode.eq(Mux(self.i_restart, OPMODE_M, OPMODE_PM))
+            m.d.comb += opmode.eq(Mux(self.i_restart, OPMODE_M, OPMODE_PM) if self._preg else OPMODE_M)
             m.submodules.dsp = Instance(
                 "DSP48E2",
                 p_A_INPUT="CASCADE" if self._cascade else "DIRECT", p_B_INPUT="DIRECT",
                 p_AMULTSEL="A", p_BMULTSEL="B", p_PREADDINSEL="A", p_USE_MULT="MULTIPLY",
                 p_USE_SIMD="ONE48", p_USE_PATTERN_DETECT="NO_PATDET", p_AUTORESET_PATDET="NO_RESET",
-                p_AREG=1, p_ACASCREG=1, p_BREG=1, p_BCASCREG=1, p_MREG=1, p_PREG=1, p_OPMODEREG=1,
+                p_AREG=1, p_ACASCREG=1, p_BREG=1, p_BCASCREG=1, p_MREG=1, p_PREG=int(self._preg),
+                p_OPMODEREG=int(self._preg),
                 p_ADREG=0, p_DREG=0, p_CREG=0, p_INMODEREG=0, p_ALUMODEREG=0, p_CARRYINREG=0,
                 p_CARRYINSELREG=0,
                 i_CLK=ClockSignal(),
@@ -143,7 +148,8 @@ class DspMacc(wiring.Component):
                 i_INMODE=Const(0, 5), i_ALUMODE=Const(0, 4),
                 i_OPMODE=opmode,
                 i_CEA1=zero, i_CEA2=ce, i_CEB1=zero, i_CEB2=ce, i_CEM=ce,
-                i_CEP=ce, i_CECTRL=ce, i_CEAD=zero, i_CED=zero, i_CEC=zero,
+                i_CEP=ce if self._preg else zero, i_CECTRL=ce if self._preg else zero, i_CEAD=zero, i_CED=zero,
+                i_CEC=zero,
                 i_CEINMODE=zero, i_CEALUMODE=zero, i_CECARRYIN=zero,
                 i_RSTA=zero, i_RSTB=zero, i_RSTM=zero, i_RSTP=zero, i_RSTCTRL=ResetSignal(), i_RSTD=zero,
                 i_RSTC=zero, i_RSTINMODE=zero, i_RSTALUMODE=zero, i_RSTALLCARRYIN=zero,
@@ -159,7 +165,7 @@ class DspMacc(wiring.Component):
         with m.If(ce):
             m.d.sync += [a2.eq(a_in), b2.eq(self.i_b), mreg.eq(a2[:MUL_A_BITS].as_signed() * b2),
                          restart.eq(self.i_restart), preg.eq(mreg + Mux(restart, 0, preg))]
-        m.d.comb += [self.o_acout.eq(a2), self.o_p.eq(preg)]
+        m.d.comb += [self.o_acout.eq(a2), self.o_p.eq(preg if self._preg else mreg)]
         return m
 
 

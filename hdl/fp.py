@@ -704,8 +704,8 @@ class IntScaleMul(_Binary):
 
     Stages: (1) |x| (one carry chain), binary16 decode and the special cases; (2, 3) the unsigned
     ``(int_bits) x 11``-bit product in one DSP48E2 (`hdl.dsp.DspMacc`: |x| and the significand in its A and
-    B registers, the product in M, then in P); (4) leading-zero count of the product; (5) the normalising
-    left shift and the binary32 exponent (an 8-bit add), in parallel; (6) the RNE increment on the packed
+    B registers, the product in M), then in a fabric register; (4) leading-zero count of the product; (5) the
+    normalising left shift and the binary32 exponent (an 8-bit add), in parallel; (6) the RNE increment on the packed
     ``exponent << 23 | fraction`` word (a carry out of the fraction walks into the exponent) and the
     special-case select. Products of at most 24 bits (``int_bits <= 14``) are exact: stage 6 then has no
     adder.
@@ -745,15 +745,15 @@ class IntScaleMul(_Binary):
         e, f = h[10:15], h[:10]
         inf_s = (e == 31) & (f == 0)
         nan = ((e == 31) & (f != 0)) | (inf_s & (x == 0))
-        # Stages 1 to 3 of the product: one DSP48E2 (`hdl.dsp.DspMacc`, its clock enables the pipeline's):
-        # |x| and the significand in its A and B registers, the exact product in M, then in P.
+        # Stages 1 and 2 of the product: one DSP48E2 (`hdl.dsp.DspMacc` without its P register, its clock
+        # enables the pipeline's): |x| and the significand in its A and B registers, the exact product in M;
+        # stage 3 registers it in the fabric (the leading-zero count then starts at a flip-flop).
         from .dsp import DspMacc
-        m.submodules.mul = mul = DspMacc(n + 1, 12, ce=True)
+        m.submodules.mul = mul = DspMacc(n + 1, 12, ce=True, preg=False)
         m.d.comb += [mul.i_a.eq(mag), mul.i_b.eq(Cat(f, e != 0)), mul.i_restart.eq(1), mul.i_ce.eq(self.en)]
         s = p.stage(sign=(x < 0) ^ h[15], eff=Mux(e == 0, 1, e), special=e == 31, nan=nan)
         s = p.stage(**s)
-        s = p.stage(**s)
-        s["prod"] = mul.o_p[:pw]
+        s = p.stage(prod=mul.o_p[:pw], **s)
         # Stage 4: leading zeros. The product's value is prod * 2**(eff - 25).
         lz, zero = _lzc(s["prod"])
         lzr = Signal(range(pw))
