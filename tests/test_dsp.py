@@ -176,3 +176,37 @@ def test_pe_fabric_with_the_instance():
     assert u.lut == 0
     u_rtl = synthesize(SystolicPE(field), "systolic_pe_rtl", platform=None)
     assert u_rtl.dsp == 1 and u_rtl.ff > u.ff + 60
+
+
+def test_behavioural_product_with_clock_enables_and_no_p_register():
+    """`DspMacc(ce=True, preg=False)` (IntScaleMul's product): A and B into their registers in cycles with
+    ``i_ce``, the product into M in the next such cycle, ``o_p`` the M register: an independent model of
+    enable-gated registers, 30 % of the cycles stalled."""
+    rng = np.random.default_rng(5)
+    n = 200
+    a = rng.integers(-2 ** 25, 2 ** 25, size=n)
+    b = rng.integers(-2 ** 11, 2 ** 11, size=n)
+    ce = rng.random(n) >= 0.3
+    dut = DspMacc(26, 12, ce=True, preg=False)
+    got = []
+
+    async def bench(ctx):
+        for x in range(n):
+            ctx.set(dut.i_a, int(a[x]))
+            ctx.set(dut.i_b, int(b[x]))
+            ctx.set(dut.i_ce, int(ce[x]))
+            ctx.set(dut.i_restart, 1)
+            got.append(ctx.get(dut.o_p))
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    a2 = b2 = mreg = 0
+    want = []
+    for x in range(n):
+        want.append(mreg)
+        if ce[x]:
+            a2, b2, mreg = int(a[x]), int(b[x]), a2 * b2
+    assert got == want and any(v != 0 for v in want)
