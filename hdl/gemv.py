@@ -1112,8 +1112,9 @@ class SparsePort(wiring.Component):
         with m.Elif(tx_fire):
             m.d.sync += tx_valid.eq(0)
         with m.If(tx_valid):
+            # the item goes in with its command (both only while `room`)
             m.d.comb += [cmd.valid.eq(room), cmd.p.addr.eq(tx_addr), cmd.p.nbytes.eq(rows_p >> 1),
-                         items.w_en.eq(cmd.ready), item_in.kind.eq(COL), item_in.first.eq(tx_first),
+                         items.w_en.eq(cmd.ready & room), item_in.kind.eq(COL), item_in.first.eq(tx_first),
                          item_in.a.eq(tx_a)]
         drained = ~pk_valid & ~tx_valid
         with m.FSM(name="seq") as seq_fsm:
@@ -1128,7 +1129,7 @@ class SparsePort(wiring.Component):
                 # The group's scales, at its first segment.
                 with m.If(sq_gfirst):
                     m.d.comb += [cmd.valid.eq(room), cmd.p.addr.eq(sq_saddr), cmd.p.nbytes.eq(rows_p << 1),
-                                 items.w_en.eq(cmd.ready), item_in.kind.eq(SCALE)]
+                                 items.w_en.eq(cmd.ready & room), item_in.kind.eq(SCALE)]
                     with m.If(cmd.ready & room):
                         m.d.sync += sq_saddr.eq(sq_saddr + (d.cmd.rows << 1))
                         m.next = "Load"
