@@ -25,12 +25,14 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from hdl.config import HardwareConfig
 from hdl.isa import (VEC_REDUCTIONS, CtrlFunc, CvoFunc, DdrRegion, DmaDir, Opcode, ScalarFunc, ShapeCache, VecFunc,
                      encode)
 from sim.config import ModelConfig
 
-from .pack import Image, Layout, ffn_pieces, folded_router_name, logit_chunk_rows, logit_chunks
+from .pack import Image, Layout, ffn_pieces, folded_router_name, logit_chunk_rows, logit_chunks, logit_stride
 
 __all__ = ["compile_token", "compile_tokens", "gemm_pays", "multi_token_limit", "prefill_runs", "program_tokens",
            "Program", "L2Map", "MAX_TOKENS"]
@@ -45,6 +47,8 @@ class Program:
     steps: list[str] = field(default_factory=list)      # the pipeline step of each word
     l2_map: dict[str, tuple[int, int]] = field(default_factory=dict)   # buffer -> (word address, elements)
     tokens: int = 1                                      # tokens per run (a prefill program: more than one)
+    streams: tuple[int, ...] = (0,)                      # each token's stream (its KV slots)
+    logits: str = "last"                                 # whose logits it leaves in LOGITS: the last token's, "all"
     # (word index, SETTOK or SETPOS, token index) of every word whose immediate `bind` sets
     slots: list[tuple[int, CtrlFunc, int]] = field(default_factory=list)
 
@@ -123,9 +127,10 @@ def gemm_pays(hw: HardwareConfig, tokens: int) -> bool:
 
 class _Emitter:
     def __init__(self, cfg: ModelConfig, image: Image, hw: HardwareConfig, tokens: int = 1,
-                 gemm: bool | None = None):
+                 gemm: bool | None = None, streams: tuple[int, ...] | None = None):
         self.cfg, self.image, self.hw = cfg, image, hw
-        self.prog = Program(tokens=tokens)
+        self.kv_streams = (0,) * tokens if streams is None else tuple(streams)   # each token's KV slots
+        self.prog = Program(tokens=tokens, streams=self.kv_streams)
         self.step = ""
         self.vl = None
         self.hd = None
@@ -189,6 +194,10 @@ class _Emitter:
                 yield t
         finally:
             self.looping, self.l2.t = False, 0
+
+    def kv_slot(self, t: int, layer: int) -> int:
+        """The KV slot (descriptor index) of cache layer `layer` for token `t`: its stream's."""
+        return self.image.stream_slots[self.kv_streams[t]][layer]
 
     def settok(self, t: int):
         """Token t's id into TOKEN (a multi-token program only; `Program.bind` sets the immediate)."""
@@ -357,12 +366,20 @@ _SHARED = ("scalars", "ple", "gain", "gain2", "laurel", "centred", "router", "ro
 
 
 def compile_tokens(config: ModelConfig | dict, image: Image, hw: HardwareConfig, tokens: int = 1,
-                   gemm: bool | None = None) -> Program:
-    """The program that runs `tokens` consecutive tokens of a sequence (each at its own position, bound by
-    `Program.bind`) and leaves the last one's soft-capped logits in the LOGITS region; ``tokens=1`` is the
-    decode program. `gemm`: run the dense projections as WGEMMs (True), as WGEMVs per token (False), or as
-    `gemm_pays` decides (None)."""
+                   gemm: bool | None = None, streams=None, logits: str = "last") -> Program:
+    """The program that runs `tokens` tokens (each at its own position, bound by `Program.bind`) and leaves
+    soft-capped logits in the LOGITS region; ``tokens=1`` is the decode program. `gemm`: run the dense
+    projections as WGEMMs (True), as WGEMVs per token (False), or as `gemm_pays` decides (None).
+
+    `streams`: each token's stream, whose KV slots (`Image.stream_slots`) its KVST and ATTN use; by default
+    every token is stream 0's, one sequence at consecutive positions (prefill). Tokens of one stream run in
+    order, each attending to the ones before it; tokens of distinct streams are independent sequences
+    (batched decode). `logits`: ``"last"`` leaves the last token's logits at row 0, ``"all"`` every token's,
+    token t's at row t (`firmware.pack.logit_stride` elements apart; the image's `logit_rows` must hold them:
+    a batched step, a speculative verify)."""
     cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
+    if logits not in ("last", "all"):
+        raise ValueError(f"logits must be 'last' or 'all', not {logits!r}")
     if cfg.head_dim % 8:
         raise ValueError(f"head_dim must be a multiple of 8 (RoPE tables in whole L2 words), not {cfg.head_dim}")
     if cfg.altup_num_inputs % 4:
@@ -373,11 +390,22 @@ def compile_tokens(config: ModelConfig | dict, image: Image, hw: HardwareConfig,
                          f"below the constants in S{INV_D}..S7), not {cfg.altup_num_inputs}")
     if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_TOKENS:
         raise ValueError(f"tokens must be an integer from 1 to {MAX_TOKENS} (WGEMM's token field), not {tokens!r}")
+    if streams is not None:
+        if isinstance(streams, (str, bytes)) or not hasattr(streams, "__len__") or len(streams) != tokens:
+            raise ValueError(f"streams must give one stream index per token ({tokens}), not {streams!r}")
+        for s in streams:
+            if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or not 0 <= s < image.streams:
+                raise ValueError(f"stream {s!r} is not one of the image's {image.streams} stream(s) "
+                                 f"(0..{image.streams - 1}; firmware.pack.pack's streams)")
+    if logits == "all" and tokens > image.logit_rows:
+        raise ValueError(f"the logits of {tokens} tokens need {tokens} rows in LOGITS; the image holds "
+                         f"{image.logit_rows} (firmware.pack.pack's logit_rows)")
     slots = image.staging_slots
     if image.host_tables and tokens > slots:
         raise ValueError(f"a program of {tokens} tokens needs {tokens} host-table staging slots; the image has "
                          f"{slots}")
-    e = _Emitter(cfg, image, hw, tokens, gemm)
+    e = _Emitter(cfg, image, hw, tokens, gemm, None if streams is None else tuple(int(s) for s in streams))
+    e.prog.logits = logits
     D, n, P, L = cfg.hidden_size, cfg.altup_num_inputs, cfg.hidden_size_per_layer_input, cfg.num_hidden_layers
     hd, F = cfg.head_dim, max(cfg.intermediate_size)
     a = cfg.altup_active_idx
@@ -400,19 +428,19 @@ def compile_tokens(config: ModelConfig | dict, image: Image, hw: HardwareConfig,
     # the logits of a multi-token program go over the FFN's buffers where they fit (unused by then)
     free = ["up", "gate", "centred"] if tokens > 1 else []
 
-    def logits(name):
+    def logits_buffer(name):
         rows = logit_chunk_rows(cfg, hw)
         for over in free:
             if -(-rows // 4) <= -(-m.buffers[over][1] // 4) * (tokens if over in m.stride else 1):
                 free.remove(over)
                 return m.alloc(name, rows, over=over)
         return m.alloc(name, rows)
-    logits("logits")
+    logits_buffer("logits")
     if cfg.vocab_size > logit_chunk_rows(cfg, hw):
         # a second logits buffer lets a chunk's soft-cap and store run under the next chunk's weight stream;
         # without room for it the chunks run one after another (the same results)
         try:
-            logits("logits2")
+            logits_buffer("logits2")
         except ValueError:
             pass
     if tokens > 1:
@@ -421,8 +449,8 @@ def compile_tokens(config: ModelConfig | dict, image: Image, hw: HardwareConfig,
     _setup(e)
     for i in range(L):
         _layer(e, cfg, i)
-    for _ in e.each(only=tokens - 1):
-        _output(e)
+    for t in e.each(only=None if logits == "all" else tokens - 1):
+        _output(e, t if logits == "all" else 0)
     e.step = "end"
     e.emit(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)
     e.prog.l2_map = dict(m.buffers)
@@ -557,8 +585,8 @@ def _setup(e: _Emitter):
             e.vec(VecFunc.COPY, dst=m["xs0"], a=m["x0"])
 
 
-def _output(e: _Emitter):
-    """The logits of the current token (the last one)."""
+def _output(e: _Emitter, row: int = 0):
+    """The logits of the current token, into LOGITS row `row`."""
     cfg, m, hw = e.cfg, e.l2, e.hw
     D, n = cfg.hidden_size, cfg.altup_num_inputs
     e.step = "5 unembed: target = rms(xs[0])"
@@ -588,7 +616,8 @@ def _output(e: _Emitter):
             e.emit(Opcode.CVO, func=CvoFunc.SOFTCAP, src=buf, dst=buf, length=rows, sub_emax=0,
                    recip_scale=0, accm=0, async_=0)
         e.setvl(rows)
-        e.emit(Opcode.DMA, dir=DmaDir.L2_TO_DDR, region=DdrRegion.LOGITS, l2=buf, offset=r0 * 4 // 16, async_=0)
+        e.emit(Opcode.DMA, dir=DmaDir.L2_TO_DDR, region=DdrRegion.LOGITS, l2=buf,
+               offset=(row * logit_stride(cfg) + r0) * 4 // 16, async_=0)
 
     pending = None
     for k, (r0, rows) in enumerate(logit_chunks(cfg, hw)):
@@ -718,14 +747,14 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
             e.step = kv
             e.rmsnorm("v", "v", cfg.kv_dim, hd, None)
             e.setpos(t)
-            e.emit(Opcode.KVST, k=m["k"], v=m["v"], slot=e.image.kv_slots[i], shape_ptr=0, async_=0)
+            e.emit(Opcode.KVST, k=m["k"], v=m["v"], slot=e.kv_slot(t, i), shape_ptr=0, async_=0)
         else:
             e.setpos(t)
         e.step = L + f"4.B-5 attention over the KV cache of layer {src} ({kind}" + \
             (f", window {cfg.sliding_window})" if cfg.is_sliding(i) else ")")
         for g in range(cfg.num_key_value_heads):
             off = g * group * hd // 4
-            e.emit(Opcode.ATTN, dst=m["attn"] + off, q=m["q"] + off, slot=e.image.kv_slots[src], kv_head=g,
+            e.emit(Opcode.ATTN, dst=m["attn"] + off, q=m["q"] + off, slot=e.kv_slot(t, src), kv_head=g,
                    shape_ptr=SHAPE_SLIDING if cfg.is_sliding(i) else SHAPE_FULL, async_=0)
     e.step = L + "4.B-5 o_proj, 4.C post-attention norm, residual, LAuReL merge / sqrt(2)"
     e.proj(e.sub(i, "self_attn.o_proj.weight"), "o", "attn")

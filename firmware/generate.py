@@ -35,7 +35,7 @@ from .cli import arg_type
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
-__all__ = ["BUILTIN_MODEL", "generate", "load_model", "main"]
+__all__ = ["BUILTIN_MODEL", "generate", "generate_streams", "generate_speculative", "load_model", "main"]
 
 # The built-in model: a Hugging Face checkpoint directory shipped with the package (its README.md says how
 # scripts/train_tiny.py made it, with the training curve).
@@ -86,10 +86,7 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, sampler: Cal
         for t in prompt:
             if not 0 <= t < vocab_size:
                 raise ValueError(f"prompt id {t} is outside the model's vocabulary [0, {vocab_size})")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-        raise TypeError(f"max_new_tokens must be an integer, not {max_new_tokens!r}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, not {max_new_tokens!r}")
+    max_new_tokens = _check_max_new(max_new_tokens)
     if eos_id is None:
         eos_id = _config_attr(model, "eos_token_id")
     if max_new_tokens == 0:
@@ -115,14 +112,118 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, sampler: Cal
         logits = model.step(token)
 
 
+def generate_streams(model, prompt_ids: Sequence[int], max_new_tokens: int, samplers: Sequence[Callable], *,
+                     stop_at_eos: bool = True, eos_id: int | None = None,
+                     progress: Progress | None = None) -> list[list[int]]:
+    """Batched decode: one continuation of `prompt_ids` per sampler, all advancing in lockstep, one token of
+    every stream per step (`firmware.runtime.Runtime.step_many`: the streams share each weight stream);
+    returns each stream's new ids. `model` needs ``streams`` (as many as `samplers`), ``use_stream``,
+    ``prefill`` and ``step_many``; each stream is the sequence `generate` gives with its sampler alone. A
+    stream that has stopped (EOS) is fed its last id until the others stop, its output dropped.
+    ``progress(done, total, elapsed)`` after every step (``done``: the steps so far)."""
+    prompt = [operator.index(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("prompt_ids must contain at least one token (a Gemma prompt starts with BOS)")
+    streams = getattr(model, "streams", 1)
+    if len(samplers) != streams or not callable(getattr(model, "step_many", None)):
+        raise ValueError(f"generate_streams needs a backend with one stream per sampler: {len(samplers)} "
+                         f"samplers, {streams} stream(s)")
+    max_new_tokens = _check_max_new(max_new_tokens)
+    if eos_id is None:
+        eos_id = _config_attr(model, "eos_token_id")
+    new: list[list[int]] = [[] for _ in range(streams)]
+    if max_new_tokens == 0:
+        return new
+    start = time.perf_counter()
+    model.reset()
+    rows = []
+    for s in range(streams):                   # the prompt on each stream's own KV cache
+        model.use_stream(s)
+        rows.append(model.prefill(prompt))
+    model.use_stream(0)
+    contexts = [list(prompt) for _ in range(streams)]
+    live = [True] * streams
+    for step in range(1, max_new_tokens + 1):
+        for s in range(streams):
+            if not live[s]:
+                continue
+            token = operator.index(samplers[s](rows[s], contexts[s]))
+            new[s].append(token)
+            contexts[s].append(token)
+            live[s] = not (stop_at_eos and eos_id is not None and token == eos_id)
+        if progress is not None:
+            progress(step, max_new_tokens, time.perf_counter() - start)
+        if step == max_new_tokens or not any(live):
+            return new
+        rows = model.step_many([c[-1] for c in contexts])
+
+
+def generate_speculative(model, prompt_ids: Sequence[int], max_new_tokens: int, params: SamplingParams, *,
+                         draft_tokens: int, seed: int = 0, stats=None, stop_at_eos: bool = True,
+                         eos_id: int | None = None, progress: Progress | None = None) -> list[int]:
+    """Speculative decoding with prompt-lookup drafts (`firmware.speculate`): per verify pass up to
+    `draft_tokens` ids drafted from the context, the last id and the drafts run in one program
+    (``model.verify``), the acceptance rule keeps a prefix of the drafts and adds one id, and ``model.rollback``
+    drops the rest from the KV cache. Greedy (temperature 0) gives exactly the ids of `generate`; sampling
+    draws from the same distribution as `generate` (with its own use of the random generator, seeded by
+    `seed`). `stats`: a `firmware.speculate.SpecStats` to count the passes in. ``progress(done, total,
+    elapsed)`` after every pass."""
+    from .speculate import SpecStats, accept, draft
+
+    prompt = [operator.index(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("prompt_ids must contain at least one token (a Gemma prompt starts with BOS)")
+    if not all(callable(getattr(model, a, None)) for a in ("verify", "rollback", "verify_tokens")):
+        raise ValueError("speculative decoding needs a backend with verify passes (the NPU runtime)")
+    if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or draft_tokens < 0:
+        raise ValueError(f"draft_tokens must be an integer >= 0, not {draft_tokens!r}")
+    max_new_tokens = _check_max_new(max_new_tokens)
+    if eos_id is None:
+        eos_id = _config_attr(model, "eos_token_id")
+    stats = SpecStats() if stats is None else stats
+    rng = np.random.default_rng(seed)
+    new: list[int] = []
+    if max_new_tokens == 0:
+        return new
+    start = time.perf_counter()
+    model.reset()
+    if len(prompt) > 1:
+        model.prefill(prompt[:-1])
+    context = list(prompt)
+    while True:
+        k = max(0, min(draft_tokens, model.verify_tokens() - 1, max_new_tokens - len(new) - 1))
+        drafts = draft(context, k) if k else []
+        rows = model.verify([context[-1]] + drafts)
+        out = accept(rows, context, drafts, params, rng)
+        model.rollback(len(out))               # the last id and the accepted drafts stay
+        stats.add(len(drafts), len(out))
+        for token in out:
+            new.append(token)
+            context.append(token)
+            if len(new) == max_new_tokens or (stop_at_eos and eos_id is not None and token == eos_id):
+                if progress is not None:
+                    progress(len(new), max_new_tokens, time.perf_counter() - start)
+                return new
+        if progress is not None:
+            progress(len(new), max_new_tokens, time.perf_counter() - start)
+
+
+def _check_max_new(max_new_tokens) -> int:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise TypeError(f"max_new_tokens must be an integer, not {max_new_tokens!r}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, not {max_new_tokens!r}")
+    return max_new_tokens
+
+
 def load_model(checkpoint: str | os.PathLike | None = None, *, dtype=np.float32, backend: str = "golden",
                arithmetic: str = "reference", hw: str = "kv260", max_positions: int | None = None,
-               quantizer: str = "search"):
+               quantizer: str = "search", streams: int = 1, logit_rows: int | None = None):
     """A backend for `generate`: the golden model ``sim.gemma3n.Model`` (``backend="golden"``) or the
     NPU's token program on the instruction-set simulator (``backend="iss"``, `firmware.runtime.Runtime`,
     in ``reference`` or ``hardware`` arithmetic on hardware preset `hw`, its INT4 weights packed with
-    `quantizer`, `firmware.pack.pack`), from a Hugging Face checkpoint directory (default: the built-in model,
-    `BUILTIN_MODEL`).
+    `quantizer`, `firmware.pack.pack`, with `streams` KV caches and `logit_rows` logits rows), from a Hugging
+    Face checkpoint directory (default: the built-in model, `BUILTIN_MODEL`).
 
     The ISS reads a checkpoint's tensors as they are stored (`sim.checkpoint.LazyTensor`: the packer reads them
     in row chunks, reference arithmetic row by row, as it reads arrays). A bad checkpoint raises OSError,
@@ -140,7 +241,7 @@ def load_model(checkpoint: str | os.PathLike | None = None, *, dtype=np.float32,
 
     ckpt = Checkpoint(checkpoint)
     return Runtime.from_hf(ckpt.model_config, ckpt, backend="iss", arithmetic=arithmetic, hw=hw,
-                           max_positions=max_positions, quantizer=quantizer)
+                           max_positions=max_positions, quantizer=quantizer, streams=streams, logit_rows=logit_rows)
 
 
 def load_packed(image_dir: str | os.PathLike, *, backend: str = "kv260", checkpoint=None,
@@ -282,6 +383,15 @@ def build_parser() -> argparse.ArgumentParser:
                           help="seed of the sampling random generator (default: 0)")
     sampling.add_argument("--ignore-eos", action="store_true",
                           help="keep generating after an end-of-sequence token")
+    npu = p.add_argument_group("NPU decoding modes (--backend iss or kv260)")
+    npu.add_argument("--streams", metavar="B", default=1,
+                     type=_arg_type("streams", int, lambda v: 1 <= v <= 64, "an integer from 1 to 64"),
+                     help="sample B continuations of the prompt at once (seeds --seed .. --seed + B - 1) in "
+                          "batched steps, one weight stream per step; printed one per line (default: 1)")
+    npu.add_argument("--speculate", metavar="K", default=0,
+                     type=_arg_type("speculate", int, lambda v: 0 <= v <= 254, "an integer from 0 to 254"),
+                     help="speculative decoding: up to K prompt-lookup drafts per verify pass; prints the "
+                          "acceptance statistics (default: 0, plain decoding)")
     return p
 
 
@@ -381,6 +491,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "--backend kv260")
     if args.quantizer is not None and args.image is None:
         backend["quantizer"] = args.quantizer
+    if (args.streams > 1 or args.speculate) and args.backend == "golden":
+        parser.error("--streams and --speculate run on the NPU: --backend iss or kv260")
+    if args.streams > 1 and args.speculate:
+        parser.error("--streams and --speculate do not combine: choose one")
+    if args.image is None:
+        backend.update(streams=args.streams, logit_rows=max(args.streams, args.speculate + 1))
     if args.max_positions is not None and args.backend == "golden":
         parser.error("--max-positions applies to --backend iss or kv260 (the golden model keeps every position)")
     if args.image is not None and args.backend == "golden":
@@ -399,6 +515,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 log=lambda msg: print(msg, file=sys.stderr), quantizer=args.quantizer)
         except (BoardUnavailable, OSError, ValueError, TypeError, RuntimeError) as e:
             print(f"python -m firmware.generate: {e}", file=sys.stderr)
+            return 2
+        image = model.image
+        if image.streams < args.streams:
+            print(f"python -m firmware.generate: --streams {args.streams}: {image_dir} holds KV caches for "
+                  f"{image.streams} stream(s); pack it with python -m firmware.pack --streams {args.streams}",
+                  file=sys.stderr)
+            return 2
+        if image.logit_rows < args.speculate + 1:
+            print(f"python -m firmware.generate: --speculate {args.speculate}: {image_dir} holds "
+                  f"{image.logit_rows} logits row(s), a verify pass needs {args.speculate + 1}; pack it with "
+                  f"python -m firmware.pack --logit-rows {args.speculate + 1}", file=sys.stderr)
             return 2
         if tokenizer is None and os.path.isfile(os.path.join(image_dir, "tokenizer.model")):
             tokenizer = Tokenizer.from_file(os.path.join(image_dir, "tokenizer.model"))
@@ -439,13 +566,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     if eos_id is None and tokenizer is not None and tokenizer.eos_id >= 0:
         eos_id = tokenizer.eos_id
 
-    sampler = Sampler(SamplingParams(temperature=args.temperature, top_p=args.top_p,
-                                     repetition_penalty=args.repetition_penalty), seed=args.seed)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                            repetition_penalty=args.repetition_penalty)
     printer = _ProgressPrinter(sys.stderr)
     start = time.perf_counter()
-    ids = generate(model, prompt_ids, args.max_new_tokens, sampler, stop_at_eos=not args.ignore_eos,
-                   eos_id=eos_id, progress=printer)
-    printer.finish(len(ids), len(prompt_ids), time.perf_counter() - start)
+    if args.streams > 1:
+        samplers = [Sampler(params, seed=args.seed + s) for s in range(args.streams)]
+        out = generate_streams(model, prompt_ids, args.max_new_tokens, samplers, stop_at_eos=not args.ignore_eos,
+                               eos_id=eos_id, progress=printer)
+        elapsed = time.perf_counter() - start
+        printer.finish(sum(map(len, out)), len(prompt_ids), elapsed)
+        for s, ids in enumerate(out):
+            rate = len(ids) / elapsed if elapsed > 0 else math.inf
+            print(f"stream {s} (seed {args.seed + s}, {len(ids)} tokens, {rate:.2f} tok/s): "
+                  + " ".join(str(i) for i in ids))
+            if tokenizer is not None:
+                print(f"stream {s}: {_decode(tokenizer, ids)}")
+        return 0
+    if args.speculate:
+        from .speculate import SpecStats
+        stats = SpecStats()
+        ids = generate_speculative(model, prompt_ids, args.max_new_tokens, params, draft_tokens=args.speculate,
+                                   seed=args.seed, stats=stats, stop_at_eos=not args.ignore_eos, eos_id=eos_id,
+                                   progress=printer)
+        printer.finish(len(ids), len(prompt_ids), time.perf_counter() - start)
+        print(f"speculative decoding (up to {args.speculate} drafts a pass): {stats.summary()}", file=sys.stderr)
+    else:
+        ids = generate(model, prompt_ids, args.max_new_tokens, Sampler(params, seed=args.seed),
+                       stop_at_eos=not args.ignore_eos, eos_id=eos_id, progress=printer)
+        printer.finish(len(ids), len(prompt_ids), time.perf_counter() - start)
 
     print(" ".join(str(i) for i in ids))
     if tokenizer is not None:

@@ -63,7 +63,8 @@ from sim.numerics import WEIGHT_METHODS, KvInt8Layout, pack_int4, quantize_weigh
 
 __all__ = ["Image", "TensorEntry", "Descriptor", "Placement", "HostTable", "pack", "save_image", "load_image",
            "region_map", "DESC_BYTES", "DescKind", "Layout", "REGION_ORDER", "PLE_TABLE",
-           "rope_turn_table", "logit_chunk_rows", "logit_chunks", "ffn_pieces", "folded_router", "folded_router_name"]
+           "rope_turn_table", "logit_stride", "kv_slot_name", "kv_row_ranges", "logit_chunk_rows", "logit_chunks", "ffn_pieces",
+           "folded_router", "folded_router_name"]
 
 ALIGN = 4096
 REGION_ORDER = ("DESC", "CONST", "WEIGHTS", "KV", "LOGITS", "SCRATCH", "PROGRAM")
@@ -163,12 +164,26 @@ class Image:
     memory_map: str = "flat"
     host_tables: dict[str, HostTable] = field(default_factory=dict)
     quantizer: str = "search"                         # how the INT4 codes and scales were chosen (`pack`)
+    # per stream (batched decode): cache layer -> descriptor index; stream 0's is `kv_slots`
+    stream_slots: list[dict[int, int]] = field(default_factory=list)
 
     def __post_init__(self):
+        if not self.stream_slots:
+            self.stream_slots = [self.kv_slots]
         if not self.windows:          # one window at address 0 holding the whole array
             self.windows = [Placement("ddr", 0, int(self.ddr.size), 0)]
         if not self.pieces:
             self.pieces = {k: [v] for k, v in self.regions.items()}
+
+    @property
+    def streams(self) -> int:
+        """The independent sequences the image has KV slots for."""
+        return len(self.stream_slots)
+
+    @property
+    def logit_rows(self) -> int:
+        """The tokens' logits rows the LOGITS region holds (`logit_stride` elements apart)."""
+        return self.regions["LOGITS"][1] // (4 * logit_stride(ModelConfig.from_hf(self.config)))
 
     def region(self, name: str) -> tuple[int, int]:
         return self.regions[name]
@@ -243,6 +258,7 @@ class Image:
             "tensors": {k: {**asdict(v), "shape": list(v.shape)} for k, v in self.tensors.items()},
             "descriptors": [asdict(d) for d in self.descriptors],
             "kv_slots": {str(k): v for k, v in self.kv_slots.items()},
+            "stream_slots": [{str(k): v for k, v in slots.items()} for slots in self.stream_slots],
             "scalar_index": self.scalar_index,
             "host_tables": {k: {"rows": int(t.data.shape[0]), "row_bytes": t.row_bytes,
                                 "scale_bytes": t.scale_bytes} for k, t in self.host_tables.items()},
@@ -271,6 +287,37 @@ def rope_turn_table(theta: float, head_dim: int) -> np.ndarray:
     fixed = [int(round(math.ldexp(v, 64))) for v in f]
     words = np.array([[x >> 32, x & 0xFFFFFFFF] for x in fixed], dtype=np.uint32)
     return words.reshape(-1)
+
+
+def logit_stride(cfg: ModelConfig) -> int:
+    """Elements from one token's logits row to the next in LOGITS: the vocabulary in whole 16-byte words (the
+    DMA's offsets)."""
+    return -(-cfg.vocab_size // 4) * 4
+
+
+def kv_slot_name(layer: int, stream: int = 0) -> str:
+    """The descriptor name of cache layer `layer`'s KV slot of stream `stream`."""
+    return f"kv:{layer}" if stream == 0 else f"kv:{layer}:{stream}"
+
+
+def kv_row_ranges(image: "Image", slot: int, row: int) -> list[tuple[int, int]]:
+    """``(offset in KV, bytes)`` of every byte KVST writes into ring row `row` of KV slot `slot` (descriptor
+    index): INT8 (`sim.numerics.KvInt8Layout`), per head its four plane rows, its two K scale rows and its V
+    scale; binary16, the K row and the V row."""
+    d = image.descriptors[slot]
+    if d.kind != DescKind.KV or not 0 <= row < d.capacity:
+        raise ValueError(f"descriptor {slot} is not a KV slot with a ring row {row}")
+    if d.layout:
+        lay = KvInt8Layout(d.capacity, d.heads, d.head_dim, image.hardware["act_block"])
+        half, ks = d.head_dim // 2, lay.kblocks * 2
+        out = []
+        for j in range(d.heads):
+            out += [(at(j) + row * half, half) for at in (lay.k_hi, lay.k_lo, lay.v_hi, lay.v_lo)]
+            out += [(at(j) + row * ks, ks) for at in (lay.ks_hi, lay.ks_lo)]
+            out.append((lay.vs(j) + 2 * row, 2))
+        return [(d.weight_offset + off, n) for off, n in out]
+    w = d.heads * d.head_dim * 2
+    return [(d.weight_offset + row * w, w), (d.weight_offset + (d.capacity + row) * w, w)]
 
 
 def logit_chunk_rows(cfg: ModelConfig, hw: HardwareConfig) -> int:
@@ -497,7 +544,7 @@ class _Layout:
 def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareConfig, *,
          max_positions: int | None = None, program_bytes: int = 1 << 20, out: str | os.PathLike | None = None,
          progress=None, fill: bool = True, memory_map: str | MemoryMap = "flat",
-         quantizer: str = "search") -> Image:
+         quantizer: str = "search", streams: int = 1, logit_rows: int | None = None) -> Image:
     """Pack `tensors` (Hugging Face names, any prefix, ``[out, in]``; arrays or lazy tensors) for
     hardware `hw`. `max_positions` bounds the KV cache of full-attention layers (default: the model's
     ``max_position_embeddings``). With `out`, the image is a memory-mapped file at that path (host tables
@@ -507,7 +554,10 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
     places the regions in its windows; a region that fits no window is a ValueError naming it and the bytes left.
     `quantizer` (`sim.numerics.WEIGHT_METHODS`) is how INT4 matrices get their codes and scales
     (`sim.numerics.quantize_weights`' `method`: ``"search"``, the least-squared-error scale, or ``"rtn"``,
-    round-to-nearest); the hardware reads either the same way.
+    round-to-nearest); the hardware reads either the same way. `streams`: independent sequences the image
+    serves (batched decode), each with KV slots of its own (`Image.stream_slots`). `logit_rows`: the logits
+    rows the LOGITS region holds (one per token of a program that returns every token's logits: a batched
+    step, a speculative verify), `streams` by default.
 
     Bad input is rejected at the call with the golden model's messages (`sim.gemma3n`): a missing, unknown
     or misshapen tensor and a non-floating-point dtype before anything is allocated; a NaN or an infinity
@@ -517,6 +567,8 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
     if max_positions is not None:
         max_positions = check_positive_int("max_positions", max_positions)
     program_bytes = check_positive_int("program_bytes", program_bytes)
+    streams = check_positive_int("streams", streams)
+    logit_rows = streams if logit_rows is None else check_positive_int("logit_rows", logit_rows)
     if quantizer not in WEIGHT_METHODS:
         raise ValueError(f"quantizer must be one of {', '.join(map(repr, WEIGHT_METHODS))}, not {quantizer!r}")
     mm = _memory_map(memory_map)
@@ -546,20 +598,24 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
         vscale_off = alloc.take("WEIGHTS", n, 64)
         entries["kv.v_plane_scales"] = TensorEntry("kv.v_plane_scales", "WEIGHTS", vscale_off,
                                                    (2, cfg.head_dim), "fp16", nbytes=n)
-    for layer in cfg.kv_cache_layers:
-        cap = cfg.sliding_window if cfg.is_sliding(layer) else max_positions
-        cap = min(cap, max_positions)
-        if int8_kv:
-            nbytes = KvInt8Layout(cap, cfg.num_key_value_heads, cfg.head_dim, hw.act_block).nbytes
-        else:
-            nbytes = 2 * cap * cfg.kv_dim * 2   # K and V, binary16
-        off = alloc.take("KV", nbytes, 64)
-        kv_slots[layer] = len(descs)
-        descs.append(Descriptor(len(descs), DescKind.KV, f"kv:{layer}", weight_offset=off, capacity=cap,
-                                heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, scale_offset=vscale_off,
-                                layout=int(int8_kv)))
+    stream_slots = []
+    for s in range(streams):
+        stream_slots.append(kv_slots := {})
+        for layer in cfg.kv_cache_layers:
+            cap = cfg.sliding_window if cfg.is_sliding(layer) else max_positions
+            cap = min(cap, max_positions)
+            if int8_kv:
+                nbytes = KvInt8Layout(cap, cfg.num_key_value_heads, cfg.head_dim, hw.act_block).nbytes
+            else:
+                nbytes = 2 * cap * cfg.kv_dim * 2   # K and V, binary16
+            off = alloc.take("KV", nbytes, 64)
+            kv_slots[layer] = len(descs)
+            descs.append(Descriptor(len(descs), DescKind.KV, kv_slot_name(layer, s), weight_offset=off,
+                                    capacity=cap, heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+                                    scale_offset=vscale_off, layout=int(int8_kv)))
     if len(descs) > 256:
-        raise ValueError(f"{len(descs)} KV cache layers do not fit the 8-bit slot field of ATTN/KVST")
+        raise ValueError(f"{len(descs)} KV cache slots ({streams} stream(s) of {len(cfg.kv_cache_layers)} layers) "
+                         f"do not fit the 8-bit slot field of ATTN/KVST (256)")
     slots = []                                  # staging slots 1.. of the staged tables (their descriptors)
     for name, shape in expected.items():
         if _is_const(name, shape):
@@ -610,7 +666,7 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
     entries["scalars"] = TensorEntry("scalars", "CONST", alloc.take("CONST", scalars.size * 4), scalars.shape,
                                      "fp32", nbytes=scalars.size * 4)
     alloc.take("DESC", len(descs) * DESC_BYTES)
-    alloc.take("LOGITS", cfg.vocab_size * 4)
+    alloc.take("LOGITS", logit_rows * logit_stride(cfg) * 4)
     alloc.take("PROGRAM", program_bytes)
     alloc.take("SCRATCH", 4096)
     lay = _Layout(alloc, mm)
@@ -638,9 +694,9 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
                 data = np.lib.format.open_memmap(_host_table_path(out, name), mode="w+", dtype=np.uint8,
                                                  shape=(rows, row_bytes + scale_bytes))
             host_tables[name] = HostTable(name, data, row_bytes, scale_bytes)
-    image = Image(ddr, regions, entries, descs, kv_slots, cfg.to_hf(), hw.to_dict(), scalar_index=scalar_index,
-                  windows=lay.windows, pieces=lay.pieces, memory_map=mm.name, host_tables=host_tables,
-                  quantizer=quantizer)
+    image = Image(ddr, regions, entries, descs, stream_slots[0], cfg.to_hf(), hw.to_dict(),
+                  scalar_index=scalar_index, windows=lay.windows, pieces=lay.pieces, memory_map=mm.name,
+                  host_tables=host_tables, quantizer=quantizer, stream_slots=stream_slots)
 
     # --- fill ----------------------------------------------------------------------------------------
     for i, d in enumerate(descs):
@@ -805,7 +861,9 @@ def load_image(directory: str | os.PathLike) -> Image:
                       {int(k): v for k, v in m["kv_slots"].items()}, m["config"], m["hardware"],
                       scalar_index=m["scalar_index"], windows=windows,
                       pieces={k: [tuple(p) for p in v] for k, v in m["pieces"].items()},
-                      memory_map=m["memory_map"], host_tables=host_tables, quantizer=m["quantizer"])
+                      memory_map=m["memory_map"], host_tables=host_tables, quantizer=m["quantizer"],
+                      stream_slots=[{int(k): v for k, v in slots.items()} for slots in
+                                    m.get("stream_slots", [m["kv_slots"]])])
         if image.quantizer not in WEIGHT_METHODS:
             raise ValueError(f"quantizer is {image.quantizer!r}, expected one of "
                              f"{', '.join(map(repr, WEIGHT_METHODS))}")
@@ -870,6 +928,11 @@ def _cli_args(argv):
                    help="positions the KV cache holds (default: the model's max_position_embeddings)")
     p.add_argument("--quantizer", default="search", choices=WEIGHT_METHODS,
                    help="INT4 scales: search (least squared error per group; default) or rtn (round-to-nearest)")
+    p.add_argument("--streams", type=POSITIVE, default=1, metavar="B",
+                   help="independent sequences with KV caches of their own (batched decode; default 1)")
+    p.add_argument("--logit-rows", type=POSITIVE, default=None, metavar="N",
+                   help="tokens' logits rows in LOGITS: a batched step's streams, a speculative verify pass's "
+                        "ids (default: --streams)")
     p.add_argument("--plan", action="store_true", help="only plan: print the region map, write nothing")
     p.add_argument("--out", metavar="DIR", help="directory for manifest.json, image.npy and the host tables")
     args = p.parse_args(argv)
@@ -902,7 +965,8 @@ def main(argv=None) -> int:
                 tensors = random_tensors(cfg, args.seed)
         if args.plan:
             # A checkpoint's tensor names, shapes and dtypes are checked (file metadata); no weight is read.
-            image = pack(cfg, tensors, hw, max_positions=args.max_positions, fill=False, memory_map=args.memory_map)
+            image = pack(cfg, tensors, hw, max_positions=args.max_positions, fill=False, memory_map=args.memory_map,
+                         streams=args.streams, logit_rows=args.logit_rows)
         else:
             os.makedirs(args.out, exist_ok=True)
             t0 = time.monotonic()
@@ -912,7 +976,8 @@ def main(argv=None) -> int:
                     print(f"packing: {done}/{total} tensors ({time.monotonic() - t0:.0f} s) {name}",
                           file=sys.stderr, flush=True)
             image = pack(cfg, tensors, hw, max_positions=args.max_positions, memory_map=args.memory_map,
-                         out=os.path.join(args.out, "image.npy"), progress=progress, quantizer=args.quantizer)
+                         out=os.path.join(args.out, "image.npy"), progress=progress, quantizer=args.quantizer,
+                         streams=args.streams, logit_rows=args.logit_rows)
             save_image(image, args.out)
             if args.checkpoint is not None and os.path.isfile(os.path.join(args.checkpoint, "tokenizer.model")):
                 import shutil

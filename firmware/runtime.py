@@ -47,7 +47,7 @@ from sim.iss import HARDWARE, REFERENCE, ExecutionError, Machine
 from sim.numerics import WEIGHT_METHODS
 
 from .compiler import Program, compile_token, compile_tokens, multi_token_limit, prefill_runs, program_tokens
-from .pack import Image, pack
+from .pack import Image, kv_row_ranges, logit_stride, pack
 
 __all__ = ["Runtime", "Backend", "IssBackend", "CsrBackend", "NpuDevice", "Placed", "hardware_of", "attach_rtl_device",
            "detach_rtl_device", "program_image", "BackendUnavailable"]
@@ -79,6 +79,16 @@ class Backend(Protocol):
     def run_words(self, words: list[int], token: int, pos: int) -> np.ndarray:
         """Run another program (a bound prefill program, `firmware.compiler.Program.bind`) once, as `run`
         runs the loaded one; the loaded program stays the one `run` runs."""
+
+    def logit_rows(self, n: int) -> np.ndarray:
+        """The first `n` logits rows of the last run (``[n, vocab]``, float32 or the ISS's float64): a program
+        that leaves every token's logits (`firmware.compiler.compile_tokens`' ``logits="all"``)."""
+
+    def kv_save(self, rows: list[tuple[int, int]]):
+        """The KV cache's contents at ring rows ``(slot, row)`` (an opaque copy for `kv_restore`)."""
+
+    def kv_restore(self, saved) -> None:
+        """Put back what `kv_save` copied."""
 
     @property
     def counters(self):
@@ -128,6 +138,15 @@ class IssBackend:
     def run_words(self, words: list[int], token: int, pos: int) -> np.ndarray:
         self.machine.run(words, token=token, pos=pos, trace=self.trace)
         return self.machine.logits.copy()
+
+    def logit_rows(self, n: int) -> np.ndarray:
+        return self.machine.logit_rows(n).copy()
+
+    def kv_save(self, rows: list[tuple[int, int]]):
+        return self.machine.kv_save(rows)
+
+    def kv_restore(self, saved) -> None:
+        self.machine.kv_restore(saved)
 
     @property
     def counters(self):
@@ -359,9 +378,21 @@ class CsrBackend:
             self.csr_write("PROGRAM_LEN", len(self.program.words))
 
     def logits(self) -> np.ndarray:
-        n = ModelConfig.from_hf(self.image.config).vocab_size
-        raw = self.device.mem_read(self.placed.base("LOGITS"), 4 * n)
-        return np.frombuffer(raw, dtype="<f4").astype(np.float32)
+        return self.logit_rows(1)[0]
+
+    def logit_rows(self, n: int) -> np.ndarray:
+        cfg = ModelConfig.from_hf(self.image.config)
+        stride = logit_stride(cfg)
+        raw = self.device.mem_read(self.placed.base("LOGITS"), 4 * stride * n)
+        return np.frombuffer(raw, dtype="<f4").reshape(n, stride)[:, :cfg.vocab_size].astype(np.float32)
+
+    def kv_save(self, rows: list[tuple[int, int]]):
+        ranges = [r for slot, row in rows for r in kv_row_ranges(self.image, slot, row)]
+        return [(off, self.device.mem_read(self.placed.address("KV", off), n)) for off, n in ranges]
+
+    def kv_restore(self, saved) -> None:
+        for off, raw in saved:
+            self.device.mem_write(self.placed.address("KV", off), raw)
 
     def ddr(self, region: str) -> np.ndarray:
         """A copy of one DDR region as the NPU left it (uint8; not WEIGHTS, which may span windows)."""
@@ -395,12 +426,28 @@ class Runtime:
         self.image = image
         self.program = program
         self.backend = backend
-        self.position = 0
+        self.positions = [0] * image.streams       # each stream's next position
+        self.stream = 0                             # the stream `step`, `prefill` and `verify` advance
+        self._verified = None                       # the last `verify`: (stream, first position, n, saved rows)
         # prefill programs: WGEMMs for the projections (True), WGEMVs (False), or `gemm_pays`'s choice (None)
         self.prefill_gemm: bool | None = None
         self._prefill_tokens: int | None = None
         self._programs: dict[tuple, Program] = {}
         backend.load(image, program)
+
+    @property
+    def position(self) -> int:
+        """The next position of the current `stream`."""
+        return self.positions[self.stream]
+
+    @position.setter
+    def position(self, value: int) -> None:
+        self.positions[self.stream] = value
+
+    @property
+    def streams(self) -> int:
+        """The independent sequences the image holds KV caches for (`firmware.pack.pack`'s streams)."""
+        return self.image.streams
 
     @property
     def machine(self) -> Machine:
@@ -425,11 +472,14 @@ class Runtime:
     def from_hf(cls, config: Mapping | ModelConfig, tensors: Mapping[str, np.ndarray], backend: str = "iss",
                 arithmetic: str | None = None, hw: HardwareConfig | str = "kv260",
                 max_positions: int | None = None, device: NpuDevice | None = None,
-                memory_map: str = "flat", progress=None, quantizer: str = "search") -> "Runtime":
+                memory_map: str = "flat", progress=None, quantizer: str = "search", streams: int = 1,
+                logit_rows: int | None = None) -> "Runtime":
         """Pack, compile and load. `arithmetic` (ISS only): ``"reference"`` (default) or ``"hardware"``; the
         RTL always computes hardware arithmetic. `device` (RTL only): the NPU to drive (default: the one the
         full-chip bench attached). `memory_map` (`hdl.memory_map`): where the image goes. `max_positions`: None
-        or a positive integer. `quantizer`: the packer's INT4 quantiser (`firmware.pack.pack`). Bad arguments raise
+        or a positive integer. `quantizer`: the packer's INT4 quantiser (`firmware.pack.pack`). `streams`: the
+        independent sequences served (`step_many`), each with a KV cache of its own; `logit_rows`: the tokens'
+        logits a program may leave at once (`step_many`, `verify`; default `streams`). Bad arguments raise
         TypeError or ValueError here, before anything is packed."""
         cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
         if not isinstance(tensors, Mapping):
@@ -439,6 +489,9 @@ class Runtime:
             raise TypeError(f"hw must be a hardware preset name or a HardwareConfig, not {hw!r}")
         if max_positions is not None:
             max_positions = check_positive_int("max_positions", max_positions)
+        streams = check_positive_int("streams", streams)
+        if logit_rows is not None:
+            logit_rows = check_positive_int("logit_rows", logit_rows)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, not {backend!r}")
         if quantizer not in WEIGHT_METHODS:
@@ -459,7 +512,8 @@ class Runtime:
             if device.hw != hw:
                 raise ValueError(f"the simulated NPU is built for hardware preset {device.hw.name!r}, "
                                  f"not {hw.name!r}")
-        image = pack(cfg, tensors, hw, max_positions=max_positions, memory_map=memory_map, quantizer=quantizer)
+        image = pack(cfg, tensors, hw, max_positions=max_positions, memory_map=memory_map, quantizer=quantizer,
+                     streams=streams, logit_rows=logit_rows)
         program = compile_token(cfg, image, hw)
         if backend == "iss":
             source = None
@@ -486,19 +540,102 @@ class Runtime:
         return cls(cfg, image, compile_token(cfg, image, device.hw), backend)
 
     def reset(self) -> None:
-        """Clear the KV cache; the next `step` is position 0."""
+        """Clear the KV cache of every stream; each stream's next `step` is position 0."""
         self.backend.reset_kv()
-        self.position = 0
+        self.positions = [0] * self.streams
+        self._verified = None
+
+    def use_stream(self, stream: int) -> None:
+        """Make `stream` the one `step`, `prefill`, `verify` and `rollback` advance (`streams` of them)."""
+        self.stream = check_index("stream", stream, self.streams, "the image's streams")
 
     def step(self, token_id: int) -> np.ndarray:
-        """Stage the token's host-table rows, run the token program for `token_id` at the current position and
-        return the logits."""
+        """Stage the token's host-table rows, run the token program for `token_id` at the current stream's
+        position and return the logits."""
         token_id = check_index("token id", token_id, self.config.vocab_size, "the vocabulary")
         for region, offset, data in self.image.stage_rows(token_id):
             self.backend.write(region, offset, data)
-        logits = self.backend.run(token_id, self.position)
+        if self.stream == 0:
+            logits = self.backend.run(token_id, self.position)
+        else:
+            logits = self.backend.run_words(self._compiled(1, (self.stream,), "last").words, token_id,
+                                            self.position)
         self.position += 1
+        self._verified = None
         return logits
+
+    def step_many(self, ids) -> np.ndarray:
+        """Batched decode: stream s's next token is ``ids[s]``, one per stream, each at its own position; returns
+        their logits ``[streams, vocab]`` (row s: stream s's, bit for bit what `step` gives on that stream
+        alone). The tokens run in batched programs of up to `batch_tokens` streams (one weight stream each).
+        Bad ids raise here, before anything runs."""
+        ids = self._ids(ids)
+        if len(ids) != self.streams:
+            raise ValueError(f"step_many takes one id per stream: {self.streams} ids, not {len(ids)}")
+        for s in range(self.streams):
+            if self.positions[s] >= self.max_positions:
+                raise ValueError(f"stream {s} is at position {self.positions[s]}: the KV cache holds "
+                                 f"{self.max_positions} positions")
+        out = []
+        per = self.batch_tokens
+        for s0 in range(0, self.streams, per):
+            run = ids[s0:s0 + per]
+            streams = tuple(range(s0, s0 + len(run)))
+            program = self._compiled(len(run), streams, "all")
+            for t, token in enumerate(run):
+                for region, offset, data in self.image.stage_rows(token, slot=t):
+                    self.backend.write(region, offset, data)
+            self.backend.run_words(program.bind(run, [self.positions[s] for s in streams]), run[0],
+                                   self.positions[s0])
+            out.append(self.backend.logit_rows(len(run)))
+            for s in streams:
+                self.positions[s] += 1
+        self._verified = None
+        return np.concatenate(out)
+
+    def verify(self, ids) -> np.ndarray:
+        """Speculative decoding's verify pass on the current stream: run `ids` (the last id not yet run, then
+        the drafts) at the next positions in one program and return every position's logits ``[len(ids),
+        vocab]`` (row j: after ``ids[:j + 1]``, bit for bit what `step` gives). The KV rows the drafts write are
+        saved first, so that `rollback` can drop the rejected ones. At most `verify_tokens` ids (the program's
+        tile, the LOGITS rows, `firmware.compiler.multi_token_limit`)."""
+        ids = self._ids(ids)
+        n, pos = len(ids), self.position
+        limit = self.verify_tokens(pos)
+        if n > limit:
+            raise ValueError(f"verify takes at most {limit} ids at position {pos} (the program's token tile, the "
+                             f"image's logits rows, the sliding window of a shared KV layer), not {n}")
+        if pos + n > self.max_positions:
+            raise ValueError(f"{n} ids from position {pos} go beyond the KV cache's {self.max_positions} positions")
+        # the rows of the drafts' positions (a ring row each: `verify_tokens` keeps them apart), one by one
+        saved = {q: [(r, self.backend.kv_save([r])) for r in self._kv_rows(self.stream, q)]
+                 for q in range(pos + 1, pos + n)}
+        if n == 1:
+            rows = self.step(ids[0])[None]
+        else:
+            for t, token in enumerate(ids):
+                for region, offset, data in self.image.stage_rows(token, slot=t):
+                    self.backend.write(region, offset, data)
+            program = self._compiled(n, (self.stream,) * n, "all")
+            self.backend.run_words(program.bind(ids, range(pos, pos + n)), ids[0], pos)
+            rows = self.backend.logit_rows(n)
+            self.position += n
+        self._verified = (self.stream, pos, n, saved)
+        return rows
+
+    def rollback(self, keep: int) -> None:
+        """Keep the first `keep` ids of the last `verify` (1 ..its ids): the stream's position goes back to the
+        one after them and the KV rows the others wrote get their earlier contents back, byte for byte the
+        cache that stepping the kept ids alone leaves."""
+        if self._verified is None or self._verified[0] != self.stream:
+            raise ValueError("rollback follows a verify on the same stream (nothing ran in between)")
+        stream, pos, n, saved = self._verified
+        keep = check_index("keep", keep - 1, n, f"the {n} verified ids") + 1
+        for q in range(pos + keep, pos + n):
+            for _, copy in saved[q]:
+                self.backend.kv_restore(copy)
+        self.position = pos + keep
+        self._verified = None
 
     def prefill(self, ids) -> np.ndarray:
         """Run the prompt `ids` from the current position and return the logits after the last one, leaving
@@ -508,11 +645,7 @@ class Runtime:
         the projections once for all of them), one after another (`firmware.compiler.prefill_runs`); a run of
         one id, and the ids a multi-token program may not run (`firmware.compiler.multi_token_limit`), run
         through ``step``. Bad ids raise here, before anything runs."""
-        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
-            raise TypeError(f"ids must be a sequence of token ids, not {type(ids).__name__}")
-        ids = [check_index("token id", t, self.config.vocab_size, "the vocabulary") for t in ids]
-        if not ids:
-            raise ValueError("ids must hold at least one token id")
+        ids = self._ids(ids)
         logits, k = None, 0
         for pos, n in prefill_runs(self.config, len(ids), self.position, self.prefill_tokens):
             run = ids[k:k + n]
@@ -520,13 +653,49 @@ class Runtime:
             if n == 1:
                 logits = self.step(run[0])
                 continue
-            program = self.prefill_program(n)
+            program = self._compiled(n, (self.stream,) * n, "last")
             for t, token in enumerate(run):
                 for region, offset, data in self.image.stage_rows(token, slot=t):
                     self.backend.write(region, offset, data)
             logits = self.backend.run_words(program.bind(run, range(pos, pos + n)), run[0], pos)
             self.position += n
+        self._verified = None
         return logits
+
+    def _ids(self, ids) -> list[int]:
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+            raise TypeError(f"ids must be a sequence of token ids, not {type(ids).__name__}")
+        ids = [check_index("token id", t, self.config.vocab_size, "the vocabulary") for t in ids]
+        if not ids:
+            raise ValueError("ids must hold at least one token id")
+        return ids
+
+    def _kv_rows(self, stream: int, pos: int) -> list[tuple[int, int]]:
+        """``(slot, ring row)`` that KVST writes for `pos` on `stream`: one per cache layer."""
+        return [(slot, pos % self.image.descriptors[slot].capacity)
+                for slot in self.image.stream_slots[stream].values()]
+
+    def _compiled(self, tokens: int, streams: tuple[int, ...], logits: str) -> Program:
+        key = (tokens, streams, logits, self.prefill_gemm)
+        if key not in self._programs:
+            self._programs[key] = compile_tokens(self.config, self.image, self._hw, tokens, gemm=self.prefill_gemm,
+                                                 streams=streams, logits=logits)
+        return self._programs[key]
+
+    @property
+    def batch_tokens(self) -> int:
+        """Streams per batched program (`step_many`): as many as `prefill_tokens` allows, the image's logits
+        rows at most."""
+        return max(1, min(self.prefill_tokens, self.image.logit_rows, self.streams))
+
+    def verify_tokens(self, pos: int | None = None) -> int:
+        """The most ids a `verify` at `pos` (default: the current stream's position) runs: a prefill program's
+        tokens (`prefill_tokens`), the image's logits rows, `multi_token_limit`, and the narrowest sliding ring
+        (so that no two of them share a ring row)."""
+        pos = self.position if pos is None else pos
+        rings = [self.image.descriptors[slot].capacity for layer, slot in self.image.kv_slots.items()
+                 if self.config.is_sliding(layer)]
+        return max(1, min([self.prefill_tokens, self.image.logit_rows, self.multi_token_limit(pos)] + rings))
 
     def multi_token_limit(self, pos: int) -> int:
         """`firmware.compiler.multi_token_limit` of this model."""
@@ -553,7 +722,4 @@ class Runtime:
 
     def prefill_program(self, tokens: int) -> Program:
         """The prefill program of `tokens` tokens (compiled once; `prefill_gemm` as `compile_tokens`'s gemm)."""
-        key = (tokens, self.prefill_gemm)
-        if key not in self._programs:
-            self._programs[key] = compile_tokens(self.config, self.image, self._hw, tokens, gemm=self.prefill_gemm)
-        return self._programs[key]
+        return self._compiled(tokens, (0,) * tokens, "last")

@@ -234,7 +234,10 @@ class Machine:
         self._kv = {}
         self._const_index = sorted((e.offset, e.nbytes, name) for name, e in image.tensors.items()
                                    if e.region == "CONST")
-        self.logits = np.zeros(self.model.vocab_size, dtype=self.dtype)   # mirror of the LOGITS region
+        # mirror of the LOGITS region: rows of `logit_stride` elements (a token's logits each), `logits` the first
+        self._stride = -(-self.model.vocab_size // 4) * 4
+        self._logit_rows = np.zeros(image.regions["LOGITS"][1] // 4, dtype=self.dtype)
+        self.logits = self._logit_rows[:self.model.vocab_size]
         self.reset_kv()
         if arithmetic == HARDWARE:
             self._load_kv()
@@ -262,6 +265,29 @@ class Machine:
                                np.zeros(shape, self.dtype if self.arithmetic == REFERENCE else np.float16),
                                np.full(d.capacity, -1, np.int64))
         self._kv = kv
+
+    def logit_rows(self, n: int) -> np.ndarray:
+        """The LOGITS region's first `n` rows (``[n, vocab]``, a view): token t's logits of a program that
+        leaves every token's (row 0: `logits`)."""
+        if not 1 <= n <= self._logit_rows.size // self._stride:
+            raise ValueError(f"LOGITS holds {self._logit_rows.size // self._stride} rows, not {n}")
+        return self._logit_rows[:n * self._stride].reshape(n, self._stride)[:, :self.model.vocab_size]
+
+    def kv_save(self, rows) -> list:
+        """A copy of the KV cache at ring rows ``(slot, row)`` (descriptor index, row), for `kv_restore`."""
+        out = []
+        for slot, row in rows:
+            kv = self._kv[slot]
+            out.append((slot, row, {k: a[row].copy() for k, a in kv.items()} if isinstance(kv, dict)
+                        else tuple(a[row].copy() for a in kv)))
+        return out
+
+    def kv_restore(self, saved) -> None:
+        """Put back the rows `kv_save` copied."""
+        for slot, row, val in saved:
+            kv = self._kv[slot]
+            for k, a in (kv.items() if isinstance(kv, dict) else enumerate(kv)):
+                a[row] = val[k]
 
     def _kv_layout(self, d) -> KvInt8Layout:
         return KvInt8Layout(d.capacity, d.heads, d.head_dim, self.hw.act_block)
@@ -649,7 +675,7 @@ class Machine:
                 return
             self.image.view(region, offset, nbytes)[:] = self.l2[sl].astype("<f4").view(np.uint8)
             if i.region is DdrRegion.LOGITS:
-                self.logits[offset // 4: offset // 4 + n] = self.l2[sl]
+                self._logit_rows[offset // 4: offset // 4 + n] = self.l2[sl]
 
     def _const64(self, offset, n):
         """Reference arithmetic reads CONST through the manifest: the float64 values behind the bytes."""

@@ -1,0 +1,173 @@
+"""Batched decode (`Runtime.step_many`) and speculative verify passes (`Runtime.verify`, `Runtime.rollback`) on
+the instruction-set simulator in hardware arithmetic.
+
+Batched: every stream's logits row is, bit for bit, what the same sequence gives run alone through `step`, and
+every stream's KV cache holds the bytes of that lone run, with the streams at different positions. Verify: each
+row of a verify pass is the logits `step` gives at that position, and after `rollback` the position and every
+byte of the KV cache are those of stepping the kept ids alone (the pass crossing a sliding ring's end), and
+decoding goes on with the same bits. The fixtures cover KV sharing of a sliding layer and rings smaller than a
+pass.
+"""
+
+import numpy as np
+import pytest
+
+from firmware.compiler import compile_tokens
+from firmware.pack import kv_row_ranges, logit_stride, pack
+from firmware.runtime import Runtime
+from hdl.config import PRESETS as HW
+from sim.config import ModelConfig
+from tests.oracle import FIXTURES, load_case
+
+
+def _runtime(case, **kw):
+    return Runtime.from_hf(case.config, case.tensors, arithmetic="hardware", hw="tiny", max_positions=16, **kw)
+
+
+def _ids(case):
+    return [int(t) for t in case.input_ids]
+
+
+def _same_cache(a: Runtime, stream: int, b: Runtime, what: str):
+    for layer, slot in b.image.kv_slots.items():
+        np.testing.assert_array_equal(a.machine.kv_bytes(a.image.stream_slots[stream][layer]),
+                                      b.machine.kv_bytes(slot), err_msg=f"{what}: KV cache of layer {layer}")
+
+
+@pytest.mark.parametrize("name, memory_map", [("f64_s2_l7", "flat"), ("f64_s1_l15", "kv260")])
+def test_each_stream_of_a_batch_is_its_sequence_alone(name, memory_map):
+    case = load_case(FIXTURES / f"{name}.npz")
+    ids = _ids(case)
+    streams = 3
+    batch = _runtime(case, streams=streams, memory_map=memory_map)
+    alone = _runtime(case, memory_map=memory_map)
+    assert batch.streams == streams and batch.image.logit_rows >= streams
+    # three sequences, stream 1 two tokens ahead (a prefill on it alone), so the positions differ in every step
+    seqs = [ids[0:5], ids[3:10], ids[5:10][::-1]]
+    batch.use_stream(1)
+    batch.prefill(seqs[1][:2])
+    batch.use_stream(0)
+    done = [0, 2, 0]
+    for step in range(3):
+        rows = batch.step_many([seq[k] for seq, k in zip(seqs, done)])
+        assert rows.shape == (streams, batch.config.vocab_size)
+        for s, seq in enumerate(seqs):
+            alone.reset()
+            for t in seq[:done[s]]:
+                alone.step(t)
+            np.testing.assert_array_equal(rows[s], alone.step(seq[done[s]]), err_msg=f"{name} step {step} stream {s}")
+            _same_cache(batch, s, alone, f"{name} step {step} stream {s}")
+            done[s] += 1
+        assert batch.positions == done
+    assert batch.counters.instructions["CTRL.SETPOS"] > 0
+
+
+def test_batches_larger_than_a_program_run_in_several():
+    case = load_case(FIXTURES / "f64_s3_l5.npz")
+    ids = _ids(case)
+    batch = _runtime(case, streams=5)
+    assert batch.batch_tokens == HW["tiny"].systolic_rows == 4      # a token tile per program: 4 + 1
+    alone = _runtime(case)
+    rows = batch.step_many(ids[:5])
+    for s in range(5):
+        alone.reset()
+        np.testing.assert_array_equal(rows[s], alone.step(ids[s]), err_msg=f"stream {s}")
+
+
+@pytest.mark.parametrize("name, before, n, keep", [
+    ("f64_s3_l5", 4, 4, 1),      # window 6: positions 4..7 wrap the ring; only the first id kept
+    ("f64_s3_l5", 5, 4, 3),
+    ("f64_s3_l5", 0, 4, 4),      # every id kept
+    ("f64_s2_l7", 0, 3, 2),      # a shared sliding layer: a pass below the window (3)
+])
+def test_verify_rows_are_steps_and_rollback_restores_the_cache(name, before, n, keep):
+    case = load_case(FIXTURES / f"{name}.npz")
+    ids = _ids(case)
+    spec, plain = _runtime(case, logit_rows=8), _runtime(case)
+    for t in ids[:before]:
+        spec.step(t)
+        plain.step(t)
+    assert spec.verify_tokens() >= n
+    rows = spec.verify(ids[before:before + n])
+    assert rows.shape == (n, spec.config.vocab_size) and spec.position == before + n
+    for j in range(n):
+        np.testing.assert_array_equal(rows[j], plain.step(ids[before + j]), err_msg=f"{name} row {j}")
+    spec.rollback(keep)
+    plain.reset()
+    for t in ids[:before + keep]:
+        plain.step(t)
+    assert spec.position == plain.position == before + keep
+    _same_cache(spec, 0, plain, f"{name} after rollback({keep})")
+    for t in ids[before + keep:before + keep + 2]:
+        np.testing.assert_array_equal(spec.step(t), plain.step(t), err_msg=f"{name} after the rollback")
+
+
+def test_verify_limits_and_misuse_are_clear_errors():
+    shared = load_case(FIXTURES / "f64_s2_l7.npz")       # window 3, KV-shared layers read a sliding ring
+    rt = _runtime(shared, logit_rows=8)
+    ids = _ids(shared)
+    assert [rt.verify_tokens(p) for p in (0, 1, 2, 5)] == [3, 2, 1, 1]
+    with pytest.raises(ValueError, match="verify takes at most 3 ids at position 0"):
+        rt.verify(ids[:4])
+    with pytest.raises(ValueError, match="rollback follows a verify"):
+        rt.rollback(1)
+    rt.verify(ids[:2])
+    with pytest.raises(ValueError, match="keep"):
+        rt.rollback(3)
+    with pytest.raises(ValueError, match="keep"):
+        rt.rollback(0)
+    rt.step(ids[2])
+    with pytest.raises(ValueError, match="rollback follows a verify"):
+        rt.rollback(1)
+    for bad, err in (([], ValueError), ("ab", TypeError), ([1, rt.config.vocab_size], ValueError)):
+        with pytest.raises(err):
+            rt.verify(bad)
+
+
+def test_step_many_rejects_bad_input_before_running():
+    case = load_case(FIXTURES / "f64_s3_l5.npz")
+    rt = _runtime(case, streams=2)
+    with pytest.raises(ValueError, match="one id per stream: 2 ids, not 3"):
+        rt.step_many([1, 2, 3])
+    with pytest.raises(ValueError, match="token id"):
+        rt.step_many([1, rt.config.vocab_size])
+    with pytest.raises(ValueError, match="stream"):
+        rt.use_stream(2)
+    assert rt.positions == [0, 0] and sum(rt.counters.instructions.values()) == 0
+    with pytest.raises(ValueError, match="streams must be a positive integer"):
+        _runtime(case, streams=0)
+
+
+def test_pack_gives_each_stream_its_own_slots_and_logits_rows():
+    cfg, hw = ModelConfig.preset("tiny"), HW["tiny"]
+    image = pack(cfg, None, hw, fill=False, streams=3, logit_rows=5)
+    layers = len(cfg.kv_cache_layers)
+    assert image.streams == 3 and image.logit_rows >= 5
+    assert image.logit_rows == image.region("LOGITS")[1] // (4 * logit_stride(cfg))     # the region's 4 KB pages
+    assert [sorted(s.values()) for s in image.stream_slots] == [list(range(k * layers, (k + 1) * layers))
+                                                                 for k in range(3)]
+    assert image.region("LOGITS")[1] >= 5 * logit_stride(cfg) * 4
+    # the slots' bytes do not overlap, and a ring row's byte ranges lie inside its slot
+    spans = sorted((image.descriptors[i].weight_offset, i) for s in image.stream_slots for i in s.values())
+    for (a, i), (b, _) in zip(spans, spans[1:]):
+        assert all(off + n <= b for off, n in kv_row_ranges(image, i, image.descriptors[i].capacity - 1))
+    with pytest.raises(ValueError, match="do not fit the 8-bit slot field"):
+        pack(cfg, None, hw, fill=False, streams=256 // layers + 1)
+    with pytest.raises(ValueError, match="streams must be a positive integer"):
+        pack(cfg, None, hw, fill=False, streams=0)
+
+
+def test_compile_tokens_checks_streams_and_logits_rows():
+    cfg, hw = ModelConfig.preset("tiny"), HW["tiny"]
+    image = pack(cfg, None, hw, fill=False, streams=2)
+    prog = compile_tokens(cfg, image, hw, 2, streams=(0, 1), logits="all")
+    assert prog.streams == (0, 1) and prog.logits == "all"
+    with pytest.raises(ValueError, match="stream 2 is not one of the image's 2"):
+        compile_tokens(cfg, image, hw, 2, streams=(0, 2))
+    with pytest.raises(ValueError, match="one stream index per token"):
+        compile_tokens(cfg, image, hw, 2, streams=(0,))
+    n = image.logit_rows + 1
+    with pytest.raises(ValueError, match=f"the logits of {n} tokens need {n} rows in LOGITS; the image holds {n - 1}"):
+        compile_tokens(cfg, image, hw, n, logits="all")
+    with pytest.raises(ValueError, match="logits must be 'last' or 'all'"):
+        compile_tokens(cfg, image, hw, 2, logits="every")
