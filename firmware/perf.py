@@ -56,7 +56,8 @@ from .cli import NON_NEGATIVE, POSITIVE, arg_type
 
 __all__ = ["Rates", "TokenEstimate", "Schedule", "estimate", "cycles_of", "schedule", "features", "fit_rates",
            "main", "PASS_KINDS", "PASS_LANES", "FITTED", "Wgemm", "GemmGeometry", "wgemm_cost", "wgemm_bounds",
-           "PrefillEstimate", "prefill", "to_json"]
+           "PrefillEstimate", "prefill", "to_json", "BatchEstimate", "batched", "SpecEstimate", "speculative",
+           "expected_tokens"]
 
 DDR_PEAK_BYTES_PER_S = 19.2e9          # KV260: DDR4-2400, 64 bit (DS987; docs/requirements.md)
 # Elements per cycle of a pass kind beyond `Rates.elements_per_cycle`: the quantiser passes and the SFU's short
@@ -741,6 +742,118 @@ def prefill(cfg: ModelConfig, hw: HardwareConfig, tokens: list[int], rates: Rate
     return out
 
 
+# --- several tokens per weight stream: batched decode, speculative verify passes ------------------------------------
+
+@dataclass
+class BatchEstimate:
+    """B streams one token each at `position` (`firmware.runtime.Runtime.step_many`: batched programs of up to
+    `program_tokens` streams). `cycles`: the whole step; `decode`: one token of one stream alone."""
+    streams: int
+    position: int
+    clock_hz: float
+    cycles: float = 0.0
+    decode: float = 0.0
+    program_tokens: int = 1
+    program_gemm: bool = False
+
+    @property
+    def tok_s(self) -> float:
+        """Aggregate tokens per second of the B streams."""
+        return self.streams * self.clock_hz / self.cycles
+
+    @property
+    def per_stream_tok_s(self) -> float:
+        return self.clock_hz / self.cycles
+
+    @property
+    def speedup(self) -> float:
+        """Aggregate tok/s over one stream decoding alone."""
+        return self.tok_s * self.decode / self.clock_hz
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens one verify pass of k drafts emits when each draft is accepted with probability `alpha`, given
+    the ones before it (the accepted prefix, then the correction or bonus id): (1 - alpha**(k+1)) / (1 - alpha)."""
+    return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+@dataclass
+class SpecEstimate:
+    """Speculative decoding at `position`: `verify[n]` the cycles of a verify pass of n ids (n - 1 drafts),
+    `decode` one plain decode step."""
+    position: int
+    clock_hz: float
+    decode: float
+    verify: dict[int, float] = field(default_factory=dict)
+
+    def speedup(self, alpha: float, k: int) -> float:
+        """Tokens per second over plain decoding with k drafts a pass at acceptance rate `alpha`."""
+        return expected_tokens(alpha, k) * self.decode / self.verify[k + 1]
+
+    def best(self, alpha: float) -> tuple[int, float]:
+        """(k, speed-up) of the best number of drafts at `alpha`."""
+        return max(((n - 1, self.speedup(alpha, n - 1)) for n in self.verify), key=lambda kv: kv[1])
+
+
+def _program_cycles(cfg, hw, image, rates, tokens, streams, logits, pos):
+    from sim.iss import COUNT, Machine
+    from .compiler import compile_tokens
+    prog = compile_tokens(cfg, image, hw, tokens, streams=streams, logits=logits)
+    words = prog.bind([2] * tokens, [pos + (0 if streams and len(set(streams)) == tokens else t)
+                                     for t in range(tokens)])
+    return schedule(Machine(image, hw, COUNT), words, hw, rates, token=2, pos=pos).cycles
+
+
+def batched(cfg: ModelConfig, hw: HardwareConfig, streams: list[int], positions: list[int],
+            rates: Rates = Rates()) -> list[BatchEstimate]:
+    """Batched decode steps of each stream count at each position (every stream there), priced from the
+    compiled batched programs (`firmware.compiler.compile_tokens` with one stream per token and every token's
+    logits) in the ISS's counting mode, as `Runtime.step_many` runs them."""
+    streams = _check_counts("streams", streams, 1)
+    positions = _check_counts("positions", positions, 0)
+    rates.check_costs()
+    from .compiler import gemm_pays, program_tokens
+    from .pack import pack
+    top = max(streams)
+    image = pack(cfg, None, hw, max_positions=max(positions) + 1, fill=False, streams=top, logit_rows=top)
+    per = min(program_tokens(cfg, image, hw), image.logit_rows)
+    out = []
+    for pos in positions:
+        decode = _program_cycles(cfg, hw, image, rates, 1, None, "last", pos)
+        for b in streams:
+            e = BatchEstimate(streams=b, position=pos, clock_hz=hw.clock_hz, decode=decode,
+                              program_tokens=min(per, b), program_gemm=gemm_pays(hw, min(per, b)))
+            for s0 in range(0, b, per):
+                n = min(per, b - s0)
+                e.cycles += decode if n == 1 else _program_cycles(cfg, hw, image, rates, n,
+                                                                  tuple(range(s0, s0 + n)), "all", pos)
+            out.append(e)
+    return out
+
+
+def speculative(cfg: ModelConfig, hw: HardwareConfig, positions: list[int], drafts: int,
+                rates: Rates = Rates()) -> list[SpecEstimate]:
+    """Verify passes of 1 .. `drafts` + 1 ids at each position (`Runtime.verify`: one program, every token's
+    logits), priced like the decode program; a pass longer than one program may run (`program_tokens`,
+    `multi_token_limit`) is left out."""
+    positions = _check_counts("positions", positions, 0)
+    drafts = _check_counts("drafts", [drafts], 0)[0]
+    rates.check_costs()
+    from .compiler import multi_token_limit, program_tokens
+    from .pack import pack
+    image = pack(cfg, None, hw, max_positions=max(positions) + drafts + 2, fill=False, logit_rows=drafts + 1)
+    per = program_tokens(cfg, image, hw)
+    out = []
+    for pos in positions:
+        e = SpecEstimate(position=pos, clock_hz=hw.clock_hz,
+                         decode=_program_cycles(cfg, hw, image, rates, 1, None, "last", pos))
+        e.verify[1] = e.decode
+        for n in range(2, min(drafts + 1, per, image.logit_rows, multi_token_limit(cfg, pos)) + 1):
+            e.verify[n] = _program_cycles(cfg, hw, image, rates, n, None, "all", pos)
+        out.append(e)
+    return out
+
+
 POSITION = NON_NEGATIVE
 
 
@@ -753,7 +866,7 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m firmware.perf", description=__doc__.splitlines()[0],
                                 usage="%(prog)s [--model M] [--hw HW] [--positions POS ...] [--prefill [TOKENS ...]] "
-                                      "[--kv-format F] [--clock-mhz MHZ] [--axi-ports N] [--no-row-mask] [--json] "
+                                      "[--streams B ...] [--speculate K] [--kv-format F] [--clock-mhz MHZ] [--axi-ports N] [--no-row-mask] [--json] "
                                       "[--<cost> X ...]")
     p.add_argument("--model", default="e4b", choices=sorted(MODEL_PRESETS), help="model preset (default e4b)")
     p.add_argument("--hw", default="kv260", choices=sorted(HW_PRESETS), help="hardware preset (default kv260)")
@@ -761,6 +874,11 @@ def main(argv=None) -> int:
                    help="positions of the decode token (integers >= 0; default 128 1024 4096)")
     p.add_argument("--prefill", type=POSITIVE, nargs="*", default=[32, 128, 512], metavar="TOKENS",
                    help="prompt lengths of the prefill estimate (positive; none: skip it)")
+    p.add_argument("--streams", type=POSITIVE, nargs="*", default=[], metavar="B",
+                   help="batched decode: price a step of B streams at each position (e.g. 1 2 4 8; default none)")
+    p.add_argument("--speculate", type=NON_NEGATIVE, default=None, metavar="K",
+                   help="speculative decoding: price verify passes of up to K drafts at each position and the "
+                        "speed-up at acceptance rates 0.5 0.6 0.7 0.8 0.9 (default: skip)")
     p.add_argument("--kv-format", choices=("fp16", "int8"), help="KV cache format (default: the preset's)")
     p.add_argument("--json", action="store_true",
                    help="print the figures as one JSON object (tok/s, cycles and bytes per position, the clock and "
@@ -804,8 +922,24 @@ def main(argv=None) -> int:
         except (ExecutionError, ValueError) as e:
             p.error(f"argument --prefill: {args.model} on {args.hw} cannot run a prompt of {max(args.prefill)} "
                     f"tokens: {e}")
+    batches = specs = None
+    try:
+        if args.streams:
+            batches = batched(cfg, hw, args.streams, args.positions, rates)
+        if args.speculate is not None:
+            specs = speculative(cfg, hw, args.positions, args.speculate, rates)
+    except (ExecutionError, ValueError) as e:
+        p.error(f"argument --streams/--speculate: {args.model} on {args.hw} cannot run them: {e}")
     if args.json:
-        print(json.dumps(to_json(args.model, hw, rates, estimates, prefills), indent=1))
+        out = to_json(args.model, hw, rates, estimates, prefills)
+        out["batched"] = [{"streams": e.streams, "position": e.position, "tok_s": e.tok_s, "cycles": e.cycles,
+                           "per_stream_tok_s": e.per_stream_tok_s, "speedup": e.speedup,
+                           "program_tokens": e.program_tokens, "program_gemm": e.program_gemm}
+                          for e in (batches or [])]
+        out["speculative"] = [{"position": e.position, "decode_cycles": e.decode,
+                               "verify_cycles": {str(n): c for n, c in e.verify.items()},
+                               "best": {str(a): list(e.best(a)) for a in SPEC_ALPHAS}} for e in (specs or [])]
+        print(json.dumps(out, indent=1))
         return 0
     print(f"{args.model} on {args.hw} (KV cache {hw.kv_format}, {hw.axi_ports} weight ports"
           f"{'' if hw.gemv_row_mask else ', no row mask'}) at "
@@ -821,7 +955,27 @@ def main(argv=None) -> int:
         print(" " * 9 + "by instruction: " + ", ".join(f"{k} {100 * v / e.total_cycles:.1f}%" for k, v in top[:6]))
     if prefills:
         _print_prefill(prefills, hw)
+    if batches:
+        print("\nbatched decode (Runtime.step_many): a step of B streams in programs of up to 'program' streams "
+              "(what L2 and the logits rows hold), their projections as WGEMMs where gemm_pays, else WGEMVs per token")
+        print(f"{'position':>8} {'streams':>7} {'Mcyc':>8} {'tok/s':>7} {'per stream':>10} {'speed-up':>8} "
+              f"{'program':>7} {'WGEMM':>5}")
+        for e in batches:
+            print(f"{e.position:>8} {e.streams:>7} {e.cycles / 1e6:>8.2f} {e.tok_s:>7.2f} {e.per_stream_tok_s:>10.2f} "
+                  f"{e.speedup:>8.2f} {e.program_tokens:>7} {'yes' if e.program_gemm else 'no':>5}")
+    if specs:
+        print(f"\nspeculative decoding (Runtime.verify): a verify pass of n ids (n - 1 drafts) against one decode "
+              f"step; speed-up = expected tokens a pass (1 - a**n) / (1 - a) x decode / verify(n), best n per "
+              f"acceptance rate a (passes longer than a program may run are left out)")
+        print(f"{'position':>8} {'verify Mcyc by n':<40} " + " ".join(f"{'a=' + str(a):>11}" for a in SPEC_ALPHAS))
+        for e in specs:
+            v = ", ".join(f"{n}: {c / 1e6:.2f}" for n, c in e.verify.items())
+            best = " ".join(f"{'k=' + str(k) + ' ' + format(x, '.2f'):>11}" for k, x in (e.best(a) for a in SPEC_ALPHAS))
+            print(f"{e.position:>8} {v:<40} {best}")
     return 0
+
+
+SPEC_ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
 
 
 def to_json(model: str, hw: HardwareConfig, rates: Rates, estimates: list[TokenEstimate],

@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from firmware.perf import DDR_PEAK_BYTES_PER_S, PASS_KINDS, PASS_LANES, Rates, cycles_of, estimate, fit_rates
@@ -480,3 +481,45 @@ def test_cli_row_mask(capsys):
     plain, masked = out[False]["positions"][0], out[True]["positions"][0]
     assert plain["bytes_per_token"] - masked["bytes_per_token"] == skipped
     assert masked["tok_s"] > plain["tok_s"]
+
+
+def test_expected_tokens_a_pass_is_the_acceptance_process():
+    """(1 - a**(k+1)) / (1 - a) against the acceptance process itself: drafts accepted one after another with
+    probability a until the first rejection, plus the correction or bonus id; 200,000 seeded passes, the mean
+    within 5 standard errors."""
+    from firmware.perf import expected_tokens
+    rng = np.random.default_rng(11)
+    for alpha, k in ((0.0, 3), (0.5, 1), (0.7, 4), (0.9, 8), (1.0, 5)):
+        u = rng.random((200_000, k))
+        kept = np.where((u >= alpha).any(axis=1), (u >= alpha).argmax(axis=1), k)   # drafts before the first rejection
+        emitted = kept + 1
+        se = emitted.std() / np.sqrt(emitted.size)
+        assert abs(emitted.mean() - expected_tokens(alpha, k)) <= 5 * se + 1e-12, (alpha, k)
+
+
+def test_batched_and_verify_programs_are_priced_from_their_programs():
+    """A batched step and a verify pass are the compiled programs priced by `schedule` (as prefill programs are):
+    each figure equals its program priced directly; B streams on tiny run as WGEMVs per token (gemm never pays
+    there), so a step of B costs about B decode steps (the weights streamed per token; each token's SETTOK /
+    SETPOS and stores beside them), and a verify pass of n ids likewise."""
+    from firmware.compiler import compile_tokens
+    from firmware.pack import pack
+    from firmware.perf import batched, schedule, speculative
+    from sim.iss import COUNT, Machine
+    cfg, hw = ModelConfig.preset("tiny"), HardwareConfig.preset("tiny")
+    steps = batched(cfg, hw, [1, 3], [2])
+    one, three = steps
+    assert one.cycles == one.decode and one.speedup == pytest.approx(1.0)
+    image = pack(cfg, None, hw, max_positions=3, fill=False, streams=3, logit_rows=3)
+    words = compile_tokens(cfg, image, hw, 3, streams=(0, 1, 2), logits="all").bind([2] * 3, [2] * 3)
+    direct = schedule(Machine(image, hw, COUNT), words, hw, Rates(), token=2, pos=2).cycles
+    assert three.cycles == pytest.approx(direct, rel=1e-9) and three.program_tokens == 3 and not three.program_gemm
+    assert 2.9 * one.decode < three.cycles < 3.1 * one.decode and three.tok_s == pytest.approx(3 * hw.clock_hz / direct)
+    (spec,) = speculative(cfg, hw, [0], 3)
+    assert sorted(spec.verify) == [1, 2, 3, 4] and spec.verify[1] == spec.decode
+    for n in (2, 3, 4):
+        assert (n - 0.1) * spec.decode < spec.verify[n] < (n + 0.1) * spec.decode
+        assert spec.speedup(1.0, n - 1) == pytest.approx(n * spec.decode / spec.verify[n])
+        assert spec.speedup(0.0, n - 1) < 1
+    (late,) = speculative(cfg, hw, [cfg.sliding_window], 3)      # KV-shared sliding layers: one id a pass there
+    assert sorted(late.verify) == [1] and late.best(0.9) == (0, 1.0)

@@ -13,8 +13,12 @@ import numpy as np
 import pytest
 
 from firmware.compiler import compile_tokens
-from firmware.pack import kv_row_ranges, logit_stride, pack
+from firmware.generate import generate, generate_speculative, generate_streams
+from firmware.generate import main as generate_main
+from firmware.pack import kv_row_ranges, logit_stride, pack, save_image
 from firmware.runtime import Runtime
+from firmware.sampling import Sampler, SamplingParams
+from firmware.speculate import SpecStats
 from hdl.config import PRESETS as HW
 from sim.config import ModelConfig
 from tests.oracle import FIXTURES, load_case
@@ -171,3 +175,70 @@ def test_compile_tokens_checks_streams_and_logits_rows():
         compile_tokens(cfg, image, hw, n, logits="all")
     with pytest.raises(ValueError, match="logits must be 'last' or 'all'"):
         compile_tokens(cfg, image, hw, 2, logits="every")
+
+
+def test_generate_streams_gives_each_stream_its_lone_continuation():
+    case = load_case(FIXTURES / "f64_s3_l5.npz")
+    prompt = _ids(case)[:3]
+    params = SamplingParams(temperature=1.0, top_p=0.95, repetition_penalty=1.15)
+    batch = _runtime(case, streams=3)
+    out = generate_streams(batch, prompt, 6, [Sampler(params, seed=s) for s in (4, 5, 6)], stop_at_eos=False)
+    alone = _runtime(case)
+    for s, seed in enumerate((4, 5, 6)):
+        assert out[s] == generate(alone, prompt, 6, Sampler(params, seed=seed), stop_at_eos=False), f"stream {s}"
+    assert len({tuple(o) for o in out}) > 1                  # the seeds differ, and so do the continuations
+    with pytest.raises(ValueError, match="one stream per sampler: 2 samplers, 3 stream"):
+        generate_streams(batch, prompt, 2, [Sampler(params), Sampler(params)])
+
+
+@pytest.mark.parametrize("name, phrase, repeat", [
+    ("f64_s3_l5", 3, 8),         # window 6, no KV sharing: passes of 4 ids across the ring's end
+    ("f64_s1_l15", 2, 3),        # window 5 and KV-shared layers: passes only below the window
+])
+def test_greedy_speculative_decoding_gives_the_plain_ids_and_cache(name, phrase, repeat):
+    case = load_case(FIXTURES / f"{name}.npz")
+    ids = _ids(case)
+    prompt = (ids[:phrase] * 3)[:repeat]                      # a repeated phrase: prompt lookup drafts from it
+    greedy = SamplingParams(temperature=0.0)
+    spec, plain = _runtime(case, logit_rows=4), _runtime(case)
+    stats = SpecStats()
+    got = generate_speculative(spec, prompt, 7, greedy, draft_tokens=3, stats=stats, stop_at_eos=False)
+    want = generate(plain, prompt, 7, Sampler(greedy), stop_at_eos=False)
+    assert got == want
+    assert stats.drafted > 0 and stats.passes < 7 + 1 and stats.emitted >= 7
+    # the cache holds the prompt and every new id but the last, as plain decoding leaves it
+    assert spec.position == plain.position == len(prompt) + 6
+    _same_cache(spec, 0, plain, f"{name} after speculative decoding")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--streams", "2"], "--streams and --speculate run on the NPU: --backend iss or kv260"),
+    (["--speculate", "2"], "--streams and --speculate run on the NPU: --backend iss or kv260"),
+    (["--backend", "iss", "--streams", "2", "--speculate", "2"], "--streams and --speculate do not combine"),
+    (["--backend", "iss", "--streams", "0"], "argument --streams: must be an integer from 1 to 64, not '0'"),
+    (["--backend", "iss", "--speculate", "-1"], "argument --speculate: must be an integer from 0 to 254, not '-1'"),
+])
+def test_generate_cli_rejects_bad_mode_options(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        generate_main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_generate_cli_needs_an_image_with_the_streams_and_rows(tmp_path, capsys):
+    case = load_case(FIXTURES / "f64_s3_l5.npz")
+    image = pack(ModelConfig.from_hf(case.config), case.tensors, HW["tiny"], max_positions=16,
+                 out=tmp_path / "image.npy")
+    save_image(image, tmp_path)
+    base = ["--backend", "iss", "--arithmetic", "hardware", "--image", str(tmp_path), "--prompt-ids", "2,5"]
+    assert generate_main(base + ["--streams", "2"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"--streams 2: {tmp_path} holds KV caches for 1 stream(s); pack it with python -m firmware.pack --streams 2")
+    assert generate_main(base + ["--speculate", "7"]) == 2
+    assert "a verify pass needs 8; pack it with python -m firmware.pack --logit-rows 8" in capsys.readouterr().err
+    # a run that fits: two greedy ids by speculative decoding on the image, as plain decoding gives them
+    assert generate_main(base + ["--speculate", "2", "--max-new-tokens", "2", "--temperature", "0"]) == 0
+    spec = capsys.readouterr().out.splitlines()[0]
+    assert generate_main(base + ["--max-new-tokens", "2", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == spec
