@@ -51,6 +51,23 @@ def test_prefill_programs_bit_identical_to_the_iss():
 
 
 @pytest.mark.slow
+def test_batched_steps_bit_identical_to_the_iss():
+    """f64_s3_l5, 2 streams (their own KV slots, their own positions), 2 batched steps whose projections are
+    WGEMMs of both streams' tokens: both logits rows and every byte of DDR against the ISS."""
+    simulate(HW, "modes", seed=7, env={"NPU_NPZ": str(ROOT / "tests" / "fixtures" / "f64_s3_l5.npz"),
+                                       "NPU_TOKENS": "2", "NPU_STREAMS": "2"})
+
+
+@pytest.mark.slow
+def test_verify_passes_and_rollbacks_bit_identical_to_the_iss():
+    """f64_s3_l5, speculative verify passes of 3 ids (every row's logits), each followed by a rollback that keeps
+    1, then 2 of them (the KV rows of the rest restored by the host): the logits rows and every byte of DDR
+    against the ISS."""
+    simulate(HW, "modes", seed=8, env={"NPU_NPZ": str(ROOT / "tests" / "fixtures" / "f64_s3_l5.npz"),
+                                       "NPU_TOKENS": "2", "NPU_SPECULATE": "2"})
+
+
+@pytest.mark.slow
 def test_tokens_at_the_kv260_addresses():
     """The kv260 memory map with the high window clipped so WEIGHTS splits over both banks (base below 4 GB,
     pieces above it), the PLE row staged by the host: 3 tokens, logits and every byte of DDR."""

@@ -1,6 +1,7 @@
 """Run an oracle-format npz through the NPU RTL and the ISS, token by token.
 
-    python -m tb.npu --hf-npz FILE [--prefill P] [--tokens N] [--hw tiny] [--seed S] [--memory-map kv260]
+    python -m tb.npu --hf-npz FILE [--prefill P | --streams B | --speculate K] [--tokens N] [--hw tiny] [--seed S]
+                     [--memory-map kv260]
 
 FILE holds a Hugging Face Gemma 3n text config (``config_json``), its tensors (``w/<name>``) and the input
 ids (``input_ids``), as ``tests/fixtures/hf_gemma3n_tiny.py`` writes them. The command builds `hdl.npu.Npu` for the hardware
@@ -15,6 +16,11 @@ step is not bit-identical (logits or DDR) or not as planned, 2 if the simulation
 ``--prefill P`` runs the first P ids as one ``Runtime.prefill`` (prefill programs of up to a token tile of
 the systolic array, their projections as WGEMMs; `firmware.compiler.compile_tokens`) on both, checked as one
 step (its counters are the last program's), and the next ones as decode steps.
+
+``--streams B`` runs N batched steps of B streams instead (`Runtime.step_many`: stream s fed the file's id
+``(step + 3 s) mod n``, each stream its own KV slots and position), ``--speculate K`` N speculative verify passes
+of up to K + 1 ids, each followed by a rollback that keeps ``1 + step mod n`` of them (`Runtime.verify`,
+`Runtime.rollback`); per step, whether every logits row is bit-identical and every byte of DDR equals the ISS's.
 
 ``--memory-map kv260`` places every region where the host places it on a K26 (`hdl.memory_map`): the
 bench's DDR is the map's windows at their physical addresses (the high bank's above 4 GB), each clipped to
@@ -59,6 +65,25 @@ def simulate(npz: Path, tokens: int, hw_name: str, seed: int, memory_map: str = 
         return json.loads(result.read_text())
 
 
+def simulate_modes(npz: Path, steps: int, hw_name: str, seed: int, memory_map: str, window_bytes: str,
+                   streams: int, speculate: int) -> dict:
+    """Build (once) and run the bench's `modes` test (batched steps or verify passes); return its JSON result."""
+    import conftest  # noqa: F401
+    from hdl.config import HardwareConfig
+    from tb.npu import simulate as run_bench
+    from tb.runner import BUILD_ROOT
+
+    hw = HardwareConfig.preset(hw_name)
+    BUILD_ROOT.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=BUILD_ROOT) as tmp:
+        result = Path(tmp) / "result.json"
+        run_bench(hw, "modes", seed=seed, env={"NPU_NPZ": str(npz.resolve()), "NPU_TOKENS": str(steps),
+                                               "NPU_RESULT": str(result), "NPU_MEMORY_MAP": memory_map,
+                                               "NPU_WINDOW_BYTES": window_bytes, "NPU_STREAMS": str(streams),
+                                               "NPU_SPECULATE": str(speculate)})
+        return json.loads(result.read_text())
+
+
 def format_table(result: dict) -> str:
     head = ["step", "token", "bit-identical", "DDR", "steps", "max|Δ| golden"] + [c.lower() for c in COUNTER_COLUMNS]
     rows = [head]
@@ -88,6 +113,12 @@ def main(argv=None) -> int:
     p.add_argument("--prefill", type=POSITIVE, default=None, metavar="P",
                    help="run the first P ids as prefill programs, the rest as decode steps (default: every id "
                         "as a decode step)")
+    p.add_argument("--streams", type=POSITIVE, default=1, metavar="B",
+                   help="batched decode: --tokens batched steps of B streams (Runtime.step_many) instead of "
+                        "decode steps (default 1)")
+    p.add_argument("--speculate", type=POSITIVE, default=None, metavar="K",
+                   help="speculative decoding: --tokens verify passes of up to K drafts, each followed by a "
+                        "rollback (Runtime.verify, Runtime.rollback)")
     p.add_argument("--hw", default="tiny", help="hardware preset (default tiny)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random AXI pauses (default 0)")
     p.add_argument("--memory-map", default="flat",
@@ -123,6 +154,26 @@ def main(argv=None) -> int:
     prefill = args.prefill or 0
     if prefill > tokens:
         p.error(f"--prefill {prefill}: more than the {tokens} tokens run (--tokens)")
+    modes = args.streams > 1 or args.speculate
+    if modes and (args.prefill or (args.streams > 1 and args.speculate)):
+        p.error("--streams, --speculate and --prefill are separate runs: give one of them")
+    if modes:
+        try:
+            result = simulate_modes(args.hf_npz, tokens, args.hw, args.seed, args.memory_map, args.window_bytes,
+                                    args.streams, args.speculate or 0)
+        except AssertionError as e:
+            print(f"python -m tb.npu: the simulation failed: {e}", file=sys.stderr)
+            return 2
+        print(f"{case.name}: {tokens} " + (f"batched steps of {args.streams} streams" if args.streams > 1 else
+                                           f"verify passes of up to {args.speculate} drafts, each rolled back")
+              + f" on the {args.hw} NPU (RTL) vs the ISS (hardware arithmetic), AXI pause seed {args.seed}")
+        for s in result["steps"]:
+            print(f"  {s['what']}: {s['rows']} logits rows {'bit-identical' if s['identical'] else 'DIFFER'}, DDR "
+                  f"{'identical' if not s['ddr_problems'] else 'DIFFERS: ' + '; '.join(s['ddr_problems'])}, "
+                  f"{s['counters'].get('CYCLES')} cycles, positions {s['positions']}")
+        ok = all(s["identical"] and not s["ddr_problems"] for s in result["steps"])
+        print("all steps bit-identical" if ok else "NOT bit-identical")
+        return 0 if ok else 1
     try:
         result = simulate(args.hf_npz, tokens, args.hw, args.seed, args.memory_map, args.window_bytes, prefill)
     except AssertionError as e:

@@ -211,6 +211,48 @@ def compare_tokens(device, case: Case, hw, tokens: int, *, golden: bool = True, 
     return records
 
 
+def compare_modes(device, case: Case, hw, steps: int, *, streams: int = 1, speculate: int = 0,
+                  memory_map="flat", log=print) -> list[dict]:
+    """Batched steps (``streams`` > 1: `Runtime.step_many`, stream s fed id ``(step + 3 s) mod n`` of `case`)
+    or speculative verify passes (``speculate`` drafts: `Runtime.verify` of the next ``speculate + 1`` ids, as
+    many as a pass may run there, then `Runtime.rollback` keeping ``1 + step mod n`` of them) on the RTL and
+    the ISS, `steps` times, the batched programs' and verify programs' projections as WGEMMs; one record per
+    step: every logits row of both, and every DDR byte after the step (after the rollback: the restored KV
+    rows). Never raises on a mismatch."""
+    ids = [int(t) for t in case.input_ids]
+    kw = dict(hw=hw, memory_map=memory_map, streams=streams, logit_rows=max(streams, speculate + 1))
+    rtl = Runtime.from_hf(case.config, case.tensors, backend="rtl", device=device, **kw)
+    iss = Runtime.from_hf(case.config, case.tensors, backend="iss", arithmetic="hardware", **kw)
+    rtl.prefill_gemm = iss.prefill_gemm = True
+    records = []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        if streams > 1:
+            run = [ids[(step + 3 * s) % len(ids)] for s in range(streams)]
+            what = f"batched step {step} (ids {run})"
+            a, b = rtl.step_many(run), iss.step_many(run)
+        else:
+            pos = rtl.position
+            n = min(speculate + 1, rtl.verify_tokens(), len(ids) - pos)
+            run, keep = ids[pos:pos + n], 1 + step % n
+            what = f"verify of positions {pos}..{pos + n - 1}, {keep} kept"
+            a, b = rtl.verify(run), iss.verify(run)
+            rtl.rollback(keep)
+            iss.rollback(keep)
+        wall = time.perf_counter() - t0
+        expected = iss_ddr(iss.machine, iss.image, iss.program, rtl.backend.program_writes)
+        rec = {"step": step, "what": what, "rows": int(a.shape[0]),
+               "identical": bool(np.array_equal(a.view(np.uint32), b.view(np.uint32))),
+               "mismatches": int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32))),
+               "ddr_problems": check_window(device, expected, rtl.image), "counters": rtl.counters,
+               "positions": list(rtl.positions), "wall_s": round(wall, 2), "logits_rtl": a, "logits_iss": b}
+        records.append(rec)
+        log(f"{what}: {rec['rows']} logits rows {'bit-identical' if rec['identical'] else 'DIFFER'}, DDR "
+            f"{'identical' if not rec['ddr_problems'] else 'DIFFERS'}, {rec['counters'].get('CYCLES')} cycles "
+            f"({wall:.1f} s)")
+    return records
+
+
 def board_tokens(board, memory_map, case: Case, hw, tokens: int, bench, results: dict) -> None:
     """The on-board runtime on the simulated NPU: `firmware.board.Kv260Device` over the stand-in board `board`
     (`tb.board`: sysfs, the DDR files the bench's memory maps, the pty interrupt, the CSR link), with

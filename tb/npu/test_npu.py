@@ -68,7 +68,7 @@ from sim.iss import HARDWARE, ExecutionError, Machine
 from hdl.memory_map import memory_map
 from tb.npu.bench import FLAT_WINDOWS, GUARD, NpuBench, SimDevice, parse_window_bytes, sim_memory_map, sim_windows
 from tb.board import make_standin
-from tb.npu.host import board_tokens, check_window, compare_tokens, iss_ddr, load_npz
+from tb.npu.host import board_tokens, check_window, compare_modes, compare_tokens, iss_ddr, load_npz
 from tb.runner import ROOT, bench_env
 
 DEFAULT_NPZ = ROOT / "tests" / "fixtures" / "f64_s2_l7.npz"
@@ -124,6 +124,32 @@ async def tokens(dut):
             f"{case.name} step {r['step']}: DDR differs from the ISS's view: {'; '.join(r['ddr_problems'])}"
         assert not r["plan_problems"], \
             f"{case.name} step {r['step']}: the controller's steps differ from sim.plan: {'; '.join(r['plan_problems'])}"
+
+
+@cocotb.test()
+async def modes(dut):
+    """Batched steps (NPU_STREAMS) or speculative verify passes with rollbacks (NPU_SPECULATE drafts), NPU_TOKENS
+    times (`tb.npu.host.compare_modes`): every logits row and every DDR byte against the ISS."""
+    hw, seed, npz, n = params()
+    bench, device = await setup(dut, hw, seed)
+    case = load_npz(npz)
+    try:
+        mm = sim_memory_map(memory_map_name(), window_bytes())
+        records = await bridge(compare_modes)(device, case, hw, n, streams=int(bench_env("NPU_STREAMS", "1")),
+                                              speculate=int(bench_env("NPU_SPECULATE", "0")), memory_map=mm,
+                                              log=dut._log.info)
+    finally:
+        detach_rtl_device()
+    assert not bench.faults, f"accesses outside the DDR window: {bench.faults[:8]}"
+    result = bench_env("NPU_RESULT", "")
+    if result:
+        Path(result).write_text(json.dumps({"npz": str(npz), "hw": hw.name, "seed": seed, "steps": [
+            {k: v for k, v in r.items() if not k.startswith("logits_")} for r in records]}, indent=1))
+    for r in records:
+        np.testing.assert_array_equal(r["logits_rtl"].view(np.uint32), r["logits_iss"].view(np.uint32),
+                                      err_msg=f"{case.name} {r['what']}: RTL logits differ from the ISS in "
+                                              f"{r['mismatches']} places")
+        assert not r["ddr_problems"], f"{case.name} {r['what']}: DDR differs from the ISS's: {'; '.join(r['ddr_problems'])}"
 
 
 @cocotb.test()
