@@ -117,8 +117,8 @@ def generate_streams(model, prompt_ids: Sequence[int], max_new_tokens: int, samp
                      progress: Progress | None = None) -> list[list[int]]:
     """Batched decode: one continuation of `prompt_ids` per sampler, all advancing in lockstep, one token of
     every stream per step (`firmware.runtime.Runtime.step_many`: the streams share each weight stream);
-    returns each stream's new ids. `model` needs ``streams`` (as many as `samplers`), ``use_stream``,
-    ``prefill`` and ``step_many``; each stream is the sequence `generate` gives with its sampler alone. A
+    returns each stream's new ids. `model` needs ``streams`` (as many as `samplers`), ``prefill`` (on stream
+    0), ``copy_stream`` (the prompt's cache into the other streams) and ``step_many``; each stream is the sequence `generate` gives with its sampler alone. A
     stream that has stopped (EOS) is fed its last id until the others stop, its output dropped.
     ``progress(done, total, elapsed)`` after every step (``done``: the steps so far)."""
     prompt = [operator.index(t) for t in prompt_ids]
@@ -136,11 +136,9 @@ def generate_streams(model, prompt_ids: Sequence[int], max_new_tokens: int, samp
         return new
     start = time.perf_counter()
     model.reset()
-    rows = []
-    for s in range(streams):                   # the prompt on each stream's own KV cache
-        model.use_stream(s)
-        rows.append(model.prefill(prompt))
-    model.use_stream(0)
+    rows = [model.prefill(prompt)] * streams   # the prompt once, on stream 0, then its cache copied to the rest
+    for s in range(1, streams):
+        model.copy_stream(0, s)
     contexts = [list(prompt) for _ in range(streams)]
     live = [True] * streams
     for step in range(1, max_new_tokens + 1):

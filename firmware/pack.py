@@ -63,7 +63,8 @@ from sim.numerics import WEIGHT_METHODS, KvInt8Layout, pack_int4, quantize_weigh
 
 __all__ = ["Image", "TensorEntry", "Descriptor", "Placement", "HostTable", "pack", "save_image", "load_image",
            "region_map", "DESC_BYTES", "DescKind", "Layout", "REGION_ORDER", "PLE_TABLE",
-           "rope_turn_table", "logit_stride", "kv_slot_name", "kv_row_ranges", "logit_chunk_rows", "logit_chunks", "ffn_pieces",
+           "rope_turn_table", "logit_stride", "kv_slot_name", "kv_row_ranges",
+           "kv_slot_bytes", "logit_chunk_rows", "logit_chunks", "ffn_pieces",
            "folded_router", "folded_router_name"]
 
 ALIGN = 4096
@@ -318,6 +319,17 @@ def kv_row_ranges(image: "Image", slot: int, row: int) -> list[tuple[int, int]]:
         return [(d.weight_offset + off, n) for off, n in out]
     w = d.heads * d.head_dim * 2
     return [(d.weight_offset + row * w, w), (d.weight_offset + (d.capacity + row) * w, w)]
+
+
+def kv_slot_bytes(image: "Image", slot: int) -> int:
+    """The bytes of KV slot `slot` (descriptor index) from its offset in KV: the INT8 layout's, or K and V rows of
+    binary16."""
+    d = image.descriptors[slot]
+    if d.kind != DescKind.KV:
+        raise ValueError(f"descriptor {slot} is not a KV slot")
+    if d.layout:
+        return KvInt8Layout(d.capacity, d.heads, d.head_dim, image.hardware["act_block"]).nbytes
+    return 2 * d.capacity * d.heads * d.head_dim * 2
 
 
 def logit_chunk_rows(cfg: ModelConfig, hw: HardwareConfig) -> int:

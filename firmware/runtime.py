@@ -47,7 +47,7 @@ from sim.iss import HARDWARE, REFERENCE, ExecutionError, Machine
 from sim.numerics import WEIGHT_METHODS
 
 from .compiler import Program, compile_token, compile_tokens, multi_token_limit, prefill_runs, program_tokens
-from .pack import Image, kv_row_ranges, logit_stride, pack
+from .pack import Image, kv_row_ranges, kv_slot_bytes, logit_stride, pack
 
 __all__ = ["Runtime", "Backend", "IssBackend", "CsrBackend", "NpuDevice", "Placed", "hardware_of", "attach_rtl_device",
            "detach_rtl_device", "program_image", "BackendUnavailable"]
@@ -89,6 +89,9 @@ class Backend(Protocol):
 
     def kv_restore(self, saved) -> None:
         """Put back what `kv_save` copied."""
+
+    def kv_copy(self, src: int, dst: int) -> None:
+        """Make KV slot `dst` (descriptor index) hold what slot `src` holds (the same shape)."""
 
     @property
     def counters(self):
@@ -147,6 +150,9 @@ class IssBackend:
 
     def kv_restore(self, saved) -> None:
         self.machine.kv_restore(saved)
+
+    def kv_copy(self, src: int, dst: int) -> None:
+        self.machine.kv_copy(src, dst)
 
     @property
     def counters(self):
@@ -394,6 +400,13 @@ class CsrBackend:
         for off, raw in saved:
             self.device.mem_write(self.placed.address("KV", off), raw)
 
+    def kv_copy(self, src: int, dst: int) -> None:
+        a, b = self.image.descriptors[src], self.image.descriptors[dst]
+        n = kv_slot_bytes(self.image, src)
+        for k in range(0, n, 64 << 20):
+            raw = self.device.mem_read(self.placed.address("KV", a.weight_offset + k), min(64 << 20, n - k))
+            self.device.mem_write(self.placed.address("KV", b.weight_offset + k), raw)
+
     def ddr(self, region: str) -> np.ndarray:
         """A copy of one DDR region as the NPU left it (uint8; not WEIGHTS, which may span windows)."""
         return np.frombuffer(self.device.mem_read(self.placed.base(region), self.image.region(region)[1]),
@@ -563,6 +576,17 @@ class Runtime:
         self.position += 1
         self._verified = None
         return logits
+
+    def copy_stream(self, src: int, dst: int) -> None:
+        """Make stream `dst` continue where stream `src` stands: its KV cache a copy of `src`'s, its position
+        `src`'s (a prompt prefilled once for every stream)."""
+        src = check_index("stream", src, self.streams, "the image's streams")
+        dst = check_index("stream", dst, self.streams, "the image's streams")
+        if src != dst:
+            for layer, slot in self.image.stream_slots[src].items():
+                self.backend.kv_copy(slot, self.image.stream_slots[dst][layer])
+            self.positions[dst] = self.positions[src]
+        self._verified = None
 
     def step_many(self, ids) -> np.ndarray:
         """Batched decode: stream s's next token is ``ids[s]``, one per stream, each at its own position; returns

@@ -289,6 +289,12 @@ class Machine:
             for k, a in (kv.items() if isinstance(kv, dict) else enumerate(kv)):
                 a[row] = val[k]
 
+    def kv_copy(self, src: int, dst: int) -> None:
+        """KV slot `dst` (descriptor index) becomes a copy of slot `src` (slots of one shape)."""
+        a, b = self._kv[src], self._kv[dst]
+        for k, arr in (a.items() if isinstance(a, dict) else enumerate(a)):
+            b[k][...] = arr
+
     def _kv_layout(self, d) -> KvInt8Layout:
         return KvInt8Layout(d.capacity, d.heads, d.head_dim, self.hw.act_block)
 

@@ -44,26 +44,42 @@ def test_each_stream_of_a_batch_is_its_sequence_alone(name, memory_map):
     ids = _ids(case)
     streams = 3
     batch = _runtime(case, streams=streams, memory_map=memory_map)
-    alone = _runtime(case, memory_map=memory_map)
+    alone = [_runtime(case, memory_map=memory_map) for _ in range(streams)]      # each sequence by itself
     assert batch.streams == streams and batch.image.logit_rows >= streams
     # three sequences, stream 1 two tokens ahead (a prefill on it alone), so the positions differ in every step
     seqs = [ids[0:5], ids[3:10], ids[5:10][::-1]]
     batch.use_stream(1)
     batch.prefill(seqs[1][:2])
     batch.use_stream(0)
+    alone[1].prefill(seqs[1][:2])
     done = [0, 2, 0]
     for step in range(3):
         rows = batch.step_many([seq[k] for seq, k in zip(seqs, done)])
         assert rows.shape == (streams, batch.config.vocab_size)
         for s, seq in enumerate(seqs):
-            alone.reset()
-            for t in seq[:done[s]]:
-                alone.step(t)
-            np.testing.assert_array_equal(rows[s], alone.step(seq[done[s]]), err_msg=f"{name} step {step} stream {s}")
-            _same_cache(batch, s, alone, f"{name} step {step} stream {s}")
+            np.testing.assert_array_equal(rows[s], alone[s].step(seq[done[s]]),
+                                          err_msg=f"{name} step {step} stream {s}")
+            _same_cache(batch, s, alone[s], f"{name} step {step} stream {s}")
             done[s] += 1
         assert batch.positions == done
     assert batch.counters.instructions["CTRL.SETPOS"] > 0
+
+
+def test_copy_stream_continues_another_streams_sequence():
+    case = load_case(FIXTURES / "f64_s1_l15.npz")          # KV sharing, window 5
+    ids = _ids(case)
+    batch, alone = _runtime(case, streams=3), _runtime(case)
+    batch.prefill(ids[:6])
+    batch.copy_stream(0, 2)
+    assert batch.positions == [6, 0, 6]
+    for layer, slot in batch.image.kv_slots.items():
+        np.testing.assert_array_equal(batch.machine.kv_bytes(batch.image.stream_slots[2][layer]),
+                                      batch.machine.kv_bytes(slot), err_msg=f"layer {layer}")
+    rows = batch.step_many([ids[6], ids[0], ids[9]])
+    alone.prefill(ids[:6])
+    np.testing.assert_array_equal(rows[2], alone.step(ids[9]))
+    with pytest.raises(ValueError, match="stream"):
+        batch.copy_stream(0, 3)
 
 
 def test_batches_larger_than_a_program_run_in_several():
