@@ -501,7 +501,7 @@ class _Layout:
                     cursor[w.name] = at + nbytes
                     return at
             free = ", ".join(f"{w.name} {w.end - _round(cursor[w.name], align):,}" for w in mm.windows)
-            hint = f" (the KV cache takes {alloc.sizes.get('KV', 0):,}; fewer max_positions shrink it)"
+            hint = f" (the KV cache takes {alloc.sizes.get('KV', 0):,}; fewer max_positions or streams shrink it)"
             raise ValueError(f"memory map {mm.name!r}: {what} ({nbytes:,} bytes) fits in no window "
                              f"(bytes left: {free}); the image needs {self.total_bytes(alloc):,} bytes, the map "
                              f"has {mm.total:,}{hint}")

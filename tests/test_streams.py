@@ -258,3 +258,11 @@ def test_generate_cli_needs_an_image_with_the_streams_and_rows(tmp_path, capsys)
     spec = capsys.readouterr().out.splitlines()[0]
     assert generate_main(base + ["--max-new-tokens", "2", "--temperature", "0"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == spec
+
+
+def test_streams_beyond_the_kv260_map_are_a_clear_error():
+    e4b, kv = ModelConfig.preset("e4b"), HW["kv260"]
+    image = pack(e4b, None, kv, fill=False, memory_map="kv260", max_positions=4096, streams=2)   # two fit
+    assert image.streams == 2
+    with pytest.raises(ValueError, match=r"the KV cache takes 208,404,480; fewer max_positions or streams shrink"):
+        pack(e4b, None, kv, fill=False, memory_map="kv260", max_positions=4096, streams=8)
