@@ -175,6 +175,11 @@ def generate_speculative(model, prompt_ids: Sequence[int], max_new_tokens: int, 
         raise ValueError("speculative decoding needs a backend with verify passes (the NPU runtime)")
     if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or draft_tokens < 0:
         raise ValueError(f"draft_tokens must be an integer >= 0, not {draft_tokens!r}")
+    tile = min(getattr(model, "prefill_tokens", draft_tokens + 1), model.image.logit_rows) \
+        if hasattr(model, "image") else draft_tokens + 1
+    if draft_tokens + 1 > tile:
+        raise ValueError(f"{draft_tokens} drafts make verify passes of {draft_tokens + 1} ids; a program runs at "
+                         f"most {tile} (what L2, the staging slots and the logits rows hold)")
     max_new_tokens = _check_max_new(max_new_tokens)
     if eos_id is None:
         eos_id = _config_attr(model, "eos_token_id")
@@ -584,9 +589,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.speculate:
         from .speculate import SpecStats
         stats = SpecStats()
-        ids = generate_speculative(model, prompt_ids, args.max_new_tokens, params, draft_tokens=args.speculate,
-                                   seed=args.seed, stats=stats, stop_at_eos=not args.ignore_eos, eos_id=eos_id,
-                                   progress=printer)
+        try:
+            ids = generate_speculative(model, prompt_ids, args.max_new_tokens, params, draft_tokens=args.speculate,
+                                       seed=args.seed, stats=stats, stop_at_eos=not args.ignore_eos,
+                                       eos_id=eos_id, progress=printer)
+        except ValueError as e:
+            parser.error(f"--speculate {args.speculate}: {e}")
         printer.finish(len(ids), len(prompt_ids), time.perf_counter() - start)
         print(f"speculative decoding (up to {args.speculate} drafts a pass): {stats.summary()}", file=sys.stderr)
     else:

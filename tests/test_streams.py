@@ -225,6 +225,10 @@ def test_greedy_speculative_decoding_gives_the_plain_ids_and_cache(name, phrase,
     # the cache holds the prompt and every new id but the last, as plain decoding leaves it
     assert spec.position == plain.position == len(prompt) + 6
     _same_cache(spec, 0, plain, f"{name} after speculative decoding")
+    tile = min(spec.prefill_tokens, spec.image.logit_rows)
+    with pytest.raises(ValueError, match=f"{tile} drafts make verify passes of {tile + 1} ids; a program runs at "
+                                         f"most {tile}"):
+        generate_speculative(spec, prompt, 2, greedy, draft_tokens=tile)
 
 
 @pytest.mark.parametrize("argv, message", [
