@@ -52,8 +52,8 @@ def test_prefill_programs_bit_identical_to_the_iss():
 
 @pytest.mark.slow
 def test_batched_steps_bit_identical_to_the_iss():
-    """f64_s3_l5, 2 streams (their own KV slots, their own positions), 2 batched steps whose projections are
-    WGEMMs of both streams' tokens: both logits rows and every byte of DDR against the ISS."""
+    """f64_s3_l5, 2 streams (their own KV slots, their own positions), 2 batched steps (their projections WGEMVs
+    per token, as `gemm_pays` has it on tiny): both logits rows and every byte of DDR against the ISS."""
     simulate(HW, "modes", seed=7, env={"NPU_NPZ": str(ROOT / "tests" / "fixtures" / "f64_s3_l5.npz"),
                                        "NPU_TOKENS": "2", "NPU_STREAMS": "2"})
 

@@ -216,14 +216,14 @@ def compare_modes(device, case: Case, hw, steps: int, *, streams: int = 1, specu
     """Batched steps (``streams`` > 1: `Runtime.step_many`, stream s fed id ``(step + 3 s) mod n`` of `case`)
     or speculative verify passes (``speculate`` drafts: `Runtime.verify` of the next ``speculate + 1`` ids, as
     many as a pass may run there, then `Runtime.rollback` keeping ``1 + step mod n`` of them) on the RTL and
-    the ISS, `steps` times, the batched programs' and verify programs' projections as WGEMMs; one record per
+    the ISS, `steps` times, the programs' projections as `gemm_pays` chooses (WGEMVs per token on tiny); one
+    record per
     step: every logits row of both, and every DDR byte after the step (after the rollback: the restored KV
     rows). Never raises on a mismatch."""
     ids = [int(t) for t in case.input_ids]
     kw = dict(hw=hw, memory_map=memory_map, streams=streams, logit_rows=max(streams, speculate + 1))
     rtl = Runtime.from_hf(case.config, case.tensors, backend="rtl", device=device, **kw)
     iss = Runtime.from_hf(case.config, case.tensors, backend="iss", arithmetic="hardware", **kw)
-    rtl.prefill_gemm = iss.prefill_gemm = True
     records = []
     for step in range(steps):
         t0 = time.perf_counter()
