@@ -357,7 +357,8 @@ class GemmUnit(wiring.Component):
         sl_real = Signal()                            # sl_r < c.rows, registered
         sl_tiles = _Countdown(m, "sl_tiles", ntiles, go)
         with m.If(go):
-            m.d.sync += [sl_row.eq(0), sl_addr.eq(c.sbase), sl_r.eq(0), sl_active.eq(0), sl_real.eq(c.rows != 0)]
+            m.d.sync += [sl_row.eq(0), sl_bank.eq(0), sl_addr.eq(c.sbase), sl_r.eq(0), sl_active.eq(0),
+                         sl_real.eq(c.rows != 0)]
         with m.If(sl_run & ~go & ~sl_active & ~sbanks.claimed(sl_bank)):
             sbanks.take(sl_bank)
             m.d.sync += sl_active.eq(1)

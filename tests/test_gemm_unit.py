@@ -69,21 +69,42 @@ def add_read_slaves(sim, ports, mem, rng, stall, B, slverr_at=None):
         sim.add_process(slave(axi))
 
 
-def run_unit(rows, cols, ntok, *, accm=False, seed=0, stall=0.3, chunk_beats=None, hw=HW, slverr_at=None):
+def run_unit(rows, cols, ntok, *, accm=False, seed=0, stall=0.3, chunk_beats=None, hw=HW, slverr_at=None,
+             before=None):
+    """One command of `rows` x `cols` for `ntok` tokens, checked bit for bit; with `before` = (rows, cols), a
+    command of that shape (one token, its own weights and L2 rows) runs first on the same unit."""
     rng = np.random.default_rng(seed)
     dut = GemmUnit(hw, chunk_beats=chunk_beats)
     q_w, s_w, mem, wbase, sbase = _image(rng, rows, cols, hw.weight_group)
+    first = None
+    if before is not None:                       # its weights and scales in the upper half of the memory
+        r0, c0 = before
+        _, _, mem0, w0, s0 = _image(rng, r0, c0, hw.weight_group)
+        mem[0x8000 + w0:0x8000 + s0 + 2 * r0 * -(-c0 // hw.weight_group)] = \
+            mem0[w0:s0 + 2 * r0 * -(-c0 // hw.weight_group)]
+        first = {"wbase": 0x8000 + w0, "sbase": 0x8000 + s0, "rows": r0, "cols": c0, "ntok": 1}
     x = (rng.normal(size=(ntok, cols)) * rng.uniform(1e-2, 10.0, size=(ntok, 1))).astype(np.float32)
     x[0, : min(cols, 3)] = 0.0
     qa, ea = zip(*(quantize_activations(v, hw.act_block) for v in x))
     stride = 4 * -(-rows // 4)
     dst = 4 * int(rng.integers(0, 8))
-    l2 = rng.normal(size=dst + ntok * stride + 8).astype(np.float32)
+    spare = dst + ntok * stride + 8                 # L2 elements from here on: the first command's rows
+    l2 = rng.normal(size=spare + (before[0] if before else 0) + 8).astype(np.float32)
     l2_before = l2.copy()
     W, B = hw.weights_per_beat, hw.bytes_per_beat
     done = {"cycles": 0}
 
+    async def command(ctx, fields):
+        ctx.set(dut.i_cmd.payload, fields)
+        ctx.set(dut.i_cmd.valid, 1)
+        await ctx.tick().until(dut.i_cmd.ready)
+        ctx.set(dut.i_cmd.valid, 0)
+        done["sent"], done["started"] = done.get("sent", 0) + 1, False     # this command's busy not seen yet
+
     async def feed(ctx):
+        if first is not None:
+            await command(ctx, {**first, "dst": spare, "stride": 4 * -(-first["rows"] // 4), "accm": 0})
+            await ctx.tick().until(~dut.o_busy)
         for t in range(ntok):
             ctx.set(dut.i_tok, t)
             for b, e in enumerate(ea[t]):
@@ -103,11 +124,8 @@ def run_unit(rows, cols, ntok, *, accm=False, seed=0, stall=0.3, chunk_beats=Non
         # wait for the last word to be written lane by lane before the token slot changes
         for _ in range(W + 2):
             await ctx.tick()
-        ctx.set(dut.i_cmd.payload, {"wbase": wbase, "sbase": sbase, "rows": rows, "cols": cols, "ntok": ntok,
-                                    "dst": dst, "stride": stride, "accm": int(accm)})
-        ctx.set(dut.i_cmd.valid, 1)
-        await ctx.tick().until(dut.i_cmd.ready)
-        ctx.set(dut.i_cmd.valid, 0)
+        await command(ctx, {"wbase": wbase, "sbase": sbase, "rows": rows, "cols": cols, "ntok": ntok, "dst": dst,
+                            "stride": stride, "accm": int(accm)})
 
     async def l2_side(ctx):
         """The L2 row writer and reader: commands, old values, elements; random stalls."""
@@ -141,7 +159,8 @@ def run_unit(rows, cols, ntok, *, accm=False, seed=0, stall=0.3, chunk_beats=Non
                 rcmds.append((int(rp.addr), int(rp.n)))
                 old.extend(l2[int(rp.addr):int(rp.addr) + int(rp.n)])
             done["cycles"] += 1
-            if done["cycles"] > 20 and not busy and cur is None and done.get("started"):
+            if (done["cycles"] > 20 and not busy and cur is None and done.get("started")
+                    and done.get("sent", 0) == 1 + (first is not None)):
                 done["wcmds"], done["rcmds"] = wcmds, rcmds
                 return
             if busy:
@@ -164,12 +183,14 @@ def run_unit(rows, cols, ntok, *, accm=False, seed=0, stall=0.3, chunk_beats=Non
     np.testing.assert_array_equal(got.view(np.uint32), np.asarray(want, np.float32).view(np.uint32))
     # nothing else in L2 was written
     mask = np.ones(l2.size, bool)
+    mask[spare:] = False
     for t in range(ntok):
         mask[dst + t * stride:dst + t * stride + rows] = False
     np.testing.assert_array_equal(l2[mask].view(np.uint32), l2_before[mask].view(np.uint32))
-    assert done["wcmds"] == [(dst + t * stride + n0, min(2 * hw.systolic_cols, rows - n0))
-                             for n0 in range(0, rows, 2 * hw.systolic_cols) for t in range(ntok)]
-    assert done["rcmds"] == (done["wcmds"] if accm else [])
+    wcmds = [w for w in done["wcmds"] if w[0] < spare]
+    assert wcmds == [(dst + t * stride + n0, min(2 * hw.systolic_cols, rows - n0))
+                     for n0 in range(0, rows, 2 * hw.systolic_cols) for t in range(ntok)]
+    assert done["rcmds"] == (wcmds if accm else [])
     return done["cycles"]
 
 
@@ -185,6 +206,13 @@ def test_chunk_columns():
 ])
 def test_unit_random(rows, cols, ntok, accm, chunk_beats):
     run_unit(rows, cols, ntok, accm=accm, chunk_beats=chunk_beats, seed=rows * 1000 + cols)
+
+
+def test_unit_after_a_command_of_one_row_tile():
+    """A command of one row tile (its scale loader ends on the other bank) and then one of eight: the FFN down
+    projection after an up projection piece of a prefill program. Every party starts the next command on
+    bank 0."""
+    run_unit(64, 128, 4, seed=9, before=(4, 64))
 
 
 # two weight ports (a k-step is two 64-bit beats), one k-step per beat, a scale port of its own
