@@ -225,7 +225,12 @@ class AxiReadDma(DmaComponent):
         # (off_b = off_in_page >> lb), those to the page's end P - off_b
         span = Signal(max(beats_bits, P.bit_length()) + 1)
         active = Signal()
-        outstanding = Signal(range(cfg.axi_max_outstanding + 1))
+        # bursts in flight: requested minus completed, two counters modulo 2**k (k bits hold 0..max), so that
+        # the data side's ready (a consumer's path) only enables the completed count
+        k = cfg.axi_max_outstanding.bit_length() + 1
+        requested, completed = Signal(k), Signal(k)
+        outstanding = Signal(k)
+        m.d.comb += outstanding.eq(requested - completed)
 
         # A command waits a cycle in a register (`held`), so that its user's address arithmetic and the beat
         # counts below are paths of their own; the register takes a command while empty or handing its own on.
@@ -278,7 +283,10 @@ class AxiReadDma(DmaComponent):
                 m.d.sync += [off_in_page.eq(0), page.eq(page_next), page_next.eq(page_next + 1), span.eq(span - P)]
             with m.Else():
                 m.d.sync += off_in_page.eq(off_in_page + (Mx << lb))
-        m.d.sync += outstanding.eq(outstanding + ar_fire - (r_fire & axi.rlast))
+        with m.If(ar_fire):
+            m.d.sync += requested.eq(requested + 1)
+        with m.If(r_fire & axi.rlast):
+            m.d.sync += completed.eq(completed + 1)
 
         # --- data side: realign to the command's start -----------------------------------------------
         head = Signal(info)

@@ -299,8 +299,8 @@ class FpAdd(_Binary):
         # into the LSB) is a masked OR beside the shifter: significand bit i falls below the window when
         # shift > i + 3.
         shift, msmall = s["shift"], s["msmall"]
-        ext = Signal(27)
-        m.d.comb += ext.eq(Cat(Const(0, 3), msmall) >> shift)
+        ext, by8 = Signal(27), Signal(27)          # the shift in two steps: whole bytes, then the bits
+        m.d.comb += [by8.eq(Cat(Const(0, 3), msmall) >> Cat(Const(0, 3), shift[3:])), ext.eq(by8 >> shift[:3])]
         sticky = Cat(*(msmall[i] & (shift > i + 3) for i in range(24))).any()
         s = p.stage(sign=s["sign"], sub=s["sub"], exp=s["exp"], mbig=Cat(Const(0, 3), s["mbig"]),
                     msmall=ext | sticky, zsign=s["zsign"], nan=s["nan"], inf=s["inf"])
@@ -371,8 +371,9 @@ class FpMul(_Binary):
 
     Stages: (1) unpack, special cases, the exponent sum, the leading-zero count of each 24-bit significand
     (0 for a normal one); (2) the subnormal significand, if any, is routed to the first multiplier input
-    and shifted left by its count (one 24-bit shifter), and the biased exponent ``E`` of a product in
-    [1, 2); (3) the 24x17 and 24x7 partial products (one DSP48E2 each), (4) their sum; beside them the
+    and shifted left by its count (one 24-bit shifter) into the A registers of two DSP48E2s, and the biased
+    exponent ``E`` of a product in [1, 2); (3) the 24x17 and 24x7 partial products (the slices' M
+    registers, `hdl.dsp.DspMacc`), (4) their sum; beside them the
     denormalising shift count ``r = 1 - E`` (clamped) and the exponent flags; (5) one right shift of the
     product's top 26 bits by ``P[47]`` (normal result) or ``r`` (below the normal range), keeping 24 bits and
     a round bit, with the sticky bit as the OR of the product bits below the round bit (a masked OR); (6) the
@@ -392,31 +393,45 @@ class FpMul(_Binary):
         zero = ua["zero"] | ub["zero"] | ((ua["e"] == 0) & (ub["e"] == 0))
         base = Signal(signed(11))
         m.d.comb += base.eq(ua["eff"] + ub["eff"] - 127)
+        # Only a subnormal significand has leading zeros and at most one is subnormal here (else `zero`), so
+        # lza | lzb is the one shift, applied to the first multiplier input (b's significand when b is the
+        # subnormal one): the inputs are chosen here, shifted in stage 2.
         lza, lzb = Signal(5), Signal(5)
         m.d.comb += [lza.eq(_lzc(ua["mant"])[0]), lzb.eq(_lzc(ub["mant"])[0])]
-        s = p.stage(sign=sign, base=base, ma=ua["mant"], mb=ub["mant"], lza=lza, lzb=lzb, subb=ub["e"] == 0,
-                    zero=zero, nan=nan, inf=inf)
-        # Stage 2: normalise. Only a subnormal significand has leading zeros and at most one is subnormal
-        # here (else `zero`), so lza | lzb is the one shift, applied to the first input (b's significand
-        # when b is the subnormal one). E: the biased exponent of a product in [1, 2).
+        subb = ub["e"] == 0
+        s = p.stage(sign=sign, base=base, ma=Mux(subb, ub["mant"], ua["mant"]),
+                    mb=Mux(subb, ua["mant"], ub["mant"]), lza=lza, lzb=lzb, zero=zero, nan=nan, inf=inf)
+        # Stage 2: normalise. E: the biased exponent of a product in [1, 2).
         ma, mb = Signal(24), Signal(24)
         e = Signal(signed(11))
         lz = s["lza"] | s["lzb"]
-        m.d.comb += [ma.eq(Mux(s["subb"], s["mb"], s["ma"]) << lz), mb.eq(Mux(s["subb"], s["ma"], s["mb"])),
-                     e.eq(s["base"] - lz)]
-        s = p.stage(sign=s["sign"], e=e, ma=ma, mb=mb, zero=s["zero"], nan=s["nan"], inf=s["inf"])
-        # Stages 3, 4: the product in [2**46, 2**48): the 24x17 and 24x7 partial products (one DSP48E2 each,
-        # its M register), then their sum (P). Beside it: the denormalising shift r = 1 - E (a result below the
-        # normal range; 26 and more leave only sticky bits) and the exponent flags.
-        plo, phi = Signal(41), Signal(31)
-        m.d.comb += [plo.eq(s["ma"] * s["mb"][:17]), phi.eq(s["ma"] * s["mb"][17:])]
+        m.d.comb += [ma.eq(s["ma"] << lz), mb.eq(s["mb"]), e.eq(s["base"] - lz)]
+        # Stages 2, 3 of the significands: the 24x17 and 24x7 partial products, each one DSP48E2
+        # (`hdl.dsp.DspMacc` without its P register, its clock enables the pipeline's): the normalised
+        # significands in its A and B registers (stage 2), the product in M (stage 3).
+        from .dsp import DspMacc
+        m.submodules.mul_lo = mul_lo = DspMacc(25, 18, ce=True, preg=False)
+        m.submodules.mul_hi = mul_hi = DspMacc(25, 8, ce=True, preg=False)
+        for mul, b in ((mul_lo, mb[:17]), (mul_hi, mb[17:])):
+            m.d.comb += [mul.i_a.eq(ma), mul.i_b.eq(b), mul.i_restart.eq(1), mul.i_ce.eq(self.en)]
+        s = p.stage(sign=s["sign"], e=e, zero=s["zero"], nan=s["nan"], inf=s["inf"])
+        # Stages 3, 4: the product in [2**46, 2**48): the partial products (M), then their sum (P). Beside
+        # them: the denormalising shift r = 1 - E (a result below the normal range; 26 and more leave only
+        # sticky bits) and the exponent flags.
+        plo, phi = mul_lo.o_p[:41], mul_hi.o_p[:31]
         e = s["e"]
         r = Signal(5)
         m.d.comb += r.eq(Mux(e < -24, 26, (1 - e)[:5]))
-        s = p.stage(sign=s["sign"], plo=plo, phi=phi, normal=e >= 1, r=r, big0=e >= 255, big1=e >= 254,
+        # keep[j] = (r > j) = (E <= -j): E = 0, or E negative with ~E = -E - 1 >= j - 1 (a LUT on ~E's low
+        # five bits beside an OR of its others, not an 11-bit compare).
+        ne = ~e[:10]
+        keep = Signal(26)
+        m.d.comb += keep.eq(Cat((e == 0) | e[10], *(e[10] & (ne[5:].any() | (ne[:5] >= j - 1))
+                                                   for j in range(1, 26))))
+        s = p.stage(sign=s["sign"], normal=e >= 1, r=r, keep=keep, big0=e >= 255, big1=e >= 254,
                     em1=(e - 1)[:8], e0=e[:8], zero=s["zero"], nan=s["nan"], inf=s["inf"])
         prod = Signal(48)
-        m.d.comb += prod.eq(s.pop("plo") + (s.pop("phi") << 17))
+        m.d.comb += prod.eq(plo + (phi << 17))
         s = p.stage(prod=prod, **s)
         # Stage 5: the significand window. Bit 0 of `win` is the round bit of a normal result whose product
         # MSB is at 46; a normal result shifts by P[47], a subnormal one by r (>= 1). The packed exponent
@@ -427,13 +442,17 @@ class FpMul(_Binary):
         shifted = Signal(26)
         low = pr[:22].any()
         masked = Signal(26)
-        m.d.comb += masked.eq(win & Cat(*(s["r"] > j for j in range(26))))
+        m.d.comb += masked.eq(win & s["keep"])
         sticky = Signal()
-        amount = Mux(s["normal"], top, s["r"])
-        m.d.comb += [shifted.eq(win >> amount), sticky.eq(low | Mux(s["normal"], top & win[0], masked.any()))]
+        # Both shifts, then the choice: the product's MSB selects only the normal result's one-bit shift.
+        by8 = Signal(26)                 # the subnormal shift in two steps: whole bytes, then the bits
+        m.d.comb += by8.eq(win >> Cat(Const(0, 3), s["r"][3:]))
+        m.d.comb += [shifted.eq(Mux(s["normal"], Mux(top, win >> 1, win), by8 >> s["r"][:3])),
+                     # `keep` is all zeros for a normal result (E >= 1): one flat OR
+                     sticky.eq(low | (s["normal"] & top & win[0]) | masked.any())]
         bem1 = Mux(s["normal"], Mux(top, s["e0"], s["em1"]), 0)
         big = s["normal"] & Mux(top, s["big1"], s["big0"])
-        s = p.stage(sign=s["sign"], sig=shifted[1:25], rnd=shifted[0], sticky=sticky, bem1=bem1, big=big,
+        s = p.stage(sign=s["sign"], sig=shifted[1:25], inc=shifted[0] & (sticky | shifted[1]), bem1=bem1, big=big,
                     zero=s["zero"], nan=s["nan"], inf=s["inf"])
         # Stage 6: round to nearest even and pack (bem1 <= 253, so the sum stays below 2**31).
         y = _round_pack(m, s, big=s["big"])

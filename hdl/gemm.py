@@ -97,9 +97,14 @@ def _prefetch(m, name, width, depth=4):
     the read data (one cycle later) is written into the returned FIFO in the cycle `landing` is high."""
     q = fifo.SyncFIFOBuffered(width=width, depth=depth)
     m.submodules[name] = q
-    issue, landing, room = Signal(name=f"{name}_issue"), Signal(name=f"{name}_landing"), Signal(name=f"{name}_room")
-    m.d.sync += landing.eq(issue)
-    m.d.comb += [room.eq(q.level + landing < depth), q.w_en.eq(landing)]
+    issue, landing = Signal(name=f"{name}_issue"), Signal(name=f"{name}_landing")
+    # the reads issued and not yet taken out of the FIFO (q.level + landing), and whether one more fits
+    # (total < depth), both registered: the sum of the step's changes, not a sum over the FIFO's level
+    total = Signal(range(depth + 1), name=f"{name}_total")
+    room = Signal(init=1, name=f"{name}_room")
+    total_next = total + issue - (q.r_en & q.r_rdy)
+    m.d.sync += [landing.eq(issue), total.eq(total_next), room.eq(total_next < depth)]
+    m.d.comb += q.w_en.eq(landing)
     return q, issue, landing, room
 
 
@@ -262,9 +267,14 @@ class GemmUnit(wiring.Component):
         m.d.comb += [self.i_act.ready.eq(~have), writing.eq(have | self.i_act.valid)]
         with m.If(self.i_act.valid & ~have):
             m.d.sync += [word.eq(self.i_act.p), word_tok.eq(self.i_tok), have.eq(1), lane.eq(0)]
-        m.d.comb += [act_w.addr.eq(Cat(lane, word.addr) if W > 1 else word.addr),
-                     act_w.data.eq(Cat(*[word.q[lane].as_unsigned()] * R)),
-                     act_w.en.eq(Mux(have, 1 << word_tok, 0))]
+        # the write port's lane and byte through registers (the byte's W:1 select is a path of its own): a lane
+        # is written the cycle after its turn, while `word` and `word_tok` still hold it; the last lands the
+        # cycle after `have` falls, before `go` (a cycle after `writing` falls) and the walkers' first read
+        wr_en = Signal(R, name="act_wr_en")
+        wr_lane, wr_byte = Signal.like(lane, name="act_wr_lane"), Signal(8, name="act_wr_byte")
+        m.d.sync += [wr_en.eq(Mux(have, 1 << word_tok, 0)), wr_lane.eq(lane), wr_byte.eq(word.q[lane].as_unsigned())]
+        m.d.comb += [act_w.addr.eq(Cat(wr_lane, word.addr) if W > 1 else word.addr),
+                     act_w.data.eq(Cat(*[wr_byte] * R)), act_w.en.eq(wr_en)]
         with m.If(have):
             m.d.sync += lane.eq(lane + 1)
             with m.If(lane == W - 1):
@@ -277,17 +287,22 @@ class GemmUnit(wiring.Component):
             """Per row tile, read words 0 .. per_tile_len - 1 of `rd` into the engine stream `out`."""
             run = sequencer(name)
             q, issue, _, room = _prefetch(m, f"{name}_q", len(out.p.as_value()))
-            idx = Signal(range(max_cols + g.seg + 1), name=f"{name}_idx")
-            idx_last = Signal.like(idx, name=f"{name}_idx_last")       # per_tile_len - 1, registered at go
+            idx = Signal(range(max_cols + g.seg + 1), name=f"{name}_idx", reset_less=True)
+            # per_tile_len - 2 and whether per_tile_len is 1, registered at go; whether idx is the tile's last
+            # word, registered beside idx (all loaded at go before their first use, so without a reset)
+            idx_m2 = Signal.like(idx, name=f"{name}_idx_m2", reset_less=True)
+            one = Signal(name=f"{name}_one", reset_less=True)
+            at_last = Signal(name=f"{name}_at_last", reset_less=True)
             tiles = _Countdown(m, f"{name}_tiles", count, go)
             with m.If(go):
-                m.d.sync += [idx.eq(0), idx_last.eq(per_tile_len - 1)]
+                m.d.sync += [idx_m2.eq(per_tile_len - 2), one.eq(per_tile_len == 1)]
             m.d.comb += [issue.eq(run & room & ~go), rd.addr.eq(idx), q.w_data.eq(rd.data),
                          out.valid.eq(q.r_rdy), out.p.eq(q.r_data), q.r_en.eq(out.ready)]
+            with m.If(go | (run & room)):
+                m.d.sync += [idx.eq(Mux(go | at_last, 0, idx + 1)),
+                             at_last.eq(Mux(go, per_tile_len == 1, Mux(at_last, one, idx == idx_m2)))]
             with m.If(issue):
-                m.d.sync += idx.eq(idx + 1)
-                with m.If(idx == idx_last):
-                    m.d.sync += idx.eq(0)
+                with m.If(at_last):
                     tiles.step()
                     with m.If(tiles.last):
                         m.d.sync += run.eq(0)
@@ -400,17 +415,25 @@ class GemmUnit(wiring.Component):
                 sbanks.done(sr_bank)
                 m.d.sync += sr_bank.eq(~sr_bank)
         m.d.comb += sdma.o_data.ready.eq(sx.r_rdy & ~head_done & ~sr_have)
-        with m.If(sdma.o_data.valid & sdma.o_data.ready):
-            m.d.sync += [sr_word.eq(sdma.o_data.p.data), sr_have.eq(1), sr_lane.eq(0)]
-        sr_group = Cat(sr_lane, (sr_beat - 1)) if B > 2 else sr_beat - 1
+        # the beat being written and its last lane, registered as it is taken: every beat of a row but its last
+        # holds B/2 of the row's groups, the last one the rest (group ngroups - 1 is in lane (ngroups - 1) %
+        # (B/2)), so every lane written is a group of the row
+        sr_wbeat = Signal.like(sr_beat)
+        sr_stop = Signal.like(sr_lane)
+        s_got = sdma.o_data.valid & sdma.o_data.ready
+        last_beat = sr_beat + 1 == sx_v.nbeats
+        with m.If(s_got):
+            m.d.sync += [sr_word.eq(sdma.o_data.p.data), sr_have.eq(1), sr_lane.eq(0), sr_wbeat.eq(sr_beat),
+                         sr_stop.eq(Mux(last_beat, (ngroups - 1)[:ceil_log2(B // 2)], B // 2 - 1) if B > 2 else 0)]
+        sr_group = Cat(sr_lane, sr_wbeat) if B > 2 else sr_wbeat
         m.d.comb += [sc_w.addr.eq(Cat(sr_group[:ceil_log2(max_groups)] if max_groups > 1 else Const(0, 0), sr_bank)),
                      sc_w.data.eq(Cat(*[sr_word.word_select(sr_lane, 16)] * C2)),
-                     sc_w.en.eq(Mux(sr_have & (sr_group < ngroups), 1 << sx_v.row, 0))]
-        with m.If(sdma.o_data.valid & sdma.o_data.ready):
-            m.d.sync += [sr_beat.eq(sr_beat + 1), sr_first.eq(0), sr_full.eq(sr_beat + 1 == sx_v.nbeats)]
+                     sc_w.en.eq(Mux(sr_have, 1 << sx_v.row, 0))]
+        with m.If(s_got):
+            m.d.sync += [sr_beat.eq(sr_beat + 1), sr_first.eq(0), sr_full.eq(last_beat)]
         with m.If(sr_have):
             m.d.sync += sr_lane.eq(sr_lane + 1)
-            with m.If((sr_lane == B // 2 - 1) | (sr_group >= ngroups - 1)):
+            with m.If(sr_lane == sr_stop):
                 m.d.sync += sr_have.eq(0)
         # reader
         srd_run = sequencer("scale")
@@ -450,6 +473,7 @@ class GemmUnit(wiring.Component):
         # token, the tile's last token row
         o_len, o_last_j = Signal(range(C2 + 1)), Signal(range(C2 + 1))
         real_tok, last_t = Signal(), Signal()
+        o_jlast = Signal()                            # o_j == o_last_j, registered beside o_j
         o_tiles = _Countdown(m, "o_tiles", ntiles, go)
 
         # the rows after the current tile (rows - n0 - C2), less one, and the next tile's first L2 element
@@ -477,7 +501,7 @@ class GemmUnit(wiring.Component):
         with m.If(start_beat):
             with m.If(real_tok):
                 m.d.comb += wq.w_en.eq(1)
-                m.d.sync += [o_issuing.eq(1), o_j.eq(0), rcmd_pend.eq(c.accm)]
+                m.d.sync += [o_issuing.eq(1), o_j.eq(0), o_jlast.eq(o_last_j == 0), rcmd_pend.eq(c.accm)]
         wcmd = Signal(cmd_layout(hw))
         m.d.comb += [wcmd.addr.eq(o_row), wcmd.n.eq(o_len), wq.w_data.eq(wcmd),
                      self.o_rcmd.valid.eq(rcmd_pend), self.o_rcmd.p.eq(wcmd)]
@@ -502,8 +526,8 @@ class GemmUnit(wiring.Component):
         m.d.sync += inflight.eq(inflight + fire - add.o_valid)
         end_beat = Signal()
         with m.If(fire):
-            m.d.sync += o_j.eq(o_j + 1)
-            with m.If(o_j == o_last_j):
+            m.d.sync += [o_j.eq(o_j + 1), o_jlast.eq(o_j + 1 == o_last_j)]
+            with m.If(o_jlast):
                 m.d.sync += o_issuing.eq(0)
                 m.d.comb += end_beat.eq(1)
         with m.If(start_beat & ~real_tok):
@@ -527,6 +551,7 @@ class GemmUnit(wiring.Component):
                      R, C2, RP, W, B, KC, CB, SPB, lrp, lkc, A):
         eng = self._engine
         lcb = ceil_log2(CB)
+        assert RP == 1 << lrp
         mems = []
         for i in range(RP):
             mem = Memory(shape=unsigned(4 * W), depth=2 * CB, init=[])
@@ -537,7 +562,9 @@ class GemmUnit(wiring.Component):
         run = sequencer(f"wload{p}")
         bank = Signal(name=f"w{p}_lbank")
         row = Signal(range(RP + 1), name=f"w{p}_row")
-        koff = Signal(range(self._hw.gemv_max_cols + KC + 1), name=f"w{p}_koff")   # the chunk's byte offset in a row
+        row_last = Signal(init=int(RP == 1), name=f"w{p}_row_last")  # row == RP - 1, registered beside row
+        rem = Signal.like(row_bytes, name=f"w{p}_rem")             # a row's bytes from this chunk on
+        rem_beats = Signal.like(row_bytes, name=f"w{p}_rem_beats")  # ceil(rem / B)
         raddr = Signal(A, name=f"w{p}_raddr")                      # this row's chunk
         taddr = Signal(A, name=f"w{p}_taddr")                      # the tile's first row (of this port)
         r = Signal.like(c.rows, name=f"w{p}_r")                    # this row's index in the matrix
@@ -547,37 +574,61 @@ class GemmUnit(wiring.Component):
         first_addr = c.wbase + ((row_bytes * p) << lrp)
         tiles = _Countdown(m, f"w{p}_tiles", ntiles, go)
         real = Signal(name=f"w{p}_real")                          # r < c.rows, registered with r
-        with m.If(go):
-            m.d.sync += [bank.eq(0), row.eq(0), koff.eq(0), active.eq(0),
-                         taddr.eq(first_addr), raddr.eq(first_addr), r0.eq(p * RP), r.eq(p * RP),
-                         real.eq(p * RP < c.rows)]
         with m.If(run & ~go & ~active & ~banks.claimed(bank)):
             banks.take(bank)
             m.d.sync += active.eq(1)
-        rem = row_bytes - koff
-        nbytes = Mux(rem > KC // 2, KC // 2, rem)
+        # Registered in every cycle from the registers above: the chunk's transfer size and beats, whether it is
+        # the row's last, whether the first row of this tile and of the next is in the matrix, and the values
+        # the next chunk starts from (its rem, rem_beats; the next tile's first address and row; the step from
+        # the chunk's last row to the next chunk's first, KC/2 - (RP - 1) * row_bytes, in two steps from
+        # row_bytes, which is set with `go`). Each source changes at `go` or a chunk's last transfer and is read
+        # from the second cycle after (the loader first claims its next bank, a cycle with `active` low), so a
+        # chunk's end is a plain load of registers.
+        ch_nbytes = Signal(range(KC // 2 + 1), name=f"w{p}_ch_nbytes")
+        ch_nbeats = Signal(range(CB + 1), name=f"w{p}_ch_nbeats")
+        ch_zero, ch_last = Signal(name=f"w{p}_ch_zero"), Signal(name=f"w{p}_ch_last")
+        real_r0, real_r0n = Signal(name=f"w{p}_real_r0"), Signal(name=f"w{p}_real_r0n")
+        rows_m1 = Signal.like(c.rows, name=f"w{p}_rows_m1")                      # c.rows - 1
+        row_beats = Signal.like(row_bytes, name=f"w{p}_row_beats")               # ceil(row_bytes / B)
+        rem_nx, rem_beats_nx = Signal.like(rem, name=f"w{p}_rem_nx"), Signal.like(rem, name=f"w{p}_rem_beats_nx")
+        taddr_nx, r0_nx = Signal(A, name=f"w{p}_taddr_nx"), Signal(len(r0) + 1, name=f"w{p}_r0_nx")
+        rows_bytes = Signal(len(row_bytes) + ceil_log2(RP), name=f"w{p}_rows_bytes")   # (RP - 1) * row_bytes
+        cstep = Signal(signed(len(row_bytes) + ceil_log2(RP) + 2), name=f"w{p}_cstep")
+        m.d.sync += [ch_nbytes.eq(Mux(rem > KC // 2, KC // 2, rem)),
+                     ch_nbeats.eq(Mux(rem_beats > CB, CB, rem_beats)), ch_zero.eq(rem_beats == 0),
+                     ch_last.eq(rem <= KC // 2), real_r0.eq(r0 < c.rows), real_r0n.eq(r0_nx < c.rows),
+                     rows_m1.eq(c.rows - 1), row_beats.eq((row_bytes + B - 1) >> ceil_log2(B)),
+                     rem_nx.eq(rem - KC // 2), rem_beats_nx.eq(rem_beats - CB),
+                     taddr_nx.eq(taddr + (row_bytes << ceil_log2(C2))), r0_nx.eq(r0 + C2),
+                     rows_bytes.eq((row_bytes << ceil_log2(RP)) - row_bytes), cstep.eq(KC // 2 - rows_bytes)]
         xd = Signal(expect, name=f"w{p}_xd")
-        m.d.comb += [xd.row.eq(row), xd.nbeats.eq(Mux(real, (nbytes + B - 1) >> ceil_log2(B), 0)),
-                     xd.none.eq(xd.nbeats == 0),
-                     xd.last.eq(row == RP - 1), x.w_data.eq(xd),
-                     dma.i_cmd.p.addr.eq(raddr), dma.i_cmd.p.nbytes.eq(nbytes)]
+        m.d.comb += [xd.row.eq(row), xd.nbeats.eq(Mux(real, ch_nbeats, 0)), xd.none.eq(~real | ch_zero),
+                     xd.last.eq(row_last), x.w_data.eq(xd),
+                     dma.i_cmd.p.addr.eq(raddr), dma.i_cmd.p.nbytes.eq(ch_nbytes)]
         fire = active & x.w_rdy & (~real | dma.i_cmd.ready)
         m.d.comb += [x.w_en.eq(fire), dma.i_cmd.valid.eq(active & x.w_rdy & real)]
-        last_chunk = koff + KC // 2 >= row_bytes
-        with m.If(fire):
-            m.d.sync += [row.eq(row + 1), r.eq(r + 1), raddr.eq(raddr + row_bytes), real.eq(r + 1 < c.rows)]
-            with m.If(row == RP - 1):
-                m.d.sync += [row.eq(0), active.eq(0), bank.eq(~bank)]
-                with m.If(last_chunk):
-                    nt = taddr + (row_bytes << ceil_log2(C2))
-                    m.d.sync += [koff.eq(0), taddr.eq(nt), raddr.eq(nt), r0.eq(r0 + C2),
-                                 r.eq(r0 + C2), real.eq(r0 + C2 < c.rows)]
-                    tiles.step()
-                    with m.If(tiles.last):
-                        m.d.sync += run.eq(0)
-                with m.Else():
-                    m.d.sync += [koff.eq(koff + KC // 2), raddr.eq(taddr + koff + KC // 2), r.eq(r0),
-                                 real.eq(r0 < c.rows)]
+        cend, tend = fire & row_last, fire & row_last & ch_last      # a chunk's and a tile's last transfer
+        new_tile = go | ch_last                                     # at go or cend: the next chunk starts a tile
+        with m.If(go | fire):
+            # r + 1 < c.rows: r < c.rows and r + 1 != c.rows
+            m.d.sync += [row.eq(Mux(go | row_last, 0, row + 1)),
+                         row_last.eq(Mux(go | row_last, RP == 1, row == RP - 2)),
+                         r.eq(Mux(go, p * RP, Mux(row_last, Mux(ch_last, r0_nx, r0), r + 1))),
+                         real.eq(Mux(go, p * RP < c.rows, Mux(row_last, Mux(ch_last, real_r0n, real_r0),
+                                                                   real & (r != rows_m1)))),
+                         raddr.eq(Mux(go, first_addr, Mux(row_last & ch_last, taddr_nx,
+                                                          raddr + Mux(row_last, cstep, row_bytes))))]
+        with m.If(go | cend):
+            m.d.sync += [rem.eq(Mux(new_tile, row_bytes, rem_nx)),
+                         rem_beats.eq(Mux(go, (row_bytes + B - 1) >> ceil_log2(B),
+                                          Mux(ch_last, row_beats, rem_beats_nx))),
+                         active.eq(0), bank.eq(~go & ~bank)]
+        with m.If(go | tend):
+            m.d.sync += [taddr.eq(Mux(go, first_addr, taddr_nx)), r0.eq(Mux(go, p * RP, r0_nx))]
+        with m.If(tend):
+            tiles.step()
+            with m.If(tiles.last):
+                m.d.sync += run.eq(0)
         # receiver: beats of row xv.row into its memory, bank by bank
         rbank = Signal(name=f"w{p}_rbank")
         rbeat = Signal(range(CB + 2), name=f"w{p}_rbeat")
@@ -602,21 +653,29 @@ class GemmUnit(wiring.Component):
         # reader: k-steps, SPB per engine beat, masked past cols
         rd_run = sequencer(f"wread{p}")
         q, issue, landing, room = _prefetch(m, f"w{p}_q", 4 * RP * SPB)
+        lspb = ceil_log2(SPB)
+        assert SPB == 1 << lspb
         kb = Signal(name=f"w{p}_kbank")
         k = Signal(range(self._hw.gemv_max_cols + KC + 1), name=f"w{p}_k")     # k-step within the tile
-        kc0 = Signal.like(k, name=f"w{p}_kc0")                                 # the chunk's first k
-        k_last = Signal.like(k, name=f"w{p}_k_last")                           # kpad - SPB, registered at go
+        # the tile's reads (kpad / SPB) less one, registered at go, and the reads left after the current one;
+        # whether the current read is the tile's last (k == kpad - SPB) and the chunk's last (k % KC == KC - SPB),
+        # registered beside k: a chunk starts at a multiple of KC, so k's low bits address the chunk's bank
+        k_reads_m1 = Signal(range(self._hw.gemv_max_cols // SPB + 1), name=f"w{p}_k_reads_m1")
+        k_left = Signal.like(k_reads_m1, name=f"w{p}_k_left")
+        t_end, t_end0 = Signal(name=f"w{p}_t_end"), Signal(name=f"w{p}_t_end0")
+        c_end = Signal(name=f"w{p}_c_end")
         ktiles = _Countdown(m, f"w{p}_ktiles", ntiles, go)
         with m.If(go):
-            m.d.sync += [kb.eq(0), k.eq(0), kc0.eq(0), k_last.eq(kpad - SPB)]
+            reads = kpad >> lspb
+            m.d.sync += [kb.eq(0), k.eq(0), k_reads_m1.eq(reads - 1), k_left.eq(reads - 1), t_end.eq(reads == 1),
+                         t_end0.eq(reads == 1), c_end.eq(KC == SPB)]
         m.d.comb += issue.eq(rd_run & ~go & room & banks.complete(kb))
-        kin = k - kc0                                                           # within the chunk
         for _, rp in mems:
-            m.d.comb += rp.addr.eq(Cat((kin >> ceil_log2(W))[:lcb] if CB > 1 else Const(0, 0), kb))
+            m.d.comb += rp.addr.eq(Cat(k[ceil_log2(W):lkc] if CB > 1 else Const(0, 0), kb))
         sel = Signal(range(max(2, W // SPB)), name=f"w{p}_sel")
         kl = Signal.like(k, name=f"w{p}_kl")                                    # k of the landing read
         with m.If(issue):
-            m.d.sync += [sel.eq((k >> ceil_log2(SPB))[:max(1, ceil_log2(W // SPB))] if W > SPB else 0), kl.eq(k)]
+            m.d.sync += [sel.eq((k >> lspb)[:max(1, ceil_log2(W // SPB))] if W > SPB else 0), kl.eq(k)]
         pieces = []
         for s in range(SPB):
             keep = kl + s < c.cols
@@ -626,13 +685,14 @@ class GemmUnit(wiring.Component):
         m.d.comb += [q.w_data.eq(Cat(*pieces)),
                      eng.i_wgt[p].valid.eq(q.r_rdy), eng.i_wgt[p].p.eq(q.r_data), q.r_en.eq(eng.i_wgt[p].ready)]
         with m.If(issue):
-            m.d.sync += k.eq(k + SPB)
-            end_chunk = (kin == KC - SPB) | (k == k_last)
-            with m.If(end_chunk):
-                banks.free(kb)
-                m.d.sync += [kb.eq(~kb), kc0.eq(k + SPB)]
-            with m.If(k == k_last):
-                m.d.sync += [k.eq(0), kc0.eq(0)]
+            with m.If(t_end):
+                m.d.sync += [k.eq(0), k_left.eq(k_reads_m1), t_end.eq(t_end0), c_end.eq(KC == SPB)]
                 ktiles.step()
                 with m.If(ktiles.last):
                     m.d.sync += rd_run.eq(0)
+            with m.Else():
+                m.d.sync += [k.eq(k + SPB), k_left.eq(k_left - 1), t_end.eq(k_left == 1),
+                             c_end.eq(k[:lkc] == KC - 2 * SPB)]
+            with m.If(t_end | c_end):
+                banks.free(kb)
+                m.d.sync += kb.eq(~kb)

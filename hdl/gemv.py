@@ -52,8 +52,9 @@ from amaranth.lib.wiring import In, Out
 from . import config
 from .axi import AxiReadDma, AxiReadSignature, read_command_layout, read_data_layout
 from .config import HardwareConfig, ceil_log2
+from .dsp import DspMacc
 from .fp import INT_SCALE_MAX_BITS, NEG_ZERO, FpAdd, FpLdexp, IntScaleMul, check_int_scale_bits, rejecting
-from .l2 import one_hot_mux, set_bits
+from .l2 import one_hot_mux
 from .rowmask import MASK_LANES, RowGather, mask_layout
 
 __all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "PartAccumulator",
@@ -143,37 +144,39 @@ class SegmentMac(wiring.Component):
     @property
     def latency(self) -> int:
         """Cycles from an input with ``i_last`` to its ``o_valid``."""
-        return 2 + self.tree_stages + 1
+        return 3 + self.tree_stages + 1
 
     def elaborate(self, platform):
         m = Module()
         cfg, W = self._cfg, self._W
         pbits = cfg.WEIGHT_BITS + cfg.act_bits
-        # Stage 0: the beat, the activations (a memory's unregistered output upstream) and the lane mask,
-        # registered: lane i counts when i < i_nlanes and i >> i_lvl == i_sel (the sub-sum i_sel of width
-        # 2**i_lvl), a few LUTs per lane.
-        w0 = Signal.like(self.i_w, name="w_0")
-        a0 = Signal.like(self.i_a, name="a_0")
-        take0 = Signal(W, name="take_0")
-        m.d.sync += [w0.eq(self.i_w), a0.eq(self.i_a)]
+        # Stage 0: the beat and the activations (a memory's unregistered output upstream) in the A and B
+        # registers of a DSP48E2 per lane (`DspMacc` without P), and the lane mask's two conditions registered:
+        # lane i counts when i < i_nlanes and i >> i_lvl == i_sel (the sub-sum i_sel of width 2**i_lvl).
+        # Stage 1: the products in the M registers; the lane mask.
+        # Stage 2: the masked products (the mask resets the product register).
+        below0 = Signal(W, name="below_0")
+        sub0 = Signal(W, name="sub_0")
+        take1 = Signal(W, name="take_1")
         sub = Signal(W)                             # the lanes of sub-sum i_sel
         with m.Switch(self.i_lvl):
             for lvl in range(ceil_log2(W) + 1):
                 with m.Case(lvl):
                     m.d.comb += sub.eq(Cat(self.i_sel == (i >> lvl) for i in range(W)))
-        for i in range(W):
-            m.d.sync += take0[i].eq((i < self.i_nlanes) & sub[i])
+        m.d.sync += [below0.eq(Cat(i < self.i_nlanes for i in range(W))), sub0.eq(sub), take1.eq(below0 & sub0)]
         ctrl = Cat(self.i_valid, self.i_first, self.i_last, self.i_tag)
         c0 = Signal(len(ctrl), name="ctrl_0")
-        m.d.sync += c0.eq(ctrl)
-        # Stage 1: masked products (the mask resets the product register).
+        cm = Signal(len(ctrl), name="ctrl_m")
+        m.d.sync += [c0.eq(ctrl), cm.eq(c0)]
         prods = []
         for i in range(W):
+            m.submodules[f"mul{i}"] = mul = DspMacc(cfg.act_bits, cfg.WEIGHT_BITS, preg=False)
+            m.d.comb += [mul.i_a.eq(self.i_a[i]), mul.i_b.eq(self.i_w[i]), mul.i_restart.eq(0)]
             p = Signal(signed(pbits), name=f"prod_{i}")
-            m.d.sync += p.eq(Mux(take0[i], w0[i] * a0[i], 0))
+            m.d.sync += p.eq(Mux(take1[i], mul.o_p[:pbits], 0))
             prods.append(p)
         c = Signal(len(ctrl), name="ctrl_1")
-        m.d.sync += c.eq(c0)
+        m.d.sync += c.eq(cm)
         # Adder tree, a register after every two levels.
         level, width = prods, pbits
         depth = 0
@@ -277,11 +280,13 @@ class CommandDecoder(wiring.Component):
         lseg = Signal(range(32))
         nsum, gsum = Signal(range((1 << 16) + (1 << lblk))), Signal(signed(18))
         bad1 = Signal()
+        # the segment bound: nseg = nsum >> lseg exceeds max_segments when nsum >= (max_segments + 1) << lseg
+        seg_lim = Signal(range(((self._max_segments + 1) << lblk) + 1))
         load2 = Signal()
         m.d.sync += load2.eq(self.i_load)
         with m.If(self.i_load):
             m.d.sync += [
-                c.eq(i), lseg.eq(i_lseg),
+                c.eq(i), lseg.eq(i_lseg), seg_lim.eq(Const(self._max_segments + 1) << i_lseg),
                 nsum.eq(i.cols + (Const(1, 17) << i_lseg) - 1),
                 gsum.eq(i.cols + (Const(1, 32) << i.log2_group)[:17] - 1),
                 bad1.eq((i.rows == 0) | (i.cols == 0) | (i.cols > self._max_cols) |
@@ -298,7 +303,7 @@ class CommandDecoder(wiring.Component):
             groups.eq(gsum >> lg),
             rowbytes.eq((c.cols + 1) >> 1),
         ]
-        bad = bad1 | (nseg > self._max_segments)
+        bad = bad1 | (nsum >= seg_lim)
         lNW = ceil_log2(cfg.axi_ports * W)
         with m.If(load2):
             m.d.sync += [
@@ -450,8 +455,9 @@ def _datapath_members(cfg: HardwareConfig, max_cols: int, max_segments: int) -> 
     """The members shared by `GemvPort` and `SparsePort`: start, the decoded command, the port's DMA (command
     and data streams, busy), the read port of its activation memory and the address of its exponent memory
     (synchronous: the data is the word addressed in the previous cycle), its `PartAccumulator` (``fp``: a
-    part's isum and scale in the cycle after the exponent's address, the addend ``y`` `part_latency` cycles
-    later, the ``sum`` `FpAdd.LATENCY` cycles after that), the results and idle."""
+    part's isum and scale in the cycle after the exponent's address, the addend ``y`` `part_latency` - 1 cycles
+    later (the `EnginePort` registers it after its mode's select), the ``sum`` `FpAdd.LATENCY` + 1 cycles after
+    that), the results and idle."""
     W = cfg.weights_per_beat
     return {
         "i_start": In(1),
@@ -567,9 +573,10 @@ class GemvPort(wiring.Component):
         round-robin over the tile's rows (chunk 0 of rows 0..T-1, chunk 1 of rows 0..T-1, ...), so that the
         back end can start on a tile's first segments while its last chunks are still arriving. Every field
         of a command is a register: a chunk's address and bytes are stepped with the chunks (the round's rows
-        and the tile's rounds counted down), the scale transfer's bytes follow the rows left through two
-        registers (the tile's rows, the product), and the port's first tile is its offset added to the bases
-        in the cycle after `i_start`. Returns the sequencer's active flag."""
+        and the tile's rounds counted down), the scale transfer's bytes follow the rows left through three
+        registers (the tile's rows, the product in a DSP48E2's M register, a fabric register), and the port's
+        first tile is its offset added to the bases in the cycle after `i_start`. Returns the sequencer's active
+        flag."""
         cfg, T, N = self._cfg, self._T, self._cfg.axi_ports
         B = cfg.bytes_per_beat
         d = self.dec
@@ -597,7 +604,12 @@ class GemvPort(wiring.Component):
         seq_snb = Signal(len(seq_trows) + len(g2))
         seq_last = Signal()
         seq_settle = Signal(2)
-        m.d.sync += [seq_trows.eq(Mux(seq_left < T, seq_left, T)), seq_snb.eq(seq_trows * g2),
+        # seq_snb = seq_trows * g2: a DSP48E2 (`DspMacc` without P) whose B register is a copy of seq_trows,
+        # its M register, then a fabric register (three cycles after seq_left)
+        seq_trows_next = Mux(seq_left < T, seq_left, T)
+        m.submodules.seq_mul = seq_mul = DspMacc(len(g2) + 1, len(seq_trows) + 1, preg=False)
+        m.d.comb += [seq_mul.i_a.eq(g2), seq_mul.i_b.eq(seq_trows_next), seq_mul.i_restart.eq(0)]
+        m.d.sync += [seq_trows.eq(seq_trows_next), seq_snb.eq(seq_mul.o_p[:len(seq_snb)]),
                      seq_last.eq(seq_left <= N * T)]
         # The port's first tile: its offsets from the weight and scale bases, registered from the decoder's
         # fields, added to the bases in the cycle after `i_start` (`seq_load`).
@@ -614,7 +626,7 @@ class GemvPort(wiring.Component):
         with m.If(self.i_start):
             left = rows.as_signed() - p * T
             run = (left > 0) & ~d.cmd.mask if cfg.gemv_row_mask else left > 0     # masked: `_masked_sequencer`
-            m.d.sync += [seq_left.eq(left), seq_active.eq(run), seq_scale.eq(1), seq_settle.eq(2),
+            m.d.sync += [seq_left.eq(left), seq_active.eq(run), seq_scale.eq(1), seq_settle.eq(3),
                          seq_tile.eq(d.cmd.wbase), seq_saddr.eq(d.cmd.sbase)]
         with m.Elif(seq_load):
             m.d.sync += [seq_tile.eq(seq_tile + seq_toff), seq_saddr.eq(seq_saddr + seq_soff)]
@@ -630,7 +642,7 @@ class GemvPort(wiring.Component):
                              seq_caddr.eq(seq_rbase + CBB), seq_rem.eq(seq_rem - CBB),
                              seq_full.eq(seq_rem > 2 * CBB)]
                 with m.If(seq_czero):
-                    m.d.sync += [seq_scale.eq(1), seq_settle.eq(2), seq_left.eq(seq_left - N * T),
+                    m.d.sync += [seq_scale.eq(1), seq_settle.eq(3), seq_left.eq(seq_left - N * T),
                                  seq_tile.eq(seq_tile + d.rowbytes * (N * T)),
                                  seq_saddr.eq(seq_saddr + g2 * (N * T))]
                     with m.If(seq_last):
@@ -643,10 +655,10 @@ class GemvPort(wiring.Component):
     def _masked_sequencer(self, m, g2, nch_m1, cmd):
         """The DMA commands of a masked command: the port's gathered rows (`i_idx`, in row order), T a tile.
         Per tile the rows' indices are read (and registered) into a table of their weight and scale offsets
-        (``idx * rowbytes``, ``idx * g2``, each product a DSP48E2 stage of its own), then come a scale transfer
-        per row (`g2` bytes) and the rows' chunks, round-robin over the tile's rows as `_tile_sequencer` sends
-        them, each at its row's address. The
-        gathered rows are ``i_rows``'s tiles (`EnginePort`). Returns the sequencer's active flag."""
+        (``idx * rowbytes``, ``idx * g2``, each product a DSP48E2 with its input and M registers, `DspMacc`),
+        then come a scale transfer per row (`g2` bytes) and the rows' chunks, round-robin over the tile's rows as
+        `_tile_sequencer` sends them, each at its row's address, through an output register. The gathered rows
+        are ``i_rows``'s tiles (`EnginePort`). Returns the sequencer's active flag."""
         cfg, T = self._cfg, self._T
         B = cfg.bytes_per_beat
         d = self.dec
@@ -664,30 +676,44 @@ class GemvPort(wiring.Component):
         left = Signal(range(share + 1))              # gathered rows from this tile on
         base = Signal(range(share + T))              # the tile's first gathered row
         trows = Signal(range(T + 1))
+        trows_m1 = Signal(range(T))                  # trows - 1, registered with it
         f = Signal(range(T + 2))                     # the table's fill: the next index read
         st1, st1r, st2 = Signal(), Signal(), Signal()    # an index (registered, then its products) on its way
         t1, t1r, t2 = Signal(range(T)), Signal(range(T)), Signal(range(T))     # to the table
-        idx = Signal.like(self.i_idx)
-        pr, ps = Signal(ob), Signal(sb)
+        # the index in the A/B registers, its products in the M registers (`pr`, `ps`)
+        m.submodules.mk_rmul = rmul = DspMacc(len(d.rowbytes) + 1, len(self.i_idx) + 1, preg=False)
+        m.submodules.mk_smul = smul = DspMacc(len(g2) + 1, len(self.i_idx) + 1, preg=False)
+        m.d.comb += [rmul.i_a.eq(d.rowbytes), rmul.i_b.eq(self.i_idx), rmul.i_restart.eq(0),
+                     smul.i_a.eq(g2), smul.i_b.eq(self.i_idx), smul.i_restart.eq(0)]
+        pr, ps = rmul.o_p[:ob], smul.o_p[:sb]
         t = Signal(range(T))
-        c = Signal.like(nch_m1)
+        c = Signal.like(nch_m1)                      # the tile's chunk rounds after this one
+        c_zero = Signal()                            # c == 0, registered with it
         rb = Signal(ab)                              # the round's chunk base: wbase + c * CBB
         rem = Signal(16)                             # the row's bytes from the round's chunk on
         full = Signal()
         m.d.comb += self.o_idx_addr.eq(base + f)
-        m.d.sync += [st1.eq(0), st1r.eq(st1), t1r.eq(t1), idx.eq(self.i_idx),
-                     st2.eq(st1r), t2.eq(t1r), pr.eq(idx * d.rowbytes), ps.eq(idx * g2)]
+        m.d.sync += [st1.eq(0), st1r.eq(st1), t1r.eq(t1), st2.eq(st1r), t2.eq(t1r)]
         with m.If(st2):
             m.d.sync += [roff[t2].eq(pr), soff[t2].eq(ps)]
+        # The gathered rows are counted in the cycle before `i_start` (`EnginePort`): their flag is a register.
+        count_nz = Signal()
+        m.d.sync += count_nz.eq(count != 0)
+        # Each command goes through an output register (`mo_*`), taken while it is empty or handing one on.
+        mo_valid, mo_addr, mo_nbytes = Signal(), Signal(ab), Signal.like(cmd.p.nbytes)
+        mo_free = ~mo_valid | cmd.ready
+        m.d.comb += [cmd.valid.eq(mo_valid), cmd.p.addr.eq(mo_addr), cmd.p.nbytes.eq(mo_nbytes)]
+        with m.If(cmd.ready):
+            m.d.sync += mo_valid.eq(0)
         active = Signal()
         with m.FSM(name="masked_seq"):
             with m.State("IDLE"):
-                with m.If(self.i_start & d.cmd.mask & (count != 0)):
+                with m.If(self.i_start & d.cmd.mask & count_nz):
                     m.d.sync += [left.eq(count), base.eq(0)]
                     m.next = "TILE"
             with m.State("TILE"):
                 m.d.comb += active.eq(1)
-                m.d.sync += [trows.eq(Mux(left < T, left, T)), f.eq(0)]
+                m.d.sync += [trows.eq(Mux(left < T, left, T)), trows_m1.eq(Mux(left < T, left, T) - 1), f.eq(0)]
                 m.next = "FILL"
             with m.State("FILL"):
                 m.d.comb += active.eq(1)
@@ -697,28 +723,27 @@ class GemvPort(wiring.Component):
                     m.d.sync += t.eq(0)
                     m.next = "SCALES"
             with m.State("SCALES"):
-                m.d.comb += [active.eq(1), cmd.valid.eq(1), cmd.p.addr.eq(d.cmd.sbase + soff[t]),
-                             cmd.p.nbytes.eq(g2)]
-                with m.If(cmd.ready):
-                    m.d.sync += t.eq(t + 1)
-                    with m.If(t == trows - 1):
-                        m.d.sync += [t.eq(0), c.eq(0), rb.eq(d.cmd.wbase), rem.eq(d.rowbytes),
-                                     full.eq(d.rowbytes > CBB)]
+                m.d.comb += active.eq(1)
+                with m.If(mo_free):
+                    m.d.sync += [mo_valid.eq(1), mo_addr.eq(d.cmd.sbase + soff[t]), mo_nbytes.eq(g2), t.eq(t + 1)]
+                    with m.If(t == trows_m1):
+                        m.d.sync += [t.eq(0), c.eq(nch_m1), c_zero.eq(nch_m1 == 0), rb.eq(d.cmd.wbase),
+                                     rem.eq(d.rowbytes), full.eq(d.rowbytes > CBB)]
                         m.next = "CHUNKS"
             with m.State("CHUNKS"):
-                m.d.comb += [active.eq(1), cmd.valid.eq(1), cmd.p.addr.eq(rb + roff[t]),
-                             cmd.p.nbytes.eq(Mux(full, CBB, rem))]
-                with m.If(cmd.ready):
-                    m.d.sync += t.eq(t + 1)
-                    with m.If(t == trows - 1):
-                        m.d.sync += [t.eq(0), c.eq(c + 1), rb.eq(rb + CBB), rem.eq(rem - CBB),
+                m.d.comb += active.eq(1)
+                with m.If(mo_free):
+                    m.d.sync += [mo_valid.eq(1), mo_addr.eq(rb + roff[t]), mo_nbytes.eq(Mux(full, CBB, rem)),
+                                 t.eq(t + 1)]
+                    with m.If(t == trows_m1):
+                        m.d.sync += [t.eq(0), c.eq(c - 1), c_zero.eq(c == 1), rb.eq(rb + CBB), rem.eq(rem - CBB),
                                      full.eq(rem > 2 * CBB)]
-                        with m.If(c == nch_m1):
+                        with m.If(c_zero):
                             m.d.sync += [left.eq(left - trows), base.eq(base + T)]
                             m.next = "TILE"
                             with m.If(left == trows):
                                 m.next = "IDLE"
-        return active
+        return active | mo_valid
 
     def _front_end(self, m, g2, nch_m1, nwb_m1, banks, isum_w, scale_w, swords):
         """Takes the DMA data: a tile's scale beats into its bank, then its weight beats through the
@@ -752,23 +777,25 @@ class GemvPort(wiring.Component):
         fe_trows, fe_tlast, fe_final = Signal(range(T + 1)), Signal(range(T)), Signal()
         trows = Mux(fe_left < T, fe_left, T)
         m.d.sync += [fe_trows.eq(trows), fe_tlast.eq(trows - 1), fe_final.eq(fe_left <= N * T)]
-        # Scale beats of this tile less one: ceil(rows of the tile x g2 / B) - 1, through three registers (the
-        # rows, the product, the quotient) so that the multiplier is a DSP stage of its own; the tile waits for
-        # its bank until they have settled (`fe_settle` cycles after fe_left changes).
-        prod = Signal(len(fe_trows) + len(g2))
+        # Scale beats of this tile less one: ceil(rows of the tile x g2 / B) - 1, through four registers (the
+        # rows and g2 in a DSP48E2's B and A registers, their product in its M register, `DspMacc` without P,
+        # and in a fabric register; the quotient); the tile waits for its bank until they have settled
+        # (`fe_settle` cycles after fe_left changes).
         nsb_m1 = Signal(range(T * S + 2))
         # masked: each row's scales are a transfer of their own, so a whole number of beats (g2 rounded up)
-        g2eff = Signal.like(g2)
-        m.d.sync += g2eff.eq(Mux(d.cmd.mask, ((g2 + B - 1) >> ceil_log2(B)) << ceil_log2(B), g2)
-                             if cfg.gemv_row_mask else g2)
-        m.d.sync += [prod.eq(fe_trows * g2eff), nsb_m1.eq(((prod + B - 1) >> ceil_log2(B)) - 1)]
-        fe_settle = Signal(2)
+        g2eff = Mux(d.cmd.mask, ((g2 + B - 1) >> ceil_log2(B)) << ceil_log2(B), g2) if cfg.gemv_row_mask else g2
+        m.submodules.fe_mul = fe_mul = DspMacc(len(g2) + 1, len(fe_trows) + 1, preg=False)
+        m.d.comb += [fe_mul.i_a.eq(g2eff), fe_mul.i_b.eq(trows), fe_mul.i_restart.eq(0)]
+        prod = Signal(len(fe_trows) + len(g2))
+        m.d.sync += [prod.eq(fe_mul.o_p[:len(prod)]), nsb_m1.eq(((prod + B - 1) >> ceil_log2(B)) - 1)]
+        fe_settle = Signal(3)
         with m.If(fe_settle != 0):
             m.d.sync += fe_settle.eq(fe_settle - 1)
         beat = self.dma_data
         row_phase = fe_active & ~fe_wait & ~fe_scale
         subs_m1 = Signal.like(d.subs)                # registered from the decoder's, like nwb_m1
-        m.d.sync += subs_m1.eq(d.subs - 1)
+        subs_m2 = Signal(signed(len(d.subs) + 1))   # likewise, -1 for subs 1
+        m.d.sync += [subs_m1.eq(d.subs - 1), subs_m2.eq(d.subs - 2)]
         last_sel = Signal()                          # fe_sel == subs_m1, registered with fe_sel
         last_beat = Signal()                         # fe_beat == nwb_m1, registered with fe_c and fe_k
         c_end, k_end = nwb_m1 >> lCB, nwb_m1[:lCB]
@@ -778,7 +805,7 @@ class GemvPort(wiring.Component):
             left = rows.as_signed() - p * T
             m.d.sync += [fe_left.eq(left), fe_active.eq(left > 0), fe_bank.eq(0), fe_wait.eq(1),
                          fe_scale.eq(1), fe_sw.eq(0), fe_c.eq(0), fe_k.eq(0), fe_t.eq(0), fe_sel.eq(0),
-                         last_sel.eq(d.subs == 1), last_beat.eq(d.nwb == 1), fe_settle.eq(3)]
+                         last_sel.eq(d.subs == 1), last_beat.eq(d.nwb == 1), fe_settle.eq(4)]
         with m.If(fe_active & fe_wait & (fe_settle == 0) &
                   (Mux(fe_bank, bank_state[1], bank_state[0]) == self.FREE)):
             m.d.sync += fe_wait.eq(0)
@@ -801,7 +828,7 @@ class GemvPort(wiring.Component):
         tile_end = Signal()
         round_end = Signal()
         with m.If(mac_valid):
-            m.d.sync += [fe_sel.eq(fe_sel + 1), last_sel.eq(fe_sel + 1 == subs_m1)]
+            m.d.sync += [fe_sel.eq(fe_sel + 1), last_sel.eq(fe_sel == subs_m2)]
             with m.If(last_sel):
                 m.d.sync += [fe_sel.eq(0), last_sel.eq(subs_m1 == 0), fe_k.eq(fe_k + 1),
                              last_beat.eq((fe_c == c_end) & (fe_k + 1 == k_end))]
@@ -813,7 +840,7 @@ class GemvPort(wiring.Component):
                         with m.If(fe_c == nch_m1):
                             m.d.comb += tile_end.eq(1)
                             m.d.sync += [fe_c.eq(0), fe_bank.eq(~fe_bank), fe_wait.eq(1), fe_scale.eq(1),
-                                         fe_left.eq(fe_left - N * T), fe_settle.eq(3), last_beat.eq(nwb_m1 == 0)]
+                                         fe_left.eq(fe_left - N * T), fe_settle.eq(4), last_beat.eq(nwb_m1 == 0)]
                             with m.If(fe_final):
                                 m.d.sync += fe_active.eq(0)
         # Segment bookkeeping of this beat/pass.
@@ -831,7 +858,9 @@ class GemvPort(wiring.Component):
         m.d.comb += nl.eq(d.cmd.cols - (fe_beat << ceil_log2(W)))
         seg_first = (fe_beat & spb_mask) == 0
         seg_last = ((fe_beat & spb_mask) == spb_mask) | last_beat
-        sub_live = (fe_sel << d.lvl) < nl            # a sub-segment that starts before the row's end
+        # a sub-segment that starts before the row's end: its first column, the beat's first and the sub-segment's
+        # offset in the beat (below W), against the row's columns
+        sub_live = Cat((fe_sel << d.lvl)[:ceil_log2(W)], fe_beat) < d.cmd.cols
 
         # Stage f1: the beat and control, registered while the activation word is read.
         m.submodules.mac = mac = SegmentMac(cfg, tag_bits=1 + lT + lS)
@@ -884,6 +913,7 @@ class GemvPort(wiring.Component):
         be_trows = Signal(range(T + 1))
         be_gbase = Signal(range(T * (S + hpw) + 1))  # t * groups (masked: t * the groups' whole beats)
         be_g = Signal.like(be_s)                     # be_s >> gshift: the segment's group
+        be_s1 = Signal(range(S + 2))                 # be_s + 1, registered with be_s
         full = Mux(be_bank, bank_state[1], bank_state[0]) != self.FREE     # filling or full: may start
         rounds = Mux(be_bank, bank_rounds[1], bank_rounds[0])
         # Segments of the tile whose sums are all written, registered: a cycle late, so never more than are
@@ -912,7 +942,7 @@ class GemvPort(wiring.Component):
         with m.If(self.i_start):
             m.d.sync += [be_bank.eq(0), be_active.eq(0)]
         with m.Elif(be_start):
-            m.d.sync += [be_active.eq(1), be_s.eq(0), be_g.eq(0), be_t.eq(0), be_gbase.eq(0),
+            m.d.sync += [be_active.eq(1), be_s.eq(0), be_s1.eq(1), be_g.eq(0), be_t.eq(0), be_gbase.eq(0),
                          be_trows.eq(Mux(be_bank, bank_rows[1], bank_rows[0]))]
         # Issue stage: read isum, scale, exponent.
         sidx = Signal(range(2 * T * (S + hpw) + 1))
@@ -928,7 +958,8 @@ class GemvPort(wiring.Component):
         with m.If(issue):
             m.d.sync += [be_t.eq(be_t + 1), be_gbase.eq(be_gbase + gstride)]
             with m.If(be_t == T - 1):
-                m.d.sync += [be_t.eq(0), be_gbase.eq(0), be_s.eq(be_s + 1), be_g.eq((be_s + 1) >> d.gshift)]
+                m.d.sync += [be_t.eq(0), be_gbase.eq(0), be_s.eq(be_s1), be_s1.eq(be_s1 + 1),
+                             be_g.eq(be_s1 >> d.gshift)]
                 with m.If(last):
                     m.d.sync += [be_active.eq(0), be_bank.eq(~be_bank)]
                     for b in range(2):
@@ -946,13 +977,11 @@ class GemvPort(wiring.Component):
         m.d.comb += [fp.valid.eq(tag1[0]), fp.isum.eq(isum_r.data), fp.scale.eq(scale_half)]
         tag3 = _delay(m, tag1, PartAccumulator.PART_LATENCY - 1, "tag_part")
         tag4 = _delay(m, tag3, 1, "tag_y")
-        # In-order accumulation: y[t] = (first ? -0 : y[t]) + part, the addend registered from the y registers
-        # a cycle before the addition (the row's last sum is written LATENCY cycles after its addition and the
-        # row's next addition comes T > LATENCY + 1 cycles after it).
+        # In-order accumulation: y[t] = (first ? -0 : y[t]) + part, the addend selected from the y registers
+        # a cycle before the addition and registered by the `EnginePort` (the row's last sum is written LATENCY
+        # cycles after its addition and the row's next addition comes T > LATENCY + 1 cycles after it).
         y = [Signal(32, name=f"y_{t}") for t in range(T)]
-        y_t = Signal(32)
-        m.d.sync += y_t.eq(Mux(tag3[1], NEG_ZERO, Cat(*y).word_select(tag3[3:], 32)))
-        m.d.comb += fp.y.eq(y_t)
+        m.d.comb += fp.y.eq(Mux(tag3[1], NEG_ZERO, Cat(*y).word_select(tag3[3:], 32)))
         tag5 = _delay(m, tag4, FpAdd.LATENCY, "tag_add")
         with m.If(tag5[0]):
             for t in range(T):
@@ -1040,7 +1069,7 @@ class SparsePort(wiring.Component):
     def _item_layout(self):
         return data.StructLayout({"kind": 2, "first": 1, "a": signed(self._cfg.act_bits)})
 
-    def _sequencer(self, m, items, room, rows_p, half_rows, nseg_m1, gmask, pofs, started):
+    def _sequencer(self, m, items, room, rows_p, half_rows, nseg_m1, gmask, pofs, started, go):
         """The DMA commands (a group's scales, a transfer per non-zero activation's column) and their items,
         in order, segment by segment; returns its FSM."""
         cfg = self._cfg
@@ -1057,6 +1086,7 @@ class SparsePort(wiring.Component):
         sq_jlast = Signal.like(sq_j)
         sq_mask = Signal(W)
         sq_q = Signal(data.ArrayLayout(signed(cfg.act_bits), W))
+        sq_qnz = Signal(W)                           # sq_q[i] != 0, registered with sq_q
         sq_any = Signal()
         sq_saddr = Signal(ab)                        # this group's scales of this port
         # The segment's columns [seg_lo, seg_hi): stepped segment by segment (seg_end unclamped); its first
@@ -1069,7 +1099,11 @@ class SparsePort(wiring.Component):
         sq_jfirst, sq_hlast = Signal.like(sq_j), Signal(range(W))
         in_seg = Signal(W)
         at_first, at_last = Signal(), Signal()       # the word is the segment's first, last (from Load on)
-        sq_nz = Signal()                             # sq_mask != 0, as a register
+        # The mask in groups of G lanes, each with a "not empty" flag registered with it (`sq_gnz`).
+        G = min(W, 8)
+        NG = W // G
+        sq_gnz = Signal(NG)
+        sq_nz = sq_gnz.any()                         # sq_mask != 0
         # A column's transfer starts at its activation word's address (`word_addr`: stepped with the word, a
         # word's W columns apart) plus the lane's offset, lane * rows / 2, from a table the port writes at
         # the command's start, one lane a cycle (W cycles, while the first scales are on their way).
@@ -1085,11 +1119,14 @@ class SparsePort(wiring.Component):
         with m.Elif(fill != W):
             m.d.comb += [lane_w.en.eq(1), lane_w.addr.eq(fill), lane_w.data.eq(fill_off)]
             m.d.sync += [fill.eq(fill + 1), fill_off.eq(fill_off + half_rows), filled.eq(fill == W - 1)]
-        # The mask's lowest non-zero lane, one-hot (a prefix OR tree, no carry chain), and the mask without it.
-        below = _below_set(sq_mask)
+        # The mask's lowest non-zero lane, one-hot (`pick`), and the mask without it (`rest`), from the borrow
+        # of ``sq_mask - 1`` (a carry chain: no prefix OR in LUTs), and the groups' flags of `rest`.
+        rest = sq_mask & (sq_mask - 1)[:W]
+        pick = sq_mask & ~rest
+        gnz_next = Cat(*[rest[g * G:(g + 1) * G].any() for g in range(NG)])
         # Two registered stages from the mask to the DMA: the lane picked (`pk_*`: one-hot, with a copy of the
         # word's activations), then its transfer (`tx_*`, the DMA's command and the front end's item, written
-        # together), so that the prefix OR, then the lane's index, the lane table, the address adder and the
+        # together), so that the pick, then the lane's index, the lane table, the address adder and the
         # lane's activation take a cycle each and the DMA sees a register. A lane moves on only into an empty
         # transfer stage, so every decision is a register's: a transfer every other cycle at most, where the
         # front end takes at least `CYCLES_PER_BEAT` cycles for each (a transfer is at least a beat).
@@ -1111,15 +1148,21 @@ class SparsePort(wiring.Component):
                          tx_addr.eq(pk_word + lane_r.data), pk_valid.eq(0)]
         with m.Elif(tx_fire):
             m.d.sync += tx_valid.eq(0)
+        # The command's and the item's fields from registers alone: a transfer's while `tx_valid`, else the
+        # group's scales' (state Scale) or the segment's END (state End, `sq_at_end`); both wait for `tx_valid`
+        # to clear, and a field matters only where its write is enabled.
+        sq_at_end = Signal()
+        m.d.comb += [cmd.p.addr.eq(Mux(tx_valid, tx_addr, sq_saddr)),
+                     cmd.p.nbytes.eq(Mux(tx_valid, rows_p >> 1, rows_p << 1)),
+                     item_in.kind.eq(Mux(tx_valid, COL, Mux(sq_at_end, END, SCALE))),
+                     item_in.first.eq(Mux(tx_valid, tx_first, ~sq_any)), item_in.a.eq(tx_a)]
         with m.If(tx_valid):
             # the item goes in with its command (both only while `room`)
-            m.d.comb += [cmd.valid.eq(room), cmd.p.addr.eq(tx_addr), cmd.p.nbytes.eq(rows_p >> 1),
-                         items.w_en.eq(cmd.ready & room), item_in.kind.eq(COL), item_in.first.eq(tx_first),
-                         item_in.a.eq(tx_a)]
+            m.d.comb += [cmd.valid.eq(room), items.w_en.eq(cmd.ready & room)]
         drained = ~pk_valid & ~tx_valid
         with m.FSM(name="seq") as seq_fsm:
             with m.State("Idle"):
-                with m.If(started & (rows_p != 0)):
+                with m.If(go):
                     # pofs = p * prow, an even number (prow is a multiple of W)
                     m.d.sync += [sq_s.eq(0), sq_gfirst.eq(1), sq_any.eq(0), sq_saddr.eq(d.cmd.sbase + pofs * 2),
                                  sq_j.eq(0), word_addr.eq(d.cmd.wbase + (pofs >> 1)),
@@ -1128,8 +1171,7 @@ class SparsePort(wiring.Component):
             with m.State("Scale"):
                 # The group's scales, at its first segment.
                 with m.If(sq_gfirst):
-                    m.d.comb += [cmd.valid.eq(room), cmd.p.addr.eq(sq_saddr), cmd.p.nbytes.eq(rows_p << 1),
-                                 items.w_en.eq(cmd.ready & room), item_in.kind.eq(SCALE)]
+                    m.d.comb += [cmd.valid.eq(room), items.w_en.eq(cmd.ready & room)]
                     with m.If(cmd.ready & room):
                         m.d.sync += sq_saddr.eq(sq_saddr + (d.cmd.rows << 1))
                         m.next = "Load"
@@ -1151,28 +1193,30 @@ class SparsePort(wiring.Component):
                 in_lo = Mux(at_first, seg_lo[:lW], 0)
                 in_hi = Mux(at_last, sq_hlast, W - 1)
                 m.d.sync += [in_seg.eq(Cat(*[(in_lo <= i) & (in_hi >= i) for i in range(W)])),
-                             sq_q.eq(self.i_act_data)]
+                             sq_q.eq(self.i_act_data), sq_qnz.eq(Cat(*[q != 0 for q in self.i_act_data]))]
                 m.next = "Mask"
             with m.State("Mask"):
-                mask = Cat(*[(sq_q[i] != 0) & in_seg[i] for i in range(W)])
-                m.d.sync += [sq_mask.eq(mask), sq_nz.eq(set_bits(mask)[0])]
+                mask = sq_qnz & in_seg
+                m.d.sync += [sq_mask.eq(mask), sq_gnz.eq(Cat(*[mask[g * G:(g + 1) * G].any() for g in range(NG)]))]
                 m.next = "Emit"
             with m.State("Emit"):
                 with m.If(sq_nz):
                     with m.If(pk_free):
-                        m.d.sync += [pk_valid.eq(1), pk_lane.eq(sq_mask & ~below), pk_q.eq(sq_q), pk_first.eq(~sq_any),
-                                     pk_word.eq(word_addr), sq_mask.eq(sq_mask & below),
-                                     sq_nz.eq(set_bits(sq_mask)[1]), sq_any.eq(1)]
+                        m.d.sync += [pk_valid.eq(1), pk_lane.eq(pick), pk_q.eq(sq_q), pk_first.eq(~sq_any),
+                                     pk_word.eq(word_addr), sq_mask.eq(rest), sq_gnz.eq(gnz_next),
+                                     sq_any.eq(1)]
                 with m.Elif(at_last):
+                    m.d.sync += sq_at_end.eq(1)
                     m.next = "End"
                 with m.Else():
                     m.d.sync += [sq_j.eq(sq_j + 1), word_addr.eq(word_addr + (half_rows << lW))]
                     m.next = "Load"
             with m.State("End"):
                 with m.If(drained):                  # the segment's transfers are announced first
-                    m.d.comb += [items.w_en.eq(room), item_in.kind.eq(END), item_in.first.eq(~sq_any)]
+                    m.d.comb += items.w_en.eq(room)
                     with m.If(room):
-                        m.d.sync += [sq_s.eq(sq_s + 1), sq_gfirst.eq(((sq_s + 1) & gmask) == 0), sq_any.eq(0),
+                        m.d.sync += [sq_at_end.eq(0), sq_s.eq(sq_s + 1), sq_gfirst.eq((sq_s & gmask) == gmask),
+                                     sq_any.eq(0),
                                      seg_lo.eq(seg_end),
                                      seg_end.eq(seg_end + seg_size)]
                         with m.If(sq_s == nseg_m1):
@@ -1230,7 +1274,11 @@ class SparsePort(wiring.Component):
         with m.If(setup2):
             m.d.sync += rows_p.eq(Mux(left <= 0, 0, Mux(left > d.prow, d.prow, left)))
         started = Signal()                           # rows_p is valid from the third cycle after i_start
+        rows_nz = Signal()                           # rows_p != 0, registered with it
         m.d.sync += [setup.eq(self.i_start), setup2.eq(setup), started.eq(setup2)]
+        with m.If(setup2):
+            m.d.sync += rows_nz.eq(left > 0)
+        go = started & rows_nz
 
         # --- sequencer: DMA commands and the item FIFO -----------------------------------------------------
         SCALE, COL, END = self.SCALE, self.COL, self.END
@@ -1241,7 +1289,7 @@ class SparsePort(wiring.Component):
         m.submodules.items = items = fifo.SyncFIFOBuffered(width=item_layout.size, depth=18)
         room = Signal()
         m.d.sync += room.eq(items.level <= items.depth - 3)
-        seq_fsm = self._sequencer(m, items, room, rows_p, half_rows, nseg_m1, gmask, pofs, started)
+        seq_fsm = self._sequencer(m, items, room, rows_p, half_rows, nseg_m1, gmask, pofs, started, go)
 
         # --- front end -------------------------------------------------------------------------------------
         # Segments whose sums are written (fe_s) / walked by the back end (be_sdone); scale groups loaded
@@ -1299,17 +1347,24 @@ class SparsePort(wiring.Component):
                         for b in range(2):
                             with m.If(fe_s[0] == b):
                                 m.d.sync += bank_empty[b].eq(item.first)
-        # Read-modify-write of the isum word: read now, add the registered products next cycle.
-        m.d.comb += isum_ra.addr.eq(Cat(fe_j[:ceil_log2(PR // L)], fe_s[0]))
-        m.d.sync += [f_valid.eq(col_beat), f_first.eq(item.first), f_addr.eq(isum_ra.addr)]
+        # The L products: each a DSP48E2 with its A/B and M registers (`DspMacc` without P), then a fabric
+        # register (`f_prod`), three cycles from the weights. The word's address, valid and first flag follow
+        # through two registers: the isum word is read in the cycle before its products reach `f_prod` and
+        # written back with their sum in the next (read-modify-write).
+        pw = ceil_log2(PR // L)
+        pipe = _delay(m, Cat(col_beat, item.first, fe_j[:pw], fe_s[0]), 2, "prod")
+        m.d.comb += isum_ra.addr.eq(pipe[2:])
+        m.d.sync += [f_valid.eq(pipe[0]), f_first.eq(pipe[1]), f_addr.eq(isum_ra.addr)]
         for i in range(L):
-            m.d.sync += f_prod[i].eq(wq[i] * item.a)
+            m.submodules[f"prod{i}"] = mul = DspMacc(cfg.act_bits, cfg.WEIGHT_BITS, preg=False)
+            m.d.comb += [mul.i_a.eq(item.a), mul.i_b.eq(wq[i]), mul.i_restart.eq(0)]
+            m.d.sync += f_prod[i].eq(mul.o_p[:cfg.WEIGHT_BITS + cfg.act_bits])
         m.d.comb += [isum_w.en.eq(f_valid), isum_w.addr.eq(f_addr)]
         # The first column of a segment adds to 0: a gate in front of the adder's input, in the adder's LUTs.
         for i in range(L):
             m.d.comb += isum_w.data[i].eq(Mux(f_first, 0, isum_ra.data[i]) + f_prod[i])
-        # A segment's bank is complete two cycles after its END (the last write has landed).
-        end_d = _delay(m, items.r_en & (item.kind == END), 2, "end")
+        # A segment's bank is complete four cycles after its END (the last write has landed).
+        end_d = _delay(m, items.r_en & (item.kind == END), 4, "end")
         fe_full = Signal(range(S + 2))
         with m.If(end_d):
             m.d.sync += fe_full.eq(fe_full + 1)
@@ -1320,9 +1375,11 @@ class SparsePort(wiring.Component):
         pend = Signal(range(depth + 1))              # last-segment results issued, not yet in the FIFO
         be_active = Signal()
         be_s = Signal(range(S + 1))
+        be_s1 = Signal(range(S + 2))                 # be_s + 1, registered with be_s
         be_r = Signal(range(max(PR, self.min_walk) + 1))
         walk_m1 = Signal.like(be_r)                  # registered: rows_p is stable from `started` on
-        m.d.sync += walk_m1.eq(Mux(rows_p < self.min_walk, self.min_walk, rows_p) - 1)
+        rows_m1 = Signal.like(rows_p)                # likewise
+        m.d.sync += [walk_m1.eq(Mux(rows_p < self.min_walk, self.min_walk, rows_p) - 1), rows_m1.eq(rows_p - 1)]
         # The walk's conditions, registered along with the counters they compare: the segment is the last
         # (`be_last`), the row is one of the port's (`row_ok`), the segment's sums are written (`be_avail`,
         # from a count a cycle old: never more than are written) and the result FIFO has room (`be_room`,
@@ -1334,16 +1391,17 @@ class SparsePort(wiring.Component):
         m.d.sync += [be_avail.eq(fe_full > be_s), be_room.eq(Mux(last_issue, res_used + 1 < depth, res_used < depth))]
         m.d.comb += issue.eq(be_active & be_avail & (~be_last | ~row_ok | be_room))
         with m.If(issue):
-            m.d.sync += [be_r.eq(be_r + 1), row_ok.eq(be_r + 1 < rows_p)]
+            # row_ok is be_r < rows_p (be_r counts up from 0 by one): be_r + 1 < rows_p
+            m.d.sync += [be_r.eq(be_r + 1), row_ok.eq(row_ok & (be_r != rows_m1))]
             with m.If(be_r == walk_m1):
-                m.d.sync += [be_r.eq(0), row_ok.eq(1), be_s.eq(be_s + 1), be_sdone.eq(be_sdone + 1),
-                             be_last.eq(be_s + 1 == nseg_m1), be_avail.eq(fe_full > be_s + 1)]
+                m.d.sync += [be_r.eq(0), row_ok.eq(1), be_s.eq(be_s1), be_s1.eq(be_s1 + 1), be_sdone.eq(be_sdone + 1),
+                             be_last.eq(be_s1 == nseg_m1), be_avail.eq(fe_full > be_s1)]
                 with m.If(((be_s & gmask) == gmask) | be_last):
                     m.d.sync += be_gdone.eq(be_gdone + 1)
                 with m.If(be_last):
                     m.d.sync += be_active.eq(0)
-        with m.If(started & (rows_p != 0)):
-            m.d.sync += [be_active.eq(1), be_s.eq(0), be_r.eq(0), be_sdone.eq(0), be_gdone.eq(0),
+        with m.If(go):
+            m.d.sync += [be_active.eq(1), be_s.eq(0), be_s1.eq(1), be_r.eq(0), be_sdone.eq(0), be_gdone.eq(0),
                          fe_s.eq(0), fe_g.eq(0), fe_sw.eq(0), fe_j.eq(0), fe_full.eq(0),
                          be_last.eq(nseg_m1 == 0), row_ok.eq(1), be_avail.eq(0), s_free.eq(1), g_free.eq(1),
                          beat_done.eq(int(Q == 1))]
@@ -1372,11 +1430,9 @@ class SparsePort(wiring.Component):
         tag4r = data.View(tag_layout, _delay(m, tag1.as_value(), PartAccumulator.PART_LATENCY - 2, "tag_part"))
         tag4p = data.View(tag_layout, _delay(m, tag4r.as_value(), 1, "tag_read"))
         tag4 = data.View(tag_layout, _delay(m, tag4p.as_value(), 1, "tag_add"))
-        # y[r] is read two cycles before the addition and registered (-0 for the first segment).
-        m.d.comb += y_r.addr.eq(tag4r.r)
-        y4 = Signal(32)
-        m.d.sync += y4.eq(Mux(tag4p.first, NEG_ZERO, y_r.data))
-        m.d.comb += fp.y.eq(y4)
+        # y[r] is read two cycles before the addition and registered by the `EnginePort` (-0 for the first
+        # segment).
+        m.d.comb += [y_r.addr.eq(tag4r.r), fp.y.eq(Mux(tag4p.first, NEG_ZERO, y_r.data))]
         tag5 = data.View(tag_layout, _delay(m, tag4.as_value(), FpAdd.LATENCY, "tag_sum"))
         m.d.comb += [y_w.en.eq(tag5.valid & ~tag5.last), y_w.addr.eq(tag5.r), y_w.data.eq(fp.sum)]
         push = tag5.valid & tag5.last
@@ -1426,6 +1482,10 @@ class EnginePort(wiring.Component):
         sp = self.dec.cmd.sparse
         m.submodules.part = part = PartAccumulator(cfg, cfg.segment_sum_bits)
         m.d.comb += part.i_exp.eq(exp_r.data)
+        # The addend of the running datapath, registered after the select (the datapaths' y is a cycle early).
+        part_y = Signal(32)
+        m.d.sync += part_y.eq(Mux(sp, sparse.fp.y, dense.fp.y))
+        m.d.comb += part.i_y.eq(part_y)
         # The running datapath's DMA commands pass through a two-entry FIFO, so that their ready is a register's
         # (the DMA's command queue is a cycle further).
         cmd_layout = read_command_layout(cfg.axi_addr_bits, LEN_BITS)
@@ -1449,7 +1509,6 @@ class EnginePort(wiring.Component):
             part.i_valid.eq(Mux(sp, sparse.fp.valid, dense.fp.valid)),
             part.i_isum.eq(Mux(sp, sparse.fp.isum, dense.fp.isum)),
             part.i_scale.eq(Mux(sp, sparse.fp.scale, dense.fp.scale)),
-            part.i_y.eq(Mux(sp, sparse.fp.y, dense.fp.y)),
             # DMA data beats to it.
             dense.dma_data.valid.eq(dma.o_data.valid & ~sp), sparse.dma_data.valid.eq(dma.o_data.valid & sp),
             dma.o_data.ready.eq(Mux(sp, sparse.dma_data.ready, dense.dma_data.ready)),

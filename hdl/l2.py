@@ -229,11 +229,13 @@ class L2(wiring.Component):
         wr = [getattr(self, f"wr{j}") for j in range(W)]
         bufs = []
         owed = []                    # per port: reads granted whose response has not left the buffer
+        credit = []                  # per port: owed < D, as a register of its own (the grants start from it)
         for i in range(R):
             buf = fifo.SyncFIFO(width=WORD_BITS, depth=D)
             m.submodules[f"rd{i}_buf"] = buf
             bufs.append(buf)
             owed.append(Signal(range(D + 1), name=f"rd{i}_owed"))
+            credit.append(Signal(init=1, name=f"rd{i}_credit"))
         port_bits = max(1, (R - 1).bit_length())
         rgrants = [[] for _ in range(R)]          # per port: its grant by each bank
         wgrants = [[] for _ in range(W)]
@@ -256,7 +258,7 @@ class L2(wiring.Component):
             ]
 
             # --- reads: round-robin among the ports that request this bank and hold a credit -----------------
-            rgrant = _round_robin(m, [s.valid & (bank_of(s.payload) == k) & (c != D) for s, c in zip(req, owed)],
+            rgrant = _round_robin(m, [s.valid & (bank_of(s.payload) == k) & c for s, c in zip(req, credit)],
                                   f"{tag}rd")
             for i, g in enumerate(rgrant):
                 rgrants[i].append(g)
@@ -300,6 +302,9 @@ class L2(wiring.Component):
             popped = Signal(name=f"rd{i}_popped")
             m.d.comb += popped.eq(buf.r_rdy & resp[i].ready)
             m.d.sync += owed[i].eq(owed[i] + granted - popped)
+            # owed reaches D from D (a grant and a pop, or neither) or from D - 1 (a grant, no pop)
+            full = (owed[i] == D) & (granted == popped) | (owed[i] == D - 1) & granted & ~popped
+            m.d.sync += credit[i].eq(~full)
         return m
 
 

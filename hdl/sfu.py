@@ -767,7 +767,8 @@ def _datapath_graph(f, shared, a, b, op, s, s_inv, emax, pos, sub_emax, recip_sc
     g = f.comb(lambda xx, yy: Mux(_is_nan(xx), QNAN, Mux(xx == NEG_INF, NEG_ZERO, yy)), x, g)
     gm = shared.binary("mul", "out", g, b)          # GELU_MUL's product, the default of the shared mul
     with shared.serving(family(O.TANH, O.SOFTCAP)):
-        t = tanh_flow(f, f.comb(lambda o, p, xx: Mux(o == O.SOFTCAP.value, p, xx), op, m1, x, register=False))
+        # the input select registered: tanh's range compares start from a flip-flop
+        t = tanh_flow(f, f.comb(lambda o, p, xx: Mux(o == O.SOFTCAP.value, p, xx), op, m1, x))
     tc = shared.binary("mul", "out", t, s, family(O.SOFTCAP))
     with shared.serving(family(O.SQRT, O.RSQRT)):
         q = sqrt_flow(f, x, f.comb(lambda o: o == O.RSQRT.value, op, register=False))

@@ -428,8 +428,12 @@ class ScaleLane(wiring.Component):
 
         # fp32(isum) × fp32(scale): one exact integer product, rounded once.
         m.d.comb += [mul.i_valid.eq(s1.valid), mul.i_a.eq(v1), mul.i_b.eq(s1_scale)]
-        # the row's block exponent is selected a cycle ahead (from the exponent bank, written segments before)
-        s3_pre = _delay(m, s1, self.MUL_LATENCY - 1, "meta_mul")
+        # the row's block exponent is selected a cycle ahead (from the exponent bank, written segments before),
+        # its bank and row from a flip-flop with a reset beside the delay line (synthesis maps the reset-less
+        # line to shift registers, whose output is slow; a reset keeps this stage out of them)
+        s3_line = _delay(m, s1, self.MUL_LATENCY - 2, "meta_mul")
+        s3_pre = Signal.like(s1, name="meta_mul_flop")
+        m.d.sync += s3_pre.eq(s3_line)
         s3 = _delay(m, s3_pre, 1, "meta_mul_last")
         e3 = Signal(signed(EXP_BITS), reset_less=True)
         m.d.sync += e3.eq(self.i_exp[s3_pre.tag.seg_bank][s3_pre.row])

@@ -490,6 +490,9 @@ def _unit(name: str, hw):
     if name == "fpmul":
         from .fp import FpMul
         return FpMul(), 0
+    if name == "fpldexp":
+        from .fp import FpLdexp
+        return FpLdexp(10), 0
     if name == "divider":
         from .seq import SeqDivider
         return SeqDivider(), 0
@@ -517,10 +520,14 @@ def _unit(name: str, hw):
     if name == "gemm":
         from .gemm import GemmUnit
         return GemmUnit(hw), 1
+    if name == "sfu":
+        from .sfu import Sfu
+        return Sfu(hw), 1
     raise ValueError(name)
 
 
-UNITS = ("fpadd", "fpmul", "divider", "decoder", "csr-bridge", "quantiser", "l2", "gemv-port", "gemv", "gemm")
+UNITS = ("fpadd", "fpmul", "fpldexp", "divider", "decoder", "csr-bridge", "quantiser", "l2", "gemv-port", "gemv", "gemm",
+         "sfu")
 
 
 def main(argv=None) -> int:

@@ -153,6 +153,8 @@ class MatrixSequencer(Sequencer):
         tok = Signal(range(R + 1))                            # the token being quantised, in its tile
         tile = Signal(range(R + 1))                           # tokens in this tile
         src, dst = Signal(nb + 1), Signal(nb + 1)             # the next token's input and output row
+        last_tile = Signal()                                  # this tile holds the last tokens (left <= R)
+        more = Signal()                                       # a token of this tile follows the one quantised
         with m.State("WM"):
             with m.If((d.kind != DescKind.INT4) | (d.layout != 0) | (d.log2_group != (hw.weight_group.bit_length() - 1))):
                 st.fail(ErrorCode.BAD_DESCRIPTOR)
@@ -182,7 +184,8 @@ class MatrixSequencer(Sequencer):
                 m.d.sync += [src.eq(elem(wm.src)), dst.eq(elem(wm.dst)), left.eq(wm.tokens)]
                 m.next = "WM_T"
         with m.State("WM_T"):                             # a tile starts
-            m.d.sync += [tok.eq(0), tile.eq(Mux(left > R, R, left))]
+            m.d.sync += [tok.eq(0), tile.eq(Mux(left > R, R, left)), last_tile.eq(left <= R),
+                         more.eq((left > 1) if R > 1 else 0)]
             m.next = "WM_Q"
         with m.State("WM_Q"):
             st.launch("WM_QW", bypass=1, n=d.cols, a=Src.L2, a_addr=src, sink=Sink.QUANT, qdst=QDst.GEMM, qtok=tok)
@@ -190,8 +193,8 @@ class MatrixSequencer(Sequencer):
             with m.If(st.done()):
                 with m.If(self.i_done.payload.nonfinite):
                     st.fail(ErrorCode.NON_FINITE)
-                with m.Elif(tok + 1 != tile):
-                    m.d.sync += [tok.eq(tok + 1), src.eq(src + in_stride)]
+                with m.Elif(more):
+                    m.d.sync += [tok.eq(tok + 1), src.eq(src + in_stride), more.eq(tok + 2 != tile)]
                     m.next = "WM_Q"
                 with m.Else():
                     job = self.o_gemm.payload
@@ -202,7 +205,7 @@ class MatrixSequencer(Sequencer):
                                  job.cmd.dst.eq(dst), job.cmd.stride.eq(out_stride), job.cmd.accm.eq(wm.accm),
                                  job.lo.eq(dst), job.n.eq((tile - 1) * out_stride + d.rows), job.pc.eq(ctx.pc)]
                     m.d.sync += [src.eq(src + in_stride), dst.eq(dst + out_stride * R), left.eq(left - tile)]
-                    with m.If((left == tile) & wm.async_):
+                    with m.If(last_tile & wm.async_):
                         st.retire()
                     with m.Else():
                         m.next = "WM_G"
