@@ -120,7 +120,10 @@ PREFETCH_PAIRS = (("gain", "gain2"), ("router", "router2"))
 def gemm_pays(hw: HardwareConfig, tokens: int) -> bool:
     """Whether one WGEMM of `tokens` tokens streams a dense matrix faster than `tokens` WGEMVs: the array takes
     a k-step of 2C rows per cycle and re-streams the weights per tile of R tokens, the GEMV engine a beat of
-    W weights per port and cycle on N ports (docs/systolic.md)."""
+    W weights per port and cycle on N ports (docs/systolic.md). Where the GEMV engine runs WGEMM
+    (``gemv_vectors`` V > 1) it streams the weights once per V tokens: it pays from two tokens on."""
+    if hw.gemv_vectors > 1:
+        return tokens > 1
     tiles = -(-tokens // hw.systolic_rows)
     return tiles * hw.weights_per_beat * hw.axi_ports < 2 * hw.systolic_cols * tokens
 
@@ -170,12 +173,14 @@ class _Emitter:
 
     def _forget_overwritten(self, op: Opcode, f: dict):
         """Forget the engine's vector (no later WGEMV may `reuse` it) when the word just emitted writes into
-        its L2 source or quantises something else into the engine (INT8 ATTN)."""
+        its L2 source or quantises something else into the engine (INT8 ATTN; WGEMM where the GEMV engine runs
+        it)."""
         if self.engine is None:
             return
         src, cols = self.engine
         w = self._l2_write(op, f)
-        if op is Opcode.ATTN or (w is not None and w[0] < src * 4 + cols and src * 4 < w[1]):
+        if op is Opcode.ATTN or (op is Opcode.WGEMM and self.hw.gemv_vectors > 1) or \
+                (w is not None and w[0] < src * 4 + cols and src * 4 < w[1]):
             self.engine = None
 
     # --- tokens -------------------------------------------------------------------------------------------
@@ -229,7 +234,7 @@ class _Emitter:
             return
         self.emit(Opcode.WGEMM, dst=m[dst] + dst_off if gemm_dst is None else gemm_dst, src=m[src], desc=d.index,
                   tokens=self.T, accm=0, async_=1)
-        self.streams.append((len(self.prog.words) - 1, d.rows * d.cols * -(-self.T // self.hw.systolic_rows)))
+        self.streams.append((len(self.prog.words) - 1, d.rows * d.cols * -(-self.T // self.hw.gemm_tile)))
 
     # --- small building blocks ----------------------------------------------------------------------
 
@@ -484,9 +489,9 @@ def prefill_runs(cfg: ModelConfig, n: int, start: int, per_program: int) -> list
 
 
 def program_tokens(cfg: ModelConfig, image: Image, hw: HardwareConfig, gemm: bool | None = None) -> int:
-    """The most tokens a prefill program runs on `image`: a token tile of the systolic array at most, as many as
-    the host tables' staging slots and L2 hold."""
-    n = min(hw.systolic_rows, image.staging_slots or hw.systolic_rows)
+    """The most tokens a prefill program runs on `image`: a WGEMM token tile at most (`HardwareConfig.gemm_tile`),
+    as many as the host tables' staging slots and L2 hold."""
+    n = min(hw.gemm_tile, image.staging_slots or hw.gemm_tile)
     while n > 1:
         try:
             compile_tokens(cfg, image, hw, n, gemm)

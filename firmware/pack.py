@@ -364,9 +364,9 @@ def logit_chunks(cfg: ModelConfig, hw: HardwareConfig) -> list[tuple[int, int]]:
 
 
 def staging_slots(hw: HardwareConfig) -> int:
-    """Staging slots of a staged host table: one per token of a token tile of the systolic array, the most a
-    prefill program runs at once (`firmware.compiler.compile_tokens`)."""
-    return hw.systolic_rows
+    """Staging slots of a staged host table: one per token of a WGEMM token tile (`HardwareConfig.gemm_tile`),
+    the most a prefill program runs at once (`firmware.compiler.compile_tokens`)."""
+    return hw.gemm_tile
 
 
 def ffn_pieces(cfg: ModelConfig, layer: int) -> list[tuple[int, int]]:

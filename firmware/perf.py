@@ -13,7 +13,8 @@ operations. Cycles follow from per-kind costs (`Rates`):
   ``quant_pass``, ``ddr_read_pass``, ``ddr_write_pass``: pipeline fill and drain, DDR latency) plus its
   elements at ``elements_per_cycle`` (the quantiser and short-path passes at four times that, `PASS_LANES`);
 - ``alu_op`` per scalar-ALU operation and ``issue`` per instruction (fetch, decode, dispatch);
-- WGEMM (`wgemm_cost`, unit ``gemm``): per token tile of R = ``systolic_rows`` tokens, a quantiser pass per
+- WGEMM (`wgemm_cost`, unit ``gemm``): per token tile of R = ``systolic_rows`` tokens (where the GEMV engine runs
+  WGEMM, ``gemv_vectors`` > 1: V tokens, its quantiser passes then one GEMV of V vectors), a quantiser pass per
   token (``cols`` elements + ``gemm_quant``), then the GEMM unit: ``gemm_tile`` + the first weight chunk's
   fetch, per row tile of 2C = ``2 * systolic_cols`` rows the slowest of its padded-K k-steps, its chunk
   fetches and the previous row tile's output (one element per cycle + ``gemm_row`` per token row), then the
@@ -247,7 +248,12 @@ def _wgemm_terms(g: Wgemm, hw: HardwareConfig, rates: Rates):
     scale port's, the tile's bytes at the DDR rate; the previous row tile's output, which drains while this
     one computes), then the last row tile's output. The output of a row tile of ``nr`` rows is
     ``n * (nr + gemm_row) + (R - n)`` cycles: one element per cycle and a row command per token row, one
-    cycle per padding row."""
+    cycle per padding row.
+
+    Where the GEMV engine runs WGEMM (`HardwareConfig.gemv_vectors` V > 1, `_wgemm_terms_gemv`) a tile is V
+    tokens: their quantiser passes, then one GEMV command of that many vectors."""
+    if hw.gemv_vectors > 1:
+        return _wgemm_terms_gemv(g, hw, rates)
     geo = GemmGeometry.of(hw)
     if g.cols > hw.gemv_max_cols:
         raise ValueError(f"a WGEMM of {g.cols} columns exceeds the GEMM unit's activation memory "
@@ -298,6 +304,34 @@ def _wgemm_terms(g: Wgemm, hw: HardwareConfig, rates: Rates):
     return known, coef, last
 
 
+def _wgemm_terms_gemv(g: Wgemm, hw: HardwareConfig, rates: Rates):
+    """`_wgemm_terms` where the GEMV engine runs WGEMM (V = `gemv_vectors` > 1, hdl/controller/matrix.py): per
+    tile of n <= V tokens, n quantiser passes into the engine's vector memories (``quant_pass`` each, the
+    elements at the quantiser's rate, as a WGEMV's), then one GEMV command of n vectors: ``gemv_fixed`` + the
+    longer of its bytes at the weight stream's rate (`_stream_rate`) and its back end (hdl/gemv.py: P =
+    `gemv_parts` binary32 parts per port and cycle, ceil(n / P) cycles per row and segment, over the tiles of
+    `tile_rows` rows a port takes)."""
+    from hdl.gemv import GemvEngine, gemv_parts
+    parts = gemv_parts(hw)
+    if g.cols > hw.gemv_max_cols:
+        raise ValueError(f"a WGEMM of {g.cols} columns exceeds the GEMV engine's activation memory "
+                         f"({hw.gemv_max_cols} columns)")
+    T = GemvEngine.default_tile_rows()
+    seg = min(hw.act_block, hw.weight_group or hw.act_block)
+    nseg = -(-g.cols // seg)
+    port_tiles = -(-(-(-g.rows // T)) // hw.axi_ports)
+    stream = _wgemm_bytes(g, hw) / _stream_rate(hw, rates)
+    coef: Counter = Counter({f"{DESC_LOAD.kind}_pass": 1})
+    known, last = 0.0, 0.0
+    for t0 in range(0, g.tokens, hw.gemm_tile):
+        n = min(hw.gemm_tile, g.tokens - t0)
+        tk = n * _element_cycles("quant", g.cols, rates) + max(stream, port_tiles * T * -(-n // parts) * nseg)
+        known += tk
+        coef.update({"quant_pass": n, "gemv_fixed": 1})
+        last = tk + n * rates.quant_pass + rates.gemv_fixed
+    return known, coef, last
+
+
 def wgemm_cost(g: Wgemm, hw: HardwareConfig, rates: Rates = Rates()) -> float:
     """Cycles of one WGEMM on the NPU, without its `issue` (`_wgemm_terms`)."""
     known, coef, _ = _wgemm_terms(g, hw, rates)
@@ -308,7 +342,14 @@ def wgemm_cost(g: Wgemm, hw: HardwareConfig, rates: Rates = Rates()) -> float:
 
 def wgemm_bounds(g: Wgemm, hw: HardwareConfig, rates: Rates = Rates()) -> tuple[float, float]:
     """(array bound, weight-stream bound) in cycles: one k-step per cycle over token tiles x row tiles x padded
-    K; the matrix's bytes once per token tile at the DDR's rate (peak x ``ddr_efficiency``)."""
+    K; the matrix's bytes once per token tile at the DDR's rate (peak x ``ddr_efficiency``). Where the GEMV
+    engine runs WGEMM (`gemv_vectors` > 1) the first is its products: ``rows x cols x tokens`` at its lanes
+    (`gemv_lanes` x V a cycle)."""
+    if hw.gemv_vectors > 1:
+        tiles = -(-g.tokens // hw.gemm_tile)
+        array = g.rows * g.cols * g.tokens / (hw.gemv_lanes * hw.gemv_vectors)
+        stream = tiles * _wgemm_bytes(g, hw) / (DDR_PEAK_BYTES_PER_S * rates.ddr_efficiency / hw.clock_hz)
+        return float(array), stream
     geo = GemmGeometry.of(hw)
     tiles = -(-g.tokens // geo.R)
     array = tiles * -(-g.rows // geo.C2) * -(-g.cols // geo.seg) * geo.seg
@@ -409,7 +450,7 @@ def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dic
         units["ddr_read"] += desc
         units["gemm"] += cost - desc
         by_op["WGEMM"] += cost
-        gemm_bytes += -(-g.tokens // hw.systolic_rows) * _wgemm_bytes(g, hw)
+        gemm_bytes += -(-g.tokens // hw.gemm_tile) * _wgemm_bytes(g, hw)
     # the DDR movers share port 0 with the fetch: their bytes take at least the DDR time
     other = (counters.total_read() + sum(counters.bytes_written.values()) - counters.gemv_bytes - gemm_bytes
              - counters.attn_gemv_bytes)
@@ -866,7 +907,8 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m firmware.perf", description=__doc__.splitlines()[0],
                                 usage="%(prog)s [--model M] [--hw HW] [--positions POS ...] [--prefill [TOKENS ...]] "
-                                      "[--streams B ...] [--speculate K] [--kv-format F] [--clock-mhz MHZ] [--axi-ports N] [--no-row-mask] [--json] "
+                                      "[--streams B ...] [--speculate K] [--kv-format F] [--clock-mhz MHZ] [--axi-ports N] [--no-row-mask] "
+                                      "[--gemv-vectors V] [--json] "
                                       "[--<cost> X ...]")
     p.add_argument("--model", default="e4b", choices=sorted(MODEL_PRESETS), help="model preset (default e4b)")
     p.add_argument("--hw", default="kv260", choices=sorted(HW_PRESETS), help="hardware preset (default kv260)")
@@ -893,6 +935,10 @@ def main(argv=None) -> int:
     p.add_argument("--no-row-mask", action="store_true",
                    help="the NPU without the GEMV engine's row mask (HardwareConfig.gemv_row_mask): the sparse "
                         "layers' up projection fetches every row, not only those of the gate units the top-k keeps")
+    p.add_argument("--gemv-vectors", type=arg_type("an integer from 1 to 4", int, lambda v: 1 <= v <= 4),
+                   metavar="V", help="activation vectors of the GEMV engine (HardwareConfig.gemv_vectors): with V > 1 "
+                                     "WGEMM runs on it, V tokens a weight stream, and there is no GEMM unit "
+                                     "(default: the preset's)")
     for f in fields(Rates):
         requirement, ok = _RATE_RULES.get(f.name, _COST_RULE)
         p.add_argument("--" + f.name.replace("_", "-"), type=arg_type(requirement, float, ok), default=f.default,
@@ -911,6 +957,8 @@ def main(argv=None) -> int:
             p.error(f"argument --axi-ports: {args.hw} cannot have {args.axi_ports} ports: {e}")
     if args.no_row_mask:
         hw = hw.replace(gemv_row_mask=False)
+    if args.gemv_vectors:
+        hw = hw.replace(gemv_vectors=args.gemv_vectors)
     try:
         estimates = estimate(cfg, hw, args.positions, rates)
     except (ExecutionError, ValueError) as e:
@@ -942,7 +990,8 @@ def main(argv=None) -> int:
         print(json.dumps(out, indent=1))
         return 0
     print(f"{args.model} on {args.hw} (KV cache {hw.kv_format}, {hw.axi_ports} weight ports"
-          f"{'' if hw.gemv_row_mask else ', no row mask'}) at "
+          f"{'' if hw.gemv_row_mask else ', no row mask'}"
+          f"{f', GEMV engine of {hw.gemv_vectors} vectors' if hw.gemv_vectors > 1 else ''}) at "
           f"{hw.clock_hz / 1e6:.0f} MHz; {rates}")
     units = ("weights", "kv_stream") + PASS_KINDS + ("scalar_alu", "issue")
     print(f"{'position':>8} " + " ".join(f"{u:>10}" for u in units) + f" {'hidden':>10} {'total Mcyc':>10} {'tok/s':>6} "
@@ -985,7 +1034,7 @@ def to_json(model: str, hw: HardwareConfig, rates: Rates, estimates: list[TokenE
     (and, if given, the prefill estimates)."""
     return {
         "model": model, "hw": hw.name, "kv_format": hw.kv_format, "clock_hz": hw.clock_hz, "axi_ports": hw.axi_ports,
-        "gemv_row_mask": hw.gemv_row_mask,
+        "gemv_row_mask": hw.gemv_row_mask, "gemv_vectors": hw.gemv_vectors,
         "ddr_peak_bytes_per_s": DDR_PEAK_BYTES_PER_S, "ddr_efficiency": rates.ddr_efficiency,
         "port_peak_bytes_per_s": hw.peak_weight_bytes_per_second,
         "stream_bytes_per_s": _stream_rate(hw, rates) * hw.clock_hz,
@@ -1005,15 +1054,17 @@ def to_json(model: str, hw: HardwareConfig, rates: Rates, estimates: list[TokenE
 
 
 def _print_prefill(estimates: list[PrefillEstimate], hw: HardwareConfig) -> None:
-    geo = GemmGeometry.of(hw)
     n = estimates[0].projections
     e0 = estimates[0]
+    R = hw.gemm_tile
+    unit = (f"the GEMV engine of {R} vectors" if hw.gemv_vectors > 1 else
+            f"the {R} x {GemmGeometry.of(hw).C2 // 2} array")
     print(f"\nprefill: the compiled prefill programs (firmware.compiler.compile_tokens, as Runtime.prefill runs a "
           f"prompt from position 0): {e0.program_tokens} token(s) a program (what L2 and the staging slots hold), "
           f"projections as {'WGEMMs' if e0.program_gemm else 'WGEMVs per token (a WGEMM of so few tokens is slower)'}"
-          f"; 'full tiles' is the estimate with every projection a WGEMM over token tiles of {geo.R} on the "
-          f"{geo.R} x {geo.C2 // 2} array (the {n} projection matrices of a token; the rest of each token as the "
-          f"decode model costs it), which a program of {geo.R} tokens would reach where L2 held them.")
+          f"; 'full tiles' is the estimate with every projection a WGEMM over token tiles of {R} on {unit} (the "
+          f"{n} projection matrices of a token; the rest of each token as the decode model costs it), which a "
+          f"program of {R} tokens would reach where L2 held them.")
     print(f"{'tokens':>6} {'compiled s':>10} {'tok/s':>7} {'decode s':>9} {'speed-up':>8} | {'full tiles':>10} "
           f"{'WGEMM Mcyc':>10} {'array bnd':>10} {'stream bnd':>10} {'rest Mcyc':>10} {'head Mcyc':>9} {'speed-up':>8}")
     for e in estimates:
@@ -1022,8 +1073,10 @@ def _print_prefill(estimates: list[PrefillEstimate], hw: HardwareConfig) -> None
               f"{e.gemm / 1e6:>10.1f} {e.array_bound / 1e6:>10.1f} {e.stream_bound / 1e6:>10.1f} "
               f"{e.rest / 1e6:>10.1f} {e.head / 1e6:>9.1f} {e.decode / e.cycles:>8.2f}")
     print("  compiled s: the prefill programs' cycles in the decode model's costs; decode s: the same tokens "
-          "decoded one by one; array bnd: one k-step per cycle (token tiles x row tiles x padded K); stream bnd: "
-          "the projections' weights once per token tile at the DDR rate")
+          "decoded one by one; array bnd: " + ("the products at the engine's lanes x vectors a cycle"
+                                                 if hw.gemv_vectors > 1 else
+                                                 "one k-step per cycle (token tiles x row tiles x padded K)") +
+          "; stream bnd: the projections' weights once per token tile at the DDR rate")
 
 
 if __name__ == "__main__":

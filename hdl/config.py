@@ -112,6 +112,10 @@ class HardwareConfig:
         element is zero are not fetched (the up projection of the sparse layers, whose gate units the
         Gaussian top-k zeroes); a masked WGEMV on an NPU without it stops with `BAD_FUNCTION`
         (`python -m firmware.perf --no-row-mask` prices the NPU without it).
+    gemv_vectors : GEMV block: activation vectors the GEMV engine multiplies with each weight beat (1 to 4); an
+        NPU with more than one runs WGEMM on the GEMV engine, that many tokens per weight stream, and has no GEMM
+        unit (each vector has its own activation and exponent memories, multipliers and adder tree in every
+        port; docs/gemv.md "Several vectors").
     kv_format : the KV cache format: ``"fp16"`` (binary16 K and V; ATTN runs on the SFU, one element per
         cycle) or ``"int8"`` (power-of-two scaled INT8 K and V held as two INT4 planes; ATTN's dot products
         run on the GEMV engine at the weight-stream rate). docs/numerics.md, "KV cache".
@@ -144,6 +148,7 @@ class HardwareConfig:
     gemv_max_cols: int = 16384
     gemv_sparse_max_rows: int = 2048
     gemv_row_mask: bool = False
+    gemv_vectors: int = 1
     # --- KV cache (sim/iss.py ATTN/KVST, firmware/pack.py, docs/numerics.md "KV cache") ---
     kv_format: str = "fp16"
     kv_max_head_dim: int = 256
@@ -207,6 +212,8 @@ class HardwareConfig:
                 self.gemv_sparse_max_rows < self.axi_ports * self.weights_per_beat:
             raise ValueError(f"gemv_sparse_max_rows must be a power of two of at least axi_ports x weights_per_beat "
                              f"({self.axi_ports * self.weights_per_beat}), not {self.gemv_sparse_max_rows!r}")
+        if not 1 <= integer("gemv_vectors") <= 4:
+            raise ValueError(f"gemv_vectors must be 1 to 4, not {self.gemv_vectors!r}")
         # The widest dot product an accumulator must hold exactly: one weight group (or act block) of
         # INT4 x INT(act_bits) products. Checked so that no configuration silently overflows.
         span = max(self.weight_group or 1, self.act_block)
@@ -241,6 +248,12 @@ class HardwareConfig:
         """Signed width of every segment sum of this config: a segment holds at most `act_block` INT4 x
         INT(`act_bits`) products (`segment_sum_bits`; kv260: 18, tiny: 16)."""
         return segment_sum_bits(self.act_block, self.act_bits)
+
+    @property
+    def gemm_tile(self) -> int:
+        """Tokens a WGEMM streams its weights once for: V = `gemv_vectors` on an NPU whose GEMV engine runs WGEMM
+        (V > 1; it has no GEMM unit), else `systolic_rows`."""
+        return self.gemv_vectors if self.gemv_vectors > 1 else self.systolic_rows
 
     @property
     def l2_program_words(self) -> int:
@@ -289,6 +302,9 @@ PRESETS: dict[str, HardwareConfig] = {
 }
 # The binary16 KV cache (ATTN on the SFU) on the tiny NPU: the other `kv_format`, kept buildable and tested.
 PRESETS["tiny_fp16"] = PRESETS["tiny"].replace(name="tiny_fp16", kv_format="fp16")
+# The tiny NPU whose GEMV engine takes four activation vectors and runs WGEMM (no GEMM unit): the multi-token
+# engine, kept buildable and tested.
+PRESETS["tiny_v4"] = PRESETS["tiny"].replace(name="tiny_v4", gemv_vectors=4)
 
 
 def _field_meanings() -> dict[str, str]:

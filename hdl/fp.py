@@ -561,7 +561,8 @@ class FpLdexp(_Binary):
     with the shifter's input, ``M`` or ``M`` reversed; (2) the shift count (``1 - E`` clamped, 0, or
     ``min(lz, E - 1)`` from a 5-bit compare) and beside it the exponent field ``E - lz`` (an 11-bit
     subtract); (3) the shift with the round bit, the sticky bit (the significand bits below the round bit)
-    from a compare of the shift count with the significand's trailing-zero count (stage 1), the packed word ``field << 23 | fraction`` with the NaN and ±inf words selected
+    as an OR of the shifter's input bits below the shift count beside it, the packed word
+    ``field << 23 | fraction`` with the NaN and ±inf words selected
     in (and their round bit cleared); (4) the RNE increment of the fraction (its carry ORed into the
     exponent field, which is 0 whenever there is a round bit).
 
@@ -597,13 +598,8 @@ class FpLdexp(_Binary):
         m.d.comb += e.eq(ua["eff"] + k)
         right = (ua["e"] != 0) | k[-1]
         x = Mux(right, Cat(Const(0, 1), ua["mant"]), Cat(ua["mant"][::-1], Const(0, 1)))
-        # tz: the significand's trailing zeros (31: no bit set), for the sticky bit of a right shift; counted on
-        # the raw fraction bits, beside the unpacking (the hidden bit, 23, only matters for a zero fraction)
-        frac = self.i_a[:23]
-        tz_frac, frac_zero = _lzc(frac[::-1])
-        tz = Mux(frac_zero, Mux(self.i_a[23:31] != 0, 23, 31), tz_frac[:5])
         s = p.stage(sign=ua["sign"], e=e, x=x, right=right, lz=_lzc(ua["mant"])[0][:5], zero=ua["zero"],
-                    nan=ua["nan"], inf=ua["inf"], tz=tz)
+                    nan=ua["nan"], inf=ua["inf"])
         # Stage 2: right by 1 - E (E <= 0; clamped at 25) or by 0, or left by min(lz, E - 1): the result is
         # normal when E > lz (E >= 24, or E in 1..23 and a 5-bit compare); the field E - lz is used only then.
         e, lz, right = s["e"], s["lz"], s["right"]
@@ -612,14 +608,14 @@ class FpLdexp(_Binary):
         field = Signal(signed(12))
         m.d.comb += field.eq(e - lz)
         s = p.stage(sign=s["sign"] & ~s["nan"], x=s["x"], right=right, amt=amt, normal=normal & ~s["zero"],
-                    field=field, nan=s["nan"], inf=s["inf"], tz=s["tz"])
+                    field=field, nan=s["nan"], inf=s["inf"])
         # Stage 3: the shift. Right: Cat(0, M) >> amt, bit 0 the round bit, bits 1..24 the significand, the
-        # sticky bit the OR of M's bits below amt - 1: M's lowest set bit lies below it (tz + 2 <= amt).
+        # sticky bit the OR of Cat(0, M)'s bits below amt (M's below amt - 1), a masked OR beside the shifter.
         x, amt, right = s["x"], s["amt"], s["right"]
         y = Signal(25)
         m.d.comb += y.eq(x >> amt)
         sig = Mux(right, y[1:25], y[:24][::-1])
-        below = s["tz"] + 2 <= amt
+        below = Cat(*(x[i] & (amt > i) for i in range(25))).any()
         ovf = s["inf"] | (s["normal"] & (s["field"] >= 255))
         word = Signal(31)
         with m.If(s["nan"]):

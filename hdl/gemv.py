@@ -57,7 +57,7 @@ from .fp import INT_SCALE_MAX_BITS, NEG_ZERO, FpAdd, FpLdexp, IntScaleMul, check
 from .l2 import one_hot_mux
 from .rowmask import MASK_LANES, RowGather, mask_layout
 
-__all__ = ["EXP_BITS", "command_layout", "SegmentMac", "CommandDecoder", "PartAccumulator",
+__all__ = ["EXP_BITS", "command_layout", "gemv_parts", "SegmentMac", "CommandDecoder", "PartAccumulator",
            "GemvPort", "SparsePort", "EnginePort", "GemvEngine"]
 
 EXP_BITS = 10          # activation block exponents: binary32 inputs give -155..122
@@ -66,22 +66,35 @@ LEN_BITS = 24          # DMA command byte counts
 
 
 def _activation_memories(m, port, cfg: HardwareConfig, max_cols: int):
-    """A port's copy of the INT8 activations (one beat's lanes per word) and of their block exponents,
-    written through the port's ``i_act_*`` / ``i_exp_*`` inputs; returns their read ports."""
-    W = cfg.weights_per_beat
-    m.submodules.act_mem = act_mem = Memory(shape=data.ArrayLayout(signed(cfg.act_bits), W),
-                                            depth=max_cols // W, init=[])
-    act_w, act_r = act_mem.write_port(), act_mem.read_port()
-    m.d.comb += [act_w.en.eq(port.i_act_en), act_w.addr.eq(port.i_act_addr), act_w.data.eq(port.i_act_q)]
-    m.submodules.exp_mem = exp_mem = Memory(shape=signed(EXP_BITS), depth=_exp_depth(cfg, max_cols), init=[])
-    exp_w, exp_r = exp_mem.write_port(), exp_mem.read_port()
-    m.d.comb += [exp_w.en.eq(port.i_exp_en), exp_w.addr.eq(port.i_exp_addr), exp_w.data.eq(port.i_exp_e)]
-    return act_r, exp_r
+    """A port's copies of the INT8 activations (one beat's lanes per word) and of their block exponents, one
+    pair per activation vector (``gemv_vectors``), written through the port's ``i_act_*`` / ``i_exp_*`` inputs
+    (``i_act_vec`` / ``i_exp_vec``: which vector); returns their read ports, a list of V each."""
+    W, V = cfg.weights_per_beat, cfg.gemv_vectors
+    act_rs, exp_rs = [], []
+    for v in range(V):
+        vn = f"_{v}" if V > 1 else ""
+        act_mem = Memory(shape=data.ArrayLayout(signed(cfg.act_bits), W), depth=max_cols // W, init=[])
+        exp_mem = Memory(shape=signed(EXP_BITS), depth=_exp_depth(cfg, max_cols), init=[])
+        m.submodules[f"act_mem{vn}"], m.submodules[f"exp_mem{vn}"] = act_mem, exp_mem
+        act_w, exp_w = act_mem.write_port(), exp_mem.write_port()
+        act_on = port.i_act_en & (port.i_act_vec == v) if V > 1 else port.i_act_en
+        exp_on = port.i_exp_en & (port.i_exp_vec == v) if V > 1 else port.i_exp_en
+        m.d.comb += [act_w.en.eq(act_on), act_w.addr.eq(port.i_act_addr), act_w.data.eq(port.i_act_q),
+                     exp_w.en.eq(exp_on), exp_w.addr.eq(port.i_exp_addr), exp_w.data.eq(port.i_exp_e)]
+        act_rs.append(act_mem.read_port())
+        exp_rs.append(exp_mem.read_port())
+    return act_rs, exp_rs
 
 
 def _exp_depth(cfg: HardwareConfig, max_cols: int) -> int:
     """Words of the exponent memory: one per activation block."""
     return max(1, max_cols // cfg.act_block)
+
+
+def gemv_parts(cfg: HardwareConfig) -> int:
+    """Binary32 pipelines (`PartAccumulator`s) per port: one per two activation vectors, so that on kv260 (a
+    segment is two beats) every vector of a command keeps to the weight stream's rate."""
+    return (cfg.gemv_vectors + 1) // 2
 
 
 def command_layout(cfg: HardwareConfig) -> data.StructLayout:
@@ -91,55 +104,68 @@ def command_layout(cfg: HardwareConfig) -> data.StructLayout:
     column-major (column k = ``rows/2`` bytes at ``wbase + k*rows/2``, rows 2i / 2i+1 in the low / high nibble;
     rows even, at most ``gemv_sparse_max_rows``), its scales group-major ``[ceil(cols/group), rows]`` at
     `sbase`, and the columns of zero activations are never fetched. `mask` (an engine with ``gemv_row_mask``):
-    only the rows the row mask written before the command marks live are fetched; the others read +0."""
+    only the rows the row mask written before the command marks live are fetched; the others read +0. `vecs`
+    (an engine with ``gemv_vectors`` V > 1): the command multiplies W with ``vecs + 1`` activation vectors,
+    reading W once; its results (and accm's old values) come tile by tile (``tile_rows`` rows, the ports' unit),
+    each tile's rows for vector 0, then for vector 1, ... Neither sparse nor masked commands take more than one
+    vector."""
     fields = {
         "wbase": unsigned(cfg.axi_addr_bits), "sbase": unsigned(cfg.axi_addr_bits),
         "rows": unsigned(20), "cols": unsigned(16), "log2_group": unsigned(5), "accm": 1, "sparse": 1,
     }
     if cfg.gemv_row_mask:
         fields["mask"] = 1
+    if cfg.gemv_vectors > 1:
+        fields["vecs"] = range(cfg.gemv_vectors)
     return data.StructLayout(fields)
 
 
 class SegmentMac(wiring.Component):
-    """W INT4 x INT8 products of one beat, masked, summed exactly and accumulated over a segment.
+    """W INT4 x INT8 products of one beat with each of V activation vectors, masked, summed exactly and
+    accumulated over a segment.
 
     Each input cycle presents one beat: ``i_w`` (W INT4 weights, lane 0 = bits [3:0], the packing order of
-    `sim.numerics.pack_int4`), ``i_a`` (W activations), and which lanes count: lane i contributes when
-    ``i < i_nlanes`` and ``i_sel * 2**i_lvl <= i < (i_sel + 1) * 2**i_lvl`` (a sub-sum narrower than a
-    beat). The sum starts a new segment on ``i_first`` and the segment's exact sum leaves on ``o_valid``
-    when the input had ``i_last``; ``i_tag`` travels along with it. No backpressure: a free-running pipeline.
+    `sim.numerics.pack_int4`), ``i_a[v]`` (vector v's W activations), and which lanes count: lane i contributes
+    when ``i < i_nlanes`` and ``i_sel * 2**i_lvl <= i < (i_sel + 1) * 2**i_lvl`` (a sub-sum narrower than a
+    beat). The sums start a new segment on ``i_first`` and the segment's exact sums (``o_isum[v]``, one per
+    vector) leave on ``o_valid`` when the input had ``i_last``; ``i_tag`` travels along with them. No
+    backpressure: a free-running pipeline. Every vector has its own multipliers (a DSP48E2 per lane) and adder
+    tree; the lane mask and the control are shared.
 
     Parameters
     ----------
     cfg : HardwareConfig
     tag_bits : int
+    vectors : int, optional
+        V, the activation vectors (default 1).
 
     Members
     -------
     i_valid, i_first, i_last : In(1)
-    i_w : In(ArrayLayout(signed(4), W)); i_a : In(ArrayLayout(signed(act_bits), W))
+    i_w : In(ArrayLayout(signed(4), W)); i_a : In(ArrayLayout(ArrayLayout(signed(act_bits), W), V))
     i_nlanes : In(range(W + 1)); i_lvl : In(range(log2 W + 1)); i_sel : In(range(W))
     i_tag : In(tag_bits)
-    o_valid : Out(1); o_isum : Out(signed(acc_bits)); o_tag : Out(tag_bits)
+    o_valid : Out(1); o_isum : Out(ArrayLayout(signed(acc_bits), V)); o_tag : Out(tag_bits)
     """
 
-    def __init__(self, cfg: HardwareConfig, tag_bits: int = 1):
-        self._cfg = cfg
+    def __init__(self, cfg: HardwareConfig, tag_bits: int = 1, vectors: int = 1):
+        self._cfg, self._V = cfg, vectors
         W = cfg.weights_per_beat
         self._W = W
         super().__init__({
             "i_valid": In(1), "i_first": In(1), "i_last": In(1),
             "i_w": In(data.ArrayLayout(signed(cfg.WEIGHT_BITS), W)),
-            "i_a": In(data.ArrayLayout(signed(cfg.act_bits), W)),
+            "i_a": In(data.ArrayLayout(data.ArrayLayout(signed(cfg.act_bits), W), vectors)),
             "i_nlanes": In(range(W + 1)), "i_lvl": In(range(ceil_log2(W) + 1)), "i_sel": In(range(W)),
             "i_tag": In(tag_bits),
-            "o_valid": Out(1), "o_isum": Out(signed(cfg.acc_bits)), "o_tag": Out(tag_bits),
+            "o_valid": Out(1), "o_isum": Out(data.ArrayLayout(signed(cfg.acc_bits), vectors)),
+            "o_tag": Out(tag_bits),
         })
 
     @property
     def tree_stages(self) -> int:
-        return (ceil_log2(self._W) + 1) // 2
+        """Register stages of the adder tree: one after every two levels, and after the last (W = 1: one)."""
+        return max(1, (ceil_log2(self._W) + 1) // 2)
 
     @property
     def latency(self) -> int:
@@ -148,13 +174,13 @@ class SegmentMac(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        cfg, W = self._cfg, self._W
+        cfg, W, V = self._cfg, self._W, self._V
         pbits = cfg.WEIGHT_BITS + cfg.act_bits
         # Stage 0: the beat and the activations (a memory's unregistered output upstream) in the A and B
-        # registers of a DSP48E2 per lane (`DspMacc` without P), and the lane mask's two conditions registered:
-        # lane i counts when i < i_nlanes and i >> i_lvl == i_sel (the sub-sum i_sel of width 2**i_lvl).
-        # Stage 1: the products in the M registers; the lane mask.
-        # Stage 2: the masked products (the mask resets the product register).
+        # registers of a DSP48E2 per lane and vector (`DspMacc` without P), and the lane mask's two conditions
+        # registered: lane i counts when i < i_nlanes and i >> i_lvl == i_sel (the sub-sum i_sel of width
+        # 2**i_lvl). Stage 1: the products in the M registers; the lane mask. Stage 2: the masked products (the
+        # mask resets the product register).
         below0 = Signal(W, name="below_0")
         sub0 = Signal(W, name="sub_0")
         take1 = Signal(W, name="take_1")
@@ -165,26 +191,41 @@ class SegmentMac(wiring.Component):
                     m.d.comb += sub.eq(Cat(self.i_sel == (i >> lvl) for i in range(W)))
         m.d.sync += [below0.eq(Cat(i < self.i_nlanes for i in range(W))), sub0.eq(sub), take1.eq(below0 & sub0)]
         ctrl = Cat(self.i_valid, self.i_first, self.i_last, self.i_tag)
-        c0 = Signal(len(ctrl), name="ctrl_0")
-        cm = Signal(len(ctrl), name="ctrl_m")
-        m.d.sync += [c0.eq(ctrl), cm.eq(c0)]
-        prods = []
-        for i in range(W):
-            m.submodules[f"mul{i}"] = mul = DspMacc(cfg.act_bits, cfg.WEIGHT_BITS, preg=False)
-            m.d.comb += [mul.i_a.eq(self.i_a[i]), mul.i_b.eq(self.i_w[i]), mul.i_restart.eq(0)]
-            p = Signal(signed(pbits), name=f"prod_{i}")
-            m.d.sync += p.eq(Mux(take1[i], mul.o_p[:pbits], 0))
-            prods.append(p)
-        c = Signal(len(ctrl), name="ctrl_1")
-        m.d.sync += c.eq(cm)
-        # Adder tree, a register after every two levels.
-        level, width = prods, pbits
+        c = _delay(m, ctrl, 3, "ctrl")
+        totals = []
+        for v in range(V):
+            vn = f"v{v}_" if V > 1 else ""
+            prods = []
+            for i in range(W):
+                m.submodules[f"{vn}mul{i}"] = mul = DspMacc(cfg.act_bits, cfg.WEIGHT_BITS, preg=False)
+                m.d.comb += [mul.i_a.eq(self.i_a[v][i]), mul.i_b.eq(self.i_w[i]), mul.i_restart.eq(0)]
+                p = Signal(signed(pbits), name=f"{vn}prod_{i}")
+                m.d.sync += p.eq(Mux(take1[i], mul.o_p[:pbits], 0))
+                prods.append(p)
+            totals.append(self._tree(m, prods, pbits, vn))
+        c = _delay(m, c, self.tree_stages, "ctrl_t")
+        valid, first, last, tag = c[0], c[1], c[2], c[3:]
+        # Segment accumulation, per vector.
+        for v, total in enumerate(totals):
+            vn = f"v{v}_" if V > 1 else ""
+            acc = Signal(signed(cfg.acc_bits), name=f"{vn}acc")
+            nxt = Signal(signed(cfg.acc_bits), name=f"{vn}acc_next")
+            m.d.comb += nxt.eq(Mux(first, 0, acc) + total)
+            with m.If(valid):
+                m.d.sync += acc.eq(nxt)
+            m.d.sync += self.o_isum[v].eq(nxt)
+        m.d.sync += [self.o_valid.eq(valid & last), self.o_tag.eq(tag)]
+        return m
+
+    def _tree(self, m, level, width, vn):
+        """The exact sum of `level` (signed, `width` bits): a pipelined adder tree with a register after every
+        two levels and after the last (`tree_stages` registers)."""
         depth = 0
         while len(level) > 1:
             width += 1
             nxt = []
             for k in range(0, len(level), 2):
-                s = Signal(signed(width), name=f"sum_{depth}_{k // 2}")
+                s = Signal(signed(width), name=f"{vn}sum_{depth}_{k // 2}")
                 pair = level[k:k + 2]
                 expr = pair[0] + pair[1] if len(pair) == 2 else pair[0]
                 if depth % 2:
@@ -193,35 +234,13 @@ class SegmentMac(wiring.Component):
                     m.d.comb += s.eq(expr)
                 nxt.append(s)
             level = nxt
-            if depth % 2:
-                c2 = Signal(len(ctrl), name=f"ctrl_t{depth}")
-                m.d.sync += c2.eq(c)
-                c = c2
             depth += 1
         total = level[0]
-        if depth % 2:                               # an odd number of levels: register the last one
-            t2 = Signal(signed(width), name="sum_out")
+        if depth % 2 or depth == 0:                 # an odd number of levels (or none): register the last
+            t2 = Signal(signed(width), name=f"{vn}sum_out")
             m.d.sync += t2.eq(total)
             total = t2
-            c2 = Signal(len(ctrl), name="ctrl_tout")
-            m.d.sync += c2.eq(c)
-            c = c2
-        if depth == 0:                              # W == 1
-            t2 = Signal(signed(width), name="sum_out")
-            m.d.sync += t2.eq(total)
-            total = t2
-            c2 = Signal(len(ctrl), name="ctrl_tout")
-            m.d.sync += c2.eq(c)
-            c = c2
-        valid, first, last, tag = c[0], c[1], c[2], c[3:]
-        # Segment accumulation.
-        acc = Signal(signed(cfg.acc_bits))
-        nxt = Signal(signed(cfg.acc_bits))
-        m.d.comb += nxt.eq(Mux(first, 0, acc) + total)
-        with m.If(valid):
-            m.d.sync += acc.eq(nxt)
-        m.d.sync += [self.o_valid.eq(valid & last), self.o_isum.eq(nxt), self.o_tag.eq(tag)]
-        return m
+        return total
 
 
 def decoded_shapes(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dict:
@@ -240,6 +259,8 @@ def decoded_shapes(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dic
         "rowbytes": unsigned(16),
         "nwb": range(max_cols // W + 2),   # beats per row
         "prow": unsigned(21),              # sparse: rows per port, a multiple of W
+        "nvec": range(1, cfg.gemv_vectors + 1),    # activation vectors (vecs + 1)
+        "outs": unsigned(23),              # results: rows x nvec
         "bad": 1,
     }
 
@@ -255,8 +276,8 @@ class CommandDecoder(wiring.Component):
     i_load : In(1)
     o_* : the decoded fields, all valid from the second cycle after `i_load` (`o_cmd` from the first);
         `o_bad` when the command cannot run: rows or cols 0, cols above `max_cols`, more segments or groups
-        per row than `max_segments`, or a `sparse` command with an odd number of rows or more than `max_rows`
-        (``gemv_sparse_max_rows``).
+        per row than `max_segments`, a `sparse` command with an odd number of rows or more than `max_rows`
+        (``gemv_sparse_max_rows``), or a `sparse` or `mask` command with more than one vector.
     """
 
     def __init__(self, cfg: HardwareConfig, max_cols: int, max_segments: int, max_rows: int | None = None):
@@ -284,6 +305,10 @@ class CommandDecoder(wiring.Component):
         seg_lim = Signal(range(((self._max_segments + 1) << lblk) + 1))
         load2 = Signal()
         m.d.sync += load2.eq(self.i_load)
+        outs1 = Signal(22)
+        if cfg.gemv_vectors > 1:
+            with m.If(self.i_load):
+                m.d.sync += outs1.eq(i.rows + Mux(i.vecs[0], i.rows, 0))
         with m.If(self.i_load):
             m.d.sync += [
                 c.eq(i), lseg.eq(i_lseg), seg_lim.eq(Const(self._max_segments + 1) << i_lseg),
@@ -291,7 +316,9 @@ class CommandDecoder(wiring.Component):
                 gsum.eq(i.cols + (Const(1, 32) << i.log2_group)[:17] - 1),
                 bad1.eq((i.rows == 0) | (i.cols == 0) | (i.cols > self._max_cols) |
                         (i.sparse & (i.rows[0] | (i.rows > self._max_rows))) | (i.log2_group > 16) |
-                        ((i.mask & (i.sparse | (i.rows > cfg.gemv_max_cols))) if cfg.gemv_row_mask else 0)),
+                        ((i.mask & (i.sparse | (i.rows > cfg.gemv_max_cols))) if cfg.gemv_row_mask else 0) |
+                        (((i.vecs != 0) & (i.sparse | (i.mask if cfg.gemv_row_mask else 0)))
+                         if cfg.gemv_vectors > 1 else 0)),
             ]
         # Step 2: the counts and the fields derived from the registered command.
         lg = c.log2_group
@@ -304,6 +331,10 @@ class CommandDecoder(wiring.Component):
             rowbytes.eq((c.cols + 1) >> 1),
         ]
         bad = bad1 | (nsum >= seg_lim)
+        nvec = c.vecs + 1 if cfg.gemv_vectors > 1 else Const(1)
+        # rows x nvec (vecs < 4) as two shifted adds, the first in step 1 (`outs1`: rows + (vecs[0] ? rows : 0)),
+        # the second here (+ (vecs[1] ? 2 rows : 0)): no multiplier on either step's path
+        outs2 = Mux(c.vecs[1], c.rows << 1, 0) if cfg.gemv_vectors > 2 else 0
         lNW = ceil_log2(cfg.axi_ports * W)
         with m.If(load2):
             m.d.sync += [
@@ -314,6 +345,7 @@ class CommandDecoder(wiring.Component):
                 self.o_gshift.eq(lg - lseg), self.o_eshift.eq(lblk - lseg),
                 self.o_rowbytes.eq(rowbytes), self.o_nwb.eq((rowbytes + B - 1) >> ceil_log2(B)),
                 self.o_prow.eq(((c.rows + (1 << lNW) - 1) >> lNW) << lW),
+                self.o_nvec.eq(nvec), self.o_outs.eq(outs1 + outs2),
                 self.o_bad.eq(bad),
             ]
         return m
@@ -436,6 +468,8 @@ def _port_members(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dict
         "i_act_q": In(data.ArrayLayout(signed(cfg.act_bits), W)),
         "i_exp_en": In(1), "i_exp_addr": In(range(_exp_depth(cfg, max_cols))),
         "i_exp_e": In(signed(EXP_BITS)),
+        **({"i_act_vec": In(range(cfg.gemv_vectors)), "i_exp_vec": In(range(cfg.gemv_vectors))}
+           if cfg.gemv_vectors > 1 else {}),
         "o_res": Out(stream.Signature(unsigned(32))),
         "o_idle": Out(1), "o_error": Out(1),
         **({"i_mask_en": In(1), "i_mask_addr": In(range(cfg.gemv_max_cols // MASK_LANES)),
@@ -492,6 +526,17 @@ class GemvPort(wiring.Component):
     i_rows : In(20): the rows the port works out its tiles from (the command's; masked: its gathered rows as
         if they were its tiles of a command, `EnginePort`)
     o_idx_addr : Out; i_idx : In (``gemv_row_mask``): the gathered rows' index memory (`RowGather`)
+    i_act_more : In (``gemv_vectors`` V > 1): the activation words of vectors 1 .. V-1 (``i_act_data`` is
+        vector 0's), read at ``o_act_addr`` like it
+    o_exp_group : Out (V > 1): the vector group of the parts whose exponents are read at ``o_exp_addr``:
+        pipeline k takes vector ``P * group + k``
+    fp_more : Out (P = `gemv_parts` > 1): the port's other `PartAccumulator`s, pipeline 1 .. P-1
+
+    With `nvec` > 1 (``dec.cmd.vecs``) every row of a tile is ``nvec`` rows of the back end, ``(v, t)`` for the
+    vectors v, each with its own isum (the isum bank keeps a word of V per row and segment), y register and
+    result. P = `gemv_parts` binary32 pipelines take P vectors at a time (pipeline k vector ``P * g + k`` of
+    group g): the walk is ``(s, g, t)``, so the back end takes ``ceil(nvec / P)`` cycles per row and segment,
+    and a tile's results leave vector by vector (its rows for vector 0, then for vector 1, ...).
 
     With `mask` (``dec.cmd.mask``) its tiles are its gathered rows, T at a time: a scale transfer per row and
     each row's chunks at the row's own address (`_masked_sequencer`); the bank's scales then keep a whole
@@ -509,6 +554,13 @@ class GemvPort(wiring.Component):
         if cfg.gemv_row_mask:
             members["o_idx_addr"] = Out(range(_mask_share(cfg)))
             members["i_idx"] = In(range(cfg.gemv_max_cols))
+        self._parts = gemv_parts(cfg)
+        if cfg.gemv_vectors > 1:
+            members["i_act_more"] = In(data.ArrayLayout(data.ArrayLayout(signed(cfg.act_bits), W),
+                                                        cfg.gemv_vectors - 1))
+            members["o_exp_group"] = Out(range(-(-cfg.gemv_vectors // self._parts)))
+        if self._parts > 1:
+            members["fp_more"] = Out(_part_signature(cfg)).array(self._parts - 1)
         super().__init__(members)
 
     # Bank states: FREE -> FILLING (front end) -> FULL (last isum written) -> FREE (back end done).
@@ -522,9 +574,11 @@ class GemvPort(wiring.Component):
         d = self.dec
 
         # --- memories ----------------------------------------------------------------------------------
-        # isum banks: [bank, t, s]; scale banks: [bank, halfword t * groups + g] in beat-wide words. A segment
-        # sum fits `cfg.segment_sum_bits` (kv260: 18), so the banks keep that width, not acc_bits.
-        m.submodules.isum_mem = isum_mem = Memory(shape=signed(cfg.segment_sum_bits), depth=2 * T * S, init=[])
+        # isum banks: [bank, t, s], a word of one sum per vector; scale banks: [bank, halfword t * groups + g] in
+        # beat-wide words. A segment sum fits `cfg.segment_sum_bits` (kv260: 18), so the banks keep that width,
+        # not acc_bits.
+        m.submodules.isum_mem = isum_mem = Memory(
+            shape=data.ArrayLayout(signed(cfg.segment_sum_bits), cfg.gemv_vectors), depth=2 * T * S, init=[])
         isum_w, isum_r = isum_mem.write_port(), isum_mem.read_port()
         hpw = B // 2                                # binary16 scales per beat
         swords = max(1, T * -(-S // hpw))          # masked: a whole number of beats per row
@@ -564,7 +618,7 @@ class GemvPort(wiring.Component):
                          seq_cmd.ready.eq(self.dma_cmd.ready)]
         fe_active = self._front_end(m, g2, nch_m1, nwb_m1, banks, isum_w, scale_w, swords)
         be_active, reserved = self._back_end(m, banks, isum_r, scale_r, hpw, swords)
-        m.d.comb += self.o_idle.eq(~seq_active & ~fe_active & ~be_active & (reserved == 0) &
+        m.d.comb += self.o_idle.eq(~seq_active & ~fe_active & ~be_active & ~reserved &
                                    (bank_state[0] == self.FREE) & (bank_state[1] == self.FREE) & ~self.i_dma_busy)
         return m
 
@@ -863,7 +917,7 @@ class GemvPort(wiring.Component):
         sub_live = Cat((fe_sel << d.lvl)[:ceil_log2(W)], fe_beat) < d.cmd.cols
 
         # Stage f1: the beat and control, registered while the activation word is read.
-        m.submodules.mac = mac = SegmentMac(cfg, tag_bits=1 + lT + lS)
+        m.submodules.mac = mac = SegmentMac(cfg, tag_bits=1 + lT + lS, vectors=cfg.gemv_vectors)
         f1 = Signal(data.StructLayout({
             "valid": 1, "w": 8 * B, "nl": range(W + 1), "sel": range(W), "first": 1, "last": 1,
             "addr": 1 + lT + lS}))
@@ -875,10 +929,14 @@ class GemvPort(wiring.Component):
         ]
         m.d.comb += [
             mac.i_valid.eq(f1.valid), mac.i_first.eq(f1.first), mac.i_last.eq(f1.last),
-            mac.i_w.eq(f1.w), mac.i_a.eq(self.i_act_data), mac.i_nlanes.eq(f1.nl), mac.i_lvl.eq(d.lvl),
+            mac.i_w.eq(f1.w), mac.i_a[0].eq(self.i_act_data), mac.i_nlanes.eq(f1.nl), mac.i_lvl.eq(d.lvl),
             mac.i_sel.eq(f1.sel), mac.i_tag.eq(f1.addr),
         ]
-        m.d.comb += [isum_w.en.eq(mac.o_valid), isum_w.addr.eq(mac.o_tag), isum_w.data.eq(mac.o_isum)]
+        for v in range(1, cfg.gemv_vectors):
+            m.d.comb += mac.i_a[v].eq(self.i_act_more[v - 1])
+        m.d.comb += [isum_w.en.eq(mac.o_valid), isum_w.addr.eq(mac.o_tag)]
+        for v in range(cfg.gemv_vectors):
+            m.d.comb += isum_w.data[v].eq(mac.o_isum[v])
         # A chunk round is complete once its last segment sum has left the MAC pipeline; the tile's bank is
         # full after its last round.
         end_d = _delay(m, Cat(round_end, tile_end, fe_bank), 1 + mac.latency, "round_end")
@@ -891,25 +949,44 @@ class GemvPort(wiring.Component):
 
     def _back_end(self, m, banks, isum_r, scale_r, hpw, swords):
         """Walks a FILLING or FULL bank segment by segment (each over the tile's rows) as far as its sums are
-        written, feeds isum, scale and exponent to the port's `PartAccumulator`, keeps the rows' binary32
-        sums in the y registers and queues each row's last sum in the result FIFO (space for a tile is
-        reserved before it starts); frees the bank after its last segment. Returns the back end's active
-        flag and the reserved result count."""
-        cfg, T = self._cfg, self._T
-        W = cfg.weights_per_beat
+        written, feeds isum, scale and exponent to the port's `PartAccumulator` (P of them with several
+        vectors, one per vector of a group), keeps the rows' binary32 sums in the y registers and queues each
+        row's last sum in a result FIFO (space for a tile is reserved before it starts); frees the bank after
+        its last segment. With P > 1 pipeline k's results go to FIFO k and leave in the engine's order (a
+        tile's rows for vector 0, then vector 1, ...). Returns the back end's active flag and whether results
+        are reserved."""
+        cfg, T, N = self._cfg, self._T, self._cfg.axi_ports
+        W, V, P = cfg.weights_per_beat, cfg.gemv_vectors, self._parts
+        G = -(-V // P)                               # vector groups: P vectors a walk step
         S = self._max_segments
-        lS = ceil_log2(S)
+        lS, lT, lV, lP, lG = ceil_log2(S), ceil_log2(T), ceil_log2(V), ceil_log2(P), ceil_log2(G)
+        assert P & (P - 1) == 0 and lP + lG == lV, (V, P)
         d = self.dec
         lCB = ceil_log2(self._chunk_beats)
         bank_state, bank_rows, bank_rounds = banks
         assert T > FpAdd.LATENCY + 1, f"tile_rows ({T}) must exceed the FpAdd latency plus one"
-        depth = 2 * T
-        m.submodules.res = res = fifo.SyncFIFOBuffered(width=32, depth=depth)
-        reserved = Signal(range(depth + 1))
+        depth = 2 * T * G
+        # the command's vectors: each row of a tile is nvec rows of the walk, (v, t); its vector groups and
+        # how many of the vectors each pipeline takes (k, k + P, ...), registered from the decoder's
+        nvec = d.nvec if V > 1 else Const(1)
+        ngrp = Signal(range(G + 1)) if G > 1 else Const(1)
+        counts = [Signal(range(G + 1), name=f"vectors_{k}") for k in range(P)] if P > 1 else [nvec]
+        if G > 1:
+            m.d.sync += ngrp.eq((nvec + P - 1) >> lP)
+        if P > 1:
+            m.d.sync += [c.eq(Mux(nvec > k, (nvec - k + P - 1) >> lP, 0)) for k, c in enumerate(counts)]
+        res = []
+        for k in range(P):
+            f = fifo.SyncFIFOBuffered(width=32, depth=depth)
+            m.submodules["res" if P == 1 else f"res{k}"] = f
+            res.append(f)
+        reserved = [Signal(range(depth + 1), name="reserved" if P == 1 else f"reserved_{k}") for k in range(P)]
         be_active = Signal()
         be_bank = Signal()
         be_s = Signal(range(S + 1))
         be_t = Signal(range(T))
+        be_vg = Signal(range(G)) if G > 1 else None  # the vector group (P vectors: P x be_vg .. + P - 1)
+        last_vg = Signal() if G > 1 else Const(1)    # be_vg == ngrp - 1, registered with be_vg
         be_trows = Signal(range(T + 1))
         be_gbase = Signal(range(T * (S + hpw) + 1))  # t * groups (masked: t * the groups' whole beats)
         be_g = Signal.like(be_s)                     # be_s >> gshift: the segment's group
@@ -933,10 +1010,12 @@ class GemvPort(wiring.Component):
             m.d.sync += seg_ready.eq(d.nseg)
         with m.Else():
             m.d.sync += seg_ready.eq(rounds << spc)
-        # Room for a tile's results, registered: a cycle late, so never more than there is (reads only add
-        # room, and a tile starts at most every T cycles).
+        # Room for a tile's results in every FIFO, registered: a cycle late, so never more than there is
+        # (reads only add room, and a tile starts at most every T cycles).
         be_room = Signal()
-        m.d.sync += be_room.eq(res.level + reserved + T <= depth)
+        touts = [Signal(range(T * G + 1), name="touts" if P == 1 else f"touts_{k}") for k in range(P)]
+        m.d.sync += [t.eq(c << lT) for t, c in zip(touts, counts)]
+        m.d.sync += be_room.eq(Cat(*[f.level + r + t <= depth for f, r, t in zip(res, reserved, touts)]).all())
         be_start = Signal()
         m.d.comb += be_start.eq(~be_active & full & be_room)
         with m.If(self.i_start):
@@ -944,6 +1023,8 @@ class GemvPort(wiring.Component):
         with m.Elif(be_start):
             m.d.sync += [be_active.eq(1), be_s.eq(0), be_s1.eq(1), be_g.eq(0), be_t.eq(0), be_gbase.eq(0),
                          be_trows.eq(Mux(be_bank, bank_rows[1], bank_rows[0]))]
+            if G > 1:
+                m.d.sync += [be_vg.eq(0), last_vg.eq(ngrp == 1)]
         # Issue stage: read isum, scale, exponent.
         sidx = Signal(range(2 * T * (S + hpw) + 1))
         m.d.comb += [
@@ -958,44 +1039,93 @@ class GemvPort(wiring.Component):
         with m.If(issue):
             m.d.sync += [be_t.eq(be_t + 1), be_gbase.eq(be_gbase + gstride)]
             with m.If(be_t == T - 1):
-                m.d.sync += [be_t.eq(0), be_gbase.eq(0), be_s.eq(be_s1), be_s1.eq(be_s1 + 1),
-                             be_g.eq(be_s1 >> d.gshift)]
-                with m.If(last):
-                    m.d.sync += [be_active.eq(0), be_bank.eq(~be_bank)]
-                    for b in range(2):
-                        with m.If(be_bank == b):
-                            m.d.sync += bank_state[b].eq(self.FREE)
+                m.d.sync += [be_t.eq(0), be_gbase.eq(0)]
+                if G > 1:
+                    m.d.sync += [be_vg.eq(be_vg + 1), last_vg.eq(be_vg + 2 == ngrp)]
+                with m.If(last_vg):
+                    if G > 1:
+                        m.d.sync += [be_vg.eq(0), last_vg.eq(ngrp == 1)]
+                    m.d.sync += [be_s.eq(be_s1), be_s1.eq(be_s1 + 1), be_g.eq(be_s1 >> d.gshift)]
+                    with m.If(last):
+                        m.d.sync += [be_active.eq(0), be_bank.eq(~be_bank)]
+                        for b in range(2):
+                            with m.If(be_bank == b):
+                                m.d.sync += bank_state[b].eq(self.FREE)
         with m.If(self.i_start):
             for b in range(2):
                 m.d.sync += bank_state[b].eq(self.FREE)
-        tag = Cat(issue & (be_t < be_trows), first, last, be_t)
+        # the walk step's row, vector group and which of its P vectors the command has (pipeline 0's always)
+        live = Cat(*[Cat(Const(k, lP), be_vg) < nvec for k in range(1, P)]) if P > 1 else Const(0, 0)
+        tag = Cat(issue & (be_t < be_trows), first, last, be_t, *([be_vg[:lG]] if G > 1 else []), live)
+        at_t, at_g, at_live = 3, 3 + lT, 3 + lT + lG
         # b1: memory data arrives.
         tag1, half1 = Signal(len(tag)), Signal(range(hpw))
         m.d.sync += [tag1.eq(tag), half1.eq(sidx[:ceil_log2(hpw)] if hpw > 1 else 0)]
         scale_half = scale_r.data.word_select(half1, 16) if hpw > 1 else scale_r.data[:16]
-        fp = self.fp
-        m.d.comb += [fp.valid.eq(tag1[0]), fp.isum.eq(isum_r.data), fp.scale.eq(scale_half)]
+        fps = [self.fp] + ([self.fp_more[k] for k in range(P - 1)] if P > 1 else [])
+        g1 = tag1[at_g:at_g + lG]
+        for k, fp in enumerate(fps):
+            vk = Cat(Const(k, lP), g1) if V > 1 else Const(0)
+            m.d.comb += [fp.valid.eq(tag1[0] & (tag1[at_live + k - 1] if k else 1)),
+                         fp.isum.eq(isum_r.data[vk] if V > 1 else isum_r.data[0]), fp.scale.eq(scale_half)]
+        if V > 1:
+            m.d.comb += self.o_exp_group.eq(g1)
         tag3 = _delay(m, tag1, PartAccumulator.PART_LATENCY - 1, "tag_part")
         tag4 = _delay(m, tag3, 1, "tag_y")
-        # In-order accumulation: y[t] = (first ? -0 : y[t]) + part, the addend selected from the y registers
-        # a cycle before the addition and registered by the `EnginePort` (the row's last sum is written LATENCY
-        # cycles after its addition and the row's next addition comes T > LATENCY + 1 cycles after it).
-        y = [Signal(32, name=f"y_{t}") for t in range(T)]
-        m.d.comb += fp.y.eq(Mux(tag3[1], NEG_ZERO, Cat(*y).word_select(tag3[3:], 32)))
         tag5 = _delay(m, tag4, FpAdd.LATENCY, "tag_add")
-        with m.If(tag5[0]):
-            for t in range(T):
-                with m.If(tag5[3:] == t):
-                    m.d.sync += y[t].eq(fp.sum)
-        push = tag5[0] & tag5[2]
-        m.d.comb += [res.w_en.eq(push), res.w_data.eq(fp.sum)]
+        # In-order accumulation: y[v, t] = (first ? -0 : y[v, t]) + part, the addend selected from the y
+        # registers a cycle before the addition and registered by the `EnginePort` (the row's last sum is written
+        # LATENCY cycles after its addition and the row's next addition comes T > LATENCY + 1 cycles after it).
+        # Register t * 2**lV + v; pipeline k takes vector P * group + k.
+        y = [Signal(32, name=f"y_{t}") for t in range(T << lV)]
+
+        def yidx(tg, k):
+            return Cat(Const(k, lP), tg[at_g:at_g + lG], tg[at_t:at_t + lT]) if V > 1 else tg[at_t:at_t + lT]
+
+        for k, fp in enumerate(fps):
+            m.d.comb += fp.y.eq(Mux(tag3[1], NEG_ZERO, Cat(*y).word_select(yidx(tag3, k), 32)))
+            valid5 = tag5[0] & (tag5[at_live + k - 1] if k else 1)
+            with m.If(valid5):
+                for i in range(T << lV):
+                    if V == 1 or i % P == k:
+                        with m.If(yidx(tag5, k) == i):
+                            m.d.sync += y[i].eq(fp.sum)
+            push = valid5 & tag5[2]
+            m.d.comb += [res[k].w_en.eq(push), res[k].w_data.eq(fp.sum)]
+            with m.If(self.i_start):
+                m.d.sync += reserved[k].eq(0)
+            with m.Else():
+                m.d.sync += reserved[k].eq(reserved[k] + Mux(be_start, Mux(be_bank, bank_rows[1], bank_rows[0])
+                                                             * counts[k], 0) - push)
+        if P == 1:
+            m.d.comb += [self.o_res.valid.eq(res[0].r_rdy), self.o_res.p.eq(res[0].r_data),
+                         res[0].r_en.eq(self.o_res.ready)]
+        else:
+            self._result_order(m, res, nvec)
+        return be_active, Cat(*[r != 0 for r in reserved]).any()
+
+    def _result_order(self, m, res, nvec):
+        """The results of P FIFOs (FIFO k: vectors k, k + P, ...) in the engine's order: per tile of the port,
+        its rows for vector 0, then vector 1, ..., each a run of the tile's rows from the vector's FIFO."""
+        cfg, T, N, V, P = self._cfg, self._T, self._cfg.axi_ports, self._cfg.gemv_vectors, self._parts
+        lP = ceil_log2(P)
+        left = Signal(signed(22))                    # the port's rows from this tile on
+        pv = Signal(range(V))                        # the vector whose run leaves
+        pn = Signal(range(T))                        # results of the run already out
+        rows = Mux(left < T, left, T)
         with m.If(self.i_start):
-            m.d.sync += reserved.eq(0)
-        with m.Else():
-            m.d.sync += reserved.eq(reserved + Mux(be_start,
-                                                    Mux(be_bank, bank_rows[1], bank_rows[0]), 0) - push)
-        m.d.comb += [self.o_res.valid.eq(res.r_rdy), self.o_res.p.eq(res.r_data), res.r_en.eq(self.o_res.ready)]
-        return be_active, reserved
+            m.d.sync += [left.eq(self.i_rows.as_signed() - self._index * T), pv.eq(0), pn.eq(0)]
+        k = pv[:lP]
+        m.d.comb += [self.o_res.valid.eq(Array(f.r_rdy for f in res)[k]),
+                     self.o_res.p.eq(Array(f.r_data for f in res)[k])]
+        for j, f in enumerate(res):
+            m.d.comb += f.r_en.eq(self.o_res.ready & (k == j))
+        with m.If(self.o_res.valid & self.o_res.ready):
+            m.d.sync += pn.eq(pn + 1)
+            with m.If(pn + 1 == rows):
+                m.d.sync += [pn.eq(0), pv.eq(pv + 1)]
+                with m.If(pv + 1 == nvec):
+                    m.d.sync += [pv.eq(0), left.eq(left - N * T)]
 
 
 def _below_set(bits: Value) -> Value:
@@ -1458,6 +1588,7 @@ class EnginePort(wiring.Component):
     i_start : In(1)  (one cycle; the decoded command is stable until the port is idle)
     dec : In(the decoder's outputs)
     i_act_en, i_act_addr, i_act_q / i_exp_en, i_exp_addr, i_exp_e : In: activation and exponent memory writes
+        (``i_act_vec`` / ``i_exp_vec`` with ``gemv_vectors`` > 1: the vector's memories)
     o_res : Out(stream(32)): the port's row results, in its row order (the running mode's)
     o_idle, o_error (the DMA's sticky read error) : Out(1)
     """
@@ -1473,7 +1604,8 @@ class EnginePort(wiring.Component):
         m.submodules.dma = dma = AxiReadDma(cfg, len_bits=LEN_BITS)
         wiring.connect(m, wiring.flipped(self.axi), dma.axi)
         m.d.comb += self.o_error.eq(dma.o_error)
-        act_r, exp_r = _activation_memories(m, self, cfg, self._max_cols)
+        act_rs, exp_rs = _activation_memories(m, self, cfg, self._max_cols)
+        act_r, V = act_rs[0], cfg.gemv_vectors
 
         m.submodules.dense = dense = GemvPort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments,
                                               tile_rows=self._T)
@@ -1481,7 +1613,21 @@ class EnginePort(wiring.Component):
         wiring.connect(m, wiring.flipped(self.dec), dense.dec, sparse.dec)
         sp = self.dec.cmd.sparse
         m.submodules.part = part = PartAccumulator(cfg, cfg.segment_sum_bits)
-        m.d.comb += part.i_exp.eq(exp_r.data)
+        P = gemv_parts(cfg)
+        # the exponent of each pipeline's vector, P x group + k (dense; sparse commands have one vector)
+        grp = Mux(sp, 0, dense.o_exp_group) if V > 1 else 0
+        m.d.comb += part.i_exp.eq(Array(r.data for r in exp_rs)[grp << ceil_log2(P)] if V > 1 else exp_rs[0].data)
+        for v in range(1, V):
+            m.d.comb += [dense.i_act_more[v - 1].eq(act_rs[v].data), act_rs[v].addr.eq(dense.o_act_addr)]
+        for k in range(1, P):                        # the dense datapath's other pipelines
+            more = PartAccumulator(cfg, cfg.segment_sum_bits)
+            m.submodules[f"part{k}"] = more
+            fp = dense.fp_more[k - 1]
+            y_k = Signal(32, name=f"part{k}_y")
+            m.d.sync += y_k.eq(fp.y)
+            m.d.comb += [more.i_valid.eq(fp.valid & ~sp), more.i_isum.eq(fp.isum), more.i_scale.eq(fp.scale),
+                         more.i_exp.eq(Array(r.data for r in exp_rs)[Cat(Const(k, ceil_log2(P)), grp)]),
+                         more.i_y.eq(y_k), fp.sum.eq(more.o_sum)]
         # The addend of the running datapath, registered after the select (the datapaths' y is a cycle early).
         part_y = Signal(32)
         m.d.sync += part_y.eq(Mux(sp, sparse.fp.y, dense.fp.y))
@@ -1505,7 +1651,7 @@ class EnginePort(wiring.Component):
             dense.dma_cmd.ready.eq(cmd_buf.w_rdy & ~sp), sparse.dma_cmd.ready.eq(cmd_buf.w_rdy & sp),
             dma.i_cmd.valid.eq(cmd_buf.r_rdy), dma.i_cmd.p.eq(cmd_buf.r_data), cmd_buf.r_en.eq(dma.i_cmd.ready),
             act_r.addr.eq(Mux(sp, sparse.o_act_addr, dense.o_act_addr)),
-            exp_r.addr.eq(Mux(sp, sparse.o_exp_addr, dense.o_exp_addr)),
+            *[r.addr.eq(Mux(sp, sparse.o_exp_addr, dense.o_exp_addr)) for r in exp_rs],
             part.i_valid.eq(Mux(sp, sparse.fp.valid, dense.fp.valid)),
             part.i_isum.eq(Mux(sp, sparse.fp.isum, dense.fp.isum)),
             part.i_scale.eq(Mux(sp, sparse.fp.scale, dense.fp.scale)),
@@ -1556,10 +1702,12 @@ class GemvEngine(wiring.Component):
     Members
     -------
     i_cmd : In(stream(command_layout)): accepted when the engine is idle.
-    i_act : In(stream({addr, q})): activation words (W INT8 values, columns ``addr*W ..``); always ready.
-    i_exp : In(stream({addr, e})): the exponent of activation block `addr`; always ready.
-    i_acc : In(stream(32)): with accm, the old binary32 values, in row order.
-    o_y : Out(stream(32)): the binary32 results, in row order.
+    i_act : In(stream({addr, q[, vec]})): activation words (W INT8 values, columns ``addr*W ..``; of vector
+        `vec` with ``gemv_vectors`` > 1); always ready.
+    i_exp : In(stream({addr, e[, vec]})): the exponent of activation block `addr` (of vector `vec`); always ready.
+    i_acc : In(stream(32)): with accm, the old binary32 values, in the results' order.
+    o_y : Out(stream(32)): the binary32 results, in row order (with `vecs`: tile by tile, vector by vector in a
+        tile, as `command_layout` says).
     m_axi<p> : Out(AxiReadSignature) for each port p.
     o_busy, o_error (a DMA read error, sticky), o_bad_cmd (a rejected command, sticky) : Out(1)
 
@@ -1576,12 +1724,13 @@ class GemvEngine(wiring.Component):
         seg_min = min(cfg.act_block, cfg.weight_group or cfg.act_block)
         self._cfg, self._max_cols, self._T = cfg, max_cols, tile_rows
         self._max_segments = max(1, max_cols // seg_min)
+        vec = {"vec": range(cfg.gemv_vectors)} if cfg.gemv_vectors > 1 else {}
         members = {
             "i_cmd": In(stream.Signature(command_layout(cfg))),
             "i_act": In(stream.Signature(data.StructLayout({
-                "addr": range(max_cols // W), "q": data.ArrayLayout(signed(cfg.act_bits), W)}))),
+                "addr": range(max_cols // W), "q": data.ArrayLayout(signed(cfg.act_bits), W), **vec}))),
             "i_exp": In(stream.Signature(data.StructLayout({
-                "addr": range(max(2, max_cols // cfg.act_block)), "e": signed(EXP_BITS)}))),
+                "addr": range(max(2, max_cols // cfg.act_block)), "e": signed(EXP_BITS), **vec}))),
             "i_acc": In(stream.Signature(unsigned(32))),
             "o_y": Out(stream.Signature(unsigned(32))),
             "o_busy": Out(1), "o_error": Out(1), "o_bad_cmd": Out(1),
@@ -1591,6 +1740,11 @@ class GemvEngine(wiring.Component):
         for p in range(cfg.axi_ports):
             members[f"m_axi{p}"] = Out(AxiReadSignature.from_config(cfg))
         super().__init__(members)
+
+    @staticmethod
+    def default_tile_rows() -> int:
+        """Rows per tile unless given: the smallest power of two above the FpAdd latency plus one."""
+        return 1 << (FpAdd.LATENCY + 1).bit_length()
 
     @staticmethod
     def _check(cfg, max_cols, tile_rows):
@@ -1603,7 +1757,7 @@ class GemvEngine(wiring.Component):
                              f"not {cfg.axi_ports!r}")
         lat = FpAdd.LATENCY
         if tile_rows is None:
-            tile_rows = 1 << (lat + 1).bit_length()
+            tile_rows = GemvEngine.default_tile_rows()
         if isinstance(tile_rows, bool) or not isinstance(tile_rows, int) or tile_rows <= lat + 1 or \
                 tile_rows & (tile_rows - 1):
             raise ValueError(f"tile_rows must be a power of two above the FpAdd latency plus one ({lat + 1}), "
@@ -1637,6 +1791,8 @@ class GemvEngine(wiring.Component):
                 port.i_exp_en.eq(self.i_exp.valid), port.i_exp_addr.eq(self.i_exp.p.addr),
                 port.i_exp_e.eq(self.i_exp.p.e),
             ]
+            if cfg.gemv_vectors > 1:
+                m.d.comb += [port.i_act_vec.eq(self.i_act.p.vec), port.i_exp_vec.eq(self.i_exp.p.vec)]
             if cfg.gemv_row_mask:
                 m.d.comb += [port.i_mask_en.eq(self.i_mask.valid), port.i_mask_addr.eq(self.i_mask.p.addr),
                              port.i_mask_bits.eq(self.i_mask.p.bits)]
@@ -1681,11 +1837,15 @@ class GemvEngine(wiring.Component):
 
         # Merge in row order: dense, tile j comes from port j mod N (T rows); sparse and masked, port p holds
         # rows p * prow .. (p + 1) * prow - 1 (masked: the live ones; a row the mask skips reads +0).
-        out_left = Signal(21)         # rows not yet issued to the output adder
+        out_left = Signal(23)         # results (rows x vectors) not yet issued to the output adder
         out_any = Signal()            # out_left != 0, registered with it
-        mt_cnt = Signal(range(max(T, cfg.gemv_sparse_max_rows // N, _mask_share(cfg) if cfg.gemv_row_mask else 1)))
+        V = cfg.gemv_vectors
+        mt_cnt = Signal(range(max(T * V, cfg.gemv_sparse_max_rows // N,
+                                  _mask_share(cfg) if cfg.gemv_row_mask else 1)))
         mt_len_m1 = Signal(21)
-        m.d.sync += mt_len_m1.eq(Mux(sparse | masked, dec.o_prow, T) - 1)    # from the decoded command, before any row
+        # from the decoded command, before any row: a dense tile is T rows of nvec results each
+        tile_len = dec.o_nvec << ceil_log2(T) if V > 1 else T
+        m.d.sync += mt_len_m1.eq(Mux(sparse | masked, dec.o_prow, tile_len) - 1)
         merged = Signal()             # a row leaves the merge
         live, mask_ok = self._merge_mask(m, start, merged, masked) if cfg.gemv_row_mask else (Const(1), Const(1))
         fadd = FpAdd()
@@ -1720,7 +1880,8 @@ class GemvEngine(wiring.Component):
         m.d.sync += inflight.eq(inflight + can - fadd.o_valid)
         m.d.comb += merged.eq(can)
         with m.If(start):
-            m.d.sync += [out_left.eq(dec.o_cmd.rows), out_any.eq(dec.o_cmd.rows != 0), mt_cnt.eq(0), mt_sel.eq(1)]
+            outs = dec.o_outs if V > 1 else dec.o_cmd.rows
+            m.d.sync += [out_left.eq(outs), out_any.eq(outs != 0), mt_cnt.eq(0), mt_sel.eq(1)]
         with m.Elif(can):
             m.d.sync += [out_left.eq(out_left - 1), out_any.eq(out_left != 1), mt_cnt.eq(mt_cnt + 1)]
             with m.If(mt_cnt == mt_len_m1):

@@ -555,9 +555,10 @@ class Machine:
     def _x_wgemm(self, i):
         """T tokens through one weight matrix on the systolic array: token t reads L2[src + t*ceil(cols/4)]
         and writes L2[dst + t*ceil(rows/4)] (16-byte word strides). Bit-identical, token by token, to
-        WGEMV (sim.systolic.gemm); the weights stream once per token tile of R = systolic_rows tokens, and the
-        tiles run one after another: a non-finite input in tile j stops the instruction with the results of
-        tiles 0 .. j-1 written (docs/isa.md)."""
+        WGEMV (sim.systolic.gemm); the weights stream once per token tile of R = `HardwareConfig.gemm_tile`
+        tokens (`systolic_rows`, or `gemv_vectors` where the GEMV engine runs WGEMM, which then holds no
+        reusable activations: ACT_N 0), and the tiles run one after another: a non-finite input in tile j stops
+        the instruction with the results of tiles 0 .. j-1 written (docs/isa.md)."""
         d = self._desc(i.desc)
         if d.kind != 0 or d.layout != 0:
             self._err(ErrorCode.BAD_DESCRIPTOR, f"descriptor {i.desc} is not a row-major weight matrix")
@@ -574,7 +575,9 @@ class Machine:
         srcs = [self._vec(i.src + t * in_stride, d.cols) for t in range(t_count)]
         outs = [self._vec(i.dst + t * out_stride, d.rows) for t in range(t_count)]
         entry = self.image.tensors[d.tensor]
-        R = self.hw.systolic_rows
+        R = self.hw.gemm_tile
+        if self.hw.gemv_vectors > 1:
+            self.act_x, self.act_n = None, 0        # the GEMV engine's memories hold the tiles' tokens
         ngroups = -(-d.cols // d.group)
         per_tile = d.rows * (d.cols + d.cols % 2) // 2 + d.rows * ngroups * 2
         if self.arithmetic != COUNT:

@@ -107,8 +107,8 @@ class Engine:
 
 @dataclass(frozen=True)
 class Gemm:
-    """One WGEMM token tile: `tokens` (at most ``systolic_rows``) token vectors through `rows` x `cols` INT4
-    weights on the GEMM unit, accumulating with `accm`."""
+    """One WGEMM token tile: `tokens` (at most ``gemm_tile``) token vectors through `rows` x `cols` INT4
+    weights on the GEMM unit (or, with ``gemv_vectors`` > 1, the GEMV engine), accumulating with `accm`."""
     rows: int
     cols: int
     tokens: int
@@ -162,11 +162,12 @@ def attn_positions(pos: int, window: int) -> int:
 
 
 def wgemm_steps(rows: int, cols: int, tokens: int, accm: bool, hw) -> list:
-    """A WGEMM's steps after its descriptor load: per token tile of up to ``hw.systolic_rows`` tokens, one
-    quantiser pass per token, then the tile's `Gemm`."""
+    """A WGEMM's steps after its descriptor load: per token tile of up to ``hw.gemm_tile`` tokens, one
+    quantiser pass per token, then the tile's `Gemm` (the GEMM unit's tile, or where the GEMV engine runs WGEMM
+    its command of that many vectors)."""
     steps = []
-    for t0 in range(0, tokens, hw.systolic_rows):
-        n = min(hw.systolic_rows, tokens - t0)
+    for t0 in range(0, tokens, hw.gemm_tile):
+        n = min(hw.gemm_tile, tokens - t0)
         steps += [_quant(cols)] * n + [Gemm(rows, cols, n, bool(accm))]
     return steps
 

@@ -16,10 +16,11 @@ TINY = HardwareConfig.preset("tiny")
 KV260 = HardwareConfig.preset("kv260")
 
 
-def rtl_segment_mac(cfg, steps):
+def rtl_segment_mac(cfg, steps, vectors=1):
     """Runs `steps` (dicts of packed weight bytes, int8 activations, nlanes, lvl, sel, first, last) through
-    SegmentMac; returns the segment sums in output order."""
-    dut = SegmentMac(cfg, tag_bits=8)
+    SegmentMac; returns the segment sums in output order. With `vectors` V > 1 each step's ``a`` is [V, W] and
+    each output a tuple of V sums."""
+    dut = SegmentMac(cfg, tag_bits=8, vectors=vectors)
     W = cfg.weights_per_beat
     got = []
 
@@ -39,7 +40,8 @@ def rtl_segment_mac(cfg, steps):
                 ctx.set(dut.i_tag, k & 0xFF)
             await ctx.tick()
             if ctx.get(dut.o_valid):
-                got.append(ctx.get(dut.o_isum))
+                sums = tuple(ctx.get(dut.o_isum[v]) for v in range(vectors))
+                got.append(sums if vectors > 1 else sums[0])
         assert W == cfg.weights_per_beat
 
     sim = Simulator(dut)
@@ -87,6 +89,19 @@ def test_segment_mac_random(cfg):
     rng = np.random.default_rng(5)
     steps = random_steps(cfg, rng, 300)
     assert rtl_segment_mac(cfg, steps) == ref_segment_mac(cfg, steps)
+
+
+def test_segment_mac_vectors():
+    """V = 3 activation vectors against the same beats: each vector's segment sums are those of the reference
+    run on that vector alone."""
+    rng = np.random.default_rng(8)
+    steps = random_steps(TINY, rng, 200)
+    W, V = TINY.weights_per_beat, 3
+    av = [rng.integers(-128, 128, W) for _ in steps for _ in range(V)]
+    av[0][:] = -128                                 # one beat at the activations' extreme
+    multi = [dict(st, a=np.stack(av[k * V:(k + 1) * V])) for k, st in enumerate(steps)]
+    want = [ref_segment_mac(TINY, [dict(st, a=av[k * V + v]) for k, st in enumerate(steps)]) for v in range(V)]
+    assert rtl_segment_mac(TINY, multi, vectors=V) == list(zip(*want))
 
 
 def test_segment_mac_extremes():

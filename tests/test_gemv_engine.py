@@ -29,6 +29,16 @@ def test_engine_corners_errors_throughput():
     _run(["corner_cases", "bad_command_and_read_error", "throughput"])
 
 
+@pytest.mark.parametrize("vectors, flow", [(4, 1), pytest.param(2, 2, marks=pytest.mark.slow),
+                                           pytest.param(3, 0, marks=pytest.mark.slow)])
+def test_engine_multi_vector(vectors, flow):
+    """Dense GEMVs of 1 .. V activation vectors on an engine built with `gemv_vectors` V: each vector bit-exact,
+    the matrix read once; the other modes between them; sparse or masked commands with V vectors rejected."""
+    _run(["multi_vector_random"] + (["multi_vector_throughput"] if vectors == 4 else []),
+         TINY.replace(gemv_vectors=vectors), build=f"gemv_tiny_v{vectors}", SEED=71 + vectors, FLOW=flow,
+         VECTORS=vectors)
+
+
 @pytest.mark.parametrize("flow", [0, 1, 2])
 def test_engine_sparse_random(flow):
     """Sparse mode: densities 0 / 5 / 30 / 100 %, bit-exact, only non-zero columns' beats read."""

@@ -51,6 +51,16 @@ def test_prefill_programs_bit_identical_to_the_iss():
 
 
 @pytest.mark.slow
+def test_prefill_on_the_multi_vector_engine_bit_identical_to_the_iss():
+    """tiny_v4 (the GEMV engine takes four activation vectors and runs WGEMM; no GEMM unit): f64_s3_l5's first 6
+    ids as prefill programs of 4 and 2 tokens, their projections WGEMMs of 4 and 2 vectors a weight stream, then
+    position 6 as a decode step; the logits, every byte of DDR and the controller's steps against the ISS's."""
+    simulate(HardwareConfig.preset("tiny_v4"), "tokens", seed=5,
+             env={"NPU_NPZ": str(ROOT / "tests" / "fixtures" / "f64_s3_l5.npz"), "NPU_TOKENS": "7",
+                  "NPU_PREFILL": "6"})
+
+
+@pytest.mark.slow
 def test_batched_steps_bit_identical_to_the_iss():
     """f64_s3_l5, 2 streams (their own KV slots, their own positions), 2 batched steps (their projections WGEMVs
     per token, as `gemm_pays` has it on tiny): both logits rows and every byte of DDR against the ISS."""

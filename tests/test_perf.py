@@ -459,6 +459,30 @@ def test_cli_axi_ports(capsys):
         assert "argument --axi-ports: " in capsys.readouterr().err.splitlines()[-1]
 
 
+def test_cli_gemv_vectors(capsys):
+    """``--gemv-vectors V``: the NPU whose GEMV engine takes V activation vectors and runs WGEMM, V tokens a weight
+    stream. The tiny model's prefill programs (4 tokens on tiny) then stream each projection once instead of four
+    times (tiny's array never pays, so they run WGEMVs): fewer cycles for the same tokens; the decode token (one
+    vector) is unchanged."""
+    import json
+
+    from firmware.perf import main
+    out = {}
+    for v in (1, 4):
+        assert main(["--model", "tiny", "--hw", "tiny", "--positions", "3", "--prefill", "4", "--json",
+                     "--gemv-vectors", str(v)]) == 0
+        out[v] = json.loads(capsys.readouterr().out)
+        assert out[v]["gemv_vectors"] == v
+    assert out[4]["positions"][0]["total_cycles"] == pytest.approx(out[1]["positions"][0]["total_cycles"])
+    p1, p4 = out[1]["prefill"][0], out[4]["prefill"][0]
+    assert p4["compiled_cycles"] < p1["compiled_cycles"] and p4["program_gemm"] and not p1["program_gemm"]
+    for bad in ("0", "5", "two"):
+        with pytest.raises(SystemExit) as e:
+            main(["--gemv-vectors", bad])
+        assert e.value.code == 2
+        assert "argument --gemv-vectors: " in capsys.readouterr().err.splitlines()[-1]
+
+
 def test_cli_row_mask(capsys):
     """The row mask (``--no-row-mask`` prices the NPU without it): the sparse layers' up projection fetches
     only the live gate rows. The bytes per token

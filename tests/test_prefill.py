@@ -37,15 +37,18 @@ def _assert_same_state(plain: Runtime, pre: Runtime, what: str):
                                       err_msg=f"{what}: KV cache of layer {layer}")
 
 
-@pytest.mark.parametrize("name, prompt, tokens, gemm", [
-    ("f64_s3_l5", 9, None, True),      # no KV sharing: the whole prompt in programs of 4, window 6 crossed
-    ("f64_s1_l15", 11, 3, True),       # 5 KV-shared layers, 5 sparse, window 5: programs below it, then steps
-    ("f32_s4_l12", 7, 2, False),       # 6 shared, 4 sparse, WGEMVs per token, a remainder program of 1 (step)
-    ("f64_s2_l7", 3, None, True),      # a prompt shorter than a tile
+@pytest.mark.parametrize("name, prompt, tokens, gemm, hw", [
+    ("f64_s3_l5", 9, None, True, "tiny"),      # no KV sharing: the whole prompt in programs of 4, window 6 crossed
+    ("f64_s1_l15", 11, 3, True, "tiny"),       # 5 KV-shared layers, 5 sparse, window 5: programs below it, then steps
+    ("f32_s4_l12", 7, 2, False, "tiny"),       # 6 shared, 4 sparse, WGEMVs per token, a remainder program of 1
+    ("f64_s2_l7", 3, None, True, "tiny"),      # a prompt shorter than a tile
+    # the GEMV engine runs the WGEMMs, four tokens a weight stream (ACT_N 0 after each: no reuse across them)
+    ("f64_s3_l5", 9, None, None, "tiny_v4"),   # programs of 4, 4 and 1
+    ("f64_s1_l15", 11, 3, None, "tiny_v4"),    # tiles of 3, KV sharing and sparse layers
 ])
-def test_prefill_leaves_every_bit_where_steps_leave_it(name, prompt, tokens, gemm):
+def test_prefill_leaves_every_bit_where_steps_leave_it(name, prompt, tokens, gemm, hw):
     case = load_case(FIXTURES / f"{name}.npz")
-    plain, pre = _runtimes(case)
+    plain, pre = _runtimes(case, hw=hw)
     pre.prefill_gemm = gemm
     if tokens is not None:
         pre.prefill_tokens = tokens
@@ -56,7 +59,7 @@ def test_prefill_leaves_every_bit_where_steps_leave_it(name, prompt, tokens, gem
     _assert_same_state(plain, pre, f"{name} after the prompt")
     programs = pre.counters.instructions["CTRL.SETPOS"]
     assert programs > 0, "no prefill program ran"
-    if gemm:
+    if gemm is not False and (gemm or gemm_pays(HW[hw], pre.prefill_tokens)):
         assert pre.counters.instructions["WGEMM"] > 0
     for k, t in enumerate(ids[prompt:]):
         np.testing.assert_array_equal(pre.step(t), plain.step(t), err_msg=f"{name} step {prompt + k}")
@@ -145,6 +148,8 @@ def test_gemm_pays_where_the_array_outruns_the_gemv_stream():
     assert not gemm_pays(kv, 8) and gemm_pays(kv, 9)
     # tiny: 2C = 8 against 2 x 16: more than 4 tokens per tile of 4 never happens, so never
     assert not any(gemm_pays(HW["tiny"], t) for t in range(1, 65))
+    # the GEMV engine of several vectors streams the weights once per tile of them: from two tokens on
+    assert [t for t in range(1, 9) if gemm_pays(HW["tiny_v4"], t)] == list(range(2, 9))
 
 
 @pytest.mark.parametrize("tokens, message", [

@@ -42,9 +42,35 @@ def _jobs(order, rng):
 @pytest.mark.parametrize("order,seed", [("MM", 1), ("MMM", 2), ("VM", 3), ("MV", 4), ("MVMM", 5), ("VMVM", 6)])
 def test_the_running_range_covers_every_matrix_until_its_last_row(order, seed):
     rng = np.random.default_rng(seed)
+    _check_running_range(HW, _jobs(order, rng), rng)
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_the_running_range_with_a_gemv_engine_of_several_vectors(seed):
+    """tiny_v4 (WGEMM on the GEMV engine, no GEMM unit): GEMV jobs of 1 to 4 vectors, their rows at a stride
+    (a WGEMM tile's tokens), some with accm; every row of every vector written once, inside the running range."""
+    hw = HardwareConfig.preset("tiny_v4")
+    rng = np.random.default_rng(seed)
+    jobs = []
+    for i in range(5):
+        rows, cols = int(rng.integers(3, 40)), int(rng.integers(2, 40))
+        nvec = int(rng.integers(1, hw.gemv_vectors + 1))
+        stride = 4 * -(-rows // 4) + 4 * int(rng.integers(0, 3))
+        lo = 256 * i + 4 * int(rng.integers(0, 4))
+        cmd = {"wbase": 0x100 + int(rng.integers(0, 64)), "sbase": 0x800 + int(rng.integers(0, 64)), "rows": rows,
+               "cols": cols, "log2_group": hw.weight_group.bit_length() - 1, "accm": int(rng.random() < 0.4),
+               "sparse": 0, "vecs": nvec - 1}
+        jobs.append(("V", {"cmd": cmd, "lo": lo, "n": (nvec - 1) * stride + rows, "pc": i, "stride": stride}))
+    _check_running_range(hw, jobs, rng)
+
+
+def _check_running_range(hw, jobs, rng):
+    """Runs `jobs` through an `EngineTracker(hw)` and checks the running range's contract every cycle, and that
+    the rows written are exactly the jobs' (a GEMV job of several vectors: vector v's rows from ``lo + v *
+    stride``), each once."""
+    HW = hw
     dut = EngineTracker(HW)
     mem = bytearray(rng.integers(0, 256, size=1 << 13, dtype=np.uint8).tobytes())
-    jobs = _jobs(order, rng)
     B = HW.bytes_per_beat
     log = {"taken": [], "rows": [], "violations": [], "done": False}
 
@@ -104,6 +130,7 @@ def test_the_running_range_covers_every_matrix_until_its_last_row(order, seed):
     assert log["taken"] == [job["pc"] for _, job in jobs]
     assert not log["violations"], "\n".join(log["violations"][:5])
     want = sorted(e for kind, job in jobs for e in (
-        range(job["lo"], job["lo"] + job["n"]) if kind == "V" else
+        [job["lo"] + v * job.get("stride", 0) + r for v in range(job["cmd"].get("vecs", 0) + 1)
+         for r in range(job["cmd"]["rows"])] if kind == "V" else
         [job["lo"] + t * job["cmd"]["stride"] + r for t in range(job["cmd"]["ntok"]) for r in range(job["cmd"]["rows"])]))
     assert sorted(log["rows"]) == want

@@ -236,7 +236,9 @@ class Controller(wiring.Component):
 
         # the quantiser's words go where the running pass says
         qdst = eng.o_qdst
-        routes = [(tr.i_gemv_act, tr.i_gemv_exp, QDst.GEMV), (tr.i_gemm_act, tr.i_gemm_exp, QDst.GEMM)]
+        routes = [(tr.i_gemv_act, tr.i_gemv_exp, QDst.GEMV)]
+        if hw.gemv_vectors == 1:
+            routes.append((tr.i_gemm_act, tr.i_gemm_exp, QDst.GEMM))
         if u.packer is not None:
             routes.append((u.packer.i_act, u.packer.i_exp, QDst.PACK))
         for src, k in ((eng.o_act, 0), (eng.o_exp, 1)):
@@ -246,7 +248,10 @@ class Controller(wiring.Component):
                 m.d.comb += [dst.valid.eq(src.valid & sel), dst.p.eq(src.p)]
                 ready = Mux(sel, dst.ready, ready)
             m.d.comb += src.ready.eq(ready if u.packer is not None else Mux(qdst == QDst.PACK, 1, ready))
-        m.d.comb += tr.i_gemm_tok.eq(eng.o_qtok)
+        if hw.gemv_vectors == 1:
+            m.d.comb += tr.i_gemm_tok.eq(eng.o_qtok)
+        else:                                           # the GEMV engine's vector (a WGEMM tile's token)
+            m.d.comb += [tr.i_gemv_act.p.vec.eq(eng.o_qtok), tr.i_gemv_exp.p.vec.eq(eng.o_qtok)]
         if hw.gemv_row_mask:
             connect(m, eng.o_mask, tr.i_gemv_mask)
         else:

@@ -7,6 +7,11 @@ tracker's own L2 reader and writer (``l2_r``, ``l2_w``; with accm the old values
 reader); the tracker holds the running range (``o_hold``) until the last row is in L2, so the pass engine
 delays every pass whose L2 ranges meet it. ``o_failed`` / ``o_code`` / ``o_pc``: the engine finished with an
 error (its flags are sticky until START). ``act_n``: the activations the GEMV engine holds (WGEMV reuse).
+
+An NPU whose GEMV engine takes several activation vectors (``gemv_vectors`` V > 1) runs WGEMM on it and has no
+GEMM unit: a GEMV job then carries its vectors (``cmd.vecs``) and the L2 elements between their output rows
+(``stride``), and the tracker writes (and with accm reads) the engine's results as runs of a tile's rows for
+one vector (`GemvEngine`'s order), each run a writer (reader) command at ``lo + v * stride + tile * T``.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ __all__ = ["EngineTracker", "gemv_job_layout", "gemm_job_layout", "share_axi"]
 
 def gemv_job_layout(hw: HardwareConfig) -> data.StructLayout:
     ea, nb, _ = l2_geometry(hw)
-    return data.StructLayout({"cmd": gemv_command_layout(hw), "lo": ea, "n": nb, "pc": PC_BITS})
+    extra = {"stride": nb} if hw.gemv_vectors > 1 else {}
+    return data.StructLayout({"cmd": gemv_command_layout(hw), "lo": ea, "n": nb, "pc": PC_BITS, **extra})
 
 
 def gemm_job_layout(hw: HardwareConfig) -> data.StructLayout:
@@ -57,7 +63,8 @@ class EngineTracker(wiring.Component):
     i_gemm : In(stream(gemm_job_layout))
     i_act_n : In(stream(cols))             the engine now holds `cols` activations (0: none reusable)
     i_gemv_act, i_gemv_exp, i_gemm_act, i_gemm_exp : In(stream)   the quantiser's words, routed by the top
-    i_gemm_tok : In(range(systolic_rows))  the GEMM unit's token slot they fill
+        (the GEMM unit's only with V = 1; the GEMV engine's with V > 1 carry the vector they fill)
+    i_gemm_tok : In(range(systolic_rows))  the GEMM unit's token slot they fill (V = 1)
     i_gemv_mask : In(stream)               the MASK pass's words (with ``gemv_row_mask``)
     o_hold : Out(hold_layout)              the rows not yet in L2
     o_idle : Out(1)                        no matrix runs and none is waiting to be taken by its unit
@@ -72,7 +79,7 @@ class EngineTracker(wiring.Component):
         from ..axi import AxiReadSignature
         self._hw = hw
         self._gemv = GemvEngine(hw)
-        self._gemm = GemmUnit(hw)
+        self._gemm = GemmUnit(hw) if hw.gemv_vectors == 1 else None
         members = {
             "i_gemv": In(stream.Signature(gemv_job_layout(hw))),
             "i_gemm": In(stream.Signature(gemm_job_layout(hw))),
@@ -85,9 +92,10 @@ class EngineTracker(wiring.Component):
         }
         members["i_gemv_act"] = In(self._gemv.signature.members["i_act"].signature.flip())
         members["i_gemv_exp"] = In(self._gemv.signature.members["i_exp"].signature.flip())
-        members["i_gemm_act"] = In(self._gemm.signature.members["i_act"].signature.flip())
-        members["i_gemm_exp"] = In(self._gemm.signature.members["i_exp"].signature.flip())
-        members["i_gemm_tok"] = In(self._gemm.signature.members["i_tok"].shape)
+        if self._gemm is not None:
+            members["i_gemm_act"] = In(self._gemm.signature.members["i_act"].signature.flip())
+            members["i_gemm_exp"] = In(self._gemm.signature.members["i_exp"].signature.flip())
+            members["i_gemm_tok"] = In(self._gemm.signature.members["i_tok"].shape)
         if hw.gemv_row_mask:
             members["i_gemv_mask"] = In(self._gemv.signature.members["i_mask"].signature.flip())
         for p in range(hw.axi_ports):
@@ -98,7 +106,6 @@ class EngineTracker(wiring.Component):
         m = Module()
         hw = self._hw
         m.submodules.gemv = gemv = self._gemv
-        m.submodules.gemm = gemm = self._gemm
         m.submodules.rd = rd = ElemReader(hw)
         m.submodules.wr = wr = ElemWriter(hw)
         connect(m, rd.o_req, wiring.flipped(self.l2_r.req))
@@ -106,10 +113,16 @@ class EngineTracker(wiring.Component):
         connect(m, wr.o_wr, wiring.flipped(self.l2_w))
         connect(m, wiring.flipped(self.i_gemv_act), gemv.i_act)
         connect(m, wiring.flipped(self.i_gemv_exp), gemv.i_exp)
-        connect(m, wiring.flipped(self.i_gemm_act), gemm.i_act)
-        connect(m, wiring.flipped(self.i_gemm_exp), gemm.i_exp)
         if hw.gemv_row_mask:
             connect(m, wiring.flipped(self.i_gemv_mask), gemv.i_mask)
+        with m.If(self.i_act_n.valid):
+            m.d.sync += self.o_act_n.eq(self.i_act_n.payload)
+        if self._gemm is None:
+            self._vectors(m, gemv, rd, wr)
+            return m
+        m.submodules.gemm = gemm = self._gemm
+        connect(m, wiring.flipped(self.i_gemm_act), gemm.i_act)
+        connect(m, wiring.flipped(self.i_gemm_exp), gemm.i_exp)
         m.d.comb += gemm.i_tok.eq(self.i_gemm_tok)
 
         is_gemm = Signal()            # the running matrix is a WGEMM tile (it has the weight ports)
@@ -169,6 +182,61 @@ class EngineTracker(wiring.Component):
                      self.o_failed.eq(~hold.active & (gemv.o_bad_cmd | gemv.o_error | gemm.o_error)),
                      self.o_code.eq(Mux(gemv.o_bad_cmd, ErrorCode.BAD_LENGTH, ErrorCode.BUS_ERROR)),
                      self.o_gemv_busy.eq(gemv.o_busy), self.o_gemm_busy.eq(gemm.o_busy)]
-        with m.If(self.i_act_n.valid):
-            m.d.sync += self.o_act_n.eq(self.i_act_n.payload)
         return m
+
+    def _vectors(self, m, gemv, rd, wr):
+        """The GEMV engine alone (V > 1, no GEMM unit): a job's results go to L2 as runs, one writer command
+        per tile and vector (and, with accm, one reader command each for the old values), in the engine's order;
+        the running range is held until the last run is written."""
+        hw = self._hw
+        T = gemv.tile_rows
+        _, nb, _ = l2_geometry(hw)
+        for p in range(hw.axi_ports):
+            connect(m, getattr(gemv, f"m_axi{p}"), wiring.flipped(getattr(self, f"m_gemv{p}")))
+        hold = self.o_hold
+        cmd = Signal(gemv_command_layout(hw))
+        stride = Signal(nb)
+        pend = Signal()                               # the engine has not taken the command yet
+        take = self.i_gemv.valid & self.i_gemv.ready
+        m.d.comb += [self.i_gemv.ready.eq(~hold.active), self.i_gemm.ready.eq(0)]
+        job = self.i_gemv.payload
+        with m.If(take):
+            m.d.sync += [cmd.eq(job.cmd), stride.eq(job.stride), hold.active.eq(1), hold.lo.eq(job.lo),
+                         hold.n.eq(job.n), hold.hi.eq(job.lo + job.n), self.o_pc.eq(job.pc), pend.eq(1)]
+        m.d.comb += [gemv.i_cmd.valid.eq(pend), gemv.i_cmd.payload.eq(cmd)]
+        with m.If(gemv.i_cmd.valid & gemv.i_cmd.ready):
+            m.d.sync += pend.eq(0)
+
+        def runs(unit, name, on):
+            """The commands of `unit` (the writer, or the reader with accm): a tile's rows for one vector at a time;
+            a single-vector job is one command of all its rows. Returns the generator's active flag."""
+            active = Signal(name=f"{name}_active")
+            left = Signal(21, name=f"{name}_left")        # rows from this tile on
+            tbase = Signal(nb, name=f"{name}_tbase")      # the tile's first row, vector 0
+            addr = Signal(nb, name=f"{name}_addr")        # the run's first element
+            v = Signal(range(hw.gemv_vectors), name=f"{name}_v")
+            single = cmd.vecs == 0
+            with m.If(take):
+                m.d.sync += [active.eq(on), left.eq(job.cmd.rows), tbase.eq(job.lo), addr.eq(job.lo), v.eq(0)]
+            m.d.comb += [unit.i_cmd.valid.eq(active), unit.i_cmd.payload.addr.eq(addr),
+                         unit.i_cmd.payload.n.eq(Mux(single | (left < T), left, T))]
+            with m.If(unit.i_cmd.valid & unit.i_cmd.ready):
+                m.d.sync += [v.eq(v + 1), addr.eq(addr + stride)]
+                with m.If(v == cmd.vecs):
+                    m.d.sync += [v.eq(0), tbase.eq(tbase + T), addr.eq(tbase + T), left.eq(left - T)]
+                    with m.If(single | (left <= T)):
+                        m.d.sync += active.eq(0)
+            return active
+
+        wr_active = runs(wr, "wr", 1)
+        runs(rd, "rd", job.cmd.accm)
+        connect(m, gemv.o_y, wr.i_elem)
+        m.d.comb += [gemv.i_acc.valid.eq(rd.o_elem.valid), gemv.i_acc.payload.eq(rd.o_elem.payload.data),
+                     rd.o_elem.ready.eq(gemv.i_acc.ready)]
+        # the last run is written (a rejected command sends no rows: the program ends in error and START resets)
+        with m.If(hold.active & ((wr.o_done & ~wr_active) | (gemv.o_bad_cmd & ~pend))):
+            m.d.sync += hold.active.eq(0)
+        m.d.comb += [self.o_idle.eq(~hold.active),
+                     self.o_failed.eq(~hold.active & (gemv.o_bad_cmd | gemv.o_error)),
+                     self.o_code.eq(Mux(gemv.o_bad_cmd, ErrorCode.BAD_LENGTH, ErrorCode.BUS_ERROR)),
+                     self.o_gemv_busy.eq(gemv.o_busy), self.o_gemm_busy.eq(0)]

@@ -7,7 +7,10 @@ command; without, when the last row is in L2 (then, with ``findemax``, a REDUCE_
 
 WGEMM runs per token tile of ``systolic_rows`` tokens: a quantiser pass per token into the GEMM unit's slot
 for it, then the tile takes the engine's place (its output rows are the running range); the last tile may
-retire at once with ``async_``, the others are waited for.
+retire at once with ``async_``, the others are waited for. On an NPU whose GEMV engine takes V =
+``gemv_vectors`` > 1 activation vectors (and has no GEMM unit) a tile is V tokens, each quantised into the
+engine's memories of one vector, and runs as one GEMV command of that many vectors; the engine then holds no
+reusable activations (ACT_N 0).
 
 GATHER reads one INT4 row (TOKEN_ID's, or row 0 with ``remap`` past the table: the host staged it there)
 through the DDR reader, dequantised, into L2.
@@ -140,7 +143,8 @@ class MatrixSequencer(Sequencer):
         _, nb, _, _ = geometry(hw)
         d = ctx.desc
         wm = data.View(layout(Opcode.WGEMM), ctx.word)
-        R = hw.systolic_rows
+        on_gemv = hw.gemv_vectors > 1                         # the GEMV engine runs it, V tokens a tile
+        R = hw.gemm_tile
         L2E = l2_elements(hw)
         in_stride, out_stride = Signal(nb + 2), Signal(34)   # elements between tokens (16-byte rows)
         last_tok = Signal.like(wm.tokens)                     # the last token's index
@@ -188,7 +192,8 @@ class MatrixSequencer(Sequencer):
                          more.eq((left > 1) if R > 1 else 0)]
             m.next = "WM_Q"
         with m.State("WM_Q"):
-            st.launch("WM_QW", bypass=1, n=d.cols, a=Src.L2, a_addr=src, sink=Sink.QUANT, qdst=QDst.GEMM, qtok=tok)
+            st.launch("WM_QW", bypass=1, n=d.cols, a=Src.L2, a_addr=src, sink=Sink.QUANT,
+                      qdst=QDst.GEMV if on_gemv else QDst.GEMM, qtok=tok)
         with m.State("WM_QW"):
             with m.If(st.done()):
                 with m.If(self.i_done.payload.nonfinite):
@@ -196,19 +201,38 @@ class MatrixSequencer(Sequencer):
                 with m.Elif(more):
                     m.d.sync += [tok.eq(tok + 1), src.eq(src + in_stride), more.eq(tok + 2 != tile)]
                     m.next = "WM_Q"
-                with m.Else():
-                    job = self.o_gemm.payload
-                    m.d.comb += [self.o_gemm.valid.eq(1),
-                                 job.cmd.wbase.eq(self._weights(d.weight_offset)),
-                                 job.cmd.sbase.eq(self._weights(d.scale_offset)),
-                                 job.cmd.rows.eq(d.rows), job.cmd.cols.eq(d.cols), job.cmd.ntok.eq(tile),
-                                 job.cmd.dst.eq(dst), job.cmd.stride.eq(out_stride), job.cmd.accm.eq(wm.accm),
-                                 job.lo.eq(dst), job.n.eq((tile - 1) * out_stride + d.rows), job.pc.eq(ctx.pc)]
-                    m.d.sync += [src.eq(src + in_stride), dst.eq(dst + out_stride * R), left.eq(left - tile)]
-                    with m.If(last_tile & wm.async_):
-                        st.retire()
+                if on_gemv:                                 # the Else of the chain above
                     with m.Else():
-                        m.next = "WM_G"
+                        # the tile's tokens as the vectors of one GEMV command; its rows go to L2 as the GEMM
+                        # unit's would
+                        job = self.o_gemv.payload
+                        m.d.comb += [self.o_gemv.valid.eq(1),
+                                     job.cmd.wbase.eq(self._weights(d.weight_offset)),
+                                     job.cmd.sbase.eq(self._weights(d.scale_offset)),
+                                     job.cmd.rows.eq(d.rows), job.cmd.cols.eq(d.cols),
+                                     job.cmd.log2_group.eq(d.log2_group), job.cmd.accm.eq(wm.accm),
+                                     job.cmd.vecs.eq(tile - 1), job.stride.eq(out_stride),
+                                     job.lo.eq(dst), job.n.eq((tile - 1) * out_stride + d.rows), job.pc.eq(ctx.pc),
+                                     self.o_act_n.valid.eq(1), self.o_act_n.payload.eq(0)]
+                        m.d.sync += [src.eq(src + in_stride), dst.eq(dst + out_stride * R), left.eq(left - tile)]
+                        with m.If(last_tile & wm.async_):
+                            st.retire()
+                        with m.Else():
+                            m.next = "WM_G"
+                else:
+                    with m.Else():
+                        job = self.o_gemm.payload
+                        m.d.comb += [self.o_gemm.valid.eq(1),
+                                     job.cmd.wbase.eq(self._weights(d.weight_offset)),
+                                     job.cmd.sbase.eq(self._weights(d.scale_offset)),
+                                     job.cmd.rows.eq(d.rows), job.cmd.cols.eq(d.cols), job.cmd.ntok.eq(tile),
+                                     job.cmd.dst.eq(dst), job.cmd.stride.eq(out_stride), job.cmd.accm.eq(wm.accm),
+                                     job.lo.eq(dst), job.n.eq((tile - 1) * out_stride + d.rows), job.pc.eq(ctx.pc)]
+                        m.d.sync += [src.eq(src + in_stride), dst.eq(dst + out_stride * R), left.eq(left - tile)]
+                        with m.If(last_tile & wm.async_):
+                            st.retire()
+                        with m.Else():
+                            m.next = "WM_G"
         with m.State("WM_G"):                             # wait for the tile; then the next one, or retire
             with m.If(eng.idle):
                 st.checks([(eng.failed, lambda: st.fail(eng.code)), (left == 0, st.retire)], st.go("WM_T"))

@@ -8,7 +8,8 @@ sources      ``L2`` (an `ElemReader`), ``PAIRS`` (two L2 elements per item: the 
 b operand    none, or ``L2`` (a second `ElemReader`)
 sinks        ``L2`` (an `ElemWriter`), ``REG`` (the last element: scalar results), ``DDR`` (a `DdrWriter`:
              binary32 or binary16), ``DESC`` (the words of a descriptor), ``QUANT`` (the activation quantiser,
-             whose words go to ``qdst``: the GEMV engine, token slot ``qtok`` of the GEMM unit, or the KV packer;
+             whose words go to ``qdst``: the GEMV engine (its vector ``qtok`` when it takes several), token slot
+             ``qtok`` of the GEMM unit, or the KV packer;
              always from ``L2`` around the SFU, four elements per cycle: the reader's beats), ``MASK`` (the GEMV
              engine's row mask: per element a live bit, set unless it is ±0; from ``L2`` as ``QUANT``)
 ===========  ================================================================================================
@@ -81,7 +82,7 @@ def pass_layout(hw: HardwareConfig) -> data.StructLayout:
         "ddr_fmt": 2, "ddr_saddr": a, "ddr_log2g": 5,   # DDR source (hdl.ddrio formats)
         "wr_fmt": 1,                                    # DDR sink: binary32 / binary16
         "qlimit": 1, "qforce": 1, "qe": quant_command_layout().members["e"],   # quantiser options
-        "qdst": QDst, "qtok": range(hw.systolic_rows),
+        "qdst": QDst, "qtok": range(max(hw.systolic_rows, hw.gemv_vectors)),
         "psel": 2,                                                        # PACK: which packer stream
     })
 
@@ -144,7 +145,7 @@ class PassEngine(wiring.Component):
             "m_wr": Out(AxiWriteSignature.from_config(hw)),
             "o_act": Out(self._quant.signature.members["o_act"].signature),
             "o_exp": Out(self._quant.signature.members["o_exp"].signature),
-            "o_qdst": Out(QDst), "o_qtok": Out(range(hw.systolic_rows)),
+            "o_qdst": Out(QDst), "o_qtok": Out(range(max(hw.systolic_rows, hw.gemv_vectors))),
             "o_pack": Out(stream.Signature(pack_command_layout())),
             "o_mask": Out(stream.Signature(mask_layout(hw.gemv_max_cols))),
             "i_pack": In(stream.Signature(unsigned(32))),

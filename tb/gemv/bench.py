@@ -25,7 +25,7 @@ from cocotb.triggers import FallingEdge, RisingEdge
 from cocotbext.axi import AxiReadBus
 
 from hdl.config import HardwareConfig
-from hdl.gemv import EXP_BITS, command_layout
+from hdl.gemv import EXP_BITS, GemvEngine, command_layout
 from sim.numerics import gemv, pack_int4
 from tb.axi.memory import LatencyAxiReadRam
 from tb.axi.streams import StreamSink, StreamSource, pauses
@@ -46,10 +46,10 @@ def pack_fields(layout, **values) -> int:
 class Case:
     q_w: np.ndarray          # int8 [rows, cols]
     scale: np.ndarray        # float16 [rows, groups]
-    q_a: np.ndarray          # int8 [cols]
-    e_a: np.ndarray          # int32 [blocks]
+    q_a: np.ndarray          # int8 [cols], or [vectors, cols] (a command with `vecs`)
+    e_a: np.ndarray          # int32 [blocks], or [vectors, blocks]
     group: int
-    acc: np.ndarray | None = None   # float32 [rows] (accm)
+    acc: np.ndarray | None = None   # float32 [rows] (accm), or [rows, vectors]
     w_offset: int = 0        # extra byte offset of the weights (alignment tests)
     s_offset: int = 0
     sparse: bool = False     # column-major weights, group-major scales, zero-activation columns skipped
@@ -63,7 +63,16 @@ class Case:
     def cols(self):
         return self.q_w.shape[1]
 
+    @property
+    def vectors(self) -> int | None:
+        """The activation vectors of a multi-vector case (None: a single vector, no `vecs` field)."""
+        return self.q_a.shape[0] if self.q_a.ndim == 2 else None
+
     def expected(self, block):
+        if self.vectors is not None:            # each vector's GEMV, as [rows, vectors]
+            return np.stack([gemv(self.q_w, self.scale, self.q_a[v], self.e_a[v], group=self.group, block=block,
+                                  acc=None if self.acc is None else self.acc[:, v])
+                             for v in range(self.vectors)], axis=1)
         if self.mask is None:
             return gemv(self.q_w, self.scale, self.q_a, self.e_a, group=self.group, block=block, acc=self.acc)
         # WGEMV mask: a skipped row reads +0, then accm adds the old value as for every row
@@ -102,6 +111,7 @@ class GemvBench:
                  jitter: int = 0, p_stall: float = 0.0, max_cols: int, ddr4_mhz: float | None = None,
                  ddr4_params: Ddr4Params | None = None):
         self.dut, self.cfg, self.max_cols = dut, cfg, max_cols
+        self.tile_rows = GemvEngine.default_tile_rows()
         self.rng = random.Random(seed)
         self.mem_size = mem_size
         cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
@@ -179,14 +189,16 @@ class GemvBench:
             ram.write(addr, data)
 
     async def load_activations(self, q_a: np.ndarray, e_a: np.ndarray):
+        """Vector 0's activations and exponents (or each vector's, for [vectors, n] arrays)."""
         cfg, W = self.cfg, self.cfg.weights_per_beat
         act_layout = self.dut_layouts()["act"]
         exp_layout = self.dut_layouts()["exp"]
-        q = np.pad(q_a.astype(np.int8), (0, -len(q_a) % W)).reshape(-1, W)
-        words = [pack_fields(act_layout, addr=k, q=int.from_bytes(row.tobytes(), "little")) for k, row in enumerate(q)]
-        await self.act.send(words)
-        await self.exp.send([pack_fields(exp_layout, addr=k, e=int(e) & ((1 << EXP_BITS) - 1))
-                             for k, e in enumerate(e_a)])
+        for vec, (qa, ea) in enumerate(zip(np.atleast_2d(q_a), np.atleast_2d(e_a))):
+            q = np.pad(qa.astype(np.int8), (0, -len(qa) % W)).reshape(-1, W)
+            await self.act.send([pack_fields(act_layout, addr=k, q=int.from_bytes(row.tobytes(), "little"), vec=vec)
+                                 for k, row in enumerate(q)])
+            await self.exp.send([pack_fields(exp_layout, addr=k, e=int(e) & ((1 << EXP_BITS) - 1), vec=vec)
+                                 for k, e in enumerate(ea)])
 
     async def load_mask(self, live: np.ndarray):
         """The row mask of the next command, MASK_LANES rows a word from row 0 (as the controller's MASK pass
@@ -201,11 +213,12 @@ class GemvBench:
         from amaranth import signed
         from amaranth.lib import data
         W = self.cfg.weights_per_beat
+        vec = {"vec": range(self.cfg.gemv_vectors)} if self.cfg.gemv_vectors > 1 else {}
         return {
             "act": data.StructLayout({"addr": range(self.max_cols // W),
-                                      "q": data.ArrayLayout(signed(self.cfg.act_bits), W)}),
+                                      "q": data.ArrayLayout(signed(self.cfg.act_bits), W), **vec}),
             "exp": data.StructLayout({"addr": range(max(2, self.max_cols // self.cfg.act_block)),
-                                      "e": signed(EXP_BITS)}),
+                                      "e": signed(EXP_BITS), **vec}),
         }
 
     def place(self, case: Case, base: int) -> tuple[int, int]:
@@ -219,7 +232,8 @@ class GemvBench:
         return waddr, saddr
 
     async def run(self, case: Case, *, base: int = 0, timeout: int = 2_000_000):
-        """Runs one GEMV; returns (result float32 [rows], cycles from command acceptance to the last result).
+        """Runs one GEMV; returns (result float32 [rows] (multi-vector: [rows, vectors]), cycles from command
+        acceptance to the last result).
         `self.last_addrs` keeps the weight and scale addresses, each memory's `bursts` the bursts of this run."""
         sparse = case.sparse
         waddr, saddr = self.place(case, base)
@@ -232,20 +246,38 @@ class GemvBench:
         n0 = len(self.out.items)
         if case.mask is not None:
             await self.load_mask(case.mask)
+        nvec = case.vectors or 1
+        rr, vv = result_order(case.rows, nvec, self.tile_rows)
         word = pack_fields(command_layout(self.cfg), wbase=waddr, sbase=saddr, rows=case.rows, cols=case.cols,
                            log2_group=case.group.bit_length() - 1, accm=case.acc is not None, sparse=sparse,
-                           mask=case.mask is not None)
+                           mask=case.mask is not None, vecs=nvec - 1)
         if case.acc is not None:
-            cocotb.start_soon(self.acc.send([int(v) for v in case.acc.astype(np.float32).view(np.uint32)]))
+            old = case.acc.astype(np.float32).reshape(case.rows, nvec)[rr, vv]
+            cocotb.start_soon(self.acc.send([int(v) for v in old.view(np.uint32)]))
         await self.cmd.send([word])
         t0 = self.cycle
-        items = await self.out.wait_for(n0 + case.rows, timeout_cycles=timeout)
+        n = case.rows * nvec
+        items = await self.out.wait_for(n0 + n, timeout_cycles=timeout)
         cycles = self.cycle - t0
-        y = np.array(items[n0:n0 + case.rows], dtype=np.uint32).view(np.float32)
+        y = np.array(items[n0:n0 + n], dtype=np.uint32).view(np.float32)
         for _ in range(20):
             await FallingEdge(self.dut.clk)
-        assert len(self.out.items) == n0 + case.rows, "the engine produced more results than rows"
-        return y, cycles
+        assert len(self.out.items) == n0 + n, "the engine produced more results than rows x vectors"
+        if case.vectors is None:
+            return y, cycles
+        out = np.empty((case.rows, nvec), np.float32)
+        out[rr, vv] = y
+        return out, cycles
+
+
+def result_order(rows: int, nvec: int, tile_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """The (row, vector) of each result in the order the engine gives them: tile by tile (`tile_rows` rows),
+    in a tile vector by vector."""
+    r = np.arange(rows)
+    order = [(r[j:j + tile_rows], v) for j in range(0, rows, tile_rows) for v in range(nvec)]
+    rr = np.concatenate([x for x, _ in order])
+    vv = np.concatenate([np.full(len(x), v) for x, v in order])
+    return rr, vv
 
 
 def random_case(cfg: HardwareConfig, rng: np.random.Generator, rows: int, cols: int, *, group: int | None = None,
@@ -268,6 +300,24 @@ def random_case(cfg: HardwareConfig, rng: np.random.Generator, rows: int, cols: 
     return Case(q_w, scale, q_a, e_a, group, acc,
                 w_offset=int(rng.integers(0, 64)) if misalign else 0,
                 s_offset=2 * int(rng.integers(0, 32)) if misalign else 0)
+
+
+def dense_spans(cfg: HardwareConfig, case: Case, waddr: int, saddr: int, tile_rows: int) \
+        -> list[list[tuple[int, int]]]:
+    """Per port, the byte ranges ``(start, end)`` a dense GEMV must read, one per transfer, whatever its vectors:
+    tile j (rows ``j * T ..``) on port ``j mod N``, its rows' scales as one transfer, then each row in chunks of
+    ``max(burst, act_block / W)`` beats, so every weight and scale byte once."""
+    N, W, B, T = cfg.axi_ports, cfg.weights_per_beat, cfg.bytes_per_beat, tile_rows
+    rows, rowbytes, g2 = case.rows, (case.cols + 1) // 2, -(-case.cols // case.group) * 2
+    cbb = max(cfg.axi_max_burst_beats, cfg.act_block // W, 1) * B
+    out = [[] for _ in range(N)]
+    for j in range(-(-rows // T)):
+        r0, r1 = j * T, min(rows, (j + 1) * T)
+        spans = out[j % N]
+        spans.append((saddr + r0 * g2, saddr + r1 * g2))
+        spans += [(waddr + r * rowbytes + c, waddr + r * rowbytes + min(c + cbb, rowbytes))
+                  for r in range(r0, r1) for c in range(0, rowbytes, cbb)]
+    return out
 
 
 def sparse_spans(cfg: HardwareConfig, case: Case, waddr: int, saddr: int) -> list[list[tuple[int, int]]]:

@@ -9,9 +9,10 @@ import numpy as np
 from cocotb.triggers import FallingEdge
 
 from hdl.config import HardwareConfig
-from hdl.gemv import command_layout
+from hdl.gemv import command_layout, gemv_parts
 from tb.ddr4 import check_timing
-from tb.gemv.bench import GemvBench, check_span_reads, check_sparse_reads, masked_spans, pack_fields, random_case
+from tb.gemv.bench import (GemvBench, check_span_reads, check_sparse_reads, dense_spans, masked_spans, pack_fields,
+                           random_case)
 from tb.runner import bench_env
 
 MEM = 1 << 18
@@ -19,8 +20,9 @@ MEM = 1 << 18
 
 def make_bench(dut, seed, **kw):
     cfg = HardwareConfig.preset(bench_env("NPU_HW", "tiny"))
-    # the engine's row mask as built (ROW_MASK), else the preset's
-    cfg = cfg.replace(gemv_row_mask=bench_env("ROW_MASK", str(int(cfg.gemv_row_mask))) == "1")
+    # the engine's row mask and activation vectors as built (ROW_MASK, VECTORS), else the preset's
+    cfg = cfg.replace(gemv_row_mask=bench_env("ROW_MASK", str(int(cfg.gemv_row_mask))) == "1",
+                      gemv_vectors=int(bench_env("VECTORS", str(cfg.gemv_vectors))))
     return cfg, GemvBench(dut, cfg, mem_size=MEM, seed=seed, max_cols=cfg.gemv_max_cols, **kw)
 
 
@@ -158,6 +160,91 @@ async def masked_random(dut):
             y, _ = await tb.run(dense, base=0)
             check(dense, y, cfg.act_block, "dense after masked")
     assert int(dut.o_error.value) == 0 and int(dut.o_bad_cmd.value) == 0
+
+
+def multi_case(cfg, rng, rows, cols, nvec, **kw):
+    """A dense case with `nvec` activation vectors (each its own INT8 values, block exponents and accm values)."""
+    cases = [random_case(cfg, rng, rows, cols, **kw) for _ in range(nvec)]
+    c = cases[0]
+    c.q_a = np.stack([x.q_a for x in cases])
+    c.e_a = np.stack([x.e_a for x in cases])
+    if c.acc is not None:
+        c.acc = np.stack([x.acc for x in cases], axis=1)
+    return c
+
+
+@cocotb.test()
+async def multi_vector_random(dut):
+    """Dense GEMVs of one to `gemv_vectors` activation vectors (seeded random shapes, groups, accm, exponents,
+    misalignment): each vector's results bit-exact against `sim.numerics.gemv` of that vector, and the matrix's
+    weight and scale beats read exactly once whatever the vectors; single-vector dense, sparse and masked commands
+    between them; a sparse or masked command with more than one vector is rejected without results."""
+    cfg, tb, rng, seed = await seeded_bench(dut)
+    W, V = cfg.weights_per_beat, cfg.gemv_vectors
+    assert V > 1, "the bench needs an engine built with VECTORS > 1"
+    n = int(bench_env("CASES", "10"))
+    for k in range(n):
+        nvec = [V, 1 + k % V, int(rng.integers(1, V + 1))][k % 3]
+        rows = int(rng.choice([1, 2, 7, 8, 9, 17, 33, int(rng.integers(1, 70))]))
+        cols = int(rng.choice([1, W - 1, W + 1, 3 * W + 5, 2 * cfg.weight_group, int(rng.integers(1, 400))]))
+        group = int(rng.choice([0, 0, 8, 16, 64, 128])) or None
+        case = multi_case(cfg, rng, rows, cols, nvec, group=group, accm=rng.random() < 0.4,
+                          misalign=rng.random() < 0.3,
+                          e_range=(-150, 40) if rng.random() < 0.3 else (-20, 8))
+        y, _ = await tb.run(case, base=int(rng.integers(0, 8)) * 4096)
+        check(case, y, cfg.act_block, f"case {k}, {nvec} vectors (seed {seed})")
+        check_span_reads(cfg, tb, dense_spans(cfg, case, *tb.last_addrs, tb.tile_rows))
+        if k % 4 == 1:                              # the other modes between multi-vector commands
+            d = random_case(cfg, rng, 13, 2 * W + 3, accm=True)
+            y, _ = await tb.run(d, base=0)
+            check(d, y, cfg.act_block, "single-vector dense after multi-vector")
+            s = sparse_case(cfg, rng, 2 * W, 3 * W + 1, 0.3)
+            await run_sparse(tb, cfg, s, "sparse after multi-vector", base=4096)
+            if cfg.gemv_row_mask:
+                mk = random_case(cfg, rng, 21, 3 * W)
+                mk.mask = rng.random(21) < 0.4
+                y, _ = await tb.run(mk, base=8192)
+                check(mk, y, cfg.act_block, "masked after multi-vector")
+    assert int(dut.o_error.value) == 0 and int(dut.o_bad_cmd.value) == 0
+    for sparse, mask in [(1, 0)] + ([(0, 1)] if cfg.gemv_row_mask else []):
+        await tb.reset()
+        n0 = len(tb.out.items)
+        await tb.cmd.send([pack_fields(command_layout(cfg), wbase=0, sbase=4096, rows=8, cols=40, log2_group=5,
+                                       sparse=sparse, mask=mask, vecs=V - 1)])
+        for _ in range(60):
+            await FallingEdge(dut.clk)
+        assert int(dut.o_bad_cmd.value) == 1 and len(tb.out.items) == n0 and int(dut.o_busy.value) == 0, \
+            f"sparse {sparse} mask {mask} with {V} vectors was not rejected"
+    await tb.reset()
+    case = multi_case(cfg, rng, 11, 3 * W + 1, V, accm=True)
+    y, _ = await tb.run(case, base=0)
+    check(case, y, cfg.act_block, "multi-vector after rejected commands")
+
+
+@cocotb.test()
+async def multi_vector_throughput(dut):
+    """One ROWS x COLS matrix with 1 .. V activation vectors at a fixed LATENCY: each bit-exact; the cycles lie
+    between the larger of two bounds, the matrix's bytes at the ports' peak and the back end's binary32 parts (one
+    per pipeline and cycle, `gemv_parts` pipelines a port: ceil(nvec / P) cycles per row and segment over the
+    tiles a port takes, `firmware.perf`'s WGEMM cost on this engine), and that bound plus 10 % and the memory
+    latency's fixed costs."""
+    cfg, tb = make_bench(dut, 13, latency=int(bench_env("LATENCY", "30")))
+    await tb.reset()
+    rng = np.random.default_rng(13)
+    V, N, T = cfg.gemv_vectors, cfg.axi_ports, tb.tile_rows
+    rows, cols = int(bench_env("ROWS", "128")), int(bench_env("COLS", str(cfg.gemv_max_cols)))
+    seg = min(cfg.act_block, cfg.weight_group)
+    for nvec in range(1, V + 1):
+        case = multi_case(cfg, rng, rows, cols, nvec, group=cfg.weight_group)
+        y, cycles = await tb.run(case, base=0)
+        check(case, y, cfg.act_block, f"{nvec} vectors")
+        nbytes = len(case.weight_bytes()) + len(case.scale_bytes())
+        stream = nbytes / (N * cfg.bytes_per_beat)
+        back = -(-(-(-rows // T)) // N) * T * -(-nvec // gemv_parts(cfg)) * -(-cols // seg)
+        bound = max(stream, back)
+        dut._log.info(f"GEMV {rows}x{cols}, {nvec} vectors: {cycles} cycles; bytes at the ports' peak {stream:.0f}, "
+                      f"back end {back}: {cycles / bound:.3f} of the larger")
+        assert bound <= cycles <= 1.1 * bound + 400, f"{nvec} vectors: {cycles} cycles against the bound {bound:.0f}"
 
 
 @cocotb.test()
