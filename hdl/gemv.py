@@ -1413,13 +1413,19 @@ class SparsePort(wiring.Component):
         # --- sequencer: DMA commands and the item FIFO -----------------------------------------------------
         SCALE, COL, END = self.SCALE, self.COL, self.END
         item_layout = self._item_layout()
-        # The sequencer writes while `room`, a register: the FIFO held at most depth - 3 items a cycle before
-        # and takes one write a cycle, so a write while `room` always fits (17 items at most, at least the 16
-        # an unregistered `w_rdy` at depth 16 would allow).
-        m.submodules.items = items = fifo.SyncFIFOBuffered(width=item_layout.size, depth=18)
+        # The sequencer's writes reach the FIFO through a register (`item_wr`), so that no path runs from its
+        # state into the FIFO's level. It writes while `room`, a register: the FIFO held at most depth - 3
+        # items a cycle before, and the writes of that cycle, the one before (in the register) and this one are
+        # not in that count, so a write while `room` always fits (19 items at most, at least the 16 an
+        # unregistered `w_rdy` at depth 16 would allow).
+        m.submodules.items = items = fifo.SyncFIFOBuffered(width=item_layout.size, depth=19)
+        item_wr = Signal(data.StructLayout({"en": 1, "data": item_layout}))
+        seq_items = wiring.Signature({"w_en": Out(1), "w_data": Out(item_layout)}).create()
+        m.d.sync += [item_wr.en.eq(seq_items.w_en), item_wr.data.eq(seq_items.w_data)]
+        m.d.comb += [items.w_en.eq(item_wr.en), items.w_data.eq(item_wr.data)]
         room = Signal()
         m.d.sync += room.eq(items.level <= items.depth - 3)
-        seq_fsm = self._sequencer(m, items, room, rows_p, half_rows, nseg_m1, gmask, pofs, started, go)
+        seq_fsm = self._sequencer(m, seq_items, room, rows_p, half_rows, nseg_m1, gmask, pofs, started, go)
 
         # --- front end -------------------------------------------------------------------------------------
         # Segments whose sums are written (fe_s) / walked by the back end (be_sdone); scale groups loaded
@@ -1569,7 +1575,8 @@ class SparsePort(wiring.Component):
         m.d.comb += [res.w_en.eq(push), res.w_data.eq(fp.sum)]
         m.d.sync += pend.eq(pend + last_issue - push)
         m.d.comb += [self.o_res.valid.eq(res.r_rdy), self.o_res.p.eq(res.r_data), res.r_en.eq(self.o_res.ready)]
-        m.d.comb += self.o_idle.eq(seq_fsm.ongoing("Idle") & ~be_active & ~items.r_rdy & (pend == 0) & ~self.i_dma_busy &
+        m.d.comb += self.o_idle.eq(seq_fsm.ongoing("Idle") & ~be_active & ~item_wr.en & ~items.r_rdy & (pend == 0) &
+                                   ~self.i_dma_busy &
                                    ~setup2 & ~started)
         return m
 
