@@ -526,7 +526,7 @@ def schedule(machine, words, hw: HardwareConfig, rates: Rates, *, token: int, po
             if insn.async_:
                 d = gemms[0]
                 stride = -(-d.rows // LANES) * LANES                    # token rows start on L2 words
-                n_last = m.steps[-1].tokens                             # the last token tile's (sim.plan)
+                n_last = getattr(m.steps[-1], "tokens", getattr(m.steps[-1], "vectors", 1))   # the last tile's (sim.plan)
                 lo = insn.dst * LANES + (d.tokens - n_last) * stride
                 state["g"] = (lo, lo + (n_last - 1) * stride + d.rows)
                 g_end = t + last

@@ -94,15 +94,18 @@ class Pass:
 @dataclass(frozen=True)
 class Engine:
     """One GEMV engine command: `rows` x `cols` of INT4 weights (dense: row-major; `sparse`: column-major,
-    the columns of zero activations skipped), accumulating onto the old rows with `accm`."""
+    the columns of zero activations skipped), accumulating onto the old rows with `accm`, for `vectors`
+    activation vectors (a WGEMM tile where the GEMV engine takes several, ``gemv_vectors`` > 1)."""
     rows: int
     cols: int
     accm: bool
     sparse: bool
+    vectors: int = 1
 
     def __post_init__(self):
         _check_count("Engine", "rows", self.rows, 1)
         _check_count("Engine", "cols", self.cols, 1)
+        _check_count("Engine", "vectors", self.vectors, 1)
 
 
 @dataclass(frozen=True)
@@ -163,12 +166,13 @@ def attn_positions(pos: int, window: int) -> int:
 
 def wgemm_steps(rows: int, cols: int, tokens: int, accm: bool, hw) -> list:
     """A WGEMM's steps after its descriptor load: per token tile of up to ``hw.gemm_tile`` tokens, one
-    quantiser pass per token, then the tile's `Gemm` (the GEMM unit's tile, or where the GEMV engine runs WGEMM
-    its command of that many vectors)."""
+    quantiser pass per token, then the tile's `Gemm` (the GEMM unit's tile), or where the GEMV engine runs WGEMM
+    (``gemv_vectors`` > 1) its `Engine` command of that many vectors."""
     steps = []
     for t0 in range(0, tokens, hw.gemm_tile):
         n = min(hw.gemm_tile, tokens - t0)
-        steps += [_quant(cols)] * n + [Gemm(rows, cols, n, bool(accm))]
+        tile = Engine(rows, cols, bool(accm), False, n) if hw.gemv_vectors > 1 else Gemm(rows, cols, n, bool(accm))
+        steps += [_quant(cols)] * n + [tile]
     return steps
 
 

@@ -39,8 +39,9 @@ def decode_cycle(bits: int, layout) -> tuple[list, bool]:
     steps = []
     engine = bool(get("gemv_valid"))
     if engine:
+        vecs = get("gemv.cmd.vecs") if "vecs" in dict(layout["gemv"].shape["cmd"].shape) else 0
         steps.append(Engine(rows=get("gemv.cmd.rows"), cols=get("gemv.cmd.cols"), accm=bool(get("gemv.cmd.accm")),
-                            sparse=bool(get("gemv.cmd.sparse"))))
+                            sparse=bool(get("gemv.cmd.sparse")), vectors=vecs + 1))
     if get("gemm_valid"):
         steps.append(Gemm(rows=get("gemm.cmd.rows"), cols=get("gemm.cmd.cols"), tokens=get("gemm.cmd.ntok"),
                           accm=bool(get("gemm.cmd.accm"))))
