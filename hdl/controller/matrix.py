@@ -201,38 +201,27 @@ class MatrixSequencer(Sequencer):
                 with m.Elif(more):
                     m.d.sync += [tok.eq(tok + 1), src.eq(src + in_stride), more.eq(tok + 2 != tile)]
                     m.next = "WM_Q"
-                if on_gemv:                                 # the Else of the chain above
-                    with m.Else():
+                with m.Else():
+                    if on_gemv:
                         # the tile's tokens as the vectors of one GEMV command; its rows go to L2 as the GEMM
-                        # unit's would
+                        # unit's would, and the engine holds no reusable activations after it
                         job = self.o_gemv.payload
-                        m.d.comb += [self.o_gemv.valid.eq(1),
-                                     job.cmd.wbase.eq(self._weights(d.weight_offset)),
-                                     job.cmd.sbase.eq(self._weights(d.scale_offset)),
-                                     job.cmd.rows.eq(d.rows), job.cmd.cols.eq(d.cols),
-                                     job.cmd.log2_group.eq(d.log2_group), job.cmd.accm.eq(wm.accm),
+                        m.d.comb += [self.o_gemv.valid.eq(1), job.cmd.log2_group.eq(d.log2_group),
                                      job.cmd.vecs.eq(tile - 1), job.stride.eq(out_stride),
-                                     job.lo.eq(dst), job.n.eq((tile - 1) * out_stride + d.rows), job.pc.eq(ctx.pc),
                                      self.o_act_n.valid.eq(1), self.o_act_n.payload.eq(0)]
-                        m.d.sync += [src.eq(src + in_stride), dst.eq(dst + out_stride * R), left.eq(left - tile)]
-                        with m.If(last_tile & wm.async_):
-                            st.retire()
-                        with m.Else():
-                            m.next = "WM_G"
-                else:
-                    with m.Else():
+                    else:
                         job = self.o_gemm.payload
-                        m.d.comb += [self.o_gemm.valid.eq(1),
-                                     job.cmd.wbase.eq(self._weights(d.weight_offset)),
-                                     job.cmd.sbase.eq(self._weights(d.scale_offset)),
-                                     job.cmd.rows.eq(d.rows), job.cmd.cols.eq(d.cols), job.cmd.ntok.eq(tile),
-                                     job.cmd.dst.eq(dst), job.cmd.stride.eq(out_stride), job.cmd.accm.eq(wm.accm),
-                                     job.lo.eq(dst), job.n.eq((tile - 1) * out_stride + d.rows), job.pc.eq(ctx.pc)]
-                        m.d.sync += [src.eq(src + in_stride), dst.eq(dst + out_stride * R), left.eq(left - tile)]
-                        with m.If(last_tile & wm.async_):
-                            st.retire()
-                        with m.Else():
-                            m.next = "WM_G"
+                        m.d.comb += [self.o_gemm.valid.eq(1), job.cmd.ntok.eq(tile), job.cmd.dst.eq(dst),
+                                     job.cmd.stride.eq(out_stride)]
+                    m.d.comb += [job.cmd.wbase.eq(self._weights(d.weight_offset)),
+                                 job.cmd.sbase.eq(self._weights(d.scale_offset)),
+                                 job.cmd.rows.eq(d.rows), job.cmd.cols.eq(d.cols), job.cmd.accm.eq(wm.accm),
+                                 job.lo.eq(dst), job.n.eq((tile - 1) * out_stride + d.rows), job.pc.eq(ctx.pc)]
+                    m.d.sync += [src.eq(src + in_stride), dst.eq(dst + out_stride * R), left.eq(left - tile)]
+                    with m.If(last_tile & wm.async_):
+                        st.retire()
+                    with m.Else():
+                        m.next = "WM_G"
         with m.State("WM_G"):                             # wait for the tile; then the next one, or retire
             with m.If(eng.idle):
                 st.checks([(eng.failed, lambda: st.fail(eng.code)), (left == 0, st.retire)], st.go("WM_T"))
