@@ -33,7 +33,7 @@ __all__ = [
     "INT4_MIN", "INT4_MAX", "INT8_MAX", "pack_int4", "unpack_int4", "quantize_weights", "WEIGHT_METHODS",
     "SEARCH_FRACTIONS",
     "dequantize_weights", "quantize_activations", "dequantize_activations", "segment_size",
-    "segment_sum_bound", "segment_sum_bits", "gemv", "KV_Q_MAX", "split_int8", "pow2_binary16",
+    "segment_sum_bound", "segment_sum_bits", "gemv", "gemv_order", "KV_Q_MAX", "split_int8", "pow2_binary16",
     "quantize_kv_k", "quantize_kv_v", "KvInt8Layout", "v_plane_scales", "V_PLANE_LOG2_GROUP",
 ]
 
@@ -245,6 +245,17 @@ def gemv(q_w: np.ndarray, scale_w: np.ndarray, q_a: np.ndarray, e_a: np.ndarray,
     if acc is not None:
         y = np.asarray(acc, dtype=np.float32) + y
     return y.astype(np.float32)
+
+
+def gemv_order(rows: int, vectors: int, tile_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """The order of a GEMV command's results when it multiplies the matrix with `vectors` activation vectors
+    (the GEMV engine's `vecs`, ``HardwareConfig.gemv_vectors``): tile by tile (`tile_rows` rows), in a tile
+    vector by vector. Returns (row, vector) of each result in that order; each value is `gemv` of its vector,
+    and accm's old values come in the same order."""
+    r = np.arange(rows)
+    runs = [(r[j:j + tile_rows], v) for j in range(0, rows, tile_rows) for v in range(vectors)]
+    return (np.concatenate([x for x, _ in runs]).astype(np.int64),
+            np.concatenate([np.full(len(x), v, np.int64) for x, v in runs]))
 
 
 # --- the INT8 KV cache (HardwareConfig.kv_format == "int8") ------------------------------------------------

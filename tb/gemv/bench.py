@@ -26,7 +26,7 @@ from cocotbext.axi import AxiReadBus
 
 from hdl.config import HardwareConfig
 from hdl.gemv import EXP_BITS, GemvEngine, command_layout
-from sim.numerics import gemv, pack_int4
+from sim.numerics import gemv, gemv_order, pack_int4
 from tb.axi.memory import LatencyAxiReadRam
 from tb.axi.streams import StreamSink, StreamSource, pauses
 from tb.ddr4 import Ddr4Channel, Ddr4Params
@@ -247,7 +247,7 @@ class GemvBench:
         if case.mask is not None:
             await self.load_mask(case.mask)
         nvec = case.vectors or 1
-        rr, vv = result_order(case.rows, nvec, self.tile_rows)
+        rr, vv = gemv_order(case.rows, nvec, self.tile_rows)
         word = pack_fields(command_layout(self.cfg), wbase=waddr, sbase=saddr, rows=case.rows, cols=case.cols,
                            log2_group=case.group.bit_length() - 1, accm=case.acc is not None, sparse=sparse,
                            mask=case.mask is not None, vecs=nvec - 1)
@@ -268,16 +268,6 @@ class GemvBench:
         out = np.empty((case.rows, nvec), np.float32)
         out[rr, vv] = y
         return out, cycles
-
-
-def result_order(rows: int, nvec: int, tile_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """The (row, vector) of each result in the order the engine gives them: tile by tile (`tile_rows` rows),
-    in a tile vector by vector."""
-    r = np.arange(rows)
-    order = [(r[j:j + tile_rows], v) for j in range(0, rows, tile_rows) for v in range(nvec)]
-    rr = np.concatenate([x for x, _ in order])
-    vv = np.concatenate([np.full(len(x), v) for x, v in order])
-    return rr, vv
 
 
 def random_case(cfg: HardwareConfig, rng: np.random.Generator, rows: int, cols: int, *, group: int | None = None,
