@@ -51,6 +51,7 @@ import numpy as np
 from hdl.config import HardwareConfig
 from hdl.l2 import LANES
 from sim.config import ModelConfig
+from sim.numerics import segment_size
 from sim.plan import ATTN_RECIP, DESC_LOAD, PASS_KINDS, Gemm, wgemm_steps
 
 from .cli import NON_NEGATIVE, POSITIVE, arg_type
@@ -317,7 +318,7 @@ def _wgemm_terms_gemv(g: Wgemm, hw: HardwareConfig, rates: Rates):
         raise ValueError(f"a WGEMM of {g.cols} columns exceeds the GEMV engine's activation memory "
                          f"({hw.gemv_max_cols} columns)")
     T = GemvEngine.default_tile_rows()
-    seg = min(hw.act_block, hw.weight_group or hw.act_block)
+    seg = segment_size(hw.weight_group or hw.act_block, hw.act_block)
     nseg = -(-g.cols // seg)
     port_tiles = -(-(-(-g.rows // T)) // hw.axi_ports)
     stream = _wgemm_bytes(g, hw) / _stream_rate(hw, rates)

@@ -10,6 +10,7 @@ from cocotb.triggers import FallingEdge
 
 from hdl.config import HardwareConfig
 from hdl.gemv import command_layout, gemv_parts
+from sim.numerics import segment_size
 from tb.ddr4 import check_timing
 from tb.gemv.bench import (GemvBench, check_span_reads, check_sparse_reads, dense_spans, masked_spans, pack_fields,
                            random_case)
@@ -233,7 +234,7 @@ async def multi_vector_throughput(dut):
     rng = np.random.default_rng(13)
     V, N, T = cfg.gemv_vectors, cfg.axi_ports, tb.tile_rows
     rows, cols = int(bench_env("ROWS", "128")), int(bench_env("COLS", str(cfg.gemv_max_cols)))
-    seg = min(cfg.act_block, cfg.weight_group)
+    seg = segment_size(cfg.weight_group, cfg.act_block)
     for nvec in range(1, V + 1):
         case = multi_case(cfg, rng, rows, cols, nvec, group=cfg.weight_group)
         y, cycles = await tb.run(case, base=0)
