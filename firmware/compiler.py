@@ -32,7 +32,8 @@ from hdl.isa import (VEC_REDUCTIONS, CtrlFunc, CvoFunc, DdrRegion, DmaDir, Opcod
                      encode)
 from sim.config import ModelConfig
 
-from .pack import Image, Layout, ffn_pieces, folded_router_name, logit_chunk_rows, logit_chunks, logit_stride
+from .pack import (Image, Layout, ffn_pieces, folded_router_name, head_tokens, logit_chunk_rows, logit_chunks,
+                   logit_stride)
 
 __all__ = ["compile_token", "compile_tokens", "gemm_pays", "multi_token_limit", "prefill_runs", "program_tokens",
            "Program", "L2Map", "MAX_TOKENS"]
@@ -83,18 +84,24 @@ class L2Map:
         self.stride: dict[str, int] = {}     # per-token buffer -> words between two tokens' copies
         self.t = 0                           # the token whose copies the names mean
 
-    def alloc(self, name: str, elements: int, per_token: bool = False, over: str | None = None) -> int:
-        """Allocate `name`; with `over`, inside the words of buffer `over` (their lives must not overlap)."""
+    def alloc(self, name: str, elements: int, per_token: bool = False, over: str | None = None,
+              offset: int = 0) -> int:
+        """Allocate `name`; with `over`, inside the words of buffer `over` (all its tokens' copies) from word
+        `offset` on (their lives must not overlap). A per-token buffer's copies lie one after another wherever
+        it is."""
         if name in self.buffers:
             raise ValueError(f"L2 buffer {name!r} allocated twice")
         size = -(-elements // 4)
         copies = self.tokens if per_token else 1
         if over is not None:
             base, n = self.buffers[over]
-            if size > -(-n // 4) * (self.tokens if over in self.stride else 1):
-                raise ValueError(f"L2 buffer {name!r} ({elements} elements) does not fit in buffer {over!r}")
-            self.buffers[name] = (base, elements)
-            return base
+            if offset + size * copies > -(-n // 4) * (self.tokens if over in self.stride else 1):
+                raise ValueError(f"L2 buffer {name!r} ({copies} x {elements} elements) does not fit in buffer "
+                                 f"{over!r} from word {offset}")
+            self.buffers[name] = (base + offset, elements)
+            if per_token:
+                self.stride[name] = size
+            return base + offset
         if self.top + size * copies > self.words:
             what = f"{copies} copies of {elements} elements" if copies > 1 else f"{elements} elements"
             raise ValueError(f"L2 is too small: buffer {name!r} ({what}) does not fit in {self.words} words "
@@ -140,6 +147,7 @@ class _Emitter:
         self.T = tokens
         self.gemm = gemm_pays(hw, tokens) if gemm is None else bool(gemm)
         self.looping = False                      # inside `each`: names mean one token's copies
+        self.head_tokens = False                  # the LM head's WGEMMs serve every token (`_output_tokens`)
         self.l2 = L2Map(hw.l2_program_words, tokens)
         self.vl_after: list[int | None] = []      # the vector length in effect after each word
         self.streams: list[tuple[int, int]] = []  # (index, weight bytes) of every async WGEMV
@@ -365,6 +373,17 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
     return compile_tokens(config, image, hw, tokens=1)
 
 
+# Buffers a multi-token program lays over another's words, (host, names) in order (over the FFN's buffers only
+# where they have a copy per token, one WGEMM serving every token): whatever lives only before
+# the FFN (the setup's PLE rows; the attention's and LAuReL's) over the gate, whatever lives only after it (the
+# down projection's output up to the per-layer input's projection) over the up projection, which is dead once
+# GELU(gate) * up is formed; the unembedding's over the AltUp predictions, dead after the last correction.
+# Each group starts at the host's first word; the sparse top-k's `centred` lies at the up projection's end, beyond
+# the first piece of up, which streams while the top-k runs (`_ffn`).
+_OVERLAYS = (("gate", ("x0", "ple")), ("gate", ("xn", "lt", "lr", "q", "k", "v", "attn", "o")),
+             ("up", ("dn", "out", "innov", "gi", "pg", "pp")), ("up", ("centred",)),
+             ("pred0", ("acc",)), ("pred1", ("u",)))
+
 # per-token buffers: (name, elements) in allocation order; the rest have one copy ("tokens" in the module doc)
 _SHARED = ("scalars", "ple", "gain", "gain2", "laurel", "centred", "router", "router2", "coefs", "u", "acc",
            "rope.sliding", "rope.full", "logits", "logits2")
@@ -411,6 +430,9 @@ def compile_tokens(config: ModelConfig | dict, image: Image, hw: HardwareConfig,
                          f"{slots}")
     e = _Emitter(cfg, image, hw, tokens, gemm, None if streams is None else tuple(int(s) for s in streams))
     e.prog.logits = logits
+    # every token's logits from LM-head WGEMMs, the tokens sharing each chunk's weight stream (`head_tokens`;
+    # the unembedding's buffers then have a copy per token)
+    e.head_tokens = logits == "all" and 1 < tokens <= head_tokens(hw) and e.gemm
     D, n, P, L = cfg.hidden_size, cfg.altup_num_inputs, cfg.hidden_size_per_layer_input, cfg.num_hidden_layers
     hd, F = cfg.head_dim, max(cfg.intermediate_size)
     a = cfg.altup_active_idx
@@ -420,16 +442,45 @@ def compile_tokens(config: ModelConfig | dict, image: Image, hw: HardwareConfig,
     for k in range(n):
         m.alloc(f"xs{k}", D, per_token=True)
         m.alloc(f"pred{k}", D, per_token=True)
-    for name, size in (("x0", D), ("pli", L * P), ("ple", L * P), ("gain", max(D, hd)), ("gain2", max(D, hd)),
-                       ("xn", D),
-                       ("lt", cfg.laurel_rank), ("lr", D), ("laurel", D), ("q", cfg.q_dim), ("k", cfg.kv_dim),
-                       ("v", cfg.kv_dim), ("attn", cfg.q_dim), ("o", D), ("xa", D), ("h", D), ("gate", F),
-                       ("up", F), ("centred", F), ("dn", D), ("out", D), ("innov", D), ("gi", D), ("pg", P), ("pp", D),
-                       ("router", n * D), ("router2", n * D), ("coefs", n * n * n), ("mvec", n), ("u", D), ("acc", D),
-                       ("rope.sliding", hd), ("rope.full", hd), ("cs.sliding", hd), ("cs.full", hd)):
+    sizes = {"x0": D, "pli": L * P, "ple": L * P, "gain": max(D, hd), "gain2": max(D, hd), "xn": D,
+             "lt": cfg.laurel_rank, "lr": D, "laurel": D, "q": cfg.q_dim, "k": cfg.kv_dim, "v": cfg.kv_dim,
+             "attn": cfg.q_dim, "o": D, "xa": D, "h": D, "gate": F, "up": F, "centred": F, "dn": D, "out": D,
+             "innov": D, "gi": D, "pg": P, "pp": D, "router": n * D, "router2": n * D, "coefs": n * n * n,
+             "mvec": n, "u": D, "acc": D, "rope.sliding": hd, "rope.full": hd, "cs.sliding": hd, "cs.full": hd}
+    # A multi-token program lays buffers whose lives do not meet over one another (`_OVERLAYS`) where they fit;
+    # the unembedding's buffers have a copy per token where the LM head's WGEMMs serve every token.
+    overlaid = {name for _, names in _OVERLAYS for name in names} if tokens > 1 else set()
+
+    def per_token(name):
         # the FFN's buffers have one copy per token only where one WGEMM serves every token (else the FFN runs
         # token by token, `_layer`)
-        m.alloc(name, size, per_token=name not in _SHARED and (name not in ("gate", "up") or e.gemm))
+        return (name not in _SHARED or (name in ("u", "acc") and e.head_tokens)) and \
+            (name not in ("gate", "up") or e.gemm)
+
+    for name, size in sizes.items():
+        if name not in overlaid:
+            m.alloc(name, size, per_token=per_token(name))
+    if overlaid:
+        first_up = tokens * max(-(-ffn_pieces(cfg, i)[0][1] // 4) for i in range(L))
+        for over, names in _OVERLAYS:
+            if over in ("gate", "up") and not e.gemm:
+                # one copy of the FFN's buffers, which the FFN token by token overwrites while the other tokens'
+                # buffers laid over them would live
+                for name in names:
+                    m.alloc(name, sizes[name], per_token=per_token(name))
+                continue
+            offset, host = 0, -(-m.buffers[over][1] // 4) * (tokens if over in m.stride else 1)
+            for name in names:
+                words = -(-sizes[name] // 4) * (tokens if per_token(name) else 1)
+                if name == "centred":
+                    offset = host - words
+                    if offset < first_up:
+                        offset = host              # no room beyond up's first piece: its own words
+                if offset + words <= host:
+                    m.alloc(name, sizes[name], per_token=per_token(name), over=over, offset=offset)
+                    offset += words
+                else:
+                    m.alloc(name, sizes[name], per_token=per_token(name))
     # the logits of a multi-token program go over the FFN's buffers where they fit (unused by then)
     free = ["up", "gate", "centred"] if tokens > 1 else []
 
@@ -454,8 +505,11 @@ def compile_tokens(config: ModelConfig | dict, image: Image, hw: HardwareConfig,
     _setup(e)
     for i in range(L):
         _layer(e, cfg, i)
-    for t in e.each(only=None if logits == "all" else tokens - 1):
-        _output(e, t if logits == "all" else 0)
+    if e.head_tokens:
+        _output_tokens(e)
+    else:
+        for t in e.each(only=None if logits == "all" else tokens - 1):
+            _output(e, t if logits == "all" else 0)
     e.step = "end"
     e.emit(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)
     e.prog.l2_map = dict(m.buffers)
@@ -638,6 +692,67 @@ def _output(e: _Emitter, row: int = 0):
         finish(*pending)
 
 
+def _output_tokens(e: _Emitter):
+    """Every token's logits, token t's into LOGITS row t, as `_output` computes them one token at a time: the
+    unembedding projections and each LM-head chunk one WGEMM of all the tokens (`head_tokens`), the chunk's
+    rows token after token in the logits buffer, soft-capped in one pass and stored a token at a time."""
+    cfg, m, hw = e.cfg, e.l2, e.hw
+    D, n, T = cfg.hidden_size, cfg.altup_num_inputs, e.T
+    e.step = "5 unembed: target = rms(xs[0])"
+    for _ in e.each():
+        e.setvl(D)
+        e.vec(VecFunc.SUMSQ, a=m["xs0"], s=TARGET)
+        e.scalar(ScalarFunc.MUL, d=TARGET, a=TARGET, b=INV_D)
+        e.scalar(ScalarFunc.SQRT, d=TARGET, a=TARGET)
+        e.scalar(ScalarFunc.ST, a=TARGET, imm=m["target"] * 4)
+        e.vec(VecFunc.COPY, dst=m["acc"], a=m["xs0"])
+    for k in range(n - 1):
+        e.step = f"5 unembed: xs[{k + 1}] U_{k}^T rescaled, summed"
+        e.proj(f"altup_unembed_projections.{k}.weight", "u", f"xs{k + 1}")
+        for _ in e.each():
+            e.scalar(ScalarFunc.LD, d=TARGET, imm=m["target"] * 4)
+            _magnitude_match(e, m["u"])
+            e.setvl(D)
+            e.vec(VecFunc.ADD, dst=m["acc"], a=m["acc"], b=m["u"])
+    e.step = "5 mean of the streams, final norm"
+    for _ in e.each():
+        e.const(0, "inv_streams")
+        e.setvl(D)
+        e.vec(VecFunc.MULS, dst=m["acc"], a=m["acc"], s=0)
+    e.rmsnorm("acc", "acc", D, D, "norm.weight")
+    head = "embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+    bufs = [m["logits"]] + ([m["logits2"]] if "logits2" in m.buffers else [])
+
+    def finish(r0, rows, buf):
+        """Soft-cap the chunk of every token's logits at `buf` and store each token's rows."""
+        e.step = f"5 LM head rows {r0}..{r0 + rows - 1}, soft-cap, store logits"
+        stride = -(-rows // 4)
+        if cfg.final_logit_softcapping is not None:
+            e.const(0, "softcap")
+            e.emit(Opcode.CVO, func=CvoFunc.SOFTCAP, src=buf, dst=buf, length=(T - 1) * stride * 4 + rows,
+                   sub_emax=0, recip_scale=0, accm=0, async_=0)
+        e.setvl(rows)
+        for t in range(T):
+            e.emit(Opcode.DMA, dir=DmaDir.L2_TO_DDR, region=DdrRegion.LOGITS, l2=buf + t * stride,
+                   offset=(t * logit_stride(cfg) + r0) * 4 // 16, async_=0)
+
+    pending = None
+    for k, (r0, rows) in enumerate(logit_chunks(cfg, hw, head_tokens(hw))):
+        e.step = f"5 LM head rows {r0}..{r0 + rows - 1}, soft-cap, store logits"
+        buf = bufs[k % len(bufs)]
+        d = e.image.descriptor(head, r0, rows)
+        e.emit(Opcode.WGEMM, dst=buf, src=m["acc"], desc=d.index, tokens=T, accm=0, async_=1)
+        e.streams.append((len(e.prog.words) - 1, d.rows * d.cols))
+        if pending is not None:          # the previous chunk, under this one's stream (the other buffer)
+            finish(*pending)
+        pending = (r0, rows, buf)
+        if len(bufs) == 1:
+            finish(*pending)
+            pending = None
+    if pending is not None:
+        finish(*pending)
+
+
 def _magnitude_match(e: _Emitter, buf: int):
     """buf *= target / sqrt(max(mean(buf^2), 1e-5)), target in S6."""
     e.setvl(e.cfg.hidden_size)
@@ -778,11 +893,8 @@ def _layer(e: _Emitter, cfg: ModelConfig, i: int):
         e.vec(VecFunc.MULS, dst=m["xa"], a=m["xa"], s=0)
         e.step = gate_step
         e.rmsnorm("h", "xa", D, D, e.sub(i, "pre_feedforward_layernorm.weight"))
-    masked = cfg.activation_sparsity_pattern[i] > 0 and e.hw.gemv_row_mask
-    if e.T > 1 and (masked or not e.gemm):
-        # token by token where the projections are WGEMVs anyway (the FFN's buffers then have one copy), and
-        # where the up projection is masked: a masked WGEMV reuses the engine's activations (h), which the
-        # token's own gate WGEMV leaves there
+    if e.T > 1 and not e.gemm:
+        # token by token where the projections are WGEMVs anyway (the FFN's buffers then have one copy)
         for _ in e.each():
             _ffn(e, cfg, i, predict)
     else:
@@ -832,7 +944,10 @@ def _ffn(e: _Emitter, cfg: ModelConfig, i: int, predict):
     # With the GEMV engine's row mask the up projection of a sparse layer fetches only the rows of the gate
     # units the top-k keeps (GELU(0) * up = 0 whatever up is), so it runs after the top-k; without it, its first
     # piece streams while the top-k runs.
-    masked = sparse and e.hw.gemv_row_mask
+    # (a masked WGEMV reuses the engine's activations, h, which only a token's own gate WGEMV leaves there: where
+    # one WGEMM serves every token, the up projection is a WGEMM too, its rows of zeroed gate units multiplied by
+    # GELU(0) = 0 all the same)
+    masked = sparse and e.hw.gemv_row_mask and (e.T == 1 or e.looping)
     live = 1.0 - cfg.activation_sparsity_pattern[i]
     # as WGEMMs, piece k's outputs lie token after token from T * r0 elements on (a piece's WGEMM strides)
     whole = e.T > 1 and not e.looping and not masked and e.gemm

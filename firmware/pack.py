@@ -64,7 +64,7 @@ from sim.numerics import WEIGHT_METHODS, KvInt8Layout, pack_int4, quantize_weigh
 __all__ = ["Image", "TensorEntry", "Descriptor", "Placement", "HostTable", "pack", "save_image", "load_image",
            "region_map", "DESC_BYTES", "DescKind", "Layout", "REGION_ORDER", "PLE_TABLE",
            "rope_turn_table", "logit_stride", "kv_slot_name", "kv_row_ranges",
-           "kv_slot_bytes", "logit_chunk_rows", "logit_chunks", "ffn_pieces",
+           "kv_slot_bytes", "logit_chunk_rows", "logit_chunks", "head_tokens", "ffn_pieces",
            "folded_router", "folded_router_name"]
 
 ALIGN = 4096
@@ -332,13 +332,22 @@ def kv_slot_bytes(image: "Image", slot: int) -> int:
     return 2 * d.capacity * d.heads * d.head_dim * 2
 
 
-def logit_chunk_rows(cfg: ModelConfig, hw: HardwareConfig) -> int:
+def logit_chunk_rows(cfg: ModelConfig, hw: HardwareConfig, tokens: int = 1) -> int:
     """The most LM-head rows computed per WGEMV: one chunk of logits takes at most a quarter of L2 and fits the
-    16-bit length of the CVO that soft-caps it."""
-    return min(cfg.vocab_size, hw.l2_bytes // 16, 1 << 15)
+    16-bit length of the CVO that soft-caps it. With `tokens` > 1, the rows per token of a WGEMM that computes
+    a chunk for that many tokens in the same room (their rows token after token, each on whole L2 words)."""
+    rows = min(cfg.vocab_size, hw.l2_bytes // 16, 1 << 15)
+    return rows if tokens == 1 else max(4, rows // tokens // 4 * 4)
 
 
-def logit_chunks(cfg: ModelConfig, hw: HardwareConfig) -> list[tuple[int, int]]:
+def head_tokens(hw: HardwareConfig) -> int:
+    """The most tokens one LM-head WGEMM computes (`logit_chunks` with that many tokens has its descriptors):
+    `gemv_vectors` where the GEMV engine runs WGEMM, its tokens sharing one weight stream; 1 (every token's
+    logits WGEMVs of their own) on an NPU with the GEMM unit, which re-streams the weights per tile."""
+    return hw.gemv_vectors
+
+
+def logit_chunks(cfg: ModelConfig, hw: HardwareConfig, tokens: int = 1) -> list[tuple[int, int]]:
     """``(row_start, rows)`` of the LM head's WGEMVs. A chunk's soft-cap and store (about two cycles per row:
     a CVO and a DMA at one element per cycle) run under the next chunk's weight stream, so only the last
     chunk's finish waits. A row streams in about ``k = row bytes // (2 x ports x beat bytes)`` times as long as it
@@ -346,10 +355,11 @@ def logit_chunks(cfg: ModelConfig, hw: HardwareConfig) -> list[tuple[int, int]]:
     while it stays at least 64 rows: each hides the one before it (E4B: 28,352, 7 x 32,768, then 4,096, 512 and
     64 rows; the last finish is ~340 cycles instead of ~66k). Chunks start on whole L2 words (the DMA's
     16-byte offsets): the rows beyond a multiple of four go to the last chunk. Otherwise (or with the whole
-    vocabulary in one chunk) chunks of `logit_chunk_rows`, the remainder last."""
-    C, S, D = logit_chunk_rows(cfg, hw), cfg.vocab_size, cfg.hidden_size
+    vocabulary in one chunk) chunks of `logit_chunk_rows`, the remainder last. With `tokens` > 1: the chunks of
+    a WGEMM of that many tokens (`logit_chunk_rows`), whose finish is `tokens` times as long (k / tokens)."""
+    C, S, D = logit_chunk_rows(cfg, hw, tokens), cfg.vocab_size, cfg.hidden_size
     row_bytes = (D + 1) // 2 + -(-D // (hw.weight_group or D)) * 2
-    k = row_bytes // (2 * hw.axi_ports * hw.bytes_per_beat)
+    k = row_bytes // (2 * hw.axi_ports * hw.bytes_per_beat * tokens)
     tail, size = [], C
     while S > C and k >= 2 and size // k // 4 * 4 >= 64:
         size = size // k // 4 * 4
@@ -395,6 +405,8 @@ def _row_pieces(cfg: ModelConfig, hw: HardwareConfig, name: str, rows: int) -> l
     projection's pieces; none for the rest."""
     if name in ("embed_tokens.weight", "lm_head.weight"):
         out = logit_chunks(cfg, hw)
+        if head_tokens(hw) > 1:          # and the chunks of the multi-token LM head's WGEMMs
+            out += [c for c in logit_chunks(cfg, hw, head_tokens(hw)) if c not in out]
     elif name.endswith("mlp.up_proj.weight"):
         out = ffn_pieces(cfg, int(name.split(".")[1]))
     else:

@@ -24,8 +24,8 @@ from sim.config import ModelConfig
 from tests.oracle import FIXTURES, load_case
 
 
-def _runtime(case, **kw):
-    return Runtime.from_hf(case.config, case.tensors, arithmetic="hardware", hw="tiny", max_positions=16, **kw)
+def _runtime(case, hw="tiny", **kw):
+    return Runtime.from_hf(case.config, case.tensors, arithmetic="hardware", hw=hw, max_positions=16, **kw)
 
 
 def _ids(case):
@@ -38,13 +38,17 @@ def _same_cache(a: Runtime, stream: int, b: Runtime, what: str):
                                       b.machine.kv_bytes(slot), err_msg=f"{what}: KV cache of layer {layer}")
 
 
-@pytest.mark.parametrize("name, memory_map", [("f64_s2_l7", "flat"), ("f64_s1_l15", "kv260")])
-def test_each_stream_of_a_batch_is_its_sequence_alone(name, memory_map):
+@pytest.mark.parametrize("name, memory_map, hw", [
+    ("f64_s2_l7", "flat", "tiny"), ("f64_s1_l15", "kv260", "tiny"),
+    # the GEMV engine of four vectors: the projections, the sparse layers' gate and up, the unembedding and
+    # the LM head as WGEMMs of the three streams' tokens
+    ("f64_s1_l15", "kv260", "tiny_v4"), ("f32_s4_l12", "flat", "tiny_v4")])
+def test_each_stream_of_a_batch_is_its_sequence_alone(name, memory_map, hw):
     case = load_case(FIXTURES / f"{name}.npz")
     ids = _ids(case)
     streams = 3
-    batch = _runtime(case, streams=streams, memory_map=memory_map)
-    alone = [_runtime(case, memory_map=memory_map) for _ in range(streams)]      # each sequence by itself
+    batch = _runtime(case, hw, streams=streams, memory_map=memory_map)
+    alone = [_runtime(case, hw, memory_map=memory_map) for _ in range(streams)]      # each sequence by itself
     assert batch.streams == streams and batch.image.logit_rows >= streams
     # three sequences, stream 1 two tokens ahead (a prefill on it alone), so the positions differ in every step
     seqs = [ids[0:5], ids[3:10], ids[5:10][::-1]]
@@ -63,6 +67,8 @@ def test_each_stream_of_a_batch_is_its_sequence_alone(name, memory_map):
             done[s] += 1
         assert batch.positions == done
     assert batch.counters.instructions["CTRL.SETPOS"] > 0
+    if hw == "tiny_v4":
+        assert batch.counters.instructions["WGEMM"] > 0
 
 
 def test_copy_stream_continues_another_streams_sequence():
@@ -94,16 +100,18 @@ def test_batches_larger_than_a_program_run_in_several():
         np.testing.assert_array_equal(rows[s], alone.step(ids[s]), err_msg=f"stream {s}")
 
 
-@pytest.mark.parametrize("name, before, n, keep", [
-    ("f64_s3_l5", 4, 4, 1),      # window 6: positions 4..7 wrap the ring; only the first id kept
-    ("f64_s3_l5", 5, 4, 3),
-    ("f64_s3_l5", 0, 4, 4),      # every id kept
-    ("f64_s2_l7", 0, 3, 2),      # a shared sliding layer: a pass below the window (3)
+@pytest.mark.parametrize("name, before, n, keep, hw", [
+    ("f64_s3_l5", 4, 4, 1, "tiny"),      # window 6: positions 4..7 wrap the ring; only the first id kept
+    ("f64_s3_l5", 5, 4, 3, "tiny"),
+    ("f64_s3_l5", 0, 4, 4, "tiny"),      # every id kept
+    ("f64_s2_l7", 0, 3, 2, "tiny"),      # a shared sliding layer: a pass below the window (3)
+    ("f64_s3_l5", 4, 4, 2, "tiny_v4"),   # the pass's projections and LM head as WGEMMs of its four ids
+    ("f32_s4_l12", 1, 3, 1, "tiny_v4"),  # sparse layers, KV sharing
 ])
-def test_verify_rows_are_steps_and_rollback_restores_the_cache(name, before, n, keep):
+def test_verify_rows_are_steps_and_rollback_restores_the_cache(name, before, n, keep, hw):
     case = load_case(FIXTURES / f"{name}.npz")
     ids = _ids(case)
-    spec, plain = _runtime(case, logit_rows=8), _runtime(case)
+    spec, plain = _runtime(case, hw, logit_rows=8), _runtime(case, hw)
     for t in ids[:before]:
         spec.step(t)
         plain.step(t)
