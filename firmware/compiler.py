@@ -29,7 +29,7 @@ import numpy as np
 
 from hdl.config import HardwareConfig
 from hdl.isa import (VEC_REDUCTIONS, CtrlFunc, CvoFunc, DdrRegion, DmaDir, Opcode, ScalarFunc, ShapeCache, VecFunc,
-                     encode)
+                     decode, encode)
 from sim.config import ModelConfig
 
 from .pack import (Image, Layout, ffn_pieces, folded_router_name, head_tokens, logit_chunk_rows, logit_chunks,
@@ -380,8 +380,9 @@ def compile_token(config: ModelConfig | dict, image: Image, hw: HardwareConfig) 
 # GELU(gate) * up is formed; the unembedding's over the AltUp predictions, dead after the last correction.
 # Each group starts at the host's first word; the sparse top-k's `centred` lies at the up projection's end, beyond
 # the first piece of up, which streams while the top-k runs (`_ffn`).
-_OVERLAYS = (("gate", ("x0", "ple")), ("gate", ("xn", "lt", "lr", "q", "k", "v", "attn", "o")),
-             ("up", ("dn", "out", "innov", "gi", "pg", "pp")), ("up", ("centred",)),
+_OVERLAYS = (("gate", ("x0", "ple")),
+             ("gate", ("xn", "lt", "lr", "laurel", "q", "k", "v", "attn", "o", "pg", "pp")),
+             ("up", ("dn", "out", "innov", "gi")), ("up", ("centred",)),
              ("pred0", ("acc",)), ("pred1", ("u",)))
 
 # per-token buffers: (name, elements) in allocation order; the rest have one copy ("tokens" in the module doc)
@@ -436,71 +437,17 @@ def compile_tokens(config: ModelConfig | dict, image: Image, hw: HardwareConfig,
     D, n, P, L = cfg.hidden_size, cfg.altup_num_inputs, cfg.hidden_size_per_layer_input, cfg.num_hidden_layers
     hd, F = cfg.head_dim, max(cfg.intermediate_size)
     a = cfg.altup_active_idx
-    m = e.l2
     # --- L2 map ---------------------------------------------------------------------------------------
-    m.alloc("scalars", image.tensors["scalars"].nbytes // 4)
-    for k in range(n):
-        m.alloc(f"xs{k}", D, per_token=True)
-        m.alloc(f"pred{k}", D, per_token=True)
-    sizes = {"x0": D, "pli": L * P, "ple": L * P, "gain": max(D, hd), "gain2": max(D, hd), "xn": D,
-             "lt": cfg.laurel_rank, "lr": D, "laurel": D, "q": cfg.q_dim, "k": cfg.kv_dim, "v": cfg.kv_dim,
-             "attn": cfg.q_dim, "o": D, "xa": D, "h": D, "gate": F, "up": F, "centred": F, "dn": D, "out": D,
-             "innov": D, "gi": D, "pg": P, "pp": D, "router": n * D, "router2": n * D, "coefs": n * n * n,
-             "mvec": n, "u": D, "acc": D, "rope.sliding": hd, "rope.full": hd, "cs.sliding": hd, "cs.full": hd}
-    # A multi-token program lays buffers whose lives do not meet over one another (`_OVERLAYS`) where they fit;
-    # the unembedding's buffers have a copy per token where the LM head's WGEMMs serve every token.
-    overlaid = {name for _, names in _OVERLAYS for name in names} if tokens > 1 else set()
-
-    def per_token(name):
-        # the FFN's buffers have one copy per token only where one WGEMM serves every token (else the FFN runs
-        # token by token, `_layer`)
-        return (name not in _SHARED or (name in ("u", "acc") and e.head_tokens)) and \
-            (name not in ("gate", "up") or e.gemm)
-
-    for name, size in sizes.items():
-        if name not in overlaid:
-            m.alloc(name, size, per_token=per_token(name))
-    if overlaid:
-        first_up = tokens * max(-(-ffn_pieces(cfg, i)[0][1] // 4) for i in range(L))
-        for over, names in _OVERLAYS:
-            if over in ("gate", "up") and not e.gemm:
-                # one copy of the FFN's buffers, which the FFN token by token overwrites while the other tokens'
-                # buffers laid over them would live
-                for name in names:
-                    m.alloc(name, sizes[name], per_token=per_token(name))
-                continue
-            offset, host = 0, -(-m.buffers[over][1] // 4) * (tokens if over in m.stride else 1)
-            for name in names:
-                words = -(-sizes[name] // 4) * (tokens if per_token(name) else 1)
-                if name == "centred":
-                    offset = host - words
-                    if offset < first_up:
-                        offset = host              # no room beyond up's first piece: its own words
-                if offset + words <= host:
-                    m.alloc(name, sizes[name], per_token=per_token(name), over=over, offset=offset)
-                    offset += words
-                else:
-                    m.alloc(name, sizes[name], per_token=per_token(name))
-    # the logits of a multi-token program go over the FFN's buffers where they fit (unused by then)
-    free = ["up", "gate", "centred"] if tokens > 1 else []
-
-    def logits_buffer(name):
-        rows = logit_chunk_rows(cfg, hw)
-        for over in free:
-            if -(-rows // 4) <= -(-m.buffers[over][1] // 4) * (tokens if over in m.stride else 1):
-                free.remove(over)
-                return m.alloc(name, rows, over=over)
-        return m.alloc(name, rows)
-    logits_buffer("logits")
-    if cfg.vocab_size > logit_chunk_rows(cfg, hw):
-        # a second logits buffer lets a chunk's soft-cap and store run under the next chunk's weight stream;
-        # without room for it the chunks run one after another (the same results)
+    # with too little room for every buffer, the prefetch pairs' second buffers are their first (`_l2_map`)
+    for tight in ((False, True) if tokens > 1 else (False,)):
+        e.l2 = L2Map(hw.l2_program_words, tokens)
         try:
-            logits_buffer("logits2")
+            _l2_map(e, image, tight)
+            break
         except ValueError:
-            pass
-    if tokens > 1:
-        m.alloc("target", 1, per_token=True)      # each token's AltUp magnitude target between projections
+            if tight or tokens == 1:
+                raise
+    m = e.l2
 
     _setup(e)
     for i in range(L):
@@ -564,6 +511,82 @@ def _ctrl_slot(word: int):
     if insn.func in (CtrlFunc.SETTOK, CtrlFunc.SETPOS):
         return insn.func, insn.imm
     return None, None
+
+
+def _l2_map(e: _Emitter, image: Image, tight: bool):
+    """Allocate the program's L2 buffers in `e.l2`. `tight`: the prefetch pairs' second buffers (`PREFETCH_PAIRS`)
+    are their first, so that a prefetch waits for the buffer's last reader (the same results, less of the DMAs
+    hidden); ValueError where the buffers do not fit."""
+    cfg, hw, tokens, m = e.cfg, e.hw, e.T, e.l2
+    D, n, P, L = cfg.hidden_size, cfg.altup_num_inputs, cfg.hidden_size_per_layer_input, cfg.num_hidden_layers
+    hd, F = cfg.head_dim, max(cfg.intermediate_size)
+    m.alloc("scalars", image.tensors["scalars"].nbytes // 4)
+    for k in range(n):
+        m.alloc(f"xs{k}", D, per_token=True)
+        m.alloc(f"pred{k}", D, per_token=True)
+    sizes = {"x0": D, "pli": L * P, "ple": L * P, "gain": max(D, hd), "gain2": max(D, hd), "xn": D,
+             "lt": cfg.laurel_rank, "lr": D, "laurel": D, "q": cfg.q_dim, "k": cfg.kv_dim, "v": cfg.kv_dim,
+             "attn": cfg.q_dim, "o": D, "xa": D, "h": D, "gate": F, "up": up_words(cfg) if tokens > 1 and e.gemm else F,
+             "centred": F, "dn": D, "out": D,
+             "innov": D, "gi": D, "pg": P, "pp": D, "router": n * D, "router2": n * D, "coefs": n * n * n,
+             "mvec": n, "u": D, "acc": D, "rope.sliding": hd, "rope.full": hd, "cs.sliding": hd, "cs.full": hd}
+    # A multi-token program lays buffers whose lives do not meet over one another (`_OVERLAYS`) where they fit;
+    # the unembedding's buffers have a copy per token where the LM head's WGEMMs serve every token.
+    overlaid = {name for _, names in _OVERLAYS for name in names} if tokens > 1 else set()
+
+    def per_token(name):
+        # the FFN's buffers have one copy per token only where one WGEMM serves every token (else the FFN runs
+        # token by token, `_layer`)
+        return (name not in _SHARED or (name in ("u", "acc") and e.head_tokens)) and \
+            (name not in ("gate", "up") or e.gemm)
+
+    for name, size in sizes.items():
+        if tight and name in ("gain2", "router2"):
+            m.alloc(name, size, over=name[:-1])
+        elif name not in overlaid:
+            m.alloc(name, size, per_token=per_token(name))
+    if overlaid:
+        first_up = tokens * max(-(-ffn_pieces(cfg, i)[0][1] // 4) for i in range(L))
+        for over, names in _OVERLAYS:
+            if over in ("gate", "up") and not e.gemm:
+                # one copy of the FFN's buffers, which the FFN token by token overwrites while the other tokens'
+                # buffers laid over them would live
+                for name in names:
+                    m.alloc(name, sizes[name], per_token=per_token(name))
+                continue
+            offset, host = 0, -(-m.buffers[over][1] // 4) * (tokens if over in m.stride else 1)
+            for name in names:
+                words = -(-sizes[name] // 4) * (tokens if per_token(name) else 1)
+                if name == "centred":
+                    offset = host - words
+                    if offset < first_up:
+                        offset = host              # no room beyond up's first piece: its own words
+                if offset + words <= host:
+                    m.alloc(name, sizes[name], per_token=per_token(name), over=over, offset=offset)
+                    offset += words
+                else:
+                    m.alloc(name, sizes[name], per_token=per_token(name))
+    # the logits of a multi-token program go over the FFN's buffers where they fit (unused by then)
+    free = ["up", "gate", "centred"] if tokens > 1 else []
+
+    def logits_buffer(name):
+        rows = logit_chunk_rows(cfg, hw)
+        for over in free:
+            if -(-rows // 4) <= -(-m.buffers[over][1] // 4) * (tokens if over in m.stride else 1):
+                free.remove(over)
+                return m.alloc(name, rows, over=over)
+        return m.alloc(name, rows)
+    logits_buffer("logits")
+    if cfg.vocab_size > logit_chunk_rows(cfg, hw):
+        # a second logits buffer lets a chunk's soft-cap and store run under the next chunk's weight stream;
+        # without room for it the chunks run one after another (the same results)
+        try:
+            logits_buffer("logits2")
+        except ValueError:
+            pass
+    if tokens > 1:
+        m.alloc("target", 1, per_token=True)      # each token's AltUp magnitude target between projections
+
 
 
 def _setup(e: _Emitter):
@@ -949,19 +972,24 @@ def _ffn(e: _Emitter, cfg: ModelConfig, i: int, predict):
     # GELU(0) = 0 all the same)
     masked = sparse and e.hw.gemv_row_mask and (e.T == 1 or e.looping)
     live = 1.0 - cfg.activation_sparsity_pattern[i]
-    # as WGEMMs, piece k's outputs lie token after token from T * r0 elements on (a piece's WGEMM strides)
+    # as WGEMMs, the pieces take turns in two slots of `up` (`up_words`), piece k's outputs token after token in
+    # slot k % 2 (a piece's WGEMM strides): piece k + 1 streams into one while GELU(gate) * up reads the other
     whole = e.T > 1 and not e.looping and not masked and e.gemm
+    slot = e.T * up_words(cfg) // 8
 
-    def up_off(r0, rows, t):
-        return (e.T * r0 + t * -(-rows // 4) * 4) // 4 if whole else r0 // 4
+    def up_off(k, rows, t):
+        return (k % 2) * slot + t * -(-rows // 4) if whole else pieces[k][0] // 4
 
-    def up_piece(r0, rows):
+    def up_piece(k):
+        r0, rows = pieces[k]
         e.proj(up, "up", "h", row_start=r0, rows=rows, dst_off=r0 // 4,
-               gemm_dst=e.l2.buffers["up"][0] + up_off(r0, rows, 0) if whole else None,
+               gemm_dst=e.l2.buffers["up"][0] + up_off(k, rows, 0) if whole else None,
                **(dict(mask="gate", live=live) if masked else {}))
+        if whole:
+            assert decode(e.prog.words[-1]).op is Opcode.WGEMM, f"{up} rows {r0}.. must be one WGEMM"
 
     if not masked:
-        up_piece(*pieces[0])
+        up_piece(0)
     if sparse:
         e.step = L + "4.D Gaussian top-k: cutoff = mean + z * std (population)"
         for _ in e.each():
@@ -981,16 +1009,24 @@ def _ffn(e: _Emitter, cfg: ModelConfig, i: int, predict):
             e.vec(VecFunc.RELU_SUBS, dst=m["gate"], a=m["gate"], s=3)
     e.step = up_step
     if masked:
-        up_piece(*pieces[0])
+        up_piece(0)
     for k, (r0, rows) in enumerate(pieces):
         if k + 1 < len(pieces):
-            up_piece(*pieces[k + 1])
+            up_piece(k + 1)
         for t in e.each():
             e.setvl(rows)
-            base = e.l2.buffers["up"][0] + up_off(r0, rows, t) if whole else m["up"] + r0 // 4
+            base = e.l2.buffers["up"][0] + up_off(k, rows, t) if whole else m["up"] + r0 // 4
             e.vec(VecFunc.GELU_MUL, dst=m["gate"] + r0 // 4, a=m["gate"] + r0 // 4, b=base)
     down = e.sub(i, "mlp.down_proj.weight")
     e.proj(down, "dn", "gate", sparse=int(sparse and e.image.tensors[down].layout == Layout.COL))
+
+
+def up_words(cfg: ModelConfig) -> int:
+    """Elements a token's copy of the up projection's buffer takes where one WGEMM a piece serves every token:
+    two slots of the widest piece (`firmware.pack.ffn_pieces`, `_ffn`), the whole width with one piece."""
+    pieces = [rows for i in range(cfg.num_hidden_layers) for _, rows in ffn_pieces(cfg, i)]
+    widest = -(-max(pieces) // 4) * 4
+    return 2 * widest if 2 * widest < max(cfg.intermediate_size) else -(-max(cfg.intermediate_size) // 4) * 4
 
 
 def _ple(e: _Emitter, cfg: ModelConfig, i: int, correct, others):

@@ -106,6 +106,65 @@ def test_generate_runs_the_prompt_as_prefill():
     assert pre.counters.instructions["WGEMM"] > 0 and plain.counters.instructions["WGEMM"] == 0
 
 
+def _tight_hw(case, tokens):
+    """tiny_v4 with L2 program words between what a `tokens`-token program needs with its prefetch pairs'
+    second buffers and what it needs without them (the controller's scratch grown to take the rest)."""
+    from firmware.compiler import L2Map, _Emitter, _l2_map
+    hw = HW["tiny_v4"]
+    cfg = ModelConfig.from_hf(case.config)
+    image = pack(cfg, None, hw, max_positions=len(case.input_ids) + 1, fill=False, logit_rows=tokens)
+    top = {}
+    for tight in (False, True):
+        e = _Emitter(cfg, image, hw, tokens, None, None)
+        e.head_tokens = True
+        _l2_map(e, image, tight)
+        top[tight] = e.l2.top
+    assert top[True] < top[False]
+    return hw.replace(name="tiny_v4_tight", l2_scratch_bytes=hw.l2_bytes - 16 * top[True])
+
+
+def test_a_tight_l2_shares_the_prefetch_buffers_and_changes_no_bit():
+    # four-token programs that fit L2 only with each prefetch pair's two buffers one (a prefetch then waits for
+    # the buffer's last reader): the prompt's and a verify pass's bits are those of steps
+    case = load_case(FIXTURES / "f64_s1_l15.npz")            # KV sharing, sparse layers
+    hw = _tight_hw(case, 4)
+    cfg = ModelConfig.from_hf(case.config)
+    image = pack(cfg, None, hw, max_positions=len(case.input_ids) + 1, fill=False, logit_rows=4)
+    tight = compile_tokens(cfg, image, hw, 4, logits="all").l2_map
+    assert tight["gain2"][0] == tight["gain"][0] and tight["router2"][0] == tight["router"][0]
+    roomy = compile_tokens(cfg, image, HW["tiny_v4"], 4, logits="all").l2_map
+    assert roomy["gain2"][0] != roomy["gain"][0]
+    with pytest.raises(ValueError, match="L2 is too small"):
+        compile_tokens(cfg, image, hw.replace(l2_scratch_bytes=hw.l2_scratch_bytes + 16), 4, logits="all")
+    plain, pre = _runtimes(case, hw=hw, logit_rows=4)
+    spec = _runtimes(case, hw=hw, logit_rows=4)[0]
+    pre.prefill_tokens = 4
+    ids = [int(t) for t in case.input_ids]
+    want = [plain.step(t) for t in ids[:4]]
+    np.testing.assert_array_equal(pre.prefill(ids[:4]), want[-1])
+    _assert_same_state(plain, pre, "after the prompt")
+    rows = spec.verify(ids[:4])                  # below the window of 5 that a KV-shared layer reads
+    for j in range(4):
+        np.testing.assert_array_equal(rows[j], want[j], err_msg=f"verify row {j}")
+    _assert_same_state(plain, spec, "after the verify pass")
+
+
+def test_e4b_programs_hold_four_tokens_on_the_engine_of_four_vectors():
+    from firmware.compiler import program_tokens
+    from sim.config import PRESETS as MODELS
+    cfg, hw = MODELS["e4b"], HW["kv260"].replace(gemv_vectors=4)
+    image = pack(cfg, None, hw, max_positions=600, fill=False, logit_rows=4)
+    assert program_tokens(cfg, image, hw) == 4
+    prog = compile_tokens(cfg, image, hw, 4, logits="all")
+    assert prog.l2_map["gain2"][0] == prog.l2_map["gain"][0]          # the tight layout
+    # the FFN's buffers carry the attention's, the post-FFN ones and the sparse top-k's
+    gate, up = prog.l2_map["gate"][0], prog.l2_map["up"][0]
+    assert prog.l2_map["q"][0] >= gate and prog.l2_map["dn"][0] == up and prog.l2_map["centred"][0] > up
+    heads = [decode(w) for w, s in zip(prog.words, prog.steps) if s.startswith("5 LM head")]
+    assert all(i.tokens == 4 for i in heads if i.op is Opcode.WGEMM) and \
+        not any(i.op is Opcode.WGEMV for i in heads)
+
+
 def test_multi_token_limit_keeps_shared_sliding_rings_exact():
     shared = load_case(FIXTURES / "f64_s1_l15.npz")          # KV-shared layers read a sliding layer's ring
     rt = Runtime.from_hf(shared.config, shared.tensors, arithmetic="hardware", hw="tiny")
