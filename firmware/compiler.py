@@ -47,6 +47,7 @@ class Program:
     words: list[int] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)      # the pipeline step of each word
     l2_map: dict[str, tuple[int, int]] = field(default_factory=dict)   # buffer -> (word address, elements)
+    l2_strides: dict[str, int] = field(default_factory=dict)   # per-token buffer -> words between copies
     tokens: int = 1                                      # tokens per run (a prefill program: more than one)
     streams: tuple[int, ...] = (0,)                      # each token's stream (its KV slots)
     logits: str = "last"                                 # whose logits it leaves in LOGITS: the last token's, "all"
@@ -65,6 +66,19 @@ class Program:
             imm = ids[t] if func is CtrlFunc.SETTOK else positions[t]
             words[index] = encode(Opcode.CTRL, func=func, imm=int(imm))
         return words
+
+    def l2_listing(self, words: int) -> str:
+        """The L2 buffers by address: word address, words (all of a per-token buffer's copies), elements a copy,
+        and the words used of the `words` a program owns."""
+        rows = sorted(self.l2_map.items(), key=lambda kv: (kv[1][0], kv[0]))
+        copies = {name: self.tokens if name in self.l2_strides else 1 for name, _ in rows}
+        out = [f"{'buffer':<14} {'word':>7} {'words':>7} {'elements':>9}"]
+        out += [f"{name:<14} {a:>7} {-(-n // 4) * copies[name]:>7} {n:>9}" + (f" x {copies[name]} tokens"
+                                                                              if copies[name] > 1 else "")
+                for name, (a, n) in rows]
+        used = max(a + -(-n // 4) * copies[name] for name, (a, n) in rows)
+        out.append(f"{used:,} of {words:,} words used ({self.tokens} token(s) a program)")
+        return "\n".join(out)
 
     def listing(self) -> str:
         from .asm import disassemble
@@ -460,6 +474,7 @@ def compile_tokens(config: ModelConfig | dict, image: Image, hw: HardwareConfig,
     e.step = "end"
     e.emit(Opcode.CTRL, func=CtrlFunc.HALT, imm=0)
     e.prog.l2_map = dict(m.buffers)
+    e.prog.l2_strides = dict(m.stride)
     e.prog.slots = [(k, CtrlFunc(f), int(t)) for k, w in enumerate(e.prog.words)
                     for f, t in [_ctrl_slot(w)] if f is not None]
     return e.prog
@@ -1070,12 +1085,14 @@ def _ple(e: _Emitter, cfg: ModelConfig, i: int, correct, others):
 # --- command line ------------------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
-    """``python -m firmware.compiler (--checkpoint DIR | --model M) [--hw HW] [--memory-map MAP]
-    [--max-positions N] [--tokens T] [--out FILE]``: the token program (``--tokens``: a prefill program of T
-    tokens, its SETTOK/SETPOS immediates the token indices) of a model for a hardware preset, over an image that
-    is only planned (`firmware.pack.pack` with ``fill=False``: no weights are read). Prints the listing
-    (`Program.listing`), or writes the words (little-endian u64) to FILE and the listing to FILE.lst. Bad
-    input: one line on stderr naming the option, exit status 2."""
+    """``python -m firmware.compiler (--checkpoint DIR | --model M) [--hw HW] [--gemv-vectors V] [--memory-map MAP]
+    [--max-positions N] [--tokens T] [--logits {last,all}] [--l2-map] [--out FILE]``: the token program
+    (``--tokens``: a prefill program of T tokens, its SETTOK/SETPOS immediates the token indices; with
+    ``--logits all`` every token's logits, as a verify pass computes them) of a model for a hardware preset, over
+    an image that is only planned (`firmware.pack.pack` with ``fill=False``: no weights are read). Prints the
+    listing (`Program.listing`), or with ``--l2-map`` the program's L2 buffers (word address, words, and the
+    words used of those a program owns), or writes the words (little-endian u64) to FILE and the listing to
+    FILE.lst. Bad input: one line on stderr naming the option, exit status 2."""
     import argparse
     import json
     import os
@@ -1085,7 +1102,7 @@ def main(argv=None) -> int:
     from hdl.memory_map import MEMORY_MAPS
     from sim.config import PRESETS as MODEL_PRESETS
 
-    from .cli import POSITIVE
+    from .cli import POSITIVE, arg_type
     from .pack import pack
 
     p = argparse.ArgumentParser(prog="python -m firmware.compiler",
@@ -1104,6 +1121,12 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=POSITIVE, default=1, metavar="T",
                    help=f"tokens per program: 1 is the decode program, more a prefill program "
                         f"(compile_tokens; at most {MAX_TOKENS}) (default 1)")
+    p.add_argument("--gemv-vectors", type=arg_type("an integer from 1 to 4", int, lambda v: 1 <= v <= 4),
+                   metavar="V", help="activation vectors of the GEMV engine (HardwareConfig.gemv_vectors): with V > 1 "
+                                     "WGEMM runs on it (default: the preset's)")
+    p.add_argument("--logits", default="last", choices=("last", "all"),
+                   help="the last token's logits (a prefill program, default) or every token's (a verify pass)")
+    p.add_argument("--l2-map", action="store_true", help="print the program's L2 buffers instead of the listing")
     p.add_argument("--out", metavar="FILE", help="write the words to FILE and the listing to FILE.lst")
     args = p.parse_args(argv)
     if args.checkpoint is not None:
@@ -1121,12 +1144,18 @@ def main(argv=None) -> int:
     else:
         cfg = ModelConfig.preset(args.model)
     hw = HardwareConfig.preset(args.hw)
+    if args.gemv_vectors:
+        hw = hw.replace(gemv_vectors=args.gemv_vectors)
     try:
-        image = pack(cfg, None, hw, fill=False, max_positions=args.max_positions, memory_map=args.memory_map)
-        program = compile_tokens(cfg, image, hw, tokens=args.tokens)
+        image = pack(cfg, None, hw, fill=False, max_positions=args.max_positions, memory_map=args.memory_map,
+                     logit_rows=args.tokens if args.logits == "all" else 1)
+        program = compile_tokens(cfg, image, hw, tokens=args.tokens, logits=args.logits)
     except ValueError as e:
         p.error(f"cannot compile for --hw {args.hw}, --memory-map {args.memory_map}"
                 + (f", --tokens {args.tokens}" if args.tokens > 1 else "") + f": {e}")
+    if args.l2_map:
+        print(program.l2_listing(hw.l2_program_words))
+        return 0
     if args.out is None:
         print(program.listing())
         return 0

@@ -247,6 +247,25 @@ def test_compiler_prints_a_prefill_program(capsys):
     assert "ctrl.settok imm=0x2" in text and "ctrl.setpos imm=0x2" in text
 
 
+def test_compiler_prints_the_l2_map(capsys):
+    from firmware.pack import pack
+    hw = TINY_HW.replace(gemv_vectors=4)
+    want = compiler.compile_tokens(TINY, pack(TINY, None, hw, fill=False, logit_rows=3), hw, tokens=3, logits="all")
+    assert compiler.main(["--model", "tiny", "--hw", "tiny", "--gemv-vectors", "4", "--tokens", "3", "--logits",
+                          "all", "--l2-map"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:-1]}
+    assert set(rows) == set(want.l2_map)
+    for name, (address, elements) in want.l2_map.items():
+        copies = 3 if name in want.l2_strides else 1
+        assert rows[name][:3] == [str(address), str(-(-elements // 4) * copies), str(elements)], name
+    # buffers laid over the gate's words (`_OVERLAYS`)
+    gate = want.l2_map["gate"]
+    assert [k for k, (a, _) in want.l2_map.items() if k != "gate" and gate[0] <= a < gate[0] + 3 * -(-gate[1] // 4)]
+    used = max(a + -(-n // 4) * (3 if k in want.l2_strides else 1) for k, (a, n) in want.l2_map.items())
+    assert lines[-1] == f"{used:,} of {hw.l2_program_words:,} words used (3 token(s) a program)"
+
+
 def test_compiler_bad_input(tmp_path, capsys):
     empty, bad_json, not_gemma = (tmp_path / n for n in ("empty", "bad_json", "not_gemma"))
     for d in (empty, bad_json, not_gemma):
@@ -276,6 +295,10 @@ def test_compiler_bad_input(tmp_path, capsys):
         (["--model", "tiny", "--tokens", "300"], "cannot compile for --hw kv260, --memory-map flat, --tokens 300: "
                                                  "tokens must be an integer from 1 to 255"),
         (["--model", "e4b", "--tokens", "8"], "--tokens 8: L2 is too small: buffer "),
+        (["--model", "e4b", "--gemv-vectors", "4", "--tokens", "5"], "--tokens 5: L2 is too small: buffer "),
+        (["--model", "tiny", "--gemv-vectors", "0"], "argument --gemv-vectors: must be an integer from 1 to 4, "
+                                                     "not '0'"),
+        (["--model", "tiny", "--logits", "first"], "argument --logits: invalid choice: 'first'"),
     ]
     for argv, message in cases:
         assert message in _error_line(_bad(compiler.main, argv, capsys)), argv

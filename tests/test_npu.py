@@ -61,6 +61,25 @@ def test_prefill_on_the_multi_vector_engine_bit_identical_to_the_iss():
 
 
 @pytest.mark.slow
+def test_batched_step_on_the_multi_vector_engine_bit_identical_to_the_iss():
+    """tiny_v4, f64_s2_l7 (sparse layer 0, KV-shared layers 5-6), 3 streams, one batched step: the projections,
+    the sparse layer's gate and up, the unembedding and the LM head WGEMMs of the 3 tokens, the buffers of the
+    attention and after the FFN laid over the FFN's; both the logits rows and every byte of DDR against the
+    ISS."""
+    simulate(HardwareConfig.preset("tiny_v4"), "modes", seed=9, env={"NPU_NPZ": str(FIXTURE), "NPU_TOKENS": "1",
+                                                                      "NPU_STREAMS": "3"})
+
+
+@pytest.mark.slow
+def test_verify_pass_on_the_multi_vector_engine_bit_identical_to_the_iss():
+    """tiny_v4, f64_s3_l5: a verify pass of 4 ids (the LM head's chunks WGEMMs of 4 tokens, every row's logits)
+    and its rollback: the logits rows and every byte of DDR against the ISS."""
+    simulate(HardwareConfig.preset("tiny_v4"), "modes", seed=10,
+             env={"NPU_NPZ": str(ROOT / "tests" / "fixtures" / "f64_s3_l5.npz"), "NPU_TOKENS": "1",
+                  "NPU_SPECULATE": "3"})
+
+
+@pytest.mark.slow
 def test_batched_steps_bit_identical_to_the_iss():
     """f64_s3_l5, 2 streams (their own KV slots, their own positions), 2 batched steps (their projections WGEMVs
     per token, as `gemm_pays` has it on tiny): both logits rows and every byte of DDR against the ISS."""
