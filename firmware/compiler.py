@@ -161,7 +161,7 @@ class _Emitter:
         self.T = tokens
         self.gemm = gemm_pays(hw, tokens) if gemm is None else bool(gemm)
         self.looping = False                      # inside `each`: names mean one token's copies
-        self.head_tokens = False                  # the LM head's WGEMMs serve every token (`_output_tokens`)
+        self.head_tokens = False                  # the LM head's WGEMMs serve every token (`_output`)
         self.l2 = L2Map(hw.l2_program_words, tokens)
         self.vl_after: list[int | None] = []      # the vector length in effect after each word
         self.streams: list[tuple[int, int]] = []  # (index, weight bytes) of every async WGEMV
@@ -467,7 +467,7 @@ def compile_tokens(config: ModelConfig | dict, image: Image, hw: HardwareConfig,
     for i in range(L):
         _layer(e, cfg, i)
     if e.head_tokens:
-        _output_tokens(e)
+        _output(e)
     else:
         for t in e.each(only=None if logits == "all" else tokens - 1):
             _output(e, t if logits == "all" else 0)
@@ -683,72 +683,28 @@ def _setup(e: _Emitter):
 
 
 def _output(e: _Emitter, row: int = 0):
-    """The logits of the current token, into LOGITS row `row`."""
+    """The logits of the current token into LOGITS row `row`; with `head_tokens` (called outside `each`) every
+    token's, token t's into row t: the unembedding projections and each LM-head chunk one WGEMM of all the
+    tokens (the chunks of `logit_chunks` for that many tokens), a chunk's rows token after token in the logits
+    buffer, soft-capped in one pass and stored a token at a time."""
     cfg, m, hw = e.cfg, e.l2, e.hw
     D, n = cfg.hidden_size, cfg.altup_num_inputs
-    e.step = "5 unembed: target = rms(xs[0])"
-    e.setvl(D)
-    e.vec(VecFunc.SUMSQ, a=m["xs0"], s=TARGET)
-    e.scalar(ScalarFunc.MUL, d=TARGET, a=TARGET, b=INV_D)
-    e.scalar(ScalarFunc.SQRT, d=TARGET, a=TARGET)
-    e.vec(VecFunc.COPY, dst=m["acc"], a=m["xs0"])
-    for k in range(n - 1):
-        e.step = f"5 unembed: xs[{k + 1}] U_{k}^T rescaled, summed"
-        e.wgemv(f"altup_unembed_projections.{k}.weight", m["u"], m[f"xs{k + 1}"])
-        _magnitude_match(e, m["u"])
-        e.setvl(D)
-        e.vec(VecFunc.ADD, dst=m["acc"], a=m["acc"], b=m["u"])
-    e.step = "5 mean of the streams, final norm"
-    e.const(0, "inv_streams")
-    e.vec(VecFunc.MULS, dst=m["acc"], a=m["acc"], s=0)
-    e.rmsnorm("acc", "acc", D, D, "norm.weight")
-    head = "embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-    bufs = [m["logits"]] + ([m["logits2"]] if "logits2" in m.buffers else [])
-
-    def finish(r0, rows, buf):
-        """Soft-cap the chunk of logits at `buf` and store it."""
-        e.step = f"5 LM head rows {r0}..{r0 + rows - 1}, soft-cap, store logits"
-        if cfg.final_logit_softcapping is not None:
-            e.const(0, "softcap")
-            e.emit(Opcode.CVO, func=CvoFunc.SOFTCAP, src=buf, dst=buf, length=rows, sub_emax=0,
-                   recip_scale=0, accm=0, async_=0)
-        e.setvl(rows)
-        e.emit(Opcode.DMA, dir=DmaDir.L2_TO_DDR, region=DdrRegion.LOGITS, l2=buf,
-               offset=(row * logit_stride(cfg) + r0) * 4 // 16, async_=0)
-
-    pending = None
-    for k, (r0, rows) in enumerate(logit_chunks(cfg, hw)):
-        e.step = f"5 LM head rows {r0}..{r0 + rows - 1}, soft-cap, store logits"
-        e.wgemv(head, bufs[k % len(bufs)], m["acc"], row_start=r0, rows=rows)
-        if pending is not None:          # the previous chunk, under this one's stream (the other buffer)
-            finish(*pending)
-        pending = (r0, rows, bufs[k % len(bufs)])
-        if len(bufs) == 1:
-            finish(*pending)
-            pending = None
-    if pending is not None:
-        finish(*pending)
-
-
-def _output_tokens(e: _Emitter):
-    """Every token's logits, token t's into LOGITS row t, as `_output` computes them one token at a time: the
-    unembedding projections and each LM-head chunk one WGEMM of all the tokens (`head_tokens`), the chunk's
-    rows token after token in the logits buffer, soft-capped in one pass and stored a token at a time."""
-    cfg, m, hw = e.cfg, e.l2, e.hw
-    D, n, T = cfg.hidden_size, cfg.altup_num_inputs, e.T
+    T = e.T if e.head_tokens else 1
     e.step = "5 unembed: target = rms(xs[0])"
     for _ in e.each():
         e.setvl(D)
         e.vec(VecFunc.SUMSQ, a=m["xs0"], s=TARGET)
         e.scalar(ScalarFunc.MUL, d=TARGET, a=TARGET, b=INV_D)
         e.scalar(ScalarFunc.SQRT, d=TARGET, a=TARGET)
-        e.scalar(ScalarFunc.ST, a=TARGET, imm=m["target"] * 4)
+        if T > 1:
+            e.scalar(ScalarFunc.ST, a=TARGET, imm=m["target"] * 4)
         e.vec(VecFunc.COPY, dst=m["acc"], a=m["xs0"])
     for k in range(n - 1):
         e.step = f"5 unembed: xs[{k + 1}] U_{k}^T rescaled, summed"
         e.proj(f"altup_unembed_projections.{k}.weight", "u", f"xs{k + 1}")
         for _ in e.each():
-            e.scalar(ScalarFunc.LD, d=TARGET, imm=m["target"] * 4)
+            if T > 1:
+                e.scalar(ScalarFunc.LD, d=TARGET, imm=m["target"] * 4)
             _magnitude_match(e, m["u"])
             e.setvl(D)
             e.vec(VecFunc.ADD, dst=m["acc"], a=m["acc"], b=m["u"])
@@ -762,7 +718,7 @@ def _output_tokens(e: _Emitter):
     bufs = [m["logits"]] + ([m["logits2"]] if "logits2" in m.buffers else [])
 
     def finish(r0, rows, buf):
-        """Soft-cap the chunk of every token's logits at `buf` and store each token's rows."""
+        """Soft-cap the chunk of logits at `buf` (T tokens' rows, one after another) and store it."""
         e.step = f"5 LM head rows {r0}..{r0 + rows - 1}, soft-cap, store logits"
         stride = -(-rows // 4)
         if cfg.final_logit_softcapping is not None:
@@ -772,15 +728,18 @@ def _output_tokens(e: _Emitter):
         e.setvl(rows)
         for t in range(T):
             e.emit(Opcode.DMA, dir=DmaDir.L2_TO_DDR, region=DdrRegion.LOGITS, l2=buf + t * stride,
-                   offset=(t * logit_stride(cfg) + r0) * 4 // 16, async_=0)
+                   offset=((row + t) * logit_stride(cfg) + r0) * 4 // 16, async_=0)
 
     pending = None
-    for k, (r0, rows) in enumerate(logit_chunks(cfg, hw, head_tokens(hw))):
+    for k, (r0, rows) in enumerate(logit_chunks(cfg, hw, head_tokens(hw) if T > 1 else 1)):
         e.step = f"5 LM head rows {r0}..{r0 + rows - 1}, soft-cap, store logits"
         buf = bufs[k % len(bufs)]
-        d = e.image.descriptor(head, r0, rows)
-        e.emit(Opcode.WGEMM, dst=buf, src=m["acc"], desc=d.index, tokens=T, accm=0, async_=1)
-        e.streams.append((len(e.prog.words) - 1, d.rows * d.cols))
+        if T > 1:
+            d = e.image.descriptor(head, r0, rows)
+            e.emit(Opcode.WGEMM, dst=buf, src=m["acc"], desc=d.index, tokens=T, accm=0, async_=1)
+            e.streams.append((len(e.prog.words) - 1, d.rows * d.cols))
+        else:
+            e.wgemv(head, buf, m["acc"], row_start=r0, rows=rows)
         if pending is not None:          # the previous chunk, under this one's stream (the other buffer)
             finish(*pending)
         pending = (r0, rows, buf)
