@@ -12,7 +12,8 @@
 4. Prints E4B on kv260 (300 MHz, 19.2 GB/s peak, the stated efficiencies) with the fitted costs, per unit
    and per instruction class, and writes the tables to ``build/benchmarks/npu.md``.
 
-``--gemm``: only WGEMM on the tiny NPU, against WGEMVs of the same products and against the array's bound.
+``--gemm``: only WGEMM on the tiny NPU (``--hw tiny_v4``: on its GEMV engine of four vectors), against the
+model, WGEMVs of the same products and the bound.
 """
 
 from __future__ import annotations
@@ -107,8 +108,11 @@ def e4b_table(rates: Rates, positions) -> list[str]:
 
 
 def gemm_table(hw: HardwareConfig, npz: Path, seed: int = 1) -> list[str]:
-    """WGEMM on the tiny NPU (RTL cycles, `tb.npu.calibrate.gemm_programs`) against the same products as
-    WGEMVs and against the array's bound (one k-step per cycle: token tiles x row tiles x padded K)."""
+    """WGEMM on a tiny NPU (RTL cycles, `tb.npu.calibrate.gemm_programs`) against the model's cost
+    (`firmware.perf.wgemm_cost` and an issue), the same products as WGEMVs and the bound of
+    `firmware.perf.wgemm_bounds` (the array's k-steps; on the GEMV engine of several vectors, its products at
+    its lanes x vectors a cycle)."""
+    from firmware.perf import Wgemm, wgemm_bounds, wgemm_cost
     __import__("conftest")
     from tb.npu import npu_verilog
     with tempfile.TemporaryDirectory() as tmp:
@@ -117,21 +121,28 @@ def gemm_table(hw: HardwareConfig, npz: Path, seed: int = 1) -> list[str]:
             build_name=f"npu_{hw.name}", extra_env={"NPU_HW": hw.name, "SEED": str(seed), "NPU_NPZ": str(npz),
                                                      "NPU_RESULT": str(res), "NPU_CALIBRATE": "gemm"})
         got = {r["name"]: r["cycles"] for r in json.loads(res.read_text())}
-    seg = min(hw.weight_group, hw.act_block)
-    out = ["## WGEMM on the systolic array (tiny NPU in Verilator, CYCLES less the activation load)", "",
-           f"Array {hw.systolic_rows} x {hw.systolic_cols} ({2 * hw.systolic_rows * hw.systolic_cols} MACs per "
-           "cycle); bound = token tiles x row tiles x padded K (one k-step per cycle).", "",
-           "| matrix | tokens | WGEMM cycles | bound | of bound | T x WGEMV cycles | WGEMM speed-up |",
-           "|---|---|---|---|---|---|---|"]
+    rates = Rates()
+    if hw.gemv_vectors > 1:
+        unit = (f"the GEMV engine of {hw.gemv_vectors} vectors", f"bound = rows x cols x tokens at its "
+                f"{hw.gemv_lanes} lanes x {hw.gemv_vectors} vectors a cycle")
+    else:
+        unit = (f"the {hw.systolic_rows} x {hw.systolic_cols} systolic array",
+                "bound = token tiles x row tiles x padded K (one k-step per cycle)")
+    out = [f"## WGEMM on {unit[0]} ({hw.name} NPU in Verilator, CYCLES less the activation load)", "",
+           f"Model: `firmware.perf.wgemm_cost` + one issue; {unit[1]}.", "",
+           "| matrix | tokens | WGEMM cycles | model | error | bound | of bound | T x WGEMV cycles | WGEMM speed-up |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for name in sorted(k for k in got if k.startswith("wgemm_")):
         shape, t = name[len("wgemm_"):].rsplit("_t", 1)
         rows, cols = map(int, shape.split("x"))
         t = int(t)
         base = got[f"load_{shape}"]
         wm, wv = got[name] - base, got[f"wgemv_{shape}_t{t}"] - base
-        bound = -(-t // hw.systolic_rows) * -(-rows // (2 * hw.systolic_cols)) * -(-cols // seg) * seg
-        out.append(f"| {rows} x {cols} | {t} | {wm:,} | {bound:,} | {100 * bound / wm:.0f} % | {wv:,} | "
-                   f"{wv / wm:.2f} |")
+        g = Wgemm(rows, cols, t)
+        model = wgemm_cost(g, hw, rates) + rates.issue
+        bound = wgemm_bounds(g, hw, rates)[0]
+        out.append(f"| {rows} x {cols} | {t} | {wm:,} | {model:,.0f} | {100 * (model - wm) / wm:+.1f} % | "
+                   f"{bound:,.0f} | {100 * bound / wm:.0f} % | {wv:,} | {wv / wm:.2f} |")
     return out
 
 
@@ -140,9 +151,12 @@ def main(argv=None) -> int:
     p.add_argument("--npz", default=str(FIXTURE))
     p.add_argument("--tokens", type=int, default=4)
     p.add_argument("--positions", type=int, nargs="+", default=[128, 1024, 4096])
-    p.add_argument("--gemm", action="store_true", help="only the WGEMM table (systolic array in the NPU)")
+    p.add_argument("--gemm", action="store_true", help="only the WGEMM table (the systolic array, or the GEMV "
+                                                          "engine of several vectors with --hw tiny_v4)")
+    p.add_argument("--hw", default="tiny", choices=("tiny", "tiny_v4"),
+                   help="the NPU simulated for --gemm (default tiny; the calibration runs on tiny)")
     args = p.parse_args(argv)
-    hw = HardwareConfig.preset("tiny")
+    hw = HardwareConfig.preset(args.hw if args.gemm else "tiny")
     if args.gemm:
         print("\n".join(gemm_table(hw, Path(args.npz))))
         return 0

@@ -162,6 +162,7 @@ class _Emitter:
         self.gemm = gemm_pays(hw, tokens) if gemm is None else bool(gemm)
         self.looping = False                      # inside `each`: names mean one token's copies
         self.head_tokens = False                  # the LM head's WGEMMs serve every token (`_output`)
+        self._up_wgemm: bool | None = None        # `up_wgemm`, once known
         self.l2 = L2Map(hw.l2_program_words, tokens)
         self.vl_after: list[int | None] = []      # the vector length in effect after each word
         self.streams: list[tuple[int, int]] = []  # (index, weight bytes) of every async WGEMV
@@ -236,6 +237,19 @@ class _Emitter:
         if self.T > 1:
             self.emit(Opcode.CTRL, func=CtrlFunc.SETPOS, imm=t)
 
+    def wgemm_reads(self, name: str, row_start: int = 0, rows: int | None = None) -> bool:
+        """Whether a WGEMM can read matrix `name` (those rows): dense, row-major, in the NPU's weight groups."""
+        d = self.image.descriptor(name, row_start, rows)
+        return d.layout == Layout.ROW and d.group == self.hw.weight_group
+
+    def up_wgemm(self) -> bool:
+        """Whether the FFN's up projections run as one WGEMM a piece for every token (`_ffn`, `up_words`)."""
+        if self._up_wgemm is None:
+            self._up_wgemm = self.T > 1 and self.gemm and all(
+                self.wgemm_reads(self.sub(i, "mlp.up_proj.weight"), r0, rows)
+                for i in range(self.cfg.num_hidden_layers) for r0, rows in ffn_pieces(self.cfg, i))
+        return self._up_wgemm
+
     def proj(self, name: str, dst: str, src: str, *, sparse=0, row_start=0, rows=None, mask=None,
              live: float = 1.0, dst_off: int = 0, gemm_dst: int | None = None):
         """The projection of matrix `name` from buffer `src` into buffer `dst` (+ `dst_off` words) for every
@@ -248,8 +262,8 @@ class _Emitter:
         m = self.l2
         strides = m.stride.get(src) == -(-d.cols // 4) and (gemm_dst is not None
                                                              or m.stride.get(dst) == -(-d.rows // 4))
-        if (self.looping or self.T == 1 or not self.gemm or sparse or mask is not None or d.layout != Layout.ROW
-                or d.group != self.hw.weight_group or not strides):
+        if (self.looping or self.T == 1 or not self.gemm or sparse or mask is not None
+                or not self.wgemm_reads(name, row_start, rows) or not strides):
             for _ in self.each():
                 self.wgemv(name, m[dst] + dst_off, m[src], sparse=sparse, row_start=row_start, rows=rows,
                            mask=None if mask is None else m[mask] + dst_off, live=live)
@@ -541,7 +555,7 @@ def _l2_map(e: _Emitter, image: Image, tight: bool):
         m.alloc(f"pred{k}", D, per_token=True)
     sizes = {"x0": D, "pli": L * P, "ple": L * P, "gain": max(D, hd), "gain2": max(D, hd), "xn": D,
              "lt": cfg.laurel_rank, "lr": D, "laurel": D, "q": cfg.q_dim, "k": cfg.kv_dim, "v": cfg.kv_dim,
-             "attn": cfg.q_dim, "o": D, "xa": D, "h": D, "gate": F, "up": up_words(cfg) if tokens > 1 and e.gemm else F,
+             "attn": cfg.q_dim, "o": D, "xa": D, "h": D, "gate": F, "up": up_words(cfg) if e.up_wgemm() else F,
              "centred": F, "dn": D, "out": D,
              "innov": D, "gi": D, "pg": P, "pp": D, "router": n * D, "router2": n * D, "coefs": n * n * n,
              "mvec": n, "u": D, "acc": D, "rope.sliding": hd, "rope.full": hd, "cs.sliding": hd, "cs.full": hd}
@@ -948,7 +962,7 @@ def _ffn(e: _Emitter, cfg: ModelConfig, i: int, predict):
     live = 1.0 - cfg.activation_sparsity_pattern[i]
     # as WGEMMs, the pieces take turns in two slots of `up` (`up_words`), piece k's outputs token after token in
     # slot k % 2 (a piece's WGEMM strides): piece k + 1 streams into one while GELU(gate) * up reads the other
-    whole = e.T > 1 and not e.looping and not masked and e.gemm
+    whole = not e.looping and not masked and e.up_wgemm()
     slot = e.T * up_words(cfg) // 8
 
     def up_off(k, rows, t):

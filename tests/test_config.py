@@ -107,7 +107,12 @@ def test_hardware_presets():
     assert kv.device is XCK26 and XCK26.dsp == 1248
     assert HardwareConfig.preset("tiny") is HW["tiny"]
     assert json.loads(json.dumps(kv.to_dict()))["gemv_lanes"] == 128
-    with pytest.raises(ValueError, match="unknown hardware preset 'zcu104'; choose one of: kv260, tiny"):
+    # WGEMM on the GEMV engine of four vectors, no GEMM unit; kv260_gemm: one vector and the 32 x 8 array
+    assert kv.gemv_vectors == 4 and kv.gemm_tile == 4
+    assert HW["kv260_gemm"].gemv_vectors == 1 and HW["kv260_gemm"].gemm_tile == 32
+    assert HW["kv260_gemm"].replace(name="kv260", gemv_vectors=4) == kv
+    with pytest.raises(ValueError, match="unknown hardware preset 'zcu104'; choose one of: kv260, kv260_gemm, "
+                                         "tiny"):
         HardwareConfig.preset("zcu104")
 
 

@@ -104,7 +104,9 @@ def run(seq, word, *, vl=0, hd=0, pos=0, desc=None, fmap=(0, 0, 0), act_n=0, see
             if engine and ctx.get(seq.o_gemv.valid):
                 assert busy_left == 0, "a GEMV job while the engine runs"
                 j = seq.o_gemv.payload.cmd
-                steps.append(Engine(ctx.get(j.rows), ctx.get(j.cols), bool(ctx.get(j.accm)), bool(ctx.get(j.sparse))))
+                vectors = ctx.get(j.vecs) + 1 if seq.hw.gemv_vectors > 1 else 1
+                steps.append(Engine(ctx.get(j.rows), ctx.get(j.cols), bool(ctx.get(j.accm)), bool(ctx.get(j.sparse)),
+                                    vectors))
                 if ddr is not None:
                     ddr.append(("gemv", ctx.get(j.wbase), ctx.get(j.sbase)))
                 busy_left, started_engine = rng.randint(1, 30), True
@@ -375,7 +377,10 @@ def test_sequencers_on_other_configurations(hw):
           desc=_slot(512, 2, hd, hw))
     steps = check(MatrixSequencer, hw, Opcode.WGEMM, {"dst": 2000, "src": 0, "desc": 0, "tokens": 7, "accm": 0,
                                                       "async_": 1}, desc=_matrix(64, 128, group=hw.weight_group))
-    assert sum(isinstance(s, Gemm) for s in steps) == -(-7 // hw.systolic_rows)
+    tiles = [s for s in steps if isinstance(s, Gemm if hw.gemv_vectors == 1 else Engine)]
+    assert len(tiles) == -(-7 // hw.gemm_tile)
+    if hw.gemv_vectors > 1:            # kv260: tiles of its four vectors on the GEMV engine
+        assert [s.vectors for s in tiles] == [4, 3]
 
 
 def test_matrix_sequencer_masked_wgemv_sends_its_mask_first():

@@ -505,8 +505,8 @@ def test_lm_head_in_a_shrinking_tail_of_chunks_gives_the_same_logits(monkeypatch
     ref = Runtime.from_hf(cfg, tensors, arithmetic="reference", hw="tiny")
     tail = Runtime.from_hf(cfg, tensors, arithmetic="hardware", hw="tiny")
 
-    def plain(cfg, hw):
-        C = packer.logit_chunk_rows(cfg, hw)
+    def plain(cfg, hw, tokens=1):
+        C = packer.logit_chunk_rows(cfg, hw, tokens)
         return [(r0, min(C, cfg.vocab_size - r0)) for r0 in range(0, cfg.vocab_size, C)]
 
     monkeypatch.setattr(packer, "logit_chunks", plain)

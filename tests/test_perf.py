@@ -184,8 +184,8 @@ def test_fit_recovers_known_wgemm_costs():
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
 
 
-@pytest.mark.parametrize("hw", [HardwareConfig.preset("tiny"), HardwareConfig.preset("kv260"),
-                                HardwareConfig.preset("kv260").replace(systolic_cols=32)],
+@pytest.mark.parametrize("hw", [HardwareConfig.preset("tiny"), HardwareConfig.preset("kv260_gemm"),
+                                HardwareConfig.preset("kv260_gemm").replace(systolic_cols=32)],
                          ids=lambda h: f"{h.name}-{h.systolic_cols}")
 def test_wgemm_structure(hw):
     """More tokens, rows or columns never cost less; a WGEMM never beats the array's bound (one k-step per

@@ -200,15 +200,18 @@ def test_prefill_program_structure_and_bind():
 
 
 def test_gemm_pays_where_the_array_outruns_the_gemv_stream():
-    # kv260: 2C = 16 rows per k-step against 4 ports x 32 weights per beat: the array takes 128 / 16 = 8 tokens'
-    # time per pass, re-streamed per tile of 32 tokens (from 33 tokens on, two passes against 33 x 16 / 128)
-    kv = HW["kv260"]
+    # kv260_gemm: 2C = 16 rows per k-step against 4 ports x 32 weights per beat: the array takes 128 / 16 = 8
+    # tokens' time per pass, re-streamed per tile of 32 tokens (from 33 tokens on, two passes against 33 x 16 /
+    # 128)
+    kv = HW["kv260_gemm"]
     assert [t for t in range(1, 65) if gemm_pays(kv, t)] == list(range(9, 65))
     assert not gemm_pays(kv, 8) and gemm_pays(kv, 9)
     # tiny: 2C = 8 against 2 x 16: more than 4 tokens per tile of 4 never happens, so never
     assert not any(gemm_pays(HW["tiny"], t) for t in range(1, 65))
-    # the GEMV engine of several vectors streams the weights once per tile of them: from two tokens on
-    assert [t for t in range(1, 9) if gemm_pays(HW["tiny_v4"], t)] == list(range(2, 9))
+    # the GEMV engine of several vectors (tiny_v4's, kv260's) streams the weights once per tile of them: from two
+    # tokens on
+    for name in ("tiny_v4", "kv260"):
+        assert [t for t in range(1, 9) if gemm_pays(HW[name], t)] == list(range(2, 9)), name
 
 
 @pytest.mark.parametrize("tokens, message", [

@@ -476,13 +476,22 @@ def test_parameter_errors():
         ActQuantizer(TINY.replace(act_block=2))
 
 
-@pytest.mark.parametrize("hw", [TINY, KV260], ids=lambda h: h.name)
+@pytest.mark.parametrize("hw", [TINY, HardwareConfig.preset("kv260_gemm"), KV260], ids=lambda h: h.name)
 def test_plugs_into_gemv_engine(hw):
-    """o_act / o_exp have exactly the signatures of GemvEngine.i_act / i_exp (wiring.connect checks them)."""
+    """o_act / o_exp have exactly the signatures of GemvEngine.i_act / i_exp (wiring.connect checks them); an
+    engine of several vectors (kv260) takes the same words with the vector they go to (`vec`, which the
+    controller sets from the pass's token)."""
     quant, gemv, m = ActQuantizer(hw), GemvEngine(hw), Module()
     quant._MustUse__silence = gemv._MustUse__silence = m._MustUse__silence = True   # never elaborated
-    wiring.connect(m, quant.o_act, gemv.i_act)
-    wiring.connect(m, quant.o_exp, gemv.i_exp)
+    if hw.gemv_vectors == 1:
+        wiring.connect(m, quant.o_act, gemv.i_act)
+        wiring.connect(m, quant.o_exp, gemv.i_exp)
+        return
+    for out, into in ((quant.o_act, gemv.i_act), (quant.o_exp, gemv.i_exp)):
+        q = out.p.shape().members
+        e = dict(into.p.shape().members)
+        assert e.pop("vec") == range(hw.gemv_vectors)
+        assert dict(q) == e
 
 
 # ---- The WGEMV path in cocotb + Verilator: quantiser -> GEMV engine memories -> y ---------------------------
