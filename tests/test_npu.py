@@ -237,7 +237,7 @@ def test_cli_argument_errors(capsys, tmp_path):
         (["--hf-npz", str(tmp_path / "none.npz")], "no such file"),
         (["--hf-npz", str(FIXTURE), "--tokens", "0"], "must be a positive integer, not '0'"),
         (["--hf-npz", str(FIXTURE), "--tokens", "17"], "has only 16 input ids"),
-        (["--hf-npz", str(FIXTURE), "--hw", "big"], "--hw must be one of kv260, tiny, tiny_fp16, tiny_v4, not 'big'"),
+        (["--hf-npz", str(FIXTURE), "--hw", "big"], "--hw must be one of kv260, kv260_gemm, tiny, tiny_fp16, tiny_v4, not 'big'"),
         (["--hf-npz", str(FIXTURE), "--tokens", "3", "--prefill", "4"], "--prefill 4: more than the 3 tokens run"),
         (["--hf-npz", str(FIXTURE), "--prefill", "0"], "must be a positive integer, not '0'"),
         (["--hf-npz", str(FIXTURE), "--streams", "2", "--prefill", "2"], "separate runs: give one of them"),
