@@ -105,6 +105,8 @@ def run(seq, word, *, vl=0, hd=0, pos=0, desc=None, fmap=(0, 0, 0), act_n=0, see
                 assert busy_left == 0, "a GEMV job while the engine runs"
                 j = seq.o_gemv.payload.cmd
                 vectors = ctx.get(j.vecs) + 1 if seq.hw.gemv_vectors > 1 else 1
+                if word >> 60 == Opcode.WGEMM.value and seq.hw.gemv_row_mask:
+                    assert not ctx.get(j.mask), "a WGEMM's GEMV job with the row mask"
                 steps.append(Engine(ctx.get(j.rows), ctx.get(j.cols), bool(ctx.get(j.accm)), bool(ctx.get(j.sparse)),
                                     vectors))
                 if ddr is not None:
@@ -381,6 +383,18 @@ def test_sequencers_on_other_configurations(hw):
     assert len(tiles) == -(-7 // hw.gemm_tile)
     if hw.gemv_vectors > 1:            # kv260: tiles of its four vectors on the GEMV engine
         assert [s.vectors for s in tiles] == [4, 3]
+
+
+@pytest.mark.parametrize("tokens", [8, 9, 33, 255])
+def test_wgemm_on_the_multi_vector_engine_for_any_token_count(tokens):
+    """kv260 (the GEMV engine of four vectors, with the row mask): the WGEMM's tiles are plain GEMV jobs whatever
+    its `tokens` field holds (its bits lie where a WGEMV has `mask` and `sparse`), tiles of 4 and the rest."""
+    steps = check(MatrixSequencer, KV260, Opcode.WGEMM, {"dst": 2000, "src": 0, "desc": 0, "tokens": tokens,
+                                                         "accm": 0, "async_": 1},
+                  desc=_matrix(8, 128, group=KV260.weight_group))
+    jobs = [s for s in steps if isinstance(s, Engine)]
+    assert [s.vectors for s in jobs] == [4] * (tokens // 4) + ([tokens % 4] if tokens % 4 else [])
+    assert not any(s.sparse for s in jobs)
 
 
 def test_matrix_sequencer_masked_wgemv_sends_its_mask_first():

@@ -271,6 +271,14 @@ def test_wgemm_on_the_systolic_array_gives_the_iss_results():
     _bench("gemm")
 
 
+@pytest.mark.slow
+def test_wgemm_on_the_multi_vector_engine_gives_the_iss_results():
+    """The same WGEMM programs on tiny_v4, whose GEMV engine runs them in tiles of four vectors: 9 tokens (a
+    tile of one after two of four; its `tokens` field has the bit a WGEMV reads as `mask`), accm, hazards,
+    errors; results, outcomes and DDR against the ISS, the GEMV engine's busy counter the WGEMM's."""
+    simulate(HardwareConfig.preset("tiny_v4"), "gemm", seed=1, env={"NPU_NPZ": str(FIXTURE)})
+
+
 def test_gemm_programs_have_the_expected_iss_outcomes():
     """The directed WGEMM programs mean what they say: the ISS ends each one as the bench expects (the bus
     error cases excepted: the ISS does not model the DDR window), and the good ones write real results."""

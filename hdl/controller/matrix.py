@@ -204,10 +204,13 @@ class MatrixSequencer(Sequencer):
                 with m.Else():
                     if on_gemv:
                         # the tile's tokens as the vectors of one GEMV command; its rows go to L2 as the GEMM
-                        # unit's would, and the engine holds no reusable activations after it
+                        # unit's would, and the engine holds no reusable activations after it. Every field is
+                        # driven here: the WGEMV's driver above reads sparse and mask from the WGEMV format's
+                        # bits, which are WGEMM `tokens` bits (its bit 3 would read as mask, its bit 5 as sparse)
                         job = self.o_gemv.payload
                         m.d.comb += [self.o_gemv.valid.eq(1), job.cmd.log2_group.eq(d.log2_group),
-                                     job.cmd.vecs.eq(tile - 1), job.stride.eq(out_stride),
+                                     job.cmd.vecs.eq(tile - 1), job.stride.eq(out_stride), job.cmd.sparse.eq(0),
+                                     *([job.cmd.mask.eq(0)] if hw.gemv_row_mask else []),
                                      self.o_act_n.valid.eq(1), self.o_act_n.payload.eq(0)]
                     else:
                         job = self.o_gemm.payload

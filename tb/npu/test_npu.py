@@ -439,28 +439,31 @@ def run_directed(device, hw, cases, broken, log, tag) -> list[str]:
         problems = check_window(device, iss_ddr(m, img, _program(words)), img0)
         if problems:
             failures.append(f"{name}: DDR differs from the ISS: {'; '.join(problems)}")
-        failures += [f"{name}: {p}" for p in _unit_counter_problems(words, npu.counters, got is None)]
+        failures += [f"{name}: {p}" for p in _unit_counter_problems(words, npu.counters, got is None, hw)]
         log(f"{tag}: {name}: {npu.counters}")
     return failures
 
 
-def _unit_counter_problems(words, counters, completed) -> list[str]:
+def _unit_counter_problems(words, counters, completed, hw) -> list[str]:
     """The GEMV and GEMM busy counters against the program: zero for a unit no instruction uses (the GEMV
-    engine: WGEMV, and ATTN on the INT8 KV cache), and non-zero for the GEMM unit when a WGEMM of at least one
-    token ran in a program that completed."""
+    engine: WGEMV, ATTN on the INT8 KV cache, and WGEMM where the engine has several vectors and there is no
+    GEMM unit), and non-zero for the unit that runs a WGEMM of at least one token in a program that
+    completed."""
     ops = []
     for w in words:
         try:
             ops.append(decode(w))
         except DecodeError:
             pass
+    wgemm_unit = "GEMV_BUSY" if hw.gemv_vectors > 1 else "GEMM_BUSY"
+    gemv_users = (Opcode.WGEMV, Opcode.ATTN) + ((Opcode.WGEMM,) if hw.gemv_vectors > 1 else ())
     problems = []
-    for unit, users in (("GEMV_BUSY", (Opcode.WGEMV, Opcode.ATTN)), ("GEMM_BUSY", (Opcode.WGEMM,))):
-        op = users[0]
+    for unit, users in (("GEMV_BUSY", gemv_users), ("GEMM_BUSY", (Opcode.WGEMM,) if hw.gemv_vectors == 1 else ())):
         if not any(i.op in users for i in ops) and counters[unit]:
-            problems.append(f"{unit} = {counters[unit]} with no {op.name} in the program")
-    if completed and any(i.op == Opcode.WGEMM and i.tokens for i in ops) and not counters["GEMM_BUSY"]:
-        problems.append("GEMM_BUSY = 0 after a WGEMM ran")
+            problems.append(f"{unit} = {counters[unit]} with no {' or '.join(u.name for u in users) or 'user'} in "
+                            f"the program")
+    if completed and any(i.op == Opcode.WGEMM and i.tokens for i in ops) and not counters[wgemm_unit]:
+        problems.append(f"{wgemm_unit} = 0 after a WGEMM ran")
     return problems
 
 
