@@ -116,6 +116,9 @@ class Rates:
     gemm_quant: float = 12.8           # per token's quantiser pass beyond its elements (start, block latency, lanes)
     gemm_tile: float = 74.8            # per token tile: unit start, first DDR latency, engine latency, hand-off
     gemm_row: float = 8.7              # per token row of a row tile beyond its elements: the L2 row command
+    # WGEMM on the GEMV engine of several vectors (`_wgemm_terms_gemv`), fitted to the four WGEMMs of 4 and 8
+    # tokens of `python -m benchmarks.npu --gemm --hw tiny_v4` (tests/test_perf.py RTL_WGEMM_GEMV)
+    gemv_round: float = 19.8           # per tile round of a port whose parts take vectors in turn: their drain
 
     def __post_init__(self):
         # every cost is a finite number; the fractions and the element rate are checked here, the sign of the
@@ -311,7 +314,8 @@ def _wgemm_terms_gemv(g: Wgemm, hw: HardwareConfig, rates: Rates):
     elements at the quantiser's rate, as a WGEMV's), then one GEMV command of n vectors: ``gemv_fixed`` + the
     longer of its bytes at the weight stream's rate (`_stream_rate`) and its back end (hdl/gemv.py: P =
     `gemv_parts` binary32 parts per port and cycle, ceil(n / P) cycles per row and segment, over the tiles of
-    `tile_rows` rows a port takes)."""
+    `tile_rows` rows a port takes; where a part takes more than one vector in turn, each tile round ends in its
+    parts' drain, ``gemv_round``, which the RTL overlaps with the next round for one vector a part)."""
     from hdl.gemv import GemvEngine, gemv_parts
     parts = gemv_parts(hw)
     if g.cols > hw.gemv_max_cols:
@@ -326,7 +330,9 @@ def _wgemm_terms_gemv(g: Wgemm, hw: HardwareConfig, rates: Rates):
     known, last = 0.0, 0.0
     for t0 in range(0, g.tokens, hw.gemm_tile):
         n = min(hw.gemm_tile, g.tokens - t0)
-        tk = n * _element_cycles("quant", g.cols, rates) + max(stream, port_tiles * T * -(-n // parts) * nseg)
+        groups = -(-n // parts)                       # vectors a part takes in turn
+        back = port_tiles * (T * groups * nseg + (rates.gemv_round if groups > 1 else 0))
+        tk = n * _element_cycles("quant", g.cols, rates) + max(stream, back)
         known += tk
         coef.update({"quant_pass": n, "gemv_fixed": 1})
         last = tk + n * rates.quant_pass + rates.gemv_fixed
