@@ -5,6 +5,7 @@ model (tb/ddrprobe/test_ddrprobe.py)."""
 
 import re
 import threading
+import time
 
 import pytest
 from amaranth.hdl import Fragment
@@ -278,6 +279,11 @@ def test_cli_on_a_standin_board(probe_board, capsys):
     assert f"read {c.bytes:,} bytes" in out and f"in {c.bursts:,} bursts" in out
     assert out.splitlines()[-1].startswith("python -m firmware.perf --hw kv260 --ddr-efficiency ")
     assert not regs.irq, "the tool left DONE (the interrupt line) up"
+    # the host's re-enable word reaches the stand-in board's record when its delivery thread next reads the pty
+    # (every 5 ms): wait for it rather than race it
+    deadline = time.monotonic() + 5.0
+    while not probe_board.interrupt.words and time.monotonic() < deadline:
+        time.sleep(0.005)
     assert probe_board.interrupt.words == [1]
 
 
