@@ -461,7 +461,8 @@ def compile_tokens(config: ModelConfig | dict, image: Image, hw: HardwareConfig,
     e.prog.logits = logits
     # every token's logits from LM-head WGEMMs, the tokens sharing each chunk's weight stream (`head_tokens`;
     # the unembedding's buffers then have a copy per token)
-    e.head_tokens = logits == "all" and 1 < tokens <= head_tokens(hw) and e.gemm
+    head = "embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+    e.head_tokens = logits == "all" and 1 < tokens <= head_tokens(hw) and e.gemm and e.wgemm_reads(head)
     D, n, P, L = cfg.hidden_size, cfg.altup_num_inputs, cfg.hidden_size_per_layer_input, cfg.num_hidden_layers
     hd, F = cfg.head_dim, max(cfg.intermediate_size)
     a = cfg.altup_active_idx

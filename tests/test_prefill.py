@@ -165,6 +165,20 @@ def test_e4b_programs_hold_four_tokens_on_the_engine_of_four_vectors():
         not any(i.op is Opcode.WGEMV for i in heads)
 
 
+def test_a_head_a_wgemm_cannot_read_runs_per_token():
+    # the tiny model on kv260: hidden 64 puts the LM head in groups of 64, not the NPU's 128; every token's logits
+    # then come from its own WGEMVs (a WGEMM of it would stop with BAD_DESCRIPTOR), the rest of the program as
+    # WGEMMs of both tokens
+    from sim.iss import COUNT, Machine
+    cfg, hw = ModelConfig.preset("tiny"), HW["kv260"]
+    image = pack(cfg, None, hw, fill=False, max_positions=16, logit_rows=2)
+    prog = compile_tokens(cfg, image, hw, 2, logits="all")
+    heads = [decode(w).op for w, s in zip(prog.words, prog.steps) if s.startswith("5 LM head")]
+    assert Opcode.WGEMV in heads and Opcode.WGEMM not in heads
+    assert any(decode(w).op is Opcode.WGEMM for w in prog.words)
+    Machine(image, hw, COUNT).run(prog.bind([1, 2], [0, 1]), token=1, pos=0)
+
+
 def test_multi_token_limit_keeps_shared_sliding_rings_exact():
     shared = load_case(FIXTURES / "f64_s1_l15.npz")          # KV-shared layers read a sliding layer's ring
     rt = Runtime.from_hf(shared.config, shared.tensors, arithmetic="hardware", hw="tiny")
