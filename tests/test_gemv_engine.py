@@ -49,6 +49,23 @@ def test_engine_sparse_corners():
     _run("sparse_corners")
 
 
+@pytest.mark.parametrize("flow", [0, 1, 2])
+def test_engine_sparse_parts(flow):
+    """Sparse mode on the engine built with `gemv_vectors` 4: two binary32 pipelines a port (`gemv_parts`), rows
+    P * q + k on pipeline k. The random cases (densities 0 / 5 / 30 / 100 %, accm, rows up to
+    `gemv_sparse_max_rows`, a port with 2 rows) and the corners (signed zeros, empty segments, all -8 x +-127,
+    max cols, a multi-vector dense command between sparse ones), bit-exact; flow 1 adds the rejected commands and
+    the read error, and the throughput case: the back end's bound with two pipelines, half the one-pipeline one."""
+    extra = ["bad_command_and_read_error", "sparse_parts_throughput"] if flow == 1 else []
+    _run(["sparse_random", "sparse_corners"] + extra, TINY.replace(gemv_vectors=4), build="gemv_tiny_v4",
+         SEED=81 + flow, FLOW=flow, VECTORS=4, CASES=12)
+
+
+def test_engine_sparse_throughput():
+    """The same throughput case on the one-pipeline engine (the tiny preset): its bound, nseg x prow cycles."""
+    _run("sparse_parts_throughput")
+
+
 @pytest.mark.parametrize("flow", [1, pytest.param(0, marks=pytest.mark.slow)])
 def test_engine_row_mask(flow):
     """WGEMV `mask` on the tiny engine (it has the row mask): masked GEMVs at live-row densities 0 to 100 %

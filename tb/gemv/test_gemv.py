@@ -136,6 +136,14 @@ async def sparse_corners(dut):
     check(d, y, blk, "dense after sparse")
     s = sparse_case(cfg, rng, 20, 2 * W, 0.3)
     await run_sparse(tb, cfg, s, "sparse after dense", base=0)
+    if cfg.gemv_vectors > 1:
+        # a dense command of every vector (all the binary32 pipelines, the dense exponent selects) between
+        # sparse ones, which take the same pipelines with vector 0's exponents
+        d = multi_case(cfg, rng, 21, 3 * W + 5, cfg.gemv_vectors, accm=True)
+        y, _ = await tb.run(d, base=8192)
+        check(d, y, blk, "multi-vector dense after sparse")
+        s = sparse_case(cfg, rng, R, 5 * W + 1, 0.3, accm=True)
+        await run_sparse(tb, cfg, s, "sparse after multi-vector dense", base=4096)
     assert int(dut.o_error.value) == 0 and int(dut.o_bad_cmd.value) == 0
 
 
@@ -199,7 +207,7 @@ async def multi_vector_random(dut):
             d = random_case(cfg, rng, 13, 2 * W + 3, accm=True)
             y, _ = await tb.run(d, base=0)
             check(d, y, cfg.act_block, "single-vector dense after multi-vector")
-            s = sparse_case(cfg, rng, 2 * W, 3 * W + 1, 0.3)
+            s = sparse_case(cfg, rng, 2 * int(rng.integers(1, cfg.gemv_sparse_max_rows // 2 + 1)), 3 * W + 1, 0.3)
             await run_sparse(tb, cfg, s, "sparse after multi-vector", base=4096)
             if cfg.gemv_row_mask:
                 mk = random_case(cfg, rng, 21, 3 * W)
@@ -246,6 +254,32 @@ async def multi_vector_throughput(dut):
         dut._log.info(f"GEMV {rows}x{cols}, {nvec} vectors: {cycles} cycles; bytes at the ports' peak {stream:.0f}, "
                       f"back end {back}: {cycles / bound:.3f} of the larger")
         assert bound <= cycles <= 1.1 * bound + 400, f"{nvec} vectors: {cycles} cycles against the bound {bound:.0f}"
+
+
+@cocotb.test()
+async def sparse_parts_throughput(dut):
+    """A ROWS x COLS sparse GEMV at DENSITY (5 %) at a fixed LATENCY: bit-exact; its cycles lie between the
+    back end's bound, ``nseg * max(prow / P, MIN_WALK)`` issue cycles a port (P = `gemv_parts` binary32
+    pipelines take a row group of P rows a cycle), and that bound plus 10 % and the fixed costs (the first
+    segment's fetch, the last results' drain through the merge). With P = 2 the bound is half the P = 1 one, so
+    the run shows that the second pipeline takes its rows."""
+    from hdl.gemv import SparsePort
+    cfg, tb = make_bench(dut, 17, latency=int(bench_env("LATENCY", "30")))
+    await tb.reset()
+    rng = np.random.default_rng(17)
+    W, N, P = cfg.weights_per_beat, cfg.axi_ports, gemv_parts(cfg)
+    rows, cols = int(bench_env("ROWS", str(cfg.gemv_sparse_max_rows))), int(bench_env("COLS", "1024"))
+    density = float(bench_env("DENSITY", "0.05"))
+    case = sparse_case(cfg, rng, rows, cols, density, group=cfg.weight_group)
+    y, cycles = await run_sparse(tb, cfg, case, f"sparse {rows}x{cols} at {density:g}", base=0)
+    prow = -(-rows // (N * W)) * W
+    nseg = -(-cols // segment_size(cfg.weight_group, cfg.act_block))
+    bound = {p: nseg * max(prow // p, SparsePort.MIN_WALK) for p in (1, P)}
+    dut._log.info(f"sparse GEMV {rows}x{cols} at {100 * density:g} % ({np.count_nonzero(case.q_a)} non-zero), "
+                  f"P = {P}: {cycles} cycles; back-end bound {bound[P]} (P = 1: {bound[1]}): "
+                  f"{cycles / bound[P]:.3f} of it")
+    assert bound[P] <= cycles <= 1.1 * bound[P] + 400, f"{cycles} cycles against the bound {bound[P]}"
+    assert P == 1 or cycles < 0.7 * bound[1], f"{cycles} cycles: the other pipelines took no rows"
 
 
 @cocotb.test()
@@ -466,7 +500,9 @@ async def benchmark(dut):
             r = dict(rows=rows, cols=cols, weight_bytes=wbytes, scale_bytes=sbytes, cycles=cycles,
                      ideal=ideal, efficiency=ideal / cycles, sparse=bool(case.sparse),
                      nonzero=int(np.count_nonzero(case.q_a)), parts=parts,
-                     part_bound=parts / cfg.axi_ports, segments_with_nonzero=nsegs_nz,
+                     pipelines=gemv_parts(cfg) if case.sparse else 1,
+                     part_bound=parts / (cfg.axi_ports * (gemv_parts(cfg) if case.sparse else 1)),
+                     segments_with_nonzero=nsegs_nz,
                      segments=-(-cols // seg))
             if mhz:
                 assert not tb.ddr4.errors, tb.ddr4.errors[0]
