@@ -36,7 +36,7 @@ from .pack import (Image, Layout, ffn_pieces, folded_router_name, head_tokens, l
                    logit_stride)
 
 __all__ = ["compile_token", "compile_tokens", "gemm_pays", "multi_token_limit", "prefill_runs", "program_tokens",
-           "Program", "L2Map", "MAX_TOKENS"]
+           "sliding_ring", "Program", "L2Map", "MAX_TOKENS"]
 
 EPS, TARGET, INV_D = 7, 6, 5
 SHAPE_SLIDING, SHAPE_FULL = 0, 1
@@ -498,22 +498,34 @@ def compile_tokens(config: ModelConfig | dict, image: Image, hw: HardwareConfig,
 MAX_TOKENS = 255
 
 
-def multi_token_limit(cfg: ModelConfig, pos: int) -> int:
-    """The most tokens one program may run from position `pos`. A layer that shares the KV cache of a
-    sliding-window layer reads that layer's ring after every token of the program has been stored; once the
-    ring is full, a later token's row replaces one that an earlier token still attends to. So with such a layer
-    a program's tokens stay below the window (the rest run one per program); otherwise any number."""
+def sliding_ring(cfg: ModelConfig, image: Image) -> int | None:
+    """The fewest rows of `image`'s sliding-window KV rings (`firmware.pack.ring_rows`), None without one."""
+    rings = [image.descriptors[slot].capacity for slots in (image.stream_slots or [image.kv_slots])
+             for layer, slot in slots.items() if cfg.is_sliding(layer)]
+    return min(rings) if rings else None
+
+
+def multi_token_limit(cfg: ModelConfig, pos: int, ring: int | None = None) -> int:
+    """The most tokens one program may run from position `pos`, with sliding-window KV rings of `ring` rows
+    (`sliding_ring`; default: as wide as the window). A layer that shares the KV cache of a sliding-window
+    layer reads that layer's ring after every token of the program has been stored; a later token's row then
+    replaces the row of position p + T - 1 - ring, which the program's first token p still attends to unless
+    it lies before the window (T <= ring - window + 1) or the ring has not wrapped (p + T <= ring). So with such
+    a layer a program's tokens stay within those bounds (the rest run one per program); otherwise any number."""
     if any(cfg.is_kv_shared(i) and cfg.is_sliding(cfg.kv_source(i)) for i in range(cfg.num_hidden_layers)):
-        return max(1, cfg.sliding_window - pos)
+        ring = cfg.sliding_window if ring is None else ring
+        return max(1, ring - cfg.sliding_window + 1, ring - pos)
     return MAX_TOKENS
 
 
-def prefill_runs(cfg: ModelConfig, n: int, start: int, per_program: int) -> list[tuple[int, int]]:
+def prefill_runs(cfg: ModelConfig, n: int, start: int, per_program: int,
+                 ring: int | None = None) -> list[tuple[int, int]]:
     """``(position, tokens)`` of the programs that run `n` prompt tokens from position `start` with up to
-    `per_program` tokens a program (`multi_token_limit`; one token: the decode program)."""
+    `per_program` tokens a program (`multi_token_limit` with rings of `ring` rows; one token: the decode
+    program)."""
     runs, pos, end = [], start, start + n
     while pos < end:
-        k = min(end - pos, per_program, multi_token_limit(cfg, pos))
+        k = min(end - pos, per_program, multi_token_limit(cfg, pos, ring))
         runs.append((pos, k))
         pos += k
     return runs

@@ -13,7 +13,8 @@ CONST       binary32 vectors and small matrices: norm gains, ``correct_output_sc
 WEIGHTS     INT4 matrices (two per byte, low nibble first) followed by their binary16 group scales
             (row-major [rows, groups]; group-major [groups, rows] for column-major matrices)
 KV          the KV cache: per cache layer, ``capacity`` positions (sliding layers keep a ring of
-            `sliding_window` positions; full layers `max_positions`); ``kv_format`` "fp16": K then V,
+            `ring_rows` positions, the window and a program's further tokens; full layers `max_positions`);
+            ``kv_format`` "fp16": K then V,
             binary16; "int8": INT4 planes and scales as `sim.numerics.KvInt8Layout` (the V planes'
             constant scales are the WEIGHTS entry ``kv.v_plane_scales``, the slots' scale offset)
 LOGITS      the token's soft-capped logits, binary32
@@ -64,7 +65,7 @@ from sim.numerics import WEIGHT_METHODS, KvInt8Layout, pack_int4, quantize_weigh
 __all__ = ["Image", "TensorEntry", "Descriptor", "Placement", "HostTable", "pack", "save_image", "load_image",
            "region_map", "DESC_BYTES", "DescKind", "Layout", "REGION_ORDER", "PLE_TABLE",
            "rope_turn_table", "logit_stride", "kv_slot_name", "kv_row_ranges",
-           "kv_slot_bytes", "logit_chunk_rows", "logit_chunks", "head_tokens", "ffn_pieces",
+           "kv_slot_bytes", "ring_rows", "logit_chunk_rows", "logit_chunks", "head_tokens", "ffn_pieces",
            "folded_router", "folded_router_name"]
 
 ALIGN = 4096
@@ -373,6 +374,14 @@ def logit_chunks(cfg: ModelConfig, hw: HardwareConfig, tokens: int = 1) -> list[
     return list(zip(starts, sizes))
 
 
+def ring_rows(cfg: ModelConfig, hw: HardwareConfig) -> int:
+    """Rows of a sliding-window layer's KV ring: the window and one more per further token a program may run
+    (`HardwareConfig.gemm_tile` - 1), so that a program's tokens all stored in the ring replace no row its
+    first token still attends to (a layer sharing this KV cache reads it after them: `firmware.compiler.
+    multi_token_limit`). ATTN reads the window's positions from the oldest one's slot on (`sim.plan.attn_pieces`)."""
+    return cfg.sliding_window + hw.gemm_tile - 1
+
+
 def staging_slots(hw: HardwareConfig) -> int:
     """Staging slots of a staged host table: one per token of a WGEMM token tile (`HardwareConfig.gemm_tile`),
     the most a prefill program runs at once (`firmware.compiler.compile_tokens`)."""
@@ -626,7 +635,7 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
     for s in range(streams):
         stream_slots.append(kv_slots := {})
         for layer in cfg.kv_cache_layers:
-            cap = cfg.sliding_window if cfg.is_sliding(layer) else max_positions
+            cap = ring_rows(cfg, hw) if cfg.is_sliding(layer) else max_positions
             cap = min(cap, max_positions)
             if int8_kv:
                 nbytes = KvInt8Layout(cap, cfg.num_key_value_heads, cfg.head_dim, hw.act_block).nbytes

@@ -316,27 +316,46 @@ def _wgemm_terms_gemv(g: Wgemm, hw: HardwareConfig, rates: Rates):
     `gemv_parts` binary32 parts per port and cycle, ceil(n / P) cycles per row and segment, over the tiles of
     `tile_rows` rows a port takes; where a part takes more than one vector in turn, each tile round ends in its
     parts' drain, ``gemv_round``, which the RTL overlaps with the next round for one vector a part)."""
-    from hdl.gemv import GemvEngine, gemv_parts
-    parts = gemv_parts(hw)
     if g.cols > hw.gemv_max_cols:
         raise ValueError(f"a WGEMM of {g.cols} columns exceeds the GEMV engine's activation memory "
                          f"({hw.gemv_max_cols} columns)")
-    T = GemvEngine.default_tile_rows()
-    seg = segment_size(hw.weight_group or hw.act_block, hw.act_block)
-    nseg = -(-g.cols // seg)
-    port_tiles = -(-(-(-g.rows // T)) // hw.axi_ports)
     stream = _wgemm_bytes(g, hw) / _stream_rate(hw, rates)
     coef: Counter = Counter({f"{DESC_LOAD.kind}_pass": 1})
     known, last = 0.0, 0.0
     for t0 in range(0, g.tokens, hw.gemm_tile):
         n = min(hw.gemm_tile, g.tokens - t0)
-        groups = -(-n // parts)                       # vectors a part takes in turn
-        back = port_tiles * (T * groups * nseg + (rates.gemv_round if groups > 1 else 0))
+        back = gemv_back_end(g.rows, g.cols, hw.weight_group or hw.act_block, n, hw, rates)
         tk = n * _element_cycles("quant", g.cols, rates) + max(stream, back)
         known += tk
         coef.update({"quant_pass": n, "gemv_fixed": 1})
         last = tk + n * rates.quant_pass + rates.gemv_fixed
     return known, coef, last
+
+
+def gemv_back_end(rows: int, cols: int, group: int, vectors: int, hw: HardwareConfig, rates: Rates = Rates()) \
+        -> float:
+    """Cycles of the GEMV engine's binary32 back end for a dense command of `vectors` vectors over `rows` x
+    `cols` weights in groups of `group` (hdl/gemv.py): P = `gemv_parts` parts per port and cycle, ceil(vectors /
+    P) cycles per row and segment, over the tiles of `tile_rows` rows a port takes; where a part takes more than
+    one vector in turn, each tile round ends in its parts' drain, ``gemv_round``."""
+    from hdl.gemv import GemvEngine, gemv_parts
+    T = GemvEngine.default_tile_rows()
+    nseg = -(-cols // segment_size(group, hw.act_block))
+    port_tiles = -(-(-(-rows // T)) // hw.axi_ports)
+    turns = -(-vectors // gemv_parts(hw))            # vectors a part takes in turn
+    return port_tiles * (T * turns * nseg + (rates.gemv_round if turns > 1 else 0))
+
+
+def _group_extra(shapes, hw: HardwareConfig, rates: Rates) -> float:
+    """The cycles beyond their bytes (counted with the rest) of INT8 ATTN's K GEMVs of several heads, `shapes`
+    ((rows, cols, group, vectors) -> count, `sim.iss.Counters.attn_group_gemvs`): the larger of one K plane's
+    bytes (with its scales) at the stream's rate and the back end (`gemv_back_end`)."""
+    rate = _stream_rate(hw, rates)
+    extra = 0.0
+    for (rows, cols, group, vectors), n in shapes.items():
+        plane = (rows * cols // 2 + rows * -(-cols // group) * 2) / rate
+        extra += n * max(0.0, gemv_back_end(rows, cols, group, vectors, hw, rates) - plane)
+    return extra
 
 
 def wgemm_cost(g: Wgemm, hw: HardwareConfig, rates: Rates = Rates()) -> float:
@@ -366,14 +385,16 @@ def wgemm_bounds(g: Wgemm, hw: HardwareConfig, rates: Rates = Rates()) -> tuple[
 
 def sparse_gemv_cycles(rows: int, cols: int, group: int, nonzero: int, hw: HardwareConfig) -> int:
     """Engine cycles of a sparse WGEMV beyond which its bytes do not matter (`hdl.gemv.SparsePort`, per
-    port, the ports in parallel): the back end adds one binary32 part per row of the port and segment, every
-    segment (at least `SparsePort.MIN_WALK` per walk), and the front end takes `CYCLES_PER_BEAT` cycles per
-    weight beat of each non-zero column; the two overlap (double-buffered banks)."""
-    from hdl.gemv import SparsePort
+    port, the ports in parallel): the back end adds one binary32 part per row of the port and segment on each of
+    the port's P = `gemv_parts` pipelines (row 2q + k on pipeline k), every segment (at least
+    `SparsePort.MIN_WALK` per walk), and the front end takes `CYCLES_PER_BEAT` cycles per weight beat of each
+    non-zero column; the two overlap (banked isum memories). The results' drain through the merge is left out:
+    the E4B W_down measures 1.5 % (P = 1) and 6.8 % (P = 2) above this bound (docs/gemv.md "Throughput")."""
+    from hdl.gemv import SparsePort, gemv_parts
     W = hw.weights_per_beat
     prow = -(-rows // (hw.axi_ports * W)) * W                   # the rows of port 0, the largest share
     nseg = -(-cols // min(group, hw.act_block))
-    back = nseg * max(prow, SparsePort.MIN_WALK)
+    back = nseg * max(-(-prow // gemv_parts(hw)), SparsePort.MIN_WALK)
     scales = -(-cols // group) * (prow * 2 // hw.bytes_per_beat)   # scale beats, one per cycle
     front = nonzero * (prow // W) * SparsePort.CYCLES_PER_BEAT + scales
     return max(back, front)
@@ -446,7 +467,7 @@ def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dic
     # INT8 ATTN's GEMVs over the KV planes: the same engine costs, but inside ATTN (not a weight stream that
     # an async WGEMV could hide)
     kv = (counters.attn_gemv_bytes / rate + counters.attn_gemvs * rates.gemv_fixed
-          + _sparse_extra(counters.attn_sparse_gemvs, hw, rates))
+          + _sparse_extra(counters.attn_sparse_gemvs, hw, rates) + _group_extra(counters.attn_group_gemvs, hw, rates))
     if kv:
         units["kv_stream"] += kv
         by_op["ATTN"] += kv
@@ -565,7 +586,7 @@ def features(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> dict:
     elements = sum(n / PASS_LANES.get(kind, 1) for (_, kind), n in counters.pass_elements.items())
     streaming = (counters.gemv_bytes + counters.attn_gemv_bytes) / _stream_rate(hw, rates)
     known = (_sparse_extra(counters.sparse_gemvs, hw, rates) + _sparse_extra(counters.attn_sparse_gemvs, hw, rates)
-             + _masked_extra(counters.masked_gemvs, hw, rates))
+             + _masked_extra(counters.masked_gemvs, hw, rates) + _group_extra(counters.attn_group_gemvs, hw, rates))
     for shape, n in counters.attn_recips.items():     # a RECIP pass that outlasts its V GEMVs: the difference
         if _recip_beside(shape, hw, rates) > 0:
             f[f"{ATTN_RECIP.kind}_pass"] += n
@@ -716,7 +737,7 @@ def prefill(cfg: ModelConfig, hw: HardwareConfig, tokens: list[int], rates: Rate
     rates.check_costs()
     from hdl.isa import CtrlFunc, Opcode, decode, encode
     from sim.iss import COUNT, Machine
-    from .compiler import compile_token, compile_tokens, gemm_pays, prefill_runs, program_tokens
+    from .compiler import compile_token, compile_tokens, gemm_pays, prefill_runs, program_tokens, sliding_ring
     from .pack import pack
 
     image = pack(cfg, None, hw, max_positions=max(tokens) + 1, fill=False)
@@ -775,7 +796,7 @@ def prefill(cfg: ModelConfig, hw: HardwareConfig, tokens: list[int], rates: Rate
     for t in tokens:
         e = PrefillEstimate(tokens=t, clock_hz=hw.clock_hz, projections=len(shapes), program_tokens=per_program,
                             program_gemm=gemm)
-        e.compiled = _runs_cost(prefill_runs(cfg, t, 0, per_program), run_cost, breaks)
+        e.compiled = _runs_cost(prefill_runs(cfg, t, 0, per_program, sliding_ring(cfg, image)), run_cost, breaks)
         for rows, cols in shapes:
             for t0 in range(0, t, per_insn):
                 g = Wgemm(rows, cols, min(per_insn, t - t0))
@@ -887,7 +908,7 @@ def speculative(cfg: ModelConfig, hw: HardwareConfig, positions: list[int], draf
     positions = _check_counts("positions", positions, 0)
     drafts = _check_counts("drafts", [drafts], 0)[0]
     rates.check_costs()
-    from .compiler import multi_token_limit, program_tokens
+    from .compiler import multi_token_limit, program_tokens, sliding_ring
     from .pack import pack
     image = pack(cfg, None, hw, max_positions=max(positions) + drafts + 2, fill=False, logit_rows=drafts + 1)
     per = program_tokens(cfg, image, hw)
@@ -896,7 +917,7 @@ def speculative(cfg: ModelConfig, hw: HardwareConfig, positions: list[int], draf
         e = SpecEstimate(position=pos, clock_hz=hw.clock_hz,
                          decode=_program_cycles(cfg, hw, image, rates, 1, None, "last", pos))
         e.verify[1] = e.decode
-        for n in range(2, min(drafts + 1, per, image.logit_rows, multi_token_limit(cfg, pos)) + 1):
+        for n in range(2, min(drafts + 1, per, image.logit_rows, multi_token_limit(cfg, pos, sliding_ring(cfg, image))) + 1):
             e.verify[n] = _program_cycles(cfg, hw, image, rates, n, None, "all", pos)
         out.append(e)
     return out

@@ -46,7 +46,8 @@ from sim.gemma3n import resolve_tensor_names
 from sim.iss import HARDWARE, REFERENCE, ExecutionError, Machine
 from sim.numerics import WEIGHT_METHODS
 
-from .compiler import Program, compile_token, compile_tokens, multi_token_limit, prefill_runs, program_tokens
+from .compiler import (Program, compile_token, compile_tokens, multi_token_limit, prefill_runs, program_tokens,
+                       sliding_ring)
 from .pack import Image, kv_row_ranges, kv_slot_bytes, logit_stride, pack
 
 __all__ = ["Runtime", "Backend", "IssBackend", "CsrBackend", "NpuDevice", "Placed", "hardware_of", "attach_rtl_device",
@@ -671,7 +672,8 @@ class Runtime:
         through ``step``. Bad ids raise here, before anything runs."""
         ids = self._ids(ids)
         logits, k = None, 0
-        for pos, n in prefill_runs(self.config, len(ids), self.position, self.prefill_tokens):
+        for pos, n in prefill_runs(self.config, len(ids), self.position, self.prefill_tokens,
+                                   sliding_ring(self.config, self.image)):
             run = ids[k:k + n]
             k += n
             if n == 1:
@@ -723,7 +725,7 @@ class Runtime:
 
     def multi_token_limit(self, pos: int) -> int:
         """`firmware.compiler.multi_token_limit` of this model."""
-        return multi_token_limit(self.config, pos)
+        return multi_token_limit(self.config, pos, sliding_ring(self.config, self.image))
 
     @property
     def _hw(self) -> HardwareConfig:

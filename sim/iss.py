@@ -42,7 +42,7 @@ from .gemma3n import check_weight_dtype, check_weight_values
 from . import sfu
 from .numerics import (V_PLANE_LOG2_GROUP, KvInt8Layout, gemv, pack_int4, quantize_activations, quantize_kv_k,
                        quantize_kv_v, unpack_int4)
-from .plan import Alu, Engine, Pass, State, attn_positions, plan
+from .plan import Alu, Engine, Pass, State, attn_chunks, attn_k_group, attn_pieces, attn_positions, plan
 from .systolic import gemm
 
 __all__ = ["Machine", "Counters", "ExecutionError", "REFERENCE", "HARDWARE", "COUNT"]
@@ -89,6 +89,9 @@ class Counters:
     attn_gemvs: int = 0
     attn_gemv_bytes: int = 0
     attn_sparse_gemvs: Counter = field(default_factory=Counter)
+    # its K GEMVs of several query heads at once (`sim.plan.attn_k_group`) by shape, (rows, cols, group, vectors)
+    # -> count: bound by the larger of their bytes and the engine's binary32 parts (firmware.perf)
+    attn_group_gemvs: Counter = field(default_factory=Counter)
     # INT8 ATTN's RECIP pass per head, which runs beside the head's first chunk of V GEMVs (two sparse commands of
     # this shape, as attn_sparse_gemvs): it costs only what it outlasts them by (firmware.perf.cycles_of)
     attn_recips: Counter = field(default_factory=Counter)
@@ -875,9 +878,6 @@ class Machine:
         int8 = self.hw.kv_format == "int8"
         if int8:
             self.act_x, self.act_n = None, 0        # its GEMVs quantise into the engine (WGEMV reuse)
-        if int8 and window and window < d.capacity:
-            self._err(ErrorCode.BAD_LENGTH, f"INT8 ATTN needs a ring as wide as the window ({window}), "
-                                            f"not {d.capacity} positions")
         # fp16: the scores of every head and the K/V row; int8: one head's scores at a time
         need = seen if int8 else heads * seen + head_dim
         if need > self.scratch_elements:
@@ -888,7 +888,7 @@ class Machine:
             self._vec(i.q, heads * head_dim)
             self._vec(i.dst, heads * head_dim)
             if int8:
-                self._attn_int8_counts(d, heads, seen, [seen] * heads)
+                self._attn_int8_counts(d, heads, attn_pieces(self.pos, seen, d.capacity), None)
                 return
             self.counters.bytes_read["KV"] += 2 * seen * head_dim * 2
             self.counters.elements[self._name] += heads * seen * head_dim
@@ -946,30 +946,44 @@ class Machine:
             self._err(ErrorCode.BAD_LENGTH, f"the INT8 KV cache needs a head_dim that is a multiple of 8 and at "
                                             f"most {self.hw.kv_max_head_dim} (kv_max_head_dim), not {d.head_dim}")
 
-    def _attn_int8_counts(self, d, heads, n, nonzero):
-        """Bytes and engine commands of one INT8 ATTN over `n` positions of slot `d`; `nonzero[h]` V columns
-        fetched for head h (the sparse GEMV skips the positions whose quantised weight is 0)."""
+    def _attn_int8_counts(self, d, heads, pieces, nonzero):
+        """Bytes and engine commands of one INT8 ATTN over the ring `pieces` (`sim.plan.attn_pieces`) of slot
+        `d`; `nonzero[h][c]` V columns fetched for head h's chunk c (the sparse GEMV skips the positions whose
+        quantised weight is 0); None: every column."""
         c, hw, hd = self.counters, self.hw, d.head_dim
+        n = sum(k for _, k in pieces)
         k_bytes = 2 * (n * hd // 2 + n * self._kv_layout(d).kblocks * 2)     # both planes and their scales
-        self._v_nonzero = [nz[0] if isinstance(nz, list) else None for nz in nonzero[:heads]]
+        nonzero = [None] * heads if nonzero is None else nonzero
+        self._v_nonzero = [nz[0] if nz is not None else None for nz in nonzero[:heads]]
+        group = attn_k_group(hw, n)
         for h in range(heads):
+            if h % group == 0:       # the K GEMVs (lo, hi) per piece, once for the heads of the group
+                vectors = min(group, heads - h)
+                for _, k in pieces:
+                    if vectors > 1:
+                        c.attn_group_gemvs[(k, hd, hw.act_block, vectors)] += 2
+                    c.attn_gemvs += 2
+                c.attn_gemv_bytes += k_bytes
+                c.bytes_read["KV"] += k_bytes
             v_bytes = 0
-            for c0 in range(0, n, hw.gemv_max_cols):
-                cols = min(n, c0 + hw.gemv_max_cols) - c0
-                nz = nonzero[h][c0 // hw.gemv_max_cols] if isinstance(nonzero[h], list) else cols
+            for ci, cols in enumerate(attn_chunks(pieces, hw)):
+                nz = cols if nonzero[h] is None else nonzero[h][ci]
                 v_bytes += 2 * (nz * hd // 2 + hd * 2)
                 shape = (hd, cols, 1 << V_PLANE_LOG2_GROUP, int(nz))
                 c.attn_sparse_gemvs[shape] += 2
                 c.attn_gemvs += 2
-            c.attn_gemvs += 2
-            c.attn_gemv_bytes += k_bytes + v_bytes
-            c.bytes_read["KV"] += k_bytes + v_bytes + n * 2           # + the V row scales
+            c.attn_gemv_bytes += v_bytes
+            c.bytes_read["KV"] += v_bytes + n * 2           # + the V row scales
             c.elements[self._name] += 2 * n * hd
 
     def _attn_int8(self, i, d, heads, hd, n):
         """ATTN on the INT8 cache: per head, the scores as two GEMVs over the K planes (lo, then hi with accm), the
         softmax on the SFU, the V row scales folded into its weights, and the output as two sparse GEMVs over the
-        V planes per chunk of `gemv_max_cols` positions, times recip(sum). Positions in ring-slot order."""
+        V planes per chunk of `gemv_max_cols` positions, times recip(sum). The ring's slots in the order of
+        `sim.plan.attn_pieces` (slot order for a full ring; a ring wider than the window from the oldest visible
+        position on, in two pieces where it wraps), the V chunks within each piece (`attn_chunks`). The K
+        GEMVs serve a group of heads at once (`sim.plan.attn_k_group`; the same values as one by one), whose
+        queries are all quantised first: a bad query stops with the heads of the groups before it written."""
         hw, fn, B = self.hw, self.f, self.hw.act_block
         kv = self._kv[d.index]
         j = i.kv_head
@@ -977,27 +991,30 @@ class Machine:
         dst = self._vec(i.dst, heads * hd)
         # the V planes' scales as the slot's table in WEIGHTS holds them ([2, hd]: the hi plane's, the lo plane's)
         v_hi_s, v_lo_s = self.image.view("WEIGHTS", d.scale_offset, 4 * hd).view("<f2").reshape(2, hd, 1)
-        nonzero = []
-        for h in range(heads):                   # head by head: a bad query stops with the heads before it written
-            if not np.all(np.isfinite(q[h])):
-                self._attn_int8_counts(d, h, n, nonzero)
+        nonzero, group = [], attn_k_group(hw, n)
+        pieces = attn_pieces(self.pos, n, d.capacity)
+        rows = np.concatenate([np.arange(a, a + k) for a, k in pieces])       # the visible slots, in score order
+        chunks = np.cumsum([0] + attn_chunks(pieces, hw))
+        for h in range(heads):                   # head by head: a bad query stops before its group
+            if h % group == 0 and not np.all(np.isfinite(q[h:h + group])):
+                self._attn_int8_counts(d, h, pieces, nonzero)
                 self._err(ErrorCode.NON_FINITE, "an ATTN query holds an infinity or a NaN")
             qa, qe = quantize_activations(q[h], B)
-            s = gemv(kv["k_lo"][:n, j], kv["ks_lo"][:n, j], qa, qe, group=B, block=B)
-            s = gemv(kv["k_hi"][:n, j], kv["ks_hi"][:n, j], qa, qe, group=B, block=B, acc=s)
+            s = gemv(kv["k_lo"][rows, j], kv["ks_lo"][rows, j], qa, qe, group=B, block=B)
+            s = gemv(kv["k_hi"][rows, j], kv["ks_hi"][rows, j], qa, qe, group=B, block=B, acc=s)
             e = fn.exp(s - fn.reduce_max(s))
             r = fn.recip(fn.reduce_sum(e))
-            x = kv["vs"][:n, j].astype(np.float32) * e
+            x = kv["vs"][rows, j].astype(np.float32) * e
             o, nz = None, []
-            for c0 in range(0, n, hw.gemv_max_cols):
-                c1 = min(n, c0 + hw.gemv_max_cols)
+            for c0, c1 in zip(chunks[:-1], chunks[1:]):
                 xa, xe = quantize_activations(x[c0:c1], B)
                 nz.append(int(np.count_nonzero(xa)))
+                cols = rows[c0:c1]
                 for plane, scale in (("v_lo", v_lo_s), ("v_hi", v_hi_s)):
-                    o = gemv(kv[plane][c0:c1, j].T, scale, xa, xe, group=1 << V_PLANE_LOG2_GROUP, block=B, acc=o)
+                    o = gemv(kv[plane][cols, j].T, scale, xa, xe, group=1 << V_PLANE_LOG2_GROUP, block=B, acc=o)
             self.l2[dst.start + h * hd: dst.start + (h + 1) * hd] = o * r
             nonzero.append(nz)
-        self._attn_int8_counts(d, heads, n, nonzero)
+        self._attn_int8_counts(d, heads, pieces, nonzero)
 
     def _x_cvo(self, i):
         self.counters.elements[self._name] += i.length

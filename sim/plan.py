@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from hdl.isa import DESC_WORDS, VEC_REDUCTIONS, CvoFunc, DmaDir, Opcode, ScalarFunc, VecFunc
 from hdl.sfu import REDUCE_OPS, SHORT_OPS, SfuOp
 
-__all__ = ["Pass", "Engine", "Gemm", "Alu", "Step", "State", "plan", "wgemm_steps", "attn_positions", "PASS_KINDS",
-           "SOURCES", "B_SOURCES", "SINKS", "DESC_LOAD", "ATTN_RECIP"]
+__all__ = ["Pass", "Engine", "Gemm", "Alu", "Step", "State", "plan", "wgemm_steps", "attn_positions", "attn_pieces", "attn_chunks", "attn_k_group",
+           "PASS_KINDS", "SOURCES", "B_SOURCES", "SINKS", "DESC_LOAD", "ATTN_RECIP"]
 
 # The names of the controller's Src, BSrc and Sink members (tests/test_plan.py checks them against
 # hdl.controller): strings, so that the model does not depend on the controller.
@@ -155,6 +155,9 @@ DESC_LOAD = Pass(None, "DDR", "NONE", "DESC", DESC_WORDS)
 ATTN_RECIP = Pass("RECIP", "REG", "NONE", "REG", 1, beside=True)
 
 
+_L2_WORD = 4          # binary32 elements per L2 word
+
+
 def _quant(n: int) -> Pass:
     return Pass(None, "L2", "NONE", "QUANT", n)
 
@@ -162,6 +165,29 @@ def _quant(n: int) -> Pass:
 def attn_positions(pos: int, window: int) -> int:
     """The positions ATTN attends to at position `pos` (its ``a_n``): all up to `pos`, or the last `window`."""
     return min(pos + 1, window) if window else pos + 1
+
+
+def attn_pieces(pos: int, n: int, capacity: int) -> list[tuple[int, int]]:
+    """The ring slots INT8 ATTN reads at position `pos` for its `n` positions (`attn_positions`) in a slot of
+    `capacity` ring rows, as ``(first slot, slots)`` pieces in the order of the scores: all `capacity` slots in
+    slot order where ``n == capacity``; else the n slots from ``(pos + 1 - n) mod capacity`` on (the oldest
+    position first), wrapping at the ring's end into a second piece from slot 0. A ring wider than the window
+    (the room for the tokens a program stores before a KV-sharing layer reads it) takes the second form."""
+    if n == capacity:
+        return [(0, n)]
+    s0 = (pos + 1 - n) % capacity
+    n1 = min(n, capacity - s0)
+    return [(s0, n1)] + ([(0, n - n1)] if n1 < n else [])
+
+
+def attn_k_group(hw, n: int) -> int:
+    """The query heads whose scores one pair of INT8 ATTN's K GEMVs computes over `n` positions: on a GEMV engine
+    of ``gemv_vectors`` V > 1 vectors, V (the group's queries as the engine's vectors, each K plane read once for
+    them) where V rows of scores, each `n` rounded up to a whole L2 word, fit the controller's scratch; else 1.
+    The last group of an instruction takes the heads left."""
+    V = hw.gemv_vectors
+    stride = -(-n // _L2_WORD) * _L2_WORD
+    return V if V > 1 and V * stride <= hw.l2_scratch_bytes // 4 else 1
 
 
 def wgemm_steps(rows: int, cols: int, tokens: int, accm: bool, hw) -> list:
@@ -279,20 +305,35 @@ def _attn(i, st, hw):
         steps += [row] + [p, Pass("MULS", "L2", "NONE", "L2", hd)] * heads
         steps += ([row] + [p, Pass("FMAS", "L2", "L2", "L2", hd)] * heads) * (n - 1)
         return steps
-    # INT8: per head, the query into the quantiser; the K GEMVs (lo, then hi with accm) into the scratch; MAX,
-    # EXP(s - max), SUM; the V row scales (DDR) times the weights; per chunk of gemv_max_cols positions the
-    # weights into the quantiser and the V GEMVs (lo, hi), RECIP(sum) beside the first; then times recip(sum)
-    head = [_quant(hd), Engine(n, hd, False, False), Engine(n, hd, True, False),
-            Pass("MAX", "L2", "NONE", "REG", n), Pass("EXP", "L2", "NONE", "L2", n),
-            Pass("SUM", "L2", "NONE", "REG", n), Pass("MUL", "DDR", "L2", "L2", n)]
-    for c0 in range(0, n, hw.gemv_max_cols):
-        cols = min(hw.gemv_max_cols, n - c0)
-        head += [_quant(cols), Engine(hd, cols, c0 != 0, True)]
-        if c0 == 0:
+    # INT8: per group of heads (`attn_k_group`), each query into the quantiser (the engine's vectors 0, 1 ...);
+    # the K GEMVs (lo, then hi with accm) into the scratch; then per head of the group MAX, EXP(s - max), SUM; the
+    # V row scales (DDR) times the weights; per chunk of gemv_max_cols positions the weights into the quantiser
+    # and the V GEMVs (lo, hi), RECIP(sum) beside the first; then times recip(sum)
+    # The K GEMVs, the V row scales and the V chunks run piece by piece of the ring (`attn_pieces`; without a
+    # slot descriptor, a ring of the n positions).
+    pieces = attn_pieces(st.pos, n, n if st.desc is None else st.desc.capacity)
+    head = [Pass("MAX", "L2", "NONE", "REG", n), Pass("EXP", "L2", "NONE", "L2", n),
+            Pass("SUM", "L2", "NONE", "REG", n)] + [Pass("MUL", "DDR", "L2", "L2", k) for _, k in pieces]
+    for i, cols in enumerate(attn_chunks(pieces, hw)):
+        head += [_quant(cols), Engine(hd, cols, i != 0, True)]
+        if i == 0:
             head.append(ATTN_RECIP)
         head.append(Engine(hd, cols, True, True))
     head.append(Pass("MULS", "L2", "NONE", "L2", hd))
-    return [DESC_LOAD] + head * heads
+    steps, group = [DESC_LOAD], attn_k_group(hw, n)
+    for h0 in range(0, heads, group):
+        g = min(group, heads - h0)
+        steps += [_quant(hd)] * g
+        for _, k in pieces:
+            steps += [Engine(k, hd, False, False, g), Engine(k, hd, True, False, g)]
+        steps += head * g
+    return steps
+
+
+def attn_chunks(pieces, hw) -> list[int]:
+    """The positions of INT8 ATTN's V chunks, in order: each piece of the ring (`attn_pieces`) in chunks of
+    ``gemv_max_cols`` (the GEMV engine's activation memory)."""
+    return [min(hw.gemv_max_cols, k - c0) for _, k in pieces for c0 in range(0, k, hw.gemv_max_cols)]
 
 
 _PLANS = {Opcode.SCALAR: _scalar, Opcode.DMA: _dma, Opcode.VEC: _vec, Opcode.CVO: _cvo, Opcode.WGEMV: _wgemv,

@@ -292,7 +292,8 @@ def test_max_positions_must_be_a_positive_integer(tensors, value, exc):
 
 def test_runtime_arguments(tensors):
     image = pack(CFG, tensors, HW["tiny"], max_positions=np.int64(8))           # NumPy integers are integers
-    assert {d.capacity for d in image.descriptors if d.kind == 2} == {CFG.sliding_window, 8}
+    # sliding rings: the window and a program's three further tokens (firmware.pack.ring_rows); full layers: 8
+    assert {d.capacity for d in image.descriptors if d.kind == 2} == {CFG.sliding_window + 3, 8}
     with pytest.raises(TypeError, match=r"^tensors must be a mapping of tensor names to arrays, not NoneType$"):
         Runtime.from_hf(CFG, None)
     with pytest.raises(TypeError, match=r"^hw must be a hardware preset name or a HardwareConfig, not 3$"):

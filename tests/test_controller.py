@@ -24,7 +24,7 @@ from hdl.isa import CvoFunc, DdrRegion, DescKind, DmaDir, ErrorCode, Opcode, Vec
 from hdl.seq import SeqDivider
 from hdl.sfu import SfuOp
 from sim.numerics import KvInt8Layout
-from sim.plan import DESC_LOAD, Alu, Engine, Gemm, Pass, State, plan
+from sim.plan import DESC_LOAD, Alu, Engine, Gemm, Pass, State, attn_k_group, attn_pieces, plan
 
 TINY = HardwareConfig.preset("tiny")
 TINY_FP16 = HardwareConfig.preset("tiny_fp16")
@@ -261,13 +261,34 @@ def test_attention_sequencer_kvst(hw):
 
 
 @pytest.mark.parametrize("hw,pos,capacity,window", [(TINY, 6, 8, 0), (TINY, 1500, 2048, 0), (TINY, 9, 4, 4),
+                                                    (TINY, 10, 8, 6), (TINY, 7, 8, 6), (TINY, 2500, 2100, 2000),
                                                     (TINY_FP16, 5, 8, 0), (TINY_FP16, 9, 8, 3)],
-                         ids=["int8", "int8_two_chunks", "int8_window", "fp16", "fp16_window"])
+                         ids=["int8", "int8_two_chunks", "int8_window", "int8_wrapped_ring", "int8_wide_ring",
+                              "int8_wrapped_chunks", "fp16", "fp16_window"])
 def test_attention_sequencer_attn(hw, pos, capacity, window):
     steps = check(AttentionSequencer, hw, Opcode.ATTN, {"dst": 64, "q": 0, "slot": 0, "kv_head": 1, "shape_ptr": 0,
                                                         "async_": 0},
                   pos=pos, desc=_slot(capacity, 2, 16, hw), fmap=(2, 16, window))
     assert steps
+
+
+TINY_V4 = HardwareConfig.preset("tiny_v4")
+
+
+@pytest.mark.parametrize("heads,pos,capacity,window,vectors", [
+    (6, 9, 16, 0, [4, 4, 2, 2]), (3, 5, 8, 0, [3, 3]), (1, 0, 4, 0, [1, 1]), (2, 1500, 2048, 0, [1, 1, 1, 1]),
+    (6, 10, 8, 6, [4] * 4 + [2] * 4)],
+    ids=["groups_of_4_and_2", "one_group_of_3", "one_head", "scores_beyond_the_scratch", "wrapped_ring"])
+def test_attention_sequencer_k_gemvs_once_per_group(heads, pos, capacity, window, vectors):
+    """On the GEMV engine of four vectors an INT8 ATTN's K GEMVs take up to four query heads at once (their
+    queries quantised into the engine's vectors first), then each head's softmax and V GEMVs follow alone; where
+    four rows of scores do not fit the scratch (4 x 1,504 > 4,096 elements on tiny), one head at a time."""
+    steps = check(AttentionSequencer, TINY_V4, Opcode.ATTN, {"dst": 64, "q": 0, "slot": 0, "kv_head": 1,
+                                                             "shape_ptr": 0, "async_": 0},
+                  pos=pos, desc=_slot(capacity, 2, 16, TINY_V4), fmap=(heads, 16, window))
+    k = [s for s in steps if isinstance(s, Engine) and not s.sparse]
+    assert [s.vectors for s in k] == vectors
+    assert [s.accm for s in k] == [False, True] * (len(vectors) // 2)
 
 
 @pytest.mark.parametrize("busy", [1, 2, 17])
@@ -327,14 +348,17 @@ def _base(region):
 KV260 = HardwareConfig.preset("kv260")
 
 
-@pytest.mark.parametrize("hw,pos,capacity,head_dim", [(TINY, 5, 8, 16), (TINY, 1500, 2048, 16),
-                                                      (KV260, 700, 1024, 256), (KV260, 20000, 32768, 256)],
-                         ids=["tiny", "tiny_two_chunks", "kv260", "kv260_two_chunks"])
-def test_int8_kvst_and_attn_address_the_slot_as_its_layout(hw, pos, capacity, head_dim):
+@pytest.mark.parametrize("hw,pos,capacity,head_dim,window", [
+    (TINY, 5, 8, 16, 0), (TINY, 1500, 2048, 16, 0), (KV260, 700, 1024, 256, 0), (KV260, 20000, 32768, 256, 0),
+    (TINY, 10, 8, 16, 6), (TINY, 2500, 2100, 16, 2000), (KV260, 1000, 515, 256, 512)],
+    ids=["tiny", "tiny_two_chunks", "kv260", "kv260_two_chunks", "tiny_wrapped_ring", "tiny_wrapped_chunks",
+         "kv260_wrapped_ring"])
+def test_int8_kvst_and_attn_address_the_slot_as_its_layout(hw, pos, capacity, head_dim, window):
     """Every DDR address KVST and ATTN name on the INT8 cache is where `sim.numerics.KvInt8Layout` (the ISS's
     and the packer's layout) puts that plane row, scale row or V column: per head the K planes' rows and their
     scale rows and the V planes' columns at the ring slot, its V scale; ATTN's K GEMVs (lo, then hi), the V row
-    scales, and per chunk of positions its V GEMVs (lo, then hi) with the V planes' scale table."""
+    scales, and per chunk of positions its V GEMVs (lo, then hi) with the V planes' scale table, each from the
+    first slot of its piece of the ring (a ring wider than the window wraps: `sim.plan.attn_pieces`)."""
     heads, kv_head = 2, 1
     desc = _slot(capacity, heads, head_dim, hw)
     lay = KvInt8Layout(capacity, heads, head_dim, hw.act_block)
@@ -351,17 +375,28 @@ def test_int8_kvst_and_attn_address_the_slot_as_its_layout(hw, pos, capacity, he
     assert run(AttentionSequencer(hw), word, pos=pos, desc=desc, ddr=got)[1] == "NONE"
     assert got == want
 
-    q_heads, n = 2, min(pos + 1, capacity)
+    q_heads, n = 2, min(pos + 1, window or capacity)
+    group = attn_k_group(hw, n)        # kv260 at 701 positions: both heads' K GEMVs at once; at 20,001 one each
+    assert group == (4 if hw is KV260 and n in (701, 512) else 1)
+    pieces = attn_pieces(pos, n, capacity)
+    assert len(pieces) == (2 if window else 1)
+    # the V chunks' first slots: each piece from its first slot in chunks of gemv_max_cols
+    chunks = [first + c0 for first, k in pieces for c0 in range(0, k, hw.gemv_max_cols)]
     want = []
-    for _ in range(q_heads):
-        want += [("gemv", slot + lay.k_lo(kv_head), slot + lay.ks_lo(kv_head)),
-                 ("gemv", slot + lay.k_hi(kv_head), slot + lay.ks_hi(kv_head)), ("rd", slot + lay.vs(kv_head))]
-        for c0 in range(0, n, hw.gemv_max_cols):
-            want += [("gemv", slot + lay.v_lo(kv_head) + c0 * head_dim // 2, table + 2 * head_dim),
-                     ("gemv", slot + lay.v_hi(kv_head) + c0 * head_dim // 2, table)]
+    for h0 in range(0, q_heads, group):
+        for first, _ in pieces:
+            want += [("gemv", slot + lay.k_lo(kv_head) + first * head_dim // 2,
+                      slot + lay.ks_lo(kv_head) + first * lay.kblocks * 2),
+                     ("gemv", slot + lay.k_hi(kv_head) + first * head_dim // 2,
+                      slot + lay.ks_hi(kv_head) + first * lay.kblocks * 2)]
+        for _ in range(min(group, q_heads - h0)):
+            want += [("rd", slot + lay.vs(kv_head) + 2 * first) for first, _ in pieces]
+            for c in chunks:
+                want += [("gemv", slot + lay.v_lo(kv_head) + c * head_dim // 2, table + 2 * head_dim),
+                         ("gemv", slot + lay.v_hi(kv_head) + c * head_dim // 2, table)]
     got = []
     word, _ = _insn(hw, Opcode.ATTN, dst=64, q=0, slot=0, kv_head=kv_head, shape_ptr=0, async_=0)
-    assert run(AttentionSequencer(hw), word, pos=pos, desc=desc, fmap=(q_heads, head_dim, 0), ddr=got)[1] == "NONE"
+    assert run(AttentionSequencer(hw), word, pos=pos, desc=desc, fmap=(q_heads, head_dim, window), ddr=got)[1] == "NONE"
     assert got == want
 ODD = TINY.replace(name="odd", systolic_rows=1, l2_banks=1, act_block=32, gemv_max_cols=512)
 

@@ -1,6 +1,8 @@
 """The INT8 KV cache (``HardwareConfig.kv_format = "int8"``, docs/numerics.md "KV cache"): its number format,
 its DDR layout, and ATTN/KVST on it in the ISS, checked against independent float64 arithmetic."""
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -215,6 +217,49 @@ def test_int8_attention_in_chunks_of_the_activation_memory():
         for h in range(group):
             want = _softmax_attention(q[h], k[:, 1], v[:, 1])
             assert np.max(np.abs(out[h] - want)) < ATTN_INT8_TOL * np.max(np.abs(v[:, 1]))
+
+
+def test_int8_attention_k_gemvs_once_per_group_change_no_bit():
+    """On the GEMV engine of four vectors (tiny_v4) ATTN's K GEMVs take up to four query heads at once
+    (`sim.plan.attn_k_group`; 6 heads: groups of 4 and 2): the output bits of one head at a time (tiny), K's
+    planes read once per group, and a bad query stops the instruction before its group's first head."""
+    cfg = PRESETS["tiny"]
+    full = cfg.kv_cache_layers[-1]
+    heads, n = 6, 70
+    outs, counts, written = {}, {}, {}
+    for hw in (TINY8, HW["tiny_v4"]):
+        m, image = _kv_machine(hw)
+        slot = image.kv_slots[full]
+        d = image.descriptors[slot]
+        rng = np.random.default_rng(7)
+        w = d.heads * d.head_dim
+        for pos in range(n):
+            _store(m, slot, rng, pos, w)
+        q0, hd = 2 * w // 4, d.head_dim
+        q = rng.standard_normal(heads * hd).astype(np.float32)
+        m.l2[q0 * 4: q0 * 4 + heads * hd] = q
+        before = copy.deepcopy(m.counters)
+        prog = [encode(Opcode.MEMSET, cache=ShapeCache.FMAP, slot=SHAPE_FULL, a=heads, b=hd, c=0),
+                encode(Opcode.ATTN, dst=q0 + 64, q=q0, slot=slot, kv_head=1, shape_ptr=SHAPE_FULL, async_=0), HALT]
+        m.run(prog, token=0, pos=n - 1)
+        out = slice((q0 + 64) * 4, (q0 + 64) * 4 + heads * hd)
+        outs[hw.name] = m.l2[out].copy()
+        counts[hw.name] = (m.counters.attn_gemvs - before.attn_gemvs,
+                           m.counters.attn_gemv_bytes - before.attn_gemv_bytes,
+                           m.counters.attn_group_gemvs - before.attn_group_gemvs)
+        m.l2[out] = 0
+        m.l2[q0 * 4 + 5 * hd + 3] = np.nan                 # head 5: the second of the group of 2
+        with pytest.raises(ExecutionError, match="infinity or a NaN") as e:
+            m.run(prog, token=0, pos=n - 1)
+        assert e.value.code is ErrorCode.NON_FINITE
+        written[hw.name] = [bool(np.any(m.l2[out][h * hd:(h + 1) * hd])) for h in range(heads)]
+    np.testing.assert_array_equal(outs["tiny_v4"], outs["tiny"])
+    k_bytes = 2 * (n * hd // 2 + n * -(-hd // TINY8.act_block) * 2)
+    assert counts["tiny"][0] - counts["tiny_v4"][0] == 2 * (heads - 2)
+    assert counts["tiny"][1] - counts["tiny_v4"][1] == (heads - 2) * k_bytes
+    assert counts["tiny"][2] == {} and counts["tiny_v4"][2] == {(n, hd, TINY8.act_block, 4): 2,
+                                                                (n, hd, TINY8.act_block, 2): 2}
+    assert written == {"tiny": [True] * 5 + [False], "tiny_v4": [True] * 4 + [False] * 2}
 
 
 def test_int8_kvst_rejects_values_beyond_the_binary16_scales():

@@ -151,6 +151,14 @@ def test_int8_attention_and_kvst_give_the_iss_results():
     _bench("attention")
 
 
+@pytest.mark.slow
+def test_int8_attention_on_the_multi_vector_engine_gives_the_iss_results():
+    """The same ATTN/KVST programs on tiny_v4, whose ATTN runs its K GEMVs once for a group's query heads (the
+    queries in the engine's vectors; over 1,101 positions four rows of scores exceed tiny's scratch: one head at a
+    time), and stops before the group of a bad query."""
+    simulate(HardwareConfig.preset("tiny_v4"), "attention", seed=1, env={"NPU_NPZ": str(FIXTURE)})
+
+
 def test_attention_programs_have_the_expected_iss_outcomes():
     """The directed ATTN/KVST programs mean what they say: the ISS ends each one as the bench expects, and the
     good ones write finite, non-trivial outputs."""

@@ -2,6 +2,7 @@
 sequencers (`hdl.controller`: every ``launch(...)`` is a `Pass`, every GEMV job an `Engine`, every
 GEMM command a `Gemm`, every ``alu(...)`` an `Alu`), and the ISS's counters as the sum of the plans it ran."""
 
+import random
 from collections import Counter
 
 import pytest
@@ -327,3 +328,33 @@ def test_plan_of_names_a_missing_descriptor():
     n = len(image.descriptors)
     with pytest.raises(ValueError, match=rf"GATHER names descriptor {n}; the table has {n}"):
         Machine(image, TINY, COUNT).plan_of(insn(Opcode.GATHER, dst=0, desc=n, remap=0, async_=0))
+
+
+def test_attn_pieces_are_the_visible_positions_in_order():
+    """`attn_pieces`: a full ring in slot order; otherwise the ring slots of positions pos - n + 1 .. pos, oldest
+    first, in at most two runs of consecutive slots (the second from slot 0 where the ring wraps)."""
+    from sim.plan import attn_pieces
+    rng = random.Random(3)
+    cases = [(10, 6, 8), (7, 6, 8), (5, 6, 8), (13, 8, 8), (0, 1, 4), (515, 512, 515), (514, 512, 515)]
+    cases += [(p, min(p + 1, w), c) for p, w, c in ((rng.randrange(3000), rng.randint(1, 600), 0) for _ in range(300))
+              for c in [w + rng.randint(0, 5)]]
+    for pos, n, cap in cases:
+        pieces = attn_pieces(pos, n, cap)
+        slots = [s for first, k in pieces for s in range(first, first + k)]
+        want = list(range(cap)) if n == cap else [p % cap for p in range(pos - n + 1, pos + 1)]
+        assert slots == want, (pos, n, cap)
+        assert len(pieces) <= 2 and all(k > 0 for _, k in pieces)
+
+
+def test_attn_int8_over_a_ring_wider_than_its_window():
+    # tiny, a ring of 8 for a window of 6 at position 10: positions 5..10 in slots 5, 6, 7, then 0, 1, 2. The K
+    # GEMVs (lo, hi) per piece, the V row scales per piece, the V chunks per piece (RECIP beside the first)
+    slot = Descriptor(4, 2, "kv:0", capacity=8, heads=2, head_dim=32, layout=1)
+    got = steps(attn(), TINY, pos=10, fmap=(1, 32, 6), desc=slot)
+    q = Pass(None, "L2", "NONE", "QUANT", 3)
+    assert got == [DESC, Pass(None, "L2", "NONE", "QUANT", 32), Engine(3, 32, False, False), Engine(3, 32, True, False),
+                   Engine(3, 32, False, False), Engine(3, 32, True, False), Pass("MAX", "L2", "NONE", "REG", 6),
+                   Pass("EXP", "L2", "NONE", "L2", 6), Pass("SUM", "L2", "NONE", "REG", 6),
+                   Pass("MUL", "DDR", "L2", "L2", 3), Pass("MUL", "DDR", "L2", "L2", 3),
+                   q, Engine(32, 3, False, True), ATTN_RECIP, Engine(32, 3, True, True),
+                   q, Engine(32, 3, True, True), Engine(32, 3, True, True), Pass("MULS", "L2", "NONE", "L2", 32)]

@@ -179,11 +179,29 @@ def test_a_head_a_wgemm_cannot_read_runs_per_token():
     Machine(image, hw, COUNT).run(prog.bind([1, 2], [0, 1]), token=1, pos=0)
 
 
+def _ring_limit(pos, window, ring):
+    """The most tokens a program may store from `pos` before one of them overwrites a ring row that the
+    program's first token attends to (positions max(0, pos - window + 1) .. pos): by brute force."""
+    seen = range(max(0, pos - window + 1), pos + 1)
+    t = 1
+    while t < 64 and not any((pos + t) % ring == q % ring for q in seen):
+        t += 1
+    return t
+
+
 def test_multi_token_limit_keeps_shared_sliding_rings_exact():
     shared = load_case(FIXTURES / "f64_s1_l15.npz")          # KV-shared layers read a sliding layer's ring
     rt = Runtime.from_hf(shared.config, shared.tensors, arithmetic="hardware", hw="tiny")
     w = rt.config.sliding_window
-    assert [rt.multi_token_limit(p) for p in (0, w - 2, w - 1, w, 3 * w)] == [w, 2, 1, 1, 1]
+    ring = min(rt.image.descriptors[s].capacity for layer, s in rt.image.kv_slots.items()
+               if rt.config.is_sliding(layer))
+    assert ring == w + HW["tiny"].gemm_tile - 1               # the window and a program's three further tokens
+    positions = (0, w - 2, w - 1, w, 3 * w, 3 * w + 1)
+    assert [rt.multi_token_limit(p) for p in positions] == [_ring_limit(p, w, ring) for p in positions]
+    assert [rt.multi_token_limit(p) for p in positions] == [w + 3, 5, 4, 4, 4, 4]
+    # rings as wide as the window (an image packed without the further rows): below the window only
+    from firmware.compiler import multi_token_limit
+    assert [multi_token_limit(rt.config, p, w) for p in positions] == [_ring_limit(p, w, w) for p in positions]
     alone = load_case(FIXTURES / "f64_s3_l5.npz")             # no KV sharing
     rt = Runtime.from_hf(alone.config, alone.tensors, arithmetic="hardware", hw="tiny")
     assert rt.multi_token_limit(10 * rt.config.sliding_window) == MAX_TOKENS

@@ -134,9 +134,10 @@ def test_verify_limits_and_misuse_are_clear_errors():
     shared = load_case(FIXTURES / "f64_s2_l7.npz")       # window 3, KV-shared layers read a sliding ring
     rt = _runtime(shared, logit_rows=8)
     ids = _ids(shared)
-    assert [rt.verify_tokens(p) for p in (0, 1, 2, 5)] == [3, 2, 1, 1]
-    with pytest.raises(ValueError, match="verify takes at most 3 ids at position 0"):
-        rt.verify(ids[:4])
+    # its rings hold the window and 3 more rows: a pass of 4 ids (a program's tokens) at any position
+    assert [rt.verify_tokens(p) for p in (0, 1, 2, 5, 40)] == [4, 4, 4, 4, 4]
+    with pytest.raises(ValueError, match="verify takes at most 4 ids at position 0"):
+        rt.verify(ids[:5])
     with pytest.raises(ValueError, match="rollback follows a verify"):
         rt.rollback(1)
     rt.verify(ids[:2])
@@ -276,5 +277,5 @@ def test_streams_beyond_the_kv260_map_are_a_clear_error():
     e4b, kv = ModelConfig.preset("e4b"), HW["kv260"]
     image = pack(e4b, None, kv, fill=False, memory_map="kv260", max_positions=4096, streams=2)   # two fit
     assert image.streams == 2
-    with pytest.raises(ValueError, match=r"the KV cache takes 208,404,480; fewer max_positions or streams shrink"):
+    with pytest.raises(ValueError, match=r"the KV cache takes 208,814,080; fewer max_positions or streams shrink"):
         pack(e4b, None, kv, fill=False, memory_map="kv260", max_positions=4096, streams=8)

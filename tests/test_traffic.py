@@ -33,11 +33,15 @@ def test_e4b_weight_and_kv_bytes_match_a_hand_count():
         assert c.weight_bytes_skipped == skipped
         assert c.bytes_read["WEIGHTS"] == weights - skipped
         # Window-aware KV reads: 7 full layers see pos + 1 positions, 28 sliding layers min(pos + 1, 512).
-        # The INT8 cache (docs/numerics.md), per query head (8 per layer; the 4 of a KV group each read their
-        # KV head): K's two planes of 128 bytes and their 2 x 4 binary16 scales per position, V's two planes of
-        # 128 bytes and its binary16 row scale per position, and the V planes' scale table (2 x 256 binary16).
+        # The INT8 cache (docs/numerics.md): per KV head (2 per layer; the GEMV engine's four vectors take the
+        # 4 query heads of its group at once) K's two planes of 128 bytes and their 2 x 4 binary16 scales per
+        # position; per query head (8 per layer) V's two planes of 128 bytes and its binary16 row scale per
+        # position, and the V planes' scale table (2 x 256 binary16) per V chunk: one per layer, two in a sliding
+        # layer whose window wraps past the end of its ring of 512 + 3 rows (from slot (pos - 511) mod 515 on)
         seen = 7 * (pos + 1) + 28 * min(pos + 1, 512)
-        assert c.bytes_read["KV"] == 8 * (seen * (2 * 128 + 2 * 4 * 2 + 2 * 128 + 2) + 35 * 2 * 256 * 2)
+        chunks = 35 + (28 if pos >= 512 and (pos - 511) % 515 + 512 > 515 else 0)
+        assert chunks == {128: 35, 1024: 63, 4096: 63}[pos]
+        assert c.bytes_read["KV"] == 2 * seen * (2 * 128 + 2 * 4 * 2) + 8 * (seen * (2 * 128 + 2) + chunks * 2 * 256 * 2)
         # per cache layer and KV head: the four planes' 128-byte rows, 8 K scales, 1 V scale
         assert c.bytes_written["KV"] == 20 * 2 * (4 * 128 + 8 * 2 + 2)
         assert c.bytes_written["LOGITS"] == V * 4

@@ -410,14 +410,52 @@ class AttentionSequencer(Sequencer):
         m.d.sync += [last_h.eq(heads - 1), no_heads.eq(heads == 0)]
         vrow = Signal(A)                              # the chunk's first V_hi column (V_lo: a plane on)
         vtab = Signal(A)                              # the V planes' scale table (lo: 2·head_dim bytes on)
+        # The visible slots (`sim.plan.attn_pieces`): all C of a full ring in slot order, else the n from slot s0 =
+        # (POS + 1 - n) mod C on, wrapping at C: a first piece of n1 slots from s0 and a second of n2 = n - n1
+        # from slot 0 (`wrap`). The K GEMVs, the V row scales and the V chunks run piece by piece (`kp`, `vp`: the
+        # second piece's), the scores contiguous in the scratch. The offsets of s0 in a plane (s0·D/2 bytes), in the
+        # K scales (s0·nb·2) and in the V scales (2·s0), and the pieces' sizes are registered from s0 (AT_2) on.
+        s0 = Signal(32, name="s0")
+        s0_row = product(m, s0, hd, 33, "s0_row_x2")[1:]
+        s0_ks = Cat(Const(0, 1), product(m, s0, self.blocks, 31, "s0_ks_2"))
+        n1, n2 = Signal(nb, name="n1"), Signal(nb, name="n2")
+        wrap, n2_more = Signal(name="wrap"), Signal(name="n2_more")
+        kp, vp = Signal(name="k_piece"), Signal(name="v_piece")
+        cap = self.cap
+        s0_end = Signal(33, name="s0_end")
+        m.d.sync += [s0_end.eq(s0 + n), n1.eq(Mux(s0_end > cap, cap - s0, n)), n2.eq(n - n1), wrap.eq(n2 != 0),
+                     n2_more.eq(n2 > MAXC)]
+        kb0, ksb0, vsb0 = Signal(A, name="kb0"), Signal(A, name="ksb0"), Signal(A, name="vsb0")
+        vcol0, vrow0 = Signal(A, name="vcol0"), Signal(A, name="vrow0")
+        m.d.sync += [kb0.eq(kb + s0_row), ksb0.eq(ksb + s0_ks), vsb0.eq(vsb + (s0 << 1)), vcol0.eq(kb + (plane << 1)),
+                     vrow0.eq(vcol0 + s0_row)]
         dst, rz, recip_pending = self.dst, self.rz, self.recip_pending
+        # On a GEMV engine of V > 1 vectors the K GEMVs serve a group of up to V heads at once
+        # (`sim.plan.attn_k_group`): the group's queries go into the engine's vectors 0, 1 ..., and each K plane is
+        # read once for all of them, the head's scores `stride` elements after the one before it (n rounded up to
+        # a whole L2 word) in the scratch; then per head of the group the softmax and the V GEMVs as alone.
+        V = hw.gemv_vectors
+        grouped = V > 1
+        if grouped:
+            stride = Signal(nb, name="score_stride")          # from n (cycle 1 on): stable from AT_3 on
+            fits = Signal(name="group_fits")                  # V rows of scores fit the scratch
+            m.d.sync += [stride.eq((n + 3) & ~3), fits.eq(stride * V <= SCR)]
+            g_n = Signal(range(V + 1), name="group_heads")    # heads in this group
+            qi = Signal(range(V), name="group_q")             # the query quantised last; then heads left
+            q_more = Signal(name="group_q_more")              # a query of the group follows the one quantised
+            qg = Signal.like(self.q_at, name="group_q_at")    # the next query of the group
+            kspan = Signal(nb, name="group_span")             # (g_n - 1) * stride: the K GEMVs' rows beyond a head's
+            sc = Signal.like(self.q_at, name="scores_at")     # the head's scores
+            heads_left = Signal(16, name="heads_left")        # heads - h, set with h
+        else:
+            sc = SB
         # Every engine command's addresses are one base plus, for the lo plane, one offset: K from the head's
         # planes and K scales, V from the chunk's columns and the scale table. Which ones, `on_v` and `on_lo`,
         # registered: V from the first chunk to the next head, lo from the quantiser pass before the lo plane's
         # command to that command (`engine`); the states' conditions choose the command's valid only.
         on_v, on_lo = Signal(name="on_v"), Signal(name="on_lo")
-        wbase = (Mux(on_v, vrow, kb) + Mux(on_lo, plane, 0))[:A]
-        sbase = (Mux(on_v, vtab, ksb) + Mux(on_lo, Mux(on_v, hd << 1, ks), 0))[:A]
+        wbase = (Mux(on_v, vrow, Mux(kp, kb, kb0)) + Mux(on_lo, plane, 0))[:A]
+        sbase = (Mux(on_v, vtab, Mux(kp, ksb, ksb0)) + Mux(on_lo, Mux(on_v, hd << 1, ks), 0))[:A]
 
         # K: n rows of head_dim columns into the scratch; V: head_dim rows of the chunk's columns into dst. The
         # command is sent from a register, the cycle after `engine` (the payload 0 while not valid): no path
@@ -426,12 +464,15 @@ class AttentionSequencer(Sequencer):
         job = Signal.like(self.o_gemv.payload)
         send, sent = Signal(name="gemv_launch"), Signal(name="gemv_valid")
         held = Signal.like(self.o_gemv.payload, name="gemv_payload")
+        k_rows = Mux(kp, n2, n1)
         m.d.comb += [job.cmd.wbase.eq(wbase), job.cmd.sbase.eq(sbase),
-                     job.cmd.rows.eq(Mux(on_v, hd, n)), job.cmd.cols.eq(Mux(on_v, chunk_n, hd)),
+                     job.cmd.rows.eq(Mux(on_v, hd, k_rows)), job.cmd.cols.eq(Mux(on_v, chunk_n, hd)),
                      job.cmd.log2_group.eq(Mux(on_v, V_PLANE_LOG2_GROUP, LB)), job.cmd.sparse.eq(on_v),
-                     job.cmd.accm.eq(~on_lo | (on_v & ~first)), job.lo.eq(Mux(on_v, dst, SB)),
-                     job.n.eq(Mux(on_v, hd, n)), job.pc.eq(ctx.pc),
+                     job.cmd.accm.eq(~on_lo | (on_v & ~first)), job.lo.eq(Mux(on_v, dst, Mux(kp, SB + n1, SB))),
+                     job.n.eq(Mux(on_v, hd, (kspan + k_rows) if grouped else k_rows)), job.pc.eq(ctx.pc),
                      self.o_gemv.valid.eq(sent), self.o_gemv.payload.eq(Mux(sent, held, 0))]
+        if grouped:
+            m.d.comb += [job.cmd.vecs.eq(Mux(on_v, 0, qi)), job.stride.eq(stride)]
         m.d.sync += [sent.eq(send), held.eq(job)]
 
         def engine(nxt):
@@ -447,8 +488,8 @@ class AttentionSequencer(Sequencer):
                     with m.Else():
                         then()
 
-        # the engine runs its GEMVs: an async WGEMV must finish first; a sliding ring is the window
-        self._attn_checks(m, st, 1, bad_hd, 1, uses_engine=True)
+        # the engine runs its GEMVs: an async WGEMV must finish first
+        self._attn_checks(m, st, 1, bad_hd, 0, uses_engine=True)
         # the Q and output span, from the FMAP entry (from cycle 4 on: AT_1P, the checks on it)
         span = product(m, ctx.fmap.heads, ctx.fmap.head_dim, 32, "span")
         with st.state("AT_1"):
@@ -456,25 +497,46 @@ class AttentionSequencer(Sequencer):
         st.checks_registered("AT_1P", [
             (n > SCR, lambda: st.fail(ErrorCode.BAD_LENGTH)),
             (~in_l2(hw, aq, span) | ~in_l2(hw, ad, span), lambda: st.fail(ErrorCode.ADDRESS_RANGE)),
-        ], st.go("AT_2"))
+        ], lambda: self._divide(m, ctx.pos + 1 - n, self.cap, "AT_2"))
         # the head's planes, K scales and V scales from the slot's start (from cycles 8, 9 and 4 on); AT_3, from
-        # cycle 10 on (the V scale region), adds them to the regions
+        # cycle 10 on (the V scale region), adds them to the regions; s0 from the divider (AT_2), its products
+        # and the pieces from 4 and 6 cycles later on (AT_3 and after)
         head_plane = product(m, at.kv_head, plane, 32, "head_plane")
         head_ks = product(m, at.kv_head, ks, 32, "head_ks")
         head_rows = product(m, at.kv_head, d.rows, 32, "head_rows")
         m.d.sync += vtab.eq(ctx.base[DdrRegion.WEIGHTS.value] + d.scale_offset)
-        st.pause("AT_2", 4, "AT_3")
+        full_ring = Signal(name="full_ring")          # n == C: the ring in slot order from slot 0
+        m.d.sync += full_ring.eq(n == self.cap)
+        with st.state("AT_2"):
+            with m.If(~self.div.busy):
+                m.d.sync += s0.eq(Mux(full_ring, 0, self.div.r))
+                m.next = "AT_2P"
+        st.pause("AT_2P", 6, "AT_3")
         with st.state("AT_3"):
             m.d.sync += [kb.eq(self.slot_base + (head_plane << 2)), ksb.eq(self.ks_region + (head_ks << 1)),
                          vsb.eq(self.vs_region + (head_rows << 1)), h.eq(0), h_end.eq(no_heads),
-                         self.q_at.eq(aq), dst.eq(ad), on_v.eq(0)]
+                         self.q_at.eq(aq), dst.eq(ad), on_v.eq(0), kp.eq(0)]
+            if grouped:
+                m.d.sync += heads_left.eq(heads)
             m.next = "AT_H"
-        with st.state("AT_H"):
-            with m.If(h_end):
-                st.retire()
-            with m.Else():
+        if grouped:
+            with st.state("AT_H"):
+                with m.If(h_end):
+                    st.retire()
+                with m.Else():
+                    m.d.sync += g_n.eq(Mux(fits & (heads_left > 1), Mux(heads_left < V, heads_left, V), 1))
+                    m.next = "AT_HQ"
+            with st.state("AT_HQ"):
                 st.launch("AT_Q", bypass=1, n=hd, a=Src.L2, a_addr=self.q_at, sink=Sink.QUANT, qdst=QDst.GEMV)
-                m.d.sync += on_lo.eq(1)
+                m.d.sync += [on_lo.eq(1), qi.eq(0), q_more.eq(g_n > 1), qg.eq(self.q_at + hd), kspan.eq(0),
+                             sc.eq(SB)]
+        else:
+            with st.state("AT_H"):
+                with m.If(h_end):
+                    st.retire()
+                with m.Else():
+                    st.launch("AT_Q", bypass=1, n=hd, a=Src.L2, a_addr=self.q_at, sink=Sink.QUANT, qdst=QDst.GEMV)
+                    m.d.sync += on_lo.eq(1)
         # the failures of the engine (its code holds until the next START) and of the quantiser passes, ended
         # from states of their own (the cycle after): the end and the return to IDLE see those states only
         with st.state("AT_ENGINE_ERROR"):
@@ -485,25 +547,52 @@ class AttentionSequencer(Sequencer):
             with m.If(st.done()):
                 with m.If(self.i_done.payload.nonfinite):
                     m.next = "AT_NON_FINITE"
+                if grouped:         # the group's next query into the engine's next vector
+                    with m.Elif(q_more):
+                        st.launch("AT_Q", bypass=1, n=hd, a=Src.L2, a_addr=qg, sink=Sink.QUANT, qdst=QDst.GEMV,
+                                  qtok=qi + 1)
+                        m.d.sync += [qi.eq(qi + 1), q_more.eq(qi + 2 != g_n), qg.eq(qg + hd),
+                                     kspan.eq(kspan + stride)]
                 with m.Else():
                     engine("AT_K1")
         after_engine("AT_K1", lambda: engine("AT_K2"))
-        after_engine("AT_K2", lambda: st.launch("AT_S1", op=SfuOp.MAX, n=n, a=Src.L2, a_addr=SB, sink=Sink.REG))
-        st.wait_pass("AT_S1", lambda: st.launch("AT_S2", op=SfuOp.EXP, n=n, a=Src.L2, a_addr=SB, emax=st.result,
-                                                sub_emax=1, sink=Sink.L2, dst=SB))
-        st.wait_pass("AT_S2", lambda: st.launch("AT_S3", op=SfuOp.SUM, n=n, a=Src.L2, a_addr=SB, sink=Sink.REG))
+
+        def scores():
+            with m.If(wrap & ~kp):      # the second piece's K GEMVs (lo, then hi)
+                m.d.sync += [kp.eq(1), on_lo.eq(1)]
+                m.next = "AT_K0"
+            with m.Else():
+                m.d.sync += kp.eq(0)
+                st.launch("AT_S1", op=SfuOp.MAX, n=n, a=Src.L2, a_addr=sc, sink=Sink.REG)
+        after_engine("AT_K2", scores)
+        with st.state("AT_K0"):
+            engine("AT_K1")
+        if grouped:         # the group's next head: its softmax (its scores are in the scratch already)
+            with st.state("AT_S0"):
+                st.launch("AT_S1", op=SfuOp.MAX, n=n, a=Src.L2, a_addr=sc, sink=Sink.REG)
+        st.wait_pass("AT_S1", lambda: st.launch("AT_S2", op=SfuOp.EXP, n=n, a=Src.L2, a_addr=sc, emax=st.result,
+                                                sub_emax=1, sink=Sink.L2, dst=sc))
+        st.wait_pass("AT_S2", lambda: st.launch("AT_S3", op=SfuOp.SUM, n=n, a=Src.L2, a_addr=sc, sink=Sink.REG))
 
         def scale_by_v():
             m.d.sync += rz.eq(st.result)
-            st.launch("AT_S5", op=SfuOp.MUL, n=n, a=Src.DDR, ddr_addr=vsb, ddr_fmt=1, b=BSrc.L2, b_addr=SB,
-                      sink=Sink.L2, dst=SB)
+            st.launch("AT_S5", op=SfuOp.MUL, n=n1, a=Src.DDR, ddr_addr=vsb0, ddr_fmt=1, b=BSrc.L2, b_addr=sc,
+                      sink=Sink.L2, dst=sc)
         st.wait_pass("AT_S3", scale_by_v)
 
+        def scale_piece():
+            with m.If(wrap):
+                st.launch("AT_S6", op=SfuOp.MUL, n=n2, a=Src.DDR, ddr_addr=vsb, ddr_fmt=1, b=BSrc.L2, b_addr=sc + n1,
+                          sink=Sink.L2, dst=sc + n1)
+            with m.Else():
+                chunks()
+
         def chunks():
-            m.d.sync += [s_at.eq(SB), left.eq(n), first.eq(1), none_left.eq(n == 0), more.eq(n > MAXC),
-                         vrow.eq(kb + (plane << 1)), on_v.eq(1)]
+            m.d.sync += [s_at.eq(sc), left.eq(n1), first.eq(1), none_left.eq(n1 == 0), more.eq(n1 > MAXC),
+                         vrow.eq(vrow0), on_v.eq(1), vp.eq(0)]
             m.next = "AT_V"
-        st.wait_pass("AT_S5", chunks)
+        st.wait_pass("AT_S5", scale_piece)
+        st.wait_pass("AT_S6", chunks)
         with st.state("AT_V"):
             with m.If(recip_pending):
                 pass                         # the RECIP pass is still running
@@ -527,16 +616,27 @@ class AttentionSequencer(Sequencer):
         after_engine("AT_V1", lambda: engine("AT_V2"))
 
         def next_chunk():
-            # every chunk but the last is MAXC positions of head_dim/2 bytes per plane column; the chunk took
-            # min(left, MAXC) positions
-            m.d.sync += [s_at.eq(s_at + chunk_n), left.eq(Mux(more, left - MAXC, 0)), first.eq(0),
-                         none_left.eq(~more), more.eq(left > 2 * MAXC),
-                         vrow.eq(vrow + (hd << (ceil_log2(MAXC) - 1)))]
+            # every chunk but the last of a piece is MAXC positions of head_dim/2 bytes per plane column; the chunk
+            # took min(left, MAXC) positions; after the first piece's last chunk the second piece from column 0
+            m.d.sync += [s_at.eq(s_at + chunk_n), first.eq(0)]
+            with m.If(~more & wrap & ~vp):
+                m.d.sync += [left.eq(n2), none_left.eq(0), more.eq(n2_more), vrow.eq(vcol0), vp.eq(1)]
+            with m.Else():
+                m.d.sync += [left.eq(Mux(more, left - MAXC, 0)), none_left.eq(~more), more.eq(left > 2 * MAXC),
+                             vrow.eq(vrow + (hd << (ceil_log2(MAXC) - 1)))]
             m.next = "AT_V"
         after_engine("AT_V2", next_chunk)
 
         def next_head():
             m.d.sync += [h.eq(h + 1), h_end.eq(h == last_h), self.q_at.eq(self.q_at + hd), dst.eq(dst + hd),
                          on_v.eq(0)]
-            m.next = "AT_H"
+            if grouped:
+                m.d.sync += heads_left.eq(heads_left - 1)
+                with m.If(qi != 0):      # heads of the group left: the next one's scores
+                    m.d.sync += [qi.eq(qi - 1), sc.eq(sc + stride)]
+                    m.next = "AT_S0"
+                with m.Else():
+                    m.next = "AT_H"
+            else:
+                m.next = "AT_H"
         st.wait_pass("AT_O", next_head)

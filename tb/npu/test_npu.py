@@ -505,8 +505,8 @@ def _random_kv(image, hw: HardwareConfig, seed: int = 7):
 def attention_programs(image, hw: HardwareConfig):
     """(image, name, words, expected (ErrorCode, pc) or None, position) of directed ATTN/KVST programs on a
     random INT8 KV cache: full attention over 1,101 positions (two V chunks) for both KV heads, a sliding ring,
-    KVST then ATTN, ATTN waiting for an async WGEMV, and the errors (a non-finite query, K or V value, a
-    scale beyond binary16, a window narrower than its ring, a slot descriptor of the other format). Results
+    KVST then ATTN, ATTN waiting for an async WGEMV, a ring wider than the window (wrapping and not), and the
+    errors (a non-finite query, K or V value, a scale beyond binary16, a slot descriptor of the other format). Results
     leave through LOGITS."""
     from firmware.compiler import SHAPE_FULL, SHAPE_SLIDING
     cfg = ModelConfig.from_hf(image.config)
@@ -550,8 +550,11 @@ def attention_programs(image, hw: HardwareConfig):
          (ErrorCode.NON_FINITE, p + 2), 6),
         ("KVST of a K value beyond the binary16 scales", head + store(hd + 2, 0x4900) + [kvst(0, kv_w, full), halt],
          (ErrorCode.NON_FINITE, p + 2), 6),
-        ("a window narrower than its ring", head + [shape(SHAPE_SLIDING, cfg.sliding_window - 1),
-         attn(64, 0, slide, 0, SHAPE_SLIDING), halt], (ErrorCode.BAD_LENGTH, p + 1), 2),
+        # a ring one row wider than the window: positions pos - window + 1 .. pos, from the oldest one's slot on,
+        # wrapping at the ring's end where they do (sim.plan.attn_pieces)
+        *((f"sliding attention over a ring wider than its window at position {pos}",
+           head + [shape(SHAPE_SLIDING, cfg.sliding_window - 1), attn(64, 0, slide, 0, SHAPE_SLIDING)]
+           + out(group * hd) + [halt], None, pos) for pos in (ATTN_POS, ATTN_POS + 1)),
     ]
     reuse = encode(Opcode.WGEMV, dst=128, src=0, desc=qproj.index, accm=0, findemax=0, sparse=0,
                    reuse=1, mask=0, async_=1)
