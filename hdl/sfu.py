@@ -27,14 +27,14 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
-from amaranth import Cat, Const, Module, Mux, Signal, Value, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.isa import CvoFunc, VecFunc
 
 from . import sfu_tables
-from .fp import NEG_ZERO, QNAN, FpAdd, FpLdexp, FpMul, _Pipe
+from .fp import NEG_ZERO, QNAN, FpAdd, FpLdexp, FpMul, _lzc, _Pipe, _round_pack
 from .l2 import LANES
 
 __all__ = ["Flow", "SegmentPoly", "Shared", "with_shared",
@@ -182,6 +182,7 @@ class Flow:
         with m.If(self.en):
             m.d.sync += [ra.eq(va), rb.eq(vb)]
         m.d.comb += [unit.en.eq(self.en), unit.i_valid.eq(1), unit.i_a.eq(ra), unit.i_b.eq(rb)]
+        self.operands = (ra, rb)             # the last unit's operand registers (`_short_tail` reads A1's)
         return unit.o_y, t + self.unit_latency(unit)
 
     def _shared(self, kind, share, a, b):
@@ -225,10 +226,46 @@ class Flow:
         return poly.o_y, t0 + poly.latency
 
     def to_fp(self, mag, msb_exp: int):
-        """Unsigned integer `mag` to binary32 (RNE) where its MSB has weight ``2**msb_exp``; 3 stages."""
+        """Unsigned integer `mag` to binary32 (RNE) where its MSB has weight ``2**msb_exp``; 4 stages:
+        `_Pipe.normalize_round`'s with its leading- and trailing-zero counts in two (each 8-bit group's
+        counts and zero flag, then the group's), so that no stage holds a whole 64-bit count."""
         (v,), t = self.align(mag)
-        p = _Pipe(self.m, self.en, Const(1))
-        y = p.normalize_round(Const(0, 1), 127 + msb_exp, v, Const(0, 1), Const(0, 1))
+        m = self.m
+        p = _Pipe(m, self.en, Const(1))
+        w = max(len(v), 26)
+        mant = Cat(Const(0, w - len(v)), v) if len(v) < w else v
+        groups = -(-w // 8)
+        assert groups <= 8, "a group index of 3 bits"
+        wide = Cat(mant, Const(0, 8 * groups - w))            # zeros above the MSB: the trailing count is kept
+        lead_pad = Cat(Const(0, 8 * groups - w), mant)        # zeros below the LSB: the leading count is kept
+        g_lz = [_lzc(lead_pad[8 * g:8 * (g + 1)])[0][:3] for g in range(groups)]
+        g_tz = [_lzc(wide[8 * g:8 * (g + 1)][::-1])[0][:3] for g in range(groups)]
+        s = p.stage(mant=mant, nz_l=Cat(*[lead_pad[8 * g:8 * (g + 1)].any() for g in range(groups)]),
+                    nz_t=Cat(*[wide[8 * g:8 * (g + 1)].any() for g in range(groups)]),
+                    lz=Cat(*g_lz), tz=Cat(*g_tz))
+        # the counts: the highest (lowest) non-zero group's index and its own count
+        lz, tz = Signal(range(8 * groups + 1)), Signal(range(8 * groups + 1))
+        lz_v, tz_v = Const(8 * groups, len(lz)), Const(8 * groups, len(tz))
+        for g in range(groups):                             # the last assignment (the highest group) wins
+            lz_v = Mux(s["nz_l"][g], Cat(s["lz"][3 * g:3 * g + 3], Const(groups - 1 - g, 3)), lz_v)
+        for g in reversed(range(groups)):                   # the lowest group wins
+            tz_v = Mux(s["nz_t"][g], Cat(s["tz"][3 * g:3 * g + 3], Const(g, 3)), tz_v)
+        zero = ~s["nz_l"].any()
+        m.d.comb += [lz.eq(lz_v), tz.eq(tz_v)]
+        # as `_Pipe.normalize_round` from here: the left shift clamped so the exponent stays >= 1
+        exp = 127 + msb_exp
+        d = exp - 1
+        lz_w = Mux(zero, w, lz)
+        left = Signal(range(w + 1))
+        m.d.comb += left.eq(0 if d < 0 else Mux(lz_w < d, lz_w, d))
+        s = p.stage(mant=s["mant"], zero=zero, left=left, tz=tz)
+        shifted = Signal(w)
+        be = Signal(signed(14))
+        m.d.comb += [shifted.eq((s["mant"] << s["left"])[:w]), be.eq(exp - s["left"])]
+        s = p.stage(sign=Const(0, 1), sig=shifted[w - 24:], rnd=shifted[w - 25],
+                    sticky=~s["zero"] & (s["tz"] + s["left"] < w - 25),
+                    bem1=(be - 1)[:8], big=be > 254, zero=s["zero"], nan=Const(0, 1), inf=Const(0, 1))
+        y = p.stage(y=_round_pack(m, s, big=s["big"]))["y"]
         return y, t + p.stages
 
     @staticmethod
@@ -458,7 +495,8 @@ def _logseg(f, z, e_lo: int, j_bits: int, binades: int, share=None):
     """`sim.sfu.logseg_index` of a positive binary32 node `z`: (index, exact t = z - segment start)."""
     low = 23 - j_bits
     eb = max(1, (binades - 1).bit_length())
-    index = f.comb(lambda v: Cat(v[low:23], (v[23:31] - (127 + e_lo))[:eb]), z, register=False)
+    # registered (at no latency: the index waits for t): its subtraction does not run into a delay line
+    index = f.comb(lambda v: Cat(v[low:23], (v[23:31] - (127 + e_lo))[:eb]), z)
     start = f.comb(lambda v: Cat(Const(0, low), v[low:31], Const(1, 1)), z, register=False)   # -start
     return index, f.add(z, start, share)
 
@@ -796,13 +834,14 @@ class _RedPort:
     """A lane's way into its adder A1 for the reductions (`Sfu._reductions` drives it): while ``sel`` is
     high A1 adds ``la + lb`` instead of the short path's operands. `_short_tail` records ``rv`` (the lane's
     reduction operand at A1's input: ``a``, or M1's product for SUMSQ/DOT), ``t`` (the time of A1's
-    input) and ``y`` (A1's sum, ``Flow.unit_latency(FpAdd)`` enabled cycles after its operands)."""
+    input), ``ra`` and ``rb`` (A1's operand registers: ``la`` and ``lb`` an enabled cycle after ``sel``) and
+    ``y`` (A1's sum, ``Flow.unit_latency(FpAdd)`` enabled cycles after its operands)."""
 
     def __init__(self, j: int):
         self.la = Signal(32, name=f"red_la{j}")
         self.lb = Signal(32, name=f"red_lb{j}")
         self.sel = Signal(name=f"red_sel{j}")
-        self.rv = self.y = self.t = None
+        self.rv = self.y = self.t = self.ra = self.rb = None
 
 
 def _short_tail(f, op, x, a, b, s, m1, port=None):
@@ -824,6 +863,7 @@ def _short_tail(f, op, x, a, b, s, m1, port=None):
     a1 = f.add(a1a, a1b)
     if port is not None:
         port.y = a1[0]
+        port.ra, port.rb = f.operands
     relu = f.comb(_relu, a1)
     m2 = f.mul(m1, b)
     short = [((O.ADD, O.SUB, O.ADDS, O.FMAS), a1), ((O.RELU_SUBS,), relu), ((O.MUL, O.MULS), m1),
@@ -926,9 +966,10 @@ class Sfu(wiring.Component):
         # entries and exits a cycle late (`inc_r`, `dec_r`: registered, off the output's ready path); an entry
         # not yet counted holds a short command too, an exit not yet counted holds it one cycle longer.
         long_n = Signal(range(self.latency + 3))
+        long_nz = Signal()                          # long_n != 0, a register of its own (no compare before ready)
         inc_r, dec_r = Signal(), Signal()
         m.d.comb += self.i_cmd.ready.eq(~busy & ~(_is(Value.cast(self.i_cmd.payload.op), *SHORT_OPS)
-                                                  & ((long_n != 0) | inc_r)))
+                                                  & (long_nz | inc_r)))
         p = self.i_data.payload
         take = Signal()
         last = Signal()                              # the beat holds the command's last elements
@@ -960,17 +1001,17 @@ class Sfu(wiring.Component):
         l_valid = f.delay(n0(take & ~is_short), t_out, valid=True)
         m.d.sync += [inc_r.eq(take & ~is_short), dec_r.eq(l_valid & en)]
         with m.If(inc_r & ~dec_r):
-            m.d.sync += long_n.eq(long_n + 1)
+            m.d.sync += [long_n.eq(long_n + 1), long_nz.eq(1)]
         with m.Elif(dec_r & ~inc_r):
-            m.d.sync += long_n.eq(long_n - 1)
+            m.d.sync += [long_n.eq(long_n - 1), long_nz.eq(long_n != 1)]
 
         # the reductions feed at each lane's A1 input (lanes 1..3 reach it before lane 0, whose M1 takes x)
         feeds = [(f.delay(n0(take & is_red), pt.t, valid=True), f.delay(n0(p.n), pt.t)) for pt in ports]
-        assert all(pt.t <= ports[0].t for pt in ports)
+        assert all(1 <= pt.t <= ports[0].t for pt in ports)   # no feed the cycle after the command (`_reductions`)
         # a short result still on its way out goes before the reduction's (none can be: the drain outlasts
         # the tail behind A1)
         hold = t_valid & ~t_red
-        out_red, result = self._reductions(m, en, op, feeds, f.delay(n0(last), ports[0].t), ports, hold)
+        out_red, result = self._reductions(m, en, feeds, f.delay(n0(last), ports[0].t), ports, hold)
         with m.If(out_red & self.o_data.ready):
             m.d.sync += busy.eq(0)
         o = self.o_data.payload
@@ -980,7 +1021,7 @@ class Sfu(wiring.Component):
         m.d.comb += [o.y[j].eq(ysv[j]) for j in range(1, LANES)]
         return m
 
-    def _reductions(self, m, en, op, feeds, feed_last, ports, hold):
+    def _reductions(self, m, en, feeds, feed_last, ports, hold):
         """The reduction lanes (`LANES` banks of ``P / LANES`` slots) and their drain, accumulated by the
         lanes' own adders A1 through `ports` (`_RedPort`: A1 is idle in a reduction); ``feeds[j]`` =
         (valid, n): a reduction beat of n elements is at lane j's A1 input this cycle (operand
@@ -989,8 +1030,14 @@ class Sfu(wiring.Component):
         per = self.lanes // LANES
         sbits = max(1, (per - 1).bit_length())
         bank = [[Signal(32, name=f"lane{j + LANES * s}") for s in range(per)] for j in range(LANES)]
-        red_max = _is(op, *MAX_OPS)
         latency = Flow.unit_latency(FpAdd)                    # A1 behind its operand registers
+        # the command's max flag, registered as the command is taken (as `cmd` is); the banks' start values and
+        # the slot counters' reset the cycle after (`started`: no feed reaches a lane before then)
+        red_max, started = Signal(name="red_max"), Signal(name="red_started")
+        take_cmd = self.i_cmd.valid & self.i_cmd.ready
+        m.d.sync += started.eq(take_cmd)
+        with m.If(take_cmd):
+            m.d.sync += red_max.eq(_is(Value.cast(self.i_cmd.payload.op), *MAX_OPS))
 
         def pick(regs, idx):
             v = Signal(32)
@@ -1001,22 +1048,34 @@ class Sfu(wiring.Component):
             return v
 
         # per bank: operands la/lb (into A1 while sel), valid lv, destination slot ld. A sum is written back
-        # when A1 has it (latency cycles on), a max (a comparator) one cycle on: a command is one or the other
+        # when A1 has it (latency cycles on), a max two cycles on: A1's operand registers hold la and lb a cycle
+        # on, their compares are registered the next (`_fmax` on registered compares, the choice at the write);
+        # a command is one or the other
+        assert latency >= 2
         lvs, lds = [], []
         for j, pt in enumerate(ports):
             lv, ld = Signal(name=f"red_lv{j}"), Signal(sbits, name=f"red_ld{j}")
             valid = [Signal(name=f"red_v{j}_{i}") for i in range(latency)]
             # read only with the valid: reset-less (shift registers)
-            mx = Signal(32, name=f"max{j}", reset_less=True)
             dst = [Signal(sbits, name=f"dst{j}_{i}", reset_less=True) for i in range(latency)]
+            ma, mb = Signal(32, name=f"max_a{j}", reset_less=True), Signal(32, name=f"max_b{j}", reset_less=True)
+            mc = Signal(data.StructLayout({"nan": 1, "ab": 1, "ba": 1, "nz": 1}), name=f"max_c{j}", reset_less=True)
             with m.If(en):
-                m.d.sync += [valid[0].eq(lv), mx.eq(_fmax(pt.la, pt.lb)), dst[0].eq(ld)]
+                m.d.sync += [valid[0].eq(lv), dst[0].eq(ld)]
                 m.d.sync += [r[i].eq(r[i - 1]) for r in (valid, dst) for i in range(1, latency)]
-                with m.If(Mux(red_max, valid[0], valid[-1])):
-                    with m.Switch(Mux(red_max, dst[0], dst[-1])):
-                        for s in range(per):
-                            with m.Case(s):
-                                m.d.sync += bank[j][s].eq(Mux(red_max, mx, pt.y))
+                m.d.sync += [ma.eq(pt.ra), mb.eq(pt.rb), mc.nan.eq(_is_nan(pt.ra) | _is_nan(pt.rb)),
+                             mc.ab.eq(pt.ra[:31] > pt.rb[:31]), mc.ba.eq(pt.rb[:31] > pt.ra[:31]),
+                             mc.nz.eq((pt.ra[:31] | pt.rb[:31]).any())]
+            # `_fmax(la, lb)`: `_gt` from the registered compares
+            gt = Mux(ma[31] == mb[31], Mux(ma[31], mc.ba, mc.ab), ~ma[31] & mc.nz)
+            mx = Mux(mc.nan, QNAN, Mux(gt, ma, mb))
+            # the write back is not gated by en: while the pipeline holds, its valid, slot and value hold too, and
+            # writing the same value again changes nothing (no slot is read again before its sum is back)
+            with m.If(Mux(red_max, valid[1], valid[-1])):
+                with m.Switch(Mux(red_max, dst[1], dst[-1])):
+                    for s in range(per):
+                        with m.Case(s):
+                            m.d.sync += bank[j][s].eq(Mux(red_max, mx, pt.y))
             m.d.comb += pt.sel.eq(lv)
             lvs.append(lv)
             lds.append(ld)
@@ -1033,9 +1092,8 @@ class Sfu(wiring.Component):
         stride = Signal(range(2 * per + 1))         # slot stride of the tree over bank 0
         wait = Signal(range(latency + 1))
         result_valid = Signal()
-        with m.If(self.i_cmd.valid & self.i_cmd.ready):
-            init = Mux(_is(Value.cast(self.i_cmd.payload.op), *MAX_OPS), NEG_INF, NEG_ZERO)
-            m.d.sync += [r.eq(init) for regs in bank for r in regs] + [c.eq(0) for c in ctrs]
+        with m.If(started):
+            m.d.sync += [r.eq(Mux(red_max, NEG_INF, NEG_ZERO)) for regs in bank for r in regs] + [c.eq(0) for c in ctrs]
         with m.FSM(name="reduce"):
             with m.State("Feed"):
                 for j, (pt, (fv, fn)) in enumerate(zip(ports, feeds)):

@@ -523,11 +523,42 @@ def _unit(name: str, hw):
     if name == "sfu":
         from .sfu import Sfu
         return Sfu(hw), 1
+    if name == "ctl":
+        from .controller import Controller
+        return Controller(hw), 1
     raise ValueError(name)
 
 
 UNITS = ("fpadd", "fpmul", "fpldexp", "divider", "decoder", "csr-bridge", "quantiser", "l2", "gemv-port", "gemv", "gemm",
-         "sfu")
+         "sfu", "ctl")
+
+# The parts of a unit synthesised as black boxes (`blackbox_modules`): the controller's large units, each with a
+# unit of its own above (`l2`, `gemv`, `sfu`, `quantiser`), so that `ctl` is its own logic and its sequencers.
+BLACK_BOXES = {"ctl": ("l2", "engine", "tracker", "packer")}
+
+
+def blackbox_modules(rtlil_text: str, top: str, names) -> str:
+    """`rtlil_text` with the modules ``top.<name>`` of `names` reduced to their ports and marked
+    ``(* blackbox *)``: Yosys keeps their instances as cells it does not synthesise, and `analyse_netlist`
+    treats them as boundaries (a path into or out of one is cut at its port)."""
+    out, keep, box = [], True, False
+    boxed = {f"{top}.{n}" for n in names}
+    for line in rtlil_text.splitlines(keepends=True):
+        if line.startswith("module "):
+            box = line[len("module "):].strip().lstrip("\\") in boxed
+            if box:
+                out.append("attribute \\blackbox 1\n")
+            out.append(line)
+            continue
+        if box:
+            if line.startswith("end"):
+                box = False
+                out.append(line)
+            elif line.startswith("  wire ") and (" input " in line or " output " in line):
+                out.append(line)
+            continue
+        out.append(line)
+    return "".join(out)
 
 
 def main(argv=None) -> int:
@@ -547,8 +578,16 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     hw = HardwareConfig.preset(args.hw)
     component, depth = _unit(args.unit, hw)
-    util = synthesize(component, f"timing_{args.unit.replace('-', '_')}", keep_depth=depth,
-                      log=lambda msg: print(msg, file=sys.stderr))
+    name = f"timing_{args.unit.replace('-', '_')}"
+    text = None
+    if args.unit in BLACK_BOXES:
+        from amaranth.back import rtlil
+
+        from .dsp import XILINX
+        print(f"[synth] {name}: writing RTLIL ({', '.join(BLACK_BOXES[args.unit])} as black boxes)", file=sys.stderr)
+        text = blackbox_modules(rtlil.convert(component, name=name, emit_src=False, platform=XILINX), name,
+                                BLACK_BOXES[args.unit])
+    util = synthesize(component, name, keep_depth=depth, rtlil_text=text, log=lambda msg: print(msg, file=sys.stderr))
     mhz = hw.clock_hz / 1e6
     print(f"{args.unit} ({type(component).__name__}, {args.hw}): {util.lut} LUT, {util.ff} FF, {util.dsp} DSP48E2, "
           f"{util.bram36:g} BRAM36, {util.uram} URAM288; target {mhz:g} MHz: a path of at most "

@@ -278,3 +278,45 @@ def test_the_unit_command_line_rejects_bad_input_in_one_line():
     from hdl.synth import ROOT
     proc = subprocess.run([sys.executable, "-m", "hdl.timing", "nonesuch"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and "invalid choice: 'nonesuch'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+class _Boxed(wiring.Component):
+    a: In(32)
+    o: Out(32)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.sync += self.o.eq(self.a * self.a)
+        return m
+
+
+class _AroundBox(wiring.Component):
+    a: In(32)
+    o: Out(32)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.inner = inner = _Boxed()
+        r = Signal(32)
+        m.d.sync += [r.eq(self.a), self.o.eq(inner.o + 1)]
+        m.d.comb += inner.a.eq(r)
+        return m
+
+
+def test_a_black_box_is_a_boundary_of_its_unit():
+    """`blackbox_modules` (the `ctl` unit's large parts): the module keeps its ports only, Yosys keeps its
+    instance as a cell of a module it does not synthesise, and the paths around it end and start at its ports."""
+    from amaranth.back import rtlil
+
+    from hdl.timing import BLACK_BOXES, UNITS, blackbox_modules
+    assert "ctl" in UNITS and set(BLACK_BOXES) <= set(UNITS)
+    dut = _AroundBox()
+    text = blackbox_modules(rtlil.convert(dut, name="timing_bbox", emit_src=False), "timing_bbox", ["inner"])
+    boxed = text[text.index("module \\timing_bbox.inner\n"):]
+    boxed = boxed[:boxed.index("\nend\n")].splitlines()[1:]
+    assert "attribute \\blackbox 1\nmodule \\timing_bbox.inner\n" in text
+    assert len(boxed) == 4 and all(line.startswith("  wire ") for line in boxed), boxed     # clk, rst, a, o
+    util = synthesize(dut, "timing_bbox", keep_depth=1, rtlil_text=text)
+    assert "inner" not in util.blocks and util.dsp == 0         # the multiplier is not synthesised
+    t = util.timing["(top)"]
+    assert "timing_bbox.inner" in t.out.end and "timing_bbox.inner" in t.inp.start, t

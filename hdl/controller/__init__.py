@@ -45,13 +45,13 @@ from ..isa import (DESC_BYTES, DESC_WORDS, FMAP_ENTRY, SCALAR_REGS, SHAPE_SLOTS,
 from ..l2 import L2
 from ..quant import KvPacker
 from ..seq import IntRecip, SeqDivider
-from ..sfu import SfuOp, _gt, _is_nan
+from ..sfu import SfuOp, _is_nan
 from .alu import AluFn, ScalarAlu, alu_command
 from .attention import AttentionSequencer
 from .engines import EngineTracker, gemm_job_layout, gemv_job_layout
 from .matrix import MatrixSequencer
 from .passes import BSrc, PassEngine, QDst, Sink, Src, pass_layout
-from .sequencer import REGIONS, Steps, context_layout
+from .sequencer import REGIONS, Steps, context_layout, recode
 from .vector import VectorSequencer
 
 __all__ = ["Controller", "trace_layout", "Src", "BSrc", "Sink", "REGIONS", "PassEngine", "EngineTracker", "ScalarAlu",
@@ -66,9 +66,16 @@ def trace_layout(hw: HardwareConfig) -> data.StructLayout:
                               "gemm_valid": 1, "gemm": gemm_job_layout(hw), "alu_valid": 1, "retire": 1})
 
 
-def _f32_gt(a, b):
-    """a > b for binary32 (False if either is NaN; ±0 equal): Python's ``max(b, a)`` picks a exactly then."""
-    return ~_is_nan(a) & ~_is_nan(b) & _gt(a, b)
+def _f32_gt_registered(m, a, b, name):
+    """a > b for binary32 (False if either is NaN; ±0 equal: Python's ``max(b, a)`` picks a exactly then), with
+    its compares registered every cycle (the NaN tests, the magnitude compares both ways, the signs): the value
+    returned combines them, one LUT behind the registers. Read it a cycle after `a` and `b`."""
+    ma, mb = a[:31], b[:31]
+    parts = Signal(data.StructLayout({"nan": 1, "sa": 1, "sb": 1, "ab": 1, "ba": 1, "nz": 1}), name=name)
+    m.d.sync += [parts.nan.eq(_is_nan(a) | _is_nan(b)), parts.sa.eq(a[31]), parts.sb.eq(b[31]),
+                 parts.ab.eq(ma > mb), parts.ba.eq(mb > ma), parts.nz.eq((ma | mb).any())]
+    # `hdl.sfu._gt` on the registered parts
+    return ~parts.nan & Mux(parts.sa == parts.sb, Mux(parts.sa, parts.ba, parts.ab), ~parts.sa & parts.nz)
 
 
 def _early(m, cond, name):
@@ -308,6 +315,15 @@ class Controller(wiring.Component):
         err_code = Signal(ErrorCode)
         busy = self.o_busy
         m.d.comb += self.o_error_code.eq(err_code)
+        # an instruction's error code has one write port, like the scalar registers: the site that fails drives it
+        # (comb, 0 elsewhere: no hold of err_code in every state's choice), and err_code takes it the cycle
+        # after (`err_held`). The failing site goes to ERROR, which raises o_error a cycle later at the earliest:
+        # o_error and its code are seen together, as before.
+        err_w = Signal(data.StructLayout({"en": 1, "code": ErrorCode}), name="err_write")
+        err_held = Signal.like(err_w, name="err_held")
+        m.d.sync += err_held.eq(err_w)
+        with m.If(err_held.en):
+            m.d.sync += err_code.eq(err_held.code)
         from ..decoder import Decoder
         m.submodules.decoder = decoder = Decoder(hw.l2_bytes // 16)
         m.d.comb += decoder.i_word.eq(self.i_insn.payload.word)
@@ -316,7 +332,7 @@ class Controller(wiring.Component):
             if code is ErrorCode.NONE:
                 m.d.comb += self.o_retire.eq(1)
             else:
-                m.d.sync += err_code.eq(code)
+                m.d.comb += [err_w.en.eq(1), err_w.code.eq(code)]
                 if at_engine:
                     m.d.sync += self.o_error_pc.eq(tr.o_pc)
         st = Steps(m, self._pass, self._done, end, idle="FETCH", error="ERROR")
@@ -343,8 +359,12 @@ class Controller(wiring.Component):
 
         seq_end = stream.Signature(u.vector.o_end.payload.shape(), always_ready=True).flip().create()
         merge(m, seq_end, [s.o_end for s in u.seqs])
+        # CTRL's and SCALAR's func (both word[56:60]) decoded and registered every cycle, one flag a value: their
+        # states (after DISPATCH) test a flip-flop per function, not a decode of the field in every condition
+        func = word[56:60]
+        self._func = [_early(m, func == v, f"func_{v}") for v in range(1 << len(func))]
 
-        with m.FSM(name="ctl"):
+        with m.FSM(name="ctl") as fsm:
             with m.State("IDLE"):
                 m.d.sync += next_pc.eq(0)
                 with m.If(self.i_start):
@@ -408,7 +428,7 @@ class Controller(wiring.Component):
                         m.d.comb += self.o_retire.eq(1)
                         m.next = "FETCH"
                     with m.Else():
-                        m.d.sync += err_code.eq(seq_end.payload.code)
+                        m.d.comb += [err_w.en.eq(1), err_w.code.eq(seq_end.payload.code)]
                         with m.If(seq_end.payload.at_engine):
                             m.d.sync += self.o_error_pc.eq(tr.o_pc)
                         m.next = "ERROR"
@@ -417,33 +437,35 @@ class Controller(wiring.Component):
             self._memset(m, st)
             self._scalar(m, st)
             self._descriptor(m, st)
+        recode(fsm, "one-hot")          # a state's test one flip-flop, not a decode of a 5-bit number
 
     def _ctrl(self, m, st, fail_async):
         u, tr = self._u, self._u.tracker
         c = data.View(layout(Opcode.CTRL), self._word)
-        with m.State("CTRL"):
-            with m.Switch(c.func):
-                with m.Case(CtrlFunc.SETVL):
-                    m.d.sync += self._vl.eq(c.imm)
-                    st.retire()
-                with m.Case(CtrlFunc.SETHD):
-                    m.d.sync += self._hd.eq(c.imm)
-                    m.d.comb += [u.irecip.i_start.eq(1), u.irecip.i_n.eq(c.imm)]
-                    m.next = "SETHD_W"
-                with m.Case(CtrlFunc.HALT, CtrlFunc.FENCE, CtrlFunc.SETTOK, CtrlFunc.SETPOS):
-                    m.next = "DRAIN"
-                with m.Default():          # NOP
-                    st.retire()
+        fn = self._func_is
+        drain = (CtrlFunc.HALT, CtrlFunc.FENCE, CtrlFunc.SETTOK, CtrlFunc.SETPOS)
+        with m.State("CTRL"):              # one If per function (their flags are one-hot), as a Switch on func
+            with m.If(fn(CtrlFunc.SETVL)):
+                m.d.sync += self._vl.eq(c.imm)
+                st.retire()
+            with m.If(fn(CtrlFunc.SETHD)):
+                m.d.sync += self._hd.eq(c.imm)
+                m.d.comb += [u.irecip.i_start.eq(1), u.irecip.i_n.eq(c.imm)]
+                m.next = "SETHD_W"
+            with m.If(fn(*drain)):
+                m.next = "DRAIN"
+            with m.If(~fn(CtrlFunc.SETVL, CtrlFunc.SETHD, *drain)):      # NOP
+                st.retire()
         with m.State("DRAIN"):             # FENCE, HALT, SETTOK, SETPOS: wait for an async WGEMV or WGEMM
             with m.If(~tr.o_hold.active):
                 with m.If(tr.o_failed):
                     fail_async()
-                with m.Elif(c.func == CtrlFunc.HALT):
+                with m.Elif(fn(CtrlFunc.HALT)):
                     m.next = "HALT"
                 with m.Else():
-                    with m.If(c.func == CtrlFunc.SETTOK):
+                    with m.If(fn(CtrlFunc.SETTOK)):
                         m.d.sync += self._token.eq(c.imm)
-                    with m.If(c.func == CtrlFunc.SETPOS):
+                    with m.If(fn(CtrlFunc.SETPOS)):
                         m.d.sync += self._pos.eq(c.imm)
                     st.retire()
         with m.State("SETHD_W"):
@@ -451,10 +473,15 @@ class Controller(wiring.Component):
                 m.d.sync += self._inv_hd.eq(u.irecip.o_y)
                 st.retire()
 
+    def _func_is(self, *funcs):
+        """The word's func is one of `funcs` (CtrlFunc or ScalarFunc members), from the registered flags."""
+        return Cat(*[self._func[f.value] for f in funcs]).any()
+
     def _memset(self, m, st):
         ms = data.View(layout(Opcode.MEMSET), self._word)
         w = self._fmap_w
-        bad = _early(m, (ms.slot >= SCALAR_REGS) | (ms.c != 0), "ms_bad")
+        # slot >= SCALAR_REGS as an OR of its high bits: no carry chain on the word's bits for synthesis to share
+        bad = _early(m, ms.slot[(SCALAR_REGS - 1).bit_length():].any() | (ms.c != 0), "ms_bad")
         with m.State("MEMSET"):
             with m.If(ms.cache == ShapeCache.SCALAR):
                 with m.If(bad):
@@ -477,9 +504,17 @@ class Controller(wiring.Component):
         # already the instruction's and no instruction writes a scalar register; MAX's and MAXI's comparisons
         # of them, registered every cycle too (from SCALAR on: SC_MAX takes them)
         sa, sb = Signal(32, name="sc_a"), Signal(32, name="sc_b")
-        b_gt, imm_gt = Signal(name="sc_b_gt"), Signal(name="sc_imm_gt")
-        m.d.sync += [sa.eq(sregs[sc.a]), sb.eq(sregs[sc.b]), b_gt.eq(_f32_gt(sb, sa)), imm_gt.eq(_f32_gt(sc.imm, sa))]
+        m.d.sync += [sa.eq(sregs[sc.a]), sb.eq(sregs[sc.b])]
+        b_gt, imm_gt = _f32_gt_registered(m, sb, sa, "sc_b_gt"), _f32_gt_registered(m, sc.imm, sa, "sc_imm_gt")
         beyond = _early(m, sc.imm >= L2E, "sc_beyond")          # LD, ST: the address is outside L2
+        # the SFU function of RSQRT, SQRT, RECIP and TANH, registered every cycle too: no choice on func (which
+        # synthesis makes a table indexed by func - 5, a subtraction) between the word and the pass command
+        sfu_funcs = (ScalarFunc.RSQRT, ScalarFunc.SQRT, ScalarFunc.RECIP, ScalarFunc.TANH)
+        sfu_op = Signal(SfuOp, name="sc_sfu_op")
+        op_of = SfuOp.COPY
+        for f in sfu_funcs:
+            op_of = Mux(sc.func == f, SfuOp[f.name], op_of)
+        m.d.sync += sfu_op.eq(op_of)
 
         def alu(a, b, fn):
             c = self._alu_cmd
@@ -489,39 +524,31 @@ class Controller(wiring.Component):
         def write(value):
             self._write_sreg(m, sc.d, value)
             st.retire()
-        with m.State("SCALAR"):
-            with m.Switch(sc.func):
-                with m.Case(ScalarFunc.LI):
-                    write(sc.imm)
-                with m.Case(ScalarFunc.ADD):
-                    alu(sa, sb, AluFn.ADD)
-                with m.Case(ScalarFunc.SUB):
-                    alu(sa, sb ^ 0x80000000, AluFn.ADD)
-                with m.Case(ScalarFunc.MUL):
-                    alu(sa, sb, AluFn.MUL)
-                with m.Case(ScalarFunc.MULI):
-                    alu(sa, sc.imm, AluFn.MUL)
-                with m.Case(ScalarFunc.ADDI):
-                    alu(sa, sc.imm, AluFn.ADD)
-                with m.Case(ScalarFunc.LDPOS):
-                    alu(self._pos, 0, AluFn.ITOF)
-                with m.Case(ScalarFunc.MAX, ScalarFunc.MAXI):
-                    m.next = "SC_MAX"
-                for f in (ScalarFunc.RSQRT, ScalarFunc.SQRT, ScalarFunc.RECIP, ScalarFunc.TANH):
-                    with m.Case(f):                # one element through the SFU
-                        st.launch("SC_SFU", op=SfuOp[f.name], n=1, a=Src.REG, a_val=sa, sink=Sink.REG)
-                with m.Case(ScalarFunc.LD):
-                    with m.If(beyond):
-                        st.fail(ErrorCode.ADDRESS_RANGE)
-                    with m.Else():
-                        st.launch("SC_SFU", bypass=1, n=1, a=Src.L2, a_addr=sc.imm, sink=Sink.REG)
-                with m.Case(ScalarFunc.ST):
-                    with m.If(beyond):
-                        st.fail(ErrorCode.ADDRESS_RANGE)
-                    with m.Else():
-                        st.launch("SC_ST", bypass=1, n=1, a=Src.REG, a_val=sa, sink=Sink.L2, dst=sc.imm)
+        fn = self._func_is
+        with m.State("SCALAR"):            # one If per function (their flags are one-hot), as a Switch on func
+            with m.If(fn(ScalarFunc.LI)):
+                write(sc.imm)
+            for f, a, b, alu_fn in ((ScalarFunc.ADD, sa, sb, AluFn.ADD), (ScalarFunc.SUB, sa, sb ^ 0x80000000, AluFn.ADD),
+                                    (ScalarFunc.MUL, sa, sb, AluFn.MUL), (ScalarFunc.MULI, sa, sc.imm, AluFn.MUL),
+                                    (ScalarFunc.ADDI, sa, sc.imm, AluFn.ADD), (ScalarFunc.LDPOS, self._pos, 0, AluFn.ITOF)):
+                with m.If(fn(f)):
+                    alu(a, b, alu_fn)
+            with m.If(fn(ScalarFunc.MAX, ScalarFunc.MAXI)):
+                m.next = "SC_MAX"
+            with m.If(fn(*sfu_funcs)):     # one element through the SFU
+                st.launch("SC_SFU", op=sfu_op, n=1, a=Src.REG, a_val=sa, sink=Sink.REG)
+            with m.If(fn(ScalarFunc.LD)):
+                with m.If(beyond):
+                    st.fail(ErrorCode.ADDRESS_RANGE)
+                with m.Else():
+                    st.launch("SC_SFU", bypass=1, n=1, a=Src.L2, a_addr=sc.imm, sink=Sink.REG)
+            with m.If(fn(ScalarFunc.ST)):
+                with m.If(beyond):
+                    st.fail(ErrorCode.ADDRESS_RANGE)
+                with m.Else():
+                    st.launch("SC_ST", bypass=1, n=1, a=Src.REG, a_val=sa, sink=Sink.L2, dst=sc.imm)
         with m.State("SC_MAX"):
-            write(Mux(sc.func == ScalarFunc.MAX, Mux(b_gt, sb, sa), Mux(imm_gt, sc.imm, sa)))
+            write(Mux(fn(ScalarFunc.MAX), Mux(b_gt, sb, sa), Mux(imm_gt, sc.imm, sa)))
         with m.State("SC_ALU"):
             with m.If(u.alu.o_y.valid):
                 write(u.alu.o_y.payload)
@@ -534,13 +561,15 @@ class Controller(wiring.Component):
         op = self._word[60:64]
         index = self._desc_index
         beyond = _early(m, index >= self.i_desc_count, "desc_beyond")
+        # the descriptor's DDR address, registered every cycle too (DESC follows DISPATCH): no sum between the
+        # word and the pass command
+        addr = Signal(hw.axi_addr_bits, name="desc_addr")
+        m.d.sync += addr.eq((self._ctx.base[DdrRegion.DESC.value] + index * DESC_BYTES)[:hw.axi_addr_bits])
         with m.State("DESC"):
             with m.If(beyond):
                 st.fail(ErrorCode.BAD_DESCRIPTOR)
             with m.Else():
-                st.launch("DESC_W", bypass=1, n=DESC_WORDS, a=Src.DDR,
-                          ddr_addr=(self._ctx.base[DdrRegion.DESC.value] + index * DESC_BYTES)[:hw.axi_addr_bits],
-                          ddr_fmt=0, sink=Sink.DESC)
+                st.launch("DESC_W", bypass=1, n=DESC_WORDS, a=Src.DDR, ddr_addr=addr, ddr_fmt=0, sink=Sink.DESC)
 
         def start():
             with m.If((op == Opcode.KVST) | (op == Opcode.ATTN)):

@@ -28,7 +28,7 @@ from ..sfu import SfuOp
 from .engines import gemm_job_layout, gemv_job_layout
 from .passes import QDst, Sink, Src
 from .sequencer import (Sequencer, Steps, context_flags, elem, end_to, engine_state_layout, geometry, in_l2,
-                        l2_elements, product, PRODUCT_LATENCY)
+                        l2_elements, product, PRODUCT_LATENCY, recode)
 
 __all__ = ["MatrixSequencer"]
 
@@ -50,7 +50,7 @@ class MatrixSequencer(Sequencer):
         m = Module()
         st = Steps(m, self.o_pass, self.i_done, end_to(m, self.o_end), by_site=True)
         op = self.i_ctx.word[60:64]
-        with m.FSM(name="matrix"):
+        with m.FSM(name="matrix") as fsm:
             with m.State("IDLE"):
                 with m.If(self.i_start):
                     with m.Switch(op):
@@ -64,6 +64,7 @@ class MatrixSequencer(Sequencer):
             self._wgemv(m, st)
             self._wgemm(m, st)
             self._gather(m, st)
+        recode(fsm, "one-hot")          # a state's test one flip-flop (the checks' choices are wide enough)
         st.finish()
         return m
 
@@ -159,10 +160,14 @@ class MatrixSequencer(Sequencer):
         src, dst = Signal(nb + 1), Signal(nb + 1)             # the next token's input and output row
         last_tile = Signal()                                  # this tile holds the last tokens (left <= R)
         more = Signal()                                       # a token of this tile follows the one quantised
+        # the checks on the context registered a cycle ahead (`context_flags`): WM's, and WM_3's rows
+        early = context_flags(m, "wm_flags", [
+            (d.kind != DescKind.INT4) | (d.layout != 0) | (d.log2_group != (hw.weight_group.bit_length() - 1)),
+            (wm.tokens == 0) | (d.cols > hw.gemv_max_cols) | (d.cols == 0), d.rows == 0])
         with m.State("WM"):
-            with m.If((d.kind != DescKind.INT4) | (d.layout != 0) | (d.log2_group != (hw.weight_group.bit_length() - 1))):
+            with m.If(early[0]):
                 st.fail(ErrorCode.BAD_DESCRIPTOR)
-            with m.Elif((wm.tokens == 0) | (d.cols > hw.gemv_max_cols) | (d.cols == 0)):
+            with m.Elif(early[1]):
                 st.fail(ErrorCode.BAD_LENGTH)
             with m.Else():
                 m.d.sync += [in_stride.eq((d.cols + 3) & ~3), out_stride.eq((d.rows + 3) & ~3),
@@ -180,7 +185,7 @@ class MatrixSequencer(Sequencer):
         with m.State("WM_3"):
             with m.If(in_end > L2E):
                 st.fail(ErrorCode.ADDRESS_RANGE)
-            with m.Elif(d.rows == 0):
+            with m.Elif(early[2]):
                 st.fail(ErrorCode.BAD_LENGTH)
             with m.Elif(out_end > L2E):
                 st.fail(ErrorCode.ADDRESS_RANGE)

@@ -203,7 +203,13 @@ async def _timed(dut, layout, op, a, b, width=1):
     dut.o_data__ready.value = 1
     dut.i_cmd__valid.value = 1
     dut.i_cmd__payload.value = int(layout.const(dict(op=op, length=n)).as_bits())
-    await FallingEdge(dut.clk)
+    # held until taken: a short command waits a cycle or two for the previous long elements' exits to be counted
+    while True:
+        await ReadOnly()
+        taken = bool(dut.i_cmd__ready.value)
+        await FallingEdge(dut.clk)
+        if taken:
+            break
     dut.i_cmd__valid.value = 0
     first_in, times, outs, i, cycle = None, [], [], 0, 0
     want = 1 if op in REDUCE_OPS else n
