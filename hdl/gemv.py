@@ -1367,6 +1367,40 @@ class SparsePort(wiring.Component):
                             m.next = "Scale"
         return seq_fsm
 
+    def _memory_data(self, m, tag, tag1, be_r, be_s, bank_empty, isum_rb, scale_r, L, hpw, P, NB):
+        """The back end's stage b1: the walk's tag into `tag1`, and each pipeline's isum (0 for an empty bank's
+        segment), scale and valid from the isum and scale words read for it (row P·q + k on pipeline k, lane and
+        scale half k of the group's P in the word). Returns the pipelines' part ports."""
+        cfg, fp = self._cfg, self.fp
+        lL, lhpw, lP, lNB = ceil_log2(L), ceil_log2(hpw), ceil_log2(P), ceil_log2(NB)
+        fps = [fp]
+        if P > 1:
+            # row P * q + k on pipeline k: lane (and scale half) k of the group's P in the word
+            lane1 = Signal(max(1, lL - lP))
+            half1 = Signal(max(1, lhpw - lP))
+            empty1 = Signal()
+            m.d.sync += [tag1.eq(tag), lane1.eq(be_r[:lL - lP] if L > P else 0),
+                         half1.eq(be_r[:lhpw - lP] if hpw > P else 0),
+                         empty1.eq(bank_empty.bit_select(be_s[:lNB], 1))]
+            fps = [fp] + [self.fp_more[k] for k in range(P - 1)]
+            for k, f in enumerate(fps):
+                isum_k = Signal(signed(cfg.acc_bits), name=f"isum1_{k}")
+                lane_k = Cat(Const(k, lP), lane1[:lL - lP])
+                half_k = Cat(Const(k, lP), half1[:lhpw - lP])
+                m.d.comb += [isum_k.eq(Mux(empty1, 0, isum_rb.data[lane_k])), f.valid.eq(tag1.valid),
+                             f.isum.eq(isum_k), f.scale.eq(scale_r.data.word_select(half_k, 16))]
+        else:
+            lane1 = Signal(range(L))
+            half1 = Signal(range(hpw))
+            empty1 = Signal()
+            m.d.sync += [tag1.eq(tag), lane1.eq(be_r[:lL] if L > 1 else 0), half1.eq(be_r[:lhpw] if hpw > 1 else 0),
+                         empty1.eq(bank_empty.bit_select(be_s[0], 1))]
+            isum1 = Signal(signed(cfg.acc_bits))
+            m.d.comb += isum1.eq(Mux(empty1, 0, isum_rb.data[lane1]))
+            scale_half = scale_r.data.word_select(half1, 16) if hpw > 1 else scale_r.data[:16]
+            m.d.comb += [fp.valid.eq(tag1.valid), fp.isum.eq(isum1), fp.scale.eq(scale_half)]
+        return fps
+
     def elaborate(self, platform):
         m = Module()
         cfg, p = self._cfg, self._index
@@ -1575,31 +1609,7 @@ class SparsePort(wiring.Component):
         # b1: memory data.
         tag1 = Signal(tag_layout)
         fp = self.fp
-        if P > 1:
-            # row P * q + k on pipeline k: lane (and scale half) k of the group's P in the word
-            lane1 = Signal(max(1, lL - lP))
-            half1 = Signal(max(1, lhpw - lP))
-            empty1 = Signal()
-            m.d.sync += [tag1.eq(tag), lane1.eq(be_r[:lL - lP] if L > P else 0),
-                         half1.eq(be_r[:lhpw - lP] if hpw > P else 0),
-                         empty1.eq(bank_empty.bit_select(be_s[:lNB], 1))]
-            fps = [fp] + [self.fp_more[k] for k in range(P - 1)]
-            for k, f in enumerate(fps):
-                isum_k = Signal(signed(cfg.acc_bits), name=f"isum1_{k}")
-                lane_k = Cat(Const(k, lP), lane1[:lL - lP])
-                half_k = Cat(Const(k, lP), half1[:lhpw - lP])
-                m.d.comb += [isum_k.eq(Mux(empty1, 0, isum_rb.data[lane_k])), f.valid.eq(tag1.valid),
-                             f.isum.eq(isum_k), f.scale.eq(scale_r.data.word_select(half_k, 16))]
-        else:
-            lane1 = Signal(range(L))
-            half1 = Signal(range(hpw))
-            empty1 = Signal()
-            m.d.sync += [tag1.eq(tag), lane1.eq(be_r[:lL] if L > 1 else 0), half1.eq(be_r[:lhpw] if hpw > 1 else 0),
-                         empty1.eq(bank_empty.bit_select(be_s[0], 1))]
-            isum1 = Signal(signed(cfg.acc_bits))
-            m.d.comb += isum1.eq(Mux(empty1, 0, isum_rb.data[lane1]))
-            scale_half = scale_r.data.word_select(half1, 16) if hpw > 1 else scale_r.data[:16]
-            m.d.comb += [fp.valid.eq(tag1.valid), fp.isum.eq(isum1), fp.scale.eq(scale_half)]
+        fps = self._memory_data(m, tag, tag1, be_r, be_s, bank_empty, isum_rb, scale_r, L, hpw, P, NB)
         assert PartAccumulator.PART_LATENCY >= 2
         tag4r = data.View(tag_layout, _delay(m, tag1.as_value(), PartAccumulator.PART_LATENCY - 2, "tag_part"))
         tag4p = data.View(tag_layout, _delay(m, tag4r.as_value(), 1, "tag_read"))

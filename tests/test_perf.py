@@ -288,16 +288,19 @@ def tiny_prefill():
 
 def test_prefill_sums_the_decode_positions(tiny_prefill):
     """The few-point sum over positions (affine between sliding-window bends) equals the decode model summed
-    position by position."""
+    position by position within 0.1 %: ATTN's grouped K GEMVs are bound by the back end, whose cycles step with a
+    port's tile of 8 rows, and past the window a sliding ring's wrap adds a K GEMV pair and a V chunk, so a
+    position's cost is affine up to those steps (measured here: 3.4e-4)."""
     cfg, hw, estimates = tiny_prefill
     for e in estimates:
         direct = sum(t.total_cycles for t in estimate(cfg, hw, list(range(e.tokens))))
-        assert e.decode == pytest.approx(direct, rel=1e-9)
+        assert e.decode == pytest.approx(direct, rel=1e-3)
 
 
 def test_compiled_prefill_sums_its_programs(tiny_prefill):
     """The compiled prefill is the prompt's prefill programs (and decode steps past what one program may run),
-    each priced by `schedule` as the decode program is: the few-point sum equals the runs priced one by one."""
+    each priced by `schedule` as the decode program is: the few-point sum equals the runs priced one by one
+    (within 0.1 %, as the decode sum above)."""
     from firmware.compiler import compile_tokens, prefill_runs, program_tokens
     from firmware.pack import pack
     from firmware.perf import schedule
@@ -313,7 +316,7 @@ def test_compiled_prefill_sums_its_programs(tiny_prefill):
         for pos, k in runs:
             words = compile_tokens(cfg, image, hw, k).bind([2] * k, range(pos, pos + k))
             direct += schedule(Machine(image, hw, COUNT), words, hw, Rates(), token=2, pos=pos).cycles
-        assert e.compiled == pytest.approx(direct, rel=1e-9)
+        assert e.compiled == pytest.approx(direct, rel=1e-3)
         assert e.compiled <= e.decode * (1 + 1e-9)         # the output section once, the rest as decode
 
 
@@ -484,8 +487,8 @@ def test_cli_gemv_vectors(capsys):
     """``--gemv-vectors V``: the NPU whose GEMV engine takes V activation vectors and runs WGEMM, V tokens a weight
     stream. The tiny model's prefill programs (4 tokens on tiny) then stream each projection once instead of four
     times (tiny's array never pays, so they run WGEMVs): fewer cycles for the same tokens. The decode token keeps its
-    weight stream and reads each KV head's K planes once for its query heads (ATTN's K GEMVs of several vectors):
-    only ATTN's cycles fall."""
+    weight bytes, runs the sparse W_down on both binary32 pipelines of a port and reads each KV head's K planes
+    once for its query heads (ATTN's K GEMVs of several vectors): fewer cycles too."""
     import json
 
     from firmware.perf import main
@@ -496,9 +499,9 @@ def test_cli_gemv_vectors(capsys):
         out[v] = json.loads(capsys.readouterr().out)
         assert out[v]["gemv_vectors"] == v
     d1, d4 = out[1]["positions"][0], out[4]["positions"][0]
-    assert d4["cycles"]["weights"] == pytest.approx(d1["cycles"]["weights"])
+    assert d4["cycles"]["weights"] <= d1["cycles"]["weights"]        # the sparse W_down on two pipelines a port
     assert d4["cycles"]["kv_stream"] < d1["cycles"]["kv_stream"]
-    assert d4["total_cycles"] - d1["total_cycles"] == pytest.approx(d4["by_opcode"]["ATTN"] - d1["by_opcode"]["ATTN"])
+    assert d4["total_cycles"] < d1["total_cycles"]
     p1, p4 = out[1]["prefill"][0], out[4]["prefill"][0]
     assert p4["compiled_cycles"] < p1["compiled_cycles"] and p4["program_gemm"] and not p1["program_gemm"]
     for bad in ("0", "5", "two"):
@@ -570,5 +573,6 @@ def test_batched_and_verify_programs_are_priced_from_their_programs():
         assert (n - 0.1) * spec.decode < spec.verify[n] < (n + 0.1) * spec.decode
         assert spec.speedup(1.0, n - 1) == pytest.approx(n * spec.decode / spec.verify[n])
         assert spec.speedup(0.0, n - 1) < 1
-    (late,) = speculative(cfg, hw, [cfg.sliding_window], 3)      # KV-shared sliding layers: one id a pass there
-    assert sorted(late.verify) == [1] and late.best(0.9) == (0, 1.0)
+    # past the window the KV-shared sliding layers' rings keep 3 rows more (firmware.pack.ring_rows): 4 ids a pass
+    (late,) = speculative(cfg, hw, [cfg.sliding_window], 3)
+    assert sorted(late.verify) == [1, 2, 3, 4] and all(late.verify[n] > late.decode for n in (2, 3, 4))

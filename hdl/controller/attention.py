@@ -389,6 +389,31 @@ class AttentionSequencer(Sequencer):
             m.next = "KV_K"
         st.wait_pass("KV_V3", next_head)
 
+    def _ring_pieces(self, m, n, hd, MAXC, nb, A):
+        """INT8 ATTN's pieces of the ring: the first visible slot s0, the pieces' sizes and flags, the K and V
+        piece flags, and the registered addresses of the first piece's K plane rows, K scales, V scales and V
+        columns (`_attn_int8`)."""
+        # The visible slots (`sim.plan.attn_pieces`): all C of a full ring in slot order, else the n from slot s0 =
+        # (POS + 1 - n) mod C on, wrapping at C: a first piece of n1 slots from s0 and a second of n2 = n - n1
+        # from slot 0 (`wrap`). The K GEMVs, the V row scales and the V chunks run piece by piece (`kp`, `vp`: the
+        # second piece's), the scores contiguous in the scratch. The offsets of s0 in a plane (s0·D/2 bytes), in the
+        # K scales (s0·nb·2) and in the V scales (2·s0), and the pieces' sizes are registered from s0 (AT_2) on.
+        s0 = Signal(32, name="s0")
+        s0_row = product(m, s0, hd, 33, "s0_row_x2")[1:]
+        s0_ks = Cat(Const(0, 1), product(m, s0, self.blocks, 31, "s0_ks_2"))
+        n1, n2 = Signal(nb, name="n1"), Signal(nb, name="n2")
+        wrap, n2_more = Signal(name="wrap"), Signal(name="n2_more")
+        kp, vp = Signal(name="k_piece"), Signal(name="v_piece")
+        cap, kb, ksb, vsb, plane = self.cap, self.kb, self.ksb, self.vsb, self.plane
+        s0_end = Signal(33, name="s0_end")
+        m.d.sync += [s0_end.eq(s0 + n), n1.eq(Mux(s0_end > cap, cap - s0, n)), n2.eq(n - n1), wrap.eq(n2 != 0),
+                     n2_more.eq(n2 > MAXC)]
+        kb0, ksb0, vsb0 = Signal(A, name="kb0"), Signal(A, name="ksb0"), Signal(A, name="vsb0")
+        vcol0, vrow0 = Signal(A, name="vcol0"), Signal(A, name="vrow0")
+        m.d.sync += [kb0.eq(kb + s0_row), ksb0.eq(ksb + s0_ks), vsb0.eq(vsb + (s0 << 1)), vcol0.eq(kb + (plane << 1)),
+                     vrow0.eq(vcol0 + s0_row)]
+        return s0, n1, n2, wrap, n2_more, kp, vp, kb0, ksb0, vsb0, vcol0, vrow0
+
     def _attn_int8(self, m, st, bad_hd, LB):
         """Per head: scores = two GEMVs over the K planes, softmax on the SFU, the V row scales folded into the
         weights, out = two sparse GEMVs over the V planes per chunk, times recip(sum)."""
@@ -410,25 +435,7 @@ class AttentionSequencer(Sequencer):
         m.d.sync += [last_h.eq(heads - 1), no_heads.eq(heads == 0)]
         vrow = Signal(A)                              # the chunk's first V_hi column (V_lo: a plane on)
         vtab = Signal(A)                              # the V planes' scale table (lo: 2·head_dim bytes on)
-        # The visible slots (`sim.plan.attn_pieces`): all C of a full ring in slot order, else the n from slot s0 =
-        # (POS + 1 - n) mod C on, wrapping at C: a first piece of n1 slots from s0 and a second of n2 = n - n1
-        # from slot 0 (`wrap`). The K GEMVs, the V row scales and the V chunks run piece by piece (`kp`, `vp`: the
-        # second piece's), the scores contiguous in the scratch. The offsets of s0 in a plane (s0·D/2 bytes), in the
-        # K scales (s0·nb·2) and in the V scales (2·s0), and the pieces' sizes are registered from s0 (AT_2) on.
-        s0 = Signal(32, name="s0")
-        s0_row = product(m, s0, hd, 33, "s0_row_x2")[1:]
-        s0_ks = Cat(Const(0, 1), product(m, s0, self.blocks, 31, "s0_ks_2"))
-        n1, n2 = Signal(nb, name="n1"), Signal(nb, name="n2")
-        wrap, n2_more = Signal(name="wrap"), Signal(name="n2_more")
-        kp, vp = Signal(name="k_piece"), Signal(name="v_piece")
-        cap = self.cap
-        s0_end = Signal(33, name="s0_end")
-        m.d.sync += [s0_end.eq(s0 + n), n1.eq(Mux(s0_end > cap, cap - s0, n)), n2.eq(n - n1), wrap.eq(n2 != 0),
-                     n2_more.eq(n2 > MAXC)]
-        kb0, ksb0, vsb0 = Signal(A, name="kb0"), Signal(A, name="ksb0"), Signal(A, name="vsb0")
-        vcol0, vrow0 = Signal(A, name="vcol0"), Signal(A, name="vrow0")
-        m.d.sync += [kb0.eq(kb + s0_row), ksb0.eq(ksb + s0_ks), vsb0.eq(vsb + (s0 << 1)), vcol0.eq(kb + (plane << 1)),
-                     vrow0.eq(vcol0 + s0_row)]
+        s0, n1, n2, wrap, n2_more, kp, vp, kb0, ksb0, vsb0, vcol0, vrow0 = self._ring_pieces(m, n, hd, MAXC, nb, A)
         dst, rz, recip_pending = self.dst, self.rz, self.recip_pending
         # On a GEMV engine of V > 1 vectors the K GEMVs serve a group of up to V heads at once
         # (`sim.plan.attn_k_group`): the group's queries go into the engine's vectors 0, 1 ..., and each K plane is
