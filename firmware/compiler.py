@@ -505,9 +505,9 @@ def sliding_ring(cfg: ModelConfig, image: Image) -> int | None:
     return min(rings) if rings else None
 
 
-def multi_token_limit(cfg: ModelConfig, pos: int, ring: int | None = None) -> int:
+def multi_token_limit(cfg: ModelConfig, pos: int, ring: int | None) -> int:
     """The most tokens one program may run from position `pos`, with sliding-window KV rings of `ring` rows
-    (`sliding_ring`; default: as wide as the window). A layer that shares the KV cache of a sliding-window
+    (`sliding_ring` of the image; None: as wide as the window). A layer that shares the KV cache of a sliding-window
     layer reads that layer's ring after every token of the program has been stored; a later token's row then
     replaces the row of position p + T - 1 - ring, which the program's first token p still attends to unless
     it lies before the window (T <= ring - window + 1) or the ring has not wrapped (p + T <= ring). So with such
@@ -519,7 +519,7 @@ def multi_token_limit(cfg: ModelConfig, pos: int, ring: int | None = None) -> in
 
 
 def prefill_runs(cfg: ModelConfig, n: int, start: int, per_program: int,
-                 ring: int | None = None) -> list[tuple[int, int]]:
+                 ring: int | None) -> list[tuple[int, int]]:
     """``(position, tokens)`` of the programs that run `n` prompt tokens from position `start` with up to
     `per_program` tokens a program (`multi_token_limit` with rings of `ring` rows; one token: the decode
     program)."""

@@ -917,7 +917,8 @@ def speculative(cfg: ModelConfig, hw: HardwareConfig, positions: list[int], draf
         e = SpecEstimate(position=pos, clock_hz=hw.clock_hz,
                          decode=_program_cycles(cfg, hw, image, rates, 1, None, "last", pos))
         e.verify[1] = e.decode
-        for n in range(2, min(drafts + 1, per, image.logit_rows, multi_token_limit(cfg, pos, sliding_ring(cfg, image))) + 1):
+        limit = multi_token_limit(cfg, pos, sliding_ring(cfg, image))
+        for n in range(2, min(drafts + 1, per, image.logit_rows, limit) + 1):
             e.verify[n] = _program_cycles(cfg, hw, image, rates, n, None, "all", pos)
         out.append(e)
     return out

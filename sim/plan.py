@@ -26,10 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hdl.isa import DESC_WORDS, VEC_REDUCTIONS, CvoFunc, DmaDir, Opcode, ScalarFunc, VecFunc
+from hdl.l2 import LANES
 from hdl.sfu import REDUCE_OPS, SHORT_OPS, SfuOp
 
-__all__ = ["Pass", "Engine", "Gemm", "Alu", "Step", "State", "plan", "wgemm_steps", "attn_positions", "attn_pieces", "attn_chunks", "attn_k_group",
-           "PASS_KINDS", "SOURCES", "B_SOURCES", "SINKS", "DESC_LOAD", "ATTN_RECIP"]
+__all__ = ["Pass", "Engine", "Gemm", "Alu", "Step", "State", "plan", "wgemm_steps", "attn_positions", "attn_pieces",
+           "attn_chunks", "attn_k_group", "PASS_KINDS", "SOURCES", "B_SOURCES", "SINKS", "DESC_LOAD", "ATTN_RECIP"]
 
 # The names of the controller's Src, BSrc and Sink members (tests/test_plan.py checks them against
 # hdl.controller): strings, so that the model does not depend on the controller.
@@ -155,9 +156,6 @@ DESC_LOAD = Pass(None, "DDR", "NONE", "DESC", DESC_WORDS)
 ATTN_RECIP = Pass("RECIP", "REG", "NONE", "REG", 1, beside=True)
 
 
-_L2_WORD = 4          # binary32 elements per L2 word
-
-
 def _quant(n: int) -> Pass:
     return Pass(None, "L2", "NONE", "QUANT", n)
 
@@ -186,7 +184,7 @@ def attn_k_group(hw, n: int) -> int:
     them) where V rows of scores, each `n` rounded up to a whole L2 word, fit the controller's scratch; else 1.
     The last group of an instruction takes the heads left."""
     V = hw.gemv_vectors
-    stride = -(-n // _L2_WORD) * _L2_WORD
+    stride = -(-n // LANES) * LANES                  # binary32 elements per L2 word
     return V if V > 1 and V * stride <= hw.l2_scratch_bytes // 4 else 1
 
 

@@ -301,7 +301,7 @@ def test_compiled_prefill_sums_its_programs(tiny_prefill):
     """The compiled prefill is the prompt's prefill programs (and decode steps past what one program may run),
     each priced by `schedule` as the decode program is: the few-point sum equals the runs priced one by one
     (within 0.1 %, as the decode sum above)."""
-    from firmware.compiler import compile_tokens, prefill_runs, program_tokens
+    from firmware.compiler import compile_tokens, prefill_runs, program_tokens, sliding_ring
     from firmware.pack import pack
     from firmware.perf import schedule
     from sim.iss import COUNT, Machine
@@ -310,7 +310,7 @@ def test_compiled_prefill_sums_its_programs(tiny_prefill):
     per = program_tokens(cfg, image, hw)
     assert per == hw.systolic_rows or per > 1
     for e in estimates:
-        runs = prefill_runs(cfg, e.tokens, 0, per)
+        runs = prefill_runs(cfg, e.tokens, 0, per, sliding_ring(cfg, image))
         assert sum(k for _, k in runs) == e.tokens and e.program_tokens == per
         direct = 0.0
         for pos, k in runs:

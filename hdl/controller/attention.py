@@ -23,6 +23,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..config import V_PLANE_LOG2_GROUP, HardwareConfig, ceil_log2
 from ..isa import DdrRegion, DescKind, ErrorCode, Opcode, layout
+from ..l2 import LANES
 from ..quant import EXP_BITS
 from ..sfu import SfuOp
 from .engines import gemv_job_layout
@@ -446,7 +447,7 @@ class AttentionSequencer(Sequencer):
         if grouped:
             stride = Signal(nb, name="score_stride")          # from n (cycle 1 on): stable from AT_3 on
             fits = Signal(name="group_fits")                  # V rows of scores fit the scratch
-            m.d.sync += [stride.eq((n + 3) & ~3), fits.eq(stride * V <= SCR)]
+            m.d.sync += [stride.eq((n + LANES - 1) & ~(LANES - 1)), fits.eq(stride * V <= SCR)]
             g_n = Signal(range(V + 1), name="group_heads")    # heads in this group
             qi = Signal(range(V), name="group_q")             # the query quantised last; then heads left
             q_more = Signal(name="group_q_more")              # a query of the group follows the one quantised
