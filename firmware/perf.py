@@ -11,7 +11,8 @@ operations. Cycles follow from per-kind costs (`Rates`):
   hand-off, first-beat latency, the engine's tail);
 - passes: each pass costs its fixed overhead (``sfu_pass``, ``vec_pass``, ``reduce_pass``, ``copy_pass``,
   ``quant_pass``, ``ddr_read_pass``, ``ddr_write_pass``: pipeline fill and drain, DDR latency) plus its
-  elements at ``elements_per_cycle`` (the quantiser and short-path passes at four times that, `PASS_LANES`);
+  elements at ``elements_per_cycle`` (the quantiser and short-path passes at four times that, `PASS_LANES`; a DDR
+  copy, DMA into L2, at the DDR reader's wide beats, `pass_lanes`, with ``ddr_read_pass`` as its fixed cost);
 - ``alu_op`` per scalar-ALU operation and ``issue`` per instruction (fetch, decode, dispatch);
 - WGEMM (`wgemm_cost`, unit ``gemm``): per token tile of R = ``systolic_rows`` tokens (where the GEMV engine runs
   WGEMM, ``gemv_vectors`` > 1: V tokens, its quantiser passes then one GEMV of V vectors), a quantiser pass per
@@ -57,7 +58,7 @@ from sim.plan import ATTN_RECIP, DESC_LOAD, PASS_KINDS, Gemm, wgemm_steps
 from .cli import NON_NEGATIVE, POSITIVE, arg_type
 
 __all__ = ["Rates", "TokenEstimate", "Schedule", "estimate", "cycles_of", "schedule", "features", "fit_rates",
-           "main", "PASS_KINDS", "PASS_LANES", "FITTED", "Wgemm", "GemmGeometry", "wgemm_cost", "wgemm_bounds",
+           "main", "PASS_KINDS", "PASS_LANES", "PASS_FIXED", "pass_lanes", "FITTED", "Wgemm", "GemmGeometry", "wgemm_cost", "wgemm_bounds",
            "PrefillEstimate", "prefill", "to_json", "BatchEstimate", "batched", "SpecEstimate", "speculative",
            "expected_tokens"]
 
@@ -66,16 +67,34 @@ DDR_PEAK_BYTES_PER_S = 19.2e9          # KV260: DDR4-2400, 64 bit (DS987; docs/r
 # path (element-wise and reductions, from L2) take L2 words (four elements) per cycle (`hdl.l2.ElemReader` beats
 # into `hdl.quant.ActQuantizer` or the four lanes of `hdl.sfu.Sfu`, `hdl.l2.ElemWriter` beats back into L2).
 PASS_LANES = {"quant": LANES, "vec": LANES, "reduce": LANES}
+# The fixed cost of a pass kind where it is another kind's: a DDR copy's is the DDR reader's (`hdl.ddrio.DdrReader`,
+# the same latency whether it delivers elements or L2 words).
+PASS_FIXED = {"ddr_copy": "ddr_read_pass"}
 
 
-def _element_cycles(kind: str, elements, rates: Rates) -> float:
-    """The cycles of `elements` elements of passes of `kind` (`sim.plan.PASS_KINDS`) beyond their fixed costs."""
-    return elements / PASS_LANES.get(kind, 1) / rates.elements_per_cycle
+def _fixed(kind: str) -> str:
+    """The `Rates` field of a pass kind's fixed cost."""
+    return PASS_FIXED.get(kind, f"{kind}_pass")
 
 
-def _pass_cycles(kind: str, passes, elements, rates: Rates) -> float:
+def pass_lanes(kind: str, hw: HardwareConfig) -> int:
+    """Elements a pass of `kind` moves per element cycle: `PASS_LANES`, a DDR copy the `DdrReader`'s wide beats
+    (`hdl.ddrio.wide_lanes`: four on kv260's 128-bit ports, two on tiny's 64-bit), every other kind one."""
+    if kind == "ddr_copy":
+        from hdl.ddrio import wide_lanes
+        return wide_lanes(hw)
+    return PASS_LANES.get(kind, 1)
+
+
+def _element_cycles(kind: str, elements, rates: Rates, hw: HardwareConfig | None = None) -> float:
+    """The cycles of `elements` elements of passes of `kind` (`sim.plan.PASS_KINDS`) beyond their fixed costs
+    (`hw`: needed for a DDR copy)."""
+    return elements / (PASS_LANES.get(kind, 1) if hw is None else pass_lanes(kind, hw)) / rates.elements_per_cycle
+
+
+def _pass_cycles(kind: str, passes, elements, rates: Rates, hw: HardwareConfig | None = None) -> float:
     """`passes` passes of `kind` moving `elements` elements in all: each pass's fixed cost, then the elements."""
-    return passes * getattr(rates, f"{kind}_pass") + _element_cycles(kind, elements, rates)
+    return passes * getattr(rates, _fixed(kind)) + _element_cycles(kind, elements, rates, hw)
 
 
 def _step_cycles(step, rates: Rates) -> float:
@@ -298,7 +317,7 @@ def _wgemm_terms(g: Wgemm, hw: HardwareConfig, rates: Rates):
             quant = []
         else:
             quant.append(step)
-    coef: Counter = Counter({f"{DESC_LOAD.kind}_pass": 1})        # the descriptor (its elements: wgemm_cost)
+    coef: Counter = Counter({_fixed(DESC_LOAD.kind): 1})        # the descriptor (its elements: wgemm_cost)
     known = 0.0
     for (n, quant), count in tiles.items():
         tk, tc = tile(n, quant)
@@ -320,7 +339,7 @@ def _wgemm_terms_gemv(g: Wgemm, hw: HardwareConfig, rates: Rates):
         raise ValueError(f"a WGEMM of {g.cols} columns exceeds the GEMV engine's activation memory "
                          f"({hw.gemv_max_cols} columns)")
     stream = _wgemm_bytes(g, hw) / _stream_rate(hw, rates)
-    coef: Counter = Counter({f"{DESC_LOAD.kind}_pass": 1})
+    coef: Counter = Counter({_fixed(DESC_LOAD.kind): 1})
     known, last = 0.0, 0.0
     for t0 in range(0, g.tokens, hw.gemm_tile):
         n = min(hw.gemm_tile, g.tokens - t0)
@@ -450,7 +469,7 @@ def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dic
     by_op: Counter = Counter()
     units: Counter = Counter()
     for (op, kind), n in counters.passes.items():
-        c = _pass_cycles(kind, n, counters.pass_elements[(op, kind)], rates)
+        c = _pass_cycles(kind, n, counters.pass_elements[(op, kind)], rates, hw)
         units[kind] += c
         by_op[op] += c
     rate = _stream_rate(hw, rates)
@@ -483,7 +502,7 @@ def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dic
     other = (counters.total_read() + sum(counters.bytes_written.values()) - counters.gemv_bytes - gemm_bytes
              - counters.attn_gemv_bytes)
     ddr_rate = min(hw.bytes_per_beat, DDR_PEAK_BYTES_PER_S * rates.ddr_efficiency / hw.clock_hz)
-    moved = units["ddr_read"] + units["ddr_write"]
+    moved = units["ddr_read"] + units["ddr_copy"] + units["ddr_write"]
     if moved < other / ddr_rate:
         units["ddr_read"] += other / ddr_rate - moved
     units["scalar_alu"] += counters.alu_ops * rates.alu_op
@@ -582,21 +601,21 @@ def features(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> dict:
     f = Counter({"issue": sum(counters.instructions.values()), "alu_op": counters.alu_ops,
                  "gemv_fixed": counters.instructions.get("WGEMV", 0) + counters.attn_gemvs})
     for k in PASS_KINDS:
-        f[f"{k}_pass"] = sum(n for (op, kind), n in counters.passes.items() if kind == k)
-    elements = sum(n / PASS_LANES.get(kind, 1) for (_, kind), n in counters.pass_elements.items())
+        f[_fixed(k)] += sum(n for (op, kind), n in counters.passes.items() if kind == k)
+    elements = sum(n / pass_lanes(kind, hw) for (_, kind), n in counters.pass_elements.items())
     streaming = (counters.gemv_bytes + counters.attn_gemv_bytes) / _stream_rate(hw, rates)
     known = (_sparse_extra(counters.sparse_gemvs, hw, rates) + _sparse_extra(counters.attn_sparse_gemvs, hw, rates)
              + _masked_extra(counters.masked_gemvs, hw, rates) + _group_extra(counters.attn_group_gemvs, hw, rates))
     for shape, n in counters.attn_recips.items():     # a RECIP pass that outlasts its V GEMVs: the difference
         if _recip_beside(shape, hw, rates) > 0:
-            f[f"{ATTN_RECIP.kind}_pass"] += n
+            f[_fixed(ATTN_RECIP.kind)] += n
             f["gemv_fixed"] -= 2 * n
-            elements += n * ATTN_RECIP.n / PASS_LANES.get(ATTN_RECIP.kind, 1)
+            elements += n * ATTN_RECIP.n / pass_lanes(ATTN_RECIP.kind, hw)
             known -= 2 * n * _sparse_gemv_time(shape, hw, rates)[0]
     for g in gemms:
         k, coef, _ = _wgemm_terms(g, hw, rates)
         known += k
-        elements += DESC_LOAD.n / PASS_LANES.get(DESC_LOAD.kind, 1)
+        elements += DESC_LOAD.n / pass_lanes(DESC_LOAD.kind, hw)
         f.update(coef)
     return dict(f) | {"_elements": elements, "_streaming": streaming, "_known": known}
 

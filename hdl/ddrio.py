@@ -16,6 +16,11 @@ beats of consecutive commands form one continuous start-aligned byte stream. Dat
 interleaved on the DMA; a small tag FIFO routes the DMA's output beats to a data beat buffer or a scale
 beat buffer.
 
+**Wide commands.** A binary32 command with ``wide`` set leaves on ``o_beat`` instead of ``o_elem``: beats of up to
+`wide_lanes` elements (an L2 word's four where the AXI beat holds them) a cycle, in lanes ``0 .. n-1`` of an L2
+word, ``last`` on the command's final beat (the controller's DMA into L2, `hdl.controller.passes`). ``wide`` is
+ignored for the other formats.
+
 **Credit rule (as `hdl.fetch`).** A command is sent to the DMA only when its buffer has room for its
 beats plus every beat of that buffer already in flight, so the DMA's output (and the shared R channel
 behind it) is always accepted at once, whatever ``o_elem``'s consumer does. No alignment is required:
@@ -34,9 +39,10 @@ from amaranth.lib.wiring import In, Out
 from .axi import AxiReadDma, AxiReadSignature
 from .config import HardwareConfig, ceil_log2
 from .fp import IntScaleMul
+from .l2 import LANES, WORD_BITS
 
 __all__ = ["DdrFormat", "N_BITS", "DdrReader", "reader_cmd_layout", "writer_cmd_layout",
-           "elem_layout", "reader_buffer_beats"]
+           "elem_layout", "wide_beat_layout", "wide_lanes", "reader_buffer_beats"]
 
 N_BITS = 24                        # element count width of a command
 
@@ -50,7 +56,7 @@ class DdrFormat(enum.IntEnum):
 
 def reader_cmd_layout(hw: HardwareConfig) -> data.StructLayout:
     return data.StructLayout({"addr": unsigned(hw.axi_addr_bits), "n": unsigned(N_BITS), "fmt": unsigned(2),
-                              "saddr": unsigned(hw.axi_addr_bits), "log2_group": unsigned(5)})
+                              "saddr": unsigned(hw.axi_addr_bits), "log2_group": unsigned(5), "wide": 1})
 
 
 def writer_cmd_layout(hw: HardwareConfig) -> data.StructLayout:
@@ -61,6 +67,19 @@ def elem_layout() -> data.StructLayout:
     """A `DdrReader` output element: binary32 bits, ``last`` on a command's n-th, ``err`` if built from a
     non-OKAY read (data or scale)."""
     return data.StructLayout({"data": unsigned(32), "last": 1, "err": 1})
+
+
+def wide_beat_layout() -> data.StructLayout:
+    """A `DdrReader` output beat of a wide command: ``n`` (1 .. `wide_lanes`) binary32 elements in lanes
+    ``0 .. n-1`` of ``data`` (an L2 word, `hdl.l2.beat_layout`), ``last`` on the command's final beat, ``err`` if
+    built from a non-OKAY read."""
+    return data.StructLayout({"data": unsigned(WORD_BITS), "n": unsigned(3), "last": 1, "err": 1})
+
+
+def wide_lanes(hw: HardwareConfig) -> int:
+    """Elements a wide command delivers per cycle: an L2 word's `LANES`, or an AXI beat's binary32 words where a
+    beat holds fewer."""
+    return min(LANES, hw.bytes_per_beat // 4)
 
 
 def reader_buffer_beats(hw: HardwareConfig) -> int:
@@ -118,14 +137,17 @@ class DdrReader(wiring.Component):
         (values per scale = 2**log2_group, INT4 only). Accepted when the previous command has sent every
         element into the conversion pipeline (its last elements may still be in the pipeline).
     o_elem : Out(stream.Signature(elem_layout()))
+    o_beat : Out(stream.Signature(wide_beat_layout()))
+        A wide binary32 command's elements (``wide``: `wide_lanes` a cycle, the last beat with the rest).
     axi : Out(AxiReadSignature)
     o_busy : Out(1)
         A command is accepted and not all its elements have left ``o_elem``.
     o_error : Out(1)
         Sticky: some read returned SLVERR/DECERR since reset.
 
-    Throughput: one element per cycle while the DDR keeps up (a burst-sized command costs one extra beat
-    when the address is not beat-aligned). Latency from a buffered beat to ``o_elem``: `latency` cycles.
+    Throughput: one element per cycle while the DDR keeps up, `wide_lanes` for a wide command (a burst-sized
+    command costs one extra beat when the address is not beat-aligned). Latency from a buffered beat to ``o_elem``
+    or ``o_beat``: `latency` cycles.
     """
 
     def __init__(self, hw: HardwareConfig):
@@ -134,6 +156,7 @@ class DdrReader(wiring.Component):
         super().__init__({
             "i_cmd": In(stream.Signature(reader_cmd_layout(hw))),
             "o_elem": Out(stream.Signature(elem_layout())),
+            "o_beat": Out(stream.Signature(wide_beat_layout())),
             "axi": Out(AxiReadSignature.from_config(hw)),
             "o_busy": Out(1),
             "o_error": Out(1),
@@ -169,8 +192,10 @@ class DdrReader(wiring.Component):
         # --- command ----------------------------------------------------------------------------------
         fmt = Signal(2)
         int4 = Signal(name="int4")             # fmt == INT4, registered with it
+        E = wide_lanes(hw)
+        wide = Signal(name="wide")             # a wide binary32 command: E elements a take
         left = Signal(N_BITS)                  # elements not yet sent into the pipeline
-        last = Signal()                        # left == 1, registered with left
+        last = Signal()                        # left <= (E if wide else 1): the next take is the last, with left
         more = Signal()                        # left != 0, registered with left
         lmask = Signal(N_BITS)                 # values per group - 1 (saturated to N_BITS bits)
         d_addr, s_addr = Signal(hw.axi_addr_bits), Signal(hw.axi_addr_bits)
@@ -196,7 +221,9 @@ class DdrReader(wiring.Component):
         m.d.comb += self.i_cmd.ready.eq(~more & ~setup & ~setup2)
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
             new = self.i_cmd.p
-            m.d.sync += [cmd.eq(new), setup.eq(1), left.eq(new.n), last.eq(new.n == 1), more.eq(new.n != 0),
+            new_wide = new.wide & (new.fmt == DdrFormat.F32)
+            m.d.sync += [cmd.eq(new), setup.eq(1), left.eq(new.n), more.eq(new.n != 0), wide.eq(new_wide),
+                         last.eq(Mux(new_wide, new.n <= E, new.n == 1)),
                          c_mask.eq(((Const(1, 1) << new.log2_group) - 1)[:N_BITS])]
 
         # --- requests: burst-sized DMA commands, each only when its buffer has room -------------------
@@ -293,8 +320,8 @@ class DdrReader(wiring.Component):
         m.d.comb += can.eq(more & dbuf.r_rdy & (~int4 | sbuf.r_rdy))
         take = Signal()
         m.d.comb += take.eq(can & en)
-        step = Signal(4)
-        m.d.comb += step.eq(Mux(fmt == DdrFormat.F32, 8, Mux(fmt == DdrFormat.F16, 4, 1)))
+        step = Signal(range(8 * E + 1))       # nibbles a take moves
+        m.d.comb += step.eq(Mux(fmt == DdrFormat.F32, Mux(wide, 8 * E, 8), Mux(fmt == DdrFormat.F16, 4, 1)))
         nib_next = Signal(lb + 2)
         m.d.comb += nib_next.eq(nib + step)
         # the next element ends the head data beat (nib + step reaches the beat's end), registered with nib: nib
@@ -309,8 +336,8 @@ class DdrReader(wiring.Component):
                      s_pop.eq(can & int4 & ((group_end & scale_beat_end) | last)),
                      dbuf.r_en.eq(d_pop & en), sbuf.r_en.eq(s_pop & en)]
         with m.If(take):
-            m.d.sync += [left.eq(left - 1), last.eq(left == 2), more.eq(~last), nib.eq(nib_next[:lb + 1]),
-                         beat_end.eq((nib + 2 * step)[:lb + 1] == 0)]
+            m.d.sync += [left.eq(left - Mux(wide, E, 1)), last.eq(Mux(wide, left <= 2 * E, left == 2)), more.eq(~last),
+                         nib.eq(nib_next[:lb + 1]), beat_end.eq((nib + 2 * step)[:lb + 1] == 0)]
             with m.If(group_end):
                 m.d.sync += [sidx.eq(sidx + 1), grp_left.eq(lmask), group_end.eq(lmask == 0)]
                 if B > 2:
@@ -322,11 +349,13 @@ class DdrReader(wiring.Component):
                 if B > 2:
                     m.d.sync += scale_beat_end.eq(0)
         with m.If(setup):                      # a command's first group; its first element at nibble 0
-            c_step = Mux(cmd.fmt == DdrFormat.F32, 8, Mux(cmd.fmt == DdrFormat.F16, 4, 1))
+            c_step = Mux(cmd.fmt == DdrFormat.F32, Mux(wide, 8 * E, 8), Mux(cmd.fmt == DdrFormat.F16, 4, 1))
             m.d.sync += [grp_left.eq(c_mask), group_end.eq(c_mask == 0), beat_end.eq(c_step == 1 << (lb + 1))]
 
         head, shead = dbuf.r_data, sbuf.r_data
         w32 = head[:32] if B == 4 else head[:W].word_select(nib[3:], 32)
+        lgE = ceil_log2(E)
+        wE = head[:32 * E] if B == 4 * E else head[:W].word_select(nib[3 + lgE:], 32 * E)    # a wide take's
         h16 = head[:W].word_select(nib[2:], 16)
         q4 = head[:W].word_select(nib, 4)
         scale = shead[:W].word_select(sidx, 16) if B > 2 else shead[:16]
@@ -335,12 +364,12 @@ class DdrReader(wiring.Component):
         # --- conversion: the element's fields into registers (x), then q * fp32(scale) (INT4) or 1 * fp32(h)
         # (F16, exact) in one IntScaleMul; F32 bits bypass in a delay line of the same depth -----------------
         x_valid, x_a, x_b = Signal(name="x_valid"), Signal(4, name="x_a"), Signal(16, name="x_b")
-        side = data.StructLayout({"fmt": 2, "raw": 32, "last": 1, "err": 1})
+        side = data.StructLayout({"fmt": 2, "raw": 32 * E, "last": 1, "err": 1, "wide": 1, "n": 3})
         stages = [Signal(side, name="side0")]
         with m.If(en):
             m.d.sync += [x_valid.eq(take), x_a.eq(Mux(int4, q4, 1)), x_b.eq(Mux(int4, scale, h16)),
-                         stages[0].fmt.eq(fmt), stages[0].raw.eq(w32), stages[0].last.eq(last),
-                         stages[0].err.eq(err)]
+                         stages[0].fmt.eq(fmt), stages[0].raw.eq(Mux(wide, wE, w32)), stages[0].last.eq(last),
+                         stages[0].err.eq(err), stages[0].wide.eq(wide), stages[0].n.eq(Mux(last, left, E))]
         m.submodules.mul = mul = IntScaleMul(4)
         m.d.comb += [mul.en.eq(en), mul.i_valid.eq(x_valid), mul.i_a.eq(x_a), mul.i_b.eq(x_b)]
         for i in range(mul.latency):
@@ -350,15 +379,17 @@ class DdrReader(wiring.Component):
             stages.append(s)
         assert 1 + mul.latency == self.latency
         out = stages[-1]
-        o = self.o_elem
+        o, ob = self.o_elem, self.o_beat
         m.d.comb += [
-            o.valid.eq(mul.o_valid),
-            o.p.data.eq(Mux(out.fmt == DdrFormat.F32, out.raw, mul.o_y)),
+            o.valid.eq(mul.o_valid & ~out.wide),
+            o.p.data.eq(Mux(out.fmt == DdrFormat.F32, out.raw[:32], mul.o_y)),
             o.p.last.eq(out.last), o.p.err.eq(out.err),
-            en.eq(~mul.o_valid | o.ready),
+            ob.valid.eq(mul.o_valid & out.wide),
+            ob.p.data.eq(out.raw), ob.p.n.eq(out.n), ob.p.last.eq(out.last), ob.p.err.eq(out.err),
+            en.eq(~mul.o_valid | Mux(out.wide, ob.ready, o.ready)),
         ]
 
         in_pipe = Signal(range(self.latency + 2))
-        m.d.sync += in_pipe.eq(in_pipe + take - (o.valid & o.ready))
+        m.d.sync += in_pipe.eq(in_pipe + take - (mul.o_valid & en))
         m.d.comb += [self.o_busy.eq(more | (in_pipe != 0)), self.o_error.eq(dma.o_error)]
         return m

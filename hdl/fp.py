@@ -107,6 +107,19 @@ def _lzc(v: Value):
     return tree(v)
 
 
+def _lzc_carry(m: Module, v: Value, name: str):
+    """Leading-zero count of a non-zero `v` (from its MSB) by the carry chain: the highest set bit of `v` is the
+    lowest of `v` reversed, ``r & -r`` (one carry chain and an AND), and each bit of the count an OR of that
+    one-hot word's bits (an all-zero `v` gives 0)."""
+    n = len(v)
+    r = Signal(n, name=f"{name}_rev")
+    m.d.comb += r.eq(v[::-1])
+    low = Signal(n, name=f"{name}_low")
+    m.d.comb += low.eq(r & (~r + 1))
+    return Cat(*[Cat(*[low[i] for i in range(n) if (i >> k) & 1]).any()
+                 for k in range(max(1, (n - 1).bit_length()))])
+
+
 def _unpack(bits: Value):
     """Fields of a binary32 word: sign, biased exponent field, fraction, effective exponent (>= 1),
     24-bit significand with the hidden bit, and the zero/inf/nan flags."""
@@ -369,8 +382,9 @@ class FpMul(_Binary):
     before the product (hidden bit at 23; a subnormal's biased exponent ``1 - lz`` may fall below 1), so the
     48-bit product has its MSB at bit 47 or 46 and the back end needs no leading-zero count.
 
-    Stages: (1) unpack, special cases, the exponent sum, the leading-zero count of each 24-bit significand
-    (0 for a normal one); (2) the subnormal significand, if any, is routed to the first multiplier input
+    Stages: (1) unpack, special cases, the exponent sum, the leading-zero count of each operand's significand
+    were it subnormal (``r & -r`` of the fraction reversed, on a carry chain, then an OR per count bit);
+    (2) the subnormal significand, if any, is routed to the first multiplier input
     and shifted left by its count (one 24-bit shifter) into the A registers of two DSP48E2s, and the biased
     exponent ``E`` of a product in [1, 2); (3) the 24x17 and 24x7 partial products (the slices' M
     registers, `hdl.dsp.DspMacc`), (4) their sum; beside them the
@@ -394,17 +408,22 @@ class FpMul(_Binary):
         base = Signal(signed(11))
         m.d.comb += base.eq(ua["eff"] + ub["eff"] - 127)
         # Only a subnormal significand has leading zeros and at most one is subnormal here (else `zero`), so
-        # lza | lzb is the one shift, applied to the first multiplier input (b's significand when b is the
-        # subnormal one): the inputs are chosen here, shifted in stage 2.
+        # the one shift is the subnormal operand's count, applied to the first multiplier input (b's
+        # significand when b is the subnormal one): the inputs are chosen here, shifted in stage 2. Each count
+        # is that of the operand's significand were it subnormal (a 0 above the fraction: the fraction bits
+        # alone, no exponent test ahead of the count), by a carry chain (`_lzc_carry`), and stage 2 takes it
+        # where the operand's registered zero-exponent flag says it is.
         lza, lzb = Signal(5), Signal(5)
-        m.d.comb += [lza.eq(_lzc(ua["mant"])[0]), lzb.eq(_lzc(ub["mant"])[0])]
-        subb = ub["e"] == 0
+        m.d.comb += [lza.eq(_lzc_carry(m, Cat(ua["f"], Const(0, 1)), "lza")),
+                     lzb.eq(_lzc_carry(m, Cat(ub["f"], Const(0, 1)), "lzb"))]
+        suba, subb = ua["e"] == 0, ub["e"] == 0
         s = p.stage(sign=sign, base=base, ma=Mux(subb, ub["mant"], ua["mant"]),
-                    mb=Mux(subb, ua["mant"], ub["mant"]), lza=lza, lzb=lzb, zero=zero, nan=nan, inf=inf)
+                    mb=Mux(subb, ua["mant"], ub["mant"]), lza=lza, lzb=lzb, suba=suba, subb=subb, zero=zero,
+                    nan=nan, inf=inf)
         # Stage 2: normalise. E: the biased exponent of a product in [1, 2).
         ma, mb = Signal(24), Signal(24)
         e = Signal(signed(11))
-        lz = s["lza"] | s["lzb"]
+        lz = Mux(s["suba"], s["lza"], 0) | Mux(s["subb"], s["lzb"], 0)
         m.d.comb += [ma.eq(s["ma"] << lz), mb.eq(s["mb"]), e.eq(s["base"] - lz)]
         # Stages 2, 3 of the significands: the 24x17 and 24x7 partial products, each one DSP48E2
         # (`hdl.dsp.DspMacc` without its P register, its clock enables the pipeline's): the normalised
@@ -464,10 +483,11 @@ class FpMul(_Binary):
 class IntToFp(_Unary):
     """Signed two's complement integer of `width` bits (``i_a[:width]``) to binary32, RNE. Latency 4.
 
-    Stages: (1) the magnitude (one carry chain); (2) its leading-zero count; (3) the normalising left shift
-    keeping the 24-bit significand, the round bit and a sticky bit (OR of the bits below), and the exponent
-    field ``127 + width - 1 - lz`` (0 for a zero input) packed above the 23 fraction bits; (4) the RNE
-    increment on that packed word (a rounding carry walks into the exponent; |x| <= 2**31 never overflows).
+    Stages: (1) the magnitude (one carry chain); (2) its leading-zero count (another: `_lzc_carry`); (3) the
+    normalising left shift keeping the 24-bit significand, the round bit and a sticky bit (OR of the bits
+    below), and the exponent field ``127 + width - 1 - lz`` (0 for a zero input) packed above the 23 fraction
+    bits; (4) the RNE increment on that packed word (a rounding carry walks into the exponent; |x| <= 2**31
+    never overflows).
     For ``width <= 24`` every value is exact and the increment is omitted.
 
     Parameters
@@ -492,9 +512,10 @@ class IntToFp(_Unary):
         mag = Signal(n)                 # |x| = (x ^ s) + s, s the sign: one carry chain (|-2**(n-1)| fits)
         m.d.comb += mag.eq((x[:n] ^ x[n - 1].replicate(n)) + x[n - 1])
         s = p.stage(sign=x < 0, mag=mag)
-        lz, zero = _lzc(s["mag"])
+        # the count by the carry chain (`_lzc_carry`; 0 for a zero magnitude, which `zero` covers)
         lzr = Signal(range(n))
-        m.d.comb += lzr.eq(lz)
+        zero = s["mag"] == 0
+        m.d.comb += lzr.eq(_lzc_carry(m, s["mag"], "lz"))
         s = p.stage(sign=s["sign"], mag=s["mag"], lz=lzr, zero=zero)
         # Stage 3: the hidden bit to bit n - 1 (its weight before the shift: 2**(n - 1 - lz)).
         norm = Signal(n)

@@ -86,6 +86,44 @@ def _activation_memories(m, port, cfg: HardwareConfig, max_cols: int):
     return act_rs, exp_rs
 
 
+def _times(x: Value, c: int) -> Value:
+    """``x * c`` for a constant ``c >= 0`` as a sum of shifted copies of `x` (one adder for a port index of
+    3): Yosys maps a product by a constant that is not a power of two to a DSP48E2 without registers."""
+    terms = [x << i for i in range(c.bit_length()) if (c >> i) & 1]
+    if not terms:
+        return Const(0, 1)
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + t
+    return total
+
+
+def _two_entry_buffer(m, width: int, name: str):
+    """A two-entry FIFO (`fifo.SyncFIFO` of depth 2, cycle for cycle) whose ``w_rdy`` and ``r_rdy`` are
+    registers: the head (``r_data``) and a second entry behind it, written only while the head is held."""
+    b = type("Buffer", (), {})()
+    b.w_en, b.w_data, b.r_en = Signal(name=f"{name}_w_en"), Signal(width, name=f"{name}_w_data"), \
+        Signal(name=f"{name}_r_en")
+    b.r_rdy, b.r_data = Signal(name=f"{name}_r_rdy"), Signal(width, name=f"{name}_r_data")
+    t_valid, t_data = Signal(name=f"{name}_t_valid"), Signal(width, name=f"{name}_t_data")
+    b.w_rdy = ~t_valid
+    do_w, do_r = b.w_en & ~t_valid, b.r_en & b.r_rdy
+    # the data registers take their input whenever they may (an empty entry's data is not looked at), so that
+    # only the flags depend on the handshakes
+    with m.If(~t_valid):
+        m.d.sync += t_data.eq(b.w_data)
+    with m.If(do_r | ~b.r_rdy):
+        m.d.sync += b.r_data.eq(Mux(t_valid, t_data, b.w_data))
+    with m.If(do_r):
+        m.d.sync += [b.r_rdy.eq(t_valid | do_w), t_valid.eq(0)]
+    with m.Elif(do_w):
+        with m.If(b.r_rdy):
+            m.d.sync += t_valid.eq(1)
+        with m.Else():
+            m.d.sync += b.r_rdy.eq(1)
+    return b
+
+
 def _exp_depth(cfg: HardwareConfig, max_cols: int) -> int:
     """Words of the exponent memory: one per activation block."""
     return max(1, max_cols // cfg.act_block)
@@ -669,7 +707,7 @@ class GemvPort(wiring.Component):
         # fields, added to the bases in the cycle after `i_start` (`seq_load`).
         seq_toff, seq_soff = Signal((d.rowbytes * (p * T)).shape()), Signal((g2 * (p * T)).shape())
         seq_load = Signal()
-        m.d.sync += [seq_toff.eq(d.rowbytes * (p * T)), seq_soff.eq(g2 * (p * T)), seq_load.eq(self.i_start)]
+        m.d.sync += [seq_toff.eq(_times(d.rowbytes, p * T)), seq_soff.eq(_times(g2, p * T)), seq_load.eq(self.i_start)]
         with m.If(seq_settle != 0):
             m.d.sync += seq_settle.eq(seq_settle - 1)
         m.d.comb += cmd.valid.eq(seq_active & (~seq_scale | (seq_settle == 0)))
@@ -679,7 +717,8 @@ class GemvPort(wiring.Component):
             m.d.comb += [cmd.p.addr.eq(seq_caddr), cmd.p.nbytes.eq(Mux(seq_full, CBB, seq_rem))]
         with m.If(self.i_start):
             left = rows.as_signed() - p * T
-            run = (left > 0) & ~d.cmd.mask if cfg.gemv_row_mask else left > 0     # masked: `_masked_sequencer`
+            # left > 0 as one compare of the rows with a constant
+            run = (rows > p * T) & ~d.cmd.mask if cfg.gemv_row_mask else rows > p * T  # masked: `_masked_sequencer`
             m.d.sync += [seq_left.eq(left), seq_active.eq(run), seq_scale.eq(1), seq_settle.eq(3),
                          seq_tile.eq(d.cmd.wbase), seq_saddr.eq(d.cmd.sbase)]
         with m.Elif(seq_load):
@@ -750,9 +789,8 @@ class GemvPort(wiring.Component):
         m.d.sync += [st1.eq(0), st1r.eq(st1), t1r.eq(t1), st2.eq(st1r), t2.eq(t1r)]
         with m.If(st2):
             m.d.sync += [roff[t2].eq(pr), soff[t2].eq(ps)]
-        # The gathered rows are counted in the cycle before `i_start` (`EnginePort`): their flag is a register.
-        count_nz = Signal()
-        m.d.sync += count_nz.eq(count != 0)
+        # The gathered rows are registered in the cycle before `i_start` (`EnginePort`).
+        count_nz = count != 0
         # Each command goes through an output register (`mo_*`), taken while it is empty or handing one on.
         mo_valid, mo_addr, mo_nbytes = Signal(), Signal(ab), Signal.like(cmd.p.nbytes)
         mo_free = ~mo_valid | cmd.ready
@@ -760,42 +798,47 @@ class GemvPort(wiring.Component):
         with m.If(cmd.ready):
             m.d.sync += mo_valid.eq(0)
         active = Signal()
+        last_tile = Signal()                         # left <= T (so left == trows), registered with trows
+        t_last = Signal()                            # t == trows_m1, set with t
         with m.FSM(name="masked_seq"):
             with m.State("IDLE"):
-                with m.If(self.i_start & d.cmd.mask & count_nz):
+                with m.If(self.i_start):
                     m.d.sync += [left.eq(count), base.eq(0)]
-                    m.next = "TILE"
+                    with m.If(d.cmd.mask & count_nz):
+                        m.next = "TILE"
             with m.State("TILE"):
                 m.d.comb += active.eq(1)
-                m.d.sync += [trows.eq(Mux(left < T, left, T)), trows_m1.eq(Mux(left < T, left, T) - 1), f.eq(0)]
+                m.d.sync += [trows.eq(Mux(left < T, left, T)), trows_m1.eq(Mux(left < T, left, T) - 1), f.eq(0),
+                             last_tile.eq(left <= T)]
                 m.next = "FILL"
             with m.State("FILL"):
                 m.d.comb += active.eq(1)
                 with m.If(f < trows):
                     m.d.sync += [f.eq(f + 1), st1.eq(1), t1.eq(f)]
                 with m.Elif(~st1 & ~st1r & ~st2):
-                    m.d.sync += t.eq(0)
+                    m.d.sync += [t.eq(0), t_last.eq(trows_m1 == 0)]
                     m.next = "SCALES"
             with m.State("SCALES"):
                 m.d.comb += active.eq(1)
                 with m.If(mo_free):
-                    m.d.sync += [mo_valid.eq(1), mo_addr.eq(d.cmd.sbase + soff[t]), mo_nbytes.eq(g2), t.eq(t + 1)]
-                    with m.If(t == trows_m1):
-                        m.d.sync += [t.eq(0), c.eq(nch_m1), c_zero.eq(nch_m1 == 0), rb.eq(d.cmd.wbase),
-                                     rem.eq(d.rowbytes), full.eq(d.rowbytes > CBB)]
+                    m.d.sync += [mo_valid.eq(1), mo_addr.eq(d.cmd.sbase + soff[t]), mo_nbytes.eq(g2), t.eq(t + 1),
+                                 t_last.eq(t + 1 == trows_m1)]
+                    with m.If(t_last):
+                        m.d.sync += [t.eq(0), t_last.eq(trows_m1 == 0), c.eq(nch_m1), c_zero.eq(nch_m1 == 0),
+                                     rb.eq(d.cmd.wbase), rem.eq(d.rowbytes), full.eq(d.rowbytes > CBB)]
                         m.next = "CHUNKS"
             with m.State("CHUNKS"):
                 m.d.comb += active.eq(1)
                 with m.If(mo_free):
                     m.d.sync += [mo_valid.eq(1), mo_addr.eq(rb + roff[t]), mo_nbytes.eq(Mux(full, CBB, rem)),
-                                 t.eq(t + 1)]
-                    with m.If(t == trows_m1):
-                        m.d.sync += [t.eq(0), c.eq(c - 1), c_zero.eq(c == 1), rb.eq(rb + CBB), rem.eq(rem - CBB),
-                                     full.eq(rem > 2 * CBB)]
+                                 t.eq(t + 1), t_last.eq(t + 1 == trows_m1)]
+                    with m.If(t_last):
+                        m.d.sync += [t.eq(0), t_last.eq(trows_m1 == 0), c.eq(c - 1), c_zero.eq(c == 1),
+                                     rb.eq(rb + CBB), rem.eq(rem - CBB), full.eq(rem > 2 * CBB)]
                         with m.If(c_zero):
                             m.d.sync += [left.eq(left - trows), base.eq(base + T)]
                             m.next = "TILE"
-                            with m.If(left == trows):
+                            with m.If(last_tile):           # left == trows
                                 m.next = "IDLE"
         return active | mo_valid
 
@@ -820,6 +863,7 @@ class GemvPort(wiring.Component):
         fe_scale = Signal()                          # in the scale phase of a tile
         fe_wait = Signal()                           # waiting for the bank to be free
         fe_sw = Signal(range(T * S + 2))             # scale word
+        fe_sw1 = Signal.like(fe_sw)                  # fe_sw + 1, registered with it
         fe_c = Signal.like(nch_m1)                   # chunk
         fe_k = Signal(range(CB))                     # beat within the chunk
         fe_beat = Signal(range(self._max_cols // W + 2))   # beat within the row
@@ -843,8 +887,10 @@ class GemvPort(wiring.Component):
         prod = Signal(len(fe_trows) + len(g2))
         m.d.sync += [prod.eq(fe_mul.o_p[:len(prod)]), nsb_m1.eq(((prod + B - 1) >> ceil_log2(B)) - 1)]
         fe_settle = Signal(3)
+        fe_settled = Signal()                        # fe_settle == 0, registered with it
         with m.If(fe_settle != 0):
             m.d.sync += fe_settle.eq(fe_settle - 1)
+        m.d.sync += fe_settled.eq(fe_settle <= 1)
         beat = self.dma_data
         row_phase = fe_active & ~fe_wait & ~fe_scale
         subs_m1 = Signal.like(d.subs)                # registered from the decoder's, like nwb_m1
@@ -853,27 +899,35 @@ class GemvPort(wiring.Component):
         last_sel = Signal()                          # fe_sel == subs_m1, registered with fe_sel
         last_beat = Signal()                         # fe_beat == nwb_m1, registered with fe_c and fe_k
         c_end, k_end = nwb_m1 >> lCB, nwb_m1[:lCB]
-        last_k = (fe_k == CB - 1) | last_beat
-        last_row = fe_t == fe_tlast
+        # fe_k == CB - 1, fe_t == fe_tlast, fe_c == nch_m1 as registers: each compared every cycle from the
+        # counters (fe_tlast and nch_m1 change only while the front end waits for its tile's bank) and set
+        # with the counter where it steps.
+        k_last, t_last, c_last = Signal(), Signal(), Signal()
+        m.d.sync += [k_last.eq(fe_k == CB - 1), t_last.eq(fe_t == fe_tlast), c_last.eq(fe_c == nch_m1)]
+        last_k = k_last | last_beat
+        last_row = t_last
         with m.If(self.i_start):
             left = rows.as_signed() - p * T
-            m.d.sync += [fe_left.eq(left), fe_active.eq(left > 0), fe_bank.eq(0), fe_wait.eq(1),
-                         fe_scale.eq(1), fe_sw.eq(0), fe_c.eq(0), fe_k.eq(0), fe_t.eq(0), fe_sel.eq(0),
-                         last_sel.eq(d.subs == 1), last_beat.eq(d.nwb == 1), fe_settle.eq(4)]
-        with m.If(fe_active & fe_wait & (fe_settle == 0) &
+            m.d.sync += [fe_left.eq(left), fe_active.eq(rows > p * T), fe_bank.eq(0), fe_wait.eq(1),
+                         fe_scale.eq(1), fe_sw.eq(0), fe_sw1.eq(1), fe_c.eq(0), fe_k.eq(0), fe_t.eq(0), fe_sel.eq(0),
+                         last_sel.eq(d.subs == 1), last_beat.eq(d.nwb == 1), fe_settle.eq(4), fe_settled.eq(0)]
+        with m.If(fe_active & fe_wait & fe_settled &
                   (Mux(fe_bank, bank_state[1], bank_state[0]) == self.FREE)):
             m.d.sync += fe_wait.eq(0)
             for b in range(2):
                 with m.If(fe_bank == b):
                     m.d.sync += [bank_state[b].eq(self.FILLING), bank_rows[b].eq(fe_trows), bank_rounds[b].eq(0)]
-        # Scale beats straight into the bank.
+        # Scale beats straight into the bank. fe_sw == nsb_m1 as a register (`sw_last`): compared every cycle
+        # (nsb_m1 settles while the tile waits for its bank) and set with fe_sw where it steps.
+        sw_last = Signal()
+        m.d.sync += sw_last.eq(fe_sw == nsb_m1)
         with m.If(fe_active & ~fe_wait & fe_scale):
             m.d.comb += [beat.ready.eq(1), scale_w.addr.eq(Cat(fe_sw[:ceil_log2(swords)], fe_bank)),
                          scale_w.data.eq(beat.p.data), scale_w.en.eq(beat.valid)]
             with m.If(beat.valid):
-                m.d.sync += fe_sw.eq(fe_sw + 1)
-                with m.If(fe_sw == nsb_m1):
-                    m.d.sync += [fe_scale.eq(0), fe_sw.eq(0)]
+                m.d.sync += [fe_sw.eq(fe_sw1), fe_sw1.eq(fe_sw1 + 1), sw_last.eq(fe_sw1 == nsb_m1)]
+                with m.If(sw_last):
+                    m.d.sync += [fe_scale.eq(0), fe_sw.eq(0), fe_sw1.eq(1), sw_last.eq(nsb_m1 == 0)]
         # Weight beats: the beat is presented `subs` times (once when a segment spans whole beats).
         mac_valid = Signal()
         with m.If(row_phase):
@@ -885,16 +939,19 @@ class GemvPort(wiring.Component):
             m.d.sync += [fe_sel.eq(fe_sel + 1), last_sel.eq(fe_sel == subs_m2)]
             with m.If(last_sel):
                 m.d.sync += [fe_sel.eq(0), last_sel.eq(subs_m1 == 0), fe_k.eq(fe_k + 1),
-                             last_beat.eq((fe_c == c_end) & (fe_k + 1 == k_end))]
+                             last_beat.eq((fe_c == c_end) & (fe_k + 1 == k_end)), k_last.eq(fe_k + 1 == CB - 1)]
                 with m.If(last_k):
-                    m.d.sync += [fe_k.eq(0), fe_t.eq(fe_t + 1), last_beat.eq((fe_c == c_end) & (k_end == 0))]
+                    m.d.sync += [fe_k.eq(0), fe_t.eq(fe_t + 1), last_beat.eq((fe_c == c_end) & (k_end == 0)),
+                                 k_last.eq(CB == 1), t_last.eq(fe_t + 1 == fe_tlast)]
                     with m.If(last_row):
                         m.d.comb += round_end.eq(1)
-                        m.d.sync += [fe_t.eq(0), fe_c.eq(fe_c + 1), last_beat.eq((fe_c + 1 == c_end) & (k_end == 0))]
-                        with m.If(fe_c == nch_m1):
+                        m.d.sync += [fe_t.eq(0), fe_c.eq(fe_c + 1), last_beat.eq((fe_c + 1 == c_end) & (k_end == 0)),
+                                     t_last.eq(fe_tlast == 0), c_last.eq(fe_c + 1 == nch_m1)]
+                        with m.If(c_last):
                             m.d.comb += tile_end.eq(1)
                             m.d.sync += [fe_c.eq(0), fe_bank.eq(~fe_bank), fe_wait.eq(1), fe_scale.eq(1),
-                                         fe_left.eq(fe_left - N * T), fe_settle.eq(4), last_beat.eq(nwb_m1 == 0)]
+                                         fe_left.eq(fe_left - N * T), fe_settle.eq(4), fe_settled.eq(0),
+                                         last_beat.eq(nwb_m1 == 0), c_last.eq(nch_m1 == 0)]
                             with m.If(fe_final):
                                 m.d.sync += fe_active.eq(0)
         # Segment bookkeeping of this beat/pass.
@@ -1018,11 +1075,19 @@ class GemvPort(wiring.Component):
         m.d.sync += be_room.eq(Cat(*[f.level + r + t <= depth for f, r, t in zip(res, reserved, touts)]).all())
         be_start = Signal()
         m.d.comb += be_start.eq(~be_active & full & be_room)
+        # be_s == be_nseg_m1 (`last`, set where be_s steps from `last1`, be_s1 == be_nseg_m1, and `last0`,
+        # be_nseg_m1 == 0), the segment ends its group (`g_end`, used only at the segment's end, T cycles or
+        # more after be_s steps), be_t == T - 1 (`t_end`, set with be_t) as registers.
+        last, last1, last0, g_end, t_end = Signal(), Signal(), Signal(), Signal(), Signal()
+        gmask = Signal.like(be_s)
+        m.d.sync += [last1.eq(be_s1 == be_nseg_m1), last0.eq(be_nseg_m1 == 0), g_end.eq((be_s & gmask) == gmask),
+                     gmask.eq((Const(1, len(be_s) + 1) << d.gshift) - 1)]
         with m.If(self.i_start):
             m.d.sync += [be_bank.eq(0), be_active.eq(0)]
         with m.Elif(be_start):
             m.d.sync += [be_active.eq(1), be_s.eq(0), be_s1.eq(1), be_g.eq(0), be_t.eq(0), be_gbase.eq(0),
-                         be_trows.eq(Mux(be_bank, bank_rows[1], bank_rows[0]))]
+                         be_trows.eq(Mux(be_bank, bank_rows[1], bank_rows[0])),
+                         last.eq(last0), t_end.eq(T == 1)]
             if G > 1:
                 m.d.sync += [be_vg.eq(0), last_vg.eq(ngrp == 1)]
         # Issue stage: read isum, scale, exponent.
@@ -1035,17 +1100,18 @@ class GemvPort(wiring.Component):
         ]
         issue = Signal()
         m.d.comb += issue.eq(be_active & (be_s < seg_ready))
-        first, last = be_s == 0, be_s == be_nseg_m1
+        first = be_s == 0
         with m.If(issue):
-            m.d.sync += [be_t.eq(be_t + 1), be_gbase.eq(be_gbase + gstride)]
-            with m.If(be_t == T - 1):
+            m.d.sync += [be_t.eq(be_t + 1), be_gbase.eq(be_gbase + gstride), t_end.eq(be_t + 1 == T - 1)]
+            with m.If(t_end):
+                m.d.sync += t_end.eq(T == 1)
                 m.d.sync += [be_t.eq(0), be_gbase.eq(0)]
                 if G > 1:
                     m.d.sync += [be_vg.eq(be_vg + 1), last_vg.eq(be_vg + 2 == ngrp)]
                 with m.If(last_vg):
                     if G > 1:
                         m.d.sync += [be_vg.eq(0), last_vg.eq(ngrp == 1)]
-                    m.d.sync += [be_s.eq(be_s1), be_s1.eq(be_s1 + 1), be_g.eq(be_s1 >> d.gshift)]
+                    m.d.sync += [be_s.eq(be_s1), be_s1.eq(be_s1 + 1), be_g.eq(be_g + g_end), last.eq(last1)]
                     with m.If(last):
                         m.d.sync += [be_active.eq(0), be_bank.eq(~be_bank)]
                         for b in range(2):
@@ -1092,11 +1158,14 @@ class GemvPort(wiring.Component):
                             m.d.sync += y[i].eq(fp.sum)
             push = valid5 & tag5[2]
             m.d.comb += [res[k].w_en.eq(push), res[k].w_data.eq(fp.sum)]
+            # a tile's reservation is added a cycle after its start (through `rsv_add`): the room is checked
+            # again only after the walk
+            rsv_add = Signal.like(reserved[k], name="rsv_add" if P == 1 else f"rsv_add_{k}")
+            m.d.sync += rsv_add.eq(Mux(be_start, Mux(be_bank, bank_rows[1], bank_rows[0]) * counts[k], 0))
             with m.If(self.i_start):
-                m.d.sync += reserved[k].eq(0)
+                m.d.sync += [reserved[k].eq(0), rsv_add.eq(0)]
             with m.Else():
-                m.d.sync += reserved[k].eq(reserved[k] + Mux(be_start, Mux(be_bank, bank_rows[1], bank_rows[0])
-                                                             * counts[k], 0) - push)
+                m.d.sync += reserved[k].eq(reserved[k] + rsv_add - push)
         if P == 1:
             m.d.comb += [self.o_res.valid.eq(res[0].r_rdy), self.o_res.p.eq(res[0].r_data),
                          res[0].r_en.eq(self.o_res.ready)]
@@ -1112,20 +1181,32 @@ class GemvPort(wiring.Component):
         left = Signal(signed(22))                    # the port's rows from this tile on
         pv = Signal(range(V))                        # the vector whose run leaves
         pn = Signal(range(T))                        # results of the run already out
-        rows = Mux(left < T, left, T)
+        # Every decision from registers: the tile's rows (`rows`), the next tile's (`rows_nxt`, from `left` two
+        # cycles after it changes: a tile before the port's last one is T x nvec results, so it is ready when
+        # it is needed), the run's last result (`last_n`: pn + 1 == rows) and the tile's last vector (`last_v`:
+        # pv + 1 == nvec), each set with the counters; `init`: the cycle after i_start.
+        rows, rows_nxt = Signal(range(T + 1)), Signal(range(T + 1))
+        last_n, last_v, init = Signal(), Signal(), Signal()
+        left_nxt = Signal.like(left)                 # left - N * T, registered (rows_nxt a register further)
+        m.d.sync += [left_nxt.eq(left - N * T), rows_nxt.eq(Mux(left_nxt < T, Mux(left_nxt < 0, 0, left_nxt), T)),
+                     init.eq(self.i_start)]
         with m.If(self.i_start):
             m.d.sync += [left.eq(self.i_rows.as_signed() - self._index * T), pv.eq(0), pn.eq(0)]
+        with m.If(init):
+            first = Mux(left < T, Mux(left < 0, 0, left), T)
+            m.d.sync += [rows.eq(first), last_n.eq(first == 1), last_v.eq(nvec == 1)]
         k = pv[:lP]
         m.d.comb += [self.o_res.valid.eq(Array(f.r_rdy for f in res)[k]),
                      self.o_res.p.eq(Array(f.r_data for f in res)[k])]
         for j, f in enumerate(res):
             m.d.comb += f.r_en.eq(self.o_res.ready & (k == j))
         with m.If(self.o_res.valid & self.o_res.ready):
-            m.d.sync += pn.eq(pn + 1)
-            with m.If(pn + 1 == rows):
-                m.d.sync += [pn.eq(0), pv.eq(pv + 1)]
-                with m.If(pv + 1 == nvec):
-                    m.d.sync += [pv.eq(0), left.eq(left - N * T)]
+            m.d.sync += [pn.eq(pn + 1), last_n.eq(pn + 2 == rows)]
+            with m.If(last_n):
+                m.d.sync += [pn.eq(0), pv.eq(pv + 1), last_n.eq(rows == 1), last_v.eq(pv + 2 == nvec)]
+                with m.If(last_v):
+                    m.d.sync += [pv.eq(0), left.eq(left_nxt), rows.eq(rows_nxt), last_n.eq(rows_nxt == 1),
+                                 last_v.eq(nvec == 1)]
 
 
 def _below_set(bits: Value) -> Value:
@@ -1236,8 +1317,13 @@ class SparsePort(wiring.Component):
         # the word's Load).
         cw = ceil_log2(2 * self._max_cols + 1)
         seg_lo, seg_end, seg_size = Signal(cw), Signal(cw), Signal(cw)
-        seg_hi = Signal(cw)
-        m.d.comb += seg_hi.eq(Mux(seg_end > d.cmd.cols, d.cmd.cols, seg_end))
+        # The segment's last column, registered ahead (`hi_first`: the first segment's, from the decoder's
+        # fields; `hi_next`: the next segment's, from seg_end + seg_size two registers on, where seg_end steps
+        # at most every five cycles) and taken where the segment starts.
+        seg_nxt, hi_next, hi_first = Signal(cw), Signal(cw), Signal(cw)
+        first_end = Const(1, cw) << d.lseg
+        m.d.sync += [seg_nxt.eq(seg_end + seg_size), hi_next.eq(Mux(seg_nxt > d.cmd.cols, d.cmd.cols, seg_nxt) - 1),
+                     hi_first.eq(Mux(first_end > d.cmd.cols, d.cmd.cols, first_end) - 1)]
         sq_jfirst, sq_hlast = Signal.like(sq_j), Signal(range(W))
         in_seg = Signal(W)
         at_first, at_last = Signal(), Signal()       # the word is the segment's first, last (from Load on)
@@ -1261,11 +1347,19 @@ class SparsePort(wiring.Component):
         with m.Elif(fill != W):
             m.d.comb += [lane_w.en.eq(1), lane_w.addr.eq(fill), lane_w.data.eq(fill_off)]
             m.d.sync += [fill.eq(fill + 1), fill_off.eq(fill_off + half_rows), filled.eq(fill == W - 1)]
-        # The mask's lowest non-zero lane, one-hot (`pick`), and the mask without it (`rest`), from the borrow
-        # of ``sq_mask - 1`` (a carry chain: no prefix OR in LUTs), and the groups' flags of `rest`.
-        rest = sq_mask & (sq_mask - 1)[:W]
-        pick = sq_mask & ~rest
-        gnz_next = Cat(*[rest[g * G:(g + 1) * G].any() for g in range(NG)])
+        # The mask's lowest non-zero lane, one-hot (`pick`), and the mask without it (`rest`), group by group:
+        # the lowest non-empty group (`low_g`, from the registered flags) loses its lowest lane (the borrow of
+        # its G lanes less one), the others keep theirs; so the groups' flags of `rest` are that group's "two lanes or
+        # more" and the others' flags as they are, with no carry through the word.
+        low_g = sq_gnz & ~_below_set(sq_gnz)
+        rest_g, pick_g, gnz_g = [], [], []
+        for g in range(NG):
+            mg = sq_mask[g * G:(g + 1) * G]
+            rg = mg & (mg - 1)[:G]                   # the borrow of mg - 1: a carry chain of G bits
+            rest_g.append(Mux(low_g[g], rg, mg))
+            pick_g.append(Mux(low_g[g], mg & ~rg, 0))
+            gnz_g.append(Mux(low_g[g], rg.any(), sq_gnz[g]))
+        rest, pick, gnz_next = Cat(*rest_g), Cat(*pick_g), Cat(*gnz_g)
         # Two registered stages from the mask to the DMA: the lane picked (`pk_*`: one-hot, with a copy of the
         # word's activations), then its transfer (`tx_*`, the DMA's command and the front end's item, written
         # together), so that the pick, then the lane's index, the lane table, the address adder and the
@@ -1308,7 +1402,8 @@ class SparsePort(wiring.Component):
                     # pofs = p * prow, an even number (prow is a multiple of W)
                     m.d.sync += [sq_s.eq(0), sq_gfirst.eq(1), sq_any.eq(0), sq_saddr.eq(d.cmd.sbase + pofs * 2),
                                  sq_j.eq(0), word_addr.eq(d.cmd.wbase + (pofs >> 1)),
-                                 seg_lo.eq(0), seg_end.eq(Const(1, cw) << d.lseg), seg_size.eq(Const(1, cw) << d.lseg)]
+                                 seg_lo.eq(0), seg_end.eq(first_end), seg_size.eq(first_end),
+                                 sq_jlast.eq(hi_first >> lW), sq_hlast.eq(hi_first[:lW])]
                     m.next = "Scale"
             with m.State("Scale"):
                 # The group's scales, at its first segment.
@@ -1320,9 +1415,8 @@ class SparsePort(wiring.Component):
                 with m.Else():
                     m.next = "Load"
                 # the segment's first word is the last one's, or the next (the segments are contiguous)
-                first_j, last_col = seg_lo >> lW, seg_hi - 1
-                m.d.sync += [sq_j.eq(first_j), sq_jfirst.eq(first_j), sq_jlast.eq(last_col >> lW),
-                             sq_hlast.eq(last_col[:lW])]
+                first_j = seg_lo >> lW
+                m.d.sync += [sq_j.eq(first_j), sq_jfirst.eq(first_j)]
                 with m.If(first_j != sq_j):
                     m.d.sync += word_addr.eq(word_addr + (half_rows << lW))
             # A word: its read (Load), its activations registered (Fetch), its mask (Mask), a lane per cycle
@@ -1360,7 +1454,7 @@ class SparsePort(wiring.Component):
                         m.d.sync += [sq_at_end.eq(0), sq_s.eq(sq_s + 1), sq_gfirst.eq((sq_s & gmask) == gmask),
                                      sq_any.eq(0),
                                      seg_lo.eq(seg_end),
-                                     seg_end.eq(seg_end + seg_size)]
+                                     seg_end.eq(seg_nxt), sq_jlast.eq(hi_next >> lW), sq_hlast.eq(hi_next[:lW])]
                         with m.If(sq_s == nseg_m1):
                             m.next = "Idle"
                         with m.Else():
@@ -1448,7 +1542,7 @@ class SparsePort(wiring.Component):
         left = Signal(signed(len(d.cmd.rows) + 1))   # the matrix's rows from this port's first on
         setup, setup2 = Signal(), Signal()
         with m.If(self.i_start):
-            m.d.sync += [pofs.eq(p * d.prow),
+            m.d.sync += [pofs.eq(_times(d.prow, p)),
                          half_rows.eq(d.cmd.rows >> 1), nseg_m1.eq(d.nseg - 1),
                          gmask.eq((Const(1, 17) << d.gshift) - 1)]
         with m.If(setup):
@@ -1581,19 +1675,24 @@ class SparsePort(wiring.Component):
         last_issue = issue & row_ok & be_last
         m.d.sync += [be_avail.eq(fe_full > be_s), be_room.eq(Mux(last_issue, res_used + 1 < depth, res_used < depth))]
         m.d.comb += issue.eq(be_active & be_avail & (~be_last | ~row_ok | be_room))
+        # be_r == walk_m1 (`r_last`, set with be_r from be_r1 = be_r + 1) and the group's end (`g_last`; be_s
+        # steps at most every `min_walk` cycles) as registers.
+        r_last, g_last, be_r1 = Signal(name="r_last"), Signal(name="g_last"), Signal.like(be_r, name="be_r1")
+        m.d.sync += [r_last.eq(be_r == walk_m1), g_last.eq((be_s & gmask) == gmask)]
         with m.If(issue):
             # row_ok is be_r < groups_p (be_r counts up from 0 by one): be_r + 1 < groups_p
-            m.d.sync += [be_r.eq(be_r + 1), row_ok.eq(row_ok & (be_r != rows_m1))]
-            with m.If(be_r == walk_m1):
-                m.d.sync += [be_r.eq(0), row_ok.eq(1), be_s.eq(be_s1), be_s1.eq(be_s1 + 1), be_sdone.eq(be_sdone + 1),
-                             be_last.eq(be_s1 == nseg_m1), be_avail.eq(fe_full > be_s1)]
-                with m.If(((be_s & gmask) == gmask) | be_last):
+            m.d.sync += [be_r.eq(be_r1), be_r1.eq(be_r1 + 1), row_ok.eq(row_ok & (be_r != rows_m1)),
+                         r_last.eq(be_r1 == walk_m1)]
+            with m.If(r_last):
+                m.d.sync += [be_r.eq(0), be_r1.eq(1), r_last.eq(0), row_ok.eq(1), be_s.eq(be_s1), be_s1.eq(be_s1 + 1),
+                             be_sdone.eq(be_sdone + 1), be_last.eq(be_s1 == nseg_m1), be_avail.eq(fe_full > be_s1)]
+                with m.If(g_last | be_last):
                     m.d.sync += be_gdone.eq(be_gdone + 1)
                 with m.If(be_last):
                     m.d.sync += be_active.eq(0)
         with m.If(go):
-            m.d.sync += [be_active.eq(1), be_s.eq(0), be_s1.eq(1), be_r.eq(0), be_sdone.eq(0), be_gdone.eq(0),
-                         fe_s.eq(0), fe_g.eq(0), fe_sw.eq(0), fe_j.eq(0), fe_full.eq(0),
+            m.d.sync += [be_active.eq(1), be_s.eq(0), be_s1.eq(1), be_r.eq(0), be_r1.eq(1), be_sdone.eq(0),
+                         be_gdone.eq(0), fe_s.eq(0), fe_g.eq(0), fe_sw.eq(0), fe_j.eq(0), fe_full.eq(0),
                          be_last.eq(nseg_m1 == 0), row_ok.eq(1), be_avail.eq(0), s_free.eq(1), g_free.eq(1),
                          beat_done.eq(int(Q == 1))]
         lhpw = ceil_log2(hpw)
@@ -1711,10 +1810,19 @@ class EnginePort(wiring.Component):
         # The running datapath's DMA commands pass through a two-entry FIFO, so that their ready is a register's
         # (the DMA's command queue is a cycle further).
         cmd_layout = read_command_layout(cfg.axi_addr_bits, LEN_BITS)
-        m.submodules.cmd_buf = cmd_buf = fifo.SyncFIFO(width=cmd_layout.size, depth=2)
+        cmd_buf = _two_entry_buffer(m, cmd_layout.size, "cmd_buf")
+        # The DMA's data beats pass a two-entry buffer on their way to the running datapath (a cycle more per
+        # command), so that the DMA's ready and the datapath's beat are registers: the datapath's ready only
+        # enables the buffer's registers.
+        beat_layout = read_data_layout(cfg.axi_data_bits)
+        beat_buf = _two_entry_buffer(m, beat_layout.size, "beat_buf")
+        beat_p = data.View(beat_layout, beat_buf.r_data)
+        m.d.comb += [dma.o_data.ready.eq(beat_buf.w_rdy), beat_buf.w_en.eq(dma.o_data.valid),
+                     beat_buf.w_data.eq(dma.o_data.p),
+                     beat_buf.r_en.eq(Mux(sp, sparse.dma_data.ready, dense.dma_data.ready))]
         for dp in (dense, sparse):
-            m.d.comb += [dp.i_dma_busy.eq(dma.o_busy | cmd_buf.r_rdy), dp.i_act_data.eq(act_r.data),
-                         dp.dma_data.p.eq(dma.o_data.p), dp.fp.sum.eq(part.o_sum)]
+            m.d.comb += [dp.i_dma_busy.eq(dma.o_busy | cmd_buf.r_rdy | beat_buf.r_rdy),
+                         dp.i_act_data.eq(act_r.data), dp.dma_data.p.eq(beat_p), dp.fp.sum.eq(part.o_sum)]
         if cfg.gemv_row_mask:
             self._row_mask(m, dense)
         else:
@@ -1732,8 +1840,7 @@ class EnginePort(wiring.Component):
             part.i_isum.eq(Mux(sp, sparse.fp.isum, dense.fp.isum)),
             part.i_scale.eq(Mux(sp, sparse.fp.scale, dense.fp.scale)),
             # DMA data beats to it.
-            dense.dma_data.valid.eq(dma.o_data.valid & ~sp), sparse.dma_data.valid.eq(dma.o_data.valid & sp),
-            dma.o_data.ready.eq(Mux(sp, sparse.dma_data.ready, dense.dma_data.ready)),
+            dense.dma_data.valid.eq(beat_buf.r_rdy & ~sp), sparse.dma_data.valid.eq(beat_buf.r_rdy & sp),
             # Its results.
             self.o_res.valid.eq(Mux(sp, sparse.o_res.valid, dense.o_res.valid)),
             self.o_res.p.eq(Mux(sp, sparse.o_res.p, dense.o_res.p)),
@@ -1751,9 +1858,12 @@ class EnginePort(wiring.Component):
         m.submodules.gather = g = RowGather(cfg.gemv_max_cols, _mask_share(cfg))
         # the share's bounds from the decoded command in two registered steps, the products then the clamps
         # (i_gather comes two cycles after the start)
+        # (the products as shifted sums, their compares with the rows beside them)
         lo0, end0, lo, hi = Signal(23), Signal(23), Signal(21), Signal(21)
-        m.d.sync += [lo0.eq(d.prow * p), end0.eq(d.prow * (p + 1)),
-                     lo.eq(Mux(lo0 < d.cmd.rows, lo0, d.cmd.rows)), hi.eq(Mux(end0 < d.cmd.rows, end0, d.cmd.rows))]
+        lo_lt, end_lt = Signal(), Signal()
+        lo_p, end_p = _times(d.prow, p), _times(d.prow, p + 1)
+        m.d.sync += [lo0.eq(lo_p), end0.eq(end_p), lo_lt.eq(lo_p < d.cmd.rows), end_lt.eq(end_p < d.cmd.rows),
+                     lo.eq(Mux(lo_lt, lo0, d.cmd.rows)), hi.eq(Mux(end_lt, end0, d.cmd.rows))]
         m.d.comb += [g.i_mask_en.eq(self.i_mask_en), g.i_mask_addr.eq(self.i_mask_addr),
                      g.i_mask_bits.eq(self.i_mask_bits), g.i_start.eq(self.i_gather),
                      g.i_lo.eq(lo), g.i_hi.eq(hi),
@@ -1761,7 +1871,11 @@ class EnginePort(wiring.Component):
                      g.i_idx_addr.eq(dense.o_idx_addr), dense.i_idx.eq(g.o_idx)]
         count, lT = g.o_count, ceil_log2(T)
         rows = Cat(count[:lT], Const(p, ceil_log2(N)), count[lT:])
-        m.d.comb += dense.i_rows.eq(Mux(d.cmd.mask, rows, d.cmd.rows))
+        # registered: valid at the start (the command's rows from the decoder's first step, the gathered
+        # rows from the cycle the gather is seen done)
+        rows_r = Signal(20)
+        m.d.sync += rows_r.eq(Mux(d.cmd.mask, rows, d.cmd.rows))
+        m.d.comb += dense.i_rows.eq(rows_r)
 
 
 class GemvEngine(wiring.Component):

@@ -371,8 +371,12 @@ class ElemReader(wiring.Component):
         word = Signal(WORD_BITS)
         have = Signal()                    # `word` holds unsent lanes
 
+        # elems_left != 0 and req_left != 0, each a flag registered with its count (no compare of the count
+        # ahead of the handshakes it gates)
         busy = Signal()
-        m.d.comb += [busy.eq(elems_left != 0), self.o_busy.eq(busy), self.i_cmd.ready.eq(~busy)]
+        req_any = Signal()
+        more = Signal()                    # elems_left > LANES: more than one beat left
+        m.d.comb += [self.o_busy.eq(busy), self.i_cmd.ready.eq(~busy)]
         beat_mode = Signal()               # the command's elements leave on o_beat
         with m.If(self.i_cmd.valid & ~busy):
             addr, n = self.i_cmd.payload.addr, self.i_cmd.payload.n
@@ -381,15 +385,18 @@ class ElemReader(wiring.Component):
             m.d.sync += [
                 req_addr.eq(first),
                 req_left.eq(Mux(n == 0, 0, (addr[:lane_bits] + n + (LANES - 1)) >> lane_bits)),
+                req_any.eq(n != 0),
                 elems_left.eq(n),
+                busy.eq(n != 0),
+                more.eq(n > LANES),
                 lane.eq(addr[:lane_bits]),
             ]
             if self._beats:
                 m.d.sync += beat_mode.eq(self.i_beats)
 
-        m.d.comb += [self.o_req.valid.eq(req_left != 0), self.o_req.payload.eq(req_addr)]
+        m.d.comb += [self.o_req.valid.eq(req_any), self.o_req.payload.eq(req_addr)]
         with m.If(self.o_req.valid & self.o_req.ready):
-            m.d.sync += [req_addr.eq(req_addr + 1), req_left.eq(req_left - 1)]
+            m.d.sync += [req_addr.eq(req_addr + 1), req_left.eq(req_left - 1), req_any.eq(req_left != 1)]
 
         take = Signal()
         word_done = Signal()               # this cycle's element is the last one drawn from `word`
@@ -401,7 +408,8 @@ class ElemReader(wiring.Component):
             word_done.eq(take & ((lane == LANES - 1) | (elems_left == 1))),
         ]
         with m.If(take):
-            m.d.sync += [lane.eq(lane + 1), elems_left.eq(elems_left - 1)]
+            m.d.sync += [lane.eq(lane + 1), elems_left.eq(elems_left - 1), busy.eq(elems_left != 1),
+                         more.eq(elems_left > LANES + 1)]
         if not self._beats:
             m.d.comb += self.i_resp.ready.eq(busy & (~have | word_done))
             with m.If(self.i_resp.valid & self.i_resp.ready):
@@ -412,8 +420,8 @@ class ElemReader(wiring.Component):
 
         # Beats: `lane` stays at addr % 4; a beat is `word`'s lanes lane..3, then (if it needs more) the next
         # word's lanes 0..lane-1 straight from i_resp, which then becomes `word`.
-        cnt = Signal(3)
-        m.d.comb += cnt.eq(Mux(elems_left >= LANES, LANES, elems_left[:3]))
+        cnt = Signal(3)                    # (elems_left is at most LANES unless `more`)
+        m.d.comb += cnt.eq(Mux(more, LANES, elems_left[:3]))
         need_next = Signal()
         m.d.comb += need_next.eq(cnt > LANES - lane)
         both = Cat(word, self.i_resp.payload)
@@ -421,16 +429,16 @@ class ElemReader(wiring.Component):
         m.d.comb += [
             self.o_beat.valid.eq(beat_mode & have & (~need_next | self.i_resp.valid)),
             self.o_beat.payload.n.eq(cnt),
-            self.o_beat.payload.last.eq(elems_left <= LANES),
+            self.o_beat.payload.last.eq(~more),
             beat_take.eq(self.o_beat.valid & self.o_beat.ready),
-            beat_last.eq(beat_take & (elems_left <= LANES)),
+            beat_last.eq(beat_take & ~more),
         ]
         with m.Switch(lane):
             for j in range(LANES):
                 with m.Case(j):
                     m.d.comb += self.o_beat.payload.data.eq(both[ELEM_BITS * j:ELEM_BITS * (j + LANES)])
         with m.If(beat_take):
-            m.d.sync += elems_left.eq(elems_left - cnt)
+            m.d.sync += [elems_left.eq(elems_left - cnt), busy.eq(more), more.eq(elems_left > 2 * LANES)]
         # the next word is taken when nothing is held, when a beat uses its first lanes, or when a beat
         # empties `word` exactly
         beat_frees = beat_take & (need_next | (cnt == LANES - lane))

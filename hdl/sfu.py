@@ -34,6 +34,7 @@ from amaranth.lib.wiring import In, Out
 from hdl.isa import CvoFunc, VecFunc
 
 from . import sfu_tables
+from .dsp import DspMacc
 from .fp import NEG_ZERO, QNAN, FpAdd, FpLdexp, FpMul, _lzc, _Pipe, _round_pack
 from .l2 import LANES
 
@@ -207,13 +208,30 @@ class Flow:
         """a * 2**k (`FpLdexp(10)`)."""
         return self._shared("ldexp", share, a, k) or self._unit(FpLdexp(10), a, k)
 
-    def rom(self, words, width, addr):
-        """``words[addr]`` from a ROM: address at time T, data at T + 1."""
+    def rom(self, words, width, addr, *, registered: bool = True):
+        """``words[addr]`` from a ROM: address at time T, data at T + 1; ``registered=False``: an asynchronous
+        read (a LUT ROM), data at T, for a register behind it that is not the Flow's (a DSP48E2's B)."""
         rom = self.sub("rom", memory.Memory(shape=width, depth=len(words), init=[int(w) for w in words]))
-        port = rom.read_port(domain="sync")
         v, t = addr
+        if not registered:
+            port = rom.read_port(domain="comb")
+            self.m.d.comb += port.addr.eq(v)
+            return port.data, t
+        port = rom.read_port(domain="sync")
         self.m.d.comb += [port.en.eq(self.en), port.addr.eq(v)]
         return port.data, t + 1
+
+    def dsp_mul(self, a, b):
+        """The unsigned product ``a * b`` (at most 26 x 17 bits) in one DSP48E2 with its input, M and P registers
+        (`hdl.dsp.DspMacc`, restarting every product; its clock enables are `en`): the operands at time T go
+        straight into the slice's A/B registers, the product is at T + ``DspMacc.LATENCY``. Yosys maps a
+        product written as RTL to a DSP48E2 without packing the registers around it: the slice would then be
+        combinational (2.4 ns) between fabric registers."""
+        (va, vb), t = self.align(a, b, flop=False)
+        wa, wb = len(Value.cast(va)), len(Value.cast(vb))
+        dsp = self.sub("dsp", DspMacc(wa + 1, wb + 1, ce=True))
+        self.m.d.comb += [dsp.i_a.eq(va), dsp.i_b.eq(vb), dsp.i_ce.eq(self.en), dsp.i_restart.eq(1)]
+        return dsp.o_p[:wa + wb], t + DspMacc.LATENCY
 
     def poly(self, table, index, t):
         """`SegmentPoly` on ``table[index]`` at ``t`` (inside `Shared.serving`: the shared evaluator)."""
@@ -226,9 +244,10 @@ class Flow:
         return poly.o_y, t0 + poly.latency
 
     def to_fp(self, mag, msb_exp: int):
-        """Unsigned integer `mag` to binary32 (RNE) where its MSB has weight ``2**msb_exp``; 4 stages:
+        """Unsigned integer `mag` to binary32 (RNE) where its MSB has weight ``2**msb_exp``; 5 stages:
         `_Pipe.normalize_round`'s with its leading- and trailing-zero counts in two (each 8-bit group's
-        counts and zero flag, then the group's), so that no stage holds a whole 64-bit count."""
+        counts and zero flag, then the group's), so that no stage holds a whole 64-bit count, and its
+        normalising shift in two (by whole bytes, then by the rest)."""
         (v,), t = self.align(mag)
         m = self.m
         p = _Pipe(m, self.en, Const(1))
@@ -259,12 +278,16 @@ class Flow:
         left = Signal(range(w + 1))
         m.d.comb += left.eq(0 if d < 0 else Mux(lz_w < d, lz_w, d))
         s = p.stage(mant=s["mant"], zero=zero, left=left, tz=tz)
-        shifted = Signal(w)
+        # the shift in two stages: by the multiple of 8, then by the rest (with the exponent and the sticky bit)
+        coarse = Signal(w)
         be = Signal(signed(14))
-        m.d.comb += [shifted.eq((s["mant"] << s["left"])[:w]), be.eq(exp - s["left"])]
-        s = p.stage(sign=Const(0, 1), sig=shifted[w - 24:], rnd=shifted[w - 25],
-                    sticky=~s["zero"] & (s["tz"] + s["left"] < w - 25),
-                    bem1=(be - 1)[:8], big=be > 254, zero=s["zero"], nan=Const(0, 1), inf=Const(0, 1))
+        m.d.comb += [coarse.eq((s["mant"] << Cat(Const(0, 3), s["left"][3:]))[:w]), be.eq(exp - s["left"])]
+        s = p.stage(coarse=coarse, fine=s["left"][:3], sticky=~s["zero"] & (s["tz"] + s["left"] < w - 25),
+                    bem1=(be - 1)[:8], big=be > 254, zero=s["zero"])
+        shifted = Signal(w)
+        m.d.comb += shifted.eq((s["coarse"] << s["fine"])[:w])
+        s = p.stage(sign=Const(0, 1), sig=shifted[w - 24:], rnd=shifted[w - 25], sticky=s["sticky"],
+                    bem1=s["bem1"], big=s["big"], zero=s["zero"], nan=Const(0, 1), inf=Const(0, 1))
         y = p.stage(y=_round_pack(m, s, big=s["big"]))["y"]
         return y, t + p.stages
 
@@ -502,10 +525,12 @@ def _logseg(f, z, e_lo: int, j_bits: int, binades: int, share=None):
 
 
 def _normalise(f, mag):
-    """|x| (31-bit node) as m * 2**e: returns (a2 = |x| with subnormals scaled by 2**24, e signed)."""
+    """|x| (31-bit node) as m * 2**e: returns (a2 = |x| with subnormals scaled by 2**24, e signed). `e` is
+    registered (a cycle after `a2`; its users need it after the evaluator): its subtraction does not run from
+    the ldexp's output into a delay line."""
     sub = f.comb(lambda v: v[23:31] == 0, mag, register=False)
     a2 = f.ldexp(f.comb(lambda v: v[:31], mag, register=False), f.comb(lambda s: Mux(s, 24, 0), sub, register=False))
-    e = f.comb(lambda b, s: Cat(b[23:31], Const(0, 2)).as_signed() - 127 - Mux(s, 24, 0), a2, sub, register=False)
+    e = f.comb(lambda b, s: Cat(b[23:31], Const(0, 2)).as_signed() - 127 - Mux(s, 24, 0), a2, sub)
     return a2, e
 
 
@@ -517,20 +542,23 @@ def recip_flow(f, x):
     index, t = _logseg(f, mant, e_lo, j_bits, 1)
     p = f.poly(sfu_tables.table("recip"), index, t)
     y = f.ldexp(p, f.comb(lambda v: -v, e, register=False))
+    # the special cases' compares registered at the input (they wait for the result in the delay line)
+    flags = f.comb(lambda v: Cat(v[23:31] == 0xFF, v[:23] != 0, v[:31] == 0), x)
 
-    def special(v, yy):
-        mag = v[:31]
-        return Mux(v[23:31] == 0xFF, Mux(v[:23] != 0, QNAN, Cat(Const(0, 31), v[31])),
-                   Mux(mag == 0, Cat(Const(INF, 31), v[31]), Cat(yy[:31], v[31])))
+    def special(v, fl, yy):
+        return Mux(fl[0], Mux(fl[1], QNAN, Cat(Const(0, 31), v[31])),
+                   Mux(fl[2], Cat(Const(INF, 31), v[31]), Cat(yy[:31], v[31])))
 
-    return f.comb(special, x, y)
+    return f.comb(special, x, flags, y)
 
 
 def sqrt_flow(f, x, rs):
     """`sim.sfu.sqrt` (``rs`` = 0) or `sim.sfu.rsqrt` (``rs`` = 1): one evaluator, both tables."""
     e_lo, binades, j_bits = sfu_tables.SQRT_GEOM
     a2, e = _normalise(f, x)
-    z = f.comb(lambda b, ee: Cat(b[:23], Mux(ee[0], 128, 127)), a2, e, register=False)   # m * 2**(e&1)
+    # m * 2**(e&1), with e's parity from a2 alone (the bias 127 and the subnormal scale 24: e is odd where a2's
+    # exponent field is even)
+    z = f.comb(lambda b: Cat(b[:23], Mux(b[23], 127, 128)), a2, register=False)
     index, t = _logseg(f, z, e_lo, j_bits, binades, "t")
     rows = len(sfu_tables.table("sqrt"))
     table = np.concatenate([sfu_tables.table("sqrt"), sfu_tables.table("rsqrt")])
@@ -539,15 +567,16 @@ def sqrt_flow(f, x, rs):
     p = f.poly(table, index2, t)
     y = f.ldexp(p, f.comb(lambda ee, r: Mux(r, -(ee >> 1), ee >> 1), e, rs, register=False), "scale")
 
-    def special(v, yy, r):
-        zero = v[:31] == 0
-        nan = _is_nan(v) | (v[31] & ~zero)
-        pinf = v == INF
+    # the special cases' compares registered at the input (they wait for the result in the delay line)
+    flags = f.comb(lambda v: Cat(v[:31] == 0, _is_nan(v) | (v[31] & (v[:31] != 0)), v == INF), x)
+
+    def special(v, fl, yy, r):
+        zero, nan, pinf = fl[0], fl[1], fl[2]
         sq = Mux(zero | pinf, v, yy)
         rsq = Mux(zero, Cat(Const(INF, 31), v[31]), Mux(pinf, 0, yy))
         return Mux(nan, QNAN, Mux(r, rsq, sq))
 
-    return f.comb(special, x, y, rs)
+    return f.comb(special, x, flags, y, rs)
 
 
 def exp_flow(f, x):
@@ -607,12 +636,14 @@ def sin_turns_flow(f, turn):
 def _payne_hanek(f, a):
     """u0.64 turns of a positive finite binary32 node `a` (`sim.sfu._turns_of`)."""
     windows = [sfu_tables.payne_hanek_window(max(e, 1) - 150) for e in range(256)]
-    w = f.rom(windows, sfu_tables.PH_WINDOW, f.comb(lambda v: v[23:31], a, register=False))
+    # the window read asynchronously (a LUT ROM) into the DSP48E2s' B registers, which stand for the ROM's
+    # read register
+    w = f.rom(windows, sfu_tables.PH_WINDOW, f.comb(lambda v: v[23:31], a, register=False), registered=False)
     mant = f.comb(lambda v: Cat(v[:23], v[23:31] != 0), a, register=False)
-    # 24 x 12-bit products (one DSP48E2 each, no adder behind it in the same stage), registered twice (the
-    # DSP's M and P registers), then each 24-bit window's product as the sum of its two halves
-    halves = [f.comb(lambda mm, ww, k=k: mm * ww[12 * k:12 * (k + 1)], mant, w) for k in range(8)]
-    halves = [f.comb(lambda v: v, h) for h in halves]
+    # 24 x 12-bit products (`Flow.dsp_mul`: one DSP48E2 each with its A/B, M and P registers), then each
+    # 24-bit window's product as the sum of its two halves
+    halves = [f.dsp_mul(mant, f.comb(lambda ww, k=k: ww[12 * k:12 * (k + 1)], w, register=False))
+              for k in range(8)]
     parts = [f.comb(lambda h0, h1: h0 + (h1 << 12), halves[2 * k], halves[2 * k + 1]) for k in range(4)]
     lo = f.comb(lambda p0, p1: p0 + (p1 << 24), parts[0], parts[1])
     hi = f.comb(lambda p2, p3: p2 + (p3 << 24), parts[2], parts[3])
@@ -622,14 +653,14 @@ def _payne_hanek(f, a):
 
 def _rope_turns(f, hi, lo, pos):
     """``((hi << 32 | lo) * pos) mod 2**64`` (`sim.sfu.rope_turns`): the 16 x 16-bit products of the
-    frequency's and the position's 16-bit chunks below 2**64 (one DSP48E2 each), registered twice (the DSP's
+    frequency's and the position's 16-bit chunks below 2**64 (`Flow.dsp_mul`: one DSP48E2 each with its A/B,
     M and P registers), then summed in two stages: the low and high 32-bit halves' terms, then the two."""
     def chunk(v, i):
         return v[16 * i:16 * (i + 1)]
 
-    prods = {(i, j): f.comb(lambda a, b, i=i, j=j: chunk(a, i % 2) * chunk(b, j), lo if i < 2 else hi, pos)
-             for i in range(4) for j in range(2) if i + j <= 3}
-    q = {k: f.comb(lambda v: v, n) for k, n in prods.items()}
+    q = {(i, j): f.dsp_mul(f.comb(lambda a, i=i: chunk(a, i % 2), lo if i < 2 else hi, register=False),
+                           f.comb(lambda b, j=j: chunk(b, j), pos, register=False))
+         for i in range(4) for j in range(2) if i + j <= 3}
     low = f.comb(lambda p00, p01, p10: p00 + (p01 << 16) + (p10 << 16), q[0, 0], q[0, 1], q[1, 0])
     high = f.comb(lambda p11, p20, p21, p30: (p11 + p20 + (p21 << 16) + (p30 << 16))[:32],
                   q[1, 1], q[2, 0], q[2, 1], q[3, 0])
@@ -973,14 +1004,15 @@ class Sfu(wiring.Component):
         p = self.i_data.payload
         take = Signal()
         last = Signal()                              # the beat holds the command's last elements
-        m.d.comb += [self.i_data.ready.eq(busy & en & (remaining != 0)),
+        rem_nz = Signal()                            # remaining != 0, a register of its own (off en's path)
+        m.d.comb += [self.i_data.ready.eq(busy & en & rem_nz),
                      take.eq(self.i_data.valid & self.i_data.ready),
                      last.eq(remaining <= p.n)]
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
             m.d.sync += [cmd.eq(self.i_cmd.payload), remaining.eq(self.i_cmd.payload.length),
-                         busy.eq(self.i_cmd.payload.length != 0)]
+                         busy.eq(self.i_cmd.payload.length != 0), rem_nz.eq(self.i_cmd.payload.length != 0)]
         with m.If(take):
-            m.d.sync += remaining.eq(Mux(last, 0, remaining - p.n))
+            m.d.sync += [remaining.eq(Mux(last, 0, remaining - p.n)), rem_nz.eq(~last)]
             with m.If(last & ~is_red):
                 m.d.sync += busy.eq(0)
 
@@ -992,13 +1024,15 @@ class Sfu(wiring.Component):
                        for j in range(1, LANES)]
         assert (y[1], ys0[1]) == (self.latency, self.short_latency)
         is_short = _is(op, *SHORT_OPS)
-        # t_red and t_n are read only together with t_valid: data lines; the valids keep their reset.
-        aligned, t_short = f.align(*yss, n0(is_red), n0(p.n))
+        # t_n is read only together with a valid: a data line; the valids keep their reset.
+        aligned, t_short = f.align(*yss, n0(p.n))
         assert t_short == self.short_latency
-        ysv, (t_red, t_n) = aligned[:LANES], aligned[LANES:]
-        t_valid = f.delay(n0(take & is_short), t_short, valid=True)
+        ysv, t_n = aligned[:LANES], aligned[LANES]
+        # a short result that leaves at t_short (not a reduction's element: its valid is the drain's)
+        ts_in, l_in = take & is_short & ~is_red, take & ~is_short
+        ts_valid = f.delay(n0(ts_in), t_short, valid=True)
         (yv,), t_out = f.align(y)
-        l_valid = f.delay(n0(take & ~is_short), t_out, valid=True)
+        l_valid = f.delay(n0(l_in), t_out, valid=True)
         m.d.sync += [inc_r.eq(take & ~is_short), dec_r.eq(l_valid & en)]
         with m.If(inc_r & ~dec_r):
             m.d.sync += [long_n.eq(long_n + 1), long_nz.eq(1)]
@@ -1010,14 +1044,20 @@ class Sfu(wiring.Component):
         assert all(1 <= pt.t <= ports[0].t for pt in ports)   # no feed the cycle after the command (`_reductions`)
         # a short result still on its way out goes before the reduction's (none can be: the drain outlasts
         # the tail behind A1)
-        hold = t_valid & ~t_red
-        out_red, result = self._reductions(m, en, feeds, f.delay(n0(last), ports[0].t), ports, hold)
+        hold = ts_valid
+        out_red, result, done_next = self._reductions(m, en, feeds, f.delay(n0(last), ports[0].t), ports, hold)
         with m.If(out_red & self.o_data.ready):
             m.d.sync += busy.eq(0)
         o = self.o_data.payload
-        m.d.comb += [self.o_data.valid.eq((t_valid & ~t_red) | l_valid | out_red),
-                     o.n.eq(Mux(t_valid & ~t_red, t_n, 1))]
-        m.d.comb += o.y[0].eq(Mux(out_red, result, Mux(t_valid, ysv[0], yv)))
+        # o_data.valid = ts_valid | l_valid | out_red, as a register (so that en, and the input's ready behind it,
+        # start from a flip-flop): its next value from the valid lines' taps before their ends (they move on
+        # en) and the drain's next state (out_red = done & ~ts_valid)
+        o_valid = Signal()
+        ts_next = Mux(en, f.delay(n0(ts_in), t_short - 1, valid=True), ts_valid)
+        l_next = Mux(en, f.delay(n0(l_in), t_out - 1, valid=True), l_valid)
+        m.d.sync += o_valid.eq(ts_next | l_next | done_next)
+        m.d.comb += [self.o_data.valid.eq(o_valid), o.n.eq(Mux(ts_valid, t_n, 1))]
+        m.d.comb += o.y[0].eq(Mux(out_red, result, Mux(ts_valid, ysv[0], yv)))
         m.d.comb += [o.y[j].eq(ysv[j]) for j in range(1, LANES)]
         return m
 
@@ -1026,7 +1066,8 @@ class Sfu(wiring.Component):
         lanes' own adders A1 through `ports` (`_RedPort`: A1 is idle in a reduction); ``feeds[j]`` =
         (valid, n): a reduction beat of n elements is at lane j's A1 input this cycle (operand
         ``ports[j].rv``); `feed_last`: lane 0's is the command's last (lane 0 is the latest); `hold`:
-        another result has the output. Returns (result valid, result): `result` holds until it has left."""
+        another result has the output. Returns (result valid, result, the next cycle's "result ready" state
+        before `hold`): `result` holds until it has left."""
         per = self.lanes // LANES
         sbits = max(1, (per - 1).bit_length())
         bank = [[Signal(32, name=f"lane{j + LANES * s}") for s in range(per)] for j in range(LANES)]
@@ -1092,6 +1133,10 @@ class Sfu(wiring.Component):
         stride = Signal(range(2 * per + 1))         # slot stride of the tree over bank 0
         wait = Signal(range(latency + 1))
         result_valid = Signal()
+        # in state Done, as a register of its own (`done_next`: its next value, for the output's valid register)
+        done, done_next = Signal(name="red_done"), Signal(name="red_done_next")
+        m.d.comb += [done_next.eq(done), result_valid.eq(done & ~hold)]
+        m.d.sync += done.eq(done_next)
         with m.If(started):
             m.d.sync += [r.eq(Mux(red_max, NEG_INF, NEG_ZERO)) for regs in bank for r in regs] + [c.eq(0) for c in ctrs]
         with m.FSM(name="reduce"):
@@ -1130,6 +1175,7 @@ class Sfu(wiring.Component):
                         m.next = "Tree"
                         with m.If(stride >= per):
                             m.next = "Done"
+                            m.d.comb += done_next.eq(1)
             with m.State("Tree"):
                 pt = ports[0]
                 m.d.comb += [pt.la.eq(pick(bank[0], k[:sbits])), pt.lb.eq(pick(bank[0], (k + stride)[:sbits])),
@@ -1140,7 +1186,7 @@ class Sfu(wiring.Component):
                         m.d.sync += [stride.eq(2 * stride), wait.eq(latency)]
                         m.next = "Wait"
             with m.State("Done"):
-                m.d.comb += result_valid.eq(~hold)
                 with m.If(self.o_data.ready & ~hold):
                     m.next = "Feed"
-        return result_valid, bank[0][0]
+                    m.d.comb += done_next.eq(0)
+        return result_valid, bank[0][0], done_next

@@ -73,7 +73,8 @@ class Counters:
     # Kinds (`sim.plan.Pass.kind`): "sfu" (through the SFU's long path: the functions), "vec" (its short path:
     # the element-wise arithmetic, `hdl.sfu.SHORT_OPS`), "reduce" (the short path to one result), "copy" (L2 ->
     # L2 or a scalar), "quant" (L2 -> the activation quantiser, four elements per cycle: `hdl.l2.ElemReader`
-    # beats), "ddr_read", "ddr_write". Not a WGEMM's: `firmware.perf.wgemm_cost` prices it from its shape.
+    # beats), "ddr_read", "ddr_copy" (DDR binary32 into L2, an L2 word a cycle: DMA), "ddr_write". Not a WGEMM's:
+    # `firmware.perf.wgemm_cost` prices it from its shape.
     passes: Counter = field(default_factory=Counter)
     pass_elements: Counter = field(default_factory=Counter)
     alu_ops: int = 0                                               # scalar-ALU operations (add, mul, int->float)

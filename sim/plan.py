@@ -8,7 +8,8 @@ with the steps the RTL starts, instruction by instruction. Four kinds of step:
 
 - `Pass`: one pass of the pass engine, `n` elements from a source through the SFU (or around it: ``op``
   None, the controller's ``bypass``) into a sink. ``src``, ``b`` and ``sink`` are the names of the
-  controller's ``Src``, ``BSrc`` and ``Sink`` members, ``op`` the name of an `hdl.sfu.SfuOp` member.
+  controller's ``Src``, ``BSrc`` and ``Sink`` members, ``op`` the name of an `hdl.sfu.SfuOp` member, ``fmt``
+  a DDR source's `hdl.ddrio.DdrFormat` member.
 - `Engine`: one command to the GEMV engine (WGEMV; INT8 ATTN's K and V GEMVs).
 - `Gemm`: one WGEMM token tile to the GEMM unit, after that tile's quantiser passes (one per token).
 - `Alu`: one scalar-ALU operation (binary32 add, multiply or int -> float).
@@ -30,18 +31,21 @@ from hdl.l2 import LANES
 from hdl.sfu import REDUCE_OPS, SHORT_OPS, SfuOp
 
 __all__ = ["Pass", "Engine", "Gemm", "Alu", "Step", "State", "plan", "wgemm_steps", "attn_positions", "attn_pieces",
-           "attn_chunks", "attn_k_group", "PASS_KINDS", "SOURCES", "B_SOURCES", "SINKS", "DESC_LOAD", "ATTN_RECIP"]
+           "attn_chunks", "attn_k_group", "PASS_KINDS", "SOURCES", "B_SOURCES", "SINKS", "DDR_FORMATS", "DESC_LOAD",
+           "ATTN_RECIP"]
 
 # The names of the controller's Src, BSrc and Sink members (tests/test_plan.py checks them against
 # hdl.controller): strings, so that the model does not depend on the controller.
 SOURCES = ("L2", "PAIRS", "DDR", "REG", "PACK")
 B_SOURCES = ("NONE", "L2")
 SINKS = ("L2", "REG", "DDR", "DESC", "QUANT", "MASK")
+DDR_FORMATS = ("F32", "F16", "INT4")        # hdl.ddrio.DdrFormat
 # What a pass costs like (firmware.perf.Rates: ``<kind>_pass``): "sfu" (the SFU's functions), "vec" (its short
 # path, element-wise: `hdl.sfu.SHORT_OPS` from L2), "reduce" (the short path to one result), "copy" (around the
 # SFU, L2 or a scalar into L2 or a scalar), "quant" (L2 -> the activation quantiser or the GEMV engine's row
-# mask, four elements a cycle), "ddr_read", "ddr_write".
-PASS_KINDS = ("sfu", "vec", "reduce", "copy", "quant", "ddr_read", "ddr_write")
+# mask, four elements a cycle), "ddr_read", "ddr_copy" (DDR binary32 around the SFU into L2: the `DdrReader`'s
+# wide commands, an L2 word a cycle; DMA), "ddr_write".
+PASS_KINDS = ("sfu", "vec", "reduce", "copy", "quant", "ddr_read", "ddr_copy", "ddr_write")
 
 _OPS = frozenset(op.name for op in SfuOp)
 _REDUCE = frozenset(op.name for op in REDUCE_OPS)
@@ -58,12 +62,14 @@ def _check_count(owner: str, name: str, v, least: int) -> None:
 class Pass:
     """One pass: `n` elements (the ``n`` of the controller's pass command, `hdl.controller.passes.pass_layout`)
     from `src` (and `b`) through SFU operation `op` (None: around the SFU) into `sink`. `beside`: started in the
-    same cycle as the `Engine` step before it, and run beside that command (INT8 ATTN's RECIP)."""
+    same cycle as the `Engine` step before it, and run beside that command (INT8 ATTN's RECIP). `fmt`: the
+    format of a DDR source's elements (`DDR_FORMATS`), None for every other source."""
     op: str | None
     src: str
     b: str
     sink: str
     n: int
+    fmt: str | None = None
     beside: bool = False
 
     def __post_init__(self):
@@ -72,6 +78,9 @@ class Pass:
         for name, names in (("src", SOURCES), ("b", B_SOURCES), ("sink", SINKS)):
             if getattr(self, name) not in names:
                 raise ValueError(f"Pass.{name} must be one of {', '.join(names)}, not {getattr(self, name)!r}")
+        if (self.src == "DDR") != (self.fmt in DDR_FORMATS):
+            raise ValueError(f"Pass.fmt must be one of {', '.join(DDR_FORMATS)} for a DDR source and None for "
+                             f"any other, not {self.fmt!r} with src {self.src!r}")
         _check_count("Pass", "n", self.n, 1)
 
     @property
@@ -80,7 +89,7 @@ class Pass:
         if self.sink == "DDR":
             return "ddr_write"
         if self.src == "DDR":
-            return "ddr_read"
+            return "ddr_copy" if self.op is None and self.sink == "L2" and self.fmt == "F32" else "ddr_read"
         if self.sink in ("QUANT", "MASK"):
             return "quant"
         if self.op is None:
@@ -151,7 +160,7 @@ class State:
 
 
 # The descriptor load of WGEMV, WGEMM, GATHER, KVST and ATTN: its `hdl.isa.DESCRIPTOR` words from DDR
-DESC_LOAD = Pass(None, "DDR", "NONE", "DESC", DESC_WORDS)
+DESC_LOAD = Pass(None, "DDR", "NONE", "DESC", DESC_WORDS, "F32")
 # INT8 ATTN: 1 / sum of a head's softmax, beside the head's first V GEMV
 ATTN_RECIP = Pass("RECIP", "REG", "NONE", "REG", 1, beside=True)
 
@@ -215,7 +224,7 @@ def _scalar(i, st, hw):
 
 def _dma(i, st, hw):
     if i.dir is DmaDir.DDR_TO_L2:
-        return [Pass(None, "DDR", "NONE", "L2", st.vl)]
+        return [Pass(None, "DDR", "NONE", "L2", st.vl, "F32")]
     if i.dir is DmaDir.L2_TO_DDR:
         return [Pass(None, "L2", "NONE", "DDR", st.vl)]
     return []                                   # L2_TO_L2 is BAD_FUNCTION
@@ -270,7 +279,7 @@ def _wgemm(i, st, hw):
 
 
 def _gather(i, st, hw):
-    return [DESC_LOAD, Pass(None, "DDR", "NONE", "L2", st.desc.cols)]
+    return [DESC_LOAD, Pass(None, "DDR", "NONE", "L2", st.desc.cols, "INT4")]
 
 
 def _kvst(i, st, hw):
@@ -294,7 +303,7 @@ def _attn(i, st, hw):
     if hw.kv_format == "fp16":
         # per position (oldest first) the K row into the scratch and a DOT per head into the scores; per head
         # MAX, EXP(s - max), SUM, RECIP, MULS; per position the V row and per head p into a scalar, p * V into dst
-        row = Pass(None, "DDR", "NONE", "L2", hd)
+        row = Pass(None, "DDR", "NONE", "L2", hd, "F16")
         p = Pass(None, "L2", "NONE", "REG", 1)
         steps = [DESC_LOAD] + ([row] + [Pass("DOT", "L2", "L2", "L2", hd)] * heads) * n
         steps += [Pass("MAX", "L2", "NONE", "REG", n), Pass("EXP", "L2", "NONE", "L2", n),
@@ -311,7 +320,7 @@ def _attn(i, st, hw):
     # slot descriptor, a ring of the n positions).
     pieces = attn_pieces(st.pos, n, n if st.desc is None else st.desc.capacity)
     head = [Pass("MAX", "L2", "NONE", "REG", n), Pass("EXP", "L2", "NONE", "L2", n),
-            Pass("SUM", "L2", "NONE", "REG", n)] + [Pass("MUL", "DDR", "L2", "L2", k) for _, k in pieces]
+            Pass("SUM", "L2", "NONE", "REG", n)] + [Pass("MUL", "DDR", "L2", "L2", k, "F16") for _, k in pieces]
     for i, cols in enumerate(attn_chunks(pieces, hw)):
         head += [_quant(cols), Engine(hd, cols, i != 0, True)]
         if i == 0:

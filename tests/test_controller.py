@@ -20,6 +20,7 @@ from amaranth.sim import Simulator
 from firmware.pack import Descriptor
 from hdl.config import HardwareConfig
 from hdl.controller import AttentionSequencer, BSrc, MatrixSequencer, ScalarAlu, Sink, Src, VectorSequencer
+from hdl.ddrio import DdrFormat
 from hdl.isa import CvoFunc, DdrRegion, DescKind, DmaDir, ErrorCode, Opcode, VecFunc, decode, encode
 from hdl.seq import SeqDivider
 from hdl.sfu import SfuOp
@@ -89,6 +90,11 @@ def run(seq, word, *, vl=0, hd=0, pos=0, desc=None, fmap=(0, 0, 0), act_n=0, see
             ctx.set(seq.o_gemv.ready, 1)
             if hasattr(seq, "o_gemm"):
                 ctx.set(seq.o_gemm.ready, 1)
+            # the tracker's state is there before the instruction starts (the sequencers register checks on it
+            # from the start cycle on)
+            ctx.set(seq.i_engine.active, engine_busy > 0)
+            ctx.set(seq.i_engine.idle, engine_busy == 0)
+            ctx.set(seq.i_engine.act_n, act_n)
         ctx.set(seq.i_start, 1)
         await ctx.tick()
         ctx.set(seq.i_start, 0)
@@ -122,8 +128,10 @@ def run(seq, word, *, vl=0, hd=0, pos=0, desc=None, fmap=(0, 0, 0), act_n=0, see
                 assert pass_left in (None, 0), "a pass while the engine runs one"
                 p = seq.o_pass.payload
                 op = None if ctx.get(p.bypass) else _name(SfuOp, ctx.get(p.op))
-                steps.append(Pass(op, _name(Src, ctx.get(p.a)), _name(BSrc, ctx.get(p.b)), _name(Sink, ctx.get(p.sink)),
-                                  ctx.get(p.n), beside=started_engine))
+                src = _name(Src, ctx.get(p.a))
+                steps.append(Pass(op, src, _name(BSrc, ctx.get(p.b)), _name(Sink, ctx.get(p.sink)), ctx.get(p.n),
+                                  _name(DdrFormat, ctx.get(p.ddr_fmt)) if src == "DDR" else None,
+                                  beside=started_engine))
                 if ddr is not None and _name(Src, ctx.get(p.a)) == "DDR":
                     ddr.append(("rd", ctx.get(p.ddr_addr)))
                 if ddr is not None and _name(Sink, ctx.get(p.sink)) == "DDR":

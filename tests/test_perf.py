@@ -317,7 +317,9 @@ def test_compiled_prefill_sums_its_programs(tiny_prefill):
             words = compile_tokens(cfg, image, hw, k).bind([2] * k, range(pos, pos + k))
             direct += schedule(Machine(image, hw, COUNT), words, hw, Rates(), token=2, pos=pos).cycles
         assert e.compiled == pytest.approx(direct, rel=1e-3)
-        assert e.compiled <= e.decode * (1 + 1e-9)         # the output section once, the rest as decode
+        # the output section once, the rest as decode; the tiny model's passes outweigh its weights (a tenth of a
+        # token), so its programs hide less under the weight streams than decode steps do: within 2 %
+        assert e.compiled <= e.decode * 1.02
 
 
 def test_prefill_structure(tiny_prefill):
@@ -553,7 +555,8 @@ def test_batched_and_verify_programs_are_priced_from_their_programs():
     """A batched step and a verify pass are the compiled programs priced by `schedule` (as prefill programs are):
     each figure equals its program priced directly; B streams on tiny run as WGEMVs per token (gemm never pays
     there), so a step of B costs about B decode steps (the weights streamed per token; each token's SETTOK /
-    SETPOS and stores beside them), and a verify pass of n ids likewise."""
+    SETPOS and stores beside them), and a verify pass of n ids likewise (within 4 %: one program hides less of
+    its passes under the weight streams than n decode steps do)."""
     from firmware.compiler import compile_tokens
     from firmware.pack import pack
     from firmware.perf import batched, schedule, speculative
@@ -570,9 +573,25 @@ def test_batched_and_verify_programs_are_priced_from_their_programs():
     (spec,) = speculative(cfg, hw, [0], 3)
     assert sorted(spec.verify) == [1, 2, 3, 4] and spec.verify[1] == spec.decode
     for n in (2, 3, 4):
-        assert (n - 0.1) * spec.decode < spec.verify[n] < (n + 0.1) * spec.decode
+        assert (n - 0.1) * spec.decode < spec.verify[n] < 1.04 * n * spec.decode
         assert spec.speedup(1.0, n - 1) == pytest.approx(n * spec.decode / spec.verify[n])
         assert spec.speedup(0.0, n - 1) < 1
     # past the window the KV-shared sliding layers' rings keep 3 rows more (firmware.pack.ring_rows): 4 ids a pass
     (late,) = speculative(cfg, hw, [cfg.sliding_window], 3)
     assert sorted(late.verify) == [1, 2, 3, 4] and all(late.verify[n] > late.decode for n in (2, 3, 4))
+
+
+def test_a_dma_into_l2_moves_the_ddr_readers_wide_beats():
+    """A DMA into L2 is a DDR copy (`sim.plan`: binary32 around the SFU into L2): its fixed cost is the DDR reader's
+    (``ddr_read_pass``) and its elements move at `hdl.ddrio.DdrReader`'s wide beats, four a cycle on kv260's 128-bit
+    ports and two on tiny's 64-bit; a GATHER's INT4 row, one a cycle."""
+    from sim.iss import Counters
+    r = Rates(ddr_read_pass=60)
+    for name, lanes in (("kv260", 4), ("tiny", 2)):
+        hw = HardwareConfig.preset(name)
+        c = Counters()
+        c.passes[("DMA", "ddr_copy")], c.pass_elements[("DMA", "ddr_copy")] = 3, 3 * 2048
+        c.passes[("GATHER", "ddr_read")], c.pass_elements[("GATHER", "ddr_read")] = 1, 512
+        units, by_op = cycles_of(c, hw, r)
+        assert units["ddr_copy"] == by_op["DMA"] == 3 * 60 + 3 * 2048 / lanes, name
+        assert units["ddr_read"] == by_op["GATHER"] == 60 + 512, name

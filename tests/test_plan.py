@@ -19,7 +19,7 @@ from sim.plan import ATTN_RECIP, PASS_KINDS, Alu, Engine, Gemm, Pass, State, pla
 TINY, TINY16 = HW["tiny"], HW["tiny_fp16"]
 
 # a descriptor load: DDR -> the descriptor register, bypassing the SFU, DESCRIPTOR's 256 bits = 8 words
-DESC = Pass(None, "DDR", "NONE", "DESC", 8)
+DESC = Pass(None, "DDR", "NONE", "DESC", 8, "F32")
 MATRIX = Descriptor(0, 0, "w", rows=48, cols=80, layout=0, group=32)
 COLUMNS = Descriptor(1, 0, "w", rows=48, cols=80, layout=1, group=32)
 KV16 = Descriptor(2, 2, "kv:0", capacity=16, heads=2, head_dim=16, layout=0)
@@ -59,15 +59,19 @@ def test_step_vocabulary_is_the_controllers():
     from sim.plan import B_SOURCES, SINKS, SOURCES
     assert SOURCES == tuple(Src.__members__) and B_SOURCES == tuple(BSrc.__members__)
     assert SINKS == tuple(Sink.__members__)
-    assert PERF_KINDS == PASS_KINDS == ("sfu", "vec", "reduce", "copy", "quant", "ddr_read", "ddr_write")
+    assert PERF_KINDS == PASS_KINDS == ("sfu", "vec", "reduce", "copy", "quant", "ddr_read", "ddr_copy", "ddr_write")
 
 
 def test_pass_kinds():
     # a DDR sink first, then a DDR source, the quantiser, bypass, reductions, the short path from L2, the rest
     table = [(Pass(None, "PACK", "NONE", "DDR", 4), "ddr_write"),
              (Pass(None, "REG", "NONE", "DDR", 1), "ddr_write"),
-             (Pass("MUL", "DDR", "L2", "L2", 9), "ddr_read"),
-             (Pass(None, "DDR", "NONE", "DESC", 8), "ddr_read"),
+             (Pass("MUL", "DDR", "L2", "L2", 9, "F16"), "ddr_read"),
+             (Pass(None, "DDR", "NONE", "DESC", 8, "F32"), "ddr_read"),
+             (Pass(None, "DDR", "NONE", "L2", 8, "F32"), "ddr_copy"),
+             (Pass(None, "DDR", "NONE", "L2", 8, "F16"), "ddr_read"),
+             (Pass(None, "DDR", "NONE", "L2", 8, "INT4"), "ddr_read"),
+             (Pass("MUL", "DDR", "L2", "L2", 9, "F32"), "ddr_read"),
              (Pass(None, "L2", "NONE", "QUANT", 80), "quant"),
              (Pass(None, "L2", "NONE", "REG", 1), "copy"),
              (Pass(None, "REG", "NONE", "L2", 1), "copy"),
@@ -93,6 +97,11 @@ def test_steps_check_their_fields():
         Pass(None, "L2", "NONE", "PACK", 1)
     with pytest.raises(ValueError, match=r"Pass.n must be a positive integer, not 0"):
         Pass(None, "L2", "NONE", "L2", 0)
+    with pytest.raises(ValueError, match=r"Pass.fmt must be one of F32, F16, INT4 for a DDR source and None for any "
+                                         r"other, not None with src 'DDR'"):
+        Pass(None, "DDR", "NONE", "L2", 4)
+    with pytest.raises(ValueError, match=r"Pass.fmt must be .* not 'F32' with src 'L2'"):
+        Pass(None, "L2", "NONE", "L2", 4, "F32")
     with pytest.raises(ValueError, match=r"Engine.cols must be a positive integer, not 0"):
         Engine(4, 0, False, False)
     with pytest.raises(ValueError, match=r"Gemm.tokens must be a positive integer, not True"):
@@ -124,7 +133,7 @@ def test_scalar():
 def test_dma():
     rd = insn(Opcode.DMA, dir=DmaDir.DDR_TO_L2, region=DdrRegion.CONST, l2=4, offset=0, async_=0)
     wr = insn(Opcode.DMA, dir=DmaDir.L2_TO_DDR, region=DdrRegion.LOGITS, l2=4, offset=0, async_=0)
-    assert steps(rd, vl=40) == [Pass(None, "DDR", "NONE", "L2", 40)]
+    assert steps(rd, vl=40) == [Pass(None, "DDR", "NONE", "L2", 40, "F32")]
     assert steps(wr, vl=40) == [Pass(None, "L2", "NONE", "DDR", 40)]
 
 
@@ -186,7 +195,7 @@ def test_wgemv():
 
 def test_gather():
     i = insn(Opcode.GATHER, dst=64, desc=0, remap=1, async_=0)
-    assert steps(i, desc=MATRIX) == [DESC, Pass(None, "DDR", "NONE", "L2", 80)]
+    assert steps(i, desc=MATRIX) == [DESC, Pass(None, "DDR", "NONE", "L2", 80, "INT4")]
 
 
 def test_kvst_fp16():
@@ -214,7 +223,7 @@ def test_attn_fp16():
     # 2 query heads of 16 at position 2: 3 positions. Per position the K row and a DOT per head (AT_K, AT_DOT);
     # per head MAX, EXP(s - max), SUM, RECIP, MULS (AT_SM1..5); per position the V row, then per head p into a
     # register and p * V into dst (MULS at the first position, FMAS after)
-    row = Pass(None, "DDR", "NONE", "L2", 16)
+    row = Pass(None, "DDR", "NONE", "L2", 16, "F16")
     dot = Pass("DOT", "L2", "L2", "L2", 16)
     softmax = [Pass("MAX", "L2", "NONE", "REG", 3), Pass("EXP", "L2", "NONE", "L2", 3),
                Pass("SUM", "L2", "NONE", "REG", 3), Pass("RECIP", "REG", "NONE", "REG", 1),
@@ -237,7 +246,7 @@ def test_attn_int8_chunks():
     assert TINY.gemv_max_cols == 1024
     head = [Pass(None, "L2", "NONE", "QUANT", 32), Engine(1030, 32, False, False), Engine(1030, 32, True, False),
             Pass("MAX", "L2", "NONE", "REG", 1030), Pass("EXP", "L2", "NONE", "L2", 1030),
-            Pass("SUM", "L2", "NONE", "REG", 1030), Pass("MUL", "DDR", "L2", "L2", 1030),
+            Pass("SUM", "L2", "NONE", "REG", 1030), Pass("MUL", "DDR", "L2", "L2", 1030, "F16"),
             Pass(None, "L2", "NONE", "QUANT", 1024), Engine(32, 1024, False, True),
             Pass("RECIP", "REG", "NONE", "REG", 1, beside=True), Engine(32, 1024, True, True),
             Pass(None, "L2", "NONE", "QUANT", 6), Engine(32, 6, True, True), Engine(32, 6, True, True),
@@ -355,6 +364,6 @@ def test_attn_int8_over_a_ring_wider_than_its_window():
     assert got == [DESC, Pass(None, "L2", "NONE", "QUANT", 32), Engine(3, 32, False, False), Engine(3, 32, True, False),
                    Engine(3, 32, False, False), Engine(3, 32, True, False), Pass("MAX", "L2", "NONE", "REG", 6),
                    Pass("EXP", "L2", "NONE", "L2", 6), Pass("SUM", "L2", "NONE", "REG", 6),
-                   Pass("MUL", "DDR", "L2", "L2", 3), Pass("MUL", "DDR", "L2", "L2", 3),
+                   Pass("MUL", "DDR", "L2", "L2", 3, "F16"), Pass("MUL", "DDR", "L2", "L2", 3, "F16"),
                    q, Engine(32, 3, False, True), ATTN_RECIP, Engine(32, 3, True, True),
                    q, Engine(32, 3, True, True), Engine(32, 3, True, True), Pass("MULS", "L2", "NONE", "L2", 32)]

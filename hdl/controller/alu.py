@@ -48,15 +48,15 @@ class ScalarAlu(wiring.Component):
         count = Signal(range(WAIT + 1))
         for u in (add, mul, itof):
             m.d.comb += [u.en.eq(1), u.i_valid.eq(1)]
-        finishing = busy & (count == 0)
+        finishing = Signal()            # busy & (count == 0), registered: no compare of the count ahead of ready
         with m.If(busy):
-            m.d.sync += count.eq(count - 1)
+            m.d.sync += [count.eq(count - 1), finishing.eq(count == 1)]
             with m.If(finishing):
-                m.d.sync += busy.eq(0)
+                m.d.sync += [busy.eq(0), finishing.eq(0)]
         m.d.comb += [self.o_y.valid.eq(finishing), self.i_cmd.ready.eq(~busy | finishing)]
         with m.If(self.i_cmd.valid & self.i_cmd.ready):      # a chained operation starts as the last one ends
             c = self.i_cmd.payload
             m.d.sync += [add.i_a.eq(c.a), add.i_b.eq(c.b), mul.i_a.eq(c.a), mul.i_b.eq(c.b), itof.i_a.eq(c.a),
-                         fn.eq(c.fn), count.eq(WAIT), busy.eq(1)]
+                         fn.eq(c.fn), count.eq(WAIT), busy.eq(1), finishing.eq(0)]
         m.d.comb += self.o_y.payload.eq(Mux(fn == AluFn.ADD, add.o_y, Mux(fn == AluFn.MUL, mul.o_y, itof.o_y)))
         return m

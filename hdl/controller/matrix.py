@@ -48,7 +48,7 @@ class MatrixSequencer(Sequencer):
 
     def elaborate(self, platform):
         m = Module()
-        st = Steps(m, self.o_pass, self.i_done, end_to(m, self.o_end), by_site=True)
+        st = Steps(m, self.o_pass, self.i_done, end_to(m, self.o_end), by_site=True, bus_error_state="BUS_ERROR")
         op = self.i_ctx.word[60:64]
         with m.FSM(name="matrix") as fsm:
             with m.State("IDLE"):
@@ -61,6 +61,7 @@ class MatrixSequencer(Sequencer):
                         with m.Case(Opcode.GATHER):
                             m.next = "GA"
             st.wait_pass("RETIRE_PASS", st.retire)
+            st.bus_error()
             self._wgemv(m, st)
             self._wgemm(m, st)
             self._gather(m, st)
@@ -104,7 +105,7 @@ class MatrixSequencer(Sequencer):
         # elements, which a MASK pass sends to the engine before its command
         mask = wg.mask if hw.gemv_row_mask else 0
         n_src = Mux(wg.mask, d.rows, d.cols)
-        st.checks_registered("WG", [
+        st.checks_early("WG", "wg_flags", [
             (d.kind != DescKind.INT4, lambda: st.fail(ErrorCode.BAD_DESCRIPTOR)),
             (wg.mask & (wg.sparse | ~wg.reuse) if hw.gemv_row_mask else wg.mask,
              lambda: st.fail(ErrorCode.BAD_FUNCTION)),

@@ -28,7 +28,7 @@ from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
 from ..config import HardwareConfig, ceil_log2
-from ..ddrio import DdrReader
+from ..ddrio import DdrFormat, DdrReader
 from ..ddrwrite import DdrWriter
 from ..isa import DESC_WORDS, DESCRIPTOR
 from ..l2 import LANES, WORD_BITS, ElemReader, ElemWriter, l2_geometry, write_layout
@@ -183,9 +183,10 @@ class PassEngine(wiring.Component):
 
         # a reduction (one element out), a wide pass (a SHORT_OPS pass from L2 into L2 or a register, four
         # elements per cycle: the readers' beats, the SFU's four lanes, the writer's beats; every other pass moves
-        # one element per cycle), the ends of its L2 ranges and a MASK pass's words: each registered with the
-        # pass, so that no decode of its op and no sum is on the way from the pass or the hold to its start or
-        # its completion
+        # one element per cycle), a DDR copy (binary32 from DDR around the SFU into L2: the DdrReader's wide beats,
+        # as many elements a cycle as an AXI beat holds, up to four), the ends of its L2 ranges and a MASK pass's
+        # words: each registered with the pass, so that no decode of its op and no sum is on the way from the pass
+        # or the hold to its start or its completion
         def derived(p):
             is_reduce = ~p.bypass & Cat(*[p.op == op for op in REDUCE_OPS]).any()
             a_n, n_out = Mux(p.a == Src.PAIRS, p.n << 1, p.n), Mux(is_reduce, 1, p.n)
@@ -193,6 +194,7 @@ class PassEngine(wiring.Component):
             return {"is_reduce": is_reduce,
                     "wide": ~p.bypass & Cat(*[p.op == op for op in SHORT_OPS]).any() & (p.a == Src.L2)
                     & ((p.sink == Sink.L2) | (p.sink == Sink.REG)),
+                    "ddr_wide": p.bypass & (p.a == Src.DDR) & (p.sink == Sink.L2) & (p.ddr_fmt == DdrFormat.F32),
                     "a_n": a_n, "a_hi": p.a_addr + a_n, "b_hi": p.b_addr + p.n, "dst_hi": p.dst + n_out,
                     "mask_words": mask_words, "mask_last": (mask_words + (1 << (len(mask_words) + 1)) - 1)
                     [:len(mask_words) + 1]}
@@ -220,19 +222,23 @@ class PassEngine(wiring.Component):
                          pending.ddr_rd.eq(c.a == Src.DDR), pending.ddr_wr.eq(c.sink == Sink.DDR),
                          pending.wr.eq(c.sink == Sink.L2), pending.sfu.eq(~c.bypass),
                          pending.quant.eq(c.sink == Sink.QUANT), pending.pack.eq(c.a == Src.PACK)]
-        self._commands(m, c, pending, units, wide, n_out, a_n)
-        operands = self._operands(m, c, active, start, err, rd_a, rd_b, ddr_rd)
+        self._commands(m, c, pending, units, wide, cd["ddr_wide"], n_out, a_n)
+        operands = self._operands(m, c, active, start, err, rd_a, rd_b, ddr_rd, cd["ddr_wide"])
         # MASK: the beats sent (their words' address), and whether they are all of the pass's words
         mask_beats = Signal(range(hw.gemv_max_cols // LANES + 1))
         mask_all = Signal(init=1)
         stage = self._stage(m, c, active, wide, operands, rd_a, rd_b, quant, sfu, mask_beats, mask_all,
-                            cd["mask_words"], cd["mask_last"])
+                            cd["mask_words"], cd["mask_last"], ddr_rd.o_beat, cd["ddr_wide"])
+        # a bus error is seen where the reader offers its element or beat (the pass takes every one before it
+        # completes), not where it is taken: no path from the sink's ready into `err`
+        with m.If(cd["ddr_wide"] & ddr_rd.o_beat.valid & ddr_rd.o_beat.p.err):
+            m.d.sync += err.eq(1)
         self._sinks_and_completion(m, c, active, start, done, pending, err, n_out, stage, wr, ddr_wr, quant,
                                    mask_all)
         m.d.comb += [self.o_sfu.eq(active & ~c.bypass), self.o_dma.eq(ddr_rd.o_busy | ddr_wr.o_busy)]
         return m
 
-    def _commands(self, m, c, pending, units, wide, n_out, a_n):
+    def _commands(self, m, c, pending, units, wide, ddr_wide, n_out, a_n):
         rd_a, rd_b, ddr_rd, ddr_wr, wr, sfu, quant = (units[k] for k in ("rd_a", "rd_b", "ddr_rd", "ddr_wr", "wr",
                                                                        "sfu", "quant"))
         m.d.comb += [
@@ -243,6 +249,7 @@ class PassEngine(wiring.Component):
             ddr_rd.i_cmd.valid.eq(pending.ddr_rd), ddr_rd.i_cmd.payload.addr.eq(c.ddr_addr),
             ddr_rd.i_cmd.payload.n.eq(c.n), ddr_rd.i_cmd.payload.fmt.eq(c.ddr_fmt),
             ddr_rd.i_cmd.payload.saddr.eq(c.ddr_saddr), ddr_rd.i_cmd.payload.log2_group.eq(c.ddr_log2g),
+            ddr_rd.i_cmd.payload.wide.eq(ddr_wide),
             ddr_wr.i_cmd.valid.eq(pending.ddr_wr), ddr_wr.i_cmd.payload.addr.eq(c.ddr_addr),
             ddr_wr.i_cmd.payload.n.eq(n_out), ddr_wr.i_cmd.payload.fmt.eq(c.wr_fmt),
             wr.i_cmd.valid.eq(pending.wr), wr.i_cmd.payload.addr.eq(c.dst), wr.i_cmd.payload.n.eq(n_out),
@@ -260,7 +267,7 @@ class PassEngine(wiring.Component):
             with m.If(cmd.valid & cmd.ready):
                 m.d.sync += getattr(pending, name).eq(0)
 
-    def _operands(self, m, c, active, start, err, rd_a, rd_b, ddr_rd):
+    def _operands(self, m, c, active, start, err, rd_a, rd_b, ddr_rd, ddr_wide):
         """The a and b operands, one element at a time (the stage takes the readers' beats itself)."""
         a_valid, a_data, a_ready = Signal(), Signal(32), Signal()
         b_valid, b_data, b_ready = Signal(), Signal(32), Signal()
@@ -283,7 +290,7 @@ class PassEngine(wiring.Component):
             with m.Case(Src.DDR):
                 m.d.comb += [a_valid.eq(ddr_rd.o_elem.valid), a_data.eq(ddr_rd.o_elem.payload.data),
                              ddr_rd.o_elem.ready.eq(a_ready)]
-                with m.If(ddr_rd.o_elem.valid & a_ready & ddr_rd.o_elem.payload.err):
+                with m.If(ddr_rd.o_elem.valid & ~ddr_wide & ddr_rd.o_elem.payload.err):
                     m.d.sync += err.eq(1)
             with m.Case(Src.REG):
                 m.d.comb += [a_valid.eq(active & ~a_sent), a_data.eq(c.a_val)]
@@ -301,11 +308,12 @@ class PassEngine(wiring.Component):
         return a_valid, a_data, a_ready, b_valid, b_data, b_ready
 
     def _stage(self, m, c, active, wide, operands, rd_a, rd_b, quant, sfu, mask_beats, mask_all, mask_words,
-               mask_last):
+               mask_last, ddr_beat, ddr_wide):
         """One register between the operands and the SFU or the quantiser; then the SFU or the bypass.
 
         A beat is either the readers' (four elements: the quantiser's passes and the wide passes; b from the
-        second reader) or one element from the sources in lane 0. The stage cuts the
+        second reader) or one element from the sources in lane 0; a DDR copy's beats (`ddr_beat`) pass around it
+        into the writer, as the bypass's elements do. The stage cuts the
         path from the L2 response buffers through the readers' lane selects into the quantiser's maximum and
         the SFU's first stages; it is empty again when a pass ends (its consumer takes every element before the
         pass's sink is done). Returns the output beat (valid, lanes y, count n, ready)."""
@@ -346,7 +354,10 @@ class PassEngine(wiring.Component):
 
         # SFU or bypass: s_y lanes 0 .. s_n - 1
         s_valid, s_y, s_n, s_ready = Signal(), Signal(data.ArrayLayout(32, LANES)), Signal(3), Signal()
-        with m.If(c.bypass):
+        with m.If(ddr_wide):
+            m.d.comb += [s_valid.eq(ddr_beat.valid), s_y.as_value().eq(ddr_beat.p.data), s_n.eq(ddr_beat.p.n),
+                         ddr_beat.ready.eq(s_ready)]
+        with m.Elif(c.bypass):
             m.d.comb += [s_valid.eq(a_valid), s_y[0].eq(a_data), s_n.eq(1), a_ready.eq(s_ready)]
         with m.Else():
             m.d.comb += [s_valid.eq(sfu.o_data.valid), s_y.eq(sfu.o_data.payload.y), s_n.eq(sfu.o_data.payload.n),
@@ -390,9 +401,11 @@ class PassEngine(wiring.Component):
                                 with m.Case(i):
                                     m.d.sync += words[32 * i:32 * (i + 1)].eq(s_y[0])
 
-        # completion: the sink has everything and every unit has taken its command
+        # completion: the sink has everything and every unit has taken its command. The units' done pulses seen
+        # are cleared as the pass completes (no unit of it pulses after that, none of the next before its
+        # start), not at the start: no path from the hazard check into them
         seen = Signal(data.StructLayout({"wr": 1, "ddr": 1, "quant": 1}))
-        with m.If(start):
+        with m.If(done):
             m.d.sync += seen.eq(0)
         with m.Else():
             for name, pulse in (("wr", wr.o_done), ("ddr", ddr_wr.o_done), ("quant", quant.o_done)):

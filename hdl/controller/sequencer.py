@@ -272,6 +272,30 @@ class Steps:
         with self.state(state + "_C"):
             self.checks([(flags[i], act or self.go(state)) for i, (_, act) in enumerate(cases)], otherwise)
 
+    def checks_early(self, state, name, cases, otherwise):
+        """`checks` on conditions on the context alone, in two states as `checks_registered` runs them: the
+        conditions are registered every cycle (`context_flags` `name`: the instruction's from `state` on),
+        `state` registers which of them is the first that holds (one-hot, with one flag more for none of
+        them), and ``state + "_C"`` takes that action (`choose`): no cycle holds the conditions' arithmetic,
+        their order, or the order's choice with what the action drives."""
+        m = self.m
+        flags = context_flags(m, name, [cond for cond, _ in cases])
+        # the order by groups of G: each group's OR a LUT of its own (kept), so that a flag's "none before" is
+        # one LUT on the earlier groups' ORs and its own group's earlier flags, not a chain of ORs
+        G = 5
+        any_g = []
+        for j in range(0, len(flags), G):
+            g = Signal(name=f"{name}_any{j // G}", attrs={"keep": 1})
+            m.d.comb += g.eq(Cat(*flags[j:j + G]).any())
+            any_g.append(g)
+        first = Signal(len(cases) + 1, name=f"{name}_first")
+        m.d.sync += first.eq(Cat(*[f & ~Cat(*any_g[:k // G], *flags[k - k % G:k]).any() for k, f in enumerate(flags)],
+                                 ~Cat(*any_g).any()))
+        with self.state(state):
+            self.m.next = state + "_C"
+        with self.state(state + "_C"):
+            self.choose([first[k] for k in range(len(cases) + 1)], [act for _, act in cases] + [otherwise])
+
     def choose(self, flags, actions):
         """One ``If`` per action on its flag, `flags` one-hot (`context_flags` with ``first``): each action's
         condition is its flag alone, no chain of the ones before it."""

@@ -27,8 +27,10 @@ def canon(bits: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(bits.view(np.float32)), np.uint32(QNAN), bits).astype(np.uint32)
 
 
-def reader_expected(mem: bytes, addr: int, n: int, fmt: int, saddr: int = 0, log2_group: int = 0) -> np.ndarray:
-    """What `DdrReader` must produce for a command, from the memory image (NaNs canonical)."""
+def reader_expected(mem: bytes, addr: int, n: int, fmt: int, saddr: int = 0, log2_group: int = 0, wide: int = 0) \
+        -> np.ndarray:
+    """What `DdrReader` must produce for a command, from the memory image (NaNs canonical; `wide` changes how,
+    not what)."""
     if fmt == 0:
         return np.frombuffer(mem[addr:addr + 4 * n], "<u4").copy()
     if fmt == 1:

@@ -15,6 +15,7 @@ from amaranth import Shape
 from cocotb.triggers import RisingEdge
 
 from hdl.controller import BSrc, Sink, Src, trace_layout
+from hdl.ddrio import DdrFormat
 from hdl.sfu import SfuOp
 from sim.plan import Alu, Engine, Gemm, Pass
 
@@ -47,8 +48,10 @@ def decode_cycle(bits: int, layout) -> tuple[list, bool]:
                           accm=bool(get("gemm.cmd.accm"))))
     if get("pass_valid"):
         op = None if get("pass_.bypass") else SfuOp(get("pass_.op")).name
-        steps.append(Pass(op=op, src=Src(get("pass_.a")).name, b=BSrc(get("pass_.b")).name,
-                          sink=Sink(get("pass_.sink")).name, n=get("pass_.n"), beside=engine))
+        src = Src(get("pass_.a")).name
+        steps.append(Pass(op=op, src=src, b=BSrc(get("pass_.b")).name, sink=Sink(get("pass_.sink")).name,
+                          n=get("pass_.n"), fmt=DdrFormat(get("pass_.ddr_fmt")).name if src == "DDR" else None,
+                          beside=engine))
     if get("alu_valid"):
         steps.append(Alu())
     return steps, bool(get("retire"))
