@@ -61,7 +61,7 @@ async def three_masters(dut):
                                r_pause=pauses(random.Random(seed + 2), p) if p else None)
     ram.write(0, bytes(rng.randrange(256) for _ in range(MEM)))
     a_cmds, b_cmds = random_commands(hw, rng, 25), random_commands(hw, rng, 25)
-    r_cmds = reader_commands(hw, rng, ram, 20)
+    r_cmds = [dict(c, wide=0) for c in reader_commands(hw, rng, ram, 20)]   # the top hands on o_elem alone
     mem = ram.read(0, MEM)
     srcs, sinks = [], []
     for k, (cmd, out) in enumerate([("a_cmd", "a_data"), ("b_cmd", "b_data"), ("r_cmd", "r_elem")]):
