@@ -39,7 +39,7 @@ from amaranth.lib.wiring import In, Out
 from .axi import AxiReadDma, AxiReadSignature
 from .config import HardwareConfig, ceil_log2
 from .fp import IntScaleMul
-from .l2 import LANES, WORD_BITS
+from .l2 import LANES, beat_layout
 
 __all__ = ["DdrFormat", "N_BITS", "DdrReader", "reader_cmd_layout", "writer_cmd_layout",
            "elem_layout", "wide_beat_layout", "wide_lanes", "reader_buffer_beats"]
@@ -73,7 +73,7 @@ def wide_beat_layout() -> data.StructLayout:
     """A `DdrReader` output beat of a wide command: ``n`` (1 .. `wide_lanes`) binary32 elements in lanes
     ``0 .. n-1`` of ``data`` (an L2 word, `hdl.l2.beat_layout`), ``last`` on the command's final beat, ``err`` if
     built from a non-OKAY read."""
-    return data.StructLayout({"data": unsigned(WORD_BITS), "n": unsigned(3), "last": 1, "err": 1})
+    return data.StructLayout({**dict(beat_layout().members), "err": 1})
 
 
 def wide_lanes(hw: HardwareConfig) -> int:
