@@ -302,19 +302,25 @@ def kv_slot_name(layer: int, stream: int = 0) -> str:
     return f"kv:{layer}" if stream == 0 else f"kv:{layer}:{stream}"
 
 
+def _kv_int8_layout(image: "Image", d) -> KvInt8Layout:
+    """The INT8 layout of KV slot descriptor `d` (its `layout` 1: V planes, 2: V rows)."""
+    return KvInt8Layout(d.capacity, d.heads, d.head_dim, image.hardware["act_block"],
+                        "rows" if d.layout == 2 else "planes")
+
+
 def kv_row_ranges(image: "Image", slot: int, row: int) -> list[tuple[int, int]]:
     """``(offset in KV, bytes)`` of every byte KVST writes into ring row `row` of KV slot `slot` (descriptor
-    index): INT8 (`sim.numerics.KvInt8Layout`), per head its four plane rows, its two K scale rows and its V
-    scale; binary16, the K row and the V row."""
+    index): INT8 (`sim.numerics.KvInt8Layout`), per head its two K plane rows, its V (two plane columns, or a
+    byte in each V row), its two K scale rows and its V scale; binary16, the K row and the V row."""
     d = image.descriptors[slot]
     if d.kind != DescKind.KV or not 0 <= row < d.capacity:
         raise ValueError(f"descriptor {slot} is not a KV slot with a ring row {row}")
     if d.layout:
-        lay = KvInt8Layout(d.capacity, d.heads, d.head_dim, image.hardware["act_block"])
+        lay = _kv_int8_layout(image, d)
         half, ks = d.head_dim // 2, lay.kblocks * 2
         out = []
         for j in range(d.heads):
-            out += [(at(j) + row * half, half) for at in (lay.k_hi, lay.k_lo, lay.v_hi, lay.v_lo)]
+            out += [(at(j) + row * half, half) for at in (lay.k_hi, lay.k_lo)] + lay.v_row_ranges(j, row)
             out += [(at(j) + row * ks, ks) for at in (lay.ks_hi, lay.ks_lo)]
             out.append((lay.vs(j) + 2 * row, 2))
         return [(d.weight_offset + off, n) for off, n in out]
@@ -329,7 +335,7 @@ def kv_slot_bytes(image: "Image", slot: int) -> int:
     if d.kind != DescKind.KV:
         raise ValueError(f"descriptor {slot} is not a KV slot")
     if d.layout:
-        return KvInt8Layout(d.capacity, d.heads, d.head_dim, image.hardware["act_block"]).nbytes
+        return _kv_int8_layout(image, d).nbytes
     return 2 * d.capacity * d.heads * d.head_dim * 2
 
 
@@ -645,7 +651,7 @@ def pack(config: Mapping | ModelConfig, tensors: Mapping | None, hw: HardwareCon
             kv_slots[layer] = len(descs)
             descs.append(Descriptor(len(descs), DescKind.KV, kv_slot_name(layer, s), weight_offset=off,
                                     capacity=cap, heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                                    scale_offset=vscale_off, layout=int(int8_kv)))
+                                    scale_offset=vscale_off, layout=hw.kv_layout_code))
     if len(descs) > 256:
         raise ValueError(f"{len(descs)} KV cache slots ({streams} stream(s) of {len(cfg.kv_cache_layers)} layers) "
                          f"do not fit the 8-bit slot field of ATTN/KVST (256)")

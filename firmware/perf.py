@@ -377,6 +377,19 @@ def _group_extra(shapes, hw: HardwareConfig, rates: Rates) -> float:
     return extra
 
 
+def _v_rows_extra(shapes, hw: HardwareConfig, rates: Rates) -> float:
+    """The cycles beyond their bytes (counted with the rest) of INT8 ATTN's V GEMVs over the V rows
+    (``kv_v_layout`` "rows"), `shapes` ((rows, positions, vectors) -> count, `sim.iss.Counters.attn_v_gemvs`):
+    the larger of their bytes (a byte per weight, a scale per row) at the stream's rate and the back end
+    (`gemv_back_end`: a segment of ``act_block`` positions, one part per row, segment and vector)."""
+    rate = _stream_rate(hw, rates)
+    extra = 0.0
+    for (rows, cols, vectors), n in shapes.items():
+        stream = (rows * cols + rows * 2) / rate
+        extra += n * max(0.0, gemv_back_end(rows, cols, 1 << 16, vectors, hw, rates) - stream)
+    return extra
+
+
 def wgemm_cost(g: Wgemm, hw: HardwareConfig, rates: Rates = Rates()) -> float:
     """Cycles of one WGEMM on the NPU, without its `issue` (`_wgemm_terms`)."""
     known, coef, _ = _wgemm_terms(g, hw, rates)
@@ -486,7 +499,8 @@ def cycles_of(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> tuple[dic
     # INT8 ATTN's GEMVs over the KV planes: the same engine costs, but inside ATTN (not a weight stream that
     # an async WGEMV could hide)
     kv = (counters.attn_gemv_bytes / rate + counters.attn_gemvs * rates.gemv_fixed
-          + _sparse_extra(counters.attn_sparse_gemvs, hw, rates) + _group_extra(counters.attn_group_gemvs, hw, rates))
+          + _sparse_extra(counters.attn_sparse_gemvs, hw, rates) + _group_extra(counters.attn_group_gemvs, hw, rates)
+          + _v_rows_extra(counters.attn_v_gemvs, hw, rates))
     if kv:
         units["kv_stream"] += kv
         by_op["ATTN"] += kv
@@ -605,7 +619,8 @@ def features(counters, hw: HardwareConfig, rates: Rates, gemms=()) -> dict:
     elements = sum(n / pass_lanes(kind, hw) for (_, kind), n in counters.pass_elements.items())
     streaming = (counters.gemv_bytes + counters.attn_gemv_bytes) / _stream_rate(hw, rates)
     known = (_sparse_extra(counters.sparse_gemvs, hw, rates) + _sparse_extra(counters.attn_sparse_gemvs, hw, rates)
-             + _masked_extra(counters.masked_gemvs, hw, rates) + _group_extra(counters.attn_group_gemvs, hw, rates))
+             + _masked_extra(counters.masked_gemvs, hw, rates) + _group_extra(counters.attn_group_gemvs, hw, rates)
+             + _v_rows_extra(counters.attn_v_gemvs, hw, rates))
     for shape, n in counters.attn_recips.items():     # a RECIP pass that outlasts its V GEMVs: the difference
         if _recip_beside(shape, hw, rates) > 0:
             f[_fixed(ATTN_RECIP.kind)] += n
@@ -970,6 +985,10 @@ def main(argv=None) -> int:
                    help="speculative decoding: price verify passes of up to K drafts at each position and the "
                         "speed-up at acceptance rates 0.5 0.6 0.7 0.8 0.9 (default: skip)")
     p.add_argument("--kv-format", choices=("fp16", "int8"), help="KV cache format (default: the preset's)")
+    p.add_argument("--kv-v-layout", choices=("planes", "rows"),
+                   help="INT8 cache: V as two INT4 planes of columns (sparse V GEMVs per query head) or as INT8 "
+                        "rows (a dense V GEMV per KV head; the ISS and this model, no RTL yet); default: the "
+                        "preset's")
     p.add_argument("--json", action="store_true",
                    help="print the figures as one JSON object (tok/s, cycles and bytes per position, the clock and "
                         "the rates used) instead of the tables")
@@ -996,6 +1015,11 @@ def main(argv=None) -> int:
     cfg, hw = ModelConfig.preset(args.model), HardwareConfig.preset(args.hw)
     if args.kv_format:
         hw = hw.replace(kv_format=args.kv_format)
+    if args.kv_v_layout:
+        try:
+            hw = hw.replace(kv_v_layout=args.kv_v_layout)
+        except ValueError as e:
+            p.error(f"argument --kv-v-layout: {e}")
     if args.clock_mhz:
         hw = hw.replace(clock_hz=round(args.clock_mhz * 1e6))
     if args.axi_ports:
@@ -1037,7 +1061,8 @@ def main(argv=None) -> int:
                                "best": {str(a): list(e.best(a)) for a in SPEC_ALPHAS}} for e in (specs or [])]
         print(json.dumps(out, indent=1))
         return 0
-    print(f"{args.model} on {args.hw} (KV cache {hw.kv_format}, {hw.axi_ports} weight ports"
+    print(f"{args.model} on {args.hw} (KV cache {hw.kv_format}"
+          f"{', V rows' if hw.kv_v_layout == 'rows' else ''}, {hw.axi_ports} weight ports"
           f"{'' if hw.gemv_row_mask else ', no row mask'}"
           f"{f', GEMV engine of {hw.gemv_vectors} vectors' if hw.gemv_vectors > 1 else ''}) at "
           f"{hw.clock_hz / 1e6:.0f} MHz; {rates}")
@@ -1081,7 +1106,8 @@ def to_json(model: str, hw: HardwareConfig, rates: Rates, estimates: list[TokenE
     and efficiency used, every rate, and per position the tok/s, the cycles per unit and the bytes per token
     (and, if given, the prefill estimates)."""
     return {
-        "model": model, "hw": hw.name, "kv_format": hw.kv_format, "clock_hz": hw.clock_hz, "axi_ports": hw.axi_ports,
+        "model": model, "hw": hw.name, "kv_format": hw.kv_format, "kv_v_layout": hw.kv_v_layout,
+        "clock_hz": hw.clock_hz, "axi_ports": hw.axi_ports,
         "gemv_row_mask": hw.gemv_row_mask, "gemv_vectors": hw.gemv_vectors,
         "ddr_peak_bytes_per_s": DDR_PEAK_BYTES_PER_S, "ddr_efficiency": rates.ddr_efficiency,
         "port_peak_bytes_per_s": hw.peak_weight_bytes_per_second,

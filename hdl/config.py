@@ -61,6 +61,11 @@ def ceil_log2(x: int) -> int:
 
 
 KV_FORMATS = ("fp16", "int8")
+# How the INT8 cache holds V (docs/numerics.md "KV cache"): "planes", two INT4 planes of columns (a position's
+# column, D/2 bytes) that ATTN reads per query head with sparse GEMVs; "rows", one INT8 plane of rows (V
+# element d's row, one byte per position) that ATTN reads once per KV head with a dense GEMV of INT8 weights
+# over the group's query heads.
+KV_V_LAYOUTS = ("planes", "rows")
 # The INT8 KV cache's number format (docs/numerics.md "KV cache"; sim.numerics): values q = 16·hi + lo with
 # hi, lo two's complement INT4, so |q| <= 119; the V planes' GEMVs use one scale group per row (2**16 columns).
 KV_Q_MAX = 119
@@ -119,6 +124,10 @@ class HardwareConfig:
     kv_format : the KV cache format: ``"fp16"`` (binary16 K and V; ATTN runs on the SFU, one element per
         cycle) or ``"int8"`` (power-of-two scaled INT8 K and V held as two INT4 planes; ATTN's dot products
         run on the GEMV engine at the weight-stream rate). docs/numerics.md, "KV cache".
+    kv_v_layout : INT8 KV cache: how V is held, ``"planes"`` (two INT4 planes of position columns; ATTN's V
+        GEMVs sparse, per query head) or ``"rows"`` (one INT8 plane of rows, a byte per position; ATTN's V GEMV
+        dense over the KV group's query heads, one pass over V per KV head). "rows" is modelled in the ISS and
+        the performance model; the RTL builds "planes" (`hdl.npu` refuses "rows").
     kv_max_head_dim : INT8 KV cache: the widest head KVST quantises (the KV packer's memory; a multiple of 8
         and of a beat of INT4 weights, and at most ``gemv_sparse_max_rows``, the V GEMVs' rows).
     """
@@ -151,6 +160,7 @@ class HardwareConfig:
     gemv_vectors: int = 1
     # --- KV cache (sim/iss.py ATTN/KVST, firmware/pack.py, docs/numerics.md "KV cache") ---
     kv_format: str = "fp16"
+    kv_v_layout: str = "planes"
     kv_max_head_dim: int = 256
 
     # The weight format is part of the architecture, not a knob: INT4, two per byte, low nibble first.
@@ -171,6 +181,11 @@ class HardwareConfig:
         integer("weight_group", minimum=0)
         if self.kv_format not in KV_FORMATS:
             raise ValueError(f"kv_format must be one of {', '.join(KV_FORMATS)}, not {self.kv_format!r}")
+        if self.kv_v_layout not in KV_V_LAYOUTS:
+            raise ValueError(f"kv_v_layout must be one of {', '.join(KV_V_LAYOUTS)}, not {self.kv_v_layout!r}")
+        if self.kv_v_layout != "planes" and self.kv_format != "int8":
+            raise ValueError(f"kv_v_layout {self.kv_v_layout!r} is a layout of the INT8 cache; kv_format is "
+                             f"{self.kv_format!r}")
         integer("kv_max_head_dim", 8)
         if not isinstance(self.name, str) or not self.name:
             raise TypeError(f"name must be a non-empty string, not {self.name!r}")
@@ -232,6 +247,12 @@ class HardwareConfig:
     @property
     def bytes_per_beat(self) -> int:
         return self.axi_data_bits // 8
+
+    @property
+    def kv_layout_code(self) -> int:
+        """A KV slot descriptor's `layout` for this cache (hdl.isa.DESCRIPTOR): 0 binary16, 1 INT8 with V planes,
+        2 INT8 with V rows."""
+        return 0 if self.kv_format == "fp16" else 1 + KV_V_LAYOUTS.index(self.kv_v_layout)
 
     @property
     def weights_per_beat(self) -> int:

@@ -144,7 +144,8 @@ class DescKind(enum.IntEnum, shape=8):
 # The weight descriptor, 32 bytes little-endian in the DESC region: what `firmware.pack` writes and the
 # controller reads (`data.View` over the eight words it loads), one layout for both. KV slots keep their
 # capacity in `rows` and K/V width (heads x head_dim) in `cols`; their `layout` is the cache format (0 binary16,
-# 1 INT8 planes) and, for INT8, `scale_offset` the WEIGHTS offset of the V planes' scales.
+# 1 INT8 with V planes, 2 INT8 with V rows: `HardwareConfig.kv_layout_code`) and, for INT8, `scale_offset` the
+# WEIGHTS offset of the V GEMVs' scales.
 DESCRIPTOR = data.StructLayout({
     "weight_offset": unsigned(64),    # bytes from WEIGHTS_BASE (KV slots: from KV_BASE)
     "scale_offset": unsigned(64),     # bytes from WEIGHTS_BASE

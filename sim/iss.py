@@ -93,6 +93,9 @@ class Counters:
     # its K GEMVs of several query heads at once (`sim.plan.attn_k_group`) by shape, (rows, cols, group, vectors)
     # -> count: bound by the larger of their bytes and the engine's binary32 parts (firmware.perf)
     attn_group_gemvs: Counter = field(default_factory=Counter)
+    # its V GEMVs of INT8 weights over the V rows (``kv_v_layout`` "rows") by shape, (rows, positions, vectors)
+    # -> count: bound by the larger of their bytes and the engine's binary32 parts (firmware.perf)
+    attn_v_gemvs: Counter = field(default_factory=Counter)
     # INT8 ATTN's RECIP pass per head, which runs beside the head's first chunk of V GEMVs (two sparse commands of
     # this shape, as attn_sparse_gemvs): it costs only what it outlasts them by (firmware.perf.cycles_of)
     attn_recips: Counter = field(default_factory=Counter)
@@ -262,8 +265,8 @@ class Machine:
                 kv[d.index] = {"k_hi": np.zeros(shape, np.int8), "k_lo": np.zeros(shape, np.int8),
                                "ks_hi": np.zeros(shape[:2] + (nb,), np.float16),
                                "ks_lo": np.zeros(shape[:2] + (nb,), np.float16),
-                               "v_hi": np.zeros(shape, np.int8), "v_lo": np.zeros(shape, np.int8),
                                "vs": np.zeros(shape[:2], np.float16)}
+                kv[d.index].update({name: np.zeros(shape, np.int8) for name in self._v_names()})
             else:
                 kv[d.index] = (np.zeros(shape, self.dtype if self.arithmetic == REFERENCE else np.float16),
                                np.zeros(shape, self.dtype if self.arithmetic == REFERENCE else np.float16),
@@ -300,7 +303,11 @@ class Machine:
             b[k][...] = arr
 
     def _kv_layout(self, d) -> KvInt8Layout:
-        return KvInt8Layout(d.capacity, d.heads, d.head_dim, self.hw.act_block)
+        return KvInt8Layout(d.capacity, d.heads, d.head_dim, self.hw.act_block, self.hw.kv_v_layout)
+
+    def _v_names(self) -> tuple[str, ...]:
+        """The INT8 cache's V arrays: its two INT4 planes, or its INT8 rows (``kv_v_layout``)."""
+        return ("v_hi", "v_lo") if self.hw.kv_v_layout == "planes" else ("v",)
 
     def _int8_kv(self) -> bool:
         """The INT8 KV cache runs in hardware arithmetic; reference arithmetic keeps exact K and V."""
@@ -309,7 +316,8 @@ class Machine:
     def kv_cache(self, slot: int):
         """The ISS's copy of KV slot `slot` (descriptor index). ``kv_format`` "fp16" (and reference arithmetic):
         (K, V), each ``[capacity, heads, head_dim]`` (binary16 in hardware arithmetic). "int8": a dict of the
-        planes ``k_hi, k_lo, v_hi, v_lo`` ``[capacity, heads, head_dim]`` (INT4 values), the K scales ``ks_hi,
+        planes ``k_hi, k_lo`` and ``v_hi, v_lo`` (``kv_v_layout`` "planes"; INT4 values) or ``v`` ("rows"; INT8
+        values), each ``[capacity, heads, head_dim]``, the K scales ``ks_hi,
         ks_lo`` ``[capacity, heads, ceil(head_dim / act_block)]`` and the V scales ``vs`` ``[capacity, heads]``
         (binary16)."""
         kv = self._kv[slot]
@@ -328,11 +336,19 @@ class Machine:
             lay = self._kv_layout(d)
             C, D, nb = d.capacity, d.head_dim, lay.kblocks
             for j in range(d.heads):
-                for name, at in (("k_hi", lay.k_hi), ("k_lo", lay.k_lo), ("v_hi", lay.v_hi), ("v_lo", lay.v_lo)):
+                for name, at in self._int4_planes(lay):
                     kv[name][:, j] = unpack_int4(raw[at(j):at(j) + lay.plane].reshape(C, D // 2))
+                if lay.v_layout == "rows":
+                    kv["v"][:, j] = raw[lay.v(j):lay.v(j) + C * D].view(np.int8).reshape(D, C).T
                 for name, at in (("ks_hi", lay.ks_hi), ("ks_lo", lay.ks_lo)):
                     kv[name][:, j] = raw[at(j):at(j) + lay.kscale].view("<f2").reshape(C, nb)
                 kv["vs"][:, j] = raw[lay.vs(j):lay.vs(j) + 2 * C].view("<f2")
+
+    @staticmethod
+    def _int4_planes(lay: KvInt8Layout) -> tuple:
+        """The slot's INT4 planes, (name in the ISS's copy, offset of head j's plane)."""
+        planes = (("k_hi", lay.k_hi), ("k_lo", lay.k_lo))
+        return planes + ((("v_hi", lay.v_hi), ("v_lo", lay.v_lo)) if lay.v_layout == "planes" else ())
 
     def kv_bytes(self, slot: int) -> np.ndarray:
         """KV slot `slot` as the NPU holds it in its KV region (firmware.pack layout), uint8, from the ISS's copy
@@ -348,8 +364,10 @@ class Machine:
         def put(off, raw):
             out[off:off + raw.size] = raw
         for j in range(d.heads):
-            for name, at in (("k_hi", lay.k_hi), ("k_lo", lay.k_lo), ("v_hi", lay.v_hi), ("v_lo", lay.v_lo)):
+            for name, at in self._int4_planes(lay):
                 put(at(j), pack_int4(kv[name][:, j]).reshape(-1))          # [C, D]: a K row or a V column per position
+            if lay.v_layout == "rows":
+                put(lay.v(j), kv["v"][:, j].T.reshape(-1).view(np.uint8))  # [D, C]: a byte per position in each row
             put(lay.ks_hi(j), kv["ks_hi"][:, j].astype("<f2").reshape(-1).view(np.uint8))
             put(lay.ks_lo(j), kv["ks_lo"][:, j].astype("<f2").reshape(-1).view(np.uint8))
             put(lay.vs(j), kv["vs"][:, j].astype("<f2").view(np.uint8))
@@ -838,10 +856,12 @@ class Machine:
         d = self._desc(index)
         if d.kind != 2:
             self._err(ErrorCode.BAD_DESCRIPTOR, f"descriptor {index} is not a KV slot")
-        fmt = int(self.hw.kv_format == "int8")
+        fmt = self.hw.kv_layout_code
         if d.layout != fmt:
-            self._err(ErrorCode.BAD_DESCRIPTOR, f"KV slot {index} holds the {('fp16', 'int8')[d.layout % 2]} format; "
-                                                f"this NPU's cache is {self.hw.kv_format}")
+            names = ("fp16", "int8", "int8 with V rows")
+            self._err(ErrorCode.BAD_DESCRIPTOR, f"KV slot {index} holds the "
+                                                f"{names[d.layout] if d.layout < 3 else f'unknown ({d.layout})'} "
+                                                f"format; this NPU's cache is {names[fmt]}")
         if fmt:
             self._check_int8_slot(d)
         return d
@@ -939,7 +959,11 @@ class Machine:
             vh, vl, vs = quantize_kv_v(v[j])
             if not np.isfinite(vs):
                 self._err(ErrorCode.NON_FINITE, big)
-            kv["v_hi"][r, j], kv["v_lo"][r, j], kv["vs"][r, j] = vh, vl, vs
+            if self.hw.kv_v_layout == "planes":
+                kv["v_hi"][r, j], kv["v_lo"][r, j] = vh, vl
+            else:
+                kv["v"][r, j] = 16 * vh.astype(np.int16) + vl
+            kv["vs"][r, j] = vs
 
     def _check_int8_slot(self, d):
         """An INT8 KV slot: a head the packer and the V GEMVs take."""
@@ -967,20 +991,29 @@ class Machine:
                 c.attn_gemv_bytes += k_bytes
                 c.bytes_read["KV"] += k_bytes
             v_bytes = 0
-            for ci, cols in enumerate(attn_chunks(pieces, hw)):
-                nz = cols if nonzero[h] is None else nonzero[h][ci]
-                v_bytes += 2 * (nz * hd // 2 + hd * 2)
-                shape = (hd, cols, 1 << V_PLANE_LOG2_GROUP, int(nz))
-                c.attn_sparse_gemvs[shape] += 2
-                c.attn_gemvs += 2
+            if hw.kv_v_layout == "rows":
+                if h % group == 0:   # one GEMV of INT8 weights per chunk, once for the heads of the group
+                    for cols in attn_chunks(pieces, hw):
+                        v_bytes += hd * cols + hd * 2
+                        c.attn_v_gemvs[(hd, cols, min(group, heads - h))] += 1
+                        c.attn_gemvs += 1
+            else:
+                for ci, cols in enumerate(attn_chunks(pieces, hw)):
+                    nz = cols if nonzero[h] is None else nonzero[h][ci]
+                    v_bytes += 2 * (nz * hd // 2 + hd * 2)
+                    shape = (hd, cols, 1 << V_PLANE_LOG2_GROUP, int(nz))
+                    c.attn_sparse_gemvs[shape] += 2
+                    c.attn_gemvs += 2
             c.attn_gemv_bytes += v_bytes
             c.bytes_read["KV"] += v_bytes + n * 2           # + the V row scales
             c.elements[self._name] += 2 * n * hd
 
     def _attn_int8(self, i, d, heads, hd, n):
         """ATTN on the INT8 cache: per head, the scores as two GEMVs over the K planes (lo, then hi with accm), the
-        softmax on the SFU, the V row scales folded into its weights, and the output as two sparse GEMVs over the
-        V planes per chunk of `gemv_max_cols` positions, times recip(sum). The ring's slots in the order of
+        softmax on the SFU, the V row scales folded into its weights, and the output per chunk of `gemv_max_cols`
+        positions as two sparse GEMVs over the V planes (``kv_v_layout`` "planes"), or one GEMV of INT8 weights
+        over the V rows ("rows"; scale 1, the table's lo half: the group's heads as the engine's vectors, each
+        head's value its own), times recip(sum). The ring's slots in the order of
         `sim.plan.attn_pieces` (slot order for a full ring; a ring wider than the window from the oldest visible
         position on, in two pieces where it wraps), the V chunks within each piece (`attn_chunks`). The K
         GEMVs serve a group of heads at once (`sim.plan.attn_k_group`; the same values as one by one), whose
@@ -1011,7 +1044,8 @@ class Machine:
                 xa, xe = quantize_activations(x[c0:c1], B)
                 nz.append(int(np.count_nonzero(xa)))
                 cols = rows[c0:c1]
-                for plane, scale in (("v_lo", v_lo_s), ("v_hi", v_hi_s)):
+                planes = (("v_lo", v_lo_s), ("v_hi", v_hi_s)) if "v_lo" in kv else (("v", v_lo_s),)
+                for plane, scale in planes:
                     o = gemv(kv[plane][cols, j].T, scale, xa, xe, group=1 << V_PLANE_LOG2_GROUP, block=B, acc=o)
             self.l2[dst.start + h * hd: dst.start + (h + 1) * hd] = o * r
             nonzero.append(nz)

@@ -303,27 +303,35 @@ def quantize_kv_v(v: np.ndarray):
 class KvInt8Layout:
     """Where one KV slot's INT8 cache lives in its slice of the KV region (bytes from the slot's offset), for
     `capacity` positions (C) of `heads` KV heads (H) of `head_dim` (D) elements, K scaled per `block` (B)
-    elements. Per head j, four INT4 planes of ``C·D/2`` bytes, each usable as a GEMV matrix as it stands:
+    elements. Per head j, ``2·C·D`` bytes of planes, each usable as a GEMV matrix as it stands:
 
-    - ``k_hi(j)``, ``k_lo(j)``: row-major ``[C, D]`` (position p = row p): dense GEMVs, one row per position;
-    - ``v_hi(j)``, ``v_lo(j)``: column-major ``[D, C]`` (position p = column p, D/2 bytes): sparse GEMVs;
+    - ``k_hi(j)``, ``k_lo(j)``: INT4, row-major ``[C, D]`` (position p = row p): dense GEMVs, one row per
+      position;
+    - `v_layout` "planes": ``v_hi(j)``, ``v_lo(j)``: INT4, column-major ``[D, C]`` (position p = column p, D/2
+      bytes): sparse GEMVs;
+    - `v_layout` "rows": ``v(j)`` (at ``v_hi(j)``, the room of both planes): INT8 ``q``, row-major ``[D, C]``
+      (V element d = row d, position p = byte p of it): a dense GEMV of INT8 weights;
 
     then per head the K planes' binary16 scales, row-major ``[C, ceil(D/B)]``: ``ks_hi(j)`` (``2**(e+4)``) and
-    ``ks_lo(j)`` (``2**e``); then per head the V rows' binary16 scales ``vs(j)`` ``[C]``. The V planes' own
-    scales are the constants 16 and 1 (one group per row), a table in WEIGHTS shared by every slot
-    (`v_plane_scales`)."""
+    ``ks_lo(j)`` (``2**e``); then per head the V rows' binary16 scales ``vs(j)`` ``[C]``. The V GEMVs' own
+    scales are constants (`v_plane_scales`: 16 and 1 for the planes, 1 for the rows; one group per row), a table
+    in WEIGHTS shared by every slot."""
 
-    def __init__(self, capacity: int, heads: int, head_dim: int, block: int):
+    def __init__(self, capacity: int, heads: int, head_dim: int, block: int, v_layout: str = "planes"):
         if head_dim % 2:
             raise ValueError(f"the INT8 KV planes need an even head_dim, not {head_dim}")
+        if v_layout not in ("planes", "rows"):
+            raise ValueError(f"v_layout must be 'planes' or 'rows', not {v_layout!r}")
         self.capacity, self.heads, self.head_dim, self.block = capacity, heads, head_dim, block
+        self.v_layout = v_layout
         self.plane = capacity * head_dim // 2
         self.kblocks = -(-head_dim // block)
         self.kscale = capacity * self.kblocks * 2
         self.scales_base = 4 * heads * self.plane
         self.vs_base = self.scales_base + 2 * heads * self.kscale
         self.nbytes = self.vs_base + heads * capacity * 2
-        # one position of one head: its four plane rows, its K scales (two planes) and its V scale
+        # one position of one head: its K plane rows and scales, its V (two plane rows, or a byte in each V row)
+        # and its V scale
         self.position_bytes = 4 * (head_dim // 2) + 2 * self.kblocks * 2 + 2
 
     def k_hi(self, j: int) -> int:
@@ -337,6 +345,18 @@ class KvInt8Layout:
 
     def v_lo(self, j: int) -> int:
         return self.k_hi(j) + 3 * self.plane
+
+    def v(self, j: int) -> int:
+        """Layout "rows": head j's INT8 V plane, ``[D, C]``."""
+        return self.v_hi(j)
+
+    def v_row_ranges(self, j: int, row: int) -> list[tuple[int, int]]:
+        """``(offset, bytes)`` of head j's V at ring row `row`: the two plane columns ("planes"), or one byte in
+        each of the D rows ("rows")."""
+        if self.v_layout == "planes":
+            half = self.head_dim // 2
+            return [(self.v_hi(j) + row * half, half), (self.v_lo(j) + row * half, half)]
+        return [(self.v(j) + d * self.capacity + row, 1) for d in range(self.head_dim)]
 
     def ks_hi(self, j: int) -> int:
         return self.scales_base + 2 * j * self.kscale

@@ -105,12 +105,14 @@ class Pass:
 class Engine:
     """One GEMV engine command: `rows` x `cols` of INT4 weights (dense: row-major; `sparse`: column-major,
     the columns of zero activations skipped), accumulating onto the old rows with `accm`, for `vectors`
-    activation vectors (a WGEMM tile where the GEMV engine takes several, ``gemv_vectors`` > 1)."""
+    activation vectors (a WGEMM tile where the GEMV engine takes several, ``gemv_vectors`` > 1); with `int8`,
+    dense INT8 weights, one a byte (INT8 ATTN's V rows, ``kv_v_layout`` "rows")."""
     rows: int
     cols: int
     accm: bool
     sparse: bool
     vectors: int = 1
+    int8: bool = False
 
     def __post_init__(self):
         _check_count("Engine", "rows", self.rows, 1)
@@ -292,8 +294,9 @@ def _kvst(i, st, hw):
     hd = d.head_dim
     words = Pass(None, "PACK", "NONE", "DDR", hd // 8)
     scales = Pass(None, "PACK", "NONE", "DDR", -(-hd // hw.act_block))
-    head = [_quant(hd), words, words, scales, scales, _quant(hd), _quant(hd), words, words,
-            Pass(None, "REG", "NONE", "DDR", 1)]
+    # V rows (``kv_v_layout`` "rows"): a byte into each of the head_dim rows, each its own DDR write
+    v = [words, words] if hw.kv_v_layout == "planes" else [Pass(None, "PACK", "NONE", "DDR", 1)] * hd
+    head = [_quant(hd), words, words, scales, scales, _quant(hd), _quant(hd)] + v + [Pass(None, "REG", "NONE", "DDR", 1)]
     return [DESC_LOAD] + head * d.heads
 
 
@@ -321,6 +324,8 @@ def _attn(i, st, hw):
     pieces = attn_pieces(st.pos, n, n if st.desc is None else st.desc.capacity)
     head = [Pass("MAX", "L2", "NONE", "REG", n), Pass("EXP", "L2", "NONE", "L2", n),
             Pass("SUM", "L2", "NONE", "REG", n)] + [Pass("MUL", "DDR", "L2", "L2", k, "F16") for _, k in pieces]
+    if hw.kv_v_layout == "rows":
+        return _attn_v_rows(heads, hd, n, pieces, head, hw)
     for i, cols in enumerate(attn_chunks(pieces, hw)):
         head += [_quant(cols), Engine(hd, cols, i != 0, True)]
         if i == 0:
@@ -334,6 +339,26 @@ def _attn(i, st, hw):
         for _, k in pieces:
             steps += [Engine(k, hd, False, False, g), Engine(k, hd, True, False, g)]
         steps += head * g
+    return steps
+
+
+def _attn_v_rows(heads: int, hd: int, n: int, pieces, head: list, hw) -> list:
+    """INT8 ATTN over V rows (``kv_v_layout`` "rows"), per group of heads (`attn_k_group`): the queries into the
+    quantiser (the engine's vectors), the K GEMVs (lo, then hi with accm) per piece; per head of the group MAX,
+    EXP(s - max), SUM, the V row scales times the weights, RECIP(sum); per V chunk each head's weights into the
+    quantiser (vector h) and one GEMV of INT8 weights over the V rows for the whole group (accm after the
+    first chunk); then per head times recip(sum)."""
+    steps, group = [DESC_LOAD], attn_k_group(hw, n)
+    recip = Pass("RECIP", "REG", "NONE", "REG", 1)
+    for h0 in range(0, heads, group):
+        g = min(group, heads - h0)
+        steps += [_quant(hd)] * g
+        for _, k in pieces:
+            steps += [Engine(k, hd, False, False, g), Engine(k, hd, True, False, g)]
+        steps += (head + [recip]) * g
+        for i, cols in enumerate(attn_chunks(pieces, hw)):
+            steps += [_quant(cols)] * g + [Engine(hd, cols, i != 0, False, g, int8=True)]
+        steps += [Pass("MULS", "L2", "NONE", "L2", hd)] * g
     return steps
 
 

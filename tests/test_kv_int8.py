@@ -147,12 +147,12 @@ def _softmax_attention(q, k, v):
 ATTN_INT8_TOL = 0.10
 
 
-def test_int8_attention_against_float64_over_the_dequantised_cache():
-    """Every ATTN of a tiny model's tokens (sliding layers past their window, full layers, KV-shared layers):
-    its output against float64 softmax attention over the K and V that the slot's bytes stand for."""
+def attention_errors(hw, decode, tokens=(2, 9, 41, 7, 300, 5, 77, 13, 6, 200)) -> list[float]:
+    """Every ATTN of a tiny model's `tokens` on `hw` (sliding layers past their window, full layers, KV-shared
+    layers): the largest error of each head's output against float64 softmax attention over the K and V that
+    the slot's bytes stand for (`decode(raw, descriptor, block)`), relative to the head's largest |V|."""
     cfg = PRESETS["tiny"]
-    rt = Runtime.from_hf(cfg, random_tensors(cfg, 3), arithmetic="hardware", hw=TINY8, max_positions=12)
-    m = rt.machine
+    rt = Runtime.from_hf(cfg, random_tensors(cfg, 3), arithmetic="hardware", hw=hw, max_positions=12)
     worst = []
 
     def trace(pc, insn, mach):
@@ -163,7 +163,7 @@ def test_int8_attention_against_float64_over_the_dequantised_cache():
         n = min(mach.pos + 1, window or d.capacity)
         # the visible positions' ring slots (a sliding ring holds the window and 3 rows more)
         slots = sorted({p % d.capacity for p in range(mach.pos - n + 1, mach.pos + 1)})
-        k, v = _decode_slot(mach.kv_bytes(d.index), d, TINY8.act_block)
+        k, v = decode(mach.kv_bytes(d.index), d, hw.act_block)
         k, v = k[slots], v[slots]
         q = mach.l2[insn.q * 4: insn.q * 4 + heads * hd].astype(np.float64).reshape(heads, hd)
         out = mach.l2[insn.dst * 4: insn.dst * 4 + heads * hd].astype(np.float64).reshape(heads, hd)
@@ -171,11 +171,16 @@ def test_int8_attention_against_float64_over_the_dequantised_cache():
             want = _softmax_attention(q[h], k[:, insn.kv_head], v[:, insn.kv_head])
             worst.append(np.max(np.abs(out[h] - want)) / np.max(np.abs(v[:, insn.kv_head])))
 
-    for token in (2, 9, 41, 7, 300, 5, 77, 13, 6, 200):
-        m.run(rt.program.words, token=token, pos=rt.position, trace=trace)
+    for token in tokens:
+        rt.machine.run(rt.program.words, token=token, pos=rt.position, trace=trace)
         rt.position += 1
-    assert len(worst) == 10 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.num_attention_heads //
-                                                                                 cfg.num_key_value_heads)
+    assert len(worst) == len(tokens) * cfg.num_hidden_layers * cfg.num_attention_heads
+    return worst
+
+
+def test_int8_attention_against_float64_over_the_dequantised_cache():
+    """Every ATTN of a tiny model's tokens against float64 softmax attention over the dequantised cache."""
+    worst = attention_errors(TINY8, _decode_slot)
     assert max(worst) < ATTN_INT8_TOL, max(worst)
 
 
@@ -289,20 +294,26 @@ def test_int8_kvst_rejects_values_beyond_the_binary16_scales():
     np.testing.assert_array_equal(raw[row1], before[row1])                                  # position 1 not
 
 
+def hardware_and_count_counters(hw, max_positions=8, tokens=6):
+    """The counters of `tokens` decode steps of the tiny model on `hw` in hardware and in COUNT arithmetic (the
+    latter on an image planned without weights, as the perf model runs E4B)."""
+    from firmware.compiler import compile_token
+    cfg = PRESETS["tiny"]
+    image = pack(cfg, random_tensors(cfg, 0), hw, max_positions=max_positions)
+    plan = pack(cfg, None, hw, max_positions=max_positions, fill=False)
+    prog = compile_token(cfg, image, hw)
+    hw_m, cnt_m = Machine(image, hw, "hardware"), Machine(plan, hw, "count")
+    for pos in range(tokens):
+        hw_m.run(prog.words, token=pos + 2, pos=pos)
+        cnt_m.run(prog.words, token=pos + 2, pos=pos)
+    return hw_m.counters, cnt_m.counters
+
+
 def test_int8_counts_match_between_count_and_hardware_arithmetic():
     """The perf model's input: COUNT arithmetic (E4B without weights) counts what hardware arithmetic counts,
     but for V columns whose softmax weight quantises to 0 (not fetched)."""
     cfg = PRESETS["tiny"]
-    tensors = random_tensors(cfg, 0)
-    image = pack(cfg, tensors, TINY8, max_positions=8)
-    plan = pack(cfg, None, TINY8, max_positions=8, fill=False)
-    from firmware.compiler import compile_token
-    prog = compile_token(cfg, image, TINY8)
-    hw_m, cnt_m = Machine(image, TINY8, "hardware"), Machine(plan, TINY8, "count")
-    for pos in range(6):
-        hw_m.run(prog.words, token=pos + 2, pos=pos)
-        cnt_m.run(prog.words, token=pos + 2, pos=pos)
-    a, b = hw_m.counters, cnt_m.counters
+    a, b = hardware_and_count_counters(TINY8)
     assert a.attn_gemvs == b.attn_gemvs > 0
     assert a.bytes_written["KV"] == b.bytes_written["KV"] == 6 * len(cfg.kv_cache_layers) * cfg.num_key_value_heads \
         * (2 * cfg.head_dim + 4 * -(-cfg.head_dim // TINY8.act_block) + 2)

@@ -47,6 +47,9 @@ class AttentionSequencer(Sequencer):
     tracker (``o_gemv``, ``o_act_n``, ``i_engine``) and the KV packer (``o_pack_clear``, ``i_pack``)."""
 
     def __init__(self, hw: HardwareConfig):
+        if hw.kv_v_layout != "planes":
+            raise ValueError(f"kv_v_layout {hw.kv_v_layout!r} has no RTL: the ISS and firmware.perf model it; the "
+                             f"controller and the GEMV engine build 'planes' (docs/numerics.md \"KV cache\")")
         super().__init__(hw, {
             "div": Out(DividerPort),
             "o_gemv": Out(stream.Signature(gemv_job_layout(hw))),
