@@ -281,7 +281,7 @@ def e4b_cost(hw: HardwareConfig, positions: Sequence[int] = (128, 4096)) -> list
     from .perf import estimate
     try:
         target = HardwareConfig.preset("kv260").replace(weight_group=hw.weight_group, act_block=hw.act_block,
-                                                        kv_format=hw.kv_format)
+                                                        kv_format=hw.kv_format, kv_v_layout=hw.kv_v_layout)
         estimates = estimate(ModelConfig.preset("e4b"), target, list(positions))
     except ValueError:
         return None
@@ -297,7 +297,8 @@ def _random_main(p: argparse.ArgumentParser, args, hw: HardwareConfig) -> int:
         p.error(f"argument --steps: must be at most the {args.model} model's {cfg.max_position_embeddings} "
                 f"positions (max_position_embeddings), not {args.steps}")
     print(f"model {args.model} (random weights), hardware {hw.name}: weight group {hw.weight_group or 'row'}, "
-          f"activation block {hw.act_block}, KV cache {hw.kv_format}, INT4 quantizer {args.quantizer}, "
+          f"activation block {hw.act_block}, KV cache {hw.kv_format}"
+          f"{' (V rows)' if hw.kv_v_layout == 'rows' else ''}, INT4 quantizer {args.quantizer}, "
           f"{args.steps} greedy steps"
           + (", weights INT4-exact in both models" if args.int4_exact else ""))
     print(f"{'seed':>5} {'max |dlogit|':>13} {'top-1':>7} {'mean KL':>9} {'max KL':>9}")
@@ -359,6 +360,8 @@ def main(argv=None) -> int:
                    help="weight group (0 = one scale per row)")
     p.add_argument("--block", type=arg_type("a power of two", int, pow2), metavar="B", help="activation block")
     p.add_argument("--kv-format", choices=("fp16", "int8"), help="KV cache format (default: the preset's)")
+    p.add_argument("--kv-v-layout", choices=("planes", "rows"),
+                   help="INT8 cache: V as two INT4 planes or as INT8 rows (default: the preset's)")
     p.add_argument("--quantizer", default="search", choices=WEIGHT_METHODS,
                    help="the packer's INT4 scales: search (least squared error per group; default) or rtn "
                         "(round-to-nearest)")
@@ -384,7 +387,8 @@ def main(argv=None) -> int:
     hw_name = args.hw or ("tiny" if random else "kv260")
     hw = HardwareConfig.preset(hw_name)
     for option, name, value in (("--group", "weight_group", args.group), ("--block", "act_block", args.block),
-                                ("--kv-format", "kv_format", args.kv_format)):
+                                ("--kv-format", "kv_format", args.kv_format),
+                                ("--kv-v-layout", "kv_v_layout", args.kv_v_layout)):
         if value is not None:
             try:
                 hw = hw.replace(**{name: value})
@@ -429,7 +433,7 @@ def main(argv=None) -> int:
     result = Perplexity.combine(parts)
     cost = e4b_cost(hw)
     hardware = {"preset": hw_name, "weight_group": hw.weight_group, "act_block": hw.act_block,
-                "kv_format": hw.kv_format, "quantizer": args.quantizer}
+                "kv_format": hw.kv_format, "kv_v_layout": hw.kv_v_layout, "quantizer": args.quantizer}
     if args.json:
         by_topic = {"topics": [{"title": title, **r.to_dict()} for (title, _), r in zip(topics, parts)]}
         print(json.dumps({"checkpoint": os.path.abspath(directory), "text": os.path.abspath(text_path),
@@ -442,7 +446,7 @@ def main(argv=None) -> int:
           f"{args.context or cfg.max_position_embeddings} positions"
           + (" (weights INT4-exact in every model)" if args.int4_exact else ""))
     print(f"hardware {hw_name}: weight group {hw.weight_group or 'row'}, activation block {hw.act_block}, "
-          f"KV cache {hw.kv_format}, INT4 quantizer {args.quantizer}")
+          f"KV cache {hw.kv_format}{' (V rows)' if hw.kv_v_layout == 'rows' else ''}, INT4 quantizer {args.quantizer}")
     print("E4B with these numerics on kv260: " + ("they do not fit" if cost is None else ", ".join(
         f"{c['bytes_per_token'] / 1e6:,.1f} MB per token and {c['tok_s']:.2f} tok/s modelled at L = {c['position']:,}"
         for c in cost)))

@@ -66,10 +66,12 @@ DDR_PEAK_BYTES_PER_S = 19.2e9          # KV260: DDR4-2400, 64 bit (DS987; docs/r
 # Elements per cycle of a pass kind beyond `Rates.elements_per_cycle`: the quantiser passes and the SFU's short
 # path (element-wise and reductions, from L2) take L2 words (four elements) per cycle (`hdl.l2.ElemReader` beats
 # into `hdl.quant.ActQuantizer` or the four lanes of `hdl.sfu.Sfu`, `hdl.l2.ElemWriter` beats back into L2).
-PASS_LANES = {"quant": LANES, "vec": LANES, "reduce": LANES}
+# A scattering DDR write takes an element every other cycle (an AW each, `hdl.ddrwrite.AxiWriteDma`;
+# tests/test_ddrwrite.py's rate bench: at most 2 cycles a byte).
+PASS_LANES = {"quant": LANES, "vec": LANES, "reduce": LANES, "ddr_scatter": 0.5}
 # The fixed cost of a pass kind where it is another kind's: a DDR copy's is the DDR reader's (`hdl.ddrio.DdrReader`,
-# the same latency whether it delivers elements or L2 words).
-PASS_FIXED = {"ddr_copy": "ddr_read_pass"}
+# the same latency whether it delivers elements or L2 words), a scattering write's the DDR writer's.
+PASS_FIXED = {"ddr_copy": "ddr_read_pass", "ddr_scatter": "ddr_write_pass"}
 
 
 def _fixed(kind: str) -> str:

@@ -139,13 +139,16 @@ class DmaComponent(wiring.Component):
     their own `members`."""
 
     def __init__(self, cfg: HardwareConfig, len_bits: int, members: dict):
-        if isinstance(len_bits, bool) or not isinstance(len_bits, int) or not 1 <= len_bits <= 32:
-            self._MustUse__silence = True     # rejected: no "created but never used" warning
-            raise ValueError(f"len_bits must be an integer in 1..32, not {len_bits!r}")
+        self._check_len_bits(len_bits)
         self._cfg = cfg
         self._len_bits = len_bits
         super().__init__({"i_cmd": In(stream.Signature(read_command_layout(cfg.axi_addr_bits, len_bits))),
                           **members})
+
+    def _check_len_bits(self, len_bits) -> None:
+        if isinstance(len_bits, bool) or not isinstance(len_bits, int) or not 1 <= len_bits <= 32:
+            self._MustUse__silence = True     # rejected: no "created but never used" warning
+            raise ValueError(f"len_bits must be an integer in 1..32, not {len_bits!r}")
 
     cfg = property(lambda self: self._cfg)
     len_bits = property(lambda self: self._len_bits)

@@ -60,7 +60,10 @@ def reader_cmd_layout(hw: HardwareConfig) -> data.StructLayout:
 
 
 def writer_cmd_layout(hw: HardwareConfig) -> data.StructLayout:
-    return data.StructLayout({"addr": unsigned(hw.axi_addr_bits), "n": unsigned(N_BITS), "fmt": unsigned(1)})
+    """A `hdl.ddrwrite.DdrWriter` command: ``n`` elements from ``addr`` in format ``fmt``, contiguous; or, with
+    ``stride`` != 0, each element's low byte on its own at ``addr + k·stride`` (INT8 ATTN's V rows)."""
+    return data.StructLayout({"addr": unsigned(hw.axi_addr_bits), "n": unsigned(N_BITS), "fmt": unsigned(1),
+                              "stride": unsigned(N_BITS)})
 
 
 def elem_layout() -> data.StructLayout:

@@ -16,6 +16,11 @@ await their B response, and a burst's W beats are sent only after its AW handsha
 queued on AW acceptance), so AW always precedes its W beats. All bursts use ID 0 (B responses in order).
 ``o_done`` pulses when the command's last B response has arrived; a B response other than OKAY (SLVERR,
 DECERR) sets the sticky ``o_error``.
+
+A command with a **stride** (``i_stride`` != 0 on `AxiWriteDma`, ``stride`` on `DdrWriter`) scatters bytes
+instead: byte k of ``nbytes`` goes to ``addr + k·stride``, each in a burst of one beat whose only strobe is its
+lane, the bursts pipelined like any others (INT8 ATTN's V rows, `sim.numerics.KvInt8Layout`: a position's byte
+in each of the head's rows).
 """
 
 from __future__ import annotations
@@ -51,10 +56,14 @@ class AxiWriteDma(DmaComponent):
     -------
     i_cmd : In(stream.Signature(hdl.axi.read_command_layout))
         Accepted only when the DMA is idle (``o_busy`` low).
+    i_stride : In(unsigned(len_bits))
+        Sampled with the command: 0 for contiguous bytes; else the command scatters ``nbytes`` single bytes,
+        byte k at ``addr + k * i_stride``.
     i_data : In(stream.Signature(unsigned(axi_data_bits)))
         Exactly ``ceil(((addr mod B) + nbytes) / B)`` beats per command (none for ``nbytes = 0``), **aligned to
         DDR**: beat ``k`` holds the bytes of the beat-aligned address ``(addr - addr mod B) + k * B``. Lanes
-        outside ``[addr, addr + nbytes)`` are ignored (their strobes are 0).
+        outside ``[addr, addr + nbytes)`` are ignored (their strobes are 0). With a stride, ``nbytes`` beats:
+        beat k holds byte k at lane ``(addr + k * i_stride) mod B`` (the other lanes are ignored).
     axi : Out(AxiWriteSignature)
     o_done : Out(1)
         One-cycle pulse when every B response of the command has arrived (the cycle after acceptance for
@@ -72,7 +81,9 @@ class AxiWriteDma(DmaComponent):
     """
 
     def __init__(self, cfg: HardwareConfig, *, len_bits: int = 24):
+        self._check_len_bits(len_bits)           # before the members that take its width
         super().__init__(cfg, len_bits, {
+            "i_stride": In(unsigned(len_bits)),
             "i_data": In(stream.Signature(unsigned(cfg.axi_data_bits))),
             "axi": Out(AxiWriteSignature.from_config(cfg)),
             "o_done": Out(1),
@@ -107,8 +118,14 @@ class AxiWriteDma(DmaComponent):
         active = Signal()                          # bursts left to address
         outstanding = Signal(range(cfg.axi_max_outstanding + 1))   # AW accepted, B not yet received
         to_4k = Signal(range(AXI_4K // B + 1))     # beats from `cur` to the next 4 KB boundary
+        # a scattering command: its next byte's address (`saddr`), stepped by `stride` at each AW
+        scatter = Signal()
+        stride = Signal(self._len_bits)
+        saddr = Signal(cfg.axi_addr_bits)
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
-            m.d.sync += [busy.eq(1), cur.eq(cmd.addr & ~(B - 1)), rem.eq(nbeats), wleft.eq(nbeats),
+            n_beats = Mux(self.i_stride != 0, cmd.nbytes, nbeats)
+            m.d.sync += [busy.eq(1), cur.eq(cmd.addr & ~(B - 1)), rem.eq(n_beats), wleft.eq(n_beats),
+                         scatter.eq(self.i_stride != 0), stride.eq(self.i_stride), saddr.eq(cmd.addr),
                          w_first.eq(1), w_last.eq(nbeats == 1), active.eq(cmd.nbytes != 0),
                          to_4k.eq((AXI_4K - (cmd.addr[:12] & ~(B - 1))) >> lb),
                          first_strb.eq((Const(full, B) << off)[:B]),
@@ -125,28 +142,32 @@ class AxiWriteDma(DmaComponent):
         final = Signal()                           # the command's last burst
         with m.If(active & ~sized):
             m.d.sync += sized.eq(1)
-            with m.If((rem <= Mx) & (rem <= to_4k)):
+            with m.If(scatter):                    # a beat a burst, never across 4 KB
+                m.d.sync += [burst.eq(1), page_end.eq(0), final.eq(rem == 1)]
+            with m.Elif((rem <= Mx) & (rem <= to_4k)):
                 m.d.sync += [burst.eq(rem), page_end.eq(rem == to_4k), final.eq(1)]
             with m.Elif(to_4k < Mx):
                 m.d.sync += [burst.eq(to_4k), page_end.eq(1), final.eq(0)]
             with m.Else():
                 m.d.sync += [burst.eq(Mx), page_end.eq(to_4k == Mx), final.eq(0)]
 
-        # Burst lengths (awlen, and awlen == 0) travel from AW to W; an entry exists only after its AW
-        # handshake.
-        m.submodules.lens = lens = fifo.SyncFIFO(width=9, depth=cfg.axi_max_outstanding)
+        # Burst lengths (awlen, and awlen == 0) travel from AW to W, with a scattered byte's lane; an entry
+        # exists only after its AW handshake.
+        lw = max(lb, 1)
+        m.submodules.lens = lens = fifo.SyncFIFO(width=9 + lw, depth=cfg.axi_max_outstanding)
         m.d.comb += [
-            axi.awid.eq(0), axi.awaddr.eq(cur), axi.awlen.eq(burst - 1), axi.awsize.eq(lb),
+            axi.awid.eq(0), axi.awaddr.eq(Mux(scatter, saddr & ~(B - 1), cur)), axi.awlen.eq(burst - 1),
+            axi.awsize.eq(lb),
             axi.awburst.eq(AxiBurst.INCR), axi.awlock.eq(0),
             axi.awcache.eq(0b0011),                # normal non-cacheable bufferable, as the read side
             axi.awprot.eq(0), axi.awqos.eq(0),
             axi.awvalid.eq(active & sized & (outstanding < cfg.axi_max_outstanding) & lens.w_rdy),
-            lens.w_data.eq(Cat(axi.awlen, burst == 1)),
+            lens.w_data.eq(Cat(axi.awlen, burst == 1, saddr[:lw] if lb else Const(0, 1))),
         ]
         aw_fire = axi.awvalid & axi.awready
         m.d.comb += lens.w_en.eq(aw_fire)
         with m.If(aw_fire):
-            m.d.sync += [cur.eq(cur + (burst << lb)), rem.eq(rem - burst), sized.eq(0),
+            m.d.sync += [cur.eq(cur + (burst << lb)), rem.eq(rem - burst), sized.eq(0), saddr.eq(saddr + stride),
                          to_4k.eq(Mux(page_end, AXI_4K // B, to_4k - burst))]
             with m.If(final):
                 m.d.sync += active.eq(0)
@@ -158,9 +179,10 @@ class AxiWriteDma(DmaComponent):
         b_first = Signal(init=1)                   # the next W beat starts a burst (its awlen: `lens`' head)
         b_last = Signal()                          # the next W beat ends its burst (when not `b_first`)
         b_left = Signal(8)                         # beats of the current burst after the next one
-        head_len, head_one = lens.r_data[:8], lens.r_data[8]
+        head_len, head_one, head_lane = lens.r_data[:8], lens.r_data[8], lens.r_data[9:]
         strb = Signal(B)
-        m.d.comb += strb.eq(Mux(w_first, first_strb, full) & Mux(w_last, last_strb, full))
+        m.d.comb += strb.eq(Mux(scatter, (Const(1, B) << head_lane)[:B],
+                                Mux(w_first, first_strb, full) & Mux(w_last, last_strb, full)))
         w_can = Signal()
         m.d.comb += w_can.eq(lens.r_rdy | ~b_first)
         m.d.comb += [
@@ -205,7 +227,9 @@ class DdrWriter(wiring.Component):
     i_cmd : In(stream.Signature(writer_cmd_layout(hw)))
         ``addr`` (byte address in DDR; 4-byte aligned for F32, 2-byte aligned for F16: the address bits
         below the element size are ignored), ``n`` (elements, 0 .. 2**24 - 1; 0 is accepted and only pulses
-        ``o_done``), ``fmt`` (`DdrFormat.F32` or `DdrFormat.F16`). Accepted when idle (``o_busy`` low).
+        ``o_done``), ``fmt`` (`DdrFormat.F32` or `DdrFormat.F16`), ``stride`` (0; else each element's low
+        byte goes on its own to ``addr + k * stride``, any byte address, and ``fmt`` is not used). Accepted
+        when idle (``o_busy`` low).
     i_elem : In(stream.Signature(unsigned(32)))
         The command's ``n`` binary32 elements, in order. Taken only while a command is active.
     axi : Out(AxiWriteSignature)
@@ -217,7 +241,9 @@ class DdrWriter(wiring.Component):
         Sticky: some B response was SLVERR or DECERR since reset.
 
     Throughput: one element per cycle sustained for both formats while AXI keeps up (a beat holds
-    ``B / 4`` or ``B / 2`` elements). An element reaches the packer `latency` cycles after ``i_elem``.
+    ``B / 4`` or ``B / 2`` elements); with a stride, a byte every other cycle (an AW each) while fewer than
+    ``axi_max_outstanding`` bursts await their B. An element reaches the packer `latency` cycles after
+    ``i_elem``.
     """
 
     def __init__(self, hw: HardwareConfig):
@@ -257,21 +283,26 @@ class DdrWriter(wiring.Component):
         # --- command --------------------------------------------------------------------------------
         cmd = self.i_cmd.p
         f16 = Signal()
+        scatter = Signal()                         # a command with a stride: a byte a beat
+        step = Signal(max(lb, 1))                  # the stride's lanes (stride mod B)
         left = Signal(N_BITS)                      # elements not yet taken from i_elem
         more = Signal()                            # left != 0, registered with it
         pos = Signal(lb)                           # byte lane of the next element to pack
         to_pack = Signal(N_BITS)                   # elements not yet packed
         caddr = Signal(hw.axi_addr_bits)
-        m.d.comb += caddr.eq(Mux(cmd.fmt == DdrFormat.F16, cmd.addr & ~1, cmd.addr & ~3))
+        strided = cmd.stride != 0
+        m.d.comb += caddr.eq(Mux(strided, cmd.addr, Mux(cmd.fmt == DdrFormat.F16, cmd.addr & ~1, cmd.addr & ~3)))
         m.d.comb += [
             dma.i_cmd.valid.eq(self.i_cmd.valid),
             dma.i_cmd.p.addr.eq(caddr),
-            dma.i_cmd.p.nbytes.eq(Mux(cmd.fmt == DdrFormat.F16, cmd.n << 1, cmd.n << 2)),
+            dma.i_cmd.p.nbytes.eq(Mux(strided, cmd.n, Mux(cmd.fmt == DdrFormat.F16, cmd.n << 1, cmd.n << 2))),
+            dma.i_stride.eq(cmd.stride),
             self.i_cmd.ready.eq(dma.i_cmd.ready),
         ]
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
-            m.d.sync += [f16.eq(cmd.fmt == DdrFormat.F16), left.eq(cmd.n), more.eq(cmd.n != 0), to_pack.eq(cmd.n),
-                         pos.eq(caddr[:lb])]
+            m.d.sync += [f16.eq(~strided & (cmd.fmt == DdrFormat.F16)), left.eq(cmd.n), more.eq(cmd.n != 0),
+                         to_pack.eq(cmd.n), pos.eq(caddr[:lb]), scatter.eq(strided),
+                         step.eq(cmd.stride[:lb] if lb else 0)]
 
         # --- element pipeline: F32ToF16, raw bits alongside ------------------------------------------
         m.submodules.cvt = cvt = F32ToF16()
@@ -298,17 +329,20 @@ class DdrWriter(wiring.Component):
         acc = Signal(W)                            # the beat being filled
         merged = Signal(W)
         m.d.comb += merged.eq(acc)
-        with m.If(f16):
+        with m.If(scatter):
+            m.d.comb += merged.word_select(pos, 8).eq(raw[:8])
+        with m.Elif(f16):
             m.d.comb += merged.word_select(pos[1:], 16).eq(cvt.o_y[:16])
         with m.Else():
             m.d.comb += (merged.word_select(pos[2:], 32) if lb > 2 else merged).eq(raw)
         size = Mux(f16, 2, 4)
         nxt = Signal(lb + 1)
-        m.d.comb += nxt.eq(pos + size)
+        m.d.comb += nxt.eq(Mux(scatter, pos + step, pos + size))
         pack = Signal()
         m.d.comb += pack.eq(cvt.o_valid & en)
         last = to_pack == 1
-        m.d.comb += [beats.w_data.eq(merged), beats.w_en.eq(pack & (nxt[lb] | last))]
+        # a scattered byte is a beat of its own
+        m.d.comb += [beats.w_data.eq(merged), beats.w_en.eq(pack & (scatter | nxt[lb] | last))]
         with m.If(pack):
             m.d.sync += [acc.eq(merged), pos.eq(nxt[:lb]), to_pack.eq(to_pack - 1)]
 

@@ -509,9 +509,9 @@ SCALE_FIELD_MAX = 255
 
 
 def pack_command_layout() -> data.StructLayout:
-    """One `KvPacker` read command: ``sel`` (0 hi plane words, 1 lo plane words, 2 hi scales, 3 lo scales)
-    and ``n`` elements."""
-    return data.StructLayout({"sel": 2, "n": unsigned(N_BITS)})
+    """One `KvPacker` read command: ``sel`` (0 hi plane words, 1 lo plane words, 2 hi scales, 3 lo scales,
+    4 INT8 values) and ``n`` elements."""
+    return data.StructLayout({"sel": 3, "n": unsigned(N_BITS)})
 
 
 class KvPacker(wiring.Component):
@@ -566,7 +566,9 @@ class KvPacker(wiring.Component):
           `sim.numerics.pack_int4` of hi as a little-endian uint32);
         - sel 1: lo plane words, the same with the lo nibbles;
         - sel 2: hi scales, binary32 ``2**(e_k + 4)``;  sel 3: lo scales, ``2**e_k`` (both clamped as
-          ``o_vscale``).
+          ``o_vscale``);
+        - sel 4: the INT8 value of column k, ``q & 0xFF`` in bits 0..7 (a V row's bytes, the INT8 cache with V
+          as rows: `hdl.ddrwrite.DdrWriter` scatters them with a stride).
 
         Accepted when no command is in progress (``o_busy`` low); n = 0 produces nothing.
     o_elem : Out(stream(unsigned(32)))
@@ -628,7 +630,8 @@ class KvPacker(wiring.Component):
         LG = ceil_log2(G)
         w_depth = 1 << ceil_log2(max(2, self._max_elems // W))
         e_depth = 1 << ceil_log2(max(2, -(-self._max_elems // B)))
-        k_bits = max(LG + ceil_log2(w_depth), ceil_log2(e_depth))
+        lW = ceil_log2(W)
+        k_bits = max(lW + ceil_log2(w_depth), ceil_log2(e_depth))     # a column's index (sel 4) or less
 
         # ---- Writes: the quantiser's words and exponents; the running maximum exponent ---------------------
         m.submodules.words = words = Memory(shape=data.ArrayLayout(signed(8), W), depth=w_depth, init=[])
@@ -655,8 +658,10 @@ class KvPacker(wiring.Component):
         # ---- Reads: element k of the running command into the o_elem register -------------------------------
         r_left = Signal(N_BITS)
         r_k = Signal(k_bits)                          # wraps with the memories (power-of-two depths)
-        r_sel = Signal(2)
-        m.d.comb += [w_rd.addr.eq(r_k[LG:]), e_rd.addr.eq(r_k)]
+        r_sel = Signal(3)
+        byte = Signal()                               # sel 4, a register of its own
+        m.d.comb += [w_rd.addr.eq(Mux(byte, r_k[lW:], r_k[LG:])), e_rd.addr.eq(r_k)]
+        value = Cat(w_rd.data.as_value().word_select(r_k[:lW], 8), Const(0, 24))
 
         grp = w_rd.data.as_value().word_select(r_k[:LG], 64) if G > 1 else w_rd.data.as_value()
         nibbles = []
@@ -675,9 +680,10 @@ class KvPacker(wiring.Component):
                      load.eq(r_more & (~self.o_elem.valid | self.o_elem.ready))]
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
             m.d.sync += [r_left.eq(self.i_cmd.p.n), r_more.eq(self.i_cmd.p.n != 0), r_k.eq(0),
-                         r_sel.eq(self.i_cmd.p.sel)]
+                         r_sel.eq(self.i_cmd.p.sel), byte.eq(self.i_cmd.p.sel == 4)]
         with m.If(load):
-            m.d.sync += [self.o_elem.valid.eq(1), self.o_elem.payload.eq(Mux(r_sel[1], scale, plane)),
+            m.d.sync += [self.o_elem.valid.eq(1),
+                         self.o_elem.payload.eq(Mux(byte, value, Mux(r_sel[1], scale, plane))),
                          r_left.eq(r_left - 1), r_more.eq(r_left != 1), r_k.eq(r_k + 1)]
         with m.Elif(self.o_elem.ready):
             m.d.sync += self.o_elem.valid.eq(0)

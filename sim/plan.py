@@ -44,8 +44,9 @@ DDR_FORMATS = ("F32", "F16", "INT4")        # hdl.ddrio.DdrFormat
 # path, element-wise: `hdl.sfu.SHORT_OPS` from L2), "reduce" (the short path to one result), "copy" (around the
 # SFU, L2 or a scalar into L2 or a scalar), "quant" (L2 -> the activation quantiser or the GEMV engine's row
 # mask, four elements a cycle), "ddr_read", "ddr_copy" (DDR binary32 around the SFU into L2: the `DdrReader`'s
-# wide commands, an L2 word a cycle; DMA), "ddr_write".
-PASS_KINDS = ("sfu", "vec", "reduce", "copy", "quant", "ddr_read", "ddr_copy", "ddr_write")
+# wide commands, an L2 word a cycle; DMA), "ddr_write", "ddr_scatter" (a DDR write whose elements' bytes go a
+# `stride` apart, a one-beat burst each: KVST's V rows).
+PASS_KINDS = ("sfu", "vec", "reduce", "copy", "quant", "ddr_read", "ddr_copy", "ddr_write", "ddr_scatter")
 
 _OPS = frozenset(op.name for op in SfuOp)
 _REDUCE = frozenset(op.name for op in REDUCE_OPS)
@@ -63,7 +64,8 @@ class Pass:
     """One pass: `n` elements (the ``n`` of the controller's pass command, `hdl.controller.passes.pass_layout`)
     from `src` (and `b`) through SFU operation `op` (None: around the SFU) into `sink`. `beside`: started in the
     same cycle as the `Engine` step before it, and run beside that command (INT8 ATTN's RECIP). `fmt`: the
-    format of a DDR source's elements (`DDR_FORMATS`), None for every other source."""
+    format of a DDR source's elements (`DDR_FORMATS`), None for every other source. `stride`: a DDR sink that
+    scatters its elements' low bytes a stride apart (`hdl.ddrwrite.DdrWriter`; KVST's V rows)."""
     op: str | None
     src: str
     b: str
@@ -71,6 +73,7 @@ class Pass:
     n: int
     fmt: str | None = None
     beside: bool = False
+    stride: bool = False
 
     def __post_init__(self):
         if self.op is not None and self.op not in _OPS:
@@ -82,12 +85,14 @@ class Pass:
             raise ValueError(f"Pass.fmt must be one of {', '.join(DDR_FORMATS)} for a DDR source and None for "
                              f"any other, not {self.fmt!r} with src {self.src!r}")
         _check_count("Pass", "n", self.n, 1)
+        if self.stride and self.sink != "DDR":
+            raise ValueError(f"Pass.stride needs the DDR sink, not {self.sink!r}")
 
     @property
     def kind(self) -> str:
         """What the pass costs like (`PASS_KINDS`)."""
         if self.sink == "DDR":
-            return "ddr_write"
+            return "ddr_scatter" if self.stride else "ddr_write"
         if self.src == "DDR":
             return "ddr_copy" if self.op is None and self.sink == "L2" and self.fmt == "F32" else "ddr_read"
         if self.sink in ("QUANT", "MASK"):
@@ -294,8 +299,8 @@ def _kvst(i, st, hw):
     hd = d.head_dim
     words = Pass(None, "PACK", "NONE", "DDR", hd // 8)
     scales = Pass(None, "PACK", "NONE", "DDR", -(-hd // hw.act_block))
-    # V rows (``kv_v_layout`` "rows"): a byte into each of the head_dim rows, each its own DDR write
-    v = [words, words] if hw.kv_v_layout == "planes" else [Pass(None, "PACK", "NONE", "DDR", 1)] * hd
+    # V rows (``kv_v_layout`` "rows"): the row's INT8 values, a byte into each of the head_dim rows
+    v = [words, words] if hw.kv_v_layout == "planes" else [Pass(None, "PACK", "NONE", "DDR", hd, stride=True)]
     head = [_quant(hd), words, words, scales, scales, _quant(hd), _quant(hd)] + v + [Pass(None, "REG", "NONE", "DDR", 1)]
     return [DESC_LOAD] + head * d.heads
 

@@ -1,6 +1,6 @@
 """The INT8 KV cache's packer (hdl.quant.KvPacker) in the Amaranth simulator, bit for bit against
 `sim.numerics`: the quantiser (limit / force commands) writes a K or V row into the packer, which reads it
-back as the KV cache stores it. K rows (one quantiser pass at limit 119): the hi / lo plane words must be
+back as the KV cache stores it (a V row also as its INT8 values, the bytes of the V rows layout). K rows (one quantiser pass at limit 119): the hi / lo plane words must be
 `pack_int4` of `quantize_kv_k`'s planes and the scales, converted binary32 -> binary16, its scale_hi /
 scale_lo. V rows, as the controller runs KVST: pass A (limit) only for ``o_emax``, pass B (limit, force, e =
 o_emax) for the planes; the planes and ``o_vscale`` against `quantize_kv_v`. Seeded random rows of 16 and 256
@@ -26,7 +26,7 @@ TINY = HardwareConfig.preset("tiny")
 KV260 = HardwareConfig.preset("kv260")
 NARROW = TINY.replace(name="narrow", act_block=4, gemv_max_cols=256)      # blocks narrower than a plane word
 
-SEL_HI, SEL_LO, SEL_SHI, SEL_SLO = range(4)
+SEL_HI, SEL_LO, SEL_SHI, SEL_SLO, SEL_BYTES = range(5)
 
 
 class QuantPack(Elaboratable):
@@ -160,8 +160,9 @@ def rtl_kv_rows(hw, rows, *, seed, p_idle=0.0, p_stall=0.0, max_elems=256):
                 await quantise(ctx, q, x, limit=1, force=1, e=r["emax"], rng=rng, p_idle=p_idle)
                 r["vscale"] = ctx.get(pk.o_vscale)
                 r["emax_b"] = ctx.get(pk.o_emax)
-                r["hi"], r["lo"], r["slo"] = await read(
-                    ctx, pk, [(SEL_HI, n // 8), (SEL_LO, n // 8), (SEL_SLO, nb)], rng=rng, p_stall=p_stall)
+                r["hi"], r["lo"], r["slo"], r["bytes"] = await read(
+                    ctx, pk, [(SEL_HI, n // 8), (SEL_LO, n // 8), (SEL_SLO, nb), (SEL_BYTES, n)], rng=rng,
+                    p_stall=p_stall)
             results.append(r)
 
     run_sim(dut, bench)
@@ -185,6 +186,8 @@ def check_rows(hw, rows, results, what):
             assert r["emax_b"] == e_row, f"{msg}: pass B (forced) moved o_emax to {r['emax_b']}"
             np.testing.assert_array_equal(r["hi"], plane_words(hi), err_msg=f"{msg}: hi plane")
             np.testing.assert_array_equal(r["lo"], plane_words(lo), err_msg=f"{msg}: lo plane")
+            q = (16 * hi.astype(np.int16) + lo).astype(np.int8).view(np.uint8)
+            np.testing.assert_array_equal(r["bytes"], q, err_msg=f"{msg}: INT8 values (the V rows' bytes)")
             assert to_binary16([r["vscale"]])[0] == b16(s), f"{msg}: o_vscale {r['vscale']:#010x} vs {s!r}"
             nb = -(-len(x) // B)
             np.testing.assert_array_equal(r["slo"], pow2_binary32_clamped(np.full(nb, e_row)),

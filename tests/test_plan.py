@@ -59,7 +59,8 @@ def test_step_vocabulary_is_the_controllers():
     from sim.plan import B_SOURCES, SINKS, SOURCES
     assert SOURCES == tuple(Src.__members__) and B_SOURCES == tuple(BSrc.__members__)
     assert SINKS == tuple(Sink.__members__)
-    assert PERF_KINDS == PASS_KINDS == ("sfu", "vec", "reduce", "copy", "quant", "ddr_read", "ddr_copy", "ddr_write")
+    assert PERF_KINDS == PASS_KINDS == ("sfu", "vec", "reduce", "copy", "quant", "ddr_read", "ddr_copy", "ddr_write",
+                                        "ddr_scatter")
 
 
 def test_pass_kinds():
