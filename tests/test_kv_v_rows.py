@@ -177,3 +177,15 @@ def test_counts_match_between_count_and_hardware_arithmetic_and_the_model_prices
         m.run(compile_token(cfg, p, h).words, token=2, pos=39)
         kv[lay] = cycles_of(m.counters, h, Rates())[0]["kv_stream"]
     assert 0 < kv["rows"] < kv["planes"]
+
+
+@pytest.mark.parametrize("module", ["firmware.perf", "firmware.accuracy"])
+def test_the_clis_refuse_v_rows_of_the_binary16_cache(module, capsys):
+    import importlib
+    main = importlib.import_module(module).main
+    args = ["--kv-format", "fp16", "--kv-v-layout", "rows"] + (["--model", "tiny"] if module.endswith("accuracy") else [])
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--kv-v-layout" in err and "kv_v_layout 'rows' is a layout of the INT8 cache; kv_format is 'fp16'" in err
