@@ -276,9 +276,9 @@ class FpAdd(_Binary):
     fields' ``|ea - eb|``); (2) align the smaller operand (27-bit shift, the sticky bit a masked OR beside
     it); (3) the 28-bit add or subtract (one adder), behind it each 4-bit group's zero flag, and beside it
     the shift cap ``min(exp, 31)`` in 4-bit groups; (4) the normalising left shift in whole 4-bit groups
-    (the count from the registered flags, already clamped); (5) the shift within the top group (clamped),
-    keeping the significand, the RNE increment bit, and the exponent; (6) the increment on the packed word
-    and the special-case select."""
+    (the count from the registered flags, already clamped) and beside it the sum's zero test and the result's
+    sign; (5) the shift within the top group (clamped), keeping the significand, the RNE increment bit, and
+    the exponent; (6) the increment on the packed word and the special-case select."""
 
     LATENCY = 6
 
@@ -346,14 +346,16 @@ class FpAdd(_Binary):
         m.d.comb += coarse.eq(total << Cat(Const(0, 2), groups))
         # The group shift stops at c (k = c) when cap < 4k + 4: f' = min(f, r) then.
         at_cap = Cat(*(sel[k] & ~ge[k] for k in range(7)), sel[7]).any()
-        s = p.stage(sign=s["sign"], exp=s["exp"], coarse=coarse, groups=groups,
-                    fcap=Mux(at_cap, s["capf"], 3), zsign=s["zsign"], nan=s["nan"], inf=s["inf"])
+        # Beside the shift, the result's sign: the group shift keeps a non-zero sum non-zero, so the zero test
+        # is on the sum itself. An exact zero sum is +0 unless both operands were -0 (RNE); an infinity keeps
+        # the larger's sign.
+        zero = total == 0
+        s = p.stage(sign=Mux(zero & ~s["inf"], s["zsign"], s["sign"]), exp=s["exp"], coarse=coarse,
+                    groups=groups, fcap=Mux(at_cap, s["capf"], 3), zero=zero, nan=s["nan"], inf=s["inf"])
         # Stage 5: the shift within a group, f' = min(leading zeros of the top group, fcap), keeping the
         # 24-bit significand (bits 4..27 of coarse << f') and the RNE increment: the round bit (bit 3) and
         # the LSB or a non-zero bit below the round bit, for each f' from coarse's low five bits alone and
         # selected by f'.
-        # The group shift keeps a non-zero sum non-zero. An exact zero sum is +0 unless both operands were -0
-        # (RNE); an infinity keeps the larger's sign.
         coarse = s["coarse"]
         top = coarse[24:28]
         lz4 = Mux(top[3], 0, Mux(top[2], 1, Mux(top[1], 2, Mux(top[0], 3, 4))))
@@ -362,12 +364,11 @@ class FpAdd(_Binary):
         shifted = Signal(28)
         bem1 = Signal(8)
         m.d.comb += [shifted.eq(coarse << fine), bem1.eq(s["exp"] - Cat(fine, s["groups"]))]
-        zero = coarse == 0
-        sign = Mux(zero & ~s["inf"], s["zsign"], s["sign"])
         incs = [coarse[3 - f] & (coarse[4 - f] | coarse[:3 - f].any()) for f in range(3)]
         incs.append(coarse[0] & coarse[1])
         inc = Mux(fine[1], Mux(fine[0], incs[3], incs[2]), Mux(fine[0], incs[1], incs[0]))
-        s = p.stage(sign=sign, sig=shifted[4:28], inc=inc, bem1=bem1, zero=zero, nan=s["nan"], inf=s["inf"])
+        s = p.stage(sign=s["sign"], sig=shifted[4:28], inc=inc, bem1=bem1, zero=s["zero"], nan=s["nan"],
+                    inf=s["inf"])
         # Stage 6: round to nearest even and pack; bem1 <= 254, a rounding carry may reach 2**31.
         y = p.stage(y=_round_pack(m, s))["y"]
         _finish(m, self, p, y)
@@ -587,17 +588,29 @@ class FpLdexp(_Binary):
     in (and their round bit cleared); (4) the RNE increment of the fraction (its carry ORed into the
     exponent field, which is 0 whenever there is a round bit).
 
+    With `int_scale` the input `a` is always an `IntScaleMul` result: a normal number, a signed zero, ±inf or
+    `QNAN` (never a subnormal number, nor another NaN). Then ``lz`` is 0, every shift is to the right, and the
+    flags need no 23-bit zero test: zero is a zero exponent field, NaN and ±inf an all-ones field with or
+    without the fraction's MSB (`_scaled`).
+
     Parameters
     ----------
-    exp_width : width of the signed shift count, 2..32."""
+    exp_width : width of the signed shift count, 2..32.
+    int_scale : bool, optional
+        `a` is an `IntScaleMul` result (default False: any binary32 value)."""
 
-    def __init__(self, exp_width: int):
+    def __init__(self, exp_width: int, int_scale: bool = False):
         self._exp_width = self._check_width("exp_width", exp_width)
+        self._int_scale = bool(int_scale)
         super().__init__()
 
     @property
     def exp_width(self) -> int:
         return self._exp_width
+
+    @property
+    def int_scale(self) -> bool:
+        return self._int_scale
 
     LATENCY = 4
 
@@ -611,6 +624,8 @@ class FpLdexp(_Binary):
             # Saturate k to -512..511: |k| >= 278 already takes every non-zero finite value to ±inf or ±0.
             fits = (k[9:] == 0) | (k[9:] == (1 << (n - 9)) - 1)
             k = Mux(fits, k[:10], Mux(k[n - 1], 0x200, 0x1FF)).as_signed()
+        if self._int_scale:
+            return self._scaled(m, p, k)
         # Stage 1: E in [-511, 765], the significand's leading zeros (at most 23 unless it is zero). Only a
         # subnormal `a` with k >= 0 (E >= 1) shifts left; every other case shifts right (a normal `a` with
         # E >= 1 by 0). The shifter's input: Cat(0, M) to shift right, M bit-reversed to shift left
@@ -652,6 +667,63 @@ class FpLdexp(_Binary):
         frac = Signal(24)
         m.d.comb += frac.eq(word[:23] + inc)
         y = p.stage(y=Cat(frac[:23], word[23:31] | frac[23], s["sign"]))["y"]
+        _finish(m, self, p, y)
+        return m
+
+    def _scaled(self, m, p, k):
+        """The stages for an `IntScaleMul` result `a` (`int_scale`): a right shift by ``1 - E`` (E <= 0) or
+        none, in whole bytes (stage 2) then bits (stage 3), each with the sticky bit of the bits it drops, the
+        overflow flag in stage 2, the NaN and ±inf words selected after the rounding increment (stage 4)."""
+        a = self.i_a
+        ef = a[23:31]
+        top = ef == _EXP_ALL
+        # Stage 1: E = field + k (a zero `a`, field 0, keeps a zero significand and is never normal below).
+        e = Signal(signed(11))
+        m.d.comb += e.eq(ef + k)
+        s = p.stage(sign=a[31], e=e, x=Cat(Const(0, 1), a[:23], ef != 0), zero=ef == 0, nan=top & a[22],
+                    inf=top & ~a[22])
+        # Stage 2: x = Cat(0, M) shifts right by 1 - E for E <= 0 (else by 0). For E <= -1 that is 2 + ~E
+        # (~E = -E - 1 >= 0, the register's bits inverted: no subtract): here x >> 2 by the whole bytes of ~E
+        # (none left from ~E >= 32), the shift by ~E's low three bits in stage 3. Beside it the sticky bit of
+        # that shift, the OR of x's bits it drops (x[0] is 0): x[1], then x's bytes from bit 2 by ~E's bytes
+        # (a shift that drops x[18:25] too leaves no round bit: the sticky bit is then not looked at); normal
+        # (E >= 1) and the overflow flag, the compares as flat ORs and ANDs.
+        e, x = s["e"], s["x"]
+        neg, ez = e[10], ~e.any()
+        ne = ~e[:10]
+        pos = ~neg & ~ez
+        gone = neg & ne[5:].any()
+        wide = Cat(x[2:], Const(0, 24))
+        coarse = Mux(ne[4], Mux(ne[3], wide[24:49], wide[16:41]), Mux(ne[3], wide[8:33], wide[:25]))
+        xs = Signal(25)
+        m.d.comb += xs.eq(Mux(pos, x, Mux(ez, x >> 1, Mux(gone, 0, coarse))))
+        drop = x[1] | (x[2:10].any() & (ne[3] | ne[4])) | (x[10:18].any() & ne[4])
+        big = ~neg & (e[8] | e[9] | e[:8].all())          # E >= 255 (so E >= 1)
+        s = p.stage(sign=s["sign"] & ~s["nan"], xs=xs, fine=Mux(neg, ne[:3], 0), drop=neg & drop,
+                    normal=pos & ~s["zero"], field=e[:8], ovf=s["inf"] | (~s["zero"] & big), nan=s["nan"])
+        # Stage 3: the shift's last three bits, bit 0 the round bit, bits 1..24 the significand; the sticky
+        # bit: the bits stage 2 dropped, or xs's bits below the shift.
+        xs, fine = s["xs"], s["fine"]
+        y = Signal(25)
+        m.d.comb += y.eq(xs >> fine)
+        below = Cat(*(xs[i] & (fine > i) for i in range(7))).any()
+        word = Signal(31)
+        m.d.comb += word.eq(Cat(y[1:24], Mux(s["normal"], s["field"], 0)))
+        s = p.stage(sign=s["sign"], word=word, rnd=y[0], sticky=s["drop"] | below, ovf=s["ovf"], nan=s["nan"])
+        # Stage 4: RNE (a round bit only comes with field 0, the fraction's carry then makes field 1), then
+        # the NaN and ±inf words.
+        word = s["word"]
+        inc = s["rnd"] & (s["sticky"] | word[0])
+        frac = Signal(24)
+        m.d.comb += frac.eq(word[:23] + inc)
+        out = Signal(31)
+        with m.If(s["nan"]):
+            m.d.comb += out.eq(QNAN)
+        with m.Elif(s["ovf"]):
+            m.d.comb += out.eq(_INF)
+        with m.Else():
+            m.d.comb += out.eq(Cat(frac[:23], word[23:31] | frac[23]))
+        y = p.stage(y=Cat(out, s["sign"]))["y"]
         _finish(m, self, p, y)
         return m
 
@@ -740,11 +812,11 @@ class IntScaleMul(_Binary):
 
     Stages: (1) |x| (one carry chain), binary16 decode and the special cases; (2, 3) the unsigned
     ``(int_bits) x 11``-bit product in one DSP48E2 (`hdl.dsp.DspMacc`: |x| and the significand in its A and
-    B registers, the product in M), then in a fabric register; (4) leading-zero count of the product; (5) the
-    normalising left shift and the binary32 exponent (an 8-bit add), in parallel; (6) the RNE increment on the packed
-    ``exponent << 23 | fraction`` word (a carry out of the fraction walks into the exponent) and the
-    special-case select. Products of at most 24 bits (``int_bits <= 14``) are exact: stage 6 then has no
-    adder.
+    B registers, the product in M), then in a fabric register with its 4-bit groups' zero flags and leading
+    zeros; (4) leading-zero count of the product from those; (5) the normalising left shift and the binary32
+    exponent (an 8-bit add), in parallel; (6) the RNE increment on the packed ``exponent << 23 | fraction`` word
+    (a carry out of the fraction walks into the exponent) and the special-case select. Products of at most 24
+    bits (``int_bits <= 14``) are exact: stage 6 then has no adder.
 
     Parameters
     ----------
@@ -783,19 +855,29 @@ class IntScaleMul(_Binary):
         nan = ((e == 31) & (f != 0)) | (inf_s & (x == 0))
         # Stages 1 and 2 of the product: one DSP48E2 (`hdl.dsp.DspMacc` without its P register, its clock
         # enables the pipeline's): |x| and the significand in its A and B registers, the exact product in M;
-        # stage 3 registers it in the fabric (the leading-zero count then starts at a flip-flop).
+        # stage 3 registers it in the fabric, and beside it, for each 4-bit group of the product from its MSB
+        # (padded with zeros at the LSB to whole groups), the group's zero flag and its own leading zeros.
         from .dsp import DspMacc
         m.submodules.mul = mul = DspMacc(n + 1, 12, ce=True, preg=False)
         m.d.comb += [mul.i_a.eq(mag), mul.i_b.eq(Cat(f, e != 0)), mul.i_restart.eq(1), mul.i_ce.eq(self.en)]
         s = p.stage(sign=(x < 0) ^ h[15], eff=Mux(e == 0, 1, e), special=e == 31, nan=nan)
         s = p.stage(**s)
-        s = p.stage(prod=mul.o_p[:pw], **s)
-        # Stage 4: leading zeros. The product's value is prod * 2**(eff - 25).
-        lz, zero = _lzc(s["prod"])
+        ng = -(-pw // 4)
+        padded = Cat(Const(0, 4 * ng - pw), mul.o_p[:pw])
+        nibs = [padded[4 * (ng - 1 - i):4 * (ng - i)] for i in range(ng)]
+        s = p.stage(prod=mul.o_p[:pw], gz=Cat(*(q == 0 for q in nibs)),
+                    glz=Cat(*(Mux(q[3], 0, Mux(q[2], 1, Mux(q[1], 2, 3))) for q in nibs)), **s)
+        # Stage 4: leading zeros, 4 x the leading zero groups + the first non-zero group's own (a one-hot
+        # select of the flags, no adder), and the zero test. The product's value is prod * 2**(eff - 25).
+        gz, glz = s["gz"], s["glz"]
+        first = [~gz[i] & (gz[:i].all() if i else 1) for i in range(ng)]
+        lz_hi = Cat(*(Cat(*(first[i] for i in range(ng) if (i >> b) & 1)).any()
+                      for b in range(max(1, (ng - 1).bit_length()))))
+        lz_lo = Cat(*(Cat(*(first[i] & glz[2 * i + b] for i in range(ng))).any() for b in range(2)))
         lzr = Signal(range(pw))
-        m.d.comb += lzr.eq(lz)
-        s = p.stage(sign=s["sign"], prod=s["prod"], lz=lzr, zero=zero, eff=s["eff"], special=s["special"],
-                    nan=s["nan"])
+        m.d.comb += lzr.eq(Cat(lz_lo, lz_hi))
+        s = p.stage(sign=s["sign"], prod=s["prod"], lz=lzr, zero=gz.all(), eff=s["eff"],
+                    special=s["special"], nan=s["nan"])
         # Stage 5: normalise (hidden bit to the MSB) and the biased exponent of that MSB:
         # 127 + (pw - 1 - lz) + (eff - 25), which lies in [103, 167] for a non-zero product.
         norm = Signal(pw)

@@ -464,7 +464,7 @@ class PartAccumulator(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        fadd, fmul, ldx = FpAdd(), IntScaleMul(self._isum_bits), FpLdexp(EXP_BITS)
+        fadd, fmul, ldx = FpAdd(), IntScaleMul(self._isum_bits), FpLdexp(EXP_BITS, int_scale=True)
         m.submodules += [fadd, fmul, ldx]
         # The inputs are registered (they come from the back ends' block RAM outputs).
         valid0, isum0 = Signal(name="valid_in"), Signal(self._isum_bits, name="isum_in")
@@ -647,9 +647,10 @@ class GemvPort(wiring.Component):
             msk_cmd = stream.Signature(read_command_layout(cfg.axi_addr_bits, LEN_BITS)).create()
             msk_active = self._masked_sequencer(m, g2, nch_m1, msk_cmd)
             masked = d.cmd.mask
+            # Both sequencers see the ready: the one the command does not run stays idle (its valid low).
             m.d.comb += [self.dma_cmd.valid.eq(Mux(masked, msk_cmd.valid, seq_cmd.valid)),
                          self.dma_cmd.p.eq(Mux(masked, msk_cmd.p, seq_cmd.p)),
-                         seq_cmd.ready.eq(self.dma_cmd.ready & ~masked), msk_cmd.ready.eq(self.dma_cmd.ready & masked)]
+                         seq_cmd.ready.eq(self.dma_cmd.ready), msk_cmd.ready.eq(self.dma_cmd.ready)]
             seq_active = seq_active | msk_active
         else:
             m.d.comb += [self.dma_cmd.valid.eq(seq_cmd.valid), self.dma_cmd.p.eq(seq_cmd.p),
@@ -771,6 +772,7 @@ class GemvPort(wiring.Component):
         trows = Signal(range(T + 1))
         trows_m1 = Signal(range(T))                  # trows - 1, registered with it
         f = Signal(range(T + 2))                     # the table's fill: the next index read
+        f_more = Signal()                            # f < trows, registered with f
         st1, st1r, st2 = Signal(), Signal(), Signal()    # an index (registered, then its products) on its way
         t1, t1r, t2 = Signal(range(T)), Signal(range(T)), Signal(range(T))     # to the table
         # the index in the A/B registers, its products in the M registers (`pr`, `ps`)
@@ -809,12 +811,12 @@ class GemvPort(wiring.Component):
             with m.State("TILE"):
                 m.d.comb += active.eq(1)
                 m.d.sync += [trows.eq(Mux(left < T, left, T)), trows_m1.eq(Mux(left < T, left, T) - 1), f.eq(0),
-                             last_tile.eq(left <= T)]
+                             f_more.eq(left != 0), last_tile.eq(left <= T)]
                 m.next = "FILL"
             with m.State("FILL"):
                 m.d.comb += active.eq(1)
-                with m.If(f < trows):
-                    m.d.sync += [f.eq(f + 1), st1.eq(1), t1.eq(f)]
+                with m.If(f_more):
+                    m.d.sync += [f.eq(f + 1), f_more.eq(f + 1 < trows), st1.eq(1), t1.eq(f)]
                 with m.Elif(~st1 & ~st1r & ~st2):
                     m.d.sync += [t.eq(0), t_last.eq(trows_m1 == 0)]
                     m.next = "SCALES"
@@ -1832,7 +1834,8 @@ class EnginePort(wiring.Component):
             # DMA commands and memory reads from the running datapath.
             cmd_buf.w_en.eq(Mux(sp, sparse.dma_cmd.valid, dense.dma_cmd.valid)),
             cmd_buf.w_data.eq(Mux(sp, sparse.dma_cmd.p, dense.dma_cmd.p)),
-            dense.dma_cmd.ready.eq(cmd_buf.w_rdy & ~sp), sparse.dma_cmd.ready.eq(cmd_buf.w_rdy & sp),
+            # (the dense datapath's ready ungated: it is idle, its valid low, while a sparse command runs)
+            dense.dma_cmd.ready.eq(cmd_buf.w_rdy), sparse.dma_cmd.ready.eq(cmd_buf.w_rdy & sp),
             dma.i_cmd.valid.eq(cmd_buf.r_rdy), dma.i_cmd.p.eq(cmd_buf.r_data), cmd_buf.r_en.eq(dma.i_cmd.ready),
             act_r.addr.eq(Mux(sp, sparse.o_act_addr, dense.o_act_addr)),
             *[r.addr.eq(Mux(sp, sparse.o_exp_addr, dense.o_exp_addr)) for r in exp_rs],

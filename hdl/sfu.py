@@ -1132,6 +1132,10 @@ class Sfu(wiring.Component):
         xs = Signal(range(LANES + 1))               # bank stride of a cross-bank level (1, 2, ..)
         stride = Signal(range(2 * per + 1))         # slot stride of the tree over bank 0
         wait = Signal(range(latency + 1))
+        # the ends of a cross-bank level's last slot (cn = per - 1 and 2 xs >= LANES) and of a tree level (k +
+        # 2 stride >= per), each a register of its own set from the next counts, so that the state's and the
+        # wait counter's enables start from flip-flops
+        cross_end, tree_end = Signal(name="red_cross_end"), Signal(name="red_tree_end")
         result_valid = Signal()
         # in state Done, as a register of its own (`done_next`: its next value, for the output's valid register)
         done, done_next = Signal(name="red_done"), Signal(name="red_done_next")
@@ -1150,7 +1154,7 @@ class Sfu(wiring.Component):
                         # the cross-bank levels start at the slot fed longest ago: slot ctr + 1 + i is issued i + 1
                         # cycles after the last beat and was last fed at most per - 1 - i beats before it, so its
                         # sum is back (per > latency); level 2 repeats the order per cycles later
-                        m.d.sync += [xs.eq(1), k.eq(ctr + 1), cn.eq(0)]
+                        m.d.sync += [xs.eq(1), k.eq(ctr + 1), cn.eq(0), cross_end.eq(int(per == 1 and 2 >= LANES))]
                         m.next = "Cross"
             with m.State("Cross"):
                 # level xs: bank j (j a multiple of 2 xs) slot k += bank j + xs slot k, for every slot
@@ -1162,15 +1166,18 @@ class Sfu(wiring.Component):
                             with m.Case(x):
                                 m.d.comb += [pt.lb.eq(pick(bank[j + x], k[:sbits])), lvs[j].eq(1)]
                 with m.If(en):
-                    m.d.sync += [k.eq(k[:sbits] + 1), cn.eq(cn + 1)]
-                    with m.If(cn == per - 1):
+                    level_end = cn == per - 1
+                    next_xs = Mux(level_end, 2 * xs, xs)
+                    m.d.sync += [k.eq(k[:sbits] + 1), cn.eq(cn + 1),
+                                 cross_end.eq(((cn + 1)[:sbits] == per - 1) & (2 * next_xs >= LANES))]
+                    with m.If(level_end):
                         m.d.sync += xs.eq(2 * xs)
-                        with m.If(2 * xs >= LANES):
-                            m.d.sync += [stride.eq(1), wait.eq(latency)]
-                            m.next = "Wait"
+                    with m.If(cross_end):
+                        m.d.sync += [stride.eq(1), wait.eq(latency)]
+                        m.next = "Wait"
             with m.State("Wait"):
                 with m.If(en):
-                    m.d.sync += [wait.eq(wait - 1), k.eq(0)]
+                    m.d.sync += [wait.eq(wait - 1), k.eq(0), tree_end.eq(2 * stride >= per)]
                     with m.If(wait == 0):
                         m.next = "Tree"
                         with m.If(stride >= per):
@@ -1181,8 +1188,8 @@ class Sfu(wiring.Component):
                 m.d.comb += [pt.la.eq(pick(bank[0], k[:sbits])), pt.lb.eq(pick(bank[0], (k + stride)[:sbits])),
                              lds[0].eq(k[:sbits]), lvs[0].eq(1)]
                 with m.If(en):
-                    m.d.sync += k.eq(k + 2 * stride)
-                    with m.If(k + 2 * stride >= per):
+                    m.d.sync += [k.eq(k + 2 * stride), tree_end.eq(k + 4 * stride >= per)]
+                    with m.If(tree_end):
                         m.d.sync += [stride.eq(2 * stride), wait.eq(latency)]
                         m.next = "Wait"
             with m.State("Done"):

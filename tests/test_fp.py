@@ -535,6 +535,37 @@ class _Ldexp10(FpLdexp):
         super().__init__(10)
 
 
+class _Ldexp10IntScale(FpLdexp):
+    def __init__(self):
+        super().__init__(10, int_scale=True)
+
+
+def test_ldexp_of_int_scale_results():
+    """`FpLdexp(int_scale=True)`, the GEMV engine's, on what `IntScaleMul` gives it (normal numbers, signed
+    zeros, infinities, the quiet NaN; never a subnormal): every k of the 10-bit range on corner values, and
+    ~40k seeded vectors whose result lands around the subnormal range (right shifts 1..30, ties and sticky
+    bits) or the overflow edge, with random `en`; bit for bit against ``np.ldexp`` on float32."""
+    corners = np.array([0x00000000, 0x80000000, 0x7F800000, 0xFF800000, QNAN, 0x00800000, 0x80800000,
+                        0x7F7FFFFF, 0xFF7FFFFF, 0x3F800000, 0x3FC00000, 0x3F7FFFFF, 0xC0490FDB, 0x4B7FFFFF],
+                       np.uint32)
+    ks = np.arange(-512, 512)
+    a, k = np.meshgrid(corners, ks)
+    a, k = a.ravel(), k.ravel()
+    got = simulate(FpLdexp(10, int_scale=True), a, k & 0x3FF)
+    check(got, ldexp_want(a, k))
+    rng = np.random.default_rng(27)
+    n = 40000
+    e_a = rng.integers(1, 255, n)
+    frac = rng.integers(0, 1 << 23, n)
+    sparse = rng.random(n) < 0.4                  # short runs of ones: exact ties and zero sticky bits
+    frac = np.where(sparse, frac & ~((1 << rng.integers(0, 23, n)) - 1), frac)
+    a = ((rng.integers(0, 2, n) << 31) | (e_a << 23) | frac).astype(np.uint32)
+    target = np.where(rng.random(n) < 0.85, rng.integers(-30, 3, n), rng.integers(250, 258, n))
+    k = target - e_a
+    got = rtl_lanes(_Ldexp10IntScale, a, (k & 0x3FF).astype(np.uint32), en_prob=0.8, seed=9)
+    check(got, ldexp_want(a, k))
+
+
 def test_ldexp_boundary_heavy_random_lanes():
     """~48k seeded vectors concentrated where the result leaves the normal range (E = exponent(a) + k in
     -30..30 or 240..260), half of them from subnormal inputs, with random `en` toggling, 16 units."""
