@@ -111,7 +111,7 @@ def test_the_figures_of_the_first_64_held_out_tokens(first_64):
     scale search)."""
     s = first_64["scores"]
     assert first_64["hardware"] == {"preset": "kv260", "weight_group": 128, "act_block": 64, "kv_format": "int8",
-                                    "quantizer": "search"}
+                                    "kv_v_layout": "planes", "quantizer": "search"}
     assert s["float64"]["perplexity"] == pytest.approx(65.924, abs=1e-3)
     assert s["float32"]["ratio"] == pytest.approx(1.0, abs=1e-6) and s["float32"]["top1"] == 1.0
     assert s["float32"]["kl_mean"] < 1e-10
@@ -181,7 +181,7 @@ def test_own_text_and_overrides(tmp_path, capsys):
                            "--kv-format", "fp16", "--json"], capsys))
     assert out["text"] == str(text) and out["tokens"] == n == 13 and out["contexts"] == 1
     assert out["hardware"] == {"preset": "tiny", "weight_group": 64, "act_block": 32, "kv_format": "fp16",
-                               "quantizer": "search"}
+                               "kv_v_layout": "planes", "quantizer": "search"}
     assert out["e4b"][0]["bytes_per_token"] > 2_014_095_952     # group 64: more scales than kv260's 128
 
 

@@ -48,6 +48,7 @@ class AttentionSequencer(Sequencer):
 
     def __init__(self, hw: HardwareConfig):
         if hw.kv_v_layout != "planes":
+            self._MustUse__silence = True     # rejected: no "created but never used" warning
             raise ValueError(f"kv_v_layout {hw.kv_v_layout!r} has no RTL: the ISS and firmware.perf model it; the "
                              f"controller and the GEMV engine build 'planes' (docs/numerics.md \"KV cache\")")
         super().__init__(hw, {
