@@ -49,7 +49,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from hdl.config import HardwareConfig
+from hdl.config import V_PLANE_LOG2_GROUP, HardwareConfig
 from hdl.l2 import LANES
 from sim.config import ModelConfig
 from sim.numerics import segment_size
@@ -367,29 +367,30 @@ def gemv_back_end(rows: int, cols: int, group: int, vectors: int, hw: HardwareCo
     return port_tiles * (T * turns * nseg + (rates.gemv_round if turns > 1 else 0))
 
 
-def _group_extra(shapes, hw: HardwareConfig, rates: Rates) -> float:
-    """The cycles beyond their bytes (counted with the rest) of INT8 ATTN's K GEMVs of several heads, `shapes`
-    ((rows, cols, group, vectors) -> count, `sim.iss.Counters.attn_group_gemvs`): the larger of one K plane's
-    bytes (with its scales) at the stream's rate and the back end (`gemv_back_end`)."""
+def _dense_extra(commands, hw: HardwareConfig, rates: Rates) -> float:
+    """The cycles beyond their bytes (counted with the rest) of dense engine commands of several vectors,
+    `commands` ((rows, cols, group, vectors, weight bytes per column), count): the larger of their weight and
+    scale bytes at the stream's rate and the back end (`gemv_back_end`)."""
     rate = _stream_rate(hw, rates)
     extra = 0.0
-    for (rows, cols, group, vectors), n in shapes.items():
-        plane = (rows * cols // 2 + rows * -(-cols // group) * 2) / rate
-        extra += n * max(0.0, gemv_back_end(rows, cols, group, vectors, hw, rates) - plane)
+    for (rows, cols, group, vectors, per_col), n in commands:
+        stream = (rows * cols * per_col + rows * -(-cols // group) * 2) / rate
+        extra += n * max(0.0, gemv_back_end(rows, cols, group, vectors, hw, rates) - stream)
     return extra
+
+
+def _group_extra(shapes, hw: HardwareConfig, rates: Rates) -> float:
+    """`_dense_extra` of INT8 ATTN's K GEMVs of several heads, `shapes` ((rows, cols, group, vectors) -> count,
+    `sim.iss.Counters.attn_group_gemvs`): INT4 K planes, half a byte a weight."""
+    return _dense_extra((((*shape, 0.5), n) for shape, n in shapes.items()), hw, rates)
 
 
 def _v_rows_extra(shapes, hw: HardwareConfig, rates: Rates) -> float:
-    """The cycles beyond their bytes (counted with the rest) of INT8 ATTN's V GEMVs over the V rows
-    (``kv_v_layout`` "rows"), `shapes` ((rows, positions, vectors) -> count, `sim.iss.Counters.attn_v_gemvs`):
-    the larger of their bytes (a byte per weight, a scale per row) at the stream's rate and the back end
-    (`gemv_back_end`: a segment of ``act_block`` positions, one part per row, segment and vector)."""
-    rate = _stream_rate(hw, rates)
-    extra = 0.0
-    for (rows, cols, vectors), n in shapes.items():
-        stream = (rows * cols + rows * 2) / rate
-        extra += n * max(0.0, gemv_back_end(rows, cols, 1 << 16, vectors, hw, rates) - stream)
-    return extra
+    """`_dense_extra` of INT8 ATTN's V GEMVs over the V rows (``kv_v_layout`` "rows"), `shapes` ((rows,
+    positions, vectors) -> count, `sim.iss.Counters.attn_v_gemvs`): a byte a weight, one scale group a row
+    (`V_PLANE_LOG2_GROUP`), a segment of ``act_block`` positions."""
+    return _dense_extra((((rows, cols, 1 << V_PLANE_LOG2_GROUP, vectors, 1), n)
+                         for (rows, cols, vectors), n in shapes.items()), hw, rates)
 
 
 def wgemm_cost(g: Wgemm, hw: HardwareConfig, rates: Rates = Rates()) -> float:

@@ -1044,7 +1044,7 @@ class Machine:
                 xa, xe = quantize_activations(x[c0:c1], B)
                 nz.append(int(np.count_nonzero(xa)))
                 cols = rows[c0:c1]
-                planes = (("v_lo", v_lo_s), ("v_hi", v_hi_s)) if "v_lo" in kv else (("v", v_lo_s),)
+                planes = (("v_lo", v_lo_s), ("v_hi", v_hi_s)) if hw.kv_v_layout == "planes" else (("v", v_lo_s),)
                 for plane, scale in planes:
                     o = gemv(kv[plane][cols, j].T, scale, xa, xe, group=1 << V_PLANE_LOG2_GROUP, block=B, acc=o)
             self.l2[dst.start + h * hd: dst.start + (h + 1) * hd] = o * r
