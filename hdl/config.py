@@ -127,7 +127,7 @@ class HardwareConfig:
     kv_v_layout : INT8 KV cache: how V is held, ``"planes"`` (two INT4 planes of position columns; ATTN's V
         GEMVs sparse, per query head) or ``"rows"`` (one INT8 plane of rows, a byte per position; ATTN's V GEMV
         dense over the KV group's query heads, one pass over V per KV head). "rows" is modelled in the ISS and
-        the performance model; the RTL builds "planes" (`hdl.npu` refuses "rows").
+        the performance model; the RTL builds "planes" (its attention sequencer refuses "rows").
     kv_max_head_dim : INT8 KV cache: the widest head KVST quantises (the KV packer's memory; a multiple of 8
         and of a beat of INT4 weights, and at most ``gemv_sparse_max_rows``, the V GEMVs' rows).
     """

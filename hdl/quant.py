@@ -559,7 +559,7 @@ class KvPacker(wiring.Component):
     o_vscale : Out(32)
         binary32 bits of ``2**o_emax``, exponent field clamped to [97, 255] (`SCALE_FIELD_MIN`): 2**-30 for
         anything smaller, +inf above 2**127. Combinational from ``o_emax``.
-    i_cmd : In(stream({sel: 2, n: unsigned(16)}))
+    i_cmd : In(stream(pack_command_layout))
         Read n elements k = 0 .. n-1 (e_k = block k's exponent; k past the memories wraps like the writes):
 
         - sel 0: hi plane words: the hi nibbles of columns 8k .. 8k+7, column 8k in bits 0..3 (the bytes of
