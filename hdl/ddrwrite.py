@@ -2,10 +2,10 @@
 binary16) and the AXI4 write engine under it, `AxiWriteDma`.
 
 `DdrWriter` takes one command ``{addr, n, fmt}`` at a time and ``n`` binary32 elements on ``i_elem`` (one
-per cycle sustained). Each element goes through a `hdl.fp.F32ToF16`-deep pipeline (binary16 results for
-`DdrFormat.F16`, the raw bits delayed alongside for `DdrFormat.F32`) into a packer that places it at its
-**DDR byte lane**: element ``k`` lands at byte ``(addr + k * size) mod B`` of its beat (``B`` = bytes per
-beat), so no realignment shifter is needed. A beat leaves when it is full or when it holds the command's
+per cycle sustained). Each element goes through an input register and a `hdl.fp.F32ToF16`-deep pipeline
+(binary16 results for `DdrFormat.F16`, the raw bits delayed alongside for `DdrFormat.F32`) into a packer that
+places it at its **DDR byte lane**: element ``k`` lands at byte ``(addr + k * size) mod B`` of its beat (``B`` =
+bytes per beat), so no realignment shifter is needed. A beat leaves when it is full or when it holds the command's
 last element. `AxiWriteDma` writes those DDR-aligned beats as INCR bursts and makes the byte strobes from
 the command, so no byte outside ``[addr, addr + n * size)`` is written whatever the packer left in the
 unused lanes.
@@ -261,8 +261,9 @@ class DdrWriter(wiring.Component):
 
     @property
     def latency(self) -> int:
-        """Cycles from an element's ``i_elem`` transfer to the packer (the `F32ToF16` depth, both formats)."""
-        return F32ToF16.LATENCY
+        """Cycles from an element's ``i_elem`` transfer to the packer (the input register and the `F32ToF16`
+        depth, both formats)."""
+        return 1 + F32ToF16.LATENCY
 
     def elaborate(self, platform):
         m = Module()
@@ -292,30 +293,44 @@ class DdrWriter(wiring.Component):
         caddr = Signal(hw.axi_addr_bits)
         strided = cmd.stride != 0
         m.d.comb += caddr.eq(Mux(strided, cmd.addr, Mux(cmd.fmt == DdrFormat.F16, cmd.addr & ~1, cmd.addr & ~3)))
+        # The DMA's command is registered (`dma_cmd`, `dma_stride`, valid `dma_pend`): it reaches the DMA the
+        # cycle after the acceptance, so that the stride's test and the address and byte count it selects are
+        # not on the way into the DMA's burst arithmetic. A command is taken while that register is empty and the
+        # DMA idle.
+        dma_pend = Signal()
+        dma_cmd = Signal.like(dma.i_cmd.p)
+        dma_stride = Signal.like(dma.i_stride)
         m.d.comb += [
-            dma.i_cmd.valid.eq(self.i_cmd.valid),
-            dma.i_cmd.p.addr.eq(caddr),
-            dma.i_cmd.p.nbytes.eq(Mux(strided, cmd.n, Mux(cmd.fmt == DdrFormat.F16, cmd.n << 1, cmd.n << 2))),
-            dma.i_stride.eq(cmd.stride),
-            self.i_cmd.ready.eq(dma.i_cmd.ready),
+            dma.i_cmd.valid.eq(dma_pend), dma.i_cmd.p.eq(dma_cmd), dma.i_stride.eq(dma_stride),
+            self.i_cmd.ready.eq(~dma_pend & dma.i_cmd.ready),
         ]
+        with m.If(dma.i_cmd.valid & dma.i_cmd.ready):
+            m.d.sync += dma_pend.eq(0)
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
+            m.d.sync += [dma_pend.eq(1), dma_cmd.addr.eq(caddr), dma_stride.eq(cmd.stride),
+                         dma_cmd.nbytes.eq(Mux(strided, cmd.n,
+                                               Mux(cmd.fmt == DdrFormat.F16, cmd.n << 1, cmd.n << 2)))]
             m.d.sync += [f16.eq(~strided & (cmd.fmt == DdrFormat.F16)), left.eq(cmd.n), more.eq(cmd.n != 0),
                          to_pack.eq(cmd.n), pos.eq(caddr[:lb]), scatter.eq(strided),
                          step.eq(cmd.stride[:lb] if lb else 0)]
 
-        # --- element pipeline: F32ToF16, raw bits alongside ------------------------------------------
+        # --- element pipeline: an input register, F32ToF16, raw bits alongside ------------------------
+        # The element is registered before the conversion (`e0`, `e0_v`): its source's select (the pass
+        # engine's stage and sink) and F32ToF16's first stage would be one path otherwise.
         m.submodules.cvt = cvt = F32ToF16()
         en = Signal()
         take = Signal()
+        e0, e0_v = Signal(32), Signal()
         m.d.comb += [
             self.i_elem.ready.eq(en & more),
             take.eq(self.i_elem.valid & self.i_elem.ready),
-            cvt.en.eq(en), cvt.i_valid.eq(take), cvt.i_a.eq(self.i_elem.p),
+            cvt.en.eq(en), cvt.i_valid.eq(e0_v), cvt.i_a.eq(e0),
         ]
+        with m.If(en):
+            m.d.sync += [e0.eq(self.i_elem.p), e0_v.eq(take)]
         with m.If(take):
             m.d.sync += [left.eq(left - 1), more.eq(left != 1)]
-        raw = self.i_elem.p
+        raw = e0
         for i in range(cvt.latency):
             r = Signal(32, name=f"raw{i + 1}")
             with m.If(en):
@@ -346,5 +361,5 @@ class DdrWriter(wiring.Component):
         with m.If(pack):
             m.d.sync += [acc.eq(merged), pos.eq(nxt[:lb]), to_pack.eq(to_pack - 1)]
 
-        m.d.comb += [self.o_done.eq(dma.o_done), self.o_busy.eq(dma.o_busy), self.o_error.eq(dma.o_error)]
+        m.d.comb += [self.o_done.eq(dma.o_done), self.o_busy.eq(dma_pend | dma.o_busy), self.o_error.eq(dma.o_error)]
         return m

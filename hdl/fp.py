@@ -734,10 +734,11 @@ class F32ToF16(_Unary):
     rounded correctly, signed zeros; every binary32 subnormal rounds to ±0). NaN gives the canonical
     binary16 quiet NaN `QNAN16` (0x7E00). Latency 3.
 
-    Stages: unpack, the binary16 exponent with the denormalising shift count and the significand's prefix OR
-    from its lowest bit; the right shift of the 24-bit significand keeping 11 bits and a round bit, the sticky
-    bit picked from the prefix OR by the shift count; RNE increment on the packed
-    ``(exponent - 1) << 10 | significand`` word (a rounding carry walks into the exponent and into inf)."""
+    Stages: unpack, the binary16 exponent and the denormalising shift count, each a function of the exponent
+    field alone (no adder); the right shift of the 24-bit significand keeping 11 bits and a round bit, the
+    sticky bit (the significand's bits below the round bit's, masked by the shift count) and the NaN flag (a
+    special exponent with a nonzero fraction); RNE increment on the packed ``(exponent - 1) << 10 | significand``
+    word (a rounding carry walks into the exponent and into inf) and the special-case select."""
 
     LATENCY = 3
 
@@ -745,30 +746,26 @@ class F32ToF16(_Unary):
         m = Module()
         p = _Pipe(m, self.en, self.i_valid)
         ua = _unpack(self.i_a)
-        # binary16 biased exponent the value would have if normal (signed; below 1 means subnormal).
-        e16 = Signal(signed(10))
-        m.d.comb += e16.eq(ua["eff"] - (127 - 15))
-        # Extra right shift for results below the normal range, clamped: 25 and more leave only sticky bits.
+        e = ua["e"]
+        # The binary16 biased exponent if normal is e16 = eff - 112 (below 1: subnormal), eff = max(e, 1). The
+        # extra right shift for results below the normal range is 1 - e16 = 113 - e, clamped: 25 and more leave
+        # only sticky bits (e = 0 is below 88 too).
         r = Signal(range(26))
-        m.d.comb += r.eq(Mux(e16 >= 1, 0, Mux(1 - e16 > 25, 25, 1 - e16)))
-        special_bits = Mux(ua["nan"], QNAN16, Cat(Const(0x7C00, 15), ua["sign"]))
-        # low[k]: a significand bit at or below k is set
-        low = Cat(*(ua["mant"][:k + 1].any() for k in range(24)))
-        s = p.stage(sign=ua["sign"], big=e16 >= 31, be=Mux(e16 >= 1, e16, 1)[:5], r=r, mant=ua["mant"],
-                    low=low, special=ua["nan"] | ua["inf"], special_bits=special_bits)
+        m.d.comb += r.eq(Mux(e >= 113, 0, Mux(e <= 88, 25, (113 - e)[:5])))
+        # be = max(e16, 1) mod 32: e - 112 = e + 16 (mod 32) flips bit 4 alone
+        s = p.stage(sign=ua["sign"], big=e >= 143, be=Mux(e >= 113, Cat(e[:4], ~e[4]), 1), r=r, mant=ua["mant"],
+                    special=e == _EXP_ALL)
         # The 24-bit significand (hidden bit at 23) keeps its top 11 bits after the extra shift `r`; the
-        # sticky bit is any significand bit below the round bit's, 12 + r: low[11 + r] (every bit past 23).
+        # sticky bit is any significand bit below the round bit's, 12 + r: bits 0 .. 11 + r (every bit past 23).
         ext = Signal(24 + 26)
         m.d.comb += ext.eq(Cat(Const(0, 26), s["mant"]) >> s["r"])
         sig = ext[26 + 13:]                 # 11 bits
         rnd = ext[26 + 12]
-        sticky = Signal()
-        with m.Switch(s["r"]):
-            for r_val in range(26):
-                with m.Case(r_val):
-                    m.d.comb += sticky.eq(s["low"][min(11 + r_val, 23)])
+        below = Cat(Const((1 << 12) - 1, 12), *(s["r"] >= k - 11 for k in range(12, 24)))
+        sticky = (s["mant"] & below).any()
+        nan = s["special"] & s["mant"][:23].any()
         s = p.stage(sign=s["sign"], big=s["big"], be=s["be"], sig=sig, rnd=rnd, sticky=sticky,
-                    special=s["special"], special_bits=s["special_bits"])
+                    special=s["special"], nan=nan)
         inc = s["rnd"] & (s["sticky"] | s["sig"][0])
         be_m1 = Signal(5)
         m.d.comb += be_m1.eq(s["be"] - 1)
@@ -776,7 +773,7 @@ class F32ToF16(_Unary):
         m.d.comb += packed.eq(Cat(Const(0, 10), be_m1) + s["sig"] + inc)
         y = Signal(16)
         with m.If(s["special"]):
-            m.d.comb += y.eq(s["special_bits"])
+            m.d.comb += y.eq(Mux(s["nan"], QNAN16, Cat(Const(0x7C00, 15), s["sign"])))
         with m.Elif(s["big"] | (packed[:15] >= 0x7C00)):
             m.d.comb += y.eq(Cat(Const(0x7C00, 15), s["sign"]))
         with m.Else():

@@ -27,7 +27,7 @@ from ..isa import DdrRegion, DescKind, ErrorCode, Opcode, layout
 from ..sfu import SfuOp
 from .engines import gemm_job_layout, gemv_job_layout
 from .passes import QDst, Sink, Src
-from .sequencer import (Sequencer, Steps, context_flags, elem, end_to, engine_state_layout, geometry, in_l2,
+from .sequencer import (EndSites, Sequencer, Steps, context_flags, elem, engine_state_layout, geometry, in_l2,
                         l2_elements, product, PRODUCT_LATENCY, recode)
 
 __all__ = ["MatrixSequencer"]
@@ -48,7 +48,8 @@ class MatrixSequencer(Sequencer):
 
     def elaborate(self, platform):
         m = Module()
-        st = Steps(m, self.o_pass, self.i_done, end_to(m, self.o_end), by_site=True, bus_error_state="BUS_ERROR")
+        end = EndSites(m, self.o_end)
+        st = Steps(m, self.o_pass, self.i_done, end, by_site=True, bus_error_state="BUS_ERROR")
         op = self.i_ctx.word[60:64]
         with m.FSM(name="matrix") as fsm:
             with m.State("IDLE"):
@@ -67,6 +68,7 @@ class MatrixSequencer(Sequencer):
             self._gather(m, st)
         recode(fsm, "one-hot")          # a state's test one flip-flop (the checks' choices are wide enough)
         st.finish()
+        end.finish()
         return m
 
     def _weights(self, offset):

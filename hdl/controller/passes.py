@@ -7,7 +7,8 @@ sources      ``L2`` (an `ElemReader`), ``PAIRS`` (two L2 elements per item: the 
              KV packer's plane words and scales: INT8 KVST)
 b operand    none, or ``L2`` (a second `ElemReader`)
 sinks        ``L2`` (an `ElemWriter`), ``REG`` (the last element: scalar results), ``DDR`` (a `DdrWriter`:
-             binary32 or binary16), ``DESC`` (the words of a descriptor), ``QUANT`` (the activation quantiser,
+             binary32, binary16, or with ``wr_stride`` each element's low byte on its own: INT8 V rows),
+             ``DESC`` (the words of a descriptor), ``QUANT`` (the activation quantiser,
              whose words go to ``qdst``: the GEMV engine (its vector ``qtok`` when it takes several), token slot
              ``qtok`` of the GEMM unit, or the KV packer;
              always from ``L2`` around the SFU, four elements per cycle: the reader's beats), ``MASK`` (the GEMV
@@ -16,9 +17,10 @@ sinks        ``L2`` (an `ElemWriter`), ``REG`` (the last element: scalar results
 
 A sequencer sends a pass as one `pass_layout` command on ``i_cmd``; the engine takes it while it is idle or in
 the cycle its running pass completes (a sequencer launches only then, so its command is taken at once), holds
-it, and starts it as soon as its L2 ranges do not meet the rows the GEMV engine or the GEMM unit has yet to
-write (``i_hold``, `hazard`). ``o_done`` carries the completion (always taken): the last scalar result, a bus
-error seen during the pass, and the quantiser's non-finite flag.
+it, and starts it at once while no rows are held, else as soon as its L2 ranges do not meet the rows the GEMV
+engine or the GEMM unit has yet to write (``i_hold``, checked a cycle before: `hazard`). ``o_done`` carries the
+completion (always taken): the last scalar result, a bus error seen during the pass, and the quantiser's
+non-finite flag.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
 from ..config import HardwareConfig, ceil_log2
-from ..ddrio import DdrFormat, DdrReader
+from ..ddrio import N_BITS, DdrFormat, DdrReader
 from ..ddrwrite import DdrWriter
 from ..isa import DESC_WORDS, DESCRIPTOR
 from ..l2 import LANES, WORD_BITS, ElemReader, ElemWriter, l2_geometry, write_layout
@@ -83,7 +85,9 @@ def pass_layout(hw: HardwareConfig) -> data.StructLayout:
         "wr_fmt": 1,                                    # DDR sink: binary32 / binary16
         "qlimit": 1, "qforce": 1, "qe": quant_command_layout().members["e"],   # quantiser options
         "qdst": QDst, "qtok": range(max(hw.systolic_rows, hw.gemv_vectors)),
-        "psel": 2,                                                        # PACK: which packer stream
+        "psel": pack_command_layout().members["sel"],                      # PACK: which packer stream
+        # DDR sink, V rows (``kv_v_layout`` "rows"): each element's low byte on its own, `wr_stride` bytes apart
+        **({"wr_stride": unsigned(N_BITS)} if hw.kv_format == "int8" and hw.kv_v_layout == "rows" else {}),
     })
 
 
@@ -106,8 +110,8 @@ def L2ReadPort(hw: HardwareConfig) -> wiring.Signature:
 
 
 def meets(hold, lo, hi):
-    """The element range [lo, hi) meets the rows `hold` says are yet to be written."""
-    return hold.active & (lo < hold.hi) & (hold.lo < hi)
+    """The element range [lo, hi) meets `hold`'s rows [lo, hi) (whether or not it is ``active``)."""
+    return (lo < hold.hi) & (hold.lo < hi)
 
 
 class PassEngine(wiring.Component):
@@ -209,10 +213,20 @@ class PassEngine(wiring.Component):
         is_reduce, wide, a_n = cd["is_reduce"], cd["wide"], cd["a_n"]
         n_out = Signal.like(c.n)
         m.d.comb += n_out.eq(Mux(is_reduce, 1, c.n))
-        hazard = ((a_in_l2 & meets(self.i_hold, c.a_addr, cd["a_hi"]))
-                  | ((c.b == BSrc.L2) & meets(self.i_hold, c.b_addr, cd["b_hi"]))
-                  | ((c.sink == Sink.L2) & meets(self.i_hold, c.dst, cd["dst_hi"])))
-        m.d.comb += start.eq(queued & ~active & ~hazard)
+        # The hazard check is registered (`hazard`: the pass's ranges against the rows held a cycle before, its
+        # `active` aside), so that no compare of the pass's and the hold's ends is on the way into the start. A
+        # pass starts while nothing is held, or once it has been checked (`checked`: queued a cycle before,
+        # so `hazard` is of its own ranges) against a hold that was already there a cycle before (`held`) and
+        # does not meet it: the decision the check of the hold a cycle before would make.
+        hold = self.i_hold
+        hazard, checked, held = Signal(), Signal(), Signal()
+        m.d.sync += [
+            hazard.eq((a_in_l2 & meets(hold, c.a_addr, cd["a_hi"]))
+                      | ((c.b == BSrc.L2) & meets(hold, c.b_addr, cd["b_hi"]))
+                      | ((c.sink == Sink.L2) & meets(hold, c.dst, cd["dst_hi"]))),
+            checked.eq(queued), held.eq(hold.active),
+        ]
+        m.d.comb += start.eq(queued & ~active & (~hold.active | (checked & held & ~hazard)))
 
         pending = Signal(data.StructLayout({name: 1 for name in (*units, "pack")}))
         err = Signal()                # a bus error seen during the pass
@@ -252,6 +266,7 @@ class PassEngine(wiring.Component):
             ddr_rd.i_cmd.payload.wide.eq(ddr_wide),
             ddr_wr.i_cmd.valid.eq(pending.ddr_wr), ddr_wr.i_cmd.payload.addr.eq(c.ddr_addr),
             ddr_wr.i_cmd.payload.n.eq(n_out), ddr_wr.i_cmd.payload.fmt.eq(c.wr_fmt),
+            ddr_wr.i_cmd.payload.stride.eq(c.wr_stride if "wr_stride" in pass_layout(self._hw).members else 0),
             wr.i_cmd.valid.eq(pending.wr), wr.i_cmd.payload.addr.eq(c.dst), wr.i_cmd.payload.n.eq(n_out),
             sfu.i_cmd.valid.eq(pending.sfu),
             sfu.i_cmd.payload.op.eq(c.op), sfu.i_cmd.payload.length.eq(c.n),

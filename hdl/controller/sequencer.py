@@ -23,8 +23,8 @@ from ..l2 import l2_geometry
 from ..sfu import SfuOp
 from .passes import BSrc, Sink, Src, done_layout, pass_layout
 
-__all__ = ["context_layout", "end_layout", "DividerPort", "engine_state_layout", "Sequencer", "Steps", "REGIONS",
-           "context_flags", "recode", "product", "PRODUCT_LATENCY"]
+__all__ = ["context_layout", "end_layout", "DividerPort", "engine_state_layout", "Sequencer", "Steps", "EndSites",
+           "REGIONS", "context_flags", "recode", "product", "PRODUCT_LATENCY"]
 
 REGIONS = tuple(DdrRegion)
 
@@ -98,10 +98,11 @@ class Steps:
     ``registered=True`` (by site only) sends the command from a register: it leaves the cycle after `launch`
     (the engine, idle or completing at the launch, is idle then), and no path runs from the sequencer's state
     and context through the choice of the fields into the engine. The register takes the fields of the site
-    whatever the valid, and the payload is 0 while not valid by an AND at the output; `fail` after `launch`
-    in the same cycle takes the launch back, so that a check on the cycle's inputs (a completion's flags)
-    reaches the valid only, not the fields. A matrix command meant to start beside the pass is sent one cycle
-    after its launch too."""
+    whatever the valid, and the payload is 0 while not valid by an AND at the output; `fail` in the cycle of a
+    `launch` takes the launch back, so that a check on the cycle's inputs (a completion's flags) reaches the
+    valid only, not the fields. The valid is the OR of the launches' selects and NOT the OR of the fails'
+    (each a LUT output of its own): no chain through the FSM's statements in their order. A matrix command
+    meant to start beside the pass is sent one cycle after its launch too."""
 
     def __init__(self, m, o_pass, i_done, end, idle="IDLE", error=None, by_site=False, registered=False,
                  one_hot=False, bus_error_state=None):
@@ -119,6 +120,7 @@ class Steps:
         # registered: the command of the launch in this cycle (all 0 without one), sent from o_pass next cycle
         self._cmd = Signal.like(o_pass.payload, name="pass_cmd") if registered else o_pass.payload
         self._launch = Signal(name="pass_launch") if registered else o_pass.valid
+        self._goes, self._backs = [], []     # registered: each launch's and each fail's select
         if registered:
             valid, payload = Signal(name="pass_valid"), Signal.like(o_pass.payload, name="pass_payload")
             m.d.sync += [valid.eq(self._launch), Value.cast(payload).eq(Value.cast(self._cmd))]
@@ -145,7 +147,13 @@ class Steps:
         else:
             for key, val in fields.items():
                 m.d.comb += Value.cast(getattr(self.o_pass.payload, key)).eq(_value(val))
-        m.d.comb += self._launch.eq(1)
+        if self.registered:
+            go = self._site_bits[-1] if self.one_hot else Signal(name=f"pass_go_{len(self._goes)}", attrs={"keep": 1})
+            if not self.one_hot:
+                m.d.comb += go.eq(1)
+            self._goes.append(go)
+        else:
+            m.d.comb += self._launch.eq(1)
         m.next = nxt
 
     def finish(self):
@@ -153,6 +161,9 @@ class Steps:
         m, p = self.m, self._cmd
         assert self.by_site and not self._finished
         self._finished = True
+        if self.registered and self._goes:
+            taken_back = _or(self._backs) if self._backs else Const(0)
+            m.d.comb += self._launch.eq(_or(self._goes) & ~taken_back)
         if self.one_hot and self.registered:
             per_state = {}
             for name in self._site_states[1:]:
@@ -225,7 +236,9 @@ class Steps:
     def fail(self, code, at_engine=0):
         self._end(code, at_engine)
         if self.registered:
-            self.m.d.comb += self._launch.eq(0)
+            back = Signal(name=f"pass_back_{len(self._backs)}", attrs={"keep": 1})
+            self.m.d.comb += back.eq(1)
+            self._backs.append(back)
         self.m.next = self.error
 
     def wait_pass(self, state, then):
@@ -393,6 +406,34 @@ def end_to(m, o_end):
     def end(code, at_engine):
         m.d.comb += [o_end.valid.eq(1), o_end.payload.code.eq(code), o_end.payload.at_engine.eq(at_engine)]
     return end
+
+
+class EndSites:
+    """An `end` callable for `Steps` driving the sequencer's ``o_end`` by site: each call a select of its own
+    (high while it runs), the valid the OR of the selects and each field the OR of its values gated by their
+    selects (the sites of one value share its select), driven in `finish` (after the FSM). No chain through the
+    FSM's statements in their order: the ends of one cycle are exclusive (the states' checks are ``If``/``Elif``
+    chains or one-hot choices), so the OR is the end that runs."""
+
+    def __init__(self, m, o_end):
+        self._m, self._o_end, self._sites = m, o_end, []
+
+    def __call__(self, code, at_engine):
+        bit = Signal(name=f"end_site_{len(self._sites)}")
+        self._m.d.comb += bit.eq(1)
+        self._sites.append((bit, {"code": code, "at_engine": at_engine}))
+
+    def finish(self):
+        m, o_end = self._m, self._o_end
+        m.d.comb += o_end.valid.eq(_or([bit for bit, _ in self._sites]))
+        for key in ("code", "at_engine"):
+            groups = {}
+            for bit, vals in self._sites:
+                if _const(vals[key]) != 0:
+                    groups.setdefault(_same(vals[key]), (vals[key], []))[1].append(bit)
+            if groups:
+                m.d.comb += Value.cast(getattr(o_end.payload, key)).eq(
+                    _or([Mux(_or(bits), _value(val), 0) for val, bits in groups.values()]))
 
 
 
