@@ -386,6 +386,8 @@ def main(argv=None) -> int:
         args.steps = 32 if args.steps is None else args.steps
     hw_name = args.hw or ("tiny" if random else "kv260")
     hw = HardwareConfig.preset(hw_name)
+    if args.kv_format == "fp16" and args.kv_v_layout is None:
+        hw = hw.replace(kv_v_layout="planes")          # the binary16 cache has one layout
     for option, name, value in (("--group", "weight_group", args.group), ("--block", "act_block", args.block),
                                 ("--kv-format", "kv_format", args.kv_format),
                                 ("--kv-v-layout", "kv_v_layout", args.kv_v_layout)):

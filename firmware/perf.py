@@ -990,8 +990,7 @@ def main(argv=None) -> int:
     p.add_argument("--kv-format", choices=("fp16", "int8"), help="KV cache format (default: the preset's)")
     p.add_argument("--kv-v-layout", choices=("planes", "rows"),
                    help="INT8 cache: V as two INT4 planes of columns (sparse V GEMVs per query head) or as INT8 "
-                        "rows (a dense V GEMV per KV head; the ISS and this model, no RTL yet); default: the "
-                        "preset's")
+                        "rows (a dense V GEMV per KV head); default: the preset's")
     p.add_argument("--json", action="store_true",
                    help="print the figures as one JSON object (tok/s, cycles and bytes per position, the clock and "
                         "the rates used) instead of the tables")
@@ -1016,6 +1015,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     rates = Rates(**{f.name: getattr(args, f.name) for f in fields(Rates)})
     cfg, hw = ModelConfig.preset(args.model), HardwareConfig.preset(args.hw)
+    if args.kv_format == "fp16" and not args.kv_v_layout:
+        hw = hw.replace(kv_v_layout="planes")          # the binary16 cache has one layout
     if args.kv_format:
         hw = hw.replace(kv_format=args.kv_format)
     if args.kv_v_layout:

@@ -41,18 +41,21 @@ DSP48E2_MUL_B_BITS = 18
 DSP48E2_P_BITS = 48
 
 
-def segment_sum_bound(seg: int, act_bits: int = 8) -> int:
+def segment_sum_bound(seg: int, act_bits: int = 8, weight_bits: int | None = None) -> int:
     """The largest magnitude of a sum of `seg` INT4 x INT(`act_bits`) products: ``seg * 8 * 2**(act_bits -
-    1)`` (all -8 weights times all -2**(act_bits - 1) activations). The one statement of it: the GEMV
-    engine's isum width, the systolic field spacing and the golden models (`sim.numerics`) use it."""
+    1)`` (all -8 weights times all -2**(act_bits - 1) activations); with `weight_bits` (default INT4) the
+    weights are INT(`weight_bits`): ``seg * 2**(weight_bits - 1) * 2**(act_bits - 1)``. The one statement of
+    it: the GEMV engine's isum width, the systolic field spacing and the golden models (`sim.numerics`) use it."""
     if isinstance(seg, bool) or not isinstance(seg, int) or seg < 1:
         raise ValueError(f"segment length must be a positive integer, not {seg!r}")
-    return seg * 2 ** (HardwareConfig.WEIGHT_BITS - 1) * 2 ** (act_bits - 1)
+    wb = HardwareConfig.WEIGHT_BITS if weight_bits is None else weight_bits
+    return seg * 2 ** (wb - 1) * 2 ** (act_bits - 1)
 
 
-def segment_sum_bits(seg: int, act_bits: int = 8) -> int:
-    """Signed width that holds every sum of `seg` INT4 x INT(`act_bits`) products (`segment_sum_bound`)."""
-    return segment_sum_bound(seg, act_bits).bit_length() + 1
+def segment_sum_bits(seg: int, act_bits: int = 8, weight_bits: int | None = None) -> int:
+    """Signed width that holds every sum of `seg` INT(`weight_bits`, default 4) x INT(`act_bits`) products
+    (`segment_sum_bound`)."""
+    return segment_sum_bound(seg, act_bits, weight_bits).bit_length() + 1
 
 
 def ceil_log2(x: int) -> int:
@@ -265,10 +268,23 @@ class HardwareConfig:
         return self.axi_ports * self.weights_per_beat
 
     @property
+    def gemv_int8(self) -> bool:
+        """The GEMV engine runs commands with INT8 weights (`hdl.gemv.command_layout`'s `int8`): the INT8 KV
+        cache with V rows (``kv_format == "int8"`` and ``kv_v_layout == "rows"``), whose ATTN multiplies each V
+        plane (one signed byte per element) with the softmax weights in the engine."""
+        return self.kv_format == "int8" and self.kv_v_layout == "rows"
+
+    @property
+    def segment_sum_weight_bits(self) -> int:
+        """The widest weight the GEMV engine's segment sums take: 8 with `gemv_int8`, else INT4."""
+        return 8 if self.gemv_int8 else self.WEIGHT_BITS
+
+    @property
     def segment_sum_bits(self) -> int:
         """Signed width of every segment sum of this config: a segment holds at most `act_block` INT4 x
-        INT(`act_bits`) products (`segment_sum_bits`; kv260: 18, tiny: 16)."""
-        return segment_sum_bits(self.act_block, self.act_bits)
+        INT(`act_bits`) products (`segment_sum_bits`; kv260: 18, tiny: 16), INT8 x INT(`act_bits`) ones with
+        `gemv_int8` (kv260 with V rows: 22)."""
+        return segment_sum_bits(self.act_block, self.act_bits, self.segment_sum_weight_bits)
 
     @property
     def gemm_tile(self) -> int:

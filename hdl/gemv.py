@@ -146,7 +146,10 @@ def command_layout(cfg: HardwareConfig) -> data.StructLayout:
     (an engine with ``gemv_vectors`` V > 1): the command multiplies W with ``vecs + 1`` activation vectors,
     reading W once; its results (and accm's old values) come tile by tile (``tile_rows`` rows, the ports' unit),
     each tile's rows for vector 0, then for vector 1, ... Neither sparse nor masked commands take more than one
-    vector."""
+    vector. `int8` (an engine with ``gemv_int8``): W holds INT8 weights, ``W[r, k]`` the signed byte at
+    ``wbase + r*pitch + k`` (`pitch`: bytes from one row's start to the next), scales as in dense mode; an int8
+    command is neither sparse nor masked. This engine rejects every int8 command (`CommandDecoder`'s `o_bad`):
+    its INT8 datapath is not built."""
     fields = {
         "wbase": unsigned(cfg.axi_addr_bits), "sbase": unsigned(cfg.axi_addr_bits),
         "rows": unsigned(20), "cols": unsigned(16), "log2_group": unsigned(5), "accm": 1, "sparse": 1,
@@ -155,6 +158,9 @@ def command_layout(cfg: HardwareConfig) -> data.StructLayout:
         fields["mask"] = 1
     if cfg.gemv_vectors > 1:
         fields["vecs"] = range(cfg.gemv_vectors)
+    if cfg.gemv_int8:
+        fields["int8"] = 1
+        fields["pitch"] = unsigned(24)
     return data.StructLayout(fields)
 
 
@@ -315,7 +321,8 @@ class CommandDecoder(wiring.Component):
     o_* : the decoded fields, all valid from the second cycle after `i_load` (`o_cmd` from the first);
         `o_bad` when the command cannot run: rows or cols 0, cols above `max_cols`, more segments or groups
         per row than `max_segments`, a `sparse` command with an odd number of rows or more than `max_rows`
-        (``gemv_sparse_max_rows``), or a `sparse` or `mask` command with more than one vector.
+        (``gemv_sparse_max_rows``), a `sparse` or `mask` command with more than one vector, or an `int8`
+        command (with ``gemv_int8``; the dense ports run INT4 weights only, `command_layout`).
     """
 
     def __init__(self, cfg: HardwareConfig, max_cols: int, max_segments: int, max_rows: int | None = None):
@@ -356,7 +363,8 @@ class CommandDecoder(wiring.Component):
                         (i.sparse & (i.rows[0] | (i.rows > self._max_rows))) | (i.log2_group > 16) |
                         ((i.mask & (i.sparse | (i.rows > cfg.gemv_max_cols))) if cfg.gemv_row_mask else 0) |
                         (((i.vecs != 0) & (i.sparse | (i.mask if cfg.gemv_row_mask else 0)))
-                         if cfg.gemv_vectors > 1 else 0)),
+                         if cfg.gemv_vectors > 1 else 0) |
+                        (i.int8 if cfg.gemv_int8 else 0)),
             ]
         # Step 2: the counts and the fields derived from the registered command.
         lg = c.log2_group
@@ -405,12 +413,14 @@ def _check_segment_sums(cfg: HardwareConfig) -> None:
     log2(act_block))``; the sparse back end cuts its per-row sums at the same ``lseg`` boundaries), so at
     most ``act_block`` products, each at most ``8 * 2**(act_bits - 1)`` in magnitude (INT4 -8 times INT8
     -128): ``|isum| <= act_block * 2**(act_bits + 2)`` (kv260: 64 * 1024 = 2**16, 18 bits; tiny: 2**14, 16
-    bits; as the systolic field). `IntScaleMul` needs every value of that width exact in binary32 (at most 25
+    bits; as the systolic field); with ``gemv_int8`` INT8 x INT8 products, ``act_block * 2**(act_bits + 6)``
+    (kv260: 22 bits). `IntScaleMul` needs every value of that width exact in binary32 (at most 25
     bits); a config beyond that raises ValueError."""
     bits = cfg.segment_sum_bits
-    bound = config.segment_sum_bound(cfg.act_block, cfg.act_bits)
+    wb = cfg.segment_sum_weight_bits
+    bound = config.segment_sum_bound(cfg.act_block, cfg.act_bits, wb)
     if bits > INT_SCALE_MAX_BITS or bits > cfg.acc_bits:
-        raise ValueError(f"GEMV segment sums reach {bound} (act_block {cfg.act_block} x INT4 x INT{cfg.act_bits}), "
+        raise ValueError(f"GEMV segment sums reach {bound} (act_block {cfg.act_block} x INT{wb} x INT{cfg.act_bits}), "
                          f"{bits} signed bits: they must fit {min(INT_SCALE_MAX_BITS, cfg.acc_bits)} bits (exact in "
                          f"binary32 and in acc_bits) for the fused scale product")
 

@@ -113,10 +113,11 @@ def run(seq, word, *, vl=0, hd=0, pos=0, desc=None, fmap=(0, 0, 0), act_n=0, see
                 vectors = ctx.get(j.vecs) + 1 if seq.hw.gemv_vectors > 1 else 1
                 if word >> 60 == Opcode.WGEMM.value and seq.hw.gemv_row_mask:
                     assert not ctx.get(j.mask), "a WGEMM's GEMV job with the row mask"
+                int8 = "int8" in dict(j.shape().members) and bool(ctx.get(j.int8))
                 steps.append(Engine(ctx.get(j.rows), ctx.get(j.cols), bool(ctx.get(j.accm)), bool(ctx.get(j.sparse)),
-                                    vectors))
+                                    vectors, int8=int8))
                 if ddr is not None:
-                    ddr.append(("gemv", ctx.get(j.wbase), ctx.get(j.sbase)))
+                    ddr.append(("gemv", ctx.get(j.wbase), ctx.get(j.sbase)) + ((ctx.get(j.pitch),) if int8 else ()))
                 busy_left, started_engine = rng.randint(1, 30), True
             if hasattr(seq, "o_gemm") and ctx.get(seq.o_gemm.valid):
                 assert busy_left == 0, "a WGEMM tile while the engine runs"
@@ -129,13 +130,14 @@ def run(seq, word, *, vl=0, hd=0, pos=0, desc=None, fmap=(0, 0, 0), act_n=0, see
                 p = seq.o_pass.payload
                 op = None if ctx.get(p.bypass) else _name(SfuOp, ctx.get(p.op))
                 src = _name(Src, ctx.get(p.a))
+                stride = ctx.get(p.wr_stride) if "wr_stride" in dict(p.shape().members) else 0
                 steps.append(Pass(op, src, _name(BSrc, ctx.get(p.b)), _name(Sink, ctx.get(p.sink)), ctx.get(p.n),
                                   _name(DdrFormat, ctx.get(p.ddr_fmt)) if src == "DDR" else None,
-                                  beside=started_engine))
+                                  beside=started_engine, stride=stride != 0))
                 if ddr is not None and _name(Src, ctx.get(p.a)) == "DDR":
                     ddr.append(("rd", ctx.get(p.ddr_addr)))
                 if ddr is not None and _name(Sink, ctx.get(p.sink)) == "DDR":
-                    ddr.append(("wr", ctx.get(p.ddr_addr)))
+                    ddr.append(("wr", ctx.get(p.ddr_addr)) + ((stride,) if stride else ()))
                 next_pass = rng.randint(0, 6)
             if rig.alu is not None and ctx.get(rig.alu.i_cmd.valid) and ctx.get(rig.alu.i_cmd.ready):
                 steps.append(Alu())
@@ -259,10 +261,13 @@ def test_matrix_sequencer_gather():
 
 def _slot(capacity, heads, head_dim, hw):
     return Descriptor(index=0, kind=DescKind.KV, tensor="kv:0", capacity=capacity, heads=heads, head_dim=head_dim,
-                      weight_offset=4096, scale_offset=65536, layout=int(hw.kv_format == "int8"))
+                      weight_offset=4096, scale_offset=65536, layout=hw.kv_layout_code)
 
 
-@pytest.mark.parametrize("hw", [TINY, TINY_FP16], ids=lambda h: h.kv_format)
+TINY_ROWS = TINY.replace(kv_v_layout="rows")          # the INT8 cache's V as rows (docs/numerics.md "KV cache")
+
+
+@pytest.mark.parametrize("hw", [TINY, TINY_FP16, TINY_ROWS], ids=["int8", "fp16", "int8_v_rows"])
 def test_attention_sequencer_kvst(hw):
     check(AttentionSequencer, hw, Opcode.KVST, {"k": 0, "v": 16, "slot": 0, "shape_ptr": 0, "async_": 0},
           pos=5, desc=_slot(8, 2, 16, hw))
@@ -270,9 +275,12 @@ def test_attention_sequencer_kvst(hw):
 
 @pytest.mark.parametrize("hw,pos,capacity,window", [(TINY, 6, 8, 0), (TINY, 1500, 2048, 0), (TINY, 9, 4, 4),
                                                     (TINY, 10, 8, 6), (TINY, 7, 8, 6), (TINY, 2500, 2100, 2000),
-                                                    (TINY_FP16, 5, 8, 0), (TINY_FP16, 9, 8, 3)],
+                                                    (TINY_FP16, 5, 8, 0), (TINY_FP16, 9, 8, 3),
+                                                    (TINY_ROWS, 6, 8, 0), (TINY_ROWS, 1500, 2048, 0),
+                                                    (TINY_ROWS, 10, 8, 6), (TINY_ROWS, 2500, 2100, 2000)],
                          ids=["int8", "int8_two_chunks", "int8_window", "int8_wrapped_ring", "int8_wide_ring",
-                              "int8_wrapped_chunks", "fp16", "fp16_window"])
+                              "int8_wrapped_chunks", "fp16", "fp16_window", "v_rows", "v_rows_two_chunks",
+                              "v_rows_wrapped_ring", "v_rows_wrapped_chunks"])
 def test_attention_sequencer_attn(hw, pos, capacity, window):
     steps = check(AttentionSequencer, hw, Opcode.ATTN, {"dst": 64, "q": 0, "slot": 0, "kv_head": 1, "shape_ptr": 0,
                                                         "async_": 0},
@@ -291,12 +299,32 @@ def test_attention_sequencer_k_gemvs_once_per_group(heads, pos, capacity, window
     """On the GEMV engine of four vectors an INT8 ATTN's K GEMVs take up to four query heads at once (their
     queries quantised into the engine's vectors first), then each head's softmax and V GEMVs follow alone; where
     four rows of scores do not fit the scratch (4 x 1,504 > 4,096 elements on tiny), one head at a time."""
-    steps = check(AttentionSequencer, TINY_V4, Opcode.ATTN, {"dst": 64, "q": 0, "slot": 0, "kv_head": 1,
-                                                             "shape_ptr": 0, "async_": 0},
-                  pos=pos, desc=_slot(capacity, 2, 16, TINY_V4), fmap=(heads, 16, window))
+    hw = TINY_V4.replace(kv_v_layout="planes")
+    steps = check(AttentionSequencer, hw, Opcode.ATTN, {"dst": 64, "q": 0, "slot": 0, "kv_head": 1, "shape_ptr": 0,
+                                                        "async_": 0},
+                  pos=pos, desc=_slot(capacity, 2, 16, hw), fmap=(heads, 16, window))
     k = [s for s in steps if isinstance(s, Engine) and not s.sparse]
     assert [s.vectors for s in k] == vectors
     assert [s.accm for s in k] == [False, True] * (len(vectors) // 2)
+
+
+@pytest.mark.parametrize("heads,pos,capacity,window,k_vectors,v_vectors", [
+    (6, 9, 16, 0, [4, 4, 2, 2], [4, 2]), (3, 5, 8, 0, [3, 3], [3]), (1, 0, 4, 0, [1, 1], [1]),
+    (2, 1500, 2048, 0, [1, 1, 1, 1], [1, 1, 1, 1]), (6, 10, 8, 6, [4] * 4 + [2] * 4, [4, 4, 2, 2])],
+    ids=["groups_of_4_and_2", "one_group_of_3", "one_head", "scores_beyond_the_scratch", "wrapped_ring"])
+def test_attention_sequencer_v_rows_once_per_group(heads, pos, capacity, window, k_vectors, v_vectors):
+    """V rows on the GEMV engine of four vectors: a group's query heads share its K GEMVs and, per chunk of
+    positions, one GEMV of INT8 weights over the V rows (each head's weights in its own vector; accm after the
+    group's first chunk), the plan of `sim.plan` step for step (`check`)."""
+    hw = TINY_V4.replace(kv_v_layout="rows")
+    steps = check(AttentionSequencer, hw, Opcode.ATTN, {"dst": 64, "q": 0, "slot": 0, "kv_head": 1,
+                                                        "shape_ptr": 0, "async_": 0},
+                  pos=pos, desc=_slot(capacity, 2, 16, hw), fmap=(heads, 16, window))
+    k = [s for s in steps if isinstance(s, Engine) and not s.int8]
+    v = [s for s in steps if isinstance(s, Engine) and s.int8]
+    assert [s.vectors for s in k] == k_vectors and not any(s.sparse for s in steps if isinstance(s, Engine))
+    assert [s.vectors for s in v] == v_vectors
+    assert [s.rows for s in v] == [16] * len(v_vectors)
 
 
 @pytest.mark.parametrize("busy", [1, 2, 17])
@@ -354,30 +382,41 @@ def _base(region):
 
 
 KV260 = HardwareConfig.preset("kv260")
+KV260_ROWS = KV260.replace(kv_v_layout="rows")
 
 
 @pytest.mark.parametrize("hw,pos,capacity,head_dim,window", [
     (TINY, 5, 8, 16, 0), (TINY, 1500, 2048, 16, 0), (KV260, 700, 1024, 256, 0), (KV260, 20000, 32768, 256, 0),
-    (TINY, 10, 8, 16, 6), (TINY, 2500, 2100, 16, 2000), (KV260, 1000, 515, 256, 512)],
+    (TINY, 10, 8, 16, 6), (TINY, 2500, 2100, 16, 2000), (KV260, 1000, 515, 256, 512),
+    (TINY_ROWS, 5, 8, 16, 0), (TINY_ROWS, 1500, 2048, 16, 0), (KV260_ROWS, 700, 1024, 256, 0),
+    (KV260_ROWS, 20000, 32768, 256, 0), (TINY_ROWS, 10, 8, 16, 6), (TINY_ROWS, 2500, 2100, 16, 2000),
+    (KV260_ROWS, 1000, 515, 256, 512)],
     ids=["tiny", "tiny_two_chunks", "kv260", "kv260_two_chunks", "tiny_wrapped_ring", "tiny_wrapped_chunks",
-         "kv260_wrapped_ring"])
+         "kv260_wrapped_ring", "rows_tiny", "rows_tiny_two_chunks", "rows_kv260", "rows_kv260_two_chunks",
+         "rows_tiny_wrapped_ring", "rows_tiny_wrapped_chunks", "rows_kv260_wrapped_ring"])
 def test_int8_kvst_and_attn_address_the_slot_as_its_layout(hw, pos, capacity, head_dim, window):
     """Every DDR address KVST and ATTN name on the INT8 cache is where `sim.numerics.KvInt8Layout` (the ISS's
     and the packer's layout) puts that plane row, scale row or V column: per head the K planes' rows and their
     scale rows and the V planes' columns at the ring slot, its V scale; ATTN's K GEMVs (lo, then hi), the V row
     scales, and per chunk of positions its V GEMVs (lo, then hi) with the V planes' scale table, each from the
-    first slot of its piece of the ring (a ring wider than the window wraps: `sim.plan.attn_pieces`)."""
+    first slot of its piece of the ring (a ring wider than the window wraps: `sim.plan.attn_pieces`). V rows
+    (``kv_v_layout`` "rows"): KVST scatters V a byte into each row from the slot's byte in row 0, the rows a
+    capacity apart; ATTN's one V GEMV per chunk and group starts at the chunk's first slot in row 0, its rows a
+    capacity apart, with the table's lo half (scale 1)."""
     heads, kv_head = 2, 1
     desc = _slot(capacity, heads, head_dim, hw)
-    lay = KvInt8Layout(capacity, heads, head_dim, hw.act_block)
+    rows = hw.kv_v_layout == "rows"
+    lay = KvInt8Layout(capacity, heads, head_dim, hw.act_block, hw.kv_v_layout)
     slot, table = _base(DdrRegion.KV) + desc.weight_offset, _base(DdrRegion.WEIGHTS) + desc.scale_offset
     r = pos % capacity
     row, srow = r * head_dim // 2, r * lay.kblocks * 2
     want = []
     for j in range(heads):
         want += [("wr", slot + lay.k_hi(j) + row), ("wr", slot + lay.k_lo(j) + row), ("wr", slot + lay.ks_hi(j) + srow),
-                 ("wr", slot + lay.ks_lo(j) + srow), ("wr", slot + lay.v_hi(j) + row),
-                 ("wr", slot + lay.v_lo(j) + row), ("wr", slot + lay.vs(j) + 2 * r)]
+                 ("wr", slot + lay.ks_lo(j) + srow)]
+        want += ([("wr", slot + lay.v(j) + r, capacity)] if rows else
+                 [("wr", slot + lay.v_hi(j) + row), ("wr", slot + lay.v_lo(j) + row)])
+        want.append(("wr", slot + lay.vs(j) + 2 * r))
     got = []
     word, _ = _insn(hw, Opcode.KVST, k=0, v=256, slot=0, shape_ptr=0, async_=0)
     assert run(AttentionSequencer(hw), word, pos=pos, desc=desc, ddr=got)[1] == "NONE"
@@ -385,7 +424,7 @@ def test_int8_kvst_and_attn_address_the_slot_as_its_layout(hw, pos, capacity, he
 
     q_heads, n = 2, min(pos + 1, window or capacity)
     group = attn_k_group(hw, n)        # kv260 at 701 positions: both heads' K GEMVs at once; at 20,001 one each
-    assert group == (4 if hw is KV260 and n in (701, 512) else 1)
+    assert group == (4 if hw.name == "kv260" and n in (701, 512) else 1)
     pieces = attn_pieces(pos, n, capacity)
     assert len(pieces) == (2 if window else 1)
     # the V chunks' first slots: each piece from its first slot in chunks of gemv_max_cols
@@ -399,9 +438,11 @@ def test_int8_kvst_and_attn_address_the_slot_as_its_layout(hw, pos, capacity, he
                       slot + lay.ks_hi(kv_head) + first * lay.kblocks * 2)]
         for _ in range(min(group, q_heads - h0)):
             want += [("rd", slot + lay.vs(kv_head) + 2 * first) for first, _ in pieces]
-            for c in chunks:
+            for c in [] if rows else chunks:
                 want += [("gemv", slot + lay.v_lo(kv_head) + c * head_dim // 2, table + 2 * head_dim),
                          ("gemv", slot + lay.v_hi(kv_head) + c * head_dim // 2, table)]
+        if rows:
+            want += [("gemv", slot + lay.v(kv_head) + c, table + 2 * head_dim, capacity) for c in chunks]
     got = []
     word, _ = _insn(hw, Opcode.ATTN, dst=64, q=0, slot=0, kv_head=kv_head, shape_ptr=0, async_=0)
     assert run(AttentionSequencer(hw), word, pos=pos, desc=desc, fmap=(q_heads, head_dim, window), ddr=got)[1] == "NONE"

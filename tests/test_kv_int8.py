@@ -235,7 +235,7 @@ def test_int8_attention_k_gemvs_once_per_group_change_no_bit():
     full = cfg.kv_cache_layers[-1]
     heads, n = 6, 70
     outs, counts, written = {}, {}, {}
-    for hw in (TINY8, HW["tiny_v4"]):
+    for hw in (TINY8, HW["tiny_v4"].replace(kv_v_layout="planes")):
         m, image = _kv_machine(hw)
         slot = image.kv_slots[full]
         d = image.descriptors[slot]

@@ -398,14 +398,17 @@ def _token_counters(cfg, hw, pos):
     return m.counters
 
 
+@pytest.mark.parametrize("layout", ["planes", "rows"])
 @pytest.mark.parametrize("pos", [0, 5, 40])
-def test_features_price_a_token_as_cycles_of_does(tiny, pos):
+def test_features_price_a_token_as_cycles_of_does(tiny, pos, layout):
     """The fit's linear form (`features`) gives the same serial cycles as `cycles_of`, INT8 ATTN included (its
-    engine commands, sparse V GEMVs and the RECIP pass beside them), at costs unrelated to the defaults."""
+    engine commands: the V planes' sparse GEMVs with the RECIP pass beside them, or the V rows' GEMVs of INT8
+    weights), at costs unrelated to the defaults."""
     from firmware.perf import features
     cfg, hw = tiny
+    hw = hw.replace(kv_v_layout=layout)
     c = _token_counters(cfg, hw, pos)
-    assert c.attn_gemvs and c.attn_recips
+    assert c.attn_gemvs and (c.attn_recips if layout == "planes" else c.attn_v_gemvs)
     rates = Rates(issue=5, sfu_pass=190, vec_pass=27, reduce_pass=231, copy_pass=9, quant_pass=13, ddr_read_pass=60,
                   ddr_write_pass=70, alu_op=11, gemv_fixed=23)
     f = features(c, hw, rates)

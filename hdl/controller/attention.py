@@ -13,11 +13,21 @@ beside the first chunk's (it uses only the SFU and registers), then MULS by the 
 into the quantiser (limit 119) and the `KvPacker`, its two plane rows and scale rows out to DDR; V into the
 quantiser twice (its row exponent, then the values at that exponent), its two plane columns and its row
 scale out.
+
+V as rows (``kv_v_layout`` "rows", `sim.plan` ``_attn_v_rows``): KVST sends the V row's INT8 values (packer
+stream 4) to the DDR writer, which scatters them a byte into each of the head's head_dim rows, a capacity apart.
+ATTN per group of query heads (`sim.plan.attn_k_group`): the queries into the quantiser and the K GEMVs as
+above, then per head MAX, EXP, SUM, MUL by the V row scales and RECIP(sum) (kept per head); per chunk of
+positions each head's weights into the quantiser (the engine's vector i for the group's head i) and ONE GEMV
+of INT8 weights over the V rows for the whole group, its outputs a head_dim apart from the group's dst (accm
+after the first chunk); then per head MULS by its reciprocal.
 """
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal, signed
+from types import SimpleNamespace
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream
 from amaranth.lib.wiring import In, Out
 
@@ -47,10 +57,6 @@ class AttentionSequencer(Sequencer):
     tracker (``o_gemv``, ``o_act_n``, ``i_engine``) and the KV packer (``o_pack_clear``, ``i_pack``)."""
 
     def __init__(self, hw: HardwareConfig):
-        if hw.kv_v_layout != "planes":
-            self._MustUse__silence = True     # rejected: no "created but never used" warning
-            raise ValueError(f"kv_v_layout {hw.kv_v_layout!r} has no RTL: the ISS and firmware.perf model it; the "
-                             f"controller and the GEMV engine build 'planes' (docs/numerics.md \"KV cache\")")
         super().__init__(hw, {
             "div": Out(DividerPort),
             "o_gemv": Out(stream.Signature(gemv_job_layout(hw))),
@@ -316,7 +322,7 @@ class AttentionSequencer(Sequencer):
         last_j = Signal(9, name="last_j")                 # heads - 1 (mod 2**9): j + 1 == heads is j == last_j
         m.d.sync += last_j.eq(d.heads - 1)
         hb = Signal(16)                                   # element offset of head j in k and v
-        self._kvst_checks(m, st, 1, bad_hd | (d.heads == 0))
+        self._kvst_checks(m, st, hw.kv_layout_code, bad_hd | (d.heads == 0))
         with st.state("KV_1"):
             with m.If(~self.div.busy):
                 m.d.sync += ring.eq(self.div.r)
@@ -326,9 +332,10 @@ class AttentionSequencer(Sequencer):
         # K_hi, K_lo, V_hi, V_lo of head 0, then of head 1 ... (a plane apart), `scale_row` through the K scales
         # hi and lo of head 0, 1 ... (a scale plane apart), `vsb` through the V scales (a row of C apart)
         plane_row, scale_row = Signal(A, name="plane_row"), Signal(A, name="scale_row")
+        v_at = Signal(A, name="v_at")                     # V rows: from plane_row at V_hi to the slot's byte in row 0
         with st.state("KV_3"):
             sb = self.slot_base
-            m.d.sync += [plane_row.eq(sb + row_off), scale_row.eq(self.ks_region + srow),
+            m.d.sync += [plane_row.eq(sb + row_off), scale_row.eq(self.ks_region + srow), v_at.eq(ring - row_off),
                          vsb.eq(self.vs_region + (ring << 1)), j.eq(0), j_end.eq(d.heads == 0), hb.eq(0)]
             m.next = "KV_K"
 
@@ -383,8 +390,15 @@ class AttentionSequencer(Sequencer):
                 st.fail(ErrorCode.NON_FINITE)
             with m.Else():
                 quantise("KV_VB", a=Src.L2, a_addr=v + hb, qforce=1, qe=qe)
-        st.wait_pass("KV_VB", lambda: plane_out("KV_V1", 0))
-        st.wait_pass("KV_V1", lambda: plane_out("KV_V2", 1))
+        if hw.kv_v_layout == "rows":
+            def v_rows():   # the row's INT8 values, a byte into each of the head's V rows (a capacity apart)
+                st.launch("KV_V2", bypass=1, n=d.head_dim, a=Src.PACK, psel=4, sink=Sink.DDR,
+                          ddr_addr=(plane_row + v_at)[:A], wr_stride=d.rows)
+                m.d.sync += plane_row.eq(plane_row + (plane << 1))
+            st.wait_pass("KV_VB", v_rows)
+        else:
+            st.wait_pass("KV_VB", lambda: plane_out("KV_V1", 0))
+            st.wait_pass("KV_V1", lambda: plane_out("KV_V2", 1))
         st.wait_pass("KV_V2", lambda: st.launch("KV_V3", bypass=1, n=1, a=Src.REG, a_val=self.i_pack.vscale,
                                                 sink=Sink.DDR, ddr_addr=vsb, wr_fmt=1))
 
@@ -448,6 +462,7 @@ class AttentionSequencer(Sequencer):
         # a whole L2 word) in the scratch; then per head of the group the softmax and the V GEMVs as alone.
         V = hw.gemv_vectors
         grouped = V > 1
+        rows = hw.kv_v_layout == "rows"
         if grouped:
             stride = Signal(nb, name="score_stride")          # from n (cycle 1 on): stable from AT_3 on
             fits = Signal(name="group_fits")                  # V rows of scores fit the scratch
@@ -459,6 +474,7 @@ class AttentionSequencer(Sequencer):
             kspan = Signal(nb, name="group_span")             # (g_n - 1) * stride: the K GEMVs' rows beyond a head's
             sc = Signal.like(self.q_at, name="scores_at")     # the head's scores
             heads_left = Signal(16, name="heads_left")        # heads - h, set with h
+            vspan = Signal(nb, name="group_vspan")            # (g_n - 1) * head_dim: the V GEMV's outputs beyond one
         else:
             sc = SB
         # Every engine command's addresses are one base plus, for the lo plane, one offset: K from the head's
@@ -477,14 +493,21 @@ class AttentionSequencer(Sequencer):
         send, sent = Signal(name="gemv_launch"), Signal(name="gemv_valid")
         held = Signal.like(self.o_gemv.payload, name="gemv_payload")
         k_rows = Mux(kp, n2, n1)
+        # V rows: one dense GEMV of INT8 weights per chunk for the group's heads (vectors 0 .. g_n - 1, their
+        # outputs a head_dim apart from dst), rows `cap` bytes apart; V planes: two sparse GEMVs per head and chunk
+        v_span = (vspan + hd) if rows and grouped else hd
         m.d.comb += [job.cmd.wbase.eq(wbase), job.cmd.sbase.eq(sbase),
                      job.cmd.rows.eq(Mux(on_v, hd, k_rows)), job.cmd.cols.eq(Mux(on_v, chunk_n, hd)),
-                     job.cmd.log2_group.eq(Mux(on_v, V_PLANE_LOG2_GROUP, LB)), job.cmd.sparse.eq(on_v),
-                     job.cmd.accm.eq(~on_lo | (on_v & ~first)), job.lo.eq(Mux(on_v, dst, Mux(kp, SB + n1, SB))),
-                     job.n.eq(Mux(on_v, hd, (kspan + k_rows) if grouped else k_rows)), job.pc.eq(ctx.pc),
+                     job.cmd.log2_group.eq(Mux(on_v, V_PLANE_LOG2_GROUP, LB)), job.cmd.sparse.eq(on_v & ~rows),
+                     job.cmd.accm.eq(Mux(on_v, ~first, ~on_lo) if rows else ~on_lo | (on_v & ~first)),
+                     job.lo.eq(Mux(on_v, dst, Mux(kp, SB + n1, SB))),
+                     job.n.eq(Mux(on_v, v_span, (kspan + k_rows) if grouped else k_rows)), job.pc.eq(ctx.pc),
                      self.o_gemv.valid.eq(sent), self.o_gemv.payload.eq(Mux(sent, held, 0))]
+        if rows:
+            m.d.comb += [job.cmd.int8.eq(on_v), job.cmd.pitch.eq(self.cap)]
         if grouped:
-            m.d.comb += [job.cmd.vecs.eq(Mux(on_v, 0, qi)), job.stride.eq(stride)]
+            m.d.comb += [job.cmd.vecs.eq(Mux(on_v, g_n - 1 if rows else 0, qi)),
+                         job.stride.eq(Mux(on_v, hd, stride) if rows else stride)]
         m.d.sync += [sent.eq(send), held.eq(job)]
 
         def engine(nxt):
@@ -501,7 +524,7 @@ class AttentionSequencer(Sequencer):
                         then()
 
         # the engine runs its GEMVs: an async WGEMV must finish first
-        self._attn_checks(m, st, 1, bad_hd, 0, uses_engine=True)
+        self._attn_checks(m, st, hw.kv_layout_code, bad_hd, 0, uses_engine=True)
         # the Q and output span, from the FMAP entry (from cycle 4 on: AT_1P, the checks on it)
         span = product(m, ctx.fmap.heads, ctx.fmap.head_dim, 32, "span")
         with st.state("AT_1"):
@@ -516,7 +539,8 @@ class AttentionSequencer(Sequencer):
         head_plane = product(m, at.kv_head, plane, 32, "head_plane")
         head_ks = product(m, at.kv_head, ks, 32, "head_ks")
         head_rows = product(m, at.kv_head, d.rows, 32, "head_rows")
-        m.d.sync += vtab.eq(ctx.base[DdrRegion.WEIGHTS.value] + d.scale_offset)
+        # the V planes' scale table; V rows take its lo half (scale 1 per row)
+        m.d.sync += vtab.eq(ctx.base[DdrRegion.WEIGHTS.value] + d.scale_offset + ((d.head_dim << 1) if rows else 0))
         full_ring = Signal(name="full_ring")          # n == C: the ring in slot order from slot 0
         m.d.sync += full_ring.eq(n == self.cap)
         with st.state("AT_2"):
@@ -541,7 +565,7 @@ class AttentionSequencer(Sequencer):
             with st.state("AT_HQ"):
                 st.launch("AT_Q", bypass=1, n=hd, a=Src.L2, a_addr=self.q_at, sink=Sink.QUANT, qdst=QDst.GEMV)
                 m.d.sync += [on_lo.eq(1), qi.eq(0), q_more.eq(g_n > 1), qg.eq(self.q_at + hd), kspan.eq(0),
-                             sc.eq(SB)]
+                             sc.eq(SB), vspan.eq(0)]
         else:
             with st.state("AT_H"):
                 with m.If(h_end):
@@ -564,7 +588,7 @@ class AttentionSequencer(Sequencer):
                         st.launch("AT_Q", bypass=1, n=hd, a=Src.L2, a_addr=qg, sink=Sink.QUANT, qdst=QDst.GEMV,
                                   qtok=qi + 1)
                         m.d.sync += [qi.eq(qi + 1), q_more.eq(qi + 2 != g_n), qg.eq(qg + hd),
-                                     kspan.eq(kspan + stride)]
+                                     kspan.eq(kspan + stride), vspan.eq(vspan + hd)]
                 with m.Else():
                     engine("AT_K1")
         after_engine("AT_K1", lambda: engine("AT_K2"))
@@ -599,12 +623,35 @@ class AttentionSequencer(Sequencer):
             with m.Else():
                 chunks()
 
+        a = SimpleNamespace(
+            hd=hd, n1=n1, n2=n2, wrap=wrap, n2_more=n2_more, vp=vp, vcol0=vcol0, vrow0=vrow0, vrow=vrow, s_at=s_at,
+            chunk_n=chunk_n, left=left, first=first, none_left=none_left, more=more, take=take, on_v=on_v,
+            on_lo=on_lo, sc=sc, engine=engine, after_engine=after_engine, MAXC=MAXC, h_end=h_end, last_h=last_h,
+            grouped=grouped, SB=SB, A=A, s0=s0)
+        if grouped:
+            a.__dict__.update(qi=qi, stride=stride, heads_left=heads_left, g_n=g_n)
+        chunks = (self._attn_v_rows if rows else self._attn_v_planes)(m, st, a)
+        st.wait_pass("AT_S5", scale_piece)
+        st.wait_pass("AT_S6", chunks)
+
+    def _attn_v_planes(self, m, st, a):
+        """INT8 ATTN's V phase over the V planes, per head: per chunk the weights into the quantiser and two sparse
+        GEMVs (lo, hi; accm after the first), RECIP(sum) beside the first chunk's; then times recip(sum). Returns
+        the step that starts it (after the head's softmax)."""
+        h, hd, MAXC, dst, rz, recip_pending = self.h, a.hd, a.MAXC, self.dst, self.rz, self.recip_pending
+        s_at, chunk_n, left, first, none_left, more, take = (a.s_at, a.chunk_n, a.left, a.first, a.none_left,
+                                                              a.more, a.take)
+        n1, n2, wrap, n2_more, vp, vcol0, vrow0, vrow = a.n1, a.n2, a.wrap, a.n2_more, a.vp, a.vcol0, a.vrow0, a.vrow
+        on_v, on_lo, sc, engine, after_engine, h_end, last_h = (a.on_v, a.on_lo, a.sc, a.engine, a.after_engine,
+                                                                a.h_end, a.last_h)
+        grouped = a.grouped
+        if grouped:
+            qi, stride, heads_left = a.qi, a.stride, a.heads_left
+
         def chunks():
             m.d.sync += [s_at.eq(sc), left.eq(n1), first.eq(1), none_left.eq(n1 == 0), more.eq(n1 > MAXC),
                          vrow.eq(vrow0), on_v.eq(1), vp.eq(0)]
             m.next = "AT_V"
-        st.wait_pass("AT_S5", scale_piece)
-        st.wait_pass("AT_S6", chunks)
         with st.state("AT_V"):
             with m.If(recip_pending):
                 pass                         # the RECIP pass is still running
@@ -652,3 +699,100 @@ class AttentionSequencer(Sequencer):
             else:
                 m.next = "AT_H"
         st.wait_pass("AT_O", next_head)
+        return chunks
+
+    def _attn_v_rows(self, m, st, a):
+        """INT8 ATTN's V phase over the V rows (``kv_v_layout`` "rows", `sim.plan` ``_attn_v_rows``), per group of
+        heads: each head's RECIP(sum) after its softmax, kept head by head (`recips`); then per chunk each head's
+        weights into the quantiser (the engine's vector i for the group's head i) and one GEMV of INT8 weights
+        over the chunk's V rows for the whole group (rows a ring's capacity apart, accm after the first chunk),
+        its outputs a head_dim apart from the group's dst; then per head times its recip(sum). Returns the step
+        that follows a head's softmax."""
+        hw = self.hw
+        h, hd, MAXC, dst, rz = self.h, a.hd, a.MAXC, self.dst, self.rz
+        s_at, chunk_n, left, first, none_left, more, take = (a.s_at, a.chunk_n, a.left, a.first, a.none_left,
+                                                              a.more, a.take)
+        n1, n2, wrap, n2_more, vp, vcol0, vrow = a.n1, a.n2, a.wrap, a.n2_more, a.vp, a.vcol0, a.vrow
+        on_v, sc, engine, after_engine, h_end, last_h = a.on_v, a.sc, a.engine, a.after_engine, a.h_end, a.last_h
+        V, grouped = hw.gemv_vectors, a.grouped
+        recips = Array(Signal(32, name=f"recip_{i}") for i in range(V))    # the group's recip(sum), head 0 first
+        ri = Signal(range(V + 1), name="recips_kept")
+        m.d.sync += ri.eq(Mux(self.i_start, 0, ri))     # (in IDLE; the states below set it otherwise)
+        vr0 = Signal(a.A, name="v_rows_at")           # the first piece's first slot in each V row
+        m.d.sync += vr0.eq(a.vcol0 + a.s0)
+        if grouped:
+            qi, stride, heads_left, g_n = a.qi, a.stride, a.heads_left, a.g_n
+            vi = Signal(range(V), name="v_vector")    # the vector quantised last
+            vq = Signal.like(self.q_at, name="v_weights_at")     # the next head's weights of the chunk
+            vmore = Signal(name="v_vector_more")      # a head of the group follows the one quantised
+            mleft = Signal(range(V), name="v_heads_left")        # heads of the group left to scale
+
+        def chunks():
+            m.d.sync += [s_at.eq(a.SB), left.eq(n1), first.eq(1), none_left.eq(n1 == 0), more.eq(n1 > MAXC),
+                         vrow.eq(vr0), on_v.eq(1), vp.eq(0), ri.eq(0)]
+            m.next = "AT_V"
+
+        def kept():
+            m.d.sync += [recips[ri].eq(st.result), ri.eq(ri + 1)]
+            if grouped:             # the group's next head: its softmax; after the last, the V chunks
+                with m.If(qi != 0):
+                    m.d.sync += [qi.eq(qi - 1), sc.eq(sc + stride)]
+                    m.next = "AT_S0"
+                with m.Else():
+                    chunks()
+            else:
+                chunks()
+        st.wait_pass("AT_R", kept)
+
+        def quantise(state, n, addr, **kw):
+            st.launch(state, bypass=1, n=n, a=Src.L2, a_addr=addr, sink=Sink.QUANT, qdst=QDst.GEMV, **kw)
+        with st.state("AT_V"):
+            with m.If(none_left):
+                if grouped:
+                    m.d.sync += mleft.eq(g_n - 1)
+                m.next = "AT_VO"
+            with m.Else():
+                m.d.sync += chunk_n.eq(take)
+                if grouped:
+                    m.d.sync += [vi.eq(0), vq.eq(s_at + stride), vmore.eq(g_n > 1)]
+                quantise("AT_VQ", take, s_at)
+        with st.state("AT_VQ"):
+            with m.If(st.done()):
+                with m.If(self.i_done.payload.nonfinite):
+                    m.next = "AT_NON_FINITE"
+                if grouped:         # the group's next head's weights into the engine's next vector
+                    with m.Elif(vmore):
+                        quantise("AT_VQ", chunk_n, vq, qtok=vi + 1)
+                        m.d.sync += [vi.eq(vi + 1), vmore.eq(vi + 2 != g_n), vq.eq(vq + stride)]
+                with m.Else():
+                    engine("AT_V1")
+
+        def next_chunk():
+            # a chunk of the V rows is its positions' bytes in each row: the next one MAXC bytes on; after the first
+            # piece's last chunk the second piece from slot 0
+            m.d.sync += [s_at.eq(s_at + chunk_n), first.eq(0)]
+            with m.If(~more & wrap & ~vp):
+                m.d.sync += [left.eq(n2), none_left.eq(0), more.eq(n2_more), vrow.eq(vcol0), vp.eq(1)]
+            with m.Else():
+                m.d.sync += [left.eq(Mux(more, left - MAXC, 0)), none_left.eq(~more), more.eq(left > 2 * MAXC),
+                             vrow.eq(vrow + MAXC)]
+            m.next = "AT_V"
+        after_engine("AT_V1", next_chunk)
+        with st.state("AT_VO"):
+            st.launch("AT_O", op=SfuOp.MULS, n=hd, a=Src.L2, a_addr=dst, s=recips[0], sink=Sink.L2, dst=dst)
+
+        def next_head():
+            m.d.sync += [h.eq(h + 1), h_end.eq(h == last_h), self.q_at.eq(self.q_at + hd), dst.eq(dst + hd)]
+            m.d.sync += [recips[i].eq(recips[i + 1]) for i in range(V - 1)]
+            if grouped:
+                m.d.sync += [heads_left.eq(heads_left - 1), mleft.eq(mleft - 1)]
+                with m.If(mleft != 0):
+                    m.next = "AT_VO"
+                with m.Else():
+                    m.d.sync += on_v.eq(0)
+                    m.next = "AT_H"
+            else:
+                m.d.sync += on_v.eq(0)
+                m.next = "AT_H"
+        st.wait_pass("AT_O", next_head)
+        return lambda: st.launch("AT_R", op=SfuOp.RECIP, n=1, a=Src.REG, a_val=rz, sink=Sink.REG)

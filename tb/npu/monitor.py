@@ -40,18 +40,21 @@ def decode_cycle(bits: int, layout) -> tuple[list, bool]:
     steps = []
     engine = bool(get("gemv_valid"))
     if engine:
-        vecs = get("gemv.cmd.vecs") if "vecs" in dict(layout["gemv"].shape["cmd"].shape) else 0
+        cmd = dict(layout["gemv"].shape["cmd"].shape)
+        vecs = get("gemv.cmd.vecs") if "vecs" in cmd else 0
         steps.append(Engine(rows=get("gemv.cmd.rows"), cols=get("gemv.cmd.cols"), accm=bool(get("gemv.cmd.accm")),
-                            sparse=bool(get("gemv.cmd.sparse")), vectors=vecs + 1))
+                            sparse=bool(get("gemv.cmd.sparse")), vectors=vecs + 1,
+                            int8="int8" in cmd and bool(get("gemv.cmd.int8"))))
     if get("gemm_valid"):
         steps.append(Gemm(rows=get("gemm.cmd.rows"), cols=get("gemm.cmd.cols"), tokens=get("gemm.cmd.ntok"),
                           accm=bool(get("gemm.cmd.accm"))))
     if get("pass_valid"):
+        strided = "wr_stride" in dict(layout["pass_"].shape)      # a DDR sink that scatters bytes (V rows)
         op = None if get("pass_.bypass") else SfuOp(get("pass_.op")).name
         src = Src(get("pass_.a")).name
         steps.append(Pass(op=op, src=src, b=BSrc(get("pass_.b")).name, sink=Sink(get("pass_.sink")).name,
                           n=get("pass_.n"), fmt=DdrFormat(get("pass_.ddr_fmt")).name if src == "DDR" else None,
-                          beside=engine))
+                          beside=engine, stride=strided and bool(get("pass_.wr_stride"))))
     if get("alu_valid"):
         steps.append(Alu())
     return steps, bool(get("retire"))
