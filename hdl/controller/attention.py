@@ -634,6 +634,18 @@ class AttentionSequencer(Sequencer):
         st.wait_pass("AT_S5", scale_piece)
         st.wait_pass("AT_S6", chunks)
 
+    @staticmethod
+    def _next_chunk(m, a, step):
+        """After a V chunk (it took min(left, MAXC) positions): the next one `step` bytes on in its piece, or after
+        the first piece's last chunk the second piece from its first slot (`vcol0`); then AT_V."""
+        m.d.sync += [a.s_at.eq(a.s_at + a.chunk_n), a.first.eq(0)]
+        with m.If(~a.more & a.wrap & ~a.vp):
+            m.d.sync += [a.left.eq(a.n2), a.none_left.eq(0), a.more.eq(a.n2_more), a.vrow.eq(a.vcol0), a.vp.eq(1)]
+        with m.Else():
+            m.d.sync += [a.left.eq(Mux(a.more, a.left - a.MAXC, 0)), a.none_left.eq(~a.more),
+                         a.more.eq(a.left > 2 * a.MAXC), a.vrow.eq(a.vrow + step)]
+        m.next = "AT_V"
+
     def _attn_v_planes(self, m, st, a):
         """INT8 ATTN's V phase over the V planes, per head: per chunk the weights into the quantiser and two sparse
         GEMVs (lo, hi; accm after the first), RECIP(sum) beside the first chunk's; then times recip(sum). Returns
@@ -641,7 +653,7 @@ class AttentionSequencer(Sequencer):
         h, hd, MAXC, dst, rz, recip_pending = self.h, a.hd, a.MAXC, self.dst, self.rz, self.recip_pending
         s_at, chunk_n, left, first, none_left, more, take = (a.s_at, a.chunk_n, a.left, a.first, a.none_left,
                                                               a.more, a.take)
-        n1, n2, wrap, n2_more, vp, vcol0, vrow0, vrow = a.n1, a.n2, a.wrap, a.n2_more, a.vp, a.vcol0, a.vrow0, a.vrow
+        n1, vp, vrow0, vrow = a.n1, a.vp, a.vrow0, a.vrow
         on_v, on_lo, sc, engine, after_engine, h_end, last_h = (a.on_v, a.on_lo, a.sc, a.engine, a.after_engine,
                                                                 a.h_end, a.last_h)
         grouped = a.grouped
@@ -674,17 +686,8 @@ class AttentionSequencer(Sequencer):
                     engine("AT_V1")
         after_engine("AT_V1", lambda: engine("AT_V2"))
 
-        def next_chunk():
-            # every chunk but the last of a piece is MAXC positions of head_dim/2 bytes per plane column; the chunk
-            # took min(left, MAXC) positions; after the first piece's last chunk the second piece from column 0
-            m.d.sync += [s_at.eq(s_at + chunk_n), first.eq(0)]
-            with m.If(~more & wrap & ~vp):
-                m.d.sync += [left.eq(n2), none_left.eq(0), more.eq(n2_more), vrow.eq(vcol0), vp.eq(1)]
-            with m.Else():
-                m.d.sync += [left.eq(Mux(more, left - MAXC, 0)), none_left.eq(~more), more.eq(left > 2 * MAXC),
-                             vrow.eq(vrow + (hd << (ceil_log2(MAXC) - 1)))]
-            m.next = "AT_V"
-        after_engine("AT_V2", next_chunk)
+        # every chunk but the last of a piece is MAXC positions of head_dim/2 bytes per plane column
+        after_engine("AT_V2", lambda: self._next_chunk(m, a, hd << (ceil_log2(MAXC) - 1)))
 
         def next_head():
             m.d.sync += [h.eq(h + 1), h_end.eq(h == last_h), self.q_at.eq(self.q_at + hd), dst.eq(dst + hd),
@@ -712,7 +715,7 @@ class AttentionSequencer(Sequencer):
         h, hd, MAXC, dst, rz = self.h, a.hd, a.MAXC, self.dst, self.rz
         s_at, chunk_n, left, first, none_left, more, take = (a.s_at, a.chunk_n, a.left, a.first, a.none_left,
                                                               a.more, a.take)
-        n1, n2, wrap, n2_more, vp, vcol0, vrow = a.n1, a.n2, a.wrap, a.n2_more, a.vp, a.vcol0, a.vrow
+        n1, vp, vrow = a.n1, a.vp, a.vrow
         on_v, sc, engine, after_engine, h_end, last_h = a.on_v, a.sc, a.engine, a.after_engine, a.h_end, a.last_h
         V, grouped = hw.gemv_vectors, a.grouped
         recips = Array(Signal(32, name=f"recip_{i}") for i in range(V))    # the group's recip(sum), head 0 first
@@ -767,17 +770,8 @@ class AttentionSequencer(Sequencer):
                 with m.Else():
                     engine("AT_V1")
 
-        def next_chunk():
-            # a chunk of the V rows is its positions' bytes in each row: the next one MAXC bytes on; after the first
-            # piece's last chunk the second piece from slot 0
-            m.d.sync += [s_at.eq(s_at + chunk_n), first.eq(0)]
-            with m.If(~more & wrap & ~vp):
-                m.d.sync += [left.eq(n2), none_left.eq(0), more.eq(n2_more), vrow.eq(vcol0), vp.eq(1)]
-            with m.Else():
-                m.d.sync += [left.eq(Mux(more, left - MAXC, 0)), none_left.eq(~more), more.eq(left > 2 * MAXC),
-                             vrow.eq(vrow + MAXC)]
-            m.next = "AT_V"
-        after_engine("AT_V1", next_chunk)
+        # a chunk of the V rows is its positions' bytes in each row: the next one MAXC bytes on
+        after_engine("AT_V1", lambda: self._next_chunk(m, a, MAXC))
         with st.state("AT_VO"):
             st.launch("AT_O", op=SfuOp.MULS, n=hd, a=Src.L2, a_addr=dst, s=recips[0], sink=Sink.L2, dst=dst)
 
