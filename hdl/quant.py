@@ -534,7 +534,8 @@ class KvPacker(wiring.Component):
     clamped exponent fields, made as it is written), both with a combinational read port (distributed RAM) and
     both rounded up to a power-of-two depth (at least 2). Write and read addresses wrap modulo that depth: a
     row longer than ``max_elems`` overwrites its start. A read in the cycle of a write to the same entry sees
-    the old contents.
+    the old contents. A read ends in a register stage (the element's 8-column group of its word, its scale's
+    exponent field), from which the plane, byte and scale logic makes the ``o_elem`` register's element.
 
     Parameters
     ----------
@@ -604,9 +605,9 @@ class KvPacker(wiring.Component):
 
     @property
     def latency(self) -> int:
-        """Cycles from a command's acceptance to its first element on ``o_elem``: the count is loaded, then
-        the element is read and registered."""
-        return 2
+        """Cycles from a command's acceptance to its first element on ``o_elem``: the count is loaded, the
+        element is read into the read stage, then registered."""
+        return 3
 
     @staticmethod
     def _field(m, e, bias, name) -> Value:
@@ -655,36 +656,52 @@ class KvPacker(wiring.Component):
             m.d.sync += self.o_emax.eq(emax)
         m.d.comb += self.o_vscale.eq(self._pow2_bits(self._field(m, self.o_emax, 127, "vscale_field")))
 
-        # ---- Reads: element k of the running command into the o_elem register -------------------------------
+        # ---- Reads: element k of the running command into the read stage, then the o_elem register -----------
+        # The memories' asynchronous reads end in the read stage's registers (`s_*`: the element's 8-column
+        # group of the stored word, its scale's exponent field), so the plane, byte and scale logic starts at a
+        # flip-flop, not at a LUTRAM's output.
         r_left = Signal(N_BITS)
         r_k = Signal(k_bits)                          # wraps with the memories (power-of-two depths)
         r_sel = Signal(3)
         byte = Signal()                               # sel 4, a register of its own
         m.d.comb += [w_rd.addr.eq(Mux(byte, r_k[lW:], r_k[LG:])), e_rd.addr.eq(r_k)]
-        value = Cat(w_rd.data.as_value().word_select(r_k[:lW], 8), Const(0, 24))
+        # the group: columns 8k .. 8k+7 (planes) or the one holding column k (bytes)
+        gidx = Mux(byte, r_k[3:lW], r_k[:LG]) if G > 1 else 0
+        s_valid = Signal()
+        s_grp = Signal(64)
+        s_byte = Signal(3)                            # column k within the group (sel 4)
+        s_field = Signal(8)                           # the scale's exponent field (sel 2, 3)
 
-        grp = w_rd.data.as_value().word_select(r_k[:LG], 64) if G > 1 else w_rd.data.as_value()
+        value = Cat(s_grp.word_select(s_byte, 8), Const(0, 24))
         nibbles = []
         for i in range(8):
-            q = grp[8 * i:8 * i + 8]
+            q = s_grp[8 * i:8 * i + 8]
             hi = Signal(4, name=f"hi_{i}")
             m.d.comb += hi.eq(q[4:8] + q[3])          # ((q + 8) >> 4) & 0xF
             nibbles.append(Mux(r_sel[0], q[0:4], hi))
         plane = Cat(*nibbles)
-        scale = self._pow2_bits(Mux(r_sel[0], e_rd.data[:8], e_rd.data[8:]))
+        scale = self._pow2_bits(s_field)
 
-        load = Signal()
+        read, load = Signal(), Signal()
         r_more = Signal()                             # r_left != 0, registered with it
-        m.d.comb += [self.o_busy.eq(r_more | self.o_elem.valid),
+        take = ~self.o_elem.valid | self.o_elem.ready   # the o_elem register can take an element
+        m.d.comb += [self.o_busy.eq(r_more | s_valid | self.o_elem.valid),
                      self.i_cmd.ready.eq(~self.o_busy),
-                     load.eq(r_more & (~self.o_elem.valid | self.o_elem.ready))]
+                     load.eq(s_valid & take),
+                     read.eq(r_more & (~s_valid | take))]
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
             m.d.sync += [r_left.eq(self.i_cmd.p.n), r_more.eq(self.i_cmd.p.n != 0), r_k.eq(0),
                          r_sel.eq(self.i_cmd.p.sel), byte.eq(self.i_cmd.p.sel == 4)]
+        with m.If(read):
+            m.d.sync += [s_valid.eq(1), s_grp.eq(w_rd.data.as_value().word_select(gidx, 64) if G > 1
+                                                 else w_rd.data.as_value()),
+                         s_byte.eq(r_k[:3]), s_field.eq(Mux(r_sel[0], e_rd.data[:8], e_rd.data[8:])),
+                         r_left.eq(r_left - 1), r_more.eq(r_left != 1), r_k.eq(r_k + 1)]
+        with m.Elif(load):
+            m.d.sync += s_valid.eq(0)
         with m.If(load):
             m.d.sync += [self.o_elem.valid.eq(1),
-                         self.o_elem.payload.eq(Mux(byte, value, Mux(r_sel[1], scale, plane))),
-                         r_left.eq(r_left - 1), r_more.eq(r_left != 1), r_k.eq(r_k + 1)]
+                         self.o_elem.payload.eq(Mux(byte, value, Mux(r_sel[1], scale, plane)))]
         with m.Elif(self.o_elem.ready):
             m.d.sync += self.o_elem.valid.eq(0)
         return m
