@@ -323,13 +323,17 @@ class CommandDecoder(wiring.Component):
         per row than `max_segments`, a `sparse` command with an odd number of rows or more than `max_rows`
         (``gemv_sparse_max_rows``), a `sparse` or `mask` command with more than one vector, or an `int8`
         command (with ``gemv_int8``; the dense ports run INT4 weights only, `command_layout`).
+    o_good : Out(1)
+        Combinational, in the cycle after `i_load` (the second step): the command is good (`o_bad` low from
+        the next cycle on), for a start pulse registered beside `o_bad`.
     """
 
     def __init__(self, cfg: HardwareConfig, max_cols: int, max_segments: int, max_rows: int | None = None):
         self._cfg, self._max_cols, self._max_segments = cfg, max_cols, max_segments
         self._max_rows = cfg.gemv_sparse_max_rows if max_rows is None else max_rows
         super().__init__({"i_cmd": In(command_layout(cfg)), "i_load": In(1),
-                          **{f"o_{k}": Out(v) for k, v in decoded_shapes(cfg, max_cols, max_segments).items()}})
+                          **{f"o_{k}": Out(v) for k, v in decoded_shapes(cfg, max_cols, max_segments).items()},
+                          "o_good": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -377,6 +381,7 @@ class CommandDecoder(wiring.Component):
             rowbytes.eq((c.cols + 1) >> 1),
         ]
         bad = bad1 | (nsum >= seg_lim)
+        m.d.comb += self.o_good.eq(~bad)
         nvec = c.vecs + 1 if cfg.gemv_vectors > 1 else Const(1)
         # rows x nvec (vecs < 4) as two shifted adds, the first in step 1 (`outs1`: rows + (vecs[0] ? rows : 0)),
         # the second here (+ (vecs[1] ? 2 rows : 0)): no multiplier on either step's path
@@ -2002,20 +2007,19 @@ class GemvEngine(wiring.Component):
         m.d.comb += [self.i_act.ready.eq(1), self.i_exp.ready.eq(1)]
         m.d.comb += self.o_error.eq(Cat(*[p.o_error for p in ports]).any())
 
-        # Command: accept when idle, decode (two cycles), then start the ports unless it is bad.
+        # Command: accept when idle, decode (two cycles), then start the ports unless it is bad. The start
+        # pulse is a register, set in the decoder's second step from its check (`o_good`): the ports' enables
+        # start at a flip-flop, not behind the check.
         busy = Signal()
         decoding, checking = Signal(), Signal()      # the decoder's first and second step
         m.d.comb += [self.i_cmd.ready.eq(~busy), dec.i_cmd.eq(self.i_cmd.p),
                      dec.i_load.eq(self.i_cmd.valid & ~busy)]
-        start = Signal()
-        m.d.sync += [decoding.eq(self.i_cmd.valid & ~busy), checking.eq(decoding)]
+        start = Signal()                             # checking & ~dec.o_bad
+        m.d.sync += [decoding.eq(self.i_cmd.valid & ~busy), checking.eq(decoding), start.eq(decoding & dec.o_good)]
         with m.If(self.i_cmd.valid & ~busy):
             m.d.sync += busy.eq(1)
-        with m.If(checking):
-            with m.If(dec.o_bad):
-                m.d.sync += [self.o_bad_cmd.eq(1), busy.eq(0)]
-            with m.Else():
-                m.d.comb += start.eq(1)
+        with m.If(checking & dec.o_bad):
+            m.d.sync += [self.o_bad_cmd.eq(1), busy.eq(0)]
         # masked: the ports gather their live rows first, then start
         masked = dec.o_cmd.mask if cfg.gemv_row_mask else 0
         gathering = Signal()
@@ -2025,15 +2029,20 @@ class GemvEngine(wiring.Component):
             go0, go = Signal(), Signal()
             m.d.sync += [go0.eq(start & masked), go.eq(go0)]
             # the ports start a cycle after their gathers are seen done (a registered pulse)
-            gathered = Signal()
-            m.d.sync += gathered.eq(gathering & ~go0 & ~go & ~gathered &
-                                    ~Cat(*[p.o_gather_busy for p in ports]).any())
+            gathered, gathered_next = Signal(), Signal()
+            m.d.comb += gathered_next.eq(gathering & ~go0 & ~go & ~gathered &
+                                         ~Cat(*[p.o_gather_busy for p in ports]).any())
+            m.d.sync += gathered.eq(gathered_next)
             with m.If(start & masked):
                 m.d.sync += gathering.eq(1)
             with m.If(gathered):
                 m.d.sync += gathering.eq(0)
+            # the ports' start, Mux(masked, gathered, start), as a register of its own (`masked` is the decoder's
+            # first step, stable from the cycle before `start`)
+            port_go = Signal()
+            m.d.sync += port_go.eq(Mux(masked, gathered_next, decoding & dec.o_good))
             for port in ports:
-                m.d.comb += [port.i_gather.eq(go), port.i_start.eq(Mux(masked, gathered, start))]
+                m.d.comb += [port.i_gather.eq(go), port.i_start.eq(port_go)]
         else:
             for port in ports:
                 m.d.comb += port.i_start.eq(start)
@@ -2094,7 +2103,8 @@ class GemvEngine(wiring.Component):
         idle, kicked = Signal(), Signal()
         m.d.sync += [idle.eq(Cat(*[p.o_idle for p in ports]).all()),
                      kicked.eq(Cat(*[p.i_start for p in ports]).any())]
-        done = (out_left == 0) & (inflight == 0) & ~start & ~decoding & ~checking & ~gathering & ~kicked & idle
+        # (`start` is high only with `checking`)
+        done = (out_left == 0) & (inflight == 0) & ~decoding & ~checking & ~gathering & ~kicked & idle
         with m.If(busy & ~decoding & done):
             m.d.sync += busy.eq(0)
         m.d.comb += [self.o_y.valid.eq(out.r_rdy), self.o_y.p.eq(out.r_data), out.r_en.eq(self.o_y.ready)]

@@ -142,6 +142,7 @@ def rtl_decode(cfg, cmd, max_cols, max_segments):
         ctx.set(dut.i_load, 1)
         await ctx.tick()
         ctx.set(dut.i_load, 0)
+        out["good"] = ctx.get(dut.o_good)               # the second step's check, before its registers
         await ctx.tick()                                # the decoder's second step
         for name in ("lseg", "lvl", "subs", "lspb", "nseg", "groups", "gshift", "eshift", "rowbytes", "nwb", "prow",
                      "bad"):
@@ -165,6 +166,7 @@ def test_command_decode(cfg, cols, group):
     seg = segment_size(group, cfg.act_block)
     nseg = -(-cols // seg)
     assert d["bad"] == int(cols > eng.max_cols or nseg > eng.max_segments)
+    assert d["good"] == 1 - d["bad"]
     if d["bad"]:
         return
     assert d["lseg"] == seg.bit_length() - 1
