@@ -2103,8 +2103,8 @@ class GemvEngine(wiring.Component):
         idle, kicked = Signal(), Signal()
         m.d.sync += [idle.eq(Cat(*[p.o_idle for p in ports]).all()),
                      kicked.eq(Cat(*[p.i_start for p in ports]).any())]
-        # (`start` is high only with `checking`)
-        done = (out_left == 0) & (inflight == 0) & ~decoding & ~checking & ~gathering & ~kicked & idle
+        # (`start` is high only with `checking`; `out_any` is out_left != 0)
+        done = ~out_any & (inflight == 0) & ~decoding & ~checking & ~gathering & ~kicked & idle
         with m.If(busy & ~decoding & done):
             m.d.sync += busy.eq(0)
         m.d.comb += [self.o_y.valid.eq(out.r_rdy), self.o_y.p.eq(out.r_data), out.r_en.eq(self.o_y.ready)]
