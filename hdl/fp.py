@@ -120,6 +120,18 @@ def _lzc_carry(m: Module, v: Value, name: str):
                  for k in range(max(1, (n - 1).bit_length()))])
 
 
+def _at_least(v: Value, c: int):
+    """``v >= c`` for the constant `c` as ANDs and ORs of `v`'s bits from its MSB (no carry chain: Yosys maps a
+    compare to one, a LUT and a CARRY8 a level where the logic takes one or two LUTs)."""
+    if c <= 0:
+        return Const(1, 1)
+    if c >= 1 << len(v):
+        return Const(0, 1)
+    b = len(v) - 1
+    rest = _at_least(v[:b], c & ((1 << b) - 1)) if b else Const(1, 1)
+    return v[b] & rest if (c >> b) & 1 else v[b] | rest
+
+
 def _unpack(bits: Value):
     """Fields of a binary32 word: sign, biased exponent field, fraction, effective exponent (>= 1),
     24-bit significand with the hidden bit, and the zero/inf/nan flags."""
@@ -581,9 +593,10 @@ class FpLdexp(_Binary):
     every non-zero finite result is ±inf or ±0), beside it the 24-bit leading-zero count and the direction
     (only a subnormal `a` with ``k >= 0`` shifts left; a normal `a` with ``E >= 1`` shifts right by 0)
     with the shifter's input, ``M`` or ``M`` reversed; (2) the shift count (``1 - E`` clamped, 0, or
-    ``min(lz, E - 1)`` from a 5-bit compare) and beside it the exponent field ``E - lz`` (an 11-bit
-    subtract); (3) the shift with the round bit, the sticky bit (the significand bits below the round bit)
-    as an OR of the shifter's input bits below the shift count beside it, the packed word
+    ``min(lz, E - 1)`` from a 5-bit compare), beside it the exponent field ``E - lz`` (an 11-bit
+    subtract) and the sticky bit's parts (the significand bits below the round bit: the shifter's input bits
+    below the shift count, masked by ``E`` itself, not by the count, as four ORs of six bits); (3) the shift
+    with the round bit, the sticky bit an OR of stage 2's four, the packed word
     ``field << 23 | fraction`` with the NaN and ±inf words selected
     in (and their round bit cleared); (4) the RNE increment of the fraction (its carry ORed into the
     exponent field, which is 0 whenever there is a round bit).
@@ -643,15 +656,23 @@ class FpLdexp(_Binary):
         amt = Mux(right, Mux(e < -23, 25, Mux(e < 1, (1 - e)[:5], 0)), Mux(normal, lz, (e - 1)[:5]))
         field = Signal(signed(12))
         m.d.comb += field.eq(e - lz)
-        s = p.stage(sign=s["sign"] & ~s["nan"], x=s["x"], right=right, amt=amt, normal=normal & ~s["zero"],
-                    field=field, nan=s["nan"], inf=s["inf"])
+        # Beside it the sticky bit of the right shift, the OR of x = Cat(0, M)'s bits below amt, from E and x
+        # (not from amt): bit i >= 1 is below amt exactly when E <= -i (for E < -23, amt = 25 drops all of
+        # them; a left shift has E >= 1 and drops none). For E <= -1, E <= -i is ~E >= i - 1 (~E = -E - 1,
+        # the register's bits inverted; a compare with a constant as ANDs and ORs of its bits). The OR is
+        # registered in four groups of six bits: stage 3 takes it from four flip-flops, not from amt.
+        x, ne = s["x"], ~e[:10]
+        lost = Cat(*(x[i] & _at_least(ne, i - 1) for i in range(1, 25)))
+        sticky = Cat(*(e[10] & lost[j:j + 6].any() for j in range(0, 24, 6)))
+        s = p.stage(sign=s["sign"] & ~s["nan"], x=x, right=right, amt=amt, normal=normal & ~s["zero"],
+                    field=field, nan=s["nan"], inf=s["inf"], sticky=sticky)
         # Stage 3: the shift. Right: Cat(0, M) >> amt, bit 0 the round bit, bits 1..24 the significand, the
-        # sticky bit the OR of Cat(0, M)'s bits below amt (M's below amt - 1), a masked OR beside the shifter.
+        # sticky bit (the OR of Cat(0, M)'s bits below amt, M's below amt - 1) the OR of stage 2's groups.
         x, amt, right = s["x"], s["amt"], s["right"]
         y = Signal(25)
         m.d.comb += y.eq(x >> amt)
         sig = Mux(right, y[1:25], y[:24][::-1])
-        below = Cat(*(x[i] & (amt > i) for i in range(25))).any()
+        below = s["sticky"].any()
         ovf = s["inf"] | (s["normal"] & (s["field"] >= 255))
         word = Signal(31)
         with m.If(s["nan"]):

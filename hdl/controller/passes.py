@@ -190,12 +190,18 @@ class PassEngine(wiring.Component):
         # one element per cycle), a DDR copy (binary32 from DDR around the SFU into L2: the DdrReader's wide beats,
         # as many elements a cycle as an AXI beat holds, up to four), the ends of its L2 ranges and a MASK pass's
         # words: each registered with the pass, so that no decode of its op and no sum is on the way from the pass
-        # or the hold to its start or its completion
+        # or the hold to its start or its completion. A REG or DESC sink's elements: where they come from (the
+        # SFU, or around it from source `a`: `take_<from>`, one-hot, all 0 for the other sinks) and whether they
+        # are a descriptor's words, so that the sink's take and the descriptor words' enables are flip-flops
+        # ANDed with the source's valid, with no decode of the pass's source, bypass and sink on the way
         def derived(p):
             is_reduce = ~p.bypass & Cat(*[p.op == op for op in REDUCE_OPS]).any()
             a_n, n_out = Mux(p.a == Src.PAIRS, p.n << 1, p.n), Mux(is_reduce, 1, p.n)
             mask_words = (n_out + LANES - 1) >> ceil_log2(LANES)    # (mask_last: minus 1, never a beat for 0)
-            return {"is_reduce": is_reduce,
+            to_reg = (p.sink == Sink.REG) | (p.sink == Sink.DESC)
+            return {**{f"take_{src.name.lower()}": to_reg & p.bypass & (p.a == src) for src in Src},
+                    "take_sfu": to_reg & ~p.bypass, "desc": p.sink == Sink.DESC,
+                    "is_reduce": is_reduce,
                     "wide": ~p.bypass & Cat(*[p.op == op for op in SHORT_OPS]).any() & (p.a == Src.L2)
                     & ((p.sink == Sink.L2) | (p.sink == Sink.REG)),
                     "ddr_wide": p.bypass & (p.a == Src.DDR) & (p.sink == Sink.L2) & (p.ddr_fmt == DdrFormat.F32),
@@ -237,7 +243,12 @@ class PassEngine(wiring.Component):
                          pending.wr.eq(c.sink == Sink.L2), pending.sfu.eq(~c.bypass),
                          pending.quant.eq(c.sink == Sink.QUANT), pending.pack.eq(c.a == Src.PACK)]
         self._commands(m, c, pending, units, wide, cd["ddr_wide"], n_out, a_n)
-        operands = self._operands(m, c, active, start, err, rd_a, rd_b, ddr_rd, cd["ddr_wide"])
+        operands, src_valid = self._operands(m, c, active, start, err, rd_a, rd_b, ddr_rd, cd["ddr_wide"])
+        # a REG or DESC sink takes an element (it is always ready while the pass runs; no wide pass or DDR copy
+        # ends in DESC: a DESC element is a beat of one)
+        sunk_take = Signal()
+        m.d.comb += sunk_take.eq(active & Cat(*([cd[f"take_{src.name.lower()}"] & src_valid[src] for src in Src]
+                                                + [cd["take_sfu"] & sfu.o_data.valid])).any())
         # MASK: the beats sent (their words' address), and whether they are all of the pass's words
         mask_beats = Signal(range(hw.gemv_max_cols // LANES + 1))
         mask_all = Signal(init=1)
@@ -248,7 +259,7 @@ class PassEngine(wiring.Component):
         with m.If(cd["ddr_wide"] & ddr_rd.o_beat.valid & ddr_rd.o_beat.p.err):
             m.d.sync += err.eq(1)
         self._sinks_and_completion(m, c, active, start, done, pending, err, n_out, stage, wr, ddr_wr, quant,
-                                   mask_all)
+                                   mask_all, sunk_take, cd["desc"])
         m.d.comb += [self.o_sfu.eq(active & ~c.bypass), self.o_dma.eq(ddr_rd.o_busy | ddr_wr.o_busy)]
         return m
 
@@ -283,36 +294,39 @@ class PassEngine(wiring.Component):
                 m.d.sync += getattr(pending, name).eq(0)
 
     def _operands(self, m, c, active, start, err, rd_a, rd_b, ddr_rd, ddr_wide):
-        """The a and b operands, one element at a time (the stage takes the readers' beats itself)."""
+        """The a and b operands, one element at a time (the stage takes the readers' beats itself), and each
+        source's valid (`Src` to its element's valid)."""
         a_valid, a_data, a_ready = Signal(), Signal(32), Signal()
         b_valid, b_data, b_ready = Signal(), Signal(32), Signal()
         pair_hi, have_hi = Signal(32), Signal()
         a_sent = Signal()             # REG source: the element has been sent
         with m.If(start):
             m.d.sync += [have_hi.eq(0), a_sent.eq(0)]
+        src_valid = {Src.L2: rd_a.o_elem.valid, Src.PAIRS: rd_a.o_elem.valid & have_hi, Src.DDR: ddr_rd.o_elem.valid,
+                     Src.REG: active & ~a_sent, Src.PACK: self.i_pack.valid}
         with m.Switch(c.a):
             with m.Case(Src.L2):
-                m.d.comb += [a_valid.eq(rd_a.o_elem.valid), a_data.eq(rd_a.o_elem.payload.data),
+                m.d.comb += [a_valid.eq(src_valid[Src.L2]), a_data.eq(rd_a.o_elem.payload.data),
                              rd_a.o_elem.ready.eq(a_ready)]
             with m.Case(Src.PAIRS):
                 # element 2j (high word) is held, element 2j+1 (low word) completes the item
-                m.d.comb += [a_valid.eq(rd_a.o_elem.valid & have_hi), a_data.eq(pair_hi),
+                m.d.comb += [a_valid.eq(src_valid[Src.PAIRS]), a_data.eq(pair_hi),
                              rd_a.o_elem.ready.eq(~have_hi | a_ready)]
                 with m.If(rd_a.o_elem.valid & ~have_hi):
                     m.d.sync += [pair_hi.eq(rd_a.o_elem.payload.data), have_hi.eq(1)]
                 with m.If(rd_a.o_elem.valid & have_hi & a_ready):
                     m.d.sync += have_hi.eq(0)
             with m.Case(Src.DDR):
-                m.d.comb += [a_valid.eq(ddr_rd.o_elem.valid), a_data.eq(ddr_rd.o_elem.payload.data),
+                m.d.comb += [a_valid.eq(src_valid[Src.DDR]), a_data.eq(ddr_rd.o_elem.payload.data),
                              ddr_rd.o_elem.ready.eq(a_ready)]
                 with m.If(ddr_rd.o_elem.valid & ~ddr_wide & ddr_rd.o_elem.payload.err):
                     m.d.sync += err.eq(1)
             with m.Case(Src.REG):
-                m.d.comb += [a_valid.eq(active & ~a_sent), a_data.eq(c.a_val)]
+                m.d.comb += [a_valid.eq(src_valid[Src.REG]), a_data.eq(c.a_val)]
                 with m.If(a_valid & a_ready):
                     m.d.sync += a_sent.eq(1)
             with m.Case(Src.PACK):
-                m.d.comb += [a_valid.eq(self.i_pack.valid), a_data.eq(self.i_pack.payload),
+                m.d.comb += [a_valid.eq(src_valid[Src.PACK]), a_data.eq(self.i_pack.payload),
                              self.i_pack.ready.eq(a_ready)]
         with m.Switch(c.b):
             with m.Case(BSrc.NONE):
@@ -320,7 +334,7 @@ class PassEngine(wiring.Component):
             with m.Case(BSrc.L2):
                 m.d.comb += [b_valid.eq(rd_b.o_elem.valid), b_data.eq(rd_b.o_elem.payload.data),
                              rd_b.o_elem.ready.eq(b_ready)]
-        return a_valid, a_data, a_ready, b_valid, b_data, b_ready
+        return (a_valid, a_data, a_ready, b_valid, b_data, b_ready), src_valid
 
     def _stage(self, m, c, active, wide, operands, rd_a, rd_b, quant, sfu, mask_beats, mask_all, mask_words,
                mask_last, ddr_beat, ddr_wide):
@@ -380,7 +394,7 @@ class PassEngine(wiring.Component):
         return s_valid, s_y, s_n, s_ready
 
     def _sinks_and_completion(self, m, c, active, start, done, pending, err, n_out, stage, wr, ddr_wr, quant,
-                              mask_all):
+                              mask_all, sunk_take, desc):
         s_valid, s_y, s_n, s_ready = stage
         s_last = Signal(32)                        # the last element of the beat (scalar results)
         with m.Switch(s_n):
@@ -392,11 +406,13 @@ class PassEngine(wiring.Component):
         # that collide with the element names Amaranth emits for it)
         words = Signal(DESCRIPTOR.size)
         m.d.comb += Value.cast(self.o_desc).eq(words)
-        sunk = Signal.like(c.n)                    # elements taken by REG/DESC sinks
+        sunk = Signal.like(c.n)                    # elements taken by REG/DESC sinks (`sunk_take`)
         sunk_all = Signal(init=1)                  # sunk == n_out, registered with sunk
+        # the descriptor word the next element loads, one-hot: word sunk mod DESC_WORDS of a DESC pass, none for
+        # any other sink (a scalar result must not touch the descriptor)
+        word_sel = Signal(DESC_WORDS)
         with m.If(start):
-            m.d.sync += [sunk.eq(0), sunk_all.eq(n_out == 0)]
-        take = s_valid & s_ready
+            m.d.sync += [sunk.eq(0), sunk_all.eq(n_out == 0), word_sel.eq(desc)]
         with m.Switch(c.sink):
             with m.Case(Sink.L2):
                 m.d.comb += [wr.i_beat.valid.eq(s_valid), wr.i_beat.payload.data.eq(s_y.as_value()),
@@ -407,14 +423,12 @@ class PassEngine(wiring.Component):
                              s_ready.eq(ddr_wr.i_elem.ready)]
             with m.Case(Sink.REG, Sink.DESC):
                 m.d.comb += s_ready.eq(active)
-                with m.If(take):
-                    m.d.sync += [result.eq(s_last), sunk.eq(sunk + s_n),
-                                 sunk_all.eq((sunk + s_n)[:len(sunk)] == n_out)]
-                    with m.If(c.sink == Sink.DESC):          # a scalar result must not touch the descriptor
-                        with m.Switch(sunk[:ceil_log2(DESC_WORDS)]):
-                            for i in range(DESC_WORDS):
-                                with m.Case(i):
-                                    m.d.sync += words[32 * i:32 * (i + 1)].eq(s_y[0])
+        with m.If(sunk_take):
+            m.d.sync += [result.eq(s_last), sunk.eq(sunk + s_n), sunk_all.eq((sunk + s_n)[:len(sunk)] == n_out),
+                         word_sel.eq(word_sel.rotate_left(1))]
+            for i in range(DESC_WORDS):
+                with m.If(word_sel[i]):
+                    m.d.sync += words[32 * i:32 * (i + 1)].eq(s_y[0])
 
         # completion: the sink has everything and every unit has taken its command. The units' done pulses seen
         # are cleared as the pass completes (no unit of it pulses after that, none of the next before its
