@@ -112,29 +112,3 @@ def test_benchmark_bad_arguments(argv, message, capsys):
     assert e.value.code == 2 and "Traceback" not in err
     lines = [line for line in err.splitlines() if line.startswith("python -m benchmarks.gemv: error:")]
     assert len(lines) == 1 and message in lines[0], err
-
-
-def test_int8_commands_decode():
-    """A V-rows config (``gemv_int8``) has the `int8` and `pitch` fields and 22-bit segment sums on kv260 (INT8 x
-    INT8); its dense INT4 commands decode as on the config without them, and every int8 command, alone or with
-    `sparse` or `mask`, is rejected (`o_bad`): the engine's INT8 datapath is not built."""
-    import dataclasses
-
-    from hdl.config import PRESETS
-    from hdl.gemv import command_layout
-    from tests.test_gemv import engine_params, rtl_decode
-
-    kv = HardwareConfig.preset("kv260")
-    assert not kv.gemv_int8 and "int8" not in command_layout(kv).members
-    assert dataclasses.replace(kv, kv_v_layout="rows").segment_sum_bits == 22 and kv.segment_sum_bits == 18
-    for base in (PRESETS["tiny_v4"], TINY):
-        cfg = dataclasses.replace(base, kv_v_layout="rows")
-        assert cfg.gemv_int8 and {"int8", "pitch"} <= set(command_layout(cfg).members)
-        eng = engine_params(cfg)
-        cmd = dict(wbase=3, sbase=0, rows=5, cols=37, log2_group=16, accm=0, sparse=0, mask=0, int8=0, pitch=40)
-        want = rtl_decode(base, {k: v for k, v in cmd.items() if k not in ("int8", "pitch")}, eng.max_cols,
-                          eng.max_segments)
-        assert rtl_decode(cfg, cmd, eng.max_cols, eng.max_segments) == want and not want["bad"]
-        for extra in (dict(), dict(sparse=1, rows=4), dict(mask=1)):
-            d = rtl_decode(cfg, {**cmd, "int8": 1, **extra}, eng.max_cols, eng.max_segments)
-            assert d["bad"] == 1, extra
