@@ -39,6 +39,33 @@ def test_engine_multi_vector(vectors, flow):
          VECTORS=vectors)
 
 
+TINY_ROWS = TINY.replace(gemv_vectors=4, kv_v_layout="rows")
+
+
+@pytest.mark.parametrize("cfg, flow", [(TINY_ROWS, 1), pytest.param(TINY_ROWS, 2, marks=pytest.mark.slow),
+                                       pytest.param(TINY.replace(kv_v_layout="rows"), 0, marks=pytest.mark.slow)],
+                         ids=["v4-1", "v4-2", "v1-0"])
+def test_engine_int8(cfg, flow):
+    """INT8 weights on the tiny engine with V rows (``gemv_int8``; four vectors, and one under ``-m slow``): the
+    random int8 commands among INT4 ones, the corners and the rejected int8 commands, bit-exact with every beat
+    read once; the default run also the throughput case (aligned at least 90 % of the port rate)."""
+    extra = ["int8_corners", "int8_throughput"] if flow == 1 else []
+    _run(["int8_random"] + extra, cfg, build=f"gemv_tiny_rows_v{cfg.gemv_vectors}", SEED=91 + flow, FLOW=flow,
+         VECTORS=cfg.gemv_vectors, KV_V_LAYOUT="rows")
+
+
+@pytest.mark.slow
+def test_engine_int8_kv260():
+    """The kv260 engine with V rows (4 x 128-bit ports, four vectors, 22-bit segment sums): the random int8
+    commands among INT4 ones and the corners, bit-exact; the throughput case on 256 x 2048 (the attention's 256
+    rows; one vector at least 90 % of the port rate)."""
+    cfg = HardwareConfig.preset("kv260").replace(kv_v_layout="rows")
+    run(GemvEngine(cfg), toplevel="gemv", test_module="tb.gemv.test_gemv", build_name="gemv_kv260_rows",
+        testcase=["int8_random", "int8_corners", "int8_throughput"],
+        extra_env={"NPU_HW": "kv260", "KV_V_LAYOUT": "rows", "SEED": "95", "FLOW": "1", "CASES": "8",
+                   "ROWS": "256", "COLS": "2048", "MEM_SIZE": str(1 << 21)})
+
+
 @pytest.mark.parametrize("flow", [0, 1, 2])
 def test_engine_sparse_random(flow):
     """Sparse mode: densities 0 / 5 / 30 / 100 %, bit-exact, only non-zero columns' beats read."""
