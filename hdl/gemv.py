@@ -1031,6 +1031,15 @@ class GemvPort(wiring.Component):
             m.d.comb += seg_idx.eq(fe_beat >> d.lspb)
         nl = Signal(range(self._max_cols + W + 1))
         m.d.comb += nl.eq(d.cmd.cols - (abeat << ceil_log2(W)))
+        nlanes = Mux(nl > W, W, nl)
+        if cfg.gemv_int8:
+            # the lanes of the beat's word: W, or on the row's last word (`last_w`) the columns left (`rem_w`),
+            # both registered from the command, so that the word's choice (an equality either way) is not in
+            # series with a subtraction
+            last_w, rem_w = Signal.like(fe_beat), Signal(range(W + 1))
+            m.d.sync += [last_w.eq((d.cmd.cols - 1) >> ceil_log2(W)), rem_w.eq((d.cmd.cols - 1)[:ceil_log2(W)] + 1)]
+            on_last = Mux(int8, fe_beat[1:] == last_w, fe_beat == last_w)
+            nlanes = Mux(on_last, rem_w, W)
         seg_first = (fe_beat & spb_mask) == 0
         seg_last = ((fe_beat & spb_mask) == spb_mask) | last_beat
         # a sub-segment that starts before the row's end: its first column, the beat's first and the sub-segment's
@@ -1048,7 +1057,7 @@ class GemvPort(wiring.Component):
             "addr": 1 + lT + lS}))
         m.d.sync += [
             f1.valid.eq(mac_valid & sub_live), f1.w.eq(beat.p.data),
-            f1.nl.eq(Mux(nl > W, W, nl)), f1.sel.eq(sel),
+            f1.nl.eq(nlanes), f1.sel.eq(sel),
             f1.first.eq(seg_first | sub_seg), f1.last.eq(seg_last | sub_seg),
             f1.addr.eq(Cat(seg_idx[:lS], fe_t, fe_bank)),
         ]

@@ -49,7 +49,7 @@ def test_engine_int8(cfg, flow):
     """INT8 weights on the tiny engine with V rows (``gemv_int8``; four vectors, and one under ``-m slow``): the
     random int8 commands among INT4 ones, the corners and the rejected int8 commands, bit-exact with every beat
     read once; the default run also the throughput case (aligned at least 90 % of the port rate)."""
-    extra = ["int8_corners", "int8_throughput"] if flow == 1 else []
+    extra = ["int8_corners", "int8_port_rate"] if flow == 1 else []
     _run(["int8_random"] + extra, cfg, build=f"gemv_tiny_rows_v{cfg.gemv_vectors}", SEED=91 + flow, FLOW=flow,
          VECTORS=cfg.gemv_vectors, KV_V_LAYOUT="rows")
 
@@ -61,7 +61,7 @@ def test_engine_int8_kv260():
     rows; one vector at least 90 % of the port rate)."""
     cfg = HardwareConfig.preset("kv260").replace(kv_v_layout="rows")
     run(GemvEngine(cfg), toplevel="gemv", test_module="tb.gemv.test_gemv", build_name="gemv_kv260_rows",
-        testcase=["int8_random", "int8_corners", "int8_throughput"],
+        testcase=["int8_random", "int8_corners", "int8_port_rate"],
         extra_env={"NPU_HW": "kv260", "KV_V_LAYOUT": "rows", "SEED": "95", "FLOW": "1", "CASES": "8",
                    "ROWS": "256", "COLS": "2048", "MEM_SIZE": str(1 << 21)})
 
