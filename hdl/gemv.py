@@ -30,6 +30,9 @@ Dataflow (docs/gemv.md has the full design and the measurements)::
   the back end drains tile k. The back end issues one
   part per cycle; the front end produces ``T * ceil(cols / seg)`` parts in ``T * ceil(cols / W)`` cycles, so
   the binary32 side is never the bottleneck when ``seg >= W``.
+- **INT8 weights** (an engine with ``gemv_int8``, the command's `int8`): the same dense datapath with a beat
+  of B = W/2 signed bytes, half an activation word (the lane mask takes the half), rows `pitch` bytes apart;
+  each lane's multiplier takes an 8-bit weight operand (`SegmentMac`).
 - **accm** is one more binary32 addition at the output, ``fp32(old + y)`` with the old values streamed in
   through `i_acc` in row order (without accm the same adder computes ``-0 + y``, which is ``y`` exactly).
 
@@ -147,9 +150,9 @@ def command_layout(cfg: HardwareConfig) -> data.StructLayout:
     reading W once; its results (and accm's old values) come tile by tile (``tile_rows`` rows, the ports' unit),
     each tile's rows for vector 0, then for vector 1, ... Neither sparse nor masked commands take more than one
     vector. `int8` (an engine with ``gemv_int8``): W holds INT8 weights, ``W[r, k]`` the signed byte at
-    ``wbase + r*pitch + k`` (`pitch`: bytes from one row's start to the next), scales as in dense mode; an int8
-    command is neither sparse nor masked. This engine rejects every int8 command (`CommandDecoder`'s `o_bad`):
-    its INT8 datapath is not built."""
+    ``wbase + r*pitch + k`` (`pitch`: bytes from one row's start to the next, any byte address), scales as in
+    dense mode, any number of vectors; it runs on the dense datapath at one beat (B INT8 weights) a port a cycle,
+    and is rejected (`CommandDecoder`'s `o_bad`) when also sparse or masked."""
     fields = {
         "wbase": unsigned(cfg.axi_addr_bits), "sbase": unsigned(cfg.axi_addr_bits),
         "rows": unsigned(20), "cols": unsigned(16), "log2_group": unsigned(5), "accm": 1, "sparse": 1,
@@ -1033,13 +1036,13 @@ class GemvPort(wiring.Component):
         m.d.comb += nl.eq(d.cmd.cols - (abeat << ceil_log2(W)))
         nlanes = Mux(nl > W, W, nl)
         if cfg.gemv_int8:
-            # the lanes of the beat's word: W, or on the row's last word (`last_w`) the columns left (`rem_w`),
-            # both registered from the command, so that the word's choice (an equality either way) is not in
-            # series with a subtraction
-            last_w, rem_w = Signal.like(fe_beat), Signal(range(W + 1))
-            m.d.sync += [last_w.eq((d.cmd.cols - 1) >> ceil_log2(W)), rem_w.eq((d.cmd.cols - 1)[:ceil_log2(W)] + 1)]
-            on_last = Mux(int8, fe_beat[1:] == last_w, fe_beat == last_w)
-            nlanes = Mux(on_last, rem_w, W)
+            # the lanes that count: on the row's last beat the columns of its word (`rem_w`, registered from the
+            # command), else W. The last beat is in the last word in either mode; an INT8 beat before it in the
+            # same word is its first half, whose lanes lie below rem_w (> B) anyway. A register picks it, with no
+            # subtraction or compare of the beat in series.
+            rem_w = Signal(range(W + 1))
+            m.d.sync += rem_w.eq((d.cmd.cols - 1)[:ceil_log2(W)] + 1)
+            nlanes = Mux(last_beat, rem_w, W)
         seg_first = (fe_beat & spb_mask) == 0
         seg_last = ((fe_beat & spb_mask) == spb_mask) | last_beat
         # a sub-segment that starts before the row's end: its first column, the beat's first and the sub-segment's
