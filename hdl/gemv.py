@@ -30,6 +30,9 @@ Dataflow (docs/gemv.md has the full design and the measurements)::
   the back end drains tile k. The back end issues one
   part per cycle; the front end produces ``T * ceil(cols / seg)`` parts in ``T * ceil(cols / W)`` cycles, so
   the binary32 side is never the bottleneck when ``seg >= W``.
+- **INT8 weights** (an engine with ``gemv_int8``, the command's `int8`): the same dense datapath with a beat
+  of B = W/2 signed bytes, half an activation word (the lane mask takes the half), rows `pitch` bytes apart;
+  each lane's multiplier takes an 8-bit weight operand (`SegmentMac`).
 - **accm** is one more binary32 addition at the output, ``fp32(old + y)`` with the old values streamed in
   through `i_acc` in row order (without accm the same adder computes ``-0 + y``, which is ``y`` exactly).
 
@@ -147,9 +150,9 @@ def command_layout(cfg: HardwareConfig) -> data.StructLayout:
     reading W once; its results (and accm's old values) come tile by tile (``tile_rows`` rows, the ports' unit),
     each tile's rows for vector 0, then for vector 1, ... Neither sparse nor masked commands take more than one
     vector. `int8` (an engine with ``gemv_int8``): W holds INT8 weights, ``W[r, k]`` the signed byte at
-    ``wbase + r*pitch + k`` (`pitch`: bytes from one row's start to the next), scales as in dense mode; an int8
-    command is neither sparse nor masked. This engine rejects every int8 command (`CommandDecoder`'s `o_bad`):
-    its INT8 datapath is not built."""
+    ``wbase + r*pitch + k`` (`pitch`: bytes from one row's start to the next, any byte address), scales as in
+    dense mode, any number of vectors; it runs on the dense datapath at one beat (B INT8 weights) a port a cycle,
+    and is rejected (`CommandDecoder`'s `o_bad`) when also sparse or masked."""
     fields = {
         "wbase": unsigned(cfg.axi_addr_bits), "sbase": unsigned(cfg.axi_addr_bits),
         "rows": unsigned(20), "cols": unsigned(16), "log2_group": unsigned(5), "accm": 1, "sparse": 1,
@@ -166,7 +169,7 @@ def command_layout(cfg: HardwareConfig) -> data.StructLayout:
 
 class SegmentMac(wiring.Component):
     """W INT4 x INT8 products of one beat with each of V activation vectors, masked, summed exactly and
-    accumulated over a segment.
+    accumulated over a segment; built with `int8`, each lane's weight is INT4 or INT8 by ``i_int8``.
 
     Each input cycle presents one beat: ``i_w`` (W INT4 weights, lane 0 = bits [3:0], the packing order of
     `sim.numerics.pack_int4`), ``i_a[v]`` (vector v's W activations), and which lanes count: lane i contributes
@@ -176,12 +179,19 @@ class SegmentMac(wiring.Component):
     backpressure: a free-running pipeline. Every vector has its own multipliers (a DSP48E2 per lane) and adder
     tree; the lane mask and the control are shared.
 
+    INT8 weights (``i_int8``, an engine with ``gemv_int8``): the beat's B = W/2 bytes are B signed INT8 weights,
+    and lane i takes byte ``i mod B`` (a 2:1 select in front of the multiplier's weight register, shared by the
+    vectors), so the beat meets either half of the activation word: the half the lane mask selects (``i_sel``
+    and ``i_lvl`` as above, ``i_lvl <= log2 B``). Products reach 2**14 and the adder tree is 4 bits wider.
+
     Parameters
     ----------
     cfg : HardwareConfig
     tag_bits : int
     vectors : int, optional
         V, the activation vectors (default 1).
+    int8 : bool, optional
+        Build the INT8 weight operand and ``i_int8`` (default False).
 
     Members
     -------
@@ -189,11 +199,12 @@ class SegmentMac(wiring.Component):
     i_w : In(ArrayLayout(signed(4), W)); i_a : In(ArrayLayout(ArrayLayout(signed(act_bits), W), V))
     i_nlanes : In(range(W + 1)); i_lvl : In(range(log2 W + 1)); i_sel : In(range(W))
     i_tag : In(tag_bits)
+    i_int8 : In(1) (with `int8`): the beat is W/2 INT8 weights
     o_valid : Out(1); o_isum : Out(ArrayLayout(signed(acc_bits), V)); o_tag : Out(tag_bits)
     """
 
-    def __init__(self, cfg: HardwareConfig, tag_bits: int = 1, vectors: int = 1):
-        self._cfg, self._V = cfg, vectors
+    def __init__(self, cfg: HardwareConfig, tag_bits: int = 1, vectors: int = 1, int8: bool = False):
+        self._cfg, self._V, self._int8 = cfg, vectors, int8
         W = cfg.weights_per_beat
         self._W = W
         super().__init__({
@@ -202,6 +213,7 @@ class SegmentMac(wiring.Component):
             "i_a": In(data.ArrayLayout(data.ArrayLayout(signed(cfg.act_bits), W), vectors)),
             "i_nlanes": In(range(W + 1)), "i_lvl": In(range(ceil_log2(W) + 1)), "i_sel": In(range(W)),
             "i_tag": In(tag_bits),
+            **({"i_int8": In(1)} if int8 else {}),
             "o_valid": Out(1), "o_isum": Out(data.ArrayLayout(signed(cfg.acc_bits), vectors)),
             "o_tag": Out(tag_bits),
         })
@@ -219,7 +231,8 @@ class SegmentMac(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         cfg, W, V = self._cfg, self._W, self._V
-        pbits = cfg.WEIGHT_BITS + cfg.act_bits
+        wbits = 8 if self._int8 else cfg.WEIGHT_BITS
+        pbits = wbits + cfg.act_bits
         # Stage 0: the beat and the activations (a memory's unregistered output upstream) in the A and B
         # registers of a DSP48E2 per lane and vector (`DspMacc` without P), and the lane mask's two conditions
         # registered: lane i counts when i < i_nlanes and i >> i_lvl == i_sel (the sub-sum i_sel of width
@@ -237,12 +250,22 @@ class SegmentMac(wiring.Component):
         ctrl = Cat(self.i_valid, self.i_first, self.i_last, self.i_tag)
         c = _delay(m, ctrl, 3, "ctrl")
         totals = []
+        if self._int8:
+            # lane i's weight: nibble i sign-extended, or byte i mod B of the beat
+            wv, B = self.i_w.as_value(), W // 2
+            weights = []
+            for i in range(W):
+                wi = Signal(signed(8), name=f"weight_{i}")
+                m.d.comb += wi.eq(Mux(self.i_int8, wv[8 * (i % B):8 * (i % B) + 8].as_signed(), self.i_w[i]))
+                weights.append(wi)
+        else:
+            weights = [self.i_w[i] for i in range(W)]
         for v in range(V):
             vn = f"v{v}_" if V > 1 else ""
             prods = []
             for i in range(W):
-                m.submodules[f"{vn}mul{i}"] = mul = DspMacc(cfg.act_bits, cfg.WEIGHT_BITS, preg=False)
-                m.d.comb += [mul.i_a.eq(self.i_a[v][i]), mul.i_b.eq(self.i_w[i]), mul.i_restart.eq(0)]
+                m.submodules[f"{vn}mul{i}"] = mul = DspMacc(cfg.act_bits, wbits, preg=False)
+                m.d.comb += [mul.i_a.eq(self.i_a[v][i]), mul.i_b.eq(weights[i]), mul.i_restart.eq(0)]
                 p = Signal(signed(pbits), name=f"{vn}prod_{i}")
                 m.d.sync += p.eq(Mux(take1[i], mul.o_p[:pbits], 0))
                 prods.append(p)
@@ -287,8 +310,15 @@ class SegmentMac(wiring.Component):
         return total
 
 
+def max_row_beats(cfg: HardwareConfig, max_cols: int) -> int:
+    """The most beats of one row: ``max_cols`` INT4 weights, or INT8 ones (B a beat) with ``gemv_int8``."""
+    return max_cols // (cfg.bytes_per_beat if cfg.gemv_int8 else cfg.weights_per_beat)
+
+
 def decoded_shapes(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dict:
-    """The decoded command: every quantity the ports derive from it (`CommandDecoder`'s outputs)."""
+    """The decoded command: every quantity the ports derive from it (`CommandDecoder`'s outputs). With
+    ``gemv_int8``, `rstride` is the bytes from one row's start to the next (the int8 command's `pitch`, else
+    `rowbytes`)."""
     W = cfg.weights_per_beat
     return {
         "cmd": command_layout(cfg),
@@ -301,7 +331,8 @@ def decoded_shapes(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dic
         "gshift": range(32),               # segment index -> group index shift
         "eshift": range(32),               # segment index -> activation block shift
         "rowbytes": unsigned(16),
-        "nwb": range(max_cols // W + 2),   # beats per row
+        **({"rstride": unsigned(24)} if cfg.gemv_int8 else {}),
+        "nwb": range(max_row_beats(cfg, max_cols) + 2),   # beats per row
         "prow": unsigned(21),              # sparse: rows per port, a multiple of W
         "nvec": range(1, cfg.gemv_vectors + 1),    # activation vectors (vecs + 1)
         "outs": unsigned(23),              # results: rows x nvec
@@ -322,10 +353,13 @@ class CommandDecoder(wiring.Component):
         `o_bad` when the command cannot run: rows or cols 0, cols above `max_cols`, more segments or groups
         per row than `max_segments`, a `sparse` command with an odd number of rows or more than `max_rows`
         (``gemv_sparse_max_rows``), a `sparse` or `mask` command with more than one vector, or an `int8`
-        command (with ``gemv_int8``; the dense ports run INT4 weights only, `command_layout`).
+        command (with ``gemv_int8``) that is `sparse` or `mask` (INT8 weights run on the dense datapath only).
     o_good : Out(1)
         Combinational, in the cycle after `i_load` (the second step): the command is good (`o_bad` low from
         the next cycle on), for a start pulse registered beside `o_bad`.
+
+    An `int8` command's row is `cols` bytes (`o_rowbytes`), its beats hold B = W/2 weights (`o_nwb`, and
+    `o_lvl`, `o_subs`, `o_lspb` against B instead of W) and its rows are `pitch` bytes apart (`o_rstride`).
     """
 
     def __init__(self, cfg: HardwareConfig, max_cols: int, max_segments: int, max_rows: int | None = None):
@@ -368,7 +402,7 @@ class CommandDecoder(wiring.Component):
                         ((i.mask & (i.sparse | (i.rows > cfg.gemv_max_cols))) if cfg.gemv_row_mask else 0) |
                         (((i.vecs != 0) & (i.sparse | (i.mask if cfg.gemv_row_mask else 0)))
                          if cfg.gemv_vectors > 1 else 0) |
-                        (i.int8 if cfg.gemv_int8 else 0)),
+                        ((i.int8 & (i.sparse | (i.mask if cfg.gemv_row_mask else 0))) if cfg.gemv_int8 else 0)),
             ]
         # Step 2: the counts and the fields derived from the registered command.
         lg = c.log2_group
@@ -378,7 +412,7 @@ class CommandDecoder(wiring.Component):
         m.d.comb += [
             nseg.eq(nsum >> lseg),
             groups.eq(gsum >> lg),
-            rowbytes.eq((c.cols + 1) >> 1),
+            rowbytes.eq(Mux(c.int8, c.cols, (c.cols + 1) >> 1) if cfg.gemv_int8 else (c.cols + 1) >> 1),
         ]
         bad = bad1 | (nsum >= seg_lim)
         m.d.comb += self.o_good.eq(~bad)
@@ -387,11 +421,19 @@ class CommandDecoder(wiring.Component):
         # the second here (+ (vecs[1] ? 2 rows : 0)): no multiplier on either step's path
         outs2 = Mux(c.vecs[1], c.rows << 1, 0) if cfg.gemv_vectors > 2 else 0
         lNW = ceil_log2(cfg.axi_ports * W)
+        lvl = Mux(lseg < lW, lseg, lW)
+        subs, lspb = W >> Mux(lseg < lW, lseg, lW), Mux(lseg > lW, lseg - lW, 0)
+        if cfg.gemv_int8:
+            # INT8 weights: a beat is B = W/2 of them, so the sub-sums and beats per segment count against B
+            lB = lW - 1
+            lvl = Mux(c.int8, Mux(lseg < lB, lseg, lB), lvl)
+            subs, lspb = Mux(c.int8, B >> lvl, W >> lvl), Mux(c.int8, Mux(lseg > lB, lseg - lB, 0), lspb)
+            with m.If(load2):
+                m.d.sync += self.o_rstride.eq(Mux(c.int8, c.pitch, rowbytes))
         with m.If(load2):
             m.d.sync += [
                 self.o_lseg.eq(lseg),
-                self.o_lvl.eq(Mux(lseg < lW, lseg, lW)), self.o_subs.eq(W >> Mux(lseg < lW, lseg, lW)),
-                self.o_lspb.eq(Mux(lseg > lW, lseg - lW, 0)),
+                self.o_lvl.eq(lvl), self.o_subs.eq(subs), self.o_lspb.eq(lspb),
                 self.o_nseg.eq(nseg), self.o_groups.eq(groups),
                 self.o_gshift.eq(lg - lseg), self.o_eshift.eq(lblk - lseg),
                 self.o_rowbytes.eq(rowbytes), self.o_nwb.eq((rowbytes + B - 1) >> ceil_log2(B)),
@@ -600,8 +642,10 @@ class GemvPort(wiring.Component):
         self._cfg, self._index = cfg, index
         self._max_cols, self._max_segments, self._T = max_cols, max_segments, tile_rows
         W = cfg.weights_per_beat
-        # A chunk holds whole activation blocks (so whole segments) and is at least one full burst.
-        self._chunk_beats = max(cfg.axi_max_burst_beats, cfg.act_block // W, 1)
+        # A chunk holds whole activation blocks (so whole segments) and is at least one full burst; with
+        # ``gemv_int8`` also in INT8 weights (B = W/2 a beat).
+        self._chunk_beats = max(cfg.axi_max_burst_beats, cfg.act_block // (W // 2 if cfg.gemv_int8 else W), 1)
+        self._max_beats = max_row_beats(cfg, max_cols)
         members = _datapath_members(cfg, max_cols, max_segments)
         members["i_rows"] = In(20)
         if cfg.gemv_row_mask:
@@ -642,7 +686,7 @@ class GemvPort(wiring.Component):
         # written.
         bank_state = [Signal(2, name=f"bank{b}_state") for b in range(2)]
         bank_rows = [Signal(range(T + 1), name=f"bank{b}_rows") for b in range(2)]
-        bank_rounds = [Signal(range(self._max_cols // (self._chunk_beats * W) + 2), name=f"bank{b}_rounds")
+        bank_rounds = [Signal(range(self._max_beats // self._chunk_beats + 2), name=f"bank{b}_rounds")
                        for b in range(2)]
         banks = bank_state, bank_rows, bank_rounds
 
@@ -651,7 +695,7 @@ class GemvPort(wiring.Component):
         m.d.comb += g2.eq(d.groups << 1)
         # Chunks per row less one and beats per row less one, registered from the decoder's (valid from the
         # cycle after `i_start`; their first use is cycles later).
-        nch_m1 = Signal(range(self._max_cols // (self._chunk_beats * W) + 2))
+        nch_m1 = Signal(range(self._max_beats // self._chunk_beats + 2))
         nwb_m1 = Signal.like(d.nwb)
         m.d.sync += [nch_m1.eq(((d.nwb + self._chunk_beats - 1) >> ceil_log2(self._chunk_beats)) - 1),
                      nwb_m1.eq(d.nwb - 1)]
@@ -701,7 +745,7 @@ class GemvPort(wiring.Component):
         seq_tzero, seq_czero = Signal(), Signal()    # seq_trem == 0, seq_crem == 0, registered with them
         seq_tile = Signal(ab)                        # the tile's first row
         seq_rbase = Signal(ab)                       # the round's first chunk: seq_tile + c * CBB
-        seq_caddr = Signal(ab)                       # the next chunk: seq_rbase + t * rowbytes
+        seq_caddr = Signal(ab)                       # the next chunk: seq_rbase + t * stride
         seq_rem = Signal(16)                         # the row's bytes from the round's chunk on
         seq_full = Signal()                          # seq_rem > CBB: the chunk is a whole one
         seq_saddr = Signal(ab)
@@ -721,9 +765,11 @@ class GemvPort(wiring.Component):
                      seq_last.eq(seq_left <= N * T)]
         # The port's first tile: its offsets from the weight and scale bases, registered from the decoder's
         # fields, added to the bases in the cycle after `i_start` (`seq_load`).
-        seq_toff, seq_soff = Signal((d.rowbytes * (p * T)).shape()), Signal((g2 * (p * T)).shape())
+        # (rows `stride` bytes apart: an int8 command's pitch, else the row's bytes)
+        stride = d.rstride if cfg.gemv_int8 else d.rowbytes
+        seq_toff, seq_soff = Signal((stride * (p * T)).shape()), Signal((g2 * (p * T)).shape())
         seq_load = Signal()
-        m.d.sync += [seq_toff.eq(_times(d.rowbytes, p * T)), seq_soff.eq(_times(g2, p * T)), seq_load.eq(self.i_start)]
+        m.d.sync += [seq_toff.eq(_times(stride, p * T)), seq_soff.eq(_times(g2, p * T)), seq_load.eq(self.i_start)]
         with m.If(seq_settle != 0):
             m.d.sync += seq_settle.eq(seq_settle - 1)
         m.d.comb += cmd.valid.eq(seq_active & (~seq_scale | (seq_settle == 0)))
@@ -752,13 +798,13 @@ class GemvPort(wiring.Component):
                              seq_full.eq(seq_rem > 2 * CBB)]
                 with m.If(seq_czero):
                     m.d.sync += [seq_scale.eq(1), seq_settle.eq(3), seq_left.eq(seq_left - N * T),
-                                 seq_tile.eq(seq_tile + d.rowbytes * (N * T)),
+                                 seq_tile.eq(seq_tile + stride * (N * T)),
                                  seq_saddr.eq(seq_saddr + g2 * (N * T))]
                     with m.If(seq_last):
                         m.d.sync += seq_active.eq(0)
             with m.Else():
                 m.d.sync += [seq_trem.eq(seq_trem - 1), seq_tzero.eq(seq_trem == 1),
-                             seq_caddr.eq(seq_caddr + d.rowbytes)]
+                             seq_caddr.eq(seq_caddr + stride)]
         return seq_active
 
     def _masked_sequencer(self, m, g2, nch_m1, cmd):
@@ -883,7 +929,7 @@ class GemvPort(wiring.Component):
         fe_sw1 = Signal.like(fe_sw)                  # fe_sw + 1, registered with it
         fe_c = Signal.like(nch_m1)                   # chunk
         fe_k = Signal(range(CB))                     # beat within the chunk
-        fe_beat = Signal(range(self._max_cols // W + 2))   # beat within the row
+        fe_beat = Signal(range(self._max_beats + 2))   # beat within the row
         m.d.comb += fe_beat.eq((fe_c << lCB) | fe_k)
         fe_t = Signal(range(T))
         fe_sel = Signal(range(W))
@@ -949,7 +995,10 @@ class GemvPort(wiring.Component):
         mac_valid = Signal()
         with m.If(row_phase):
             m.d.comb += [beat.ready.eq(last_sel), mac_valid.eq(beat.valid)]
-        m.d.comb += self.o_act_addr.eq(fe_beat)
+        # the activation word of the beat: an INT8 beat is half of word fe_beat >> 1 (`half_sel` selects it)
+        int8 = d.cmd.int8 if cfg.gemv_int8 else Const(0)
+        abeat = Mux(int8, fe_beat >> 1, fe_beat) if cfg.gemv_int8 else fe_beat
+        m.d.comb += self.o_act_addr.eq(abeat)
         tile_end = Signal()
         round_end = Signal()
         with m.If(mac_valid):
@@ -977,27 +1026,46 @@ class GemvPort(wiring.Component):
         seg_idx = Signal(range(2 * self._max_cols + 1))
         sub_shift = Signal(range(ceil_log2(W) + 1))  # registered from the decoder's, like nwb_m1
         sub_seg = Signal()                           # segments narrower than a beat, likewise
-        m.d.sync += [sub_shift.eq(ceil_log2(W) - d.lvl), sub_seg.eq(d.lvl < ceil_log2(W))]
+        if cfg.gemv_int8:
+            lX = Mux(int8, ceil_log2(W) - 1, ceil_log2(W))   # log2 of the weights a beat
+            half_sel = Signal(range(W))                  # the INT8 beat's half of the word, as a sub-sum index
+            m.d.sync += [sub_shift.eq(lX - d.lvl), sub_seg.eq(d.lvl < lX),
+                         half_sel.eq(Mux(int8, d.subs, 0))]      # (B >> lvl sub-sums a half)
+        else:
+            m.d.sync += [sub_shift.eq(ceil_log2(W) - d.lvl), sub_seg.eq(d.lvl < ceil_log2(W))]
         with m.If(sub_seg):
             m.d.comb += seg_idx.eq((fe_beat << sub_shift) + fe_sel)
         with m.Else():
             m.d.comb += seg_idx.eq(fe_beat >> d.lspb)
         nl = Signal(range(self._max_cols + W + 1))
-        m.d.comb += nl.eq(d.cmd.cols - (fe_beat << ceil_log2(W)))
+        m.d.comb += nl.eq(d.cmd.cols - (abeat << ceil_log2(W)))
+        nlanes = Mux(nl > W, W, nl)
+        if cfg.gemv_int8:
+            # the lanes that count: on the row's last beat the columns of its word (`rem_w`, registered from the
+            # command), else W. The last beat is in the last word in either mode; an INT8 beat before it in the
+            # same word is its first half, whose lanes lie below rem_w (> B) anyway. A register picks it, with no
+            # subtraction or compare of the beat in series.
+            rem_w = Signal(range(W + 1))
+            m.d.sync += rem_w.eq((d.cmd.cols - 1)[:ceil_log2(W)] + 1)
+            nlanes = Mux(last_beat, rem_w, W)
         seg_first = (fe_beat & spb_mask) == 0
         seg_last = ((fe_beat & spb_mask) == spb_mask) | last_beat
         # a sub-segment that starts before the row's end: its first column, the beat's first and the sub-segment's
         # offset in the beat (below W), against the row's columns
         sub_live = Cat((fe_sel << d.lvl)[:ceil_log2(W)], fe_beat) < d.cmd.cols
+        sel = fe_sel
+        if cfg.gemv_int8:
+            sub_live = Mux(int8, Cat((fe_sel << d.lvl)[:ceil_log2(W) - 1], fe_beat) < d.cmd.cols, sub_live)
+            sel = fe_sel | Mux(fe_beat[0], half_sel, 0)
 
         # Stage f1: the beat and control, registered while the activation word is read.
-        m.submodules.mac = mac = SegmentMac(cfg, tag_bits=1 + lT + lS, vectors=cfg.gemv_vectors)
+        m.submodules.mac = mac = SegmentMac(cfg, tag_bits=1 + lT + lS, vectors=cfg.gemv_vectors, int8=cfg.gemv_int8)
         f1 = Signal(data.StructLayout({
             "valid": 1, "w": 8 * B, "nl": range(W + 1), "sel": range(W), "first": 1, "last": 1,
             "addr": 1 + lT + lS}))
         m.d.sync += [
             f1.valid.eq(mac_valid & sub_live), f1.w.eq(beat.p.data),
-            f1.nl.eq(Mux(nl > W, W, nl)), f1.sel.eq(fe_sel),
+            f1.nl.eq(nlanes), f1.sel.eq(sel),
             f1.first.eq(seg_first | sub_seg), f1.last.eq(seg_last | sub_seg),
             f1.addr.eq(Cat(seg_idx[:lS], fe_t, fe_bank)),
         ]
@@ -1006,6 +1074,8 @@ class GemvPort(wiring.Component):
             mac.i_w.eq(f1.w), mac.i_a[0].eq(self.i_act_data), mac.i_nlanes.eq(f1.nl), mac.i_lvl.eq(d.lvl),
             mac.i_sel.eq(f1.sel), mac.i_tag.eq(f1.addr),
         ]
+        if cfg.gemv_int8:
+            m.d.comb += mac.i_int8.eq(int8)
         for v in range(1, cfg.gemv_vectors):
             m.d.comb += mac.i_a[v].eq(self.i_act_more[v - 1])
         m.d.comb += [isum_w.en.eq(mac.o_valid), isum_w.addr.eq(mac.o_tag)]
@@ -1075,7 +1145,9 @@ class GemvPort(wiring.Component):
         # segments per chunk round (log2) and segments per row less one.
         spc = Signal(range(32))
         be_nseg_m1 = Signal.like(d.nseg)
-        m.d.sync += [spc.eq(lCB + ceil_log2(W) - d.lseg), be_nseg_m1.eq(d.nseg - 1)]
+        # (an INT8 chunk holds half the columns of an INT4 one)
+        spc_full = lCB + ceil_log2(W) - d.cmd.int8 - d.lseg if cfg.gemv_int8 else lCB + ceil_log2(W) - d.lseg
+        m.d.sync += [spc.eq(spc_full), be_nseg_m1.eq(d.nseg - 1)]
         # a row's scale halfwords in the bank: the row's groups; masked, its whole beats of them
         gstride = Signal.like(d.groups)
         m.d.sync += gstride.eq(Mux(d.cmd.mask, ((d.groups + hpw - 1) >> ceil_log2(hpw)) << ceil_log2(hpw), d.groups)

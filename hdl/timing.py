@@ -561,22 +561,36 @@ def blackbox_modules(rtlil_text: str, top: str, names) -> str:
     return "".join(out)
 
 
+def unit_config(preset: str, kv_v_layout: str | None = None):
+    """The `HardwareConfig` `main` builds a unit for: the preset, with its ``kv_v_layout`` replaced when given
+    (``rows`` on an INT8-cache preset: the GEMV engine with INT8 weights, ``gemv_int8``). An invalid combination
+    raises ValueError."""
+    from .config import HardwareConfig
+    hw = HardwareConfig.preset(preset)
+    return hw if kv_v_layout is None else hw.replace(kv_v_layout=kv_v_layout)
+
+
 def main(argv=None) -> int:
-    """``python -m hdl.timing UNIT [--hw PRESET]``: synthesise one unit alone as the NPU builds it (Yosys
-    ``synth_xilinx -family xcup``, its parts kept as blocks) and print its utilisation and timing estimate
-    against the preset's clock. Bad input: one line on stderr, exit status 2."""
+    """``python -m hdl.timing UNIT [--hw PRESET] [--kv-v-layout LAYOUT]``: synthesise one unit alone as the NPU
+    builds it (Yosys ``synth_xilinx -family xcup``, its parts kept as blocks) and print its utilisation and timing
+    estimate against the preset's clock. Bad input: one line on stderr, exit status 2."""
     import argparse
     import sys
 
-    from .config import PRESETS, HardwareConfig
+    from .config import KV_V_LAYOUTS, PRESETS
     from .synth import synthesize
 
     p = argparse.ArgumentParser(prog="python -m hdl.timing", description=main.__doc__.split("\n\n")[0]
                                 .replace("``", ""))
     p.add_argument("unit", choices=UNITS, help="the unit to synthesise alone")
     p.add_argument("--hw", default="kv260", choices=sorted(PRESETS), help="hardware preset (default kv260)")
+    p.add_argument("--kv-v-layout", choices=KV_V_LAYOUTS, default=None,
+                   help="the preset's kv_v_layout replaced (rows: the GEMV engine with INT8 weights)")
     args = p.parse_args(argv)
-    hw = HardwareConfig.preset(args.hw)
+    try:
+        hw = unit_config(args.hw, args.kv_v_layout)
+    except ValueError as e:
+        p.error(f"--kv-v-layout: {e}")
     component, depth = _unit(args.unit, hw)
     name = f"timing_{args.unit.replace('-', '_')}"
     text = None
@@ -589,7 +603,8 @@ def main(argv=None) -> int:
                                 BLACK_BOXES[args.unit])
     util = synthesize(component, name, keep_depth=depth, rtlil_text=text, log=lambda msg: print(msg, file=sys.stderr))
     mhz = hw.clock_hz / 1e6
-    print(f"{args.unit} ({type(component).__name__}, {args.hw}): {util.lut} LUT, {util.ff} FF, {util.dsp} DSP48E2, "
+    label = args.hw + (f", kv_v_layout {args.kv_v_layout}" if args.kv_v_layout else "")
+    print(f"{args.unit} ({type(component).__name__}, {label}): {util.lut} LUT, {util.ff} FF, {util.dsp} DSP48E2, "
           f"{util.bram36:g} BRAM36, {util.uram} URAM288; target {mhz:g} MHz: a path of at most "
           f"{budget_ns(mhz):.2f} ns")
     print(format_timing(util.timing, mhz, title="block"))

@@ -16,11 +16,11 @@ TINY = HardwareConfig.preset("tiny")
 KV260 = HardwareConfig.preset("kv260")
 
 
-def rtl_segment_mac(cfg, steps, vectors=1):
-    """Runs `steps` (dicts of packed weight bytes, int8 activations, nlanes, lvl, sel, first, last) through
-    SegmentMac; returns the segment sums in output order. With `vectors` V > 1 each step's ``a`` is [V, W] and
-    each output a tuple of V sums."""
-    dut = SegmentMac(cfg, tag_bits=8, vectors=vectors)
+def rtl_segment_mac(cfg, steps, vectors=1, int8=False):
+    """Runs `steps` (dicts of packed weight bytes, int8 activations, nlanes, lvl, sel, first, last; with `int8`
+    also ``int8``: the beat's bytes are INT8 weights) through SegmentMac; returns the segment sums in output
+    order. With `vectors` V > 1 each step's ``a`` is [V, W] and each output a tuple of V sums."""
+    dut = SegmentMac(cfg, tag_bits=8, vectors=vectors, int8=int8)
     W = cfg.weights_per_beat
     got = []
 
@@ -37,6 +37,8 @@ def rtl_segment_mac(cfg, steps, vectors=1):
                 ctx.set(dut.i_sel, st["sel"])
                 ctx.set(dut.i_first, st["first"])
                 ctx.set(dut.i_last, st["last"])
+                if int8:
+                    ctx.set(dut.i_int8, int(st.get("int8", 0)))
                 ctx.set(dut.i_tag, k & 0xFF)
             await ctx.tick()
             if ctx.get(dut.o_valid):
@@ -52,10 +54,15 @@ def rtl_segment_mac(cfg, steps, vectors=1):
 
 
 def ref_segment_mac(cfg, steps):
-    """Independent reference: unpack with sim.numerics, mask the lanes, sum exactly in int64."""
+    """Independent reference: unpack with sim.numerics (an ``int8`` step: lane i takes the beat's signed byte
+    i mod B), mask the lanes, sum exactly in int64."""
     out, acc = [], 0
+    W, B = cfg.weights_per_beat, cfg.bytes_per_beat
     for st in steps:
-        w = unpack_int4(st["w"]).astype(np.int64)
+        if st.get("int8"):
+            w = np.tile(np.asarray(st["w"], np.uint8).view(np.int8).astype(np.int64), W // B)
+        else:
+            w = unpack_int4(st["w"]).astype(np.int64)
         a = st["a"].astype(np.int64)
         lo, hi = st["sel"] << st["lvl"], (st["sel"] + 1) << st["lvl"]
         lanes = np.arange(len(w))
@@ -116,6 +123,52 @@ def test_segment_mac_extremes():
     assert rtl_segment_mac(KV260, long) == [4 * 32 * 1024]   # 128 columns of (-8)(-128)
 
 
+def int8_steps(cfg, rng, n):
+    """Random beats of INT8 weights (B signed bytes) in segments of 1 to 4 beats, each beat one half of the
+    activation word (``sel``'s high bit at ``lvl = log2 B``) or a narrower sub-sum of it, some rows ending inside
+    it; every fourth segment INT4 (the mode changes between commands, the weight select per beat)."""
+    W, B = cfg.weights_per_beat, cfg.bytes_per_beat
+    lB = B.bit_length() - 1
+    steps, pos, seg_len, mode = [], 0, 1, 1
+    for k in range(n):
+        if pos == 0:
+            seg_len, mode = int(rng.integers(1, 5)), int(rng.random() >= 0.25)
+        a = rng.integers(-128, 128, W)
+        if mode:
+            w = rng.integers(-128, 128, B).astype(np.int8).view(np.uint8)
+            lvl = lB if rng.random() < 0.7 else int(rng.integers(0, lB + 1))
+        else:
+            w = pack_int4(rng.integers(-8, 8, W))
+            lvl = int(rng.integers(0, lB + 2))
+        steps.append(dict(w=w, a=a, nl=int(rng.integers(0, W + 1)) if rng.random() < 0.3 else W, lvl=lvl,
+                          sel=int(rng.integers(0, W >> lvl)), first=pos == 0, last=pos == seg_len - 1, int8=mode))
+        pos = (pos + 1) % seg_len
+    steps[-1]["last"] = True
+    return steps
+
+
+@pytest.mark.parametrize("base", [TINY, KV260], ids=["tiny", "kv260"])
+def test_segment_mac_int8(base):
+    """Built with INT8 weights (``gemv_int8``, V rows): random INT8 beats (and INT4 ones between them) against
+    the reference, and the extremes: all -128 weights times -128 and 127 activations over a kv260 segment
+    (64 columns, 2**20), two vectors on the same beats."""
+    cfg = base.replace(kv_v_layout="rows")
+    rng = np.random.default_rng(21)
+    steps = int8_steps(cfg, rng, 300)
+    assert rtl_segment_mac(cfg, steps, int8=True) == ref_segment_mac(cfg, steps)
+    W, B = cfg.weights_per_beat, cfg.bytes_per_beat
+    lB = B.bit_length() - 1
+    for a in (-128, 127):
+        n = 2 * cfg.act_block // W                  # the segment's beats: each half of act_block / W words
+        long = [dict(w=np.full(B, 0x80, np.uint8), a=np.full(W, a), nl=W, lvl=lB, sel=k & 1, first=k == 0,
+                     last=k == n - 1, int8=1) for k in range(n)]
+        assert rtl_segment_mac(cfg, long, int8=True) == [-128 * a * cfg.act_block]
+    av = [rng.integers(-128, 128, W) for _ in steps for _ in range(2)]
+    multi = [dict(st, a=np.stack(av[2 * k:2 * k + 2])) for k, st in enumerate(steps)]
+    want = [ref_segment_mac(cfg, [dict(st, a=av[2 * k + v]) for k, st in enumerate(steps)]) for v in range(2)]
+    assert rtl_segment_mac(cfg, multi, vectors=2, int8=True) == list(zip(*want))
+
+
 def test_unpack_order_is_low_nibble_first():
     """Lane 0 of a beat is the low nibble of byte 0: one non-zero weight per lane position."""
     W = TINY.weights_per_beat
@@ -145,7 +198,7 @@ def rtl_decode(cfg, cmd, max_cols, max_segments):
         out["good"] = ctx.get(dut.o_good)               # the second step's check, before its registers
         await ctx.tick()                                # the decoder's second step
         for name in ("lseg", "lvl", "subs", "lspb", "nseg", "groups", "gshift", "eshift", "rowbytes", "nwb", "prow",
-                     "bad"):
+                     "bad") + (("rstride",) if cfg.gemv_int8 else ()):
             out[name] = ctx.get(getattr(dut, f"o_{name}"))
 
     sim = Simulator(dut)
@@ -203,6 +256,47 @@ def test_command_decode_sparse_rows_per_port(cfg, rows):
     assert prow % W == 0 and prow * N >= rows and (prow - W) * N < rows
     shares = [max(0, min(prow, rows - p * prow)) for p in range(N)]
     assert sum(shares) == rows
+
+
+def test_int8_commands_decode():
+    """A V-rows config (``gemv_int8``) has the `int8` and `pitch` fields and 22-bit segment sums on kv260 (INT8 x
+    INT8); its INT4 commands decode as on the config without them. An int8 command runs (alone or with several
+    vectors): a row of `cols` bytes, beats of B weights (the sub-sums and beats per segment against B), rows
+    `pitch` bytes apart; it is rejected with `sparse` or `mask`, or with rows or cols 0, or cols above
+    `max_cols`."""
+    import dataclasses
+
+    from hdl.config import PRESETS
+
+    assert not KV260.gemv_int8 and "int8" not in command_layout(KV260).members
+    assert dataclasses.replace(KV260, kv_v_layout="rows").segment_sum_bits == 22 and KV260.segment_sum_bits == 18
+    for base in (PRESETS["tiny_v4"], TINY, KV260):
+        cfg = dataclasses.replace(base, kv_v_layout="rows")
+        assert cfg.gemv_int8 and {"int8", "pitch"} <= set(command_layout(cfg).members)
+        eng = engine_params(cfg)
+        W, B = cfg.weights_per_beat, cfg.bytes_per_beat
+
+        def dec(**kw):
+            return rtl_decode(cfg, {**cmd, **kw}, eng.max_cols, eng.max_segments)
+
+        cmd = dict(wbase=3, sbase=0, rows=5, cols=37, log2_group=16, accm=0, sparse=0, mask=0, int8=0, pitch=40)
+        want = rtl_decode(base, {k: v for k, v in cmd.items() if k not in ("int8", "pitch")}, eng.max_cols,
+                          eng.max_segments)
+        got = dec()
+        assert {k: v for k, v in got.items() if k != "rstride"} == want and not want["bad"]
+        assert got["rstride"] == got["rowbytes"] == 19                # INT4: the row's bytes
+        for cols, lg, pitch in ((37, 16, 40), (1, 3, 1), (eng.max_cols, 7, (1 << 24) - 1), (3 * B + 1, 0, 5000),
+                                (100, 2, 100)):
+            d = dec(int8=1, cols=cols, log2_group=lg, pitch=pitch,
+                    **({"vecs": cfg.gemv_vectors - 1} if cfg.gemv_vectors > 1 else {}))
+            seg = segment_size(1 << lg, cfg.act_block)
+            assert not d["bad"], (cols, lg)
+            assert (d["rowbytes"], d["rstride"], d["nwb"]) == (cols, pitch, -(-cols // B))
+            assert 1 << d["lvl"] == min(seg, B) and d["subs"] == B // min(seg, B)
+            assert 1 << d["lspb"] == max(1, seg // B)
+            assert d["nseg"] == -(-cols // seg) and d["groups"] == -(-cols // (1 << lg))
+        for change in (dict(sparse=1, rows=4), dict(mask=1), dict(rows=0), dict(cols=0), dict(cols=eng.max_cols + 1)):
+            assert dec(int8=1, **change)["bad"] == 1, change
 
 
 def test_config_gemv_fields():

@@ -39,6 +39,33 @@ def test_engine_multi_vector(vectors, flow):
          VECTORS=vectors)
 
 
+TINY_ROWS = TINY.replace(gemv_vectors=4, kv_v_layout="rows")
+
+
+@pytest.mark.parametrize("cfg, flow", [(TINY_ROWS, 1), pytest.param(TINY_ROWS, 2, marks=pytest.mark.slow),
+                                       pytest.param(TINY.replace(kv_v_layout="rows"), 0, marks=pytest.mark.slow)],
+                         ids=["v4-1", "v4-2", "v1-0"])
+def test_engine_int8(cfg, flow):
+    """INT8 weights on the tiny engine with V rows (``gemv_int8``; four vectors, and one under ``-m slow``): the
+    random int8 commands among INT4 ones, the corners and the rejected int8 commands, bit-exact with every beat
+    read once; the default run also the throughput case (aligned at least 90 % of the port rate)."""
+    extra = ["int8_corners", "int8_port_rate"] if flow == 1 else []
+    _run(["int8_random"] + extra, cfg, build=f"gemv_tiny_rows_v{cfg.gemv_vectors}", SEED=91 + flow, FLOW=flow,
+         VECTORS=cfg.gemv_vectors, KV_V_LAYOUT="rows")
+
+
+@pytest.mark.slow
+def test_engine_int8_kv260():
+    """The kv260 engine with V rows (4 x 128-bit ports, four vectors, 22-bit segment sums): the random int8
+    commands among INT4 ones and the corners, bit-exact; the throughput case on 256 x 2048 (the attention's 256
+    rows; one vector at least 90 % of the port rate)."""
+    cfg = HardwareConfig.preset("kv260").replace(kv_v_layout="rows")
+    run(GemvEngine(cfg), toplevel="gemv", test_module="tb.gemv.test_gemv", build_name="gemv_kv260_rows",
+        testcase=["int8_random", "int8_corners", "int8_port_rate"],
+        extra_env={"NPU_HW": "kv260", "KV_V_LAYOUT": "rows", "SEED": "95", "FLOW": "1", "CASES": "8",
+                   "ROWS": "256", "COLS": "2048", "MEM_SIZE": str(1 << 21)})
+
+
 @pytest.mark.parametrize("flow", [0, 1, 2])
 def test_engine_sparse_random(flow):
     """Sparse mode: densities 0 / 5 / 30 / 100 %, bit-exact, only non-zero columns' beats read."""
@@ -112,29 +139,3 @@ def test_benchmark_bad_arguments(argv, message, capsys):
     assert e.value.code == 2 and "Traceback" not in err
     lines = [line for line in err.splitlines() if line.startswith("python -m benchmarks.gemv: error:")]
     assert len(lines) == 1 and message in lines[0], err
-
-
-def test_int8_commands_decode():
-    """A V-rows config (``gemv_int8``) has the `int8` and `pitch` fields and 22-bit segment sums on kv260 (INT8 x
-    INT8); its dense INT4 commands decode as on the config without them, and every int8 command, alone or with
-    `sparse` or `mask`, is rejected (`o_bad`): the engine's INT8 datapath is not built."""
-    import dataclasses
-
-    from hdl.config import PRESETS
-    from hdl.gemv import command_layout
-    from tests.test_gemv import engine_params, rtl_decode
-
-    kv = HardwareConfig.preset("kv260")
-    assert not kv.gemv_int8 and "int8" not in command_layout(kv).members
-    assert dataclasses.replace(kv, kv_v_layout="rows").segment_sum_bits == 22 and kv.segment_sum_bits == 18
-    for base in (PRESETS["tiny_v4"], TINY):
-        cfg = dataclasses.replace(base, kv_v_layout="rows")
-        assert cfg.gemv_int8 and {"int8", "pitch"} <= set(command_layout(cfg).members)
-        eng = engine_params(cfg)
-        cmd = dict(wbase=3, sbase=0, rows=5, cols=37, log2_group=16, accm=0, sparse=0, mask=0, int8=0, pitch=40)
-        want = rtl_decode(base, {k: v for k, v in cmd.items() if k not in ("int8", "pitch")}, eng.max_cols,
-                          eng.max_segments)
-        assert rtl_decode(cfg, cmd, eng.max_cols, eng.max_segments) == want and not want["bad"]
-        for extra in (dict(), dict(sparse=1, rows=4), dict(mask=1)):
-            d = rtl_decode(cfg, {**cmd, "int8": 1, **extra}, eng.max_cols, eng.max_segments)
-            assert d["bad"] == 1, extra

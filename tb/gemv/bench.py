@@ -1,6 +1,7 @@
 """Shared driver of the GEMV engine bench and the benchmark: lays a case out in DDR like `firmware.pack`
 (dense: row-major INT4 rows of ceil(cols/2) bytes, row-major binary16 scales; sparse: column-major INT4
-columns of rows/2 bytes, group-major binary16 scales), loads the activations, issues the command, streams
+columns of rows/2 bytes, group-major binary16 scales; int8: rows of `cols` signed bytes `pitch` bytes apart,
+the gaps filled with other bytes, row-major scales), loads the activations, issues the command, streams
 `i_acc`, collects `o_y` and counts cycles. `sparse_spans` is the independent account of the bytes a sparse
 GEMV may read (the non-zero columns' and the scales' port slices), which the benches compare with the
 bursts the memories saw.
@@ -54,6 +55,8 @@ class Case:
     s_offset: int = 0
     sparse: bool = False     # column-major weights, group-major scales, zero-activation columns skipped
     mask: np.ndarray | None = None   # bool [rows]: a masked command (`gemv_row_mask`), only these rows fetched
+    int8: bool = False       # INT8 weights (`gemv_int8`): row r's `cols` bytes at r * pitch
+    pitch: int = 0           # int8: bytes from one row's start to the next (at least cols)
 
     @property
     def rows(self):
@@ -81,6 +84,11 @@ class Case:
         return y if self.acc is None else (self.acc + y).astype(np.float32)
 
     def weight_bytes(self) -> bytes:
+        if self.int8:                         # rows `pitch` apart; the gaps hold bytes no row may read
+            assert self.pitch >= self.cols
+            img = np.full((self.rows, self.pitch), 0x5A, np.uint8)
+            img[:, :self.cols] = self.q_w.view(np.uint8)
+            return img.tobytes()[:(self.rows - 1) * self.pitch + self.cols]
         if self.sparse:                       # column k = rows/2 bytes, rows 2i / 2i+1 = low / high nibble
             return pack_int4(np.ascontiguousarray(self.q_w.T)).tobytes()
         q = self.q_w
@@ -250,7 +258,7 @@ class GemvBench:
         rr, vv = gemv_order(case.rows, nvec, self.tile_rows)
         word = pack_fields(command_layout(self.cfg), wbase=waddr, sbase=saddr, rows=case.rows, cols=case.cols,
                            log2_group=case.group.bit_length() - 1, accm=case.acc is not None, sparse=sparse,
-                           mask=case.mask is not None, vecs=nvec - 1)
+                           mask=case.mask is not None, vecs=nvec - 1, int8=case.int8, pitch=case.pitch)
         if case.acc is not None:
             old = case.acc.astype(np.float32).reshape(case.rows, nvec)[rr, vv]
             cocotb.start_soon(self.acc.send([int(v) for v in old.view(np.uint32)]))
@@ -292,20 +300,42 @@ def random_case(cfg: HardwareConfig, rng: np.random.Generator, rows: int, cols: 
                 s_offset=2 * int(rng.integers(0, 32)) if misalign else 0)
 
 
+def int8_case(cfg: HardwareConfig, rng: np.random.Generator, rows: int, cols: int, *, pitch: int | None = None,
+              vectors: int | None = None, **kw) -> Case:
+    """An int8 case (`random_case`'s scales, activations, exponents and accm with INT8 weights over the whole
+    range, some rows zero): rows `pitch` bytes apart (default `cols`); with `vectors`, that many activation
+    vectors (each its own values, exponents and accm values)."""
+    cases = [random_case(cfg, rng, rows, cols, **kw) for _ in range(vectors or 1)]
+    c = cases[0]
+    c.q_w = rng.integers(-128, 128, (rows, cols)).astype(np.int8)
+    c.q_w[rng.random(rows) < 0.1] = 0
+    c.int8, c.pitch = True, cols if pitch is None else pitch
+    if vectors is not None:
+        c.q_a = np.stack([x.q_a for x in cases])
+        c.e_a = np.stack([x.e_a for x in cases])
+        if c.acc is not None:
+            c.acc = np.stack([x.acc for x in cases], axis=1)
+    return c
+
+
 def dense_spans(cfg: HardwareConfig, case: Case, waddr: int, saddr: int, tile_rows: int) \
         -> list[list[tuple[int, int]]]:
     """Per port, the byte ranges ``(start, end)`` a dense GEMV must read, one per transfer, whatever its vectors:
     tile j (rows ``j * T ..``) on port ``j mod N``, its rows' scales as one transfer, then each row in chunks of
-    ``max(burst, act_block / W)`` beats, so every weight and scale byte once."""
+    ``max(burst, act_block / W)`` beats (``act_block / (W/2)`` with ``gemv_int8``), so every weight and scale
+    byte once; an int8 case's rows are `cols` bytes `pitch` apart."""
     N, W, B, T = cfg.axi_ports, cfg.weights_per_beat, cfg.bytes_per_beat, tile_rows
     rows, rowbytes, g2 = case.rows, (case.cols + 1) // 2, -(-case.cols // case.group) * 2
-    cbb = max(cfg.axi_max_burst_beats, cfg.act_block // W, 1) * B
+    cbb = max(cfg.axi_max_burst_beats, cfg.act_block // (W // 2 if cfg.gemv_int8 else W), 1) * B
+    if case.int8:
+        rowbytes = case.cols
     out = [[] for _ in range(N)]
     for j in range(-(-rows // T)):
         r0, r1 = j * T, min(rows, (j + 1) * T)
         spans = out[j % N]
         spans.append((saddr + r0 * g2, saddr + r1 * g2))
-        spans += [(waddr + r * rowbytes + c, waddr + r * rowbytes + min(c + cbb, rowbytes))
+        stride = case.pitch if case.int8 else rowbytes
+        spans += [(waddr + r * stride + c, waddr + r * stride + min(c + cbb, rowbytes))
                   for r in range(r0, r1) for c in range(0, rowbytes, cbb)]
     return out
 

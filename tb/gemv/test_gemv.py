@@ -12,8 +12,8 @@ from hdl.config import HardwareConfig
 from hdl.gemv import command_layout, gemv_parts
 from sim.numerics import segment_size
 from tb.ddr4 import check_timing
-from tb.gemv.bench import (GemvBench, check_span_reads, check_sparse_reads, dense_spans, masked_spans, pack_fields,
-                           random_case)
+from tb.gemv.bench import (GemvBench, check_span_reads, check_sparse_reads, dense_spans, int8_case, masked_spans,
+                           pack_fields, random_case)
 from tb.runner import bench_env
 
 MEM = 1 << 18
@@ -21,10 +21,13 @@ MEM = 1 << 18
 
 def make_bench(dut, seed, **kw):
     cfg = HardwareConfig.preset(bench_env("NPU_HW", "tiny"))
-    # the engine's row mask and activation vectors as built (ROW_MASK, VECTORS), else the preset's
+    # the engine's row mask, activation vectors and V layout as built (ROW_MASK, VECTORS, KV_V_LAYOUT), else the
+    # preset's
     cfg = cfg.replace(gemv_row_mask=bench_env("ROW_MASK", str(int(cfg.gemv_row_mask))) == "1",
-                      gemv_vectors=int(bench_env("VECTORS", str(cfg.gemv_vectors))))
-    return cfg, GemvBench(dut, cfg, mem_size=MEM, seed=seed, max_cols=cfg.gemv_max_cols, **kw)
+                      gemv_vectors=int(bench_env("VECTORS", str(cfg.gemv_vectors))),
+                      kv_v_layout=bench_env("KV_V_LAYOUT", cfg.kv_v_layout))
+    return cfg, GemvBench(dut, cfg, mem_size=int(bench_env("MEM_SIZE", str(MEM))), seed=seed,
+                          max_cols=cfg.gemv_max_cols, **kw)
 
 
 async def seeded_bench(dut):
@@ -41,7 +44,8 @@ def check(case, y, block, what):
     want = case.expected(block)
     np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32),
                                   err_msg=f"{what}: {case.rows}x{case.cols} group {case.group} "
-                                          f"accm {case.acc is not None} sparse {case.sparse}")
+                                          f"accm {case.acc is not None} sparse {case.sparse} int8 {case.int8} "
+                                          f"pitch {case.pitch} offset {case.w_offset}")
 
 
 def sparse_case(cfg, rng, rows, cols, density, **kw):
@@ -529,3 +533,133 @@ async def benchmark(dut):
             results.append(r)
     with open(bench_env("BENCH_OUT"), "w") as f:
         json.dump(results, f, indent=1)
+
+
+async def run_dense(tb, cfg, case, what, base):
+    """A dense (INT4 or int8) case: bit-exact, and its weight and scale beats read exactly once."""
+    y, cycles = await tb.run(case, base=base)
+    check(case, y, cfg.act_block, what)
+    check_span_reads(cfg, tb, dense_spans(cfg, case, *tb.last_addrs, tb.tile_rows))
+    return y, cycles
+
+
+def random_int8(cfg, rng, max_rows=70):
+    """A random int8 case: rows, cols (beat multiples and not), pitch (= cols or up to 70 bytes more), group,
+    vectors 1 .. V, accm, exponents, and the weights' start (any byte)."""
+    W, B, V = cfg.weights_per_beat, cfg.bytes_per_beat, cfg.gemv_vectors
+    rows = int(rng.choice([1, 2, 7, 8, 9, 17, 33, int(rng.integers(1, max_rows + 1))]))
+    cols = int(rng.choice([1, B - 1, B, B + 1, W + 3, 3 * W + 5, 2 * cfg.weight_group, int(rng.integers(1, 400))]))
+    group = int(rng.choice([0, 0, 2, 4, 8, 16, 64, 1 << 16])) or None    # (2, 4: segments narrower than a beat)
+    if group:                                       # at most the engine's segments a row
+        cols = min(cols, cfg.gemv_max_cols // min(cfg.act_block, cfg.weight_group) * group)
+    pitch = cols if rng.random() < 0.3 else cols + int(rng.integers(1, 71))
+    nvec = int(rng.integers(1, V + 1)) if V > 1 else None
+    return int8_case(cfg, rng, rows, cols, pitch=pitch, vectors=nvec, group=group, accm=rng.random() < 0.4,
+                     misalign=rng.random() < 0.5, e_range=(-150, 40) if rng.random() < 0.3 else (-20, 8))
+
+
+@cocotb.test()
+async def int8_random(dut):
+    """INT8 weights (an engine with ``gemv_int8``): seeded random int8 commands (`random_int8`: rows, cols, pitch,
+    the rows' start at any byte, groups, vectors 1 .. V, accm) and INT4 dense commands between them, each vector
+    bit-exact against `sim.numerics.gemv` with the INT8 weights, every weight and scale beat read once; a sparse
+    and a masked GEMV after them."""
+    cfg, tb, rng, seed = await seeded_bench(dut)
+    assert cfg.gemv_int8, "the bench needs an engine built with KV_V_LAYOUT=rows"
+    W = cfg.weights_per_beat
+    n = int(bench_env("CASES", "14"))
+    for k in range(n):
+        case = random_int8(cfg, rng)
+        await run_dense(tb, cfg, case, f"int8 case {k} (seed {seed})", base=int(rng.integers(0, 4)) * 4096)
+        if k % 3 == 2:                              # an INT4 command between int8 ones
+            d = random_case(cfg, rng, int(rng.integers(1, 40)), int(rng.integers(1, 300)), accm=rng.random() < 0.5,
+                            misalign=True)
+            await run_dense(tb, cfg, d, f"INT4 after int8 {k} (seed {seed})", base=int(rng.integers(0, 4)) * 4096)
+    s = sparse_case(cfg, rng, 2 * int(rng.integers(1, cfg.gemv_sparse_max_rows // 2 + 1)), 3 * W + 1, 0.3)
+    await run_sparse(tb, cfg, s, "sparse after int8", base=4096)
+    if cfg.gemv_row_mask:
+        mk = random_case(cfg, rng, 21, 3 * W)
+        mk.mask = rng.random(21) < 0.4
+        y, _ = await tb.run(mk, base=8192)
+        check(mk, y, cfg.act_block, "masked after int8")
+    d = random_int8(cfg, rng)
+    await run_dense(tb, cfg, d, "int8 after sparse and masked", base=0)
+    assert int(dut.o_error.value) == 0 and int(dut.o_bad_cmd.value) == 0
+
+
+@cocotb.test()
+async def int8_corners(dut):
+    """int8 corners: all -128 weights against -128 and 127 activations (the largest segment sums), one column,
+    one row, pitch = cols, rows of a whole and of an odd number of beats at every start byte of a beat, the
+    attention's V shape (head_dim rows, one scale group, every vector, accm), the widest row; then an int8 command
+    with `sparse` or `mask` is rejected without results, and the engine runs again."""
+    cfg, tb = make_bench(dut, 15, latency=9, jitter=6, p_stall=0.2)
+    await tb.reset()
+    rng = np.random.default_rng(15)
+    W, B, V = cfg.weights_per_beat, cfg.bytes_per_beat, cfg.gemv_vectors
+    vec = V if V > 1 else None
+    cases = []
+    for a in (-128, 127):
+        c = int8_case(cfg, rng, 9, 5 * W + 3, pitch=5 * W + 7, group=cfg.act_block)
+        c.q_w[:] = -128
+        c.q_a[:] = a
+        c.scale[:] = 1.0
+        cases.append((f"all -128 x {a}", c))
+    cases.append(("1 column", int8_case(cfg, rng, 5, 1, pitch=1)))
+    cases.append(("1 row", int8_case(cfg, rng, 1, 3 * B + 1, pitch=1000)))
+    cases.append(("pitch = cols, accm", int8_case(cfg, rng, 19, 2 * W + 5, accm=True, vectors=vec)))
+    for what, case in cases:
+        case.w_offset = int(rng.integers(0, 2 * B))
+    for off in range(B):
+        c = int8_case(cfg, rng, 11, 4 * B if off % 2 else 3 * B + 3, pitch=4 * B + off, vectors=vec)
+        c.w_offset = off
+        cases.append((f"rows at byte {off} of a beat", c))
+    hd = cfg.kv_max_head_dim
+    c = int8_case(cfg, rng, hd, 300, pitch=517, group=1 << 16, accm=True, vectors=vec)
+    c.w_offset = 3
+    cases.append(("attention V rows", c))
+    c = int8_case(cfg, rng, 3, tb.max_cols, pitch=tb.max_cols + 1)
+    c.w_offset = 1
+    cases.append(("max cols", c))
+    for what, case in cases:
+        await run_dense(tb, cfg, case, what, base=4096)
+    assert int(dut.o_error.value) == 0 and int(dut.o_bad_cmd.value) == 0
+    for extra in [dict(sparse=1)] + ([dict(mask=1)] if cfg.gemv_row_mask else []):
+        await tb.reset()
+        n0 = len(tb.out.items)
+        await tb.cmd.send([pack_fields(command_layout(cfg), wbase=0, sbase=4096, rows=8, cols=40, log2_group=5,
+                                       int8=1, pitch=40, **extra)])
+        for _ in range(60):
+            await FallingEdge(dut.clk)
+        assert int(dut.o_bad_cmd.value) == 1 and len(tb.out.items) == n0 and int(dut.o_busy.value) == 0, \
+            f"int8 with {extra} was not rejected"
+    await tb.reset()
+    c = int8_case(cfg, rng, 13, 77, pitch=80, vectors=vec, accm=True)
+    await run_dense(tb, cfg, c, "int8 after rejected commands", base=0)
+
+
+@cocotb.test()
+async def int8_port_rate(dut):
+    """int8 GEMVs of ROWS x COLS at a fixed LATENCY, bit-exact: with rows aligned to beats (pitch = COLS, a beat
+    multiple, at a beat-aligned address) the cycles against the ideal, the weight and scale bytes over the ports'
+    peak, at least MIN_EFFICIENCY (0.9) for one vector; with every vector; then rows at any byte (pitch COLS + 3,
+    odd start: each chunk one DDR beat more), reported."""
+    cfg, tb = make_bench(dut, 19, latency=int(bench_env("LATENCY", "30")))
+    await tb.reset()
+    rng = np.random.default_rng(19)
+    V = cfg.gemv_vectors
+    rows, cols = int(bench_env("ROWS", "128")), int(bench_env("COLS", str(cfg.gemv_max_cols)))
+    floor = float(bench_env("MIN_EFFICIENCY", "0.9"))
+    runs = [("aligned", cols, 0, None)] + ([("aligned", cols, 0, V)] if V > 1 else []) + \
+        [("misaligned", cols + 3, 5, None)] + ([("misaligned", cols + 3, 5, V)] if V > 1 else [])
+    for what, pitch, off, vec in runs:
+        case = int8_case(cfg, rng, rows, cols, pitch=pitch, vectors=vec, group=cfg.weight_group)
+        case.w_offset = off
+        _, cycles = await run_dense(tb, cfg, case, f"int8 throughput {what}", base=0)
+        nbytes = rows * cols + len(case.scale_bytes())
+        ideal = nbytes / (cfg.axi_ports * cfg.bytes_per_beat)
+        eff = ideal / cycles
+        dut._log.info(f"int8 GEMV {rows}x{cols} {what} (pitch {pitch}, offset {off}), {vec or 1} vectors: "
+                      f"{cycles} cycles, ideal {ideal:.0f}, port efficiency {100 * eff:.1f} %")
+        if what == "aligned" and vec is None:
+            assert eff >= floor, f"int8 port efficiency {eff:.3f} below {floor}"
