@@ -386,15 +386,18 @@ def main(argv=None) -> int:
         args.steps = 32 if args.steps is None else args.steps
     hw_name = args.hw or ("tiny" if random else "kv260")
     hw = HardwareConfig.preset(hw_name)
-    if args.kv_format == "fp16" and args.kv_v_layout is None:
-        hw = hw.replace(kv_v_layout="planes")          # the binary16 cache has one layout
-    for option, name, value in (("--group", "weight_group", args.group), ("--block", "act_block", args.block),
-                                ("--kv-format", "kv_format", args.kv_format),
-                                ("--kv-v-layout", "kv_v_layout", args.kv_v_layout)):
-        if value is not None:
+    kv_v_layout = args.kv_v_layout
+    if args.kv_format == "fp16" and kv_v_layout is None:
+        kv_v_layout = "planes"                         # the binary16 cache has one layout
+    for option, changes in (("--group", {"weight_group": args.group}), ("--block", {"act_block": args.block}),
+                            ("--kv-v-layout" if args.kv_v_layout else "--kv-format",
+                             {"kv_format": args.kv_format, "kv_v_layout": kv_v_layout})):
+        changes = {name: value for name, value in changes.items() if value is not None}
+        if changes:
             try:
-                hw = hw.replace(**{name: value})
+                hw = hw.replace(**changes)
             except ValueError as e:
+                value = " ".join(str(v) for v in changes.values())
                 p.error(f"argument {option}: {value} does not fit hardware {hw_name}: {e}")
     if random:
         return _random_main(p, args, hw)

@@ -1015,15 +1015,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     rates = Rates(**{f.name: getattr(args, f.name) for f in fields(Rates)})
     cfg, hw = ModelConfig.preset(args.model), HardwareConfig.preset(args.hw)
+    kv = {"kv_format": args.kv_format, "kv_v_layout": args.kv_v_layout}
     if args.kv_format == "fp16" and not args.kv_v_layout:
-        hw = hw.replace(kv_v_layout="planes")          # the binary16 cache has one layout
-    if args.kv_format:
-        hw = hw.replace(kv_format=args.kv_format)
-    if args.kv_v_layout:
-        try:
-            hw = hw.replace(kv_v_layout=args.kv_v_layout)
-        except ValueError as e:
-            p.error(f"argument --kv-v-layout: {e}")
+        kv["kv_v_layout"] = "planes"                   # the binary16 cache has one layout
+    try:
+        hw = hw.replace(**{k: v for k, v in kv.items() if v})
+    except ValueError as e:
+        p.error(f"argument {'--kv-v-layout' if args.kv_v_layout else '--kv-format'}: {e}")
     if args.clock_mhz:
         hw = hw.replace(clock_hz=round(args.clock_mhz * 1e6))
     if args.axi_ports:

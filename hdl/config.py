@@ -330,7 +330,8 @@ PRESETS: dict[str, HardwareConfig] = {
         axi_id_bits=6, axi_max_burst_beats=16, axi_max_outstanding=8, act_bits=8, acc_bits=32,
         act_block=64, weight_group=128, systolic_rows=32, systolic_cols=8,
         l2_bytes=1 << 20, constant_cache_bytes=64 << 10, l2_scratch_bytes=128 << 10, sfu_reduce_lanes=32,
-        gemv_max_cols=16384, gemv_sparse_max_rows=2048, gemv_row_mask=True, kv_format="int8", gemv_vectors=4),
+        gemv_max_cols=16384, gemv_sparse_max_rows=2048, gemv_row_mask=True, kv_format="int8", gemv_vectors=4,
+        kv_v_layout="rows"),
     # Small enough that the full chip simulates in seconds in Verilator; same structure.
     "tiny": HardwareConfig(
         name="tiny", clock_hz=100_000_000, axi_ports=2, axi_data_bits=64, axi_addr_bits=40,
@@ -343,7 +344,7 @@ PRESETS: dict[str, HardwareConfig] = {
 PRESETS["tiny_fp16"] = PRESETS["tiny"].replace(name="tiny_fp16", kv_format="fp16")
 # The tiny NPU whose GEMV engine takes four activation vectors and runs WGEMM (no GEMM unit): the multi-token
 # engine, kept buildable and tested.
-PRESETS["tiny_v4"] = PRESETS["tiny"].replace(name="tiny_v4", gemv_vectors=4)
+PRESETS["tiny_v4"] = PRESETS["tiny"].replace(name="tiny_v4", gemv_vectors=4, kv_v_layout="rows")
 # The KV260 NPU with one activation vector and the GEMM unit (the 32 x 8 systolic array) for WGEMM: the
 # alternative docs/systolic.md measures, kept buildable and tested.
 PRESETS["kv260_gemm"] = PRESETS["kv260"].replace(name="kv260_gemm", gemv_vectors=1)

@@ -51,11 +51,6 @@ COUNTERS = csr_map.COUNTER_NAMES
 
 class Npu(wiring.Component):
     def __init__(self, hw: HardwareConfig):
-        if hw.gemv_int8:
-            self._MustUse__silence = True     # rejected: no "created but never used" warning
-            raise ValueError(f"kv_v_layout 'rows' needs the GEMV engine's INT8-weight datapath, which is not built "
-                             f"(hdl.gemv rejects int8 commands; docs/gemv.md \"INT8 weights\"): build hw {hw.name!r} "
-                             f"with kv_v_layout 'planes'")
         self._hw = hw
         members = {"s_axi": In(AxiSignature(HPM0_ADDR_BITS, HPM0_DATA_BITS, HPM0_ID_BITS)), "o_irq": Out(1),
                    "o_trace": Out(trace_layout(hw))}

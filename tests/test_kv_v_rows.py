@@ -52,15 +52,6 @@ def test_the_layout_is_checked():
     assert [HW["tiny_fp16"].kv_layout_code, HW["tiny"].kv_layout_code, ROWS["tiny"].kv_layout_code] == [0, 1, 2]
 
 
-def test_the_npu_refuses_v_rows_with_one_line():
-    """The controller sequences V rows (tests/test_controller.py) and the GEMV engine decodes its int8 commands
-    but rejects them (tests/test_gemv_engine.py): the NPU is not built with V rows."""
-    from hdl.npu import Npu
-    with pytest.raises(ValueError, match="kv_v_layout 'rows' needs the GEMV engine's INT8-weight datapath") as e:
-        Npu(ROWS["tiny"])
-    assert "\n" not in str(e.value)
-
-
 def test_kvst_writes_each_v_element_into_its_row():
     """Every KVST: the V bytes at (row d, ring row p) are the INT8 values of `quantize_kv_v`, the K bytes those of
     the planes layout, and the bytes that change are within `kv_row_ranges` of that ring row."""
