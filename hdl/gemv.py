@@ -54,7 +54,7 @@ from amaranth.lib.wiring import In, Out
 
 from . import config
 from .axi import AxiReadDma, AxiReadSignature, read_command_layout, read_data_layout
-from .config import HardwareConfig, ceil_log2
+from .config import HardwareConfig, ceil_log2, segment_sum_bits
 from .dsp import DspMacc
 from .fp import INT_SCALE_MAX_BITS, NEG_ZERO, FpAdd, FpLdexp, IntScaleMul, check_int_scale_bits, rejecting
 from .l2 import one_hot_mux
@@ -1602,8 +1602,9 @@ class SparsePort(wiring.Component):
         NB = 4 if P > 1 else 2                       # isum banks
         lNB = ceil_log2(NB)
         # --- memories ------------------------------------------------------------------------------------
-        # Every partial sum of a segment is bounded like the whole one: `cfg.segment_sum_bits` (kv260: 18) wide.
-        isum_layout = data.ArrayLayout(signed(cfg.segment_sum_bits), L)
+        # Every partial sum of a segment is bounded like the whole one: INT4 x INT8 products (a sparse command has
+        # INT4 weights, also on a `gemv_int8` engine), `segment_sum_bits` of `act_block` of them (kv260: 18) wide.
+        isum_layout = data.ArrayLayout(signed(segment_sum_bits(cfg.act_block, cfg.act_bits)), L)
         # In block RAM whatever its depth (a shallow bank of wide words would otherwise go to LUTRAM).
         m.submodules.isum_mem = isum_mem = Memory(shape=isum_layout, depth=NB * (PR // L), init=[],
                                                   attrs={"ram_style": "block"})
