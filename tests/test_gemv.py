@@ -268,9 +268,10 @@ def test_int8_commands_decode():
 
     from hdl.config import PRESETS
 
-    assert not KV260.gemv_int8 and "int8" not in command_layout(KV260).members
-    assert dataclasses.replace(KV260, kv_v_layout="rows").segment_sum_bits == 22 and KV260.segment_sum_bits == 18
-    for base in (PRESETS["tiny_v4"], TINY, KV260):
+    planes = dataclasses.replace(KV260, kv_v_layout="planes")
+    assert not planes.gemv_int8 and "int8" not in command_layout(planes).members
+    assert KV260.kv_v_layout == "rows" and KV260.segment_sum_bits == 22 and planes.segment_sum_bits == 18
+    for base in (PRESETS["tiny_v4"], TINY, planes):
         cfg = dataclasses.replace(base, kv_v_layout="rows")
         assert cfg.gemv_int8 and {"int8", "pitch"} <= set(command_layout(cfg).members)
         eng = engine_params(cfg)
@@ -280,7 +281,7 @@ def test_int8_commands_decode():
             return rtl_decode(cfg, {**cmd, **kw}, eng.max_cols, eng.max_segments)
 
         cmd = dict(wbase=3, sbase=0, rows=5, cols=37, log2_group=16, accm=0, sparse=0, mask=0, int8=0, pitch=40)
-        want = rtl_decode(base, {k: v for k, v in cmd.items() if k not in ("int8", "pitch")}, eng.max_cols,
+        want = rtl_decode(dataclasses.replace(base, kv_v_layout="planes"), {k: v for k, v in cmd.items() if k not in ("int8", "pitch")}, eng.max_cols,
                           eng.max_segments)
         got = dec()
         assert {k: v for k, v in got.items() if k != "rstride"} == want and not want["bad"]
@@ -375,14 +376,16 @@ def test_part_accumulator_random():
     assert when == [k + PartAccumulator.LATENCY for k in np.flatnonzero(valid)]
 
 
-def test_part_accumulator_at_the_engine_width():
-    """The width the engine builds it with (`HardwareConfig.segment_sum_bits`: 18 on kv260) takes every segment sum the
-    engine can make: the extremes ±act_block·8·128 (all −8 weights times all ∓128 activations), one less, and
-    random sums in range, bit for bit against NumPy binary32."""
-    cfg = KV260
+@pytest.mark.parametrize("layout, wmax, width", [("planes", 8, 18), ("rows", 128, 22)])
+def test_part_accumulator_at_the_engine_width(layout, wmax, width):
+    """The width the engine builds it with (`HardwareConfig.segment_sum_bits`: 18 on kv260 with V planes, 22 with
+    V rows, whose INT8 weights reach −128) takes every segment sum the engine can make: the extremes
+    ±act_block·wmax·128 (all −wmax weights times all ∓128 activations), one less, and random sums in range, bit
+    for bit against NumPy binary32."""
+    cfg = KV260.replace(kv_v_layout=layout)
     bits = cfg.segment_sum_bits
-    worst = cfg.act_block * 8 * 2 ** (cfg.act_bits - 1)
-    assert bits == worst.bit_length() + 1 == 18
+    worst = cfg.act_block * wmax * 2 ** (cfg.act_bits - 1)
+    assert bits == worst.bit_length() + 1 == width
     rng = np.random.default_rng(13)
     edge = np.array([worst, -worst, worst - 1, -worst + 1, 0, 1, -1])
     isum = np.concatenate([edge, rng.integers(-worst, worst + 1, 200)])

@@ -281,12 +281,13 @@ def test_the_unit_command_line_rejects_bad_input_in_one_line():
 
 
 def test_the_unit_command_line_takes_the_v_layout(capsys):
-    """``--kv-v-layout rows`` builds the unit on the preset with V rows (the GEMV engine with INT8 weights); on a
+    """``--kv-v-layout`` builds the unit on the preset with that V layout (rows: the GEMV engine with INT8 weights); on a
     preset whose KV cache is binary16 it is one line on stderr and exit status 2, before anything is built."""
     from hdl.gemv import command_layout
     from hdl.timing import main, unit_config
     hw = unit_config("kv260", "rows")
-    assert hw.gemv_int8 and "int8" in command_layout(hw).members and not unit_config("kv260").gemv_int8
+    assert hw.gemv_int8 and "int8" in command_layout(hw).members and unit_config("kv260").gemv_int8
+    assert not unit_config("kv260", "planes").gemv_int8
     with pytest.raises(SystemExit) as e:
         main(["gemv", "--hw", "tiny_fp16", "--kv-v-layout", "rows"])
     err = capsys.readouterr().err
