@@ -1602,8 +1602,7 @@ class SparsePort(wiring.Component):
         NB = 4 if P > 1 else 2                       # isum banks
         lNB = ceil_log2(NB)
         # --- memories ------------------------------------------------------------------------------------
-        # Every partial sum of a segment is bounded like the whole one: INT4 x INT8 products (a sparse command has
-        # INT4 weights, also on a `gemv_int8` engine), `segment_sum_bits` of `act_block` of them (kv260: 18) wide.
+        # Partial sums bounded as a segment's INT4 x INT8 ones (sparse: INT4 weights on any engine; kv260: 18 bits).
         isum_layout = data.ArrayLayout(signed(segment_sum_bits(cfg.act_block, cfg.act_bits)), L)
         # In block RAM whatever its depth (a shallow bank of wide words would otherwise go to LUTRAM).
         m.submodules.isum_mem = isum_mem = Memory(shape=isum_layout, depth=NB * (PR // L), init=[],
