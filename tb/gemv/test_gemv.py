@@ -69,6 +69,19 @@ async def run_sparse(tb, cfg, case, what, base):
     return y, cycles
 
 
+async def run_sparse_and_masked(tb, cfg, rng, after: str):
+    """A random sparse command, then (with ``gemv_row_mask``) a masked one, each bit-exact: the other modes
+    between commands of the mode under test (`after` names it in the messages)."""
+    W = cfg.weights_per_beat
+    s = sparse_case(cfg, rng, 2 * int(rng.integers(1, cfg.gemv_sparse_max_rows // 2 + 1)), 3 * W + 1, 0.3)
+    await run_sparse(tb, cfg, s, f"sparse after {after}", base=4096)
+    if cfg.gemv_row_mask:
+        mk = random_case(cfg, rng, 21, 3 * W)
+        mk.mask = rng.random(21) < 0.4
+        y, _ = await tb.run(mk, base=8192)
+        check(mk, y, cfg.act_block, f"masked after {after}")
+
+
 @cocotb.test()
 async def sparse_random(dut):
     """Seeded random sparse GEMVs at densities 0, 5, 30 and 100 %: bit-exact, and only the non-zero
@@ -211,13 +224,7 @@ async def multi_vector_random(dut):
             d = random_case(cfg, rng, 13, 2 * W + 3, accm=True)
             y, _ = await tb.run(d, base=0)
             check(d, y, cfg.act_block, "single-vector dense after multi-vector")
-            s = sparse_case(cfg, rng, 2 * int(rng.integers(1, cfg.gemv_sparse_max_rows // 2 + 1)), 3 * W + 1, 0.3)
-            await run_sparse(tb, cfg, s, "sparse after multi-vector", base=4096)
-            if cfg.gemv_row_mask:
-                mk = random_case(cfg, rng, 21, 3 * W)
-                mk.mask = rng.random(21) < 0.4
-                y, _ = await tb.run(mk, base=8192)
-                check(mk, y, cfg.act_block, "masked after multi-vector")
+            await run_sparse_and_masked(tb, cfg, rng, "multi-vector")
     assert int(dut.o_error.value) == 0 and int(dut.o_bad_cmd.value) == 0
     for sparse, mask in [(1, 0)] + ([(0, 1)] if cfg.gemv_row_mask else []):
         await tb.reset()
@@ -575,13 +582,7 @@ async def int8_random(dut):
             d = random_case(cfg, rng, int(rng.integers(1, 40)), int(rng.integers(1, 300)), accm=rng.random() < 0.5,
                             misalign=True)
             await run_dense(tb, cfg, d, f"INT4 after int8 {k} (seed {seed})", base=int(rng.integers(0, 4)) * 4096)
-    s = sparse_case(cfg, rng, 2 * int(rng.integers(1, cfg.gemv_sparse_max_rows // 2 + 1)), 3 * W + 1, 0.3)
-    await run_sparse(tb, cfg, s, "sparse after int8", base=4096)
-    if cfg.gemv_row_mask:
-        mk = random_case(cfg, rng, 21, 3 * W)
-        mk.mask = rng.random(21) < 0.4
-        y, _ = await tb.run(mk, base=8192)
-        check(mk, y, cfg.act_block, "masked after int8")
+    await run_sparse_and_masked(tb, cfg, rng, "int8")
     d = random_int8(cfg, rng)
     await run_dense(tb, cfg, d, "int8 after sparse and masked", base=0)
     assert int(dut.o_error.value) == 0 and int(dut.o_bad_cmd.value) == 0
