@@ -286,8 +286,8 @@ class FpAdd(_Binary):
 
     Stages: (1) unpack, order by magnitude and, beside the compare, the alignment distance (the exponent
     fields' ``|ea - eb|``); (2) align the smaller operand (27-bit shift, the sticky bit a masked OR beside
-    it); (3) the 28-bit add or subtract (one adder), behind it each 4-bit group's zero flag, and beside it
-    the shift cap ``min(exp, 31)`` in 4-bit groups; (4) the normalising left shift in whole 4-bit groups
+    it, as four registered group ORs); (3) the 28-bit add or subtract (one adder, the sticky ORed into its
+    LSB), behind it each 4-bit group's zero flag, and beside it the shift cap ``min(exp, 31)`` in 4-bit groups; (4) the normalising left shift in whole 4-bit groups
     (the count from the registered flags, already clamped) and beside it the sum's zero test and the result's
     sign; (5) the shift within the top group (clamped), keeping the significand, the RNE increment bit, and
     the exponent; (6) the increment on the packed word and the special-case select."""
@@ -320,17 +320,19 @@ class FpAdd(_Binary):
                     mbig=Mux(swap, ub["mant"], ua["mant"]), msmall=Mux(swap, ma, mb),
                     zsign=ua["sign"] & ub["sign"],
                     nan=nan, inf=inf)
-        # Align: 24-bit significands plus guard, round and sticky positions (27 bits). The sticky bit (ORed
-        # into the LSB) is a masked OR beside the shifter: significand bit i falls below the window when
-        # shift > i + 3.
+        # Align: 24-bit significands plus guard, round and sticky positions (27 bits). The sticky bit is a
+        # masked OR beside the shifter (significand bit i falls below the window when shift > i + 3), kept as
+        # four registered ORs of six bits each and ORed into the aligned operand's LSB at the adder's input.
         shift, msmall = s["shift"], s["msmall"]
         ext, by8 = Signal(27), Signal(27)          # the shift in two steps: whole bytes, then the bits
         m.d.comb += [by8.eq(Cat(Const(0, 3), msmall) >> Cat(Const(0, 3), shift[3:])), ext.eq(by8 >> shift[:3])]
-        sticky = Cat(*(msmall[i] & (shift > i + 3) for i in range(24))).any()
+        sticky = Cat(*(Cat(*(msmall[i] & (shift > i + 3) for i in range(6 * g, 6 * g + 6))).any()
+                       for g in range(4)))
         s = p.stage(sign=s["sign"], sub=s["sub"], exp=s["exp"], mbig=Cat(Const(0, 3), s["mbig"]),
-                    msmall=ext | sticky, zsign=s["zsign"], nan=s["nan"], inf=s["inf"])
+                    msmall=ext, sticky=sticky, zsign=s["zsign"], nan=s["nan"], inf=s["inf"])
         # One adder: a - b = a + ~b + 1 (28 bits; a >= b, so the difference never wraps).
-        total = (s["mbig"] + (Cat(s["msmall"], Const(0, 1)) ^ s["sub"].replicate(28)) + s["sub"])[:28]
+        aligned = Cat(s["msmall"][0] | s["sticky"].any(), s["msmall"][1:], Const(0, 1))
+        total = (s["mbig"] + (aligned ^ s["sub"].replicate(28)) + s["sub"])[:28]
         # Beside it, the clamp of the normalising shift, cap = min(exp, 31) (the count is at most 27), split
         # as the shift in whole 4-bit groups (stage 4) and within a group (stage 5): ge[k - 1] = cap >= 4k,
         # k = 1..7, and cap's low two bits. Behind the adder, u[j] = (group 6 - j of the sum is zero) &

@@ -2194,7 +2194,7 @@ class GemvEngine(wiring.Component):
         mw, mr = mem.write_port(), mem.read_port()
         m.d.comb += [mw.en.eq(self.i_mask.valid), mw.addr.eq(self.i_mask.p.addr), mw.data.eq(self.i_mask.p.bits)]
         row = Signal(range(cfg.gemv_max_cols + 1))   # the merge's row (masked commands)
-        bits = Signal(L)                             # its word's live bits
+        bits = Signal(L)                             # its word's live bits from the row on: the row's is bits[0]
         load = Signal(2)                             # the first word: 2 after start, 1 when its data is in
         loaded = Signal(init=1)                      # load == 0, as a register
         m.d.comb += mr.addr.eq(Mux(load != 0, 0, (row >> lL) + 1))
@@ -2205,9 +2205,9 @@ class GemvEngine(wiring.Component):
             with m.If(load == 1):
                 m.d.sync += [bits.eq(mr.data), loaded.eq(1)]
         with m.Elif(merged):
-            m.d.sync += row.eq(row + 1)
+            m.d.sync += [row.eq(row + 1), bits.eq(bits >> 1)]
             with m.If(row[:lL] == L - 1):
                 m.d.sync += bits.eq(mr.data)
-        live = ~masked | bits.bit_select(row[:lL], 1)
+        live = ~masked | bits[0]
         ok = ~masked | loaded
         return live, ok
