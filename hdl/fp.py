@@ -290,7 +290,8 @@ class FpAdd(_Binary):
     LSB), behind it each 4-bit group's zero flag, and beside it the shift cap ``min(exp, 31)`` in 4-bit
     groups; (4) the normalising left shift in whole 4-bit groups (the count from the registered flags,
     already clamped) and beside it the sum's zero test and the result's sign; (5) the shift within the top
-    group (clamped), keeping the significand, the RNE increment bit, and the exponent; (6) the increment on the packed word and the special-case select."""
+    group (clamped), keeping the significand, the RNE increment bit, and the exponent; (6) the increment on
+    the packed word and the special-case select."""
 
     LATENCY = 6
 
