@@ -980,17 +980,20 @@ class GemvPort(wiring.Component):
             for b in range(2):
                 with m.If(fe_bank == b):
                     m.d.sync += [bank_state[b].eq(self.FILLING), bank_rows[b].eq(fe_trows), bank_rounds[b].eq(0)]
-        # Scale beats straight into the bank. fe_sw == nsb_m1 as a register (`sw_last`): compared every cycle
-        # (nsb_m1 settles while the tile waits for its bank) and set with fe_sw where it steps.
+        # Scale beats straight into the bank. The scale words after this one (`sw_rem`) and whether it is the
+        # tile's last (`sw_last`) follow nsb_m1 while the tile waits for its bank (nsb_m1 settles then) and
+        # step down with the words: the flag's input compares a register with a constant.
         sw_last = Signal()
-        m.d.sync += sw_last.eq(fe_sw == nsb_m1)
+        sw_rem = Signal.like(nsb_m1)
+        with m.If(fe_wait):
+            m.d.sync += [sw_rem.eq(nsb_m1), sw_last.eq(nsb_m1 == 0)]
         with m.If(fe_active & ~fe_wait & fe_scale):
             m.d.comb += [beat.ready.eq(1), scale_w.addr.eq(Cat(fe_sw[:ceil_log2(swords)], fe_bank)),
                          scale_w.data.eq(beat.p.data), scale_w.en.eq(beat.valid)]
             with m.If(beat.valid):
-                m.d.sync += [fe_sw.eq(fe_sw1), fe_sw1.eq(fe_sw1 + 1), sw_last.eq(fe_sw1 == nsb_m1)]
+                m.d.sync += [fe_sw.eq(fe_sw1), fe_sw1.eq(fe_sw1 + 1), sw_rem.eq(sw_rem - 1), sw_last.eq(sw_rem == 1)]
                 with m.If(sw_last):
-                    m.d.sync += [fe_scale.eq(0), fe_sw.eq(0), fe_sw1.eq(1), sw_last.eq(nsb_m1 == 0)]
+                    m.d.sync += [fe_scale.eq(0), fe_sw.eq(0), fe_sw1.eq(1)]
         # Weight beats: the beat is presented `subs` times (once when a segment spans whole beats).
         mac_valid = Signal()
         with m.If(row_phase):
@@ -1672,8 +1675,13 @@ class SparsePort(wiring.Component):
         be_gdone = Signal(range(S + 2))
         fe_sw = Signal(range(swords + 1))
         fe_j = Signal(range(PR // L + 1))           # isum word: beat j of the column is words jQ .. jQ + Q - 1
+        # The front end takes the items from a two-entry buffer behind the FIFO, so that its pop (from the item's
+        # kind and the beat's handshake) reaches only the buffer's flags, not the FIFO's level.
+        head = _two_entry_buffer(m, item_layout.size, "item")
+        m.d.comb += [head.w_en.eq(items.r_rdy), head.w_data.eq(items.r_data),
+                     items.r_en.eq(items.r_rdy & head.w_rdy)]
         item = Signal(item_layout)
-        m.d.comb += item.eq(items.r_data)
+        m.d.comb += item.eq(head.r_data)
         beat = self.dma_data
         bank_empty = Signal(NB)                      # the segment in the bank had no non-zero activation
         # Registered, from this cycle's counts and whether the front end's count steps (`s_step`, `g_step`):
@@ -1692,7 +1700,7 @@ class SparsePort(wiring.Component):
         m.d.comb += wq.eq(beat.p.data.word_select(part, cfg.WEIGHT_BITS * L) if Q > 1 else beat.p.data)
         beat_done = Signal(init=int(Q == 1))              # part == Q - 1, registered with fe_j
         col_beat = Signal()
-        with m.If(items.r_rdy):
+        with m.If(head.r_rdy):
             with m.Switch(item.kind):
                 with m.Case(SCALE):
                     with m.If(g_free):
@@ -1701,7 +1709,7 @@ class SparsePort(wiring.Component):
                         with m.If(beat.valid):
                             m.d.sync += fe_sw.eq(fe_sw + 1)
                             with m.If(beat.p.last):
-                                m.d.comb += [items.r_en.eq(1), g_step.eq(1)]
+                                m.d.comb += [head.r_en.eq(1), g_step.eq(1)]
                                 m.d.sync += [fe_sw.eq(0), fe_g.eq(fe_g + 1)]
                 with m.Case(COL):
                     with m.If(s_free):
@@ -1709,11 +1717,11 @@ class SparsePort(wiring.Component):
                         with m.If(beat.valid):
                             m.d.sync += [fe_j.eq(fe_j + 1), beat_done.eq((part == Q - 2) if Q > 1 else 1)]
                             with m.If(beat.p.last & beat_done):
-                                m.d.comb += items.r_en.eq(1)
+                                m.d.comb += head.r_en.eq(1)
                                 m.d.sync += [fe_j.eq(0), beat_done.eq(int(Q == 1))]
                 with m.Case(END):
                     with m.If(s_free):
-                        m.d.comb += [items.r_en.eq(1), s_step.eq(1)]
+                        m.d.comb += [head.r_en.eq(1), s_step.eq(1)]
                         m.d.sync += fe_s.eq(fe_s + 1)
                         for b in range(NB):
                             with m.If(fe_s[:lNB] == b):
@@ -1735,7 +1743,7 @@ class SparsePort(wiring.Component):
         for i in range(L):
             m.d.comb += isum_w.data[i].eq(Mux(f_first, 0, isum_ra.data[i]) + f_prod[i])
         # A segment's bank is complete four cycles after its END (the last write has landed).
-        end_d = _delay(m, items.r_en & (item.kind == END), 4, "end")
+        end_d = _delay(m, head.r_en & (item.kind == END), 4, "end")
         fe_full = Signal(range(S + 2))
         with m.If(end_d):
             m.d.sync += fe_full.eq(fe_full + 1)
@@ -1830,9 +1838,8 @@ class SparsePort(wiring.Component):
             m.d.comb += [res.w_en.eq(push), res.w_data.eq(fp.sum)]
             m.d.sync += pend.eq(pend + last_issue - push)
             m.d.comb += [self.o_res.valid.eq(res.r_rdy), self.o_res.p.eq(res.r_data), res.r_en.eq(self.o_res.ready)]
-        m.d.comb += self.o_idle.eq(seq_fsm.ongoing("Idle") & ~be_active & ~item_wr.en & ~items.r_rdy & (pend == 0) &
-                                   ~self.i_dma_busy &
-                                   ~setup2 & ~started)
+        m.d.comb += self.o_idle.eq(seq_fsm.ongoing("Idle") & ~be_active & ~item_wr.en & ~items.r_rdy & ~head.r_rdy &
+                                   (pend == 0) & ~self.i_dma_busy & ~setup2 & ~started)
         return m
 
 
