@@ -180,17 +180,23 @@ class MatrixSequencer(Sequencer):
         # from WM_1 on, four cycles), then the sums, a cycle
         in_span = product(m, last_tok, in_stride, len(last_tok) + len(in_stride), "in_span")
         out_span = product(m, last_tok, span_stride, len(last_tok) + len(span_stride), "out_span")
-        in_end, out_end = (Signal(max(len(span), len(d.cols)) + 2) for span in (in_span, out_span))   # 3 terms
+        in_end = Signal(max(len(in_span), len(d.cols)) + 2)     # 3 terms
+        out_end = Signal(max(len(out_span), len(d.cols)) + 2)
+        # whether they pass L2's end, registered every cycle (from WM_2's sums in WM_2B, for WM_3)
+        in_over, out_over = Signal(), Signal()
+        m.d.sync += [in_over.eq(in_end > L2E), out_over.eq(out_end > L2E)]
         st.pause("WM_1", PRODUCT_LATENCY, "WM_2")
         with m.State("WM_2"):
             m.d.sync += [in_end.eq(elem(wm.src) + in_span + d.cols), out_end.eq(elem(wm.dst) + out_span + d.rows)]
+            m.next = "WM_2B"
+        with m.State("WM_2B"):
             m.next = "WM_3"
         with m.State("WM_3"):
-            with m.If(in_end > L2E):
+            with m.If(in_over):
                 st.fail(ErrorCode.ADDRESS_RANGE)
             with m.Elif(early[2]):
                 st.fail(ErrorCode.BAD_LENGTH)
-            with m.Elif(out_end > L2E):
+            with m.Elif(out_over):
                 st.fail(ErrorCode.ADDRESS_RANGE)
             with m.Else():
                 m.d.sync += [src.eq(elem(wm.src)), dst.eq(elem(wm.dst)), left.eq(wm.tokens)]

@@ -121,6 +121,7 @@ class Steps:
         self._cmd = Signal.like(o_pass.payload, name="pass_cmd") if registered else o_pass.payload
         self._launch = Signal(name="pass_launch") if registered else o_pass.valid
         self._goes, self._backs = [], []     # registered: each launch's and each fail's select
+        self._go_states, self._back_states = [], []   # and the `state` each is in (None: not known)
         if registered:
             valid, payload = Signal(name="pass_valid"), Signal.like(o_pass.payload, name="pass_payload")
             m.d.sync += [valid.eq(self._launch), Value.cast(payload).eq(Value.cast(self._cmd))]
@@ -152,6 +153,7 @@ class Steps:
             if not self.one_hot:
                 m.d.comb += go.eq(1)
             self._goes.append(go)
+            self._go_states.append(self._state)
         else:
             m.d.comb += self._launch.eq(1)
         m.next = nxt
@@ -162,7 +164,12 @@ class Steps:
         assert self.by_site and not self._finished
         self._finished = True
         if self.registered and self._goes:
-            taken_back = _or(self._backs) if self._backs else Const(0)
+            # a fail takes back a launch of its own cycle, so of its own state: the fails in a state with no
+            # launch are left out (all are kept while a launch's or the fail's state is not known)
+            launching = set(self._go_states)
+            backs = [b for b, st in zip(self._backs, self._back_states)
+                     if None in launching or st is None or st in launching]
+            taken_back = _or(backs) if backs else Const(0)
             m.d.comb += self._launch.eq(_or(self._goes) & ~taken_back)
         if self.one_hot and self.registered:
             per_state = {}
@@ -239,6 +246,7 @@ class Steps:
             back = Signal(name=f"pass_back_{len(self._backs)}", attrs={"keep": 1})
             self.m.d.comb += back.eq(1)
             self._backs.append(back)
+            self._back_states.append(self._state)
         self.m.next = self.error
 
     def wait_pass(self, state, then):
