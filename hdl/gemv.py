@@ -2148,11 +2148,18 @@ class GemvEngine(wiring.Component):
         inflight = Signal(range(lat + 2))
         head_valid = Signal()
         head_data = Signal(32)
-        # The port the merge reads, one-hot (`mt_sel`): a port's ready is its own valid and select and the
+        # The port the merge reads, one-hot (`mt_sel`): a port's pop is its buffer's valid and select and the
         # merge's registered conditions, with no select among the ports in front of it.
         mt_sel = Signal(N, init=1)
-        m.d.comb += [head_valid.eq(Cat(*[s & p.o_res.valid for s, p in zip(mt_sel, ports)]).any()),
-                     head_data.eq(one_hot_mux(mt_sel, [p.o_res.p for p in ports]))]
+        # each port's results through a two-entry buffer: the merge's pop reaches the buffer's flags and data
+        # enable, not the port's FIFO level
+        results = []
+        for k, port in enumerate(ports):
+            b = _two_entry_buffer(m, 32, f"result{k}")
+            m.d.comb += [b.w_en.eq(port.o_res.valid), b.w_data.eq(port.o_res.p), port.o_res.ready.eq(b.w_rdy)]
+            results.append(b)
+        m.d.comb += [head_valid.eq(Cat(*[s & b.r_rdy for s, b in zip(mt_sel, results)]).any()),
+                     head_data.eq(one_hot_mux(mt_sel, [b.r_data for b in results]))]
         accm = dec.o_cmd.accm
         # Room in the output FIFO for the rows in flight, registered: from a level a cycle old (reads only
         # add room) and this cycle's issue. A row the mask skips takes no port result and adds +0.
@@ -2161,8 +2168,8 @@ class GemvEngine(wiring.Component):
         rest = out_any & mask_ok & (~accm | self.i_acc.valid) & room
         can = rest & (head_valid | ~live)
         m.d.sync += room.eq(Mux(can, used + 1 < out.depth, used < out.depth))
-        for k, port in enumerate(ports):
-            m.d.comb += port.o_res.ready.eq(rest & live & mt_sel[k] & port.o_res.valid)
+        for k, b in enumerate(results):
+            m.d.comb += b.r_en.eq(rest & live & mt_sel[k] & b.r_rdy)
         m.d.sync += [add_valid.eq(can), add_a.eq(Mux(accm, self.i_acc.p, NEG_ZERO)),
                      add_b.eq(Mux(live, head_data, 0))]
         m.d.comb += [self.i_acc.ready.eq(can & accm), fadd.en.eq(1), fadd.i_valid.eq(add_valid),
