@@ -14,6 +14,10 @@ Tops (``--top``):
                (``<out>/vivado/build.tcl``, ``npu_top.xdc``: utilisation and timing at the preset's clock).
 ``gemv``       the GEMV engine alone, the same way.
 
+``--clock-mhz MHZ`` builds for another core clock than the preset's (for example the clock the timing
+estimate supports): the system's MMCM setting, the core's XDC and the estimate's target follow it; a clock
+the MMCM cannot make from pl_clk0 is bad input.
+
 Flows of a system top (``--flow``): ``hdl`` (default) is the above; ``bd`` writes instead a Vivado
 block design (``<out>/vivado_bd/<name>_bd.tcl``: ``zynq_ultra_ps_e`` on the KV260 board part with the
 core as a module reference; `hdl.kv260.block_design_tcl`), which also yields ``<name>.xsa`` and
@@ -35,7 +39,7 @@ unchanged design prints the same tables at once.
 Output: the first lines say what the build produces and where; then one line per stage
 (``[k/5] <stage> ...``, with the time since the start); the last lines list what was written.
 Bad input (a top that does not exist in this tree, a core that does not fit the system, ``--synth`` with
-a build directory YoWASP Yosys cannot see) is one line on stderr and exit status 2; a missing ``dtc`` or a
+a build directory YoWASP Yosys cannot see, a clock the MMCM cannot make) is one line on stderr and exit status 2; a missing ``dtc`` or a
 failed Vivado run is one line and exit status 1.
 """
 
@@ -44,6 +48,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -116,7 +121,7 @@ def top(cfg: HardwareConfig, which: str = "system", *, core=None):
 # --- the core alone: out-of-context Vivado ---------------------------------------------------------
 def _xdc(cfg: HardwareConfig) -> str:
     base = (ROOT / "constraints" / f"{cfg.name}.xdc")
-    if base.exists():
+    if base.exists() and cfg.clock_hz == HardwareConfig.preset(cfg.name).clock_hz:
         return base.read_text()
     period = 1e9 / cfg.clock_hz
     return (f"# {cfg.name}: the NPU's single clock ({cfg.clock_hz / 1e6:g} MHz)\n"
@@ -249,7 +254,8 @@ def _rel(p: Path) -> str:
 
 
 def build(hw: str = "kv260", out: str | Path | None = None, *, synth: bool = False, which: str = "system",
-          flow: str = "hdl", keep_depth: int = KEEP_DEPTH, core=None, log=print) -> dict:
+          flow: str = "hdl", keep_depth: int = KEEP_DEPTH, core=None, clock_mhz: float | None = None,
+          log=print) -> dict:
     """Run the build; returns the files written by role, the utilisation (None without `synth`) and whether
     Vivado ran. Raises `BuildError` for bad input and missing prerequisites.
 
@@ -265,12 +271,29 @@ def build(hw: str = "kv260", out: str | Path | None = None, *, synth: bool = Fal
     if flow == "bd" and which not in SYSTEM_TOPS:
         raise BuildError(f"--flow bd builds a system (--top {' or '.join(SYSTEM_TOPS)}), not --top {which}")
     cfg = HardwareConfig.preset(hw)
+    if clock_mhz is not None:
+        cfg = cfg.replace(clock_hz=_clock_hz(clock_mhz))
     out = Path(out or ROOT / "build" / hw).resolve()
     if which in SYSTEM_TOPS:
         if flow == "bd":
             return _build_block_design(cfg, out, which, synth=synth, keep_depth=keep_depth, core=core, log=log)
         return _build_system(cfg, out, which, synth=synth, keep_depth=keep_depth, core=core, log=log)
     return _build_core(cfg, out, which, synth=synth, keep_depth=keep_depth, log=log)
+
+
+def _clock_hz(mhz: float) -> int:
+    """The core clock of ``--clock-mhz``: one the MMCM makes from pl_clk0 (the system's clock source)."""
+    from .kv260 import PL_CLK0_HZ, mmcm_config
+
+    hz = round(mhz * 1e6) if isinstance(mhz, (int, float)) and not isinstance(mhz, bool) and math.isfinite(mhz) \
+        else None
+    if hz is None or hz <= 0:
+        raise BuildError(f"--clock-mhz must be a positive number of MHz, not {mhz!r}")
+    try:
+        mmcm_config(PL_CLK0_HZ, hz)
+    except ValueError as e:
+        raise BuildError(f"--clock-mhz {mhz:g}: {e}") from None
+    return hz
 
 
 def _stager(log, total=5):
@@ -473,6 +496,10 @@ def main(argv=None) -> int:
     parser.add_argument("--flat", action="store_true",
                         help=f"with --synth: estimate the flattened design (default: the core's units kept as "
                              f"blocks, {KEEP_DEPTH} levels deep, with a per-block breakdown)")
+    parser.add_argument("--clock-mhz", type=float, metavar="MHZ",
+                        help="build for this core clock instead of the preset's (for example the clock the "
+                             "--synth timing estimate supports): the MMCM's setting, the XDC and the estimate's "
+                             "target follow it")
     args = parser.parse_args(argv)
     if args.flat and not args.synth:
         parser.error("--flat applies to the --synth estimate")
@@ -480,7 +507,7 @@ def main(argv=None) -> int:
         parser.error(f"--out {args.out!r} exists and is not a directory")
     try:
         build(args.hw, args.out, synth=args.synth, which=args.top, flow=args.flow,
-              keep_depth=0 if args.flat else KEEP_DEPTH)
+              keep_depth=0 if args.flat else KEEP_DEPTH, clock_mhz=args.clock_mhz)
     except BuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.status

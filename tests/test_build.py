@@ -85,3 +85,22 @@ def test_build_bad_out_and_flat_without_synth(tmp_path):
                       (("--flat",), "--flat applies to the --synth estimate")):
         proc = _build("--hw", "tiny", *args)
         assert proc.returncode == 2 and msg in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_build_at_another_clock(tmp_path):
+    """``--clock-mhz``: the core's XDC constrains the clock given (150 MHz: 6.667 ns; the tiny preset's is
+    100), and the build says which; a clock the MMCM cannot make from pl_clk0 (above 725 MHz on the -2LV part),
+    a non-number and a non-positive one are one line and exit status 2."""
+    out = tmp_path / "gemv150"
+    proc = _build("--hw", "tiny", "--top", "gemv", "--clock-mhz", "150", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "150 MHz" in proc.stdout
+    assert "create_clock -name clk -period 6.667 [get_ports clk]" in (out / "vivado" / f"{TOP_NAME}.xdc").read_text()
+    for value, msg in (("900", "--clock-mhz 900: clock 900 MHz is unreachable: an MMCM output of a -2LV part is "
+                                "6.25-725 MHz"),
+                       ("abc", "argument --clock-mhz: invalid float value: 'abc'"),
+                       ("-5", "--clock-mhz must be a positive number of MHz, not -5.0")):
+        proc = _build("--hw", "tiny", "--top", "gemv", "--clock-mhz", value, "--out", str(tmp_path / "bad"))
+        assert proc.returncode == 2 and msg in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        if value != "abc":      # argparse's own message follows its usage lines
+            assert proc.stderr.strip() == f"error: {msg}", proc.stderr
