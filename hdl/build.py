@@ -212,9 +212,10 @@ def _timing_report(util: Utilisation, cfg: HardwareConfig, unit_depth: int) -> t
     worst = max(delays.values(), default=0.0)
     if worst > budget_ns(mhz):
         over = [n for n, d in delays.items() if d > budget_ns(mhz)]
-        reach = fmax_mhz(worst)
+        reach = math.floor(fmax_mhz(worst))
         report += (f"\n{len(over)} unit(s) over {mhz:g} MHz ({', '.join(sorted(over))}); the slowest reaches "
-                   f"{reach:.0f} MHz: its tok/s is `python -m firmware.perf --clock-mhz {reach:.0f}`")
+                   f"{reach} MHz: its tok/s is `python -m firmware.perf --clock-mhz {reach}`, a build for it "
+                   f"`python -m hdl.build --clock-mhz {reach}`")
     else:
         report += f"\nevery unit's estimated worst path meets {mhz:g} MHz"
     saved = report

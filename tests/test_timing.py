@@ -201,7 +201,9 @@ def test_budget_fmax_and_the_report():
     util = Utilisation("x", 0, 0, 0, 0, 0, blocks={"slow": None, "fast": None}, timing={"slow": slow, "fast": fast})
     printed, saved = build._timing_report(util, hw, 1)
     assert "1 unit(s) over 300 MHz (slow)" in printed
-    assert f"--clock-mhz {fmax_mhz(4.0):.0f}" in printed and "by block" in saved
+    reach = math.floor(fmax_mhz(4.0))          # 212.5 MHz: the clock a build for it takes, rounded down
+    assert f"`python -m firmware.perf --clock-mhz {reach}`" in printed and "by block" in saved
+    assert f"`python -m hdl.build --clock-mhz {reach}`" in printed
 
 
 def test_cache_key_and_the_cached_timing():
