@@ -1938,10 +1938,10 @@ class EnginePort(wiring.Component):
             part.i_scale.eq(Mux(sp, sparse.fp.scale, dense.fp.scale)),
             # DMA data beats to it.
             dense.dma_data.valid.eq(beat_buf.r_rdy & ~sp), sparse.dma_data.valid.eq(beat_buf.r_rdy & sp),
-            # Its results.
+            # Its results (both readies ungated: the idle datapath's result FIFOs are empty, its valid low).
             self.o_res.valid.eq(Mux(sp, sparse.o_res.valid, dense.o_res.valid)),
             self.o_res.p.eq(Mux(sp, sparse.o_res.p, dense.o_res.p)),
-            dense.o_res.ready.eq(self.o_res.ready & ~sp), sparse.o_res.ready.eq(self.o_res.ready & sp),
+            dense.o_res.ready.eq(self.o_res.ready), sparse.o_res.ready.eq(self.o_res.ready),
             self.o_idle.eq(dense.o_idle & sparse.o_idle),
         ]
         return m
