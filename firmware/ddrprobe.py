@@ -266,11 +266,17 @@ def main(argv=None, *, csr=None) -> int:
     p.add_argument("--max-outstanding", type=int, default=0, help="bursts in flight per port (0: the maximum)")
     p.add_argument("--timeout", type=float, help="seconds to wait for the run (default: the run at 5 %% of the "
                                                  "ports' peak, at least 1 s)")
+    p.add_argument("--clock-mhz", type=float, help="the core clock the probe was built for (`python -m hdl.build "
+                                                   "--clock-mhz`; default: the preset's)")
     p.add_argument("--uio-name", default="npu", help="name of the probe's UIO device")
     p.add_argument("--root", default="/", help="file-system root of sys/class/uio and dev (a stand-in board)")
     args = p.parse_args(argv)
     try:
         hw = HardwareConfig.preset(args.hw)
+        if args.clock_mhz is not None:
+            if not 0 < args.clock_mhz <= 1000:
+                raise ValueError(f"--clock-mhz must be a number of MHz in (0, 1000], not {args.clock_mhz!r}")
+            hw = hw.replace(clock_hz=round(args.clock_mhz * 1e6))
         if hw.axi_ports > MAX_PORTS:
             raise ValueError(f"the probe has at most {MAX_PORTS} ports, {hw.name!r} has {hw.axi_ports}")
         base = memory_map(args.memory_map).windows[0].base if args.base is None else args.base

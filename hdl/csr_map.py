@@ -30,8 +30,11 @@ ISA_VERSION = 3                 # 2: WGEMV `reuse`; 3: CTRL SETTOK, SETPOS (docs
 
 
 def hardware_hash(hardware: dict) -> int:
-    """24 bits identifying a build's hardware parameters (`HardwareConfig.to_dict()`; VERSION bits 31:8)."""
-    return int.from_bytes(hashlib.sha256(repr(sorted(hardware.items())).encode()).digest()[:3], "little")
+    """24 bits identifying a build's hardware parameters (`HardwareConfig.to_dict()`; VERSION bits 31:8). The
+    core clock (``clock_hz``) is left out: it changes no register, program or memory layout, so a build for
+    another clock (`python -m hdl.build --clock-mhz`) answers as its preset."""
+    items = sorted((k, v) for k, v in hardware.items() if k != "clock_hz")
+    return int.from_bytes(hashlib.sha256(repr(items).encode()).digest()[:3], "little")
 
 
 def version_word(hardware: dict) -> int:

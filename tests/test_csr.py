@@ -32,3 +32,20 @@ def test_architecture_doc_has_the_current_map():
     doc = (Path(__file__).parent.parent / "docs" / "architecture.md").read_text()
     m = re.search(r"<!-- csr-table -->\n(.*?)\n<!-- /csr-table -->", doc, re.S)
     assert m and m.group(1) == markdown_table(), "docs/architecture.md's CSR table is out of date"
+
+
+def test_version_word_leaves_out_the_clock():
+    """VERSION bits 31:8 name the hardware parameters but the core clock (`hdl.build --clock-mhz` keeps the
+    preset's word, so the runtime and the DDR probe tool accept such a build), and change with any other
+    parameter; bits 7:0 are the ISA version."""
+    import hashlib
+
+    from hdl.config import HardwareConfig
+    from hdl.csr_map import ISA_VERSION, version_word
+
+    kv260 = HardwareConfig.preset("kv260")
+    fields = {k: v for k, v in kv260.to_dict().items() if k != "clock_hz"}
+    expect = int.from_bytes(hashlib.sha256(repr(sorted(fields.items())).encode()).digest()[:3], "little")
+    assert version_word(kv260.to_dict()) == ISA_VERSION | expect << 8
+    assert version_word(kv260.replace(clock_hz=251_000_000).to_dict()) == version_word(kv260.to_dict())
+    assert version_word(kv260.replace(axi_ports=3).to_dict()) != version_word(kv260.to_dict())

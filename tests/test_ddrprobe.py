@@ -287,6 +287,16 @@ def test_cli_on_a_standin_board(probe_board, capsys):
     assert probe_board.interrupt.words == [1]
 
 
+def test_cli_at_another_clock(probe_board, capsys):
+    """``--clock-mhz``: a probe built for another core clock (`python -m hdl.build --clock-mhz`) answers with its
+    preset's VERSION, and its cycles are seconds at that clock."""
+    regs = probe_board.registers
+    argv = ["--root", str(probe_board.root), "--rows", "64", "--cols", "2048", "--passes", "2", "--clock-mhz", "251"]
+    assert main(argv, csr=regs) == 0
+    out = capsys.readouterr().out
+    assert " cycles at 251 MHz = " in out and "x 251 MHz = " in out
+
+
 def test_cli_without_a_board(tmp_path, capsys):
     assert main(["--root", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -304,6 +314,7 @@ def test_cli_without_a_board(tmp_path, capsys):
     (["--group", "48"], "group must be a power of two, not 48"),
     (["--memory-map", "nope"], "unknown memory map 'nope'; choose one of: flat, kv260"),
     (["--timeout", "0"], "--timeout must be a positive number of seconds, not 0.0"),
+    (["--clock-mhz", "0"], "--clock-mhz must be a number of MHz in (0, 1000], not 0.0"),
 ])
 def test_cli_bad_arguments(tmp_path, capsys, args, message):
     assert main(args + ["--root", str(tmp_path)]) == 2
