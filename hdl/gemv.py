@@ -1381,6 +1381,17 @@ class SparsePort(wiring.Component):
     #: Item kinds in the FIFO from the sequencer to the front end.
     SCALE, COL, END = 0, 1, 2
 
+    @staticmethod
+    def _item_head(m, items, item_layout):
+        """The front end takes the items from a two-entry buffer behind the FIFO, so that its pop (from the item's
+        kind and the beat's handshake) reaches only the buffer's flags, not the FIFO's level: (buffer, item)."""
+        head = _two_entry_buffer(m, item_layout.size, "item")
+        m.d.comb += [head.w_en.eq(items.r_rdy), head.w_data.eq(items.r_data),
+                     items.r_en.eq(items.r_rdy & head.w_rdy)]
+        item = Signal(item_layout)
+        m.d.comb += item.eq(head.r_data)
+        return head, item
+
     def _item_layout(self):
         return data.StructLayout({"kind": 2, "first": 1, "a": signed(self._cfg.act_bits)})
 
@@ -1675,13 +1686,7 @@ class SparsePort(wiring.Component):
         be_gdone = Signal(range(S + 2))
         fe_sw = Signal(range(swords + 1))
         fe_j = Signal(range(PR // L + 1))           # isum word: beat j of the column is words jQ .. jQ + Q - 1
-        # The front end takes the items from a two-entry buffer behind the FIFO, so that its pop (from the item's
-        # kind and the beat's handshake) reaches only the buffer's flags, not the FIFO's level.
-        head = _two_entry_buffer(m, item_layout.size, "item")
-        m.d.comb += [head.w_en.eq(items.r_rdy), head.w_data.eq(items.r_data),
-                     items.r_en.eq(items.r_rdy & head.w_rdy)]
-        item = Signal(item_layout)
-        m.d.comb += item.eq(head.r_data)
+        head, item = self._item_head(m, items, item_layout)
         beat = self.dma_data
         bank_empty = Signal(NB)                      # the segment in the bank had no non-zero activation
         # Registered, from this cycle's counts and whether the front end's count steps (`s_step`, `g_step`):
