@@ -39,8 +39,8 @@ unchanged design prints the same tables at once.
 Output: the first lines say what the build produces and where; then one line per stage
 (``[k/5] <stage> ...``, with the time since the start); the last lines list what was written.
 Bad input (a top that does not exist in this tree, a core that does not fit the system, ``--synth`` with
-a build directory YoWASP Yosys cannot see, a clock the MMCM cannot make) is one line on stderr and exit status 2; a missing ``dtc`` or a
-failed Vivado run is one line and exit status 1.
+a build directory YoWASP Yosys cannot see, a clock the MMCM cannot make) is one line on stderr and exit
+status 2; a missing ``dtc`` or a failed Vivado run is one line and exit status 1.
 """
 
 from __future__ import annotations
