@@ -68,6 +68,7 @@ import contextlib
 from amaranth import Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
 
 __all__ = ["QNAN", "QNAN16", "NEG_ZERO", "FpAdd", "FpMul", "IntToFp", "F16ToF32", "F32ToF16", "FpLdexp",
            "IntScaleMul", "INT_SCALE_MAX_BITS", "check_int_scale_bits", "rejecting"]
@@ -105,6 +106,32 @@ def _lzc(v: Value):
         return Mux(zh, cl + half, ch), zh & zl
 
     return tree(v)
+
+
+def _lzc_groups(v: Value, group: int = 8):
+    """The first half of a leading-zero count in two registered steps: `v` (padded on the LSB side) in groups of
+    `group` bits (a power of two), from the MSB, each as (its own leading-zero count, non-zero); `_lzc_join`
+    makes the count from them. Each part is a function of one group's bits alone."""
+    n = len(v)
+    ng = -(-n // group)
+    if ng * group != n:
+        v = Cat(Const(0, ng * group - n), v)
+    lg = ceil_log2(group)
+    parts = [v[(ng - 1 - g) * group:(ng - g) * group] for g in range(ng)]
+    return Cat(*[Cat(_lzc(x)[0][:lg], x.any()) for x in parts])
+
+
+def _lzc_join(groups: Value, group: int = 8):
+    """The leading-zero count of a non-zero value from its `_lzc_groups`: the first non-zero group's count
+    beside that group's index (``index * group + count`` as a concatenation)."""
+    lg = ceil_log2(group)
+    ng = len(groups) // (lg + 1)
+    part = [groups[g * (lg + 1):(g + 1) * (lg + 1)] for g in range(ng)]
+    count, index = part[ng - 1][:lg], Const(ng - 1, max(1, ceil_log2(ng)))
+    for g in reversed(range(ng - 1)):
+        count = Mux(part[g][lg], part[g][:lg], count)
+        index = Mux(part[g][lg], g, index)
+    return Cat(count, index)
 
 
 def _lzc_carry(m: Module, v: Value, name: str):
@@ -642,23 +669,26 @@ class FpLdexp(_Binary):
             k = Mux(fits, k[:10], Mux(k[n - 1], 0x200, 0x1FF)).as_signed()
         if self._int_scale:
             return self._scaled(m, p, k)
-        # Stage 1: E in [-511, 765], the significand's leading zeros (at most 23 unless it is zero). Only a
-        # subnormal `a` with k >= 0 (E >= 1) shifts left; every other case shifts right (a normal `a` with
-        # E >= 1 by 0). The shifter's input: Cat(0, M) to shift right, M bit-reversed to shift left
-        # (reverse, shift right, reverse back).
+        # Stage 1: E in [-511, 765], beside it the three 8-bit groups of the leading-zero count a subnormal
+        # significand Cat(f, 0) has (1 to 23 unless it is zero; from the fraction alone, not the exponent
+        # field's zero test; stage 2 joins them). Only a subnormal `a` with k >= 0 (E >= 1) shifts left; every
+        # other case shifts right (a normal `a` with E >= 1 by 0). The shifter's input: Cat(0, M) to shift
+        # right, M bit-reversed to shift left (reverse, shift right, reverse back).
         e = Signal(signed(11))
         m.d.comb += e.eq(ua["eff"] + k)
         right = (ua["e"] != 0) | k[-1]
         x = Mux(right, Cat(Const(0, 1), ua["mant"]), Cat(ua["mant"][::-1], Const(0, 1)))
-        s = p.stage(sign=ua["sign"], e=e, x=x, right=right, lz=_lzc(ua["mant"])[0][:5], zero=ua["zero"],
-                    nan=ua["nan"], inf=ua["inf"])
+        s = p.stage(sign=ua["sign"], e=e, x=x, right=right, lzg=_lzc_groups(Cat(ua["f"], Const(0, 1))),
+                    zero=ua["zero"], nan=ua["nan"], inf=ua["inf"])
         # Stage 2: right by 1 - E (E <= 0; clamped at 25) or by 0, or left by min(lz, E - 1): the result is
         # normal when E > lz (E >= 24, or E in 1..23 and a 5-bit compare); the field E - lz is used only then.
-        e, lz, right = s["e"], s["lz"], s["right"]
-        normal = (e >= 24) | ((e > 0) & (e[:5] > lz))
+        # Where `a` shifts right its leading zeros are 0 (a normal `a`) or do not matter (a subnormal one with
+        # k < 0 has E <= 0): there the result is normal when E >= 1, with field E.
+        e, lz, right = s["e"], _lzc_join(s["lzg"])[:5], s["right"]
+        normal = (e >= 24) | ((e > 0) & (right | (e[:5] > lz)))
         amt = Mux(right, Mux(e < -23, 25, Mux(e < 1, (1 - e)[:5], 0)), Mux(normal, lz, (e - 1)[:5]))
         field = Signal(signed(12))
-        m.d.comb += field.eq(e - lz)
+        m.d.comb += field.eq(e - Mux(right, 0, lz))
         # Beside it the sticky bit of the right shift, the OR of x = Cat(0, M)'s bits below amt, from E and x
         # (not from amt): bit i >= 1 is below amt exactly when E <= -i (for E < -23, amt = 25 drops all of
         # them; a left shift has E >= 1 and drops none). For E <= -1, E <= -i is ~E >= i - 1 (~E = -E - 1,

@@ -1452,17 +1452,17 @@ class SparsePort(wiring.Component):
             m.d.sync += [fill.eq(fill + 1), fill_off.eq(fill_off + half_rows), filled.eq(fill == W - 1)]
         # The mask's lowest non-zero lane, one-hot (`pick`), and the mask without it (`rest`), group by group:
         # the lowest non-empty group (`low_g`, from the registered flags) loses its lowest lane (the borrow of
-        # its G lanes less one), the others keep theirs; so the groups' flags of `rest` are that group's "two lanes or
-        # more" and the others' flags as they are, with no carry through the word.
+        # its G lanes less one), the others keep theirs, with no carry through the word. The groups' flags of
+        # `rest` are registered a cycle later (state Flags), from the mask register alone.
         low_g = sq_gnz & ~_below_set(sq_gnz)
-        rest_g, pick_g, gnz_g = [], [], []
+        rest_g, pick_g = [], []
         for g in range(NG):
             mg = sq_mask[g * G:(g + 1) * G]
             rg = mg & (mg - 1)[:G]                   # the borrow of mg - 1: a carry chain of G bits
             rest_g.append(Mux(low_g[g], rg, mg))
             pick_g.append(Mux(low_g[g], mg & ~rg, 0))
-            gnz_g.append(Mux(low_g[g], rg.any(), sq_gnz[g]))
-        rest, pick, gnz_next = Cat(*rest_g), Cat(*pick_g), Cat(*gnz_g)
+        rest, pick = Cat(*rest_g), Cat(*pick_g)
+        mask_gnz = Cat(*[sq_mask[g * G:(g + 1) * G].any() for g in range(NG)])
         # Two registered stages from the mask to the DMA: the lane picked (`pk_*`: one-hot, with a copy of the
         # word's activations), then its transfer (`tx_*`, the DMA's command and the front end's item, written
         # together), so that the pick, then the lane's index, the lane table, the address adder and the
@@ -1542,14 +1542,19 @@ class SparsePort(wiring.Component):
                 with m.If(sq_nz):
                     with m.If(pk_free):
                         m.d.sync += [pk_valid.eq(1), pk_lane.eq(pick), pk_q.eq(sq_q), pk_first.eq(~sq_any),
-                                     pk_word.eq(word_addr), sq_mask.eq(rest), sq_gnz.eq(gnz_next),
-                                     sq_any.eq(1)]
+                                     pk_word.eq(word_addr), sq_mask.eq(rest), sq_any.eq(1)]
+                        m.next = "Flags"
                 with m.Elif(at_last):
                     m.d.sync += sq_at_end.eq(1)
                     m.next = "End"
                 with m.Else():
                     m.d.sync += [sq_j.eq(sq_j + 1), word_addr.eq(word_addr + (half_rows << lW))]
                     m.next = "Load"
+            with m.State("Flags"):
+                # A lane every other cycle, the pick stage's own rate (a lane moves on only into an empty
+                # transfer stage, which a transfer leaves a cycle after it enters at the earliest).
+                m.d.sync += sq_gnz.eq(mask_gnz)
+                m.next = "Emit"
             with m.State("End"):
                 with m.If(drained):                  # the segment's transfers are announced first
                     m.d.comb += items.w_en.eq(room)
