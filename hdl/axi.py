@@ -166,6 +166,10 @@ class AxiReadDma(DmaComponent):
     cmd_ready_registered : bool
         ``i_cmd.ready`` is a register (the command register is empty), so the user's logic after the
         handshake does not wait on the DMA's state; a command is then taken at most every other cycle.
+    ar_registered : bool
+        The read address channel leaves through a register (``arvalid``, ``araddr``, ``arlen`` are flip-flops,
+        taken whenever the register is empty or handing its burst on: still a burst per cycle), so no path runs
+        from the burst-length arithmetic to the port; a burst's address goes out a cycle later.
 
     Members
     -------
@@ -189,8 +193,10 @@ class AxiReadDma(DmaComponent):
     ``axi_max_outstanding`` commands are queued between the address and data sides.
     """
 
-    def __init__(self, cfg: HardwareConfig, *, len_bits: int = 24, cmd_ready_registered: bool = False):
+    def __init__(self, cfg: HardwareConfig, *, len_bits: int = 24, cmd_ready_registered: bool = False,
+                 ar_registered: bool = False):
         self._cmd_ready_registered = bool(cmd_ready_registered)
+        self._ar_registered = bool(ar_registered)
         super().__init__(cfg, len_bits, {
             "o_data": Out(stream.Signature(read_data_layout(cfg.axi_data_bits))),
             "axi": Out(AxiReadSignature.from_config(cfg)),
@@ -272,13 +278,20 @@ class AxiReadDma(DmaComponent):
         m.d.comb += burst.eq(Mux(final, left, Mux(off_b > P - Mx, P - off_b, Mx)))
 
         m.d.comb += [
-            axi.arid.eq(0), axi.araddr.eq(cur), axi.arlen.eq(burst - 1), axi.arsize.eq(lb),
-            axi.arburst.eq(AxiBurst.INCR), axi.arlock.eq(0),
+            axi.arid.eq(0), axi.arsize.eq(lb), axi.arburst.eq(AxiBurst.INCR), axi.arlock.eq(0),
             axi.arcache.eq(0b0011),            # normal non-cacheable bufferable: what the HP ports expect
             axi.arprot.eq(0), axi.arqos.eq(0),
-            axi.arvalid.eq(active & (outstanding < cfg.axi_max_outstanding)),
         ]
-        ar_fire = axi.arvalid & axi.arready
+        ar_valid = active & (outstanding < cfg.axi_max_outstanding)
+        if self._ar_registered:
+            # the burst into the address register whenever it is empty or handing its burst on
+            ar_ready = ~axi.arvalid | axi.arready
+            with m.If(ar_ready):
+                m.d.sync += [axi.arvalid.eq(ar_valid), axi.araddr.eq(cur), axi.arlen.eq(burst - 1)]
+        else:
+            ar_ready = axi.arready
+            m.d.comb += [axi.arvalid.eq(ar_valid), axi.araddr.eq(cur), axi.arlen.eq(burst - 1)]
+        ar_fire = ar_valid & ar_ready
         r_fire = axi.rvalid & axi.rready
         with m.If(ar_fire):                    # (after the command's last burst only `active` matters)
             m.d.sync += active.eq(~final)

@@ -452,21 +452,19 @@ class FpMul(_Binary):
         m.d.comb += base.eq(ua["eff"] + ub["eff"] - 127)
         # Only a subnormal significand has leading zeros and at most one is subnormal here (else `zero`), so
         # the one shift is the subnormal operand's count, applied to the first multiplier input (b's
-        # significand when b is the subnormal one): the inputs are chosen here, shifted in stage 2. Each count
-        # is that of the operand's significand were it subnormal (a 0 above the fraction: the fraction bits
-        # alone, no exponent test ahead of the count), by a carry chain (`_lzc_carry`), and stage 2 takes it
-        # where the operand's registered zero-exponent flag says it is.
-        lza, lzb = Signal(5), Signal(5)
-        m.d.comb += [lza.eq(_lzc_carry(m, Cat(ua["f"], Const(0, 1)), "lza")),
-                     lzb.eq(_lzc_carry(m, Cat(ub["f"], Const(0, 1)), "lzb"))]
-        suba, subb = ua["e"] == 0, ub["e"] == 0
+        # significand when b is the subnormal one): the inputs are chosen here, shifted in stage 2. The count is
+        # that of the chosen operand's significand were it subnormal (a 0 above the fraction: the fraction bits
+        # alone, no exponent test ahead of the count), registered as its three 8-bit groups' counts and flags
+        # (`_lzc_groups`); stage 2 joins them and takes the count where an operand is subnormal.
+        subb = ub["e"] == 0
+        sub = (ua["e"] == 0) | subb
+        lzg = Mux(subb, _lzc_groups(Cat(ub["f"], Const(0, 1))), _lzc_groups(Cat(ua["f"], Const(0, 1))))
         s = p.stage(sign=sign, base=base, ma=Mux(subb, ub["mant"], ua["mant"]),
-                    mb=Mux(subb, ua["mant"], ub["mant"]), lza=lza, lzb=lzb, suba=suba, subb=subb, zero=zero,
-                    nan=nan, inf=inf)
+                    mb=Mux(subb, ua["mant"], ub["mant"]), lzg=lzg, sub=sub, zero=zero, nan=nan, inf=inf)
         # Stage 2: normalise. E: the biased exponent of a product in [1, 2).
         ma, mb = Signal(24), Signal(24)
         e = Signal(signed(11))
-        lz = Mux(s["suba"], s["lza"], 0) | Mux(s["subb"], s["lzb"], 0)
+        lz = Mux(s["sub"], _lzc_join(s["lzg"])[:5], 0)
         m.d.comb += [ma.eq(s["ma"] << lz), mb.eq(s["mb"]), e.eq(s["base"] - lz)]
         # Stages 2, 3 of the significands: the 24x17 and 24x7 partial products, each one DSP48E2
         # (`hdl.dsp.DspMacc` without its P register, its clock enables the pipeline's): the normalised

@@ -1880,7 +1880,7 @@ class EnginePort(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         cfg, p = self._cfg, self._index
-        m.submodules.dma = dma = AxiReadDma(cfg, len_bits=LEN_BITS)
+        m.submodules.dma = dma = AxiReadDma(cfg, len_bits=LEN_BITS, ar_registered=True)
         wiring.connect(m, wiring.flipped(self.axi), dma.axi)
         m.d.comb += self.o_error.eq(dma.o_error)
         act_rs, exp_rs = _activation_memories(m, self, cfg, self._max_cols)

@@ -47,6 +47,15 @@ def test_dma_full_rate_and_errors():
         testcase=["full_rate_and_outstanding", "error_response"], extra_env={"NPU_HW": "tiny"})
 
 
+@pytest.mark.parametrize("flow", [0, 2])
+def test_dma_with_registered_read_address_channel(flow):
+    """`ar_registered` (the GEMV ports' DMAs): the same random transfers under AR/R stalls, and a burst per cycle
+    with every outstanding burst in flight (the register takes the next burst while handing one on)."""
+    run(AxiReadDma(TINY, ar_registered=True), toplevel="axi_dma", test_module="tb.axi.test_dma",
+        build_name="axi_dma_tiny_ar_reg", testcase=["random_transfers", "full_rate_and_outstanding", "error_response"],
+        extra_env={"NPU_HW": "tiny", "SEED": str(23 + flow), "FLOW": str(flow)})
+
+
 def test_write_signature_members():
     sig = AxiWriteSignature.from_config(TINY)
     members = dict(sig.members.items())
