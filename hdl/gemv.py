@@ -1435,6 +1435,9 @@ class SparsePort(wiring.Component):
         NG = W // G
         sq_gnz = Signal(NG)
         sq_nz = sq_gnz.any()                         # sq_mask != 0
+
+        def group_flags(mask):
+            return Cat(*[mask[g * G:(g + 1) * G].any() for g in range(NG)])
         # A column's transfer starts at its activation word's address (`word_addr`: stepped with the word, a
         # word's W columns apart) plus the lane's offset, lane * rows / 2, from a table the port writes at
         # the command's start, one lane a cycle (W cycles, while the first scales are on their way).
@@ -1462,7 +1465,6 @@ class SparsePort(wiring.Component):
             rest_g.append(Mux(low_g[g], rg, mg))
             pick_g.append(Mux(low_g[g], mg & ~rg, 0))
         rest, pick = Cat(*rest_g), Cat(*pick_g)
-        mask_gnz = Cat(*[sq_mask[g * G:(g + 1) * G].any() for g in range(NG)])
         # Two registered stages from the mask to the DMA: the lane picked (`pk_*`: one-hot, with a copy of the
         # word's activations), then its transfer (`tx_*`, the DMA's command and the front end's item, written
         # together), so that the pick, then the lane's index, the lane table, the address adder and the
@@ -1536,7 +1538,7 @@ class SparsePort(wiring.Component):
                 m.next = "Mask"
             with m.State("Mask"):
                 mask = sq_qnz & in_seg
-                m.d.sync += [sq_mask.eq(mask), sq_gnz.eq(Cat(*[mask[g * G:(g + 1) * G].any() for g in range(NG)]))]
+                m.d.sync += [sq_mask.eq(mask), sq_gnz.eq(group_flags(mask))]
                 m.next = "Emit"
             with m.State("Emit"):
                 with m.If(sq_nz):
@@ -1553,7 +1555,7 @@ class SparsePort(wiring.Component):
             with m.State("Flags"):
                 # A lane every other cycle, the pick stage's own rate (a lane moves on only into an empty
                 # transfer stage, which a transfer leaves a cycle after it enters at the earliest).
-                m.d.sync += sq_gnz.eq(mask_gnz)
+                m.d.sync += sq_gnz.eq(group_flags(sq_mask))
                 m.next = "Emit"
             with m.State("End"):
                 with m.If(drained):                  # the segment's transfers are announced first
