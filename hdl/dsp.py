@@ -85,6 +85,10 @@ class DspMacc(wiring.Component):
     preg : the P register and the accumulation (default); without it ``o_p`` is the M register's product
         (``PREG = 0``, OPMODE M: no accumulation, ``i_restart`` unused), for a product registered in the
         fabric after the slice.
+    ireg : the A and B input registers (default); without them (``AREG = BREG = 0``, not with ``cascade``)
+        the operands go straight into the multiplier and every stage comes a cycle sooner, for operands
+        registered in the fabric: a path from the caller's logic then ends at a fabric register's setup, not
+        at the slice's input with the larger one behind a register's worth of logic levels.
 
     Members
     -------
@@ -98,17 +102,21 @@ class DspMacc(wiring.Component):
 
     Timing: A and B at the inputs in cycle x are in the A/B registers in x + 1 (``o_acout``), their product
     is in M in x + 2 and added into P in x + 3. ``i_restart`` in cycle x + 1 (registered into OPMODE)
-    decides whether that product starts a new sum: P(x + 3) = M + (restart ? 0 : P(x + 2)).
+    decides whether that product starts a new sum: P(x + 3) = M + (restart ? 0 : P(x + 2)). Without ``ireg``
+    each of these comes a cycle sooner (M in x + 1, P in x + 2, ``i_restart`` with the operands).
     """
 
     LATENCY = 3
 
-    def __init__(self, a_bits: int, b_bits: int, *, cascade: bool = False, ce: bool = False, preg: bool = True):
+    def __init__(self, a_bits: int, b_bits: int, *, cascade: bool = False, ce: bool = False, preg: bool = True,
+                 ireg: bool = True):
         with rejecting(self):
             _check_width("DspMacc", "a_bits", a_bits, MUL_A_BITS, " (the DSP48E2 multiplier's A input)")
             _check_width("DspMacc", "b_bits", b_bits, MUL_B_BITS, " (the DSP48E2 multiplier's B input)")
+            if cascade and not ireg:
+                raise ValueError("DspMacc: cascade needs ireg (the A cascade leaves from the A register)")
         self._a_bits, self._b_bits, self._cascade, self._ce = a_bits, b_bits, bool(cascade), bool(ce)
-        self._preg = bool(preg)
+        self._preg, self._ireg = bool(preg), bool(ireg)
         ports = {
             "i_a": In(signed(a_bits)), "i_acin": In(signed(A_BITS)), "o_acout": Out(signed(A_BITS)),
             "i_b": In(signed(b_bits)), "i_restart": In(1), "o_p": Out(signed(P_BITS)),
@@ -134,7 +142,8 @@ class DspMacc(wiring.Component):
                 p_A_INPUT="CASCADE" if self._cascade else "DIRECT", p_B_INPUT="DIRECT",
                 p_AMULTSEL="A", p_BMULTSEL="B", p_PREADDINSEL="A", p_USE_MULT="MULTIPLY",
                 p_USE_SIMD="ONE48", p_USE_PATTERN_DETECT="NO_PATDET", p_AUTORESET_PATDET="NO_RESET",
-                p_AREG=1, p_ACASCREG=1, p_BREG=1, p_BCASCREG=1, p_MREG=1, p_PREG=int(self._preg),
+                p_AREG=int(self._ireg), p_ACASCREG=int(self._ireg), p_BREG=int(self._ireg),
+                p_BCASCREG=int(self._ireg), p_MREG=1, p_PREG=int(self._preg),
                 p_OPMODEREG=int(self._preg),
                 p_ADREG=0, p_DREG=0, p_CREG=0, p_INMODEREG=0, p_ALUMODEREG=0, p_CARRYINREG=0,
                 p_CARRYINSELREG=0,
@@ -147,7 +156,8 @@ class DspMacc(wiring.Component):
                 i_CARRYIN=zero, i_CARRYCASCIN=zero, i_MULTSIGNIN=zero, i_CARRYINSEL=Const(0, 3),
                 i_INMODE=Const(0, 5), i_ALUMODE=Const(0, 4),
                 i_OPMODE=opmode,
-                i_CEA1=zero, i_CEA2=ce, i_CEB1=zero, i_CEB2=ce, i_CEM=ce,
+                i_CEA1=zero, i_CEA2=ce if self._ireg else zero, i_CEB1=zero, i_CEB2=ce if self._ireg else zero,
+                i_CEM=ce,
                 i_CEP=ce if self._preg else zero, i_CECTRL=ce if self._preg else zero, i_CEAD=zero, i_CED=zero,
                 i_CEC=zero,
                 i_CEINMODE=zero, i_CEALUMODE=zero, i_CECARRYIN=zero,
@@ -162,8 +172,13 @@ class DspMacc(wiring.Component):
         mreg = Signal(signed(MUL_A_BITS + MUL_B_BITS), reset_less=True)
         restart = Signal()                                        # the OPMODE register (RSTCTRL)
         preg = Signal(signed(P_BITS), reset_less=True)
+        if self._ireg:
+            with m.If(ce):
+                m.d.sync += [a2.eq(a_in), b2.eq(self.i_b)]
+        else:
+            m.d.comb += [a2.eq(a_in), b2.eq(self.i_b)]
         with m.If(ce):
-            m.d.sync += [a2.eq(a_in), b2.eq(self.i_b), mreg.eq(a2[:MUL_A_BITS].as_signed() * b2),
+            m.d.sync += [mreg.eq(a2[:MUL_A_BITS].as_signed() * b2),
                          restart.eq(self.i_restart), preg.eq(mreg + Mux(restart, 0, preg))]
         m.d.comb += [self.o_acout.eq(a2), self.o_p.eq(preg if self._preg else mreg)]
         return m

@@ -425,10 +425,11 @@ class FpMul(_Binary):
     before the product (hidden bit at 23; a subnormal's biased exponent ``1 - lz`` may fall below 1), so the
     48-bit product has its MSB at bit 47 or 46 and the back end needs no leading-zero count.
 
-    Stages: (1) unpack, special cases, the exponent sum, the leading-zero count of each operand's significand
-    were it subnormal (``r & -r`` of the fraction reversed, on a carry chain, then an OR per count bit);
+    Stages: (1) unpack, special cases, the exponent sum, the leading-zero count of the chosen operand's
+    significand were it subnormal, as three 8-bit groups' counts and flags (`_lzc_groups`);
     (2) the subnormal significand, if any, is routed to the first multiplier input
-    and shifted left by its count (one 24-bit shifter) into the A registers of two DSP48E2s, and the biased
+    and shifted left by its count (one 24-bit shifter) into a fabric register before two DSP48E2s (whose A
+    and B registers are left out), and the biased
     exponent ``E`` of a product in [1, 2); (3) the 24x17 and 24x7 partial products (the slices' M
     registers, `hdl.dsp.DspMacc`), (4) their sum; beside them the
     denormalising shift count ``r = 1 - E`` (clamped) and the exponent flags; (5) one right shift of the
@@ -468,13 +469,15 @@ class FpMul(_Binary):
         m.d.comb += [ma.eq(s["ma"] << lz), mb.eq(s["mb"]), e.eq(s["base"] - lz)]
         # Stages 2, 3 of the significands: the 24x17 and 24x7 partial products, each one DSP48E2
         # (`hdl.dsp.DspMacc` without its P register, its clock enables the pipeline's): the normalised
-        # significands in its A and B registers (stage 2), the product in M (stage 3).
+        # significands in fabric registers (stage 2; the slices' own A and B registers are left out, so that
+        # the count's join and the shift end at a flip-flop's setup, not at the slice's input), the product
+        # in M (stage 3).
         from .dsp import DspMacc
-        m.submodules.mul_lo = mul_lo = DspMacc(25, 18, ce=True, preg=False)
-        m.submodules.mul_hi = mul_hi = DspMacc(25, 8, ce=True, preg=False)
-        for mul, b in ((mul_lo, mb[:17]), (mul_hi, mb[17:])):
-            m.d.comb += [mul.i_a.eq(ma), mul.i_b.eq(b), mul.i_restart.eq(1), mul.i_ce.eq(self.en)]
-        s = p.stage(sign=s["sign"], e=e, zero=s["zero"], nan=s["nan"], inf=s["inf"])
+        m.submodules.mul_lo = mul_lo = DspMacc(25, 18, ce=True, preg=False, ireg=False)
+        m.submodules.mul_hi = mul_hi = DspMacc(25, 8, ce=True, preg=False, ireg=False)
+        s = p.stage(sign=s["sign"], e=e, ma=ma, mb=mb, zero=s["zero"], nan=s["nan"], inf=s["inf"])
+        for mul, b in ((mul_lo, s["mb"][:17]), (mul_hi, s["mb"][17:])):
+            m.d.comb += [mul.i_a.eq(s["ma"]), mul.i_b.eq(b), mul.i_restart.eq(1), mul.i_ce.eq(self.en)]
         # Stages 3, 4: the product in [2**46, 2**48): the partial products (M), then their sum (P). Beside
         # them: the denormalising shift r = 1 - E (a result below the normal range; 26 and more leave only
         # sticky bits) and the exponent flags.

@@ -1053,12 +1053,20 @@ class GemvPort(wiring.Component):
             nlanes = Mux(last_beat, rem_w, W)
         seg_first = (fe_beat & spb_mask) == 0
         seg_last = ((fe_beat & spb_mask) == spb_mask) | last_beat
-        # a sub-segment that starts before the row's end: its first column, the beat's first and the sub-segment's
-        # offset in the beat (below W), against the row's columns
-        sub_live = Cat((fe_sel << d.lvl)[:ceil_log2(W)], fe_beat) < d.cmd.cols
+        # A sub-segment that starts before the row's end: every one of a beat before the row's last (a row has
+        # ceil(cols / X) beats of X weights), and on the last beat those at or below the sub-segment of the row's
+        # last column, ((cols - 1) mod X) >> lvl, registered in two steps from the command: a compare of two
+        # registers beside last_beat, no shift or column arithmetic of the beat in series.
+        lw = ceil_log2(W)
+        last_col = Signal(lw)                        # (cols - 1) mod X
+        m.d.sync += last_col.eq((d.cmd.cols - 1)[:lw])
+        if cfg.gemv_int8:
+            m.d.sync += last_col.eq(Mux(int8, (d.cmd.cols - 1)[:lw - 1], (d.cmd.cols - 1)[:lw]))
+        sel_max = Signal(lw)
+        m.d.sync += sel_max.eq(last_col >> d.lvl)
+        sub_live = ~last_beat | (fe_sel <= sel_max)
         sel = fe_sel
         if cfg.gemv_int8:
-            sub_live = Mux(int8, Cat((fe_sel << d.lvl)[:ceil_log2(W) - 1], fe_beat) < d.cmd.cols, sub_live)
             sel = fe_sel | Mux(fe_beat[0], half_sel, 0)
 
         # Stage f1: the beat and control, registered while the activation word is read.

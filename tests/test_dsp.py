@@ -210,3 +210,47 @@ def test_behavioural_product_with_clock_enables_and_no_p_register():
         if ce[x]:
             a2, b2, mreg = int(a[x]), int(b[x]), a2 * b2
     assert got == want and any(v != 0 for v in want)
+
+
+def test_product_without_input_registers():
+    """`DspMacc(ce=True, preg=False, ireg=False)` (FpMul's partial products, fed from fabric registers): the
+    operands of a cycle with ``i_ce`` go straight into the multiplier and their product is in M the next
+    cycle (an independent model, 30 % of the cycles stalled); the instance has no A or B register and keeps
+    M; a cascade, which leaves from the A register, is refused."""
+    rng = np.random.default_rng(6)
+    n = 200
+    a = rng.integers(-2 ** 24, 2 ** 24, size=n)
+    b = rng.integers(-2 ** 17, 2 ** 17, size=n)
+    a[:5], b[:5] = -2 ** 24, -2 ** 17
+    ce = rng.random(n) >= 0.3
+    dut = DspMacc(25, 18, ce=True, preg=False, ireg=False)
+    got = []
+
+    async def bench(ctx):
+        for x in range(n):
+            ctx.set(dut.i_a, int(a[x]))
+            ctx.set(dut.i_b, int(b[x]))
+            ctx.set(dut.i_ce, int(ce[x]))
+            ctx.set(dut.i_restart, 1)
+            got.append(ctx.get(dut.o_p))
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    mreg, want = 0, []
+    for x in range(n):
+        want.append(mreg)
+        if ce[x]:
+            mreg = int(a[x]) * int(b[x])
+    assert got == want and 2 ** 41 in want
+
+    mod = _netlist(DspMacc(25, 18, ce=True, preg=False, ireg=False), "dsp_noireg")
+    (c,) = [c for c in mod["cells"].values() if c["type"] == "DSP48E2"]
+    p = {k: (int(v, 2) if set(v) <= {"0", "1"} and len(v) >= 32 else v) for k, v in c["parameters"].items()}
+    assert (p["AREG"], p["ACASCREG"], p["BREG"], p["BCASCREG"], p["MREG"], p["PREG"]) == (0, 0, 0, 0, 1, 0)
+    assert set(c["connections"]["CEA2"]) == set(c["connections"]["CEB2"]) == {"0"}
+    assert isinstance(c["connections"]["CEM"][0], int)
+    with pytest.raises(ValueError, match="cascade needs ireg"):
+        DspMacc(25, 18, cascade=True, ireg=False)
