@@ -268,14 +268,17 @@ class AxiReadDma(DmaComponent):
         # bytes end in the page (span <= P) within Mx beats; any other burst is Mx beats, or ends the page
         # (`page_end`: off_b >= P - Mx), so the next offset and span are two values chosen by a compare of the
         # offset with a constant.
+        # The length less one (ARLEN) straight from the registers, with one adder: left - 1 = span + ~off_b
+        # (off_b widened to w bits; modulo 2**w), the final burst's left <= Mx as left - 1 < Mx, and
+        # P - off_b - 1 = ~off_b (P = 2**(w - 1) above off_b's w - 1 bits).
         off_b = off_in_page[lb:]
         w = P.bit_length()
-        left = Signal(w)                       # beats left to request, when span <= P
-        m.d.comb += left.eq(span[:w] - off_b)
+        left_m1 = Signal(w)                    # beats left to request less one, when span <= P
+        m.d.comb += left_m1.eq(span[:w] + ~Cat(off_b, Const(0, 1)))
         final, page_end = Signal(), Signal()
-        m.d.comb += [final.eq((span <= P) & (left <= Mx)), page_end.eq(off_b >= P - Mx)]
-        burst = Signal(range(Mx + 1))
-        m.d.comb += burst.eq(Mux(final, left, Mux(off_b > P - Mx, P - off_b, Mx)))
+        m.d.comb += [final.eq((span <= P) & (left_m1 < Mx)), page_end.eq(off_b >= P - Mx)]
+        burst_m1 = Signal(range(Mx))
+        m.d.comb += burst_m1.eq(Mux(final, left_m1, Mux(off_b > P - Mx, ~off_b, Mx - 1)))
 
         m.d.comb += [
             axi.arid.eq(0), axi.arsize.eq(lb), axi.arburst.eq(AxiBurst.INCR), axi.arlock.eq(0),
@@ -287,10 +290,10 @@ class AxiReadDma(DmaComponent):
             # the burst into the address register whenever it is empty or handing its burst on
             ar_ready = ~axi.arvalid | axi.arready
             with m.If(ar_ready):
-                m.d.sync += [axi.arvalid.eq(ar_valid), axi.araddr.eq(cur), axi.arlen.eq(burst - 1)]
+                m.d.sync += [axi.arvalid.eq(ar_valid), axi.araddr.eq(cur), axi.arlen.eq(burst_m1)]
         else:
             ar_ready = axi.arready
-            m.d.comb += [axi.arvalid.eq(ar_valid), axi.araddr.eq(cur), axi.arlen.eq(burst - 1)]
+            m.d.comb += [axi.arvalid.eq(ar_valid), axi.araddr.eq(cur), axi.arlen.eq(burst_m1)]
         ar_fire = ar_valid & ar_ready
         r_fire = axi.rvalid & axi.rready
         with m.If(ar_fire):                    # (after the command's last burst only `active` matters)

@@ -1037,7 +1037,8 @@ class GemvPort(wiring.Component):
         else:
             m.d.sync += [sub_shift.eq(ceil_log2(W) - d.lvl), sub_seg.eq(d.lvl < ceil_log2(W))]
         with m.If(sub_seg):
-            m.d.comb += seg_idx.eq((fe_beat << sub_shift) + fe_sel)
+            # fe_beat * subs + fe_sel, with fe_sel below subs = 2**sub_shift: an OR, no adder behind the shift
+            m.d.comb += seg_idx.eq((fe_beat << sub_shift) | fe_sel)
         with m.Else():
             m.d.comb += seg_idx.eq(fe_beat >> d.lspb)
         nl = Signal(range(self._max_cols + W + 1))
@@ -2204,13 +2205,14 @@ class GemvEngine(wiring.Component):
             m.d.sync += [out_left.eq(out_left - 1), out_any.eq(out_left != 1), mt_cnt.eq(mt_cnt + 1)]
             with m.If(mt_cnt == mt_len_m1):
                 m.d.sync += [mt_cnt.eq(0), mt_sel.eq(mt_sel.rotate_left(1))]
-        # The ports' idle flags registered: a cycle old, and not yet cleared in the cycle after a port starts
-        # (`kicked`).
-        idle, kicked = Signal(), Signal()
-        m.d.sync += [idle.eq(Cat(*[p.o_idle for p in ports]).all()),
-                     kicked.eq(Cat(*[p.i_start for p in ports]).any())]
+        # The ports' idle flags registered twice (each port's, then their AND): two cycles old, and not yet
+        # cleared in the two cycles after a port starts (`kicked`, `kicked2`).
+        port_idle = Signal(len(ports))
+        idle, kicked, kicked2 = Signal(), Signal(), Signal()
+        m.d.sync += [port_idle.eq(Cat(*[p.o_idle for p in ports])), idle.eq(port_idle.all()),
+                     kicked.eq(Cat(*[p.i_start for p in ports]).any()), kicked2.eq(kicked)]
         # (`start` is high only with `checking`; `out_any` is out_left != 0)
-        done = ~out_any & (inflight == 0) & ~decoding & ~checking & ~gathering & ~kicked & idle
+        done = ~out_any & (inflight == 0) & ~decoding & ~checking & ~gathering & ~kicked & ~kicked2 & idle
         with m.If(busy & ~decoding & done):
             m.d.sync += busy.eq(0)
         m.d.comb += [self.o_y.valid.eq(out.r_rdy), self.o_y.p.eq(out.r_data), out.r_en.eq(self.o_y.ready)]
