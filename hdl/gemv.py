@@ -852,8 +852,8 @@ class GemvPort(wiring.Component):
         m.d.sync += [st1.eq(0), st1r.eq(st1), t1r.eq(t1), st2.eq(st1r), t2.eq(t1r)]
         with m.If(st2):
             m.d.sync += [roff[t2].eq(pr), soff[t2].eq(ps)]
-        # The gathered rows are registered in the cycle before `i_start` (`EnginePort`).
-        count_nz = count != 0
+        # The gathered rows are registered in the cycle before `i_start` (`EnginePort`); none (`left` 0 in
+        # TILE) ends the command there, so that the start's path to the state has no compare of the count.
         # Each command goes through an output register (`mo_*`), taken while it is empty or handing one on.
         mo_valid, mo_addr, mo_nbytes = Signal(), Signal(ab), Signal.like(cmd.p.nbytes)
         mo_free = ~mo_valid | cmd.ready
@@ -867,13 +867,15 @@ class GemvPort(wiring.Component):
             with m.State("IDLE"):
                 with m.If(self.i_start):
                     m.d.sync += [left.eq(count), base.eq(0)]
-                    with m.If(d.cmd.mask & count_nz):
+                    with m.If(d.cmd.mask):
                         m.next = "TILE"
             with m.State("TILE"):
                 m.d.comb += active.eq(1)
                 m.d.sync += [trows.eq(Mux(left < T, left, T)), trows_m1.eq(Mux(left < T, left, T) - 1), f.eq(0),
                              f_more.eq(left != 0), last_tile.eq(left <= T)]
                 m.next = "FILL"
+                with m.If(left == 0):
+                    m.next = "IDLE"
             with m.State("FILL"):
                 m.d.comb += active.eq(1)
                 with m.If(f_more):
@@ -1026,7 +1028,6 @@ class GemvPort(wiring.Component):
         # Segment bookkeeping of this beat/pass.
         spb_mask = Signal(range(self._max_cols + 1))    # registered from the decoder's, like nwb_m1
         m.d.sync += spb_mask.eq((Const(1, 16) << d.lspb) - 1)
-        seg_idx = Signal(range(2 * self._max_cols + 1))
         sub_shift = Signal(range(ceil_log2(W) + 1))  # registered from the decoder's, like nwb_m1
         sub_seg = Signal()                           # segments narrower than a beat, likewise
         if cfg.gemv_int8:
@@ -1036,11 +1037,11 @@ class GemvPort(wiring.Component):
                          half_sel.eq(Mux(int8, d.subs, 0))]      # (B >> lvl sub-sums a half)
         else:
             m.d.sync += [sub_shift.eq(ceil_log2(W) - d.lvl), sub_seg.eq(d.lvl < ceil_log2(W))]
-        with m.If(sub_seg):
-            # fe_beat * subs + fe_sel, with fe_sel below subs = 2**sub_shift: an OR, no adder behind the shift
-            m.d.comb += seg_idx.eq((fe_beat << sub_shift) | fe_sel)
-        with m.Else():
-            m.d.comb += seg_idx.eq(fe_beat >> d.lspb)
+        # The segment index in two steps on its way to the MAC (which registers its tag again): f1 holds a
+        # sub-segment's (fe_beat * subs + fe_sel; fe_sel is below subs = 2**sub_shift, so an OR) and the beat
+        # shifted right by lspb's whole fours; the MAC's tag takes one, the second shifted by lspb's low two bits.
+        seg_sub = ((fe_beat << sub_shift) | fe_sel)[:lS]
+        beat_hi = (fe_beat >> Cat(Const(0, 2), d.lspb[2:]))[:lS + 3]
         nl = Signal(range(self._max_cols + W + 1))
         m.d.comb += nl.eq(d.cmd.cols - (abeat << ceil_log2(W)))
         nlanes = Mux(nl > W, W, nl)
@@ -1074,17 +1075,18 @@ class GemvPort(wiring.Component):
         m.submodules.mac = mac = SegmentMac(cfg, tag_bits=1 + lT + lS, vectors=cfg.gemv_vectors, int8=cfg.gemv_int8)
         f1 = Signal(data.StructLayout({
             "valid": 1, "w": 8 * B, "nl": range(W + 1), "sel": range(W), "first": 1, "last": 1,
-            "addr": 1 + lT + lS}))
+            "seg_sub": lS, "beat_hi": lS + 3, "tb": 1 + lT}))
         m.d.sync += [
             f1.valid.eq(mac_valid & sub_live), f1.w.eq(beat.p.data),
             f1.nl.eq(nlanes), f1.sel.eq(sel),
             f1.first.eq(seg_first | sub_seg), f1.last.eq(seg_last | sub_seg),
-            f1.addr.eq(Cat(seg_idx[:lS], fe_t, fe_bank)),
+            f1.seg_sub.eq(seg_sub), f1.beat_hi.eq(beat_hi), f1.tb.eq(Cat(fe_t, fe_bank)),
         ]
+        seg_idx = Mux(sub_seg, f1.seg_sub, (f1.beat_hi >> d.lspb[:2])[:lS])
         m.d.comb += [
             mac.i_valid.eq(f1.valid), mac.i_first.eq(f1.first), mac.i_last.eq(f1.last),
             mac.i_w.eq(f1.w), mac.i_a[0].eq(self.i_act_data), mac.i_nlanes.eq(f1.nl), mac.i_lvl.eq(d.lvl),
-            mac.i_sel.eq(f1.sel), mac.i_tag.eq(f1.addr),
+            mac.i_sel.eq(f1.sel), mac.i_tag.eq(Cat(seg_idx, f1.tb)),
         ]
         if cfg.gemv_int8:
             m.d.comb += mac.i_int8.eq(int8)
