@@ -178,20 +178,13 @@ def test_pe_fabric_with_the_instance():
     assert u_rtl.dsp == 1 and u_rtl.ff > u.ff + 60
 
 
-def test_behavioural_product_with_clock_enables_and_no_p_register():
-    """`DspMacc(ce=True, preg=False)` (IntScaleMul's product): A and B into their registers in cycles with
-    ``i_ce``, the product into M in the next such cycle, ``o_p`` the M register: an independent model of
-    enable-gated registers, 30 % of the cycles stalled."""
-    rng = np.random.default_rng(5)
-    n = 200
-    a = rng.integers(-2 ** 25, 2 ** 25, size=n)
-    b = rng.integers(-2 ** 11, 2 ** 11, size=n)
-    ce = rng.random(n) >= 0.3
-    dut = DspMacc(26, 12, ce=True, preg=False)
+def _run_products(dut, a, b, ce):
+    """`dut` (a `DspMacc` with ``ce`` and no P register) fed operand pairs and clock enables a cycle at a time
+    (restart held high); ``o_p`` in each cycle before its edge."""
     got = []
 
     async def bench(ctx):
-        for x in range(n):
+        for x in range(len(a)):
             ctx.set(dut.i_a, int(a[x]))
             ctx.set(dut.i_b, int(b[x]))
             ctx.set(dut.i_ce, int(ce[x]))
@@ -203,6 +196,19 @@ def test_behavioural_product_with_clock_enables_and_no_p_register():
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
+    return got
+
+
+def test_behavioural_product_with_clock_enables_and_no_p_register():
+    """`DspMacc(ce=True, preg=False)` (IntScaleMul's product): A and B into their registers in cycles with
+    ``i_ce``, the product into M in the next such cycle, ``o_p`` the M register: an independent model of
+    enable-gated registers, 30 % of the cycles stalled."""
+    rng = np.random.default_rng(5)
+    n = 200
+    a = rng.integers(-2 ** 25, 2 ** 25, size=n)
+    b = rng.integers(-2 ** 11, 2 ** 11, size=n)
+    ce = rng.random(n) >= 0.3
+    got = _run_products(DspMacc(26, 12, ce=True, preg=False), a, b, ce)
     a2 = b2 = mreg = 0
     want = []
     for x in range(n):
@@ -223,22 +229,7 @@ def test_product_without_input_registers():
     b = rng.integers(-2 ** 17, 2 ** 17, size=n)
     a[:5], b[:5] = -2 ** 24, -2 ** 17
     ce = rng.random(n) >= 0.3
-    dut = DspMacc(25, 18, ce=True, preg=False, ireg=False)
-    got = []
-
-    async def bench(ctx):
-        for x in range(n):
-            ctx.set(dut.i_a, int(a[x]))
-            ctx.set(dut.i_b, int(b[x]))
-            ctx.set(dut.i_ce, int(ce[x]))
-            ctx.set(dut.i_restart, 1)
-            got.append(ctx.get(dut.o_p))
-            await ctx.tick()
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    got = _run_products(DspMacc(25, 18, ce=True, preg=False, ireg=False), a, b, ce)
     mreg, want = 0, []
     for x in range(n):
         want.append(mreg)
