@@ -51,6 +51,7 @@ class Program:
     tokens: int = 1                                      # tokens per run (a prefill program: more than one)
     streams: tuple[int, ...] = (0,)                      # each token's stream (its KV slots)
     logits: str = "last"                                 # whose logits it leaves in LOGITS: the last token's, "all"
+    #                                                      every token's, "none" (no output section)
     # (word index, SETTOK or SETPOS, token index) of every word whose immediate `bind` sets
     slots: list[tuple[int, CtrlFunc, int]] = field(default_factory=list)
 
@@ -429,10 +430,11 @@ def compile_tokens(config: ModelConfig | dict, image: Image, hw: HardwareConfig,
     order, each attending to the ones before it; tokens of distinct streams are independent sequences
     (batched decode). `logits`: ``"last"`` leaves the last token's logits at row 0, ``"all"`` every token's,
     token t's at row t (`firmware.pack.logit_stride` elements apart; the image's `logit_rows` must hold them:
-    a batched step, a speculative verify)."""
+    a batched step, a speculative verify); ``"none"`` leaves out the output section (AltUp unembedding, final
+    norm, LM head) and LOGITS untouched: a prefill program before the prompt's last, whose logits nobody reads."""
     cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
-    if logits not in ("last", "all"):
-        raise ValueError(f"logits must be 'last' or 'all', not {logits!r}")
+    if logits not in LOGITS:
+        raise ValueError(f"logits must be 'last', 'all' or 'none', not {logits!r}")
     if cfg.head_dim % 8:
         raise ValueError(f"head_dim must be a multiple of 8 (RoPE tables in whole L2 words), not {cfg.head_dim}")
     if cfg.altup_num_inputs % 4:
@@ -483,7 +485,7 @@ def compile_tokens(config: ModelConfig | dict, image: Image, hw: HardwareConfig,
         _layer(e, cfg, i)
     if e.head_tokens:
         _output(e)
-    else:
+    elif logits != "none":
         for t in e.each(only=None if logits == "all" else tokens - 1):
             _output(e, t if logits == "all" else 0)
     e.step = "end"
@@ -496,6 +498,7 @@ def compile_tokens(config: ModelConfig | dict, image: Image, hw: HardwareConfig,
 
 
 MAX_TOKENS = 255
+LOGITS = ("last", "all", "none")            # compile_tokens' `logits`
 
 
 def sliding_ring(cfg: ModelConfig, image: Image) -> int | None:
@@ -1110,8 +1113,9 @@ def main(argv=None) -> int:
     p.add_argument("--gemv-vectors", type=arg_type("an integer from 1 to 4", int, lambda v: 1 <= v <= 4),
                    metavar="V", help="activation vectors of the GEMV engine (HardwareConfig.gemv_vectors): with V > 1 "
                                      "WGEMM runs on it (default: the preset's)")
-    p.add_argument("--logits", default="last", choices=("last", "all"),
-                   help="the last token's logits (a prefill program, default) or every token's (a verify pass)")
+    p.add_argument("--logits", default="last", choices=LOGITS,
+                   help="the last token's logits (a prefill program, default), every token's (a verify pass) or "
+                        "none (a prefill program before the prompt's last)")
     p.add_argument("--l2-map", action="store_true", help="print the program's L2 buffers instead of the listing")
     p.add_argument("--out", metavar="FILE", help="write the words to FILE and the listing to FILE.lst")
     args = p.parse_args(argv)

@@ -713,6 +713,11 @@ class PrefillEstimate:
     compiled: float = 0.0         # the compiled prefill programs, as `Runtime.prefill` runs the prompt
     program_tokens: int = 1       # tokens per compiled prefill program (`firmware.compiler.program_tokens`)
     program_gemm: bool = False    # their projections as WGEMMs (`firmware.compiler.gemm_pays`)
+    # the prompt's middle program (without logits), per token: its position, cycles, and the cycles of its
+    # instructions one at a time by opcode (as the decode token's ``by instruction``)
+    mid_position: int = 0
+    mid_cycles: float = 0.0
+    mid_by_opcode: dict = field(default_factory=dict)
 
     @property
     def compiled_seconds(self) -> float:
@@ -806,8 +811,11 @@ def prefill(cfg: ModelConfig, hw: HardwareConfig, tokens: list[int], rates: Rate
     body.append(halt)
     headless.append(halt)
 
+    def sched(words, pos):
+        return schedule(Machine(image, hw, COUNT), words, hw, rates, token=2, pos=pos)
+
     def run(words, pos):
-        return schedule(Machine(image, hw, COUNT), words, hw, rates, token=2, pos=pos).cycles
+        return sched(words, pos).cycles
 
     def rest(pos):
         return run(body, pos) - nops * rates.issue                 # the NOPs in the projections' places
@@ -822,18 +830,25 @@ def prefill(cfg: ModelConfig, hw: HardwareConfig, tokens: list[int], rates: Rate
     gemm = gemm_pays(hw, per_program)
     programs = {}
 
-    def run_cost(pos, k):
-        if k == 1:
-            return token(pos)
-        if k not in programs:
-            programs[k] = compile_tokens(cfg, image, hw, k)
-        return run(programs[k].bind([2] * k, range(pos, pos + k)), pos)
+    def run_words(pos, k, logits="none"):
+        if (k, logits) not in programs:
+            programs[k, logits] = compile_tokens(cfg, image, hw, k, logits=logits)
+        words = programs[k, logits].words
+        return programs[k, logits].bind([2] * k, range(pos, pos + k)) if k > 1 else words
+
+    def run_cost(pos, k, logits="none"):
+        return run(run_words(pos, k, logits), pos)
 
     out = []
     for t in tokens:
         e = PrefillEstimate(tokens=t, clock_hz=hw.clock_hz, projections=len(shapes), program_tokens=per_program,
                             program_gemm=gemm)
-        e.compiled = _runs_cost(prefill_runs(cfg, t, 0, per_program, sliding_ring(cfg, image)), run_cost, breaks)
+        # the programs without logits, then the last one's output section (`Runtime.prefill`)
+        runs = prefill_runs(cfg, t, 0, per_program, sliding_ring(cfg, image))
+        e.compiled = _runs_cost(runs, run_cost, breaks) + run_cost(*runs[-1], "last") - run_cost(*runs[-1])
+        e.mid_position, k = next((p, k) for p, k in runs if p + k > t // 2)
+        mid = sched(run_words(e.mid_position, k), e.mid_position)
+        e.mid_cycles, e.mid_by_opcode = mid.cycles / k, {op: c / k for op, c in mid.by_opcode.items()}
         for rows, cols in shapes:
             for t0 in range(0, t, per_insn):
                 g = Wgemm(rows, cols, min(per_insn, t - t0))
@@ -1056,7 +1071,9 @@ def main(argv=None) -> int:
         out = to_json(args.model, hw, rates, estimates, prefills)
         out["batched"] = [{"streams": e.streams, "position": e.position, "tok_s": e.tok_s, "cycles": e.cycles,
                            "per_stream_tok_s": e.per_stream_tok_s, "speedup": e.speedup,
-                           "program_tokens": e.program_tokens, "program_gemm": e.program_gemm}
+                           "program_tokens": e.program_tokens, "program_gemm": e.program_gemm,
+            "mid_position": e.mid_position, "mid_cycles_per_token": e.mid_cycles,
+            "mid_by_opcode_per_token": dict(e.mid_by_opcode)}
                           for e in (batches or [])]
         out["speculative"] = [{"position": e.position, "decode_cycles": e.decode,
                                "verify_cycles": {str(n): c for n, c in e.verify.items()},
@@ -1124,7 +1141,9 @@ def to_json(model: str, hw: HardwareConfig, rates: Rates, estimates: list[TokenE
             "rest_cycles": e.rest, "head_cycles": e.head, "array_bound_cycles": e.array_bound,
             "stream_bound_cycles": e.stream_bound, "decode_seconds": e.decode / e.clock_hz,
             "compiled_seconds": e.compiled_seconds, "compiled_cycles": e.compiled,
-            "program_tokens": e.program_tokens, "program_gemm": e.program_gemm}
+            "program_tokens": e.program_tokens, "program_gemm": e.program_gemm,
+            "mid_position": e.mid_position, "mid_cycles_per_token": e.mid_cycles,
+            "mid_by_opcode_per_token": dict(e.mid_by_opcode)}
             for e in (prefills or [])],
     }
 
@@ -1136,7 +1155,8 @@ def _print_prefill(estimates: list[PrefillEstimate], hw: HardwareConfig) -> None
     unit = (f"the GEMV engine of {R} vectors" if hw.gemv_vectors > 1 else
             f"the {R} x {GemmGeometry.of(hw).C2 // 2} array")
     print(f"\nprefill: the compiled prefill programs (firmware.compiler.compile_tokens, as Runtime.prefill runs a "
-          f"prompt from position 0): {e0.program_tokens} token(s) a program (what L2 and the staging slots hold), "
+          f"prompt from position 0, the last program alone computing logits): {e0.program_tokens} token(s) a program "
+          f"(what L2 and the staging slots hold), "
           f"projections as {'WGEMMs' if e0.program_gemm else 'WGEMVs per token (a WGEMM of so few tokens is slower)'}"
           f"; 'full tiles' is the estimate with every projection a WGEMM over token tiles of {R} on {unit} (the "
           f"{n} projection matrices of a token; the rest of each token as the decode model costs it), which a "
@@ -1148,6 +1168,12 @@ def _print_prefill(estimates: list[PrefillEstimate], hw: HardwareConfig) -> None
               f"{e.decode / e.clock_hz:>9.2f} {e.decode / e.compiled:>8.2f} | {e.seconds:>10.2f} "
               f"{e.gemm / 1e6:>10.1f} {e.array_bound / 1e6:>10.1f} {e.stream_bound / 1e6:>10.1f} "
               f"{e.rest / 1e6:>10.1f} {e.head / 1e6:>9.1f} {e.decode / e.cycles:>8.2f}")
+    for e in estimates:
+        top = sorted(e.mid_by_opcode.items(), key=lambda kv: -kv[1])
+        serial = sum(e.mid_by_opcode.values())
+        print(f"  prompt of {e.tokens}: the program at position {e.mid_position}, {e.mid_cycles / 1e6:.2f} Mcycles a "
+              f"token ({(serial - e.mid_cycles) / 1e6:.2f} hidden); by instruction: "
+              + ", ".join(f"{k} {v / 1e6:.2f}" for k, v in top[:6]) + " Mcycles a token")
     print("  compiled s: the prefill programs' cycles in the decode model's costs; decode s: the same tokens "
           "decoded one by one; array bnd: " + ("the products at the engine's lanes x vectors a cycle"
                                                  if hw.gemv_vectors > 1 else

@@ -669,21 +669,26 @@ class Runtime:
         The ids run in prefill programs of up to `prefill_tokens` tokens (`firmware.compiler.compile_tokens`:
         the projections once for all of them), one after another (`firmware.compiler.prefill_runs`); a run of
         one id, and the ids a multi-token program may not run (`firmware.compiler.multi_token_limit`), run
-        through ``step``. Bad ids raise here, before anything runs."""
+        through the decode program. Only the last program computes logits: the others leave out the output
+        section (``logits="none"``), whose LM head streams as many weight bytes as a fifth of a token's. Bad
+        ids raise here, before anything runs."""
         ids = self._ids(ids)
+        runs = prefill_runs(self.config, len(ids), self.position, self.prefill_tokens,
+                            sliding_ring(self.config, self.image))
         logits, k = None, 0
-        for pos, n in prefill_runs(self.config, len(ids), self.position, self.prefill_tokens,
-                                   sliding_ring(self.config, self.image)):
+        for i, (pos, n) in enumerate(runs):
             run = ids[k:k + n]
             k += n
-            if n == 1:
+            last = i == len(runs) - 1
+            if n == 1 and last:
                 logits = self.step(run[0])
                 continue
-            program = self._compiled(n, (self.stream,) * n, "last")
+            program = self._compiled(n, (self.stream,) * n, "last" if last else "none")
             for t, token in enumerate(run):
                 for region, offset, data in self.image.stage_rows(token, slot=t):
                     self.backend.write(region, offset, data)
-            logits = self.backend.run_words(program.bind(run, range(pos, pos + n)), run[0], pos)
+            words = program.bind(run, range(pos, pos + n)) if n > 1 else program.words
+            logits = self.backend.run_words(words, run[0], pos)
             self.position += n
         self._verified = None
         return logits

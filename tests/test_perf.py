@@ -299,8 +299,9 @@ def test_prefill_sums_the_decode_positions(tiny_prefill):
 
 def test_compiled_prefill_sums_its_programs(tiny_prefill):
     """The compiled prefill is the prompt's prefill programs (and decode steps past what one program may run),
-    each priced by `schedule` as the decode program is: the few-point sum equals the runs priced one by one
-    (within 0.1 %, as the decode sum above)."""
+    each priced by `schedule` as the decode program is, the last one alone with its output section (as
+    `Runtime.prefill` runs them): the few-point sum equals the runs priced one by one (within 0.1 %, as the
+    decode sum above)."""
     from firmware.compiler import compile_tokens, prefill_runs, program_tokens, sliding_ring
     from firmware.pack import pack
     from firmware.perf import schedule
@@ -312,11 +313,17 @@ def test_compiled_prefill_sums_its_programs(tiny_prefill):
     for e in estimates:
         runs = prefill_runs(cfg, e.tokens, 0, per, sliding_ring(cfg, image))
         assert sum(k for _, k in runs) == e.tokens and e.program_tokens == per
-        direct = 0.0
-        for pos, k in runs:
-            words = compile_tokens(cfg, image, hw, k).bind([2] * k, range(pos, pos + k))
-            direct += schedule(Machine(image, hw, COUNT), words, hw, Rates(), token=2, pos=pos).cycles
+        direct = head = 0.0
+        for i, (pos, k) in enumerate(runs):
+            for logits in ("none", "last") if i == len(runs) - 1 else ("none",):
+                prog = compile_tokens(cfg, image, hw, k, logits=logits)
+                words = prog.bind([2] * k, range(pos, pos + k)) if k > 1 else prog.words
+                cycles = schedule(Machine(image, hw, COUNT), words, hw, Rates(), token=2, pos=pos).cycles
+                head = cycles - head if logits == "last" else cycles
+            direct += cycles
         assert e.compiled == pytest.approx(direct, rel=1e-3)
+        # the output section costs what the full-tile estimate's head does (the same words, once)
+        assert head == pytest.approx(e.head, rel=0.05)
         # the output section once, the rest as decode; the tiny model's passes outweigh its weights (a tenth of a
         # token), so its programs hide less under the weight streams than decode steps do: within 2 %
         assert e.compiled <= e.decode * 1.02
@@ -338,6 +345,10 @@ def test_prefill_structure(tiny_prefill):
         assert e.projections == len(set(tensors)) > 0
         assert e.gemm >= e.array_bound > 0 and e.gemm >= e.stream_bound * Rates().ddr_efficiency
         assert e.cycles == pytest.approx(e.gemm + e.rest + e.head) and e.head > 0
+        # the middle program's token: no output section, its instructions one at a time at least its cycles
+        assert 0 <= e.mid_position <= e.tokens // 2 < e.mid_position + e.program_tokens
+        assert 0 < e.mid_cycles <= sum(e.mid_by_opcode.values())
+        assert e.mid_by_opcode.get("WGEMM" if e.tokens > 1 else "WGEMV", 0) > 0
     one = estimates[0]
     assert one.cycles < one.decode * 1.5                 # one token: WGEMM of 1 token vs the decode program
     a, b = estimates[1], estimates[2]
@@ -351,6 +362,8 @@ def test_cli_prints_decode_and_prefill(capsys):
     assert "the compiled prefill programs" in text and "full tiles" in text
     rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["2"], ["5"])]
     assert [r[0] for r in rows] == ["2", "5"] and all(len(r) == 13 and r[5] == "|" for r in rows)
+    mids = [line for line in text.splitlines() if line.startswith("  prompt of ")]
+    assert [m.split()[2] for m in mids] == ["2:", "5:"] and all("Mcycles a token (" in m and "by instruction: VEC" in m for m in mids)
     assert main(["--model", "tiny", "--hw", "tiny", "--positions", "3", "--prefill"]) == 0
     assert "prefill" not in capsys.readouterr().out
 

@@ -231,6 +231,34 @@ def test_prefill_program_structure_and_bind():
         prog.bind([1, 2], [0, 1, 2])
 
 
+def test_a_program_without_logits_leaves_logits_alone_and_everything_else_as_with_them():
+    """``logits="none"`` (the prefill programs before a prompt's last): no output section, LOGITS untouched, and
+    the KV cache and later steps as after the program that computes the last token's logits."""
+    case = load_case(FIXTURES / "f64_s1_l15.npz")              # KV sharing, sparse layers
+    cfg, hw = ModelConfig.from_hf(case.config), HW["tiny_v4"]
+    ids = [int(t) for t in case.input_ids]
+    with_, without = _runtimes(case, hw="tiny_v4")
+    image = with_.image
+    full, none = (compile_tokens(cfg, image, hw, 3, logits=k) for k in ("last", "none"))
+    assert not any(s.startswith("5 ") for s in none.steps) and any(s.startswith("5 ") for s in full.steps)
+    assert [w for w, s in zip(full.words, full.steps) if not s.startswith("5 ")] == none.words
+    one = compile_tokens(cfg, image, hw, 1, logits="none")
+    assert len(one.words) < len(compile_token(cfg, image, hw).words)
+    stale = np.arange(without.machine.logits.size, dtype=without.machine.logits.dtype)
+    without.machine.logits[:] = stale
+    for rt, prog in ((with_, full), (without, none)):
+        for t, token in enumerate(ids[:3]):
+            for region, offset, data in image.stage_rows(token, slot=t):
+                rt.backend.write(region, offset, data)
+        rt.backend.run_words(prog.bind(ids[:3], range(3)), ids[0], 0)
+        rt.position = 3
+    np.testing.assert_array_equal(without.machine.logits, stale)
+    assert not np.array_equal(with_.machine.logits, stale)
+    _assert_same_state(with_, without, "after a program of 3 tokens")
+    for k, t in enumerate(ids[3:6]):
+        np.testing.assert_array_equal(without.step(t), with_.step(t), err_msg=f"step {3 + k}")
+
+
 def test_gemm_pays_where_the_array_outruns_the_gemv_stream():
     # kv260_gemm: 2C = 16 rows per k-step against 4 ports x 32 weights per beat: the array takes 128 / 16 = 8
     # tokens' time per pass, re-streamed per tile of 32 tokens (from 33 tokens on, two passes against 33 x 16 /

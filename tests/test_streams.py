@@ -198,7 +198,7 @@ def test_compile_tokens_checks_streams_and_logits_rows():
     n = image.logit_rows + 1
     with pytest.raises(ValueError, match=f"the logits of {n} tokens need {n} rows in LOGITS; the image holds {n - 1}"):
         compile_tokens(cfg, image, hw, n, logits="all")
-    with pytest.raises(ValueError, match="logits must be 'last' or 'all'"):
+    with pytest.raises(ValueError, match="logits must be 'last', 'all' or 'none', not 'every'"):
         compile_tokens(cfg, image, hw, 2, logits="every")
 
 
