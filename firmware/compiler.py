@@ -1135,7 +1135,7 @@ def main(argv=None) -> int:
         cfg = ModelConfig.preset(args.model)
     hw = HardwareConfig.preset(args.hw)
     if args.gemv_vectors:
-        hw = hw.replace(gemv_vectors=args.gemv_vectors)
+        hw = hw.replace(gemv_vectors=args.gemv_vectors, gemv_pairs=hw.gemv_pairs and args.gemv_vectors % 2 == 0)
     try:
         image = pack(cfg, None, hw, fill=False, max_positions=args.max_positions, memory_map=args.memory_map,
                      logit_rows=args.tokens if args.logits == "all" else 1)

@@ -1047,7 +1047,7 @@ def main(argv=None) -> int:
     if args.no_row_mask:
         hw = hw.replace(gemv_row_mask=False)
     if args.gemv_vectors:
-        hw = hw.replace(gemv_vectors=args.gemv_vectors)
+        hw = hw.replace(gemv_vectors=args.gemv_vectors, gemv_pairs=hw.gemv_pairs and args.gemv_vectors % 2 == 0)
     try:
         estimates = estimate(cfg, hw, args.positions, rates)
     except (ExecutionError, ValueError) as e:

@@ -124,6 +124,10 @@ class HardwareConfig:
         NPU with more than one runs WGEMM on the GEMV engine, that many tokens per weight stream, and has no GEMM
         unit (each vector has its own activation and exponent memories, multipliers and adder tree in every
         port; docs/gemv.md "Several vectors").
+    gemv_pairs : GEMV block: the vectors in pairs (``gemv_vectors`` even): a pair shares a DSP48E2 per lane, one
+        weight times both activations packed 19 bits apart by the slice's pre-adder, and one adder tree, with
+        lane pairs summed through the slices' P cascade (`hdl.gemv.SegmentMac` ``pairs``; docs/gemv.md "Vector
+        pairs"). The activations must lie in the quantiser's [-127, 127].
     kv_format : the KV cache format: ``"fp16"`` (binary16 K and V; ATTN runs on the SFU, one element per
         cycle) or ``"int8"`` (power-of-two scaled INT8 K and V held as two INT4 planes; ATTN's dot products
         run on the GEMV engine at the weight-stream rate). docs/numerics.md, "KV cache".
@@ -161,6 +165,7 @@ class HardwareConfig:
     gemv_sparse_max_rows: int = 2048
     gemv_row_mask: bool = False
     gemv_vectors: int = 1
+    gemv_pairs: bool = False
     # --- KV cache (sim/iss.py ATTN/KVST, firmware/pack.py, docs/numerics.md "KV cache") ---
     kv_format: str = "fp16"
     kv_v_layout: str = "planes"
@@ -232,6 +237,11 @@ class HardwareConfig:
                              f"({self.axi_ports * self.weights_per_beat}), not {self.gemv_sparse_max_rows!r}")
         if not 1 <= integer("gemv_vectors") <= 4:
             raise ValueError(f"gemv_vectors must be 1 to 4, not {self.gemv_vectors!r}")
+        if not isinstance(self.gemv_pairs, bool):
+            raise ValueError(f"gemv_pairs must be True or False, not {self.gemv_pairs!r}")
+        if self.gemv_pairs and (self.gemv_vectors % 2 or self.act_bits > 8):
+            raise ValueError(f"gemv_pairs needs an even gemv_vectors and act_bits <= 8 (two activations in the "
+                             f"DSP48E2's 27-bit pre-adder), not {self.gemv_vectors} vectors of {self.act_bits} bits")
         # The widest dot product an accumulator must hold exactly: one weight group (or act block) of
         # INT4 x INT(act_bits) products. Checked so that no configuration silently overflows.
         span = max(self.weight_group or 1, self.act_block)
@@ -331,7 +341,7 @@ PRESETS: dict[str, HardwareConfig] = {
         act_block=64, weight_group=128, systolic_rows=32, systolic_cols=8,
         l2_bytes=1 << 20, constant_cache_bytes=64 << 10, l2_scratch_bytes=128 << 10, sfu_reduce_lanes=32,
         gemv_max_cols=16384, gemv_sparse_max_rows=2048, gemv_row_mask=True, kv_format="int8", gemv_vectors=4,
-        kv_v_layout="rows"),
+        gemv_pairs=True, kv_v_layout="rows"),
     # Small enough that the full chip simulates in seconds in Verilator; same structure.
     "tiny": HardwareConfig(
         name="tiny", clock_hz=100_000_000, axi_ports=2, axi_data_bits=64, axi_addr_bits=40,
@@ -344,10 +354,10 @@ PRESETS: dict[str, HardwareConfig] = {
 PRESETS["tiny_fp16"] = PRESETS["tiny"].replace(name="tiny_fp16", kv_format="fp16")
 # The tiny NPU whose GEMV engine takes four activation vectors and runs WGEMM (no GEMM unit): the multi-token
 # engine, kept buildable and tested.
-PRESETS["tiny_v4"] = PRESETS["tiny"].replace(name="tiny_v4", gemv_vectors=4, kv_v_layout="rows")
+PRESETS["tiny_v4"] = PRESETS["tiny"].replace(name="tiny_v4", gemv_vectors=4, gemv_pairs=True, kv_v_layout="rows")
 # The KV260 NPU with one activation vector and the GEMM unit (the 32 x 8 systolic array) for WGEMM: the
 # alternative docs/systolic.md measures, kept buildable and tested.
-PRESETS["kv260_gemm"] = PRESETS["kv260"].replace(name="kv260_gemm", gemv_vectors=1)
+PRESETS["kv260_gemm"] = PRESETS["kv260"].replace(name="kv260_gemm", gemv_vectors=1, gemv_pairs=False)
 
 
 def _field_meanings() -> dict[str, str]:

@@ -41,8 +41,8 @@ from .config import DSP48E2_P_BITS as P_BITS
 
 from .fp import _check_width, rejecting
 
-__all__ = ["XilinxTarget", "XILINX", "uses_xilinx_primitives", "DspMacc", "A_BITS", "MUL_A_BITS", "MUL_B_BITS",
-           "P_BITS", "OPMODE_PM", "OPMODE_M"]
+__all__ = ["XilinxTarget", "XILINX", "uses_xilinx_primitives", "DspMacc", "DspPairMul", "A_BITS", "MUL_A_BITS",
+           "MUL_B_BITS", "P_BITS", "OPMODE_PM", "OPMODE_M", "OPMODE_PCIN_M", "INMODE_D_PLUS_A2"]
 
 A_BITS = 30          # the A port and the A cascade; the multiplier takes its low MUL_A_BITS (27)
 
@@ -50,6 +50,10 @@ A_BITS = 30          # the A port and the A cascade; the multiplier takes its lo
 # partial products M; Z = 010 selects P (accumulate), Z = 000 selects 0 (restart); W = 00 is 0.
 OPMODE_PM = 0b00_010_01_01
 OPMODE_M = 0b00_000_01_01
+OPMODE_PCIN_M = 0b00_001_01_01      # Z = 001: PCIN, the P cascade from the slice below
+# INMODE[4:0] (UG579 table 2-4): [0] = 0 A2 (not A1), [1] = 0 A into the pre-adder (not gated), [2] = 1 D into it,
+# [3] = 0 D + A (not D - A), [4] = 0 B2 (not B1)
+INMODE_D_PLUS_A2 = 0b00100
 
 
 class XilinxTarget:
@@ -181,6 +185,100 @@ class DspMacc(wiring.Component):
             m.d.sync += [mreg.eq(a2[:MUL_A_BITS].as_signed() * b2),
                          restart.eq(self.i_restart), preg.eq(mreg + Mux(restart, 0, preg))]
         m.d.comb += [self.o_acout.eq(a2), self.o_p.eq(preg if self._preg else mreg)]
+        return m
+
+
+class DspPairMul(wiring.Component):
+    """``P ← (lo + hi·2**shift)·B`` (``+ PCIN``): one B operand times two A operands in one DSP48E2.
+
+    The pre-adder packs the pair (``D = lo``, ``A = hi·2**shift``, ``AD = D + A``), so the product holds
+    ``lo·B + hi·B·2**shift`` exactly: the two products, and sums of such words, are fields of one integer that
+    the caller separates once, after adding as many words as its fields have room for. With ``pcin`` the slice
+    adds the P register of the slice below (``i_pcin``, that slice's ``o_pcout``, wired straight), whose operands
+    came a cycle earlier: the first level of an adder tree inside the slices. ``i_keep`` low zeroes the product
+    (RSTM, the M register's synchronous reset): a masked lane.
+
+    The pre-adder is 27 bits: the caller keeps ``lo + hi·2**shift`` within them (with ``a_bits + shift = 27``,
+    hi above its most negative value).
+
+    Parameters
+    ----------
+    a_bits : width of lo and hi (2 .. 27 - shift).
+    b_bits : width of the B operand (2 .. 18).
+    shift : where hi's field starts (1 .. 25).
+    pcin : add ``i_pcin`` (OPMODE Z = PCIN).
+
+    Members
+    -------
+    i_lo, i_hi : In(signed(a_bits))    the two A operands
+    i_b : In(signed(b_bits))           B
+    i_keep : In(1)                     the product counts (given two cycles after the operands)
+    i_pcin : In(signed(48))            (with ``pcin``) the slice below's ``o_pcout``
+    o_p, o_pcout : Out(signed(48))     the P register
+
+    Timing: operands in cycle x are in the D, A and first B registers in x + 1, AD and the second B register
+    in x + 2, M in x + 3 (zero unless ``i_keep`` in cycle x + 2), P = M (+ ``i_pcin`` of cycle x + 3) in
+    x + 4. Configuration (UG579 names): ``AMULTSEL="AD"``, ``PREADDINSEL="A"``, ``INMODE = 00100`` (D + A2,
+    B2), ``DREG = ADREG = AREG = 1``, ``BREG = 2``, ``MREG = PREG = 1``, OPMODE M or PCIN + M, no C.
+    """
+
+    LATENCY = 4
+
+    def __init__(self, a_bits: int, b_bits: int, *, shift: int, pcin: bool = False):
+        with rejecting(self):
+            if isinstance(shift, bool) or not isinstance(shift, int) or not 1 <= shift <= MUL_A_BITS - 2:
+                raise ValueError(f"DspPairMul shift must be an integer 1..{MUL_A_BITS - 2}, not {shift!r}")
+            _check_width("DspPairMul", "a_bits", a_bits, MUL_A_BITS - shift,
+                         f" (hi·2**{shift} in the pre-adder's {MUL_A_BITS} bits)")
+            _check_width("DspPairMul", "b_bits", b_bits, MUL_B_BITS, " (the DSP48E2 multiplier's B input)")
+        self._a_bits, self._b_bits, self._shift, self._pcin = a_bits, b_bits, shift, bool(pcin)
+        ports = {"i_lo": In(signed(a_bits)), "i_hi": In(signed(a_bits)), "i_b": In(signed(b_bits)), "i_keep": In(1),
+                 "o_p": Out(signed(P_BITS)), "o_pcout": Out(signed(P_BITS))}
+        if self._pcin:
+            ports["i_pcin"] = In(signed(P_BITS))
+        super().__init__(ports)
+
+    def elaborate(self, platform):
+        m = Module()
+        hi_shifted = Signal(signed(MUL_A_BITS), name="hi_shifted")
+        m.d.comb += hi_shifted.eq(self.i_hi.as_signed() << self._shift)
+        if uses_xilinx_primitives(platform):
+            zero, one = Const(0, 1), Const(1, 1)
+            m.submodules.dsp = Instance(
+                "DSP48E2",
+                p_A_INPUT="DIRECT", p_B_INPUT="DIRECT",
+                p_AMULTSEL="AD", p_BMULTSEL="B", p_PREADDINSEL="A", p_USE_MULT="MULTIPLY",
+                p_USE_SIMD="ONE48", p_USE_PATTERN_DETECT="NO_PATDET", p_AUTORESET_PATDET="NO_RESET",
+                p_AREG=1, p_ACASCREG=1, p_BREG=2, p_BCASCREG=2, p_DREG=1, p_ADREG=1, p_MREG=1, p_PREG=1,
+                p_CREG=0, p_OPMODEREG=0, p_INMODEREG=0, p_ALUMODEREG=0, p_CARRYINREG=0, p_CARRYINSELREG=0,
+                i_CLK=ClockSignal(),
+                i_A=_sext(m, hi_shifted, A_BITS, "a_port"), i_ACIN=Const(0, A_BITS),
+                i_B=_sext(m, self.i_b, MUL_B_BITS, "b_port"), i_BCIN=Const(0, MUL_B_BITS),
+                i_D=_sext(m, self.i_lo, MUL_A_BITS, "d_port"), i_C=Const(0, P_BITS),
+                i_PCIN=self.i_pcin if self._pcin else Const(0, P_BITS), o_PCOUT=self.o_pcout,
+                i_CARRYIN=zero, i_CARRYCASCIN=zero, i_MULTSIGNIN=zero, i_CARRYINSEL=Const(0, 3),
+                i_INMODE=Const(INMODE_D_PLUS_A2, 5), i_ALUMODE=Const(0, 4),
+                i_OPMODE=Const(OPMODE_PCIN_M if self._pcin else OPMODE_M, 9),
+                i_CEA1=zero, i_CEA2=one, i_CEB1=one, i_CEB2=one, i_CED=one, i_CEAD=one, i_CEM=one, i_CEP=one,
+                i_CEC=zero, i_CECTRL=zero, i_CEINMODE=zero, i_CEALUMODE=zero, i_CECARRYIN=zero,
+                i_RSTA=zero, i_RSTB=zero, i_RSTD=zero, i_RSTM=~self.i_keep, i_RSTP=zero, i_RSTCTRL=zero,
+                i_RSTC=zero, i_RSTINMODE=zero, i_RSTALUMODE=zero, i_RSTALLCARRYIN=zero,
+                o_P=self.o_p,
+            )
+            return m
+        # Behavioural: the same registers.
+        dreg = Signal(signed(MUL_A_BITS), reset_less=True)
+        areg = Signal(signed(MUL_A_BITS), reset_less=True)
+        b1 = Signal(signed(self._b_bits), reset_less=True)
+        b2 = Signal(signed(self._b_bits), reset_less=True)
+        adreg = Signal(signed(MUL_A_BITS), reset_less=True)
+        mreg = Signal(signed(MUL_A_BITS + MUL_B_BITS), reset_less=True)
+        preg = Signal(signed(P_BITS), reset_less=True)
+        m.d.sync += [dreg.eq(self.i_lo), areg.eq(hi_shifted), b1.eq(self.i_b), b2.eq(b1),
+                     adreg.eq((dreg + areg)[:MUL_A_BITS].as_signed()),
+                     mreg.eq(Mux(self.i_keep, adreg * b2, 0)),
+                     preg.eq(mreg + (self.i_pcin if self._pcin else 0))]
+        m.d.comb += [self.o_p.eq(preg), self.o_pcout.eq(preg)]
         return m
 
 

@@ -55,7 +55,7 @@ from amaranth.lib.wiring import In, Out
 from . import config
 from .axi import AxiReadDma, AxiReadSignature, read_command_layout, read_data_layout
 from .config import HardwareConfig, ceil_log2, segment_sum_bits
-from .dsp import DspMacc
+from .dsp import DspMacc, DspPairMul
 from .fp import INT_SCALE_MAX_BITS, NEG_ZERO, FpAdd, FpLdexp, IntScaleMul, check_int_scale_bits, rejecting
 from .l2 import one_hot_mux
 from .rowmask import MASK_LANES, RowGather, mask_layout
@@ -184,6 +184,15 @@ class SegmentMac(wiring.Component):
     vectors), so the beat meets either half of the activation word: the half the lane mask selects (``i_sel``
     and ``i_lvl`` as above, ``i_lvl <= log2 B``). Products reach 2**14 and the adder tree is 4 bits wider.
 
+    Vector pairs (``pairs``, V even): vectors 2p and 2p + 1 share a DSP48E2 per lane (`DspPairMul`: the lane's
+    weight times ``a[2p] + a[2p + 1]·2**PAIR_SHIFT``), and lane 2j + 1's slice adds lane 2j's product through
+    the P cascade (its operands a cycle later), so one adder tree of W/2 packed words sums the pair's beat.
+    The activations are the quantiser's, in [-127, 127] (`sim.numerics.quantize_activations`; -128 would
+    overflow the pre-adder), so both fields stay exact: a beat's sum of one vector's products is below 2**18 in
+    magnitude (32 INT4 products at most 32·8·127; at most B = 16 INT8 ones, since ``i_lvl <= log2 B``, at most
+    16·128·127), which the low 19 bits hold; the high field is the rest of the word plus the low field's
+    borrow (its sign bit). Half the DSP48E2s and half the adder trees, two cycles more (`latency`).
+
     Parameters
     ----------
     cfg : HardwareConfig
@@ -192,6 +201,8 @@ class SegmentMac(wiring.Component):
         V, the activation vectors (default 1).
     int8 : bool, optional
         Build the INT8 weight operand and ``i_int8`` (default False).
+    pairs : bool, optional
+        Two vectors a DSP48E2 and an adder tree a pair of vectors (V even; default False).
 
     Members
     -------
@@ -203,8 +214,16 @@ class SegmentMac(wiring.Component):
     o_valid : Out(1); o_isum : Out(ArrayLayout(signed(acc_bits), V)); o_tag : Out(tag_bits)
     """
 
-    def __init__(self, cfg: HardwareConfig, tag_bits: int = 1, vectors: int = 1, int8: bool = False):
-        self._cfg, self._V, self._int8 = cfg, vectors, int8
+    PAIR_SHIFT = 19           # where the odd vector's field starts in a pair's word
+
+    def __init__(self, cfg: HardwareConfig, tag_bits: int = 1, vectors: int = 1, int8: bool = False,
+                 pairs: bool = False):
+        with rejecting(self):
+            if pairs and (vectors % 2 or cfg.weights_per_beat % 2 or cfg.act_bits + self.PAIR_SHIFT > 27):
+                raise ValueError(f"SegmentMac pairs need an even number of vectors and lanes and act_bits <= "
+                                 f"{27 - self.PAIR_SHIFT}, not {vectors} vectors, {cfg.weights_per_beat} lanes, "
+                                 f"{cfg.act_bits} bits")
+        self._cfg, self._V, self._int8, self._pairs = cfg, vectors, int8, bool(pairs)
         W = cfg.weights_per_beat
         self._W = W
         super().__init__({
@@ -220,13 +239,15 @@ class SegmentMac(wiring.Component):
 
     @property
     def tree_stages(self) -> int:
-        """Register stages of the adder tree: one after every two levels, and after the last (W = 1: one)."""
-        return max(1, (ceil_log2(self._W) + 1) // 2)
+        """Register stages of the adder tree: one after every two levels, and after the last (one leaf: one).
+        Its leaves are the W products, or with ``pairs`` the W/2 packed lane pairs."""
+        return max(1, (ceil_log2(self._W // 2 if self._pairs else self._W) + 1) // 2)
 
     @property
     def latency(self) -> int:
-        """Cycles from an input with ``i_last`` to its ``o_valid``."""
-        return 3 + self.tree_stages + 1
+        """Cycles from an input with ``i_last`` to its ``o_valid``: the products (3; with ``pairs`` the lane
+        pairs' sums, 5, and the fields' separation, 1), the tree, the segment's sum."""
+        return (6 if self._pairs else 3) + self.tree_stages + 1
 
     def elaborate(self, platform):
         m = Module()
@@ -248,7 +269,7 @@ class SegmentMac(wiring.Component):
                     m.d.comb += sub.eq(Cat(self.i_sel == (i >> lvl) for i in range(W)))
         m.d.sync += [below0.eq(Cat(i < self.i_nlanes for i in range(W))), sub0.eq(sub), take1.eq(below0 & sub0)]
         ctrl = Cat(self.i_valid, self.i_first, self.i_last, self.i_tag)
-        c = _delay(m, ctrl, 3, "ctrl")
+        c = _delay(m, ctrl, 6 if self._pairs else 3, "ctrl")
         totals = []
         if self._int8:
             # lane i's weight: nibble i sign-extended, or byte i mod B of the beat
@@ -260,7 +281,10 @@ class SegmentMac(wiring.Component):
                 weights.append(wi)
         else:
             weights = [self.i_w[i] for i in range(W)]
-        for v in range(V):
+        if self._pairs:
+            for p in range(V // 2):
+                totals += self._pair(m, p, weights, wbits, take1)
+        for v in range(0 if self._pairs else V):
             vn = f"v{v}_" if V > 1 else ""
             prods = []
             for i in range(W):
@@ -283,6 +307,33 @@ class SegmentMac(wiring.Component):
             m.d.sync += self.o_isum[v].eq(nxt)
         m.d.sync += [self.o_valid.eq(valid & last), self.o_tag.eq(tag)]
         return m
+
+    def _pair(self, m, p, weights, wbits, take1):
+        """Vectors 2p and 2p + 1: a `DspPairMul` per lane, lane 2j + 1's adding lane 2j's through the P cascade
+        (its operands and mask a cycle later), the tree over the W/2 pair words, then the two fields apart,
+        registered: (sum of vector 2p, sum of vector 2p + 1), each `latency` - 1 cycles after the beat."""
+        cfg, W, S = self._cfg, self._W, self.PAIR_SHIFT
+        pbits = wbits + cfg.act_bits
+        pn = f"p{p}_"
+        take2 = Signal(W, name=f"{pn}take_2")
+        m.d.sync += take2.eq(take1)
+        leaves = []
+        for j in range(W // 2):
+            lo_in, hi_in, w_in = self.i_a[2 * p][2 * j + 1], self.i_a[2 * p + 1][2 * j + 1], weights[2 * j + 1]
+            late = [Signal(signed(len(x)), name=f"{pn}late_{j}_{k}") for k, x in enumerate((lo_in, hi_in, w_in))]
+            m.d.sync += [r.eq(x) for r, x in zip(late, (lo_in, hi_in, w_in))]
+            m.submodules[f"{pn}mul{2 * j}"] = low = DspPairMul(cfg.act_bits, wbits, shift=S)
+            m.submodules[f"{pn}mul{2 * j + 1}"] = up = DspPairMul(cfg.act_bits, wbits, shift=S, pcin=True)
+            m.d.comb += [low.i_lo.eq(self.i_a[2 * p][2 * j]), low.i_hi.eq(self.i_a[2 * p + 1][2 * j]),
+                         low.i_b.eq(weights[2 * j]), low.i_keep.eq(take1[2 * j]),
+                         up.i_lo.eq(late[0]), up.i_hi.eq(late[1]), up.i_b.eq(late[2]),
+                         up.i_keep.eq(take2[2 * j + 1]), up.i_pcin.eq(low.o_pcout)]
+            leaves.append(up.o_p[:S + pbits + 1].as_signed())     # both fields below 2**pbits
+        total = self._tree(m, leaves, S + pbits + 1, pn)
+        # the low field: its 19 bits, signed; when negative, the high field lent it one
+        lo, hi = Signal(signed(cfg.acc_bits), name=f"{pn}sum_lo"), Signal(signed(cfg.acc_bits), name=f"{pn}sum_hi")
+        m.d.sync += [lo.eq(total[:S].as_signed()), hi.eq(total[S:].as_signed() + total[S - 1])]
+        return [lo, hi]
 
     def _tree(self, m, level, width, vn):
         """The exact sum of `level` (signed, `width` bits): a pipelined adder tree with a register after every
@@ -1072,7 +1123,8 @@ class GemvPort(wiring.Component):
             sel = fe_sel | Mux(fe_beat[0], half_sel, 0)
 
         # Stage f1: the beat and control, registered while the activation word is read.
-        m.submodules.mac = mac = SegmentMac(cfg, tag_bits=1 + lT + lS, vectors=cfg.gemv_vectors, int8=cfg.gemv_int8)
+        m.submodules.mac = mac = SegmentMac(cfg, tag_bits=1 + lT + lS, vectors=cfg.gemv_vectors, int8=cfg.gemv_int8,
+                                            pairs=cfg.gemv_pairs)
         f1 = Signal(data.StructLayout({
             "valid": 1, "w": 8 * B, "nl": range(W + 1), "sel": range(W), "first": 1, "last": 1,
             "seg_sub": lS, "beat_hi": lS + 3, "tb": 1 + lT}))

@@ -110,7 +110,8 @@ def test_hardware_presets():
     # WGEMM on the GEMV engine of four vectors, no GEMM unit; kv260_gemm: one vector and the 32 x 8 array
     assert kv.gemv_vectors == 4 and kv.gemm_tile == 4
     assert HW["kv260_gemm"].gemv_vectors == 1 and HW["kv260_gemm"].gemm_tile == 32
-    assert HW["kv260_gemm"].replace(name="kv260", gemv_vectors=4) == kv
+    assert HW["kv260_gemm"].replace(name="kv260", gemv_vectors=4, gemv_pairs=True) == kv
+    assert kv.gemv_pairs and HW["tiny_v4"].gemv_pairs and not HW["tiny"].gemv_pairs
     with pytest.raises(ValueError, match="unknown hardware preset 'zcu104'; choose one of: kv260, kv260_gemm, "
                                          "tiny"):
         HardwareConfig.preset("zcu104")
@@ -127,6 +128,10 @@ def test_hardware_presets():
     ({"clock_hz": 3e8}, TypeError, "clock_hz must be an integer"),
     ({"l2_bytes": 1000}, ValueError, "l2_bytes must be a power of two"),
     ({"name": ""}, TypeError, "name must be a non-empty string"),
+    ({"gemv_vectors": 3, "gemv_pairs": True}, ValueError, "gemv_pairs needs an even gemv_vectors and act_bits <= 8 "
+                                                         r"\(two activations in the DSP48E2's 27-bit pre-adder\), "
+                                                         "not 3 vectors of 8 bits"),
+    ({"gemv_pairs": 1}, ValueError, "gemv_pairs must be True or False, not 1"),
 ])
 def test_hardware_config_errors(change, exc, message):
     with pytest.raises(exc, match=message):

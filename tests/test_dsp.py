@@ -1,6 +1,7 @@
 """`hdl.dsp.DspMacc`: the behavioural form against a plain Python pipeline model (random operands with
 restarts, extreme operands, the A cascade), and the DSP48E2 instance form checked structurally: its
-configuration, one slice per PE with the accumulator inside, and the A cascade wired slice to slice."""
+configuration, one slice per PE with the accumulator inside, and the A cascade wired slice to slice.
+`hdl.dsp.DspPairMul` (two products in one slice through the pre-adder, the P cascade) likewise."""
 
 import json
 import subprocess
@@ -13,7 +14,8 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
-from hdl.dsp import OPMODE_M, OPMODE_PM, DspMacc, XilinxTarget, uses_xilinx_primitives
+from hdl.dsp import (INMODE_D_PLUS_A2, OPMODE_M, OPMODE_PCIN_M, OPMODE_PM, DspMacc, DspPairMul, XilinxTarget,
+                     uses_xilinx_primitives)
 from hdl.synth import ROOT, _yosys_command, synthesize
 from hdl.systolic import SystolicColumn, SystolicPE
 
@@ -245,3 +247,86 @@ def test_product_without_input_registers():
     assert isinstance(c["connections"]["CEM"][0], int)
     with pytest.raises(ValueError, match="cascade needs ireg"):
         DspMacc(25, 18, cascade=True, ireg=False)
+
+
+class PairOfPairs(wiring.Component):
+    """Two `DspPairMul`, the upper one adding the lower one's P through the P cascade (a lane pair of
+    `hdl.gemv.SegmentMac` with ``pairs``)."""
+
+    def __init__(self, a_bits, b_bits, shift):
+        self._args = a_bits, b_bits, shift
+        ops = {f"{n}{k}": In(signed(a_bits if n != "b" else b_bits)) for n in ("lo", "hi", "b") for k in (0, 1)}
+        super().__init__({**ops, "keep0": In(1), "keep1": In(1), "p0": Out(signed(48)), "p1": Out(signed(48))})
+
+    def elaborate(self, platform):
+        m = Module()
+        a_bits, b_bits, shift = self._args
+        m.submodules.low = low = DspPairMul(a_bits, b_bits, shift=shift)
+        m.submodules.up = up = DspPairMul(a_bits, b_bits, shift=shift, pcin=True)
+        for k, d in enumerate((low, up)):
+            m.d.comb += [d.i_lo.eq(getattr(self, f"lo{k}")), d.i_hi.eq(getattr(self, f"hi{k}")),
+                         d.i_b.eq(getattr(self, f"b{k}")), d.i_keep.eq(getattr(self, f"keep{k}"))]
+        m.d.comb += [up.i_pcin.eq(low.o_pcout), self.p0.eq(low.o_p), self.p1.eq(up.o_p)]
+        return m
+
+
+def test_pair_products_through_the_pre_adder_and_the_p_cascade():
+    """`DspPairMul`: P(x + 4) = keep(x + 2) ? (lo + hi·2**shift)·b : 0, of the operands of cycle x, and the
+    upper slice adds the lower one's P of the cycle before (an independent cycle model: inputs, pipeline
+    delays, the sum). Random operands over the quantiser's range with random masks, and the extremes of the
+    27-bit pre-adder (hi at ±127 with shift 19)."""
+    rng = np.random.default_rng(9)
+    n, shift = 300, 19
+    ops = {f"{k}{j}": rng.integers(-127, 128, n) for k in ("lo", "hi") for j in (0, 1)}
+    ops.update({f"b{j}": rng.integers(-128, 128, n) for j in (0, 1)})
+    ops.update({f"keep{j}": (rng.random(n) >= 0.2).astype(int) for j in (0, 1)})
+    for j in (0, 1):
+        ops[f"lo{j}"][:8], ops[f"hi{j}"][:8], ops[f"b{j}"][:8] = -127, 127, -128
+        ops[f"lo{j}"][8:16], ops[f"hi{j}"][8:16], ops[f"b{j}"][8:16] = 127, -127, -128
+    dut = PairOfPairs(8, 8, shift)
+    got = []
+
+    async def bench(ctx):
+        for x in range(n + 6):
+            for name, v in ops.items():
+                ctx.set(getattr(dut, name), int(v[x]) if x < n else 0)
+            got.append((ctx.get(dut.p0), ctx.get(dut.p1)))
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+
+    def prod(j, x):          # the product of operands of cycle x, masked by keep of cycle x + 2
+        if not 0 <= x < n or (x + 2 < n and not ops[f"keep{j}"][x + 2]) or x + 2 >= n:
+            return 0
+        return (int(ops[f"lo{j}"][x]) + int(ops[f"hi{j}"][x]) * 2 ** shift) * int(ops[f"b{j}"][x])
+
+    for x in range(n + 6):   # p0 before the edge ending cycle x: the product of cycle x - 4
+        assert got[x][0] == prod(0, x - 4), x
+        assert got[x][1] == prod(1, x - 4) + prod(0, x - 5), x
+    assert max(abs(p) for p, _ in got) >= 127 * 2 ** shift * 128 - 127 * 128
+
+    mod = _netlist(PairOfPairs(8, 8, shift), "dsp_pairs")
+    dsps = [c for c in mod["cells"].values() if c["type"] == "DSP48E2"]
+    assert len(dsps) == 2
+    for c in dsps:
+        p = {k: (int(v, 2) if set(v) <= {"0", "1"} and len(v) >= 32 else v) for k, v in c["parameters"].items()}
+        assert (p["AMULTSEL"], p["PREADDINSEL"], p["BMULTSEL"], p["USE_MULT"]) == ("AD", "A", "B", "MULTIPLY")
+        assert (p["AREG"], p["BREG"], p["DREG"], p["ADREG"], p["MREG"], p["PREG"], p["CREG"]) == (1, 2, 1, 1, 1, 1, 0)
+        conn = c["connections"]
+        assert conn["INMODE"] == [str(INMODE_D_PLUS_A2 >> i & 1) for i in range(5)]
+        assert isinstance(conn["RSTM"][0], int)                      # the mask, a net
+    ops_ = sorted(int("".join(reversed(c["connections"]["OPMODE"])), 2) for c in dsps)
+    assert ops_ == sorted([OPMODE_M, OPMODE_PCIN_M])
+    (low,) = [c for c in dsps if int("".join(reversed(c["connections"]["OPMODE"])), 2) == OPMODE_M]
+    (up,) = [c for c in dsps if c is not low]
+    assert up["connections"]["PCIN"] == low["connections"]["PCOUT"]   # the cascade, straight
+
+
+def test_pair_product_widths_are_checked():
+    with pytest.raises(ValueError, match=r"DspPairMul a_bits must be an integer 2..8"):
+        DspPairMul(9, 8, shift=19)
+    with pytest.raises(ValueError, match="DspPairMul shift must be an integer 1..25"):
+        DspPairMul(2, 8, shift=26)

@@ -16,11 +16,11 @@ TINY = HardwareConfig.preset("tiny")
 KV260 = HardwareConfig.preset("kv260")
 
 
-def rtl_segment_mac(cfg, steps, vectors=1, int8=False):
+def rtl_segment_mac(cfg, steps, vectors=1, int8=False, pairs=False):
     """Runs `steps` (dicts of packed weight bytes, int8 activations, nlanes, lvl, sel, first, last; with `int8`
     also ``int8``: the beat's bytes are INT8 weights) through SegmentMac; returns the segment sums in output
     order. With `vectors` V > 1 each step's ``a`` is [V, W] and each output a tuple of V sums."""
-    dut = SegmentMac(cfg, tag_bits=8, vectors=vectors, int8=int8)
+    dut = SegmentMac(cfg, tag_bits=8, vectors=vectors, int8=int8, pairs=pairs)
     W = cfg.weights_per_beat
     got = []
 
@@ -167,6 +167,39 @@ def test_segment_mac_int8(base):
     multi = [dict(st, a=np.stack(av[2 * k:2 * k + 2])) for k, st in enumerate(steps)]
     want = [ref_segment_mac(cfg, [dict(st, a=av[2 * k + v]) for k, st in enumerate(steps)]) for v in range(2)]
     assert rtl_segment_mac(cfg, multi, vectors=2, int8=True) == list(zip(*want))
+
+
+@pytest.mark.parametrize("base, vectors", [(TINY, 2), (KV260, 4)], ids=["tiny-2", "kv260-4"])
+def test_segment_mac_vector_pairs(base, vectors):
+    """``pairs``: two vectors a DSP48E2 (their fields 19 bits apart in one product) and an adder tree a pair,
+    lane pairs summed through the P cascade. Every vector's segment sums are the reference's for that vector
+    alone: random INT4 and INT8 beats with random masks and activations over the quantiser's range [-127,
+    127], then the extremes, where a beat's field reaches its largest magnitudes: INT8 -128 times -127 and
+    127 on B lanes (B·128·127 either sign) in the two vectors of a pair, both ways round and alike; INT4 -8
+    on every lane."""
+    cfg = base.replace(kv_v_layout="rows")
+    W, B = cfg.weights_per_beat, cfg.bytes_per_beat
+    lB = B.bit_length() - 1
+    rng = np.random.default_rng(31 + vectors)
+    steps = int8_steps(cfg, rng, 240)
+    extremes = []
+    for lo_a, hi_a in ((-127, 127), (127, -127), (-127, -127), (127, 127)):
+        for k in range(4):
+            extremes.append(dict(w=np.full(B, 0x80, np.uint8), a=np.stack([np.full(W, lo_a), np.full(W, hi_a)]),
+                                 nl=W, lvl=lB, sel=k & 1, first=k == 0, last=k == 3, int8=1))
+        for k in range(2):
+            extremes.append(dict(w=pack_int4(np.full(W, -8)), a=np.stack([np.full(W, lo_a), np.full(W, hi_a)]),
+                                 nl=W, lvl=lB + 1, sel=0, first=k == 0, last=k == 1, int8=0))
+    av = [rng.integers(-127, 128, W) for _ in steps for _ in range(vectors)]
+    multi = [dict(st, a=np.stack(av[vectors * k:vectors * (k + 1)])) for k, st in enumerate(steps)]
+    multi += [dict(st, a=np.concatenate([st["a"]] * (vectors // 2))) for st in extremes]
+    want = [ref_segment_mac(cfg, [dict(st, a=st["a"][v]) for st in multi]) for v in range(vectors)]
+    got = rtl_segment_mac(cfg, multi, vectors=vectors, int8=True, pairs=True)
+    assert got == list(zip(*want))
+    most = 4 * B * 128 * 127                        # four beats of B INT8 products at the extreme
+    assert {most, -most} <= set(want[0]) & set(want[1])
+    with pytest.raises(ValueError, match="SegmentMac pairs need an even number of vectors"):
+        SegmentMac(cfg, vectors=3, pairs=True)
 
 
 def test_unpack_order_is_low_nibble_first():
@@ -401,4 +434,4 @@ def test_part_accumulator_at_the_engine_width(layout, wmax, width):
         want = y + np.ldexp(isum.astype(np.float32) * scale.astype(np.float32), exp.astype(np.int32))
     np.testing.assert_array_equal(got.view(np.uint32), want[valid].view(np.uint32))
     with pytest.raises(ValueError, match="GEMV segment sums reach"):
-        GemvEngine(cfg.replace(act_block=1024, weight_group=1024, act_bits=16))
+        GemvEngine(cfg.replace(act_block=1024, weight_group=1024, act_bits=16, gemv_pairs=False))

@@ -54,6 +54,18 @@ def test_engine_int8(cfg, flow):
          VECTORS=cfg.gemv_vectors, KV_V_LAYOUT="rows")
 
 
+TINY_PAIRS = TINY_ROWS.replace(gemv_pairs=True)
+
+
+@pytest.mark.parametrize("flow", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_engine_vector_pairs(flow):
+    """`gemv_pairs` (two vectors a DSP48E2, an adder tree a pair, the MAC two cycles longer): dense GEMVs of 1
+    to 4 vectors among the other modes, INT8 commands among INT4 ones and the INT8 corners, each vector
+    bit-exact with every beat read once; the multi-vector throughput case at the port rate."""
+    _run(["multi_vector_random", "multi_vector_throughput", "int8_random", "int8_corners"], TINY_PAIRS,
+         build="gemv_tiny_pairs", SEED=61 + flow, FLOW=flow, VECTORS=4, KV_V_LAYOUT="rows", PAIRS=1)
+
+
 @pytest.mark.slow
 def test_engine_int8_kv260():
     """The kv260 engine with V rows (4 x 128-bit ports, four vectors, 22-bit segment sums): the random int8

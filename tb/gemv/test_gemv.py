@@ -25,7 +25,8 @@ def make_bench(dut, seed, **kw):
     # preset's
     cfg = cfg.replace(gemv_row_mask=bench_env("ROW_MASK", str(int(cfg.gemv_row_mask))) == "1",
                       gemv_vectors=int(bench_env("VECTORS", str(cfg.gemv_vectors))),
-                      kv_v_layout=bench_env("KV_V_LAYOUT", cfg.kv_v_layout))
+                      kv_v_layout=bench_env("KV_V_LAYOUT", cfg.kv_v_layout),
+                      gemv_pairs=bench_env("PAIRS", str(int(cfg.gemv_pairs))) == "1")
     return cfg, GemvBench(dut, cfg, mem_size=int(bench_env("MEM_SIZE", str(MEM))), seed=seed,
                           max_cols=cfg.gemv_max_cols, **kw)
 
@@ -590,7 +591,8 @@ async def int8_random(dut):
 
 @cocotb.test()
 async def int8_corners(dut):
-    """int8 corners: all -128 weights against -128 and 127 activations (the largest segment sums), one column,
+    """int8 corners: all -128 weights against -128 and 127 activations (the largest segment sums; -127 with
+    `gemv_pairs`, whose activations are the quantiser's), one column,
     one row, pitch = cols, rows of a whole and of an odd number of beats at every start byte of a beat, the
     attention's V shape (head_dim rows, one scale group, every vector, accm), the widest row; then an int8 command
     with `sparse` or `mask` is rejected without results, and the engine runs again."""
@@ -600,7 +602,7 @@ async def int8_corners(dut):
     W, B, V = cfg.weights_per_beat, cfg.bytes_per_beat, cfg.gemv_vectors
     vec = V if V > 1 else None
     cases = []
-    for a in (-128, 127):
+    for a in (-127 if cfg.gemv_pairs else -128, 127):
         c = int8_case(cfg, rng, 9, 5 * W + 3, pitch=5 * W + 7, group=cfg.act_block)
         c.q_w[:] = -128
         c.q_a[:] = a
