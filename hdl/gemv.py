@@ -176,8 +176,8 @@ class SegmentMac(wiring.Component):
     when ``i < i_nlanes`` and ``i_sel * 2**i_lvl <= i < (i_sel + 1) * 2**i_lvl`` (a sub-sum narrower than a
     beat). The sums start a new segment on ``i_first`` and the segment's exact sums (``o_isum[v]``, one per
     vector) leave on ``o_valid`` when the input had ``i_last``; ``i_tag`` travels along with them. No
-    backpressure: a free-running pipeline. Every vector has its own multipliers (a DSP48E2 per lane) and adder
-    tree; the lane mask and the control are shared.
+    backpressure: a free-running pipeline. Every vector has its own multipliers (a DSP48E2 per lane; but see
+    ``pairs``) and adder tree; the lane mask and the control are shared.
 
     INT8 weights (``i_int8``, an engine with ``gemv_int8``): the beat's B = W/2 bytes are B signed INT8 weights,
     and lane i takes byte ``i mod B`` (a 2:1 select in front of the multiplier's weight register, shared by the

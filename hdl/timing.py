@@ -571,8 +571,8 @@ def unit_config(preset: str, kv_v_layout: str | None = None):
 
 
 def main(argv=None) -> int:
-    """``python -m hdl.timing UNIT [--hw PRESET] [--kv-v-layout LAYOUT]``: synthesise one unit alone as the NPU
-    builds it (Yosys ``synth_xilinx -family xcup``, its parts kept as blocks) and print its utilisation and timing
+    """``python -m hdl.timing UNIT [--hw PRESET] [--kv-v-layout LAYOUT] [--no-gemv-pairs]``: synthesise one unit
+    alone as the NPU builds it (Yosys ``synth_xilinx -family xcup``, its parts kept as blocks) and print its utilisation and timing
     estimate against the preset's clock. Bad input: one line on stderr, exit status 2."""
     import argparse
     import sys
@@ -586,11 +586,15 @@ def main(argv=None) -> int:
     p.add_argument("--hw", default="kv260", choices=sorted(PRESETS), help="hardware preset (default kv260)")
     p.add_argument("--kv-v-layout", choices=KV_V_LAYOUTS, default=None,
                    help="the preset's kv_v_layout replaced (rows: the GEMV engine with INT8 weights)")
+    p.add_argument("--no-gemv-pairs", action="store_true",
+                   help="the preset without gemv_pairs (a DSP48E2 and an adder tree for every vector)")
     args = p.parse_args(argv)
     try:
         hw = unit_config(args.hw, args.kv_v_layout)
     except ValueError as e:
         p.error(f"--kv-v-layout: {e}")
+    if args.no_gemv_pairs:
+        hw = hw.replace(gemv_pairs=False)
     component, depth = _unit(args.unit, hw)
     name = f"timing_{args.unit.replace('-', '_')}"
     text = None
@@ -603,7 +607,8 @@ def main(argv=None) -> int:
                                 BLACK_BOXES[args.unit])
     util = synthesize(component, name, keep_depth=depth, rtlil_text=text, log=lambda msg: print(msg, file=sys.stderr))
     mhz = hw.clock_hz / 1e6
-    label = args.hw + (f", kv_v_layout {args.kv_v_layout}" if args.kv_v_layout else "")
+    label = args.hw + (f", kv_v_layout {args.kv_v_layout}" if args.kv_v_layout else "") + \
+        (", no gemv_pairs" if args.no_gemv_pairs else "")
     print(f"{args.unit} ({type(component).__name__}, {label}): {util.lut} LUT, {util.ff} FF, {util.dsp} DSP48E2, "
           f"{util.bram36:g} BRAM36, {util.uram} URAM288; target {mhz:g} MHz: a path of at most "
           f"{budget_ns(mhz):.2f} ns")
