@@ -1071,9 +1071,7 @@ def main(argv=None) -> int:
         out = to_json(args.model, hw, rates, estimates, prefills)
         out["batched"] = [{"streams": e.streams, "position": e.position, "tok_s": e.tok_s, "cycles": e.cycles,
                            "per_stream_tok_s": e.per_stream_tok_s, "speedup": e.speedup,
-                           "program_tokens": e.program_tokens, "program_gemm": e.program_gemm,
-            "mid_position": e.mid_position, "mid_cycles_per_token": e.mid_cycles,
-            "mid_by_opcode_per_token": dict(e.mid_by_opcode)}
+                           "program_tokens": e.program_tokens, "program_gemm": e.program_gemm}
                           for e in (batches or [])]
         out["speculative"] = [{"position": e.position, "decode_cycles": e.decode,
                                "verify_cycles": {str(n): c for n, c in e.verify.items()},

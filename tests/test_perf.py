@@ -476,6 +476,13 @@ def test_cli_json(capsys):
         assert got["tok_s"] == pytest.approx(e.tok_s) and got["bytes_per_token"] == e.bytes_total > 0
         assert got["total_cycles"] == pytest.approx(e.total_cycles) and got["cycles"]["weights"] > 0
     assert [p["tokens"] for p in out["prefill"]] == [2] and out["prefill"][0]["tok_s"] > 0
+    mid = out["prefill"][0]
+    assert mid["mid_position"] == 0 and mid["mid_cycles_per_token"] > 0 and mid["mid_by_opcode_per_token"]["WGEMM"] > 0
+    # batched steps in the same JSON
+    assert main(["--model", "tiny", "--hw", "tiny_v4", "--positions", "3", "--streams", "1", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(b["streams"], b["position"]) for b in out["batched"]] == [(1, 3), (2, 3)]
+    assert all(b["tok_s"] > 0 for b in out["batched"])
 
 
 def test_cli_axi_ports(capsys):
