@@ -15,7 +15,8 @@ import dataclasses
 from dataclasses import dataclass
 
 __all__ = ["HardwareConfig", "DeviceBudget", "PRESETS", "XCK26", "ceil_log2", "DSP48E2_MUL_A_BITS",
-           "DSP48E2_MUL_B_BITS", "DSP48E2_P_BITS", "segment_sum_bound", "segment_sum_bits"]
+           "DSP48E2_MUL_B_BITS", "DSP48E2_P_BITS", "segment_sum_bound", "segment_sum_bits", "GEMV_PAIR_SHIFT",
+           "gemv_pair_problem"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,27 @@ def segment_sum_bits(seg: int, act_bits: int = 8, weight_bits: int | None = None
     """Signed width that holds every sum of `seg` INT(`weight_bits`, default 4) x INT(`act_bits`) products
     (`segment_sum_bound`)."""
     return segment_sum_bound(seg, act_bits, weight_bits).bit_length() + 1
+
+
+# `gemv_pairs`: where the odd vector's field starts in a pair's DSP48E2 word (hdl.dsp.DspPairMul, hdl.gemv.SegmentMac)
+GEMV_PAIR_SHIFT = 19
+
+
+def gemv_pair_problem(cfg: "HardwareConfig", int8: bool) -> str | None:
+    """Why two vectors cannot share a DSP48E2 per lane exactly on `cfg` (`gemv_pairs`; `int8`: the MAC also takes
+    INT8 weights), or None. The activations are the quantiser's, at most 2**(act_bits - 1) - 1 in magnitude
+    (`sim.numerics.quantize_activations`): ``hi·2**GEMV_PAIR_SHIFT + lo`` must fit the pre-adder's
+    `DSP48E2_MUL_A_BITS`, and a beat's sum of one vector's products (W INT4 products; B INT8 ones, a half of
+    the activation word) the low field's GEMV_PAIR_SHIFT bits, signed."""
+    amax = 2 ** (cfg.act_bits - 1) - 1
+    if amax * 2 ** GEMV_PAIR_SHIFT + amax >= 2 ** (DSP48E2_MUL_A_BITS - 1):
+        return (f"act_bits <= {DSP48E2_MUL_A_BITS - GEMV_PAIR_SHIFT} (two activations in the DSP48E2's "
+                f"{DSP48E2_MUL_A_BITS}-bit pre-adder)")
+    beat = max(segment_sum_bound(cfg.weights_per_beat, 1), segment_sum_bound(cfg.bytes_per_beat, 1, 8) if int8
+               else 0) * amax
+    if beat >= 2 ** (GEMV_PAIR_SHIFT - 1):
+        return f"a beat's sum of products below 2**{GEMV_PAIR_SHIFT - 1} (the pair's low field), not up to {beat}"
+    return None
 
 
 def ceil_log2(x: int) -> int:
@@ -239,9 +261,11 @@ class HardwareConfig:
             raise ValueError(f"gemv_vectors must be 1 to 4, not {self.gemv_vectors!r}")
         if not isinstance(self.gemv_pairs, bool):
             raise ValueError(f"gemv_pairs must be True or False, not {self.gemv_pairs!r}")
-        if self.gemv_pairs and (self.gemv_vectors % 2 or self.act_bits > 8):
-            raise ValueError(f"gemv_pairs needs an even gemv_vectors and act_bits <= 8 (two activations in the "
-                             f"DSP48E2's 27-bit pre-adder), not {self.gemv_vectors} vectors of {self.act_bits} bits")
+        if self.gemv_pairs:
+            problem = "an even gemv_vectors" if self.gemv_vectors % 2 else gemv_pair_problem(self, self.gemv_int8)
+            if problem:
+                raise ValueError(f"gemv_pairs needs {problem}: {self.gemv_vectors} vectors of {self.act_bits} bits, "
+                                 f"{self.weights_per_beat} lanes")
         # The widest dot product an accumulator must hold exactly: one weight group (or act block) of
         # INT4 x INT(act_bits) products. Checked so that no configuration silently overflows.
         span = max(self.weight_group or 1, self.act_block)

@@ -214,15 +214,16 @@ class SegmentMac(wiring.Component):
     o_valid : Out(1); o_isum : Out(ArrayLayout(signed(acc_bits), V)); o_tag : Out(tag_bits)
     """
 
-    PAIR_SHIFT = 19           # where the odd vector's field starts in a pair's word
+    PAIR_SHIFT = config.GEMV_PAIR_SHIFT     # where the odd vector's field starts in a pair's word
 
     def __init__(self, cfg: HardwareConfig, tag_bits: int = 1, vectors: int = 1, int8: bool = False,
                  pairs: bool = False):
         with rejecting(self):
-            if pairs and (vectors % 2 or cfg.weights_per_beat % 2 or cfg.act_bits + self.PAIR_SHIFT > 27):
-                raise ValueError(f"SegmentMac pairs need an even number of vectors and lanes and act_bits <= "
-                                 f"{27 - self.PAIR_SHIFT}, not {vectors} vectors, {cfg.weights_per_beat} lanes, "
-                                 f"{cfg.act_bits} bits")
+            if pairs:
+                problem = "an even number of vectors" if vectors % 2 else config.gemv_pair_problem(cfg, int8)
+                if problem:
+                    raise ValueError(f"SegmentMac pairs need {problem}: {vectors} vectors of {cfg.act_bits} bits, "
+                                     f"{cfg.weights_per_beat} lanes")
         self._cfg, self._V, self._int8, self._pairs = cfg, vectors, int8, bool(pairs)
         W = cfg.weights_per_beat
         self._W = W
@@ -246,8 +247,8 @@ class SegmentMac(wiring.Component):
     @property
     def latency(self) -> int:
         """Cycles from an input with ``i_last`` to its ``o_valid``: the products (3; with ``pairs`` the lane
-        pairs' sums, 5, and the fields' separation, 1), the tree, the segment's sum."""
-        return (6 if self._pairs else 3) + self.tree_stages + 1
+        pairs' sums, `DspPairMul.LATENCY` + 1, and the fields' separation, 1), the tree, the segment's sum."""
+        return (DspPairMul.LATENCY + 2 if self._pairs else 3) + self.tree_stages + 1
 
     def elaborate(self, platform):
         m = Module()
@@ -269,7 +270,7 @@ class SegmentMac(wiring.Component):
                     m.d.comb += sub.eq(Cat(self.i_sel == (i >> lvl) for i in range(W)))
         m.d.sync += [below0.eq(Cat(i < self.i_nlanes for i in range(W))), sub0.eq(sub), take1.eq(below0 & sub0)]
         ctrl = Cat(self.i_valid, self.i_first, self.i_last, self.i_tag)
-        c = _delay(m, ctrl, 6 if self._pairs else 3, "ctrl")
+        c = _delay(m, ctrl, DspPairMul.LATENCY + 2 if self._pairs else 3, "ctrl")
         totals = []
         if self._int8:
             # lane i's weight: nibble i sign-extended, or byte i mod B of the beat

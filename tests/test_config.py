@@ -128,9 +128,12 @@ def test_hardware_presets():
     ({"clock_hz": 3e8}, TypeError, "clock_hz must be an integer"),
     ({"l2_bytes": 1000}, ValueError, "l2_bytes must be a power of two"),
     ({"name": ""}, TypeError, "name must be a non-empty string"),
-    ({"gemv_vectors": 3, "gemv_pairs": True}, ValueError, "gemv_pairs needs an even gemv_vectors and act_bits <= 8 "
-                                                         r"\(two activations in the DSP48E2's 27-bit pre-adder\), "
-                                                         "not 3 vectors of 8 bits"),
+    ({"gemv_vectors": 3, "gemv_pairs": True}, ValueError, "gemv_pairs needs an even gemv_vectors: 3 vectors of 8 "
+                                                         "bits, 32 lanes"),
+    ({"act_bits": 10, "gemv_pairs": True}, ValueError, r"gemv_pairs needs act_bits <= 8 \(two activations in the "
+                                                       r"DSP48E2's 27-bit pre-adder\): 4 vectors of 10 bits"),
+    ({"axi_data_bits": 256, "gemv_pairs": True}, ValueError, r"gemv_pairs needs a beat's sum of products below "
+                                                             r"2\*\*18 \(the pair's low field\), not up to 520192"),
     ({"gemv_pairs": 1}, ValueError, "gemv_pairs must be True or False, not 1"),
 ])
 def test_hardware_config_errors(change, exc, message):
