@@ -833,8 +833,7 @@ def prefill(cfg: ModelConfig, hw: HardwareConfig, tokens: list[int], rates: Rate
     def run_words(pos, k, logits="none"):
         if (k, logits) not in programs:
             programs[k, logits] = compile_tokens(cfg, image, hw, k, logits=logits)
-        words = programs[k, logits].words
-        return programs[k, logits].bind([2] * k, range(pos, pos + k)) if k > 1 else words
+        return programs[k, logits].bind([2] * k, range(pos, pos + k))
 
     def run_cost(pos, k, logits="none"):
         return run(run_words(pos, k, logits), pos)

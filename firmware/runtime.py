@@ -687,8 +687,7 @@ class Runtime:
             for t, token in enumerate(run):
                 for region, offset, data in self.image.stage_rows(token, slot=t):
                     self.backend.write(region, offset, data)
-            words = program.bind(run, range(pos, pos + n)) if n > 1 else program.words
-            logits = self.backend.run_words(words, run[0], pos)
+            logits = self.backend.run_words(program.bind(run, range(pos, pos + n)), run[0], pos)
             self.position += n
         self._verified = None
         return logits

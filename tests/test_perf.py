@@ -319,8 +319,8 @@ def test_compiled_prefill_sums_its_programs(tiny_prefill):
         for i, (pos, k) in enumerate(runs):
             for logits in ("none", "last") if i == len(runs) - 1 else ("none",):
                 prog = compile_tokens(cfg, image, hw, k, logits=logits)
-                words = prog.bind([2] * k, range(pos, pos + k)) if k > 1 else prog.words
-                cycles = schedule(Machine(image, hw, COUNT), words, hw, Rates(), token=2, pos=pos).cycles
+                cycles = schedule(Machine(image, hw, COUNT), prog.bind([2] * k, range(pos, pos + k)), hw, Rates(),
+                                  token=2, pos=pos).cycles
                 head = cycles - head if logits == "last" else cycles
             direct += cycles
         assert e.compiled == pytest.approx(direct, rel=1e-3)
