@@ -233,7 +233,7 @@ def test_check_core_messages():
     with pytest.raises(ValueError, match="HPM0 has 40 address and 16 ID bits"):
         check_core(ProbeCore(hw, csr=AxiSignature(41, 128, 16)))
     with pytest.raises(ValueError, match=r"m_axi0 is AxiSignature\(40, 256, 6\): an HP port carries 32, 64 or 128"):
-        check_core(ProbeCore(hw.replace(axi_data_bits=256, axi_max_burst_beats=8)))
+        check_core(ProbeCore(hw.replace(axi_data_bits=256, axi_max_burst_beats=8, gemv_pairs=False)))
     with pytest.raises(TypeError, match=r"o_irq must be Out\(1\)"):
         check_core(ProbeCore(hw, irq=2))
     with pytest.raises(TypeError, match="must be an amaranth.lib.wiring.Component"):
