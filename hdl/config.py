@@ -356,13 +356,14 @@ class HardwareConfig:
 
 PRESETS: dict[str, HardwareConfig] = {
     # The target. Four HP ports x 128 bit at 300 MHz = 19.2 GB/s, the DDR4-2400 x64 peak: 128 INT4
-    # weights per cycle. Group 128 / block 64: docs/numerics.md (the SQNR study). The GEMV engine takes four
-    # activation vectors and runs WGEMM, four tokens a weight stream (no GEMM unit; docs/architecture.md
-    # "Decisions").
+    # weights per cycle. Group 128 / block 128: docs/numerics.md ("Choosing the numerics": blocks of 16 to 128
+    # give the same quality; a segment of 128 columns is four beats, so one binary32 pipeline a port keeps four
+    # vectors at the stream rate). The GEMV engine takes four activation vectors and runs WGEMM, four tokens a
+    # weight stream (no GEMM unit; docs/architecture.md "Decisions").
     "kv260": HardwareConfig(
         name="kv260", clock_hz=300_000_000, axi_ports=4, axi_data_bits=128, axi_addr_bits=40,
         axi_id_bits=6, axi_max_burst_beats=16, axi_max_outstanding=8, act_bits=8, acc_bits=32,
-        act_block=64, weight_group=128, systolic_rows=32, systolic_cols=8,
+        act_block=128, weight_group=128, systolic_rows=32, systolic_cols=8,
         l2_bytes=1 << 20, constant_cache_bytes=64 << 10, l2_scratch_bytes=128 << 10, sfu_reduce_lanes=32,
         gemv_max_cols=16384, gemv_sparse_max_rows=2048, gemv_row_mask=True, kv_format="int8", gemv_vectors=4,
         gemv_pairs=True, kv_v_layout="rows"),

@@ -47,6 +47,8 @@ Dataflow (docs/gemv.md has the full design and the measurements)::
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
@@ -127,15 +129,30 @@ def _two_entry_buffer(m, width: int, name: str):
     return b
 
 
+def _scale_words(cfg: HardwareConfig, max_segments: int, tile_rows: int) -> tuple[int, int]:
+    """Words of one scale bank (beat-wide words of binary16 scales) of the dense datapath (T rows of
+    ``ceil(S / hpw)`` words) and of the sparse one (a word per ``hpw`` rows of the port's share). Both datapaths
+    address one memory of two banks of the larger (`EnginePort`): bank b of a datapath of ``n`` words a bank
+    starts at word ``b * n``, ``n`` a power of two."""
+    hpw = cfg.bytes_per_beat // 2
+    dense = max(1, tile_rows * -(-max_segments // hpw))
+    sparse = max(1, cfg.gemv_sparse_max_rows // cfg.axi_ports // hpw)
+    return dense, sparse
+
+
 def _exp_depth(cfg: HardwareConfig, max_cols: int) -> int:
     """Words of the exponent memory: one per activation block."""
     return max(1, max_cols // cfg.act_block)
 
 
 def gemv_parts(cfg: HardwareConfig) -> int:
-    """Binary32 pipelines (`PartAccumulator`s) per port: one per two activation vectors, so that on kv260 (a
-    segment is two beats) every vector of a command keeps to the weight stream's rate."""
-    return (cfg.gemv_vectors + 1) // 2
+    """Binary32 pipelines (`PartAccumulator`s) per port: as many as keep every vector of a command to the weight
+    stream's rate, a pipeline taking one part a cycle and a segment (``min(weight_group, act_block)`` columns)
+    taking ``seg / W`` beats, so ``ceil(V / (seg / W))``; at most one per two vectors (tiny's segment is one
+    beat: two pipelines for four vectors, half the rate). kv260 (segments of four beats): one for four vectors."""
+    W, V = cfg.weights_per_beat, cfg.gemv_vectors
+    seg_beats = max(1, min(cfg.weight_group or cfg.act_block, cfg.act_block) // W)
+    return -(-V // max(2, seg_beats))
 
 
 def command_layout(cfg: HardwareConfig) -> data.StructLayout:
@@ -632,10 +649,12 @@ def _mask_share(cfg: HardwareConfig) -> int:
     return -(-cfg.gemv_max_cols // (N * W)) * W
 
 
-def _datapath_members(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dict:
+def _datapath_members(cfg: HardwareConfig, max_cols: int, max_segments: int, scale_words: int) -> dict:
     """The members shared by `GemvPort` and `SparsePort`: start, the decoded command, the port's DMA (command
     and data streams, busy), the read port of its activation memory and the address of its exponent memory
-    (synchronous: the data is the word addressed in the previous cycle), its `PartAccumulator` (``fp``: a
+    (synchronous: the data is the word addressed in the previous cycle), the port's scale memory of
+    `scale_words` words (``o_scale_wen`` / ``o_scale_waddr``: the DMA beat of the cycle written there;
+    ``o_scale_raddr`` / ``i_scale_rdata``: a synchronous read port), its `PartAccumulator` (``fp``: a
     part's isum and scale in the cycle after the exponent's address, the addend ``y`` `part_latency` - 1 cycles
     later (the `EnginePort` registers it after its mode's select), the ``sum`` `FpAdd.LATENCY` + 1 cycles after
     that), the results and idle."""
@@ -648,6 +667,8 @@ def _datapath_members(cfg: HardwareConfig, max_cols: int, max_segments: int) -> 
         "i_dma_busy": In(1),
         "o_act_addr": Out(range(max_cols // W)), "i_act_data": In(data.ArrayLayout(signed(cfg.act_bits), W)),
         "o_exp_addr": Out(range(_exp_depth(cfg, max_cols))),
+        "o_scale_wen": Out(1), "o_scale_waddr": Out(range(scale_words)), "o_scale_raddr": Out(range(scale_words)),
+        "i_scale_rdata": In(8 * cfg.bytes_per_beat),
         "fp": Out(_part_signature(cfg)),
         "o_res": Out(stream.Signature(unsigned(32))),
         "o_idle": Out(1),
@@ -698,7 +719,7 @@ class GemvPort(wiring.Component):
         # ``gemv_int8`` also in INT8 weights (B = W/2 a beat).
         self._chunk_beats = max(cfg.axi_max_burst_beats, cfg.act_block // (W // 2 if cfg.gemv_int8 else W), 1)
         self._max_beats = max_row_beats(cfg, max_cols)
-        members = _datapath_members(cfg, max_cols, max_segments)
+        members = _datapath_members(cfg, max_cols, max_segments, 2 * max(_scale_words(cfg, max_segments, tile_rows)))
         members["i_rows"] = In(20)
         if cfg.gemv_row_mask:
             members["o_idx_addr"] = Out(range(_mask_share(cfg)))
@@ -724,15 +745,18 @@ class GemvPort(wiring.Component):
 
         # --- memories ----------------------------------------------------------------------------------
         # isum banks: [bank, t, s], a word of one sum per vector; scale banks: [bank, halfword t * groups + g] in
-        # beat-wide words. A segment sum fits `cfg.segment_sum_bits` (kv260: 18), so the banks keep that width,
-        # not acc_bits.
+        # beat-wide words. A segment sum fits `cfg.segment_sum_bits` (kv260: 23 with INT8 weights), so the banks
+        # keep that width, not acc_bits. With several vectors the words are V sums wide (kv260: 92 bits x 2,048)
+        # and go to UltraRAM (two URAM288 a port against 5.5 BRAM36, which bind the KV260 system first).
         m.submodules.isum_mem = isum_mem = Memory(
-            shape=data.ArrayLayout(signed(cfg.segment_sum_bits), cfg.gemv_vectors), depth=2 * T * S, init=[])
+            shape=data.ArrayLayout(signed(cfg.segment_sum_bits), cfg.gemv_vectors), depth=2 * T * S, init=[],
+            attrs={"ram_style": "ultra"} if cfg.gemv_vectors > 1 else {})
         isum_w, isum_r = isum_mem.write_port(), isum_mem.read_port()
         hpw = B // 2                                # binary16 scales per beat
-        swords = max(1, T * -(-S // hpw))          # masked: a whole number of beats per row
-        m.submodules.scale_mem = scale_mem = Memory(shape=unsigned(8 * B), depth=2 * swords, init=[])
-        scale_w, scale_r = scale_mem.write_port(), scale_mem.read_port()
+        swords = _scale_words(cfg, S, T)[0]         # masked: a whole number of beats per row
+        # the scale banks are the port's scale memory (shared with the sparse datapath, `EnginePort`)
+        scale_w = SimpleNamespace(en=self.o_scale_wen, addr=self.o_scale_waddr)
+        scale_r = SimpleNamespace(addr=self.o_scale_raddr, data=self.i_scale_rdata)
 
         # Per bank: its state, its tile's rows and the chunk rounds of that tile whose segment sums are all
         # written.
@@ -1043,7 +1067,7 @@ class GemvPort(wiring.Component):
             m.d.sync += [sw_rem.eq(nsb_m1), sw_last.eq(nsb_m1 == 0)]
         with m.If(fe_active & ~fe_wait & fe_scale):
             m.d.comb += [beat.ready.eq(1), scale_w.addr.eq(Cat(fe_sw[:ceil_log2(swords)], fe_bank)),
-                         scale_w.data.eq(beat.p.data), scale_w.en.eq(beat.valid)]
+                         scale_w.en.eq(beat.valid)]
             with m.If(beat.valid):
                 m.d.sync += [fe_sw.eq(fe_sw1), fe_sw1.eq(fe_sw1 + 1), sw_rem.eq(sw_rem - 1), sw_last.eq(sw_rem == 1)]
                 with m.If(sw_last):
@@ -1416,12 +1440,12 @@ class SparsePort(wiring.Component):
     #: Cycles the front end spends on one weight beat: it updates W / CYCLES_PER_BEAT rows per cycle.
     CYCLES_PER_BEAT = 4
 
-    def __init__(self, cfg: HardwareConfig, index: int, *, max_cols: int, max_segments: int):
+    def __init__(self, cfg: HardwareConfig, index: int, *, max_cols: int, max_segments: int, scale_words: int):
         self._cfg, self._index = cfg, index
         self._max_cols, self._max_segments = max_cols, max_segments
         self._prow_max = cfg.gemv_sparse_max_rows // cfg.axi_ports
         P = self._parts = gemv_parts(cfg)
-        members = _datapath_members(cfg, max_cols, max_segments)
+        members = _datapath_members(cfg, max_cols, max_segments, scale_words)
         if P > 1:
             # rows_p (even) is a whole number of row groups; adjacent rows share an isum word and a scale word
             L, hpw = self.update_lanes, cfg.bytes_per_beat // 2
@@ -1700,8 +1724,9 @@ class SparsePort(wiring.Component):
         isum_ra = isum_mem.read_port(transparent_for=(isum_w,) if Q == 1 else ())
         isum_rb = isum_mem.read_port()                               # back end
         swords = max(1, PR // hpw)
-        m.submodules.scale_mem = scale_mem = Memory(shape=unsigned(8 * B), depth=2 * swords, init=[])
-        scale_w, scale_r = scale_mem.write_port(), scale_mem.read_port()
+        # the scale banks are the port's scale memory (shared with the dense datapath, `EnginePort`)
+        scale_w = SimpleNamespace(en=self.o_scale_wen, addr=self.o_scale_waddr)
+        scale_r = SimpleNamespace(addr=self.o_scale_raddr, data=self.i_scale_rdata)
         # y of a row group: P binary32 sums per word
         y_shape = data.ArrayLayout(unsigned(32), P) if P > 1 else unsigned(32)
         m.submodules.y_mem = y_mem = Memory(shape=y_shape, depth=PR // P, init=[])
@@ -1780,7 +1805,7 @@ class SparsePort(wiring.Component):
             with m.Switch(item.kind):
                 with m.Case(SCALE):
                     with m.If(g_free):
-                        m.d.comb += [beat.ready.eq(1), scale_w.en.eq(beat.valid), scale_w.data.eq(beat.p.data),
+                        m.d.comb += [beat.ready.eq(1), scale_w.en.eq(beat.valid),
                                      scale_w.addr.eq(Cat(fe_sw[:ceil_log2(swords)], fe_g[0]))]
                         with m.If(beat.valid):
                             m.d.sync += fe_sw.eq(fe_sw + 1)
@@ -1954,7 +1979,11 @@ class EnginePort(wiring.Component):
 
         m.submodules.dense = dense = GemvPort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments,
                                               tile_rows=self._T)
-        m.submodules.sparse = sparse = SparsePort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments)
+        # One scale memory for both datapaths (two banks of the larger one's words): the running datapath writes
+        # the DMA's scale beats into it and reads them back.
+        scale_words = 2 * max(_scale_words(cfg, self._max_segments, self._T))
+        m.submodules.sparse = sparse = SparsePort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments,
+                                                  scale_words=scale_words)
         wiring.connect(m, wiring.flipped(self.dec), dense.dec, sparse.dec)
         sp = self.dec.cmd.sparse
         m.submodules.part = part = PartAccumulator(cfg, cfg.segment_sum_bits)
@@ -1989,6 +2018,14 @@ class EnginePort(wiring.Component):
         beat_layout = read_data_layout(cfg.axi_data_bits)
         beat_buf = _two_entry_buffer(m, beat_layout.size, "beat_buf")
         beat_p = data.View(beat_layout, beat_buf.r_data)
+        m.submodules.scale_mem = scale_mem = Memory(shape=unsigned(8 * cfg.bytes_per_beat), depth=scale_words,
+                                                    init=[])
+        scale_w, scale_r = scale_mem.write_port(), scale_mem.read_port()
+        m.d.comb += [scale_w.en.eq(Mux(sp, sparse.o_scale_wen, dense.o_scale_wen)),
+                     scale_w.addr.eq(Mux(sp, sparse.o_scale_waddr, dense.o_scale_waddr)),
+                     scale_w.data.eq(beat_p.data),
+                     scale_r.addr.eq(Mux(sp, sparse.o_scale_raddr, dense.o_scale_raddr)),
+                     dense.i_scale_rdata.eq(scale_r.data), sparse.i_scale_rdata.eq(scale_r.data)]
         m.d.comb += [dma.o_data.ready.eq(beat_buf.w_rdy), beat_buf.w_en.eq(dma.o_data.valid),
                      beat_buf.w_data.eq(dma.o_data.p),
                      beat_buf.r_en.eq(Mux(sp, sparse.dma_data.ready, dense.dma_data.ready))]

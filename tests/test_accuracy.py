@@ -107,16 +107,16 @@ def test_int4_perplexity_is_the_golden_models_on_quantised_weights(first_64, fir
 
 
 def test_the_figures_of_the_first_64_held_out_tokens(first_64):
-    """The figures docs/numerics.md quotes for ``--max-tokens 64`` (kv260: group 128, block 64, INT8 KV cache, the
+    """The figures docs/numerics.md quotes for ``--max-tokens 64`` (kv260: group 128, block 128, INT8 KV cache, the
     scale search)."""
     s = first_64["scores"]
-    assert first_64["hardware"] == {"preset": "kv260", "weight_group": 128, "act_block": 64, "kv_format": "int8",
+    assert first_64["hardware"] == {"preset": "kv260", "weight_group": 128, "act_block": 128, "kv_format": "int8",
                                     "kv_v_layout": "rows", "quantizer": "search"}
     assert s["float64"]["perplexity"] == pytest.approx(65.924, abs=1e-3)
     assert s["float32"]["ratio"] == pytest.approx(1.0, abs=1e-6) and s["float32"]["top1"] == 1.0
     assert s["float32"]["kl_mean"] < 1e-10
     assert s["int4 weights"]["perplexity"] == pytest.approx(68.027, abs=1e-3)
-    assert s["hardware"]["perplexity"] == pytest.approx(68.093, abs=1e-3)
+    assert s["hardware"]["perplexity"] == pytest.approx(68.475, abs=1e-3)
     # the target (docs/requirements.md N7): at most 5 % above float64
     assert s["hardware"]["ratio"] <= 1.05
     # the INT4 weights are almost all of the hardware's error: the rest adds under 0.01 nats of KL
@@ -134,8 +134,12 @@ def test_the_figures_of_the_first_64_held_out_tokens(first_64):
     k_saved = {pos: 6 * n * 272 for pos, n in seen.items()}
     v_saved = {pos: n * (8 * 258 - 2 * 256 - 8 * 2) + chunks * (8 * 2 * 256 * 2 - 2 * 256 * 2)
                for (pos, n), chunks in zip(seen.items(), (35, 63))}
-    assert e4b[128]["bytes_per_token"] == 2_014_095_952 - k_saved[128] - v_saved[128]
-    assert e4b[4096]["bytes_per_token"] == 2_177_335_952 - k_saved[4096] + 28 * 8 * 2 * 256 * 2 - v_saved[4096]
+    # K's scales per activation block of 128 (kv260's act_block): per KV head and plane 2 binary16 scales instead
+    # of the 4 of blocks of 64, read at every visible position and written once per cache layer (20)
+    k_blocks = {pos: 2 * n * 2 * (4 - 2) * 2 + 20 * 2 * 2 * (4 - 2) * 2 for pos, n in seen.items()}
+    assert e4b[128]["bytes_per_token"] == 2_014_095_952 - k_saved[128] - v_saved[128] - k_blocks[128]
+    assert e4b[4096]["bytes_per_token"] == (2_177_335_952 - k_saved[4096] + 28 * 8 * 2 * 256 * 2 - v_saved[4096]
+                                            - k_blocks[4096])
     assert e4b[128]["tok_s"] == pytest.approx(8.42, abs=0.01) and e4b[4096]["tok_s"] == pytest.approx(8.05, abs=0.01)
 
 
@@ -146,7 +150,7 @@ def test_round_to_nearest_figures(first_64, first_64_rtn):
     assert first_64_rtn["hardware"]["quantizer"] == "rtn" and first_64_rtn["e4b"] == first_64["e4b"]
     assert rtn["float64"] == s["float64"]
     assert rtn["int4 weights"]["perplexity"] == pytest.approx(67.546, abs=1e-3)
-    assert rtn["hardware"]["perplexity"] == pytest.approx(68.584, abs=1e-3)
+    assert rtn["hardware"]["perplexity"] == pytest.approx(68.198, abs=1e-3)
     assert rtn["hardware"]["kl_mean"] > 1.3 * s["hardware"]["kl_mean"]
     assert rtn["int4 weights"]["kl_mean"] > 1.3 * s["int4 weights"]["kl_mean"]
 

@@ -813,15 +813,15 @@ def test_int_scale_mul_rejects_inexact_widths():
 
 def test_int_scale_users_prove_exact_sums():
     """The users' integer widths come from proven bounds, and configs past binary32's exact range are refused:
-    GEMV segment sums are at most act_block * 8 * 128 in magnitude (kv260 with V planes 2**16: 18 signed bits;
-    tiny 2**14: 16), act_block * 128 * 128 with V rows' INT8 weights (kv260 2**20: 22), the systolic field is at
+    GEMV segment sums are at most act_block * 8 * 128 in magnitude (kv260 with V planes 2**17: 19 signed bits;
+    tiny 2**14: 16), act_block * 128 * 128 with V rows' INT8 weights (kv260 2**21: 23), the systolic field is at
     most 22 bits (two per DSP48E2) and the lane refuses more than 25."""
     from hdl.config import PRESETS
     from hdl.gemv import GemvEngine, PartAccumulator
     from hdl.systolic import EngineGeometry, ScaleLane
     kv, tiny = PRESETS["kv260"].replace(kv_v_layout="planes"), PRESETS["tiny"]
-    assert kv.segment_sum_bits == 18 and tiny.segment_sum_bits == 16 and PRESETS["kv260"].segment_sum_bits == 22
-    assert EngineGeometry(kv).field == 18 and EngineGeometry(tiny).field == 16
+    assert kv.segment_sum_bits == 19 and tiny.segment_sum_bits == 16 and PRESETS["kv260"].segment_sum_bits == 23
+    assert EngineGeometry(kv).field == 19 and EngineGeometry(tiny).field == 16
     wide = kv.replace(act_block=16384, weight_group=16384)      # sums up to 16384 * 1024 = 2**24: 26 bits
     with pytest.raises(ValueError, match="GEMV segment sums reach 16777216 .*26 signed bits"):
         GemvEngine(wide)

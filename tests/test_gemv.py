@@ -292,7 +292,7 @@ def test_command_decode_sparse_rows_per_port(cfg, rows):
 
 
 def test_int8_commands_decode():
-    """A V-rows config (``gemv_int8``) has the `int8` and `pitch` fields and 22-bit segment sums on kv260 (INT8 x
+    """A V-rows config (``gemv_int8``) has the `int8` and `pitch` fields and 23-bit segment sums on kv260 (INT8 x
     INT8); its INT4 commands decode as on the config without them. An int8 command runs (alone or with several
     vectors): a row of `cols` bytes, beats of B weights (the sub-sums and beats per segment against B), rows
     `pitch` bytes apart; it is rejected with `sparse` or `mask`, or with rows or cols 0, or cols above
@@ -303,7 +303,7 @@ def test_int8_commands_decode():
 
     planes = dataclasses.replace(KV260, kv_v_layout="planes")
     assert not planes.gemv_int8 and "int8" not in command_layout(planes).members
-    assert KV260.kv_v_layout == "rows" and KV260.segment_sum_bits == 22 and planes.segment_sum_bits == 18
+    assert KV260.kv_v_layout == "rows" and KV260.segment_sum_bits == 23 and planes.segment_sum_bits == 19
     for base in (PRESETS["tiny_v4"], TINY, planes):
         cfg = dataclasses.replace(base, kv_v_layout="rows")
         assert cfg.gemv_int8 and {"int8", "pitch"} <= set(command_layout(cfg).members)
@@ -409,9 +409,9 @@ def test_part_accumulator_random():
     assert when == [k + PartAccumulator.LATENCY for k in np.flatnonzero(valid)]
 
 
-@pytest.mark.parametrize("layout, wmax, width", [("planes", 8, 18), ("rows", 128, 22)])
+@pytest.mark.parametrize("layout, wmax, width", [("planes", 8, 19), ("rows", 128, 23)])
 def test_part_accumulator_at_the_engine_width(layout, wmax, width):
-    """The width the engine builds it with (`HardwareConfig.segment_sum_bits`: 18 on kv260 with V planes, 22 with
+    """The width the engine builds it with (`HardwareConfig.segment_sum_bits`: 19 on kv260 with V planes, 23 with
     V rows, whose INT8 weights reach −128) takes every segment sum the engine can make: the extremes
     ±act_block·wmax·128 (all −wmax weights times all ∓128 activations), one less, and random sums in range, bit
     for bit against NumPy binary32."""

@@ -109,12 +109,13 @@ def test_sparse_wgemv_costs_its_binary32_parts():
     from sim.iss import Counters
     from firmware.perf import _stream_rate, sparse_gemv_cycles
     hw = HardwareConfig.preset("kv260")
-    # E4B's sparse W_down at 5 %: 2048 rows over 4 ports (512 each), 16384 columns in 256 segments of 64, one
-    # part per row and segment on each of the port's two binary32 pipelines (the GEMV engine of four vectors):
-    # 256 x 256 cycles (the RTL measures 70,013, docs/gemv.md); with one vector (kv260_gemm) one pipeline a port,
-    # 256 x 512 (the RTL 133,251).
-    assert sparse_gemv_cycles(2048, 16384, 128, 819, hw) == 256 * 256
-    assert sparse_gemv_cycles(2048, 16384, 128, 819, HardwareConfig.preset("kv260_gemm")) == 256 * 512
+    # E4B's sparse W_down at 5 %: 2048 rows over 4 ports (512 each), 16384 columns in 128 segments of 128, one
+    # part per row and segment on the port's one binary32 pipeline (a segment is four beats: one pipeline keeps
+    # four vectors at the stream rate): 128 x 512 cycles (the RTL measures RTL_SPARSE, docs/gemv.md); the same
+    # with one vector (kv260_gemm), and two pipelines a port with segments of 64 columns: 256 x 256.
+    assert sparse_gemv_cycles(2048, 16384, 128, 819, hw) == 128 * 512
+    assert sparse_gemv_cycles(2048, 16384, 128, 819, HardwareConfig.preset("kv260_gemm")) == 128 * 512
+    assert sparse_gemv_cycles(2048, 16384, 128, 819, hw.replace(act_block=64)) == 256 * 256
     # Every column non-zero: the front end, 16 beats of the port's 512 rows per column at 4 cycles a beat,
     # plus the 128 groups' scale beats (512 rows x 2 bytes / 16 per beat).
     assert sparse_gemv_cycles(2048, 16384, 128, 16384, hw) == 16384 * 16 * 4 + 128 * 64
@@ -125,7 +126,7 @@ def test_sparse_wgemv_costs_its_binary32_parts():
     c.gemv_bytes = nbytes
     c.sparse_gemvs[(2048, 16384, 128, 819)] = 1
     free = Rates(**FREE)
-    assert cycles_of(c, hw, free)[0]["weights"] == pytest.approx(256 * 256)
+    assert cycles_of(c, hw, free)[0]["weights"] == pytest.approx(128 * 512)
     c.sparse_gemvs.clear()
     assert cycles_of(c, hw, free)[0]["weights"] == pytest.approx(nbytes / _stream_rate(hw, free))
 
@@ -445,7 +446,7 @@ def test_attn_recip_runs_beside_the_v_gemvs():
     r, g = Rates(), 1 << V_PLANE_LOG2_GROUP
     kv260, tiny = HardwareConfig.preset("kv260"), HardwareConfig.preset("tiny")
     assert sparse_gemv_cycles(256, 128, g, 128, kv260) == 128 * 2 * 4 + 8
-    assert sparse_gemv_cycles(256, 1, g, 1, kv260) == 32                 # 64 rows a port on two pipelines
+    assert sparse_gemv_cycles(256, 1, g, 1, kv260) == 64                 # 64 rows a port on one pipeline
     assert sparse_gemv_cycles(16, 1, g, 1, tiny) == 16
     short = replace(r, gemv_fixed=64.0)
     assert r.sfu_pass + 1 < 2 * (r.gemv_fixed + 16) and short.sfu_pass + 1 > 2 * (64.0 + 16)

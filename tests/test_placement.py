@@ -151,7 +151,7 @@ def _cli(*args):
 def test_pack_command_line(tmp_path):
     r = _cli("--model", "e4b", "--plan", "--max-positions", "4096")
     assert r.returncode == 0, r.stderr
-    assert "memory map kv260" in r.stdout and "NPU-side total: 2,237.2 MiB (2.346 GB) in 2 window(s)" in r.stdout
+    assert "memory map kv260" in r.stdout and "NPU-side total: 2,236.8 MiB (2.345 GB) in 2 window(s)" in r.stdout
     r = _cli("--model", "tiny", "--hw", "tiny", "--out", str(tmp_path / "img"))
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (tmp_path / "img").iterdir()) == [

@@ -184,7 +184,7 @@ def test_stream_layout_round_trip(preset):
 
 def test_geometry_of_presets():
     kv, tiny = (TileGeometry.from_config(PRESETS[p]) for p in ("kv260", "tiny"))
-    assert (kv.seg, kv.field, kv.wgt_ports, kv.steps_per_beat) == (64, 18, 1, 2)      # 32 x 8: 64-bit k-steps
+    assert (kv.seg, kv.field, kv.wgt_ports, kv.steps_per_beat) == (128, 19, 1, 2)      # 32 x 8: 64-bit k-steps
     assert (tiny.seg, tiny.field, tiny.wgt_ports, tiny.steps_per_beat) == (16, 16, 1, 2)
     with pytest.raises(ValueError, match="shorter than the 2 x 32 cycles"):
         TileGeometry.from_config(PRESETS["kv260"].replace(act_block=32))

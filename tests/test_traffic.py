@@ -36,8 +36,8 @@ def test_e4b_weight_and_kv_bytes_match_a_hand_count():
         assert c.bytes_read["WEIGHTS"] == weights - skipped
         # Window-aware KV reads: 7 full layers see pos + 1 positions, 28 sliding layers min(pos + 1, 512).
         # The INT8 cache (docs/numerics.md): per KV head (2 per layer; the GEMV engine's four vectors take the
-        # 4 query heads of its group at once) K's two planes of 128 bytes and their 2 x 4 binary16 scales per
-        # position. V per chunk of positions (one per layer, two in a sliding layer whose window wraps past the
+        # 4 query heads of its group at once) K's two planes of 128 bytes and their 2 x 2 binary16 scales per
+        # position (a scale per activation block of 128, kv260's, in each plane). V per chunk of positions (one per layer, two in a sliding layer whose window wraps past the
         # end of its ring of 512 + 3 rows, from slot (pos - 511) mod 515 on), by the preset's V layout:
         # "rows" (kv260): per KV head one byte in each of V's 256 rows per position and the chunk's table of
         # 256 binary16 row scales; per query head (8 per layer) its binary16 V scale per position.
@@ -46,11 +46,11 @@ def test_e4b_weight_and_kv_bytes_match_a_hand_count():
         seen = 7 * (pos + 1) + 28 * min(pos + 1, 512)
         chunks = 35 + (28 if pos >= 512 and (pos - 511) % 515 + 512 > 515 else 0)
         assert chunks == {128: 35, 1024: 63, 4096: 63}[pos]
-        k_bytes = 2 * seen * (2 * 128 + 2 * 4 * 2)
+        k_bytes = 2 * seen * (2 * 128 + 2 * 2 * 2)
         assert c.bytes_read["KV"] == k_bytes + 2 * (seen * 256 + chunks * 256 * 2) + 8 * seen * 2
         assert planes[pos].bytes_read["KV"] == k_bytes + 8 * (seen * (2 * 128 + 2) + chunks * 2 * 256 * 2)
-        # per cache layer and KV head: K's two plane rows of 128 bytes, V's 256 bytes, 8 K scales, 1 V scale
-        assert c.bytes_written["KV"] == 20 * 2 * (4 * 128 + 8 * 2 + 2)
+        # per cache layer and KV head: K's two plane rows of 128 bytes, V's 256 bytes, 4 K scales, 1 V scale
+        assert c.bytes_written["KV"] == 20 * 2 * (4 * 128 + 4 * 2 + 2)
         assert c.bytes_written["LOGITS"] == V * 4
     # The hand count of docs/requirements.md: INT4 AltUp with the W_down skip streams 2,108 MB at L = 128 with
     # per-row scales; group-128 scales add 1/64 of a byte per weight; the W_up row skip takes 164 MB off.
