@@ -129,15 +129,29 @@ def _two_entry_buffer(m, width: int, name: str):
     return b
 
 
+#: Scale banks (groups in flight) and isum banks (segments in flight) of the sparse datapath (`SparsePort`): the
+#: front end runs up to three segments (groups) ahead of the back end, so that a segment's random count of
+#: non-zero columns stays off the back end where the two take about as long a segment (kv260: about 474 against
+#: 512 cycles at 5 % density, a group being a segment).
+SPARSE_BANKS = 4
+
+
 def _scale_words(cfg: HardwareConfig, max_segments: int, tile_rows: int) -> tuple[int, int]:
     """Words of one scale bank (beat-wide words of binary16 scales) of the dense datapath (T rows of
     ``ceil(S / hpw)`` words) and of the sparse one (a word per ``hpw`` rows of the port's share). Both datapaths
-    address one memory of two banks of the larger (`EnginePort`): bank b of a datapath of ``n`` words a bank
-    starts at word ``b * n``, ``n`` a power of two."""
+    address one memory (`EnginePort`, `_scale_memory_words`): bank b of a datapath of ``n`` words a bank starts
+    at word ``b * n``, ``n`` a power of two."""
     hpw = cfg.bytes_per_beat // 2
     dense = max(1, tile_rows * -(-max_segments // hpw))
     sparse = max(1, cfg.gemv_sparse_max_rows // cfg.axi_ports // hpw)
     return dense, sparse
+
+
+def _scale_memory_words(cfg: HardwareConfig, max_segments: int, tile_rows: int) -> int:
+    """Words of a port's scale memory: the dense datapath's two banks or the sparse one's `SPARSE_BANKS`,
+    whichever is larger (kv260: 256 x 128 bits either way)."""
+    dense, sparse = _scale_words(cfg, max_segments, tile_rows)
+    return max(2 * dense, SPARSE_BANKS * sparse)
 
 
 def _exp_depth(cfg: HardwareConfig, max_cols: int) -> int:
@@ -719,7 +733,7 @@ class GemvPort(wiring.Component):
         # ``gemv_int8`` also in INT8 weights (B = W/2 a beat).
         self._chunk_beats = max(cfg.axi_max_burst_beats, cfg.act_block // (W // 2 if cfg.gemv_int8 else W), 1)
         self._max_beats = max_row_beats(cfg, max_cols)
-        members = _datapath_members(cfg, max_cols, max_segments, 2 * max(_scale_words(cfg, max_segments, tile_rows)))
+        members = _datapath_members(cfg, max_cols, max_segments, _scale_memory_words(cfg, max_segments, tile_rows))
         members["i_rows"] = In(20)
         if cfg.gemv_row_mask:
             members["o_idx_addr"] = Out(range(_mask_share(cfg)))
@@ -1686,7 +1700,7 @@ class SparsePort(wiring.Component):
             half1 = Signal(range(hpw))
             empty1 = Signal()
             m.d.sync += [tag1.eq(tag), lane1.eq(be_r[:lL] if L > 1 else 0), half1.eq(be_r[:lhpw] if hpw > 1 else 0),
-                         empty1.eq(bank_empty.bit_select(be_s[0], 1))]
+                         empty1.eq(bank_empty.bit_select(be_s[:lNB], 1))]
             isum1 = Signal(signed(cfg.acc_bits))
             m.d.comb += isum1.eq(Mux(empty1, 0, isum_rb.data[lane1]))
             scale_half = scale_r.data.word_select(half1, 16) if hpw > 1 else scale_r.data[:16]
@@ -1708,7 +1722,7 @@ class SparsePort(wiring.Component):
         lL, Q = ceil_log2(L), W // L                 # Q cycles per weight beat
         P = self._parts                              # binary32 pipelines: rows per back-end issue (a row group)
         lP = ceil_log2(P)
-        NB = 4 if P > 1 else 2                       # isum banks
+        NB = SPARSE_BANKS                            # isum banks (and scale banks)
         lNB = ceil_log2(NB)
         # --- memories ------------------------------------------------------------------------------------
         # Partial sums bounded as a segment's INT4 x INT8 ones (sparse: INT4 weights on any engine; kv260: 18 bits).
@@ -1775,7 +1789,7 @@ class SparsePort(wiring.Component):
         # --- front end -------------------------------------------------------------------------------------
         # Segments whose sums are written (fe_s) / walked by the back end (be_sdone); scale groups loaded
         # (fe_g) / finished by the back end (be_gdone). A bank may be refilled once the back end is done with
-        # the segment NB before (the group two before; NB = 2 or 4 isum banks).
+        # the segment (group) NB before.
         fe_s = Signal(range(S + 2))
         fe_g = Signal(range(S + 2))
         be_sdone = Signal(range(S + 2))
@@ -1790,7 +1804,7 @@ class SparsePort(wiring.Component):
         s_free, g_free = Signal(), Signal()
         s_step, g_step = Signal(), Signal()
         m.d.sync += [s_free.eq(Mux(s_step, fe_s + 1 < be_sdone + NB, fe_s < be_sdone + NB)),
-                     g_free.eq(Mux(g_step, fe_g + 1 < be_gdone + 2, fe_g < be_gdone + 2))]
+                     g_free.eq(Mux(g_step, fe_g + 1 < be_gdone + NB, fe_g < be_gdone + NB))]
         f_valid = Signal()
         f_first = Signal()
         f_addr = Signal(range(NB * (PR // L)))
@@ -1806,7 +1820,7 @@ class SparsePort(wiring.Component):
                 with m.Case(SCALE):
                     with m.If(g_free):
                         m.d.comb += [beat.ready.eq(1), scale_w.en.eq(beat.valid),
-                                     scale_w.addr.eq(Cat(fe_sw[:ceil_log2(swords)], fe_g[0]))]
+                                     scale_w.addr.eq(Cat(fe_sw[:ceil_log2(swords)], fe_g[:lNB]))]
                         with m.If(beat.valid):
                             m.d.sync += fe_sw.eq(fe_sw + 1)
                             with m.If(beat.p.last):
@@ -1896,7 +1910,7 @@ class SparsePort(wiring.Component):
         lhpw = ceil_log2(hpw)
         m.d.comb += [
             isum_rb.addr.eq(Cat((be_r >> (lL - lP))[:ceil_log2(PR // L)], be_s[:lNB])),
-            scale_r.addr.eq(Cat((be_r >> (lhpw - lP))[:ceil_log2(swords)], (be_s >> d.gshift)[0])),
+            scale_r.addr.eq(Cat((be_r >> (lhpw - lP))[:ceil_log2(swords)], (be_s >> d.gshift)[:lNB])),
             self.o_exp_addr.eq(be_s >> d.eshift),
         ]
         tag_layout = data.StructLayout({"valid": 1, "first": 1, "last": 1, "r": range(PR // P)})
@@ -1979,9 +1993,9 @@ class EnginePort(wiring.Component):
 
         m.submodules.dense = dense = GemvPort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments,
                                               tile_rows=self._T)
-        # One scale memory for both datapaths (two banks of the larger one's words): the running datapath writes
+        # One scale memory for both datapaths (the larger one's banks): the running datapath writes
         # the DMA's scale beats into it and reads them back.
-        scale_words = 2 * max(_scale_words(cfg, self._max_segments, self._T))
+        scale_words = _scale_memory_words(cfg, self._max_segments, self._T)
         m.submodules.sparse = sparse = SparsePort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments,
                                                   scale_words=scale_words)
         wiring.connect(m, wiring.flipped(self.dec), dense.dec, sparse.dec)

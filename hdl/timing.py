@@ -571,7 +571,7 @@ def unit_config(preset: str, kv_v_layout: str | None = None):
 
 
 def main(argv=None) -> int:
-    """``python -m hdl.timing UNIT [--hw PRESET] [--kv-v-layout LAYOUT] [--no-gemv-pairs]``: synthesise one unit
+    """``python -m hdl.timing UNIT [--hw PRESET] [--kv-v-layout LAYOUT] [--no-gemv-pairs] [--act-block N]``: synthesise one unit
     alone as the NPU builds it (Yosys ``synth_xilinx -family xcup``, its parts kept as blocks) and print its utilisation and timing
     estimate against the preset's clock. Bad input: one line on stderr, exit status 2."""
     import argparse
@@ -588,6 +588,8 @@ def main(argv=None) -> int:
                    help="the preset's kv_v_layout replaced (rows: the GEMV engine with INT8 weights)")
     p.add_argument("--no-gemv-pairs", action="store_true",
                    help="the preset without gemv_pairs (a DSP48E2 and an adder tree for every vector)")
+    p.add_argument("--act-block", type=int, default=None, metavar="N",
+                   help="the preset's act_block replaced (activations sharing one scale; the GEMV engine's segments)")
     args = p.parse_args(argv)
     try:
         hw = unit_config(args.hw, args.kv_v_layout)
@@ -595,6 +597,11 @@ def main(argv=None) -> int:
         p.error(f"--kv-v-layout: {e}")
     if args.no_gemv_pairs:
         hw = hw.replace(gemv_pairs=False)
+    if args.act_block is not None:
+        try:
+            hw = hw.replace(act_block=args.act_block)
+        except ValueError as e:
+            p.error(f"argument --act-block: {e}")
     component, depth = _unit(args.unit, hw)
     name = f"timing_{args.unit.replace('-', '_')}"
     text = None
@@ -608,7 +615,8 @@ def main(argv=None) -> int:
     util = synthesize(component, name, keep_depth=depth, rtlil_text=text, log=lambda msg: print(msg, file=sys.stderr))
     mhz = hw.clock_hz / 1e6
     label = args.hw + (f", kv_v_layout {args.kv_v_layout}" if args.kv_v_layout else "") + \
-        (", no gemv_pairs" if args.no_gemv_pairs else "")
+        (", no gemv_pairs" if args.no_gemv_pairs else "") + \
+        (f", act_block {args.act_block}" if args.act_block is not None else "")
     print(f"{args.unit} ({type(component).__name__}, {label}): {util.lut} LUT, {util.ff} FF, {util.dsp} DSP48E2, "
           f"{util.bram36:g} BRAM36, {util.uram} URAM288; target {mhz:g} MHz: a path of at most "
           f"{budget_ns(mhz):.2f} ns")

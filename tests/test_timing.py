@@ -280,6 +280,12 @@ def test_the_unit_command_line_rejects_bad_input_in_one_line():
     from hdl.synth import ROOT
     proc = subprocess.run([sys.executable, "-m", "hdl.timing", "nonesuch"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and "invalid choice: 'nonesuch'" in proc.stderr and "Traceback" not in proc.stderr
+    # an act_block the preset cannot take: refused before anything is built
+    proc = subprocess.run([sys.executable, "-m", "hdl.timing", "gemv", "--act-block", "48"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-1] == ("python -m hdl.timing: error: argument --act-block: act_block must be a "
+                                            "power of two, not 48")
 
 
 def test_the_unit_command_line_takes_the_v_layout(capsys):
