@@ -107,10 +107,12 @@ def test_hardware_presets():
     assert kv.device is XCK26 and XCK26.dsp == 1248
     assert HardwareConfig.preset("tiny") is HW["tiny"]
     assert json.loads(json.dumps(kv.to_dict()))["gemv_lanes"] == 128
-    # WGEMM on the GEMV engine of four vectors, no GEMM unit; kv260_gemm: one vector and the 32 x 8 array
-    assert kv.gemv_vectors == 4 and kv.gemm_tile == 4
+    # WGEMM on the GEMV engine of four vectors, no GEMM unit; kv260_gemm: one vector and the 32 x 8 array, whose
+    # segments of 64 k-steps drain its 2 x 32 rows exactly (activation blocks of 64 against kv260's 128)
+    assert kv.gemv_vectors == 4 and kv.gemm_tile == 4 and kv.act_block == 128
     assert HW["kv260_gemm"].gemv_vectors == 1 and HW["kv260_gemm"].gemm_tile == 32
-    assert HW["kv260_gemm"].replace(name="kv260", gemv_vectors=4, gemv_pairs=True) == kv
+    assert HW["kv260_gemm"].act_block == 2 * HW["kv260_gemm"].systolic_rows
+    assert HW["kv260_gemm"].replace(name="kv260", gemv_vectors=4, gemv_pairs=True, act_block=128) == kv
     assert kv.gemv_pairs and HW["tiny_v4"].gemv_pairs and not HW["tiny"].gemv_pairs
     with pytest.raises(ValueError, match="unknown hardware preset 'zcu104'; choose one of: kv260, kv260_gemm, "
                                          "tiny"):

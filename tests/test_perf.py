@@ -111,11 +111,12 @@ def test_sparse_wgemv_costs_its_binary32_parts():
     hw = HardwareConfig.preset("kv260")
     # E4B's sparse W_down at 5 %: 2048 rows over 4 ports (512 each), 16384 columns in 128 segments of 128, one
     # part per row and segment on the port's one binary32 pipeline (a segment is four beats: one pipeline keeps
-    # four vectors at the stream rate): 128 x 512 cycles (the RTL measures RTL_SPARSE, docs/gemv.md); the same
-    # with one vector (kv260_gemm), and two pipelines a port with segments of 64 columns: 256 x 256.
+    # four vectors at the stream rate): 128 x 512 cycles (the RTL measures RTL_SPARSE, docs/gemv.md); with
+    # segments of 64 two pipelines a port, 256 x 256; with one vector and segments of 64 (kv260_gemm) one
+    # pipeline a port, 256 x 512 (the RTL 133,251).
     assert sparse_gemv_cycles(2048, 16384, 128, 819, hw) == 128 * 512
-    assert sparse_gemv_cycles(2048, 16384, 128, 819, HardwareConfig.preset("kv260_gemm")) == 128 * 512
     assert sparse_gemv_cycles(2048, 16384, 128, 819, hw.replace(act_block=64)) == 256 * 256
+    assert sparse_gemv_cycles(2048, 16384, 128, 819, HardwareConfig.preset("kv260_gemm")) == 256 * 512
     # Every column non-zero: the front end, 16 beats of the port's 512 rows per column at 4 cycles a beat,
     # plus the 128 groups' scale beats (512 rows x 2 bytes / 16 per beat).
     assert sparse_gemv_cycles(2048, 16384, 128, 16384, hw) == 16384 * 16 * 4 + 128 * 64
