@@ -424,7 +424,7 @@ def sparse_gemv_cycles(rows: int, cols: int, group: int, nonzero: int, hw: Hardw
     the port's P = `gemv_parts` pipelines (row 2q + k on pipeline k), every segment (at least
     `SparsePort.MIN_WALK` per walk), and the front end takes `CYCLES_PER_BEAT` cycles per weight beat of each
     non-zero column; the two overlap (banked isum memories). The results' drain through the merge is left out:
-    the E4B W_down measures 1.5 % (P = 1) and 6.8 % (P = 2) above this bound (docs/gemv.md "Throughput")."""
+    the E4B W_down measures 3.8 % above this bound on kv260 (P = 1, segments of 128; docs/gemv.md "Throughput")."""
     from hdl.gemv import SparsePort, gemv_parts
     W = hw.weights_per_beat
     prow = -(-rows // (hw.axi_ports * W)) * W                   # the rows of port 0, the largest share

@@ -120,7 +120,8 @@ def test_the_figures_of_the_first_64_held_out_tokens(first_64):
     # the target (docs/requirements.md N7): at most 5 % above float64
     assert s["hardware"]["ratio"] <= 1.05
     # the INT4 weights are almost all of the hardware's error: the rest adds under 0.01 nats of KL
-    assert 0.85 <= s["hardware"]["top1"] and s["hardware"]["kl_mean"] <= 0.07
+    assert 0.84 <= s["hardware"]["top1"] and s["hardware"]["kl_mean"] <= 0.07
+    assert s["hardware"]["top1"] >= s["int4 weights"]["top1"] - 1 / 64       # at most one token's arg-max apart
     assert s["hardware"]["kl_mean"] - s["int4 weights"]["kl_mean"] < 0.01
     # E4B with these numerics: the ISS's count (firmware.traffic) and the performance model (firmware.perf)
     e4b = {c["position"]: c for c in first_64["e4b"]}
