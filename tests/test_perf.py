@@ -111,7 +111,7 @@ def test_sparse_wgemv_costs_its_binary32_parts():
     hw = HardwareConfig.preset("kv260")
     # E4B's sparse W_down at 5 %: 2048 rows over 4 ports (512 each), 16384 columns in 128 segments of 128, one
     # part per row and segment on the port's one binary32 pipeline (a segment is four beats: one pipeline keeps
-    # four vectors at the stream rate): 128 x 512 cycles (the RTL measures RTL_SPARSE, docs/gemv.md); with
+    # four vectors at the stream rate): 128 x 512 cycles (the RTL measures 68,017, docs/gemv.md); with
     # segments of 64 two pipelines a port, 256 x 256; with one vector and segments of 64 (kv260_gemm) one
     # pipeline a port, 256 x 512 (the RTL 133,251).
     assert sparse_gemv_cycles(2048, 16384, 128, 819, hw) == 128 * 512
