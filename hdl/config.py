@@ -316,8 +316,8 @@ class HardwareConfig:
     @property
     def segment_sum_bits(self) -> int:
         """Signed width of every segment sum of this config: a segment holds at most `act_block` INT4 x
-        INT(`act_bits`) products (`segment_sum_bits`; kv260: 18, tiny: 16), INT8 x INT(`act_bits`) ones with
-        `gemv_int8` (kv260 with V rows: 22)."""
+        INT(`act_bits`) products (`segment_sum_bits`; kv260: 19, tiny: 16), INT8 x INT(`act_bits`) ones with
+        `gemv_int8` (kv260 with V rows: 23)."""
         return segment_sum_bits(self.act_block, self.act_bits, self.segment_sum_weight_bits)
 
     @property

@@ -542,9 +542,9 @@ def _check_segment_sums(cfg: HardwareConfig) -> None:
     A segment is ``min(group, act_block)`` columns (`CommandDecoder`: ``lseg = min(log2_group,
     log2(act_block))``; the sparse back end cuts its per-row sums at the same ``lseg`` boundaries), so at
     most ``act_block`` products, each at most ``8 * 2**(act_bits - 1)`` in magnitude (INT4 -8 times INT8
-    -128): ``|isum| <= act_block * 2**(act_bits + 2)`` (kv260: 64 * 1024 = 2**16, 18 bits; tiny: 2**14, 16
+    -128): ``|isum| <= act_block * 2**(act_bits + 2)`` (kv260: 128 * 1024 = 2**17, 19 bits; tiny: 2**14, 16
     bits; as the systolic field); with ``gemv_int8`` INT8 x INT8 products, ``act_block * 2**(act_bits + 6)``
-    (kv260: 22 bits). `IntScaleMul` needs every value of that width exact in binary32 (at most 25
+    (kv260: 23 bits). `IntScaleMul` needs every value of that width exact in binary32 (at most 25
     bits); a config beyond that raises ValueError."""
     bits = cfg.segment_sum_bits
     wb = cfg.segment_sum_weight_bits
@@ -568,7 +568,7 @@ class PartAccumulator(wiring.Component):
     isum_bits : int, optional
         Signed width of the isums it takes (the low bits of ``i_isum``, which keeps the ``acc_bits`` width):
         by default 25, every ``|isum| <= 2**24`` (the numerics contract's exact range); `EnginePort` passes
-        `HardwareConfig.segment_sum_bits` (kv260: 18), which bounds every sum its back ends produce and narrows
+        `HardwareConfig.segment_sum_bits` (kv260: 23), which bounds every sum its back ends produce and narrows
         the multiplier, the leading-zero count and the shifter.
 
     Members
@@ -1725,7 +1725,7 @@ class SparsePort(wiring.Component):
         NB = SPARSE_BANKS                            # isum banks (and scale banks)
         lNB = ceil_log2(NB)
         # --- memories ------------------------------------------------------------------------------------
-        # Partial sums bounded as a segment's INT4 x INT8 ones (sparse: INT4 weights on any engine; kv260: 18 bits).
+        # Partial sums bounded as a segment's INT4 x INT8 ones (sparse: INT4 weights on any engine; kv260: 19 bits).
         isum_layout = data.ArrayLayout(signed(segment_sum_bits(cfg.act_block, cfg.act_bits)), L)
         # In block RAM whatever its depth (a shallow bank of wide words would otherwise go to LUTRAM).
         m.submodules.isum_mem = isum_mem = Memory(shape=isum_layout, depth=NB * (PR // L), init=[],
