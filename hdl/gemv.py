@@ -136,22 +136,22 @@ def _two_entry_buffer(m, width: int, name: str):
 SPARSE_BANKS = 4
 
 
-def _scale_words(cfg: HardwareConfig, max_segments: int, tile_rows: int) -> tuple[int, int]:
-    """Words of one scale bank (beat-wide words of binary16 scales) of the dense datapath (T rows of
-    ``ceil(S / hpw)`` words) and of the sparse one (a word per ``hpw`` rows of the port's share). Both datapaths
-    address one memory (`EnginePort`, `_scale_memory_words`): bank b of a datapath of ``n`` words a bank starts
-    at word ``b * n``, ``n`` a power of two."""
-    hpw = cfg.bytes_per_beat // 2
-    dense = max(1, tile_rows * -(-max_segments // hpw))
-    sparse = max(1, cfg.gemv_sparse_max_rows // cfg.axi_ports // hpw)
-    return dense, sparse
+def _dense_scale_words(cfg: HardwareConfig, max_segments: int, tile_rows: int) -> int:
+    """Words of one scale bank (beat-wide words of binary16 scales) of the dense datapath: T rows of
+    ``ceil(S / hpw)`` words. Both datapaths address one memory (`EnginePort`, `_scale_memory_words`): bank b of a
+    datapath of ``n`` words a bank starts at word ``b * n``, ``n`` a power of two."""
+    return max(1, tile_rows * -(-max_segments // (cfg.bytes_per_beat // 2)))
+
+
+def _sparse_scale_words(cfg: HardwareConfig) -> int:
+    """Words of one scale bank of the sparse datapath: a word per ``hpw`` rows of the port's share."""
+    return max(1, cfg.gemv_sparse_max_rows // cfg.axi_ports // (cfg.bytes_per_beat // 2))
 
 
 def _scale_memory_words(cfg: HardwareConfig, max_segments: int, tile_rows: int) -> int:
     """Words of a port's scale memory: the dense datapath's two banks or the sparse one's `SPARSE_BANKS`,
     whichever is larger (kv260: 256 x 128 bits either way)."""
-    dense, sparse = _scale_words(cfg, max_segments, tile_rows)
-    return max(2 * dense, SPARSE_BANKS * sparse)
+    return max(2 * _dense_scale_words(cfg, max_segments, tile_rows), SPARSE_BANKS * _sparse_scale_words(cfg))
 
 
 def _exp_depth(cfg: HardwareConfig, max_cols: int) -> int:
@@ -725,7 +725,8 @@ class GemvPort(wiring.Component):
     number of beats per row.
     """
 
-    def __init__(self, cfg: HardwareConfig, index: int, *, max_cols: int, max_segments: int, tile_rows: int):
+    def __init__(self, cfg: HardwareConfig, index: int, *, max_cols: int, max_segments: int, tile_rows: int,
+                 scale_words: int):
         self._cfg, self._index = cfg, index
         self._max_cols, self._max_segments, self._T = max_cols, max_segments, tile_rows
         W = cfg.weights_per_beat
@@ -733,7 +734,7 @@ class GemvPort(wiring.Component):
         # ``gemv_int8`` also in INT8 weights (B = W/2 a beat).
         self._chunk_beats = max(cfg.axi_max_burst_beats, cfg.act_block // (W // 2 if cfg.gemv_int8 else W), 1)
         self._max_beats = max_row_beats(cfg, max_cols)
-        members = _datapath_members(cfg, max_cols, max_segments, _scale_memory_words(cfg, max_segments, tile_rows))
+        members = _datapath_members(cfg, max_cols, max_segments, scale_words)
         members["i_rows"] = In(20)
         if cfg.gemv_row_mask:
             members["o_idx_addr"] = Out(range(_mask_share(cfg)))
@@ -767,7 +768,7 @@ class GemvPort(wiring.Component):
             attrs={"ram_style": "ultra"} if cfg.gemv_vectors > 1 else {})
         isum_w, isum_r = isum_mem.write_port(), isum_mem.read_port()
         hpw = B // 2                                # binary16 scales per beat
-        swords = _scale_words(cfg, S, T)[0]         # masked: a whole number of beats per row
+        swords = _dense_scale_words(cfg, S, T)      # masked: a whole number of beats per row
         # the scale banks are the port's scale memory (shared with the sparse datapath, `EnginePort`)
         scale_w = SimpleNamespace(en=self.o_scale_wen, addr=self.o_scale_waddr)
         scale_r = SimpleNamespace(addr=self.o_scale_raddr, data=self.i_scale_rdata)
@@ -1151,9 +1152,8 @@ class GemvPort(wiring.Component):
         # registers beside last_beat, no shift or column arithmetic of the beat in series.
         lw = ceil_log2(W)
         last_col = Signal(lw)                        # (cols - 1) mod X
-        m.d.sync += last_col.eq((d.cmd.cols - 1)[:lw])
-        if cfg.gemv_int8:
-            m.d.sync += last_col.eq(Mux(int8, (d.cmd.cols - 1)[:lw - 1], (d.cmd.cols - 1)[:lw]))
+        cols_m1 = d.cmd.cols - 1
+        m.d.sync += last_col.eq(Mux(int8, cols_m1[:lw - 1], cols_m1[:lw]) if cfg.gemv_int8 else cols_m1[:lw])
         sel_max = Signal(lw)
         m.d.sync += sel_max.eq(last_col >> d.lvl)
         sub_live = ~last_beat | (fe_sel <= sel_max)
@@ -1737,7 +1737,7 @@ class SparsePort(wiring.Component):
         # per bit). With Q = 1 a port of at most W rows updates one word every cycle, through a transparent read.
         isum_ra = isum_mem.read_port(transparent_for=(isum_w,) if Q == 1 else ())
         isum_rb = isum_mem.read_port()                               # back end
-        swords = max(1, PR // hpw)
+        swords = _sparse_scale_words(cfg)
         # the scale banks are the port's scale memory (shared with the dense datapath, `EnginePort`)
         scale_w = SimpleNamespace(en=self.o_scale_wen, addr=self.o_scale_waddr)
         scale_r = SimpleNamespace(addr=self.o_scale_raddr, data=self.i_scale_rdata)
@@ -1991,11 +1991,11 @@ class EnginePort(wiring.Component):
         act_rs, exp_rs = _activation_memories(m, self, cfg, self._max_cols)
         act_r, V = act_rs[0], cfg.gemv_vectors
 
-        m.submodules.dense = dense = GemvPort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments,
-                                              tile_rows=self._T)
         # One scale memory for both datapaths (the larger one's banks): the running datapath writes
         # the DMA's scale beats into it and reads them back.
         scale_words = _scale_memory_words(cfg, self._max_segments, self._T)
+        m.submodules.dense = dense = GemvPort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments,
+                                              tile_rows=self._T, scale_words=scale_words)
         m.submodules.sparse = sparse = SparsePort(cfg, p, max_cols=self._max_cols, max_segments=self._max_segments,
                                                   scale_words=scale_words)
         wiring.connect(m, wiring.flipped(self.dec), dense.dec, sparse.dec)
@@ -2213,15 +2213,19 @@ class GemvEngine(wiring.Component):
         m.d.comb += [self.i_act.ready.eq(1), self.i_exp.ready.eq(1)]
         m.d.comb += self.o_error.eq(Cat(*[p.o_error for p in ports]).any())
 
-        # Command: accept when idle, decode (two cycles), then start the ports unless it is bad. The start
-        # pulse is a register, set in the decoder's second step from its check (`o_good`): the ports' enables
-        # start at a flip-flop, not behind the check.
+        # Command: accept when idle into a register (the decoder's checks start at flip-flops, not behind the
+        # issuer's logic), decode (two cycles), then start the ports unless it is bad. The start pulse is a
+        # register, set in the decoder's second step from its check (`o_good`): the ports' enables start at a
+        # flip-flop, not behind the check.
         busy = Signal()
+        cmd_q, accepted = Signal.like(self.i_cmd.p), Signal()   # the accepted command; its first cycle there
         decoding, checking = Signal(), Signal()      # the decoder's first and second step
-        m.d.comb += [self.i_cmd.ready.eq(~busy), dec.i_cmd.eq(self.i_cmd.p),
-                     dec.i_load.eq(self.i_cmd.valid & ~busy)]
+        with m.If(self.i_cmd.valid & ~busy):
+            m.d.sync += cmd_q.eq(self.i_cmd.p)
+        m.d.sync += accepted.eq(self.i_cmd.valid & ~busy)
+        m.d.comb += [self.i_cmd.ready.eq(~busy), dec.i_cmd.eq(cmd_q), dec.i_load.eq(accepted)]
         start = Signal()                             # checking & ~dec.o_bad
-        m.d.sync += [decoding.eq(self.i_cmd.valid & ~busy), checking.eq(decoding), start.eq(decoding & dec.o_good)]
+        m.d.sync += [decoding.eq(accepted), checking.eq(decoding), start.eq(decoding & dec.o_good)]
         with m.If(self.i_cmd.valid & ~busy):
             m.d.sync += busy.eq(1)
         with m.If(checking & dec.o_bad):
@@ -2318,7 +2322,7 @@ class GemvEngine(wiring.Component):
         m.d.sync += [port_idle.eq(Cat(*[p.o_idle for p in ports])), idle.eq(port_idle.all()),
                      kicked.eq(Cat(*[p.i_start for p in ports]).any()), kicked2.eq(kicked)]
         # (`start` is high only with `checking`; `out_any` is out_left != 0)
-        done = ~out_any & (inflight == 0) & ~decoding & ~checking & ~gathering & ~kicked & ~kicked2 & idle
+        done = ~out_any & (inflight == 0) & ~accepted & ~decoding & ~checking & ~gathering & ~kicked & ~kicked2 & idle
         with m.If(busy & ~decoding & done):
             m.d.sync += busy.eq(0)
         m.d.comb += [self.o_y.valid.eq(out.r_rdy), self.o_y.p.eq(out.r_data), out.r_en.eq(self.o_y.ready)]
