@@ -39,7 +39,8 @@ their own, narrower back ends ending in the same kind of packed increment:
 - `FpMul`: at most one operand is normalised (two subnormals give a signed zero: their exact product is
   below ``2**-252``), before the product, so the product's MSB is at bit 47 or 46: no leading-zero count
   after the multiply, and one 26-bit right shift by ``P[47]`` (normal result) or by the denormalising
-  count ``1 - E`` (clamped at 26) with the sticky bit as a masked OR of the shifted-out product bits.
+  count ``1 - E`` (clamped at 26) with the sticky bit as a masked OR of the shifted-out product bits, taken
+  from the partial products in the stage of their sum.
 - `FpLdexp`: one 25-bit shift of the significand: right (with a masked-OR sticky bit) when the result is
   below the normal range, else left by ``min(lz, E - 1)`` (only a subnormal input has leading zeros), the
   left shift being the bit-reversed right shift of the bit-reversed significand.
@@ -431,12 +432,16 @@ class FpMul(_Binary):
     and shifted left by its count (one 24-bit shifter) into a fabric register before two DSP48E2s (whose A
     and B registers are left out), and the biased
     exponent ``E`` of a product in [1, 2); (3) the 24x17 and 24x7 partial products (the slices' M
-    registers, `hdl.dsp.DspMacc`), (4) their sum; beside them the
-    denormalising shift count ``r = 1 - E`` (clamped) and the exponent flags; (5) one right shift of the
-    product's top 26 bits by ``P[47]`` (normal result) or ``r`` (below the normal range), keeping 24 bits and
-    a round bit, with the sticky bit as the OR of the product bits below the round bit (a masked OR); (6) the
-    RNE increment on the packed ``(exponent - 1) << 23 | significand`` word (a rounding carry walks into the
-    exponent and into +inf) and the special-case select."""
+    registers, `hdl.dsp.DspMacc`), beside them the denormalising shift count ``r = 1 - E`` (clamped), its
+    mask and the exponent flags; (4) their sum ``P`` and, beside it, the sticky bit as flags taken from the
+    partial products alone (``P[:k] != 0`` iff one of them, aligned, has a set bit below ``k``), each one LUT
+    after the slices: the product bits below bit 22 and, below the normal range, the ``r`` bits above them
+    that the shift loses (a masked OR); (5) one right shift of the product's top 26 bits by ``P[47]`` (normal
+    result) or ``r`` (below the normal range), as a shift by ``r - 1`` (0 for a normal result) and one bit
+    more (always below the normal range, when ``P[47]`` for a normal result), keeping 24 bits, and the RNE
+    increment from the three bits around that last step and the flags' OR (one LUT after the shift); (6) the
+    increment added to the packed ``(exponent - 1) << 23 | significand`` word (a rounding carry walks into
+    the exponent and into +inf) and the special-case select."""
 
     LATENCY = 6
 
@@ -493,29 +498,41 @@ class FpMul(_Binary):
                                                    for j in range(1, 26))))
         s = p.stage(sign=s["sign"], normal=e >= 1, r=r, keep=keep, big0=e >= 255, big1=e >= 254,
                     em1=(e - 1)[:8], e0=e[:8], zero=s["zero"], nan=s["nan"], inf=s["inf"])
-        prod = Signal(48)
-        m.d.comb += prod.eq(plo + (phi << 17))
-        s = p.stage(prod=prod, **s)
+        # Stage 4: the product P = x + y (x = plo, y = phi << 17) and, beside its adder, the flags `lost` whose
+        # OR is the sticky bit but for P[22]: P[:22 + r] != 0 below the normal range (keep[j] = r > j masks
+        # P[22:]), P[:22] != 0 for a normal result (its `keep` is all zeros). They need no sum: P[:k] != 0 iff
+        # (x | y)[:k] != 0, since P = ma * mb has as many trailing zeros as x when mb[:17] != 0 (tz(ma) +
+        # tz(mb), fewer than y's, which are at least tz(ma) + 17) and is y when mb[:17] = 0 (then x = 0). Each
+        # flag is a function of at most six slice outputs, or of one bit of x | y and a `keep` bit: one LUT
+        # after the slices. Also d, stage 5's shift before its last one-bit step: r - 1 below the normal range,
+        # else 0.
+        x, y = Cat(plo, Const(0, 7)), Cat(Const(0, 17), phi)
+        prod, v = Signal(48), Signal(48)
+        m.d.comb += [prod.eq(x + y), v.eq(x | y)]
+        lost = Cat(plo[:6].any(), plo[6:12].any(), plo[12:17].any(), v[17:19].any(), v[19:21].any(), v[21],
+                   v[22:] & s["keep"])
+        d = Signal(5)
+        m.d.comb += d.eq(Mux(s["normal"], 0, s["r"] - 1))
+        s = p.stage(sign=s["sign"], prod=prod, lost=lost, normal=s["normal"], d=d, big0=s["big0"],
+                    big1=s["big1"], em1=s["em1"], e0=s["e0"], zero=s["zero"], nan=s["nan"], inf=s["inf"])
         # Stage 5: the significand window. Bit 0 of `win` is the round bit of a normal result whose product
-        # MSB is at 46; a normal result shifts by P[47], a subnormal one by r (>= 1). The packed exponent
-        # field minus 1: E - 1 + P[47], or 0 below the normal range (the hidden bit then decides).
+        # MSB is at 46. Every result shifts by d, then by one bit more when `step`: a normal result by P[47], a
+        # subnormal one by d + 1 = r. The packed exponent field minus 1: E - 1 + P[47], or 0 below the normal
+        # range (the hidden bit then decides).
         pr = s["prod"]
         top = pr[47]
         win = pr[22:48]
-        shifted = Signal(26)
-        low = pr[:22].any()
-        masked = Signal(26)
-        m.d.comb += masked.eq(win & s["keep"])
-        sticky = Signal()
-        # Both shifts, then the choice: the product's MSB selects only the normal result's one-bit shift.
-        by8 = Signal(26)                 # the subnormal shift in two steps: whole bytes, then the bits
-        m.d.comb += by8.eq(win >> Cat(Const(0, 3), s["r"][3:]))
-        m.d.comb += [shifted.eq(Mux(s["normal"], Mux(top, win >> 1, win), by8 >> s["r"][:3])),
-                     # `keep` is all zeros for a normal result (E >= 1): one flat OR
-                     sticky.eq(low | (s["normal"] & top & win[0]) | masked.any())]
+        by8, u = Signal(26), Signal(26)  # the shift by d in two steps: whole bytes, then the bits
+        m.d.comb += [by8.eq(win >> Cat(Const(0, 3), s["d"][3:])), u.eq(by8 >> s["d"][:3])]
+        step = ~s["normal"] | top
+        # The RNE increment: round bit u[step], LSB u[step + 1], sticky bit the OR of `lost` and, when stepping,
+        # u[0] (P[22] of a normal result; below the normal range one of the bits `lost` covers). Written from
+        # u[:3], `step` and `lost` (one LUT after the shift), not from the stepped bits.
+        lost_any = s["lost"].any()
+        inc = Mux(step, u[1] & (lost_any | u[0] | u[2]), u[0] & (lost_any | u[1]))
         bem1 = Mux(s["normal"], Mux(top, s["e0"], s["em1"]), 0)
         big = s["normal"] & Mux(top, s["big1"], s["big0"])
-        s = p.stage(sign=s["sign"], sig=shifted[1:25], inc=shifted[0] & (sticky | shifted[1]), bem1=bem1, big=big,
+        s = p.stage(sign=s["sign"], sig=Mux(step, u[2:26], u[1:25]), inc=inc, bem1=bem1, big=big,
                     zero=s["zero"], nan=s["nan"], inf=s["inf"])
         # Stage 6: round to nearest even and pack (bem1 <= 253, so the sum stays below 2**31).
         y = _round_pack(m, s, big=s["big"])
