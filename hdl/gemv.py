@@ -426,7 +426,7 @@ def decoded_shapes(cfg: HardwareConfig, max_cols: int, max_segments: int) -> dic
 class CommandDecoder(wiring.Component):
     """Derives, in two registered steps, every quantity the ports need from a command, and validates it. The
     first registers the command (`o_cmd`), its segment size, the rounded-up sums the segment and group counts
-    divide and the checks that need no count; the second the rest.
+    divide and the checks that need no count (a flag for each group of them); the second the rest.
 
     Members
     -------
@@ -466,7 +466,7 @@ class CommandDecoder(wiring.Component):
         c = self.o_cmd
         lseg = Signal(range(32))
         nsum, gsum = Signal(range((1 << 16) + (1 << lblk))), Signal(signed(18))
-        bad1 = Signal()
+        bad1 = Signal(5)                             # the checks that need no count, a flag each group
         # the segment bound: nseg = nsum >> lseg exceeds max_segments when nsum >= (max_segments + 1) << lseg
         seg_lim = Signal(range(((self._max_segments + 1) << lblk) + 1))
         load2 = Signal()
@@ -480,12 +480,14 @@ class CommandDecoder(wiring.Component):
                 c.eq(i), lseg.eq(i_lseg), seg_lim.eq(Const(self._max_segments + 1) << i_lseg),
                 nsum.eq(i.cols + (Const(1, 17) << i_lseg) - 1),
                 gsum.eq(i.cols + (Const(1, 32) << i.log2_group)[:17] - 1),
-                bad1.eq((i.rows == 0) | (i.cols == 0) | (i.cols > self._max_cols) |
-                        (i.sparse & (i.rows[0] | (i.rows > self._max_rows))) | (i.log2_group > 16) |
-                        ((i.mask & (i.sparse | (i.rows > cfg.gemv_max_cols))) if cfg.gemv_row_mask else 0) |
-                        (((i.vecs != 0) & (i.sparse | (i.mask if cfg.gemv_row_mask else 0)))
-                         if cfg.gemv_vectors > 1 else 0) |
-                        ((i.int8 & (i.sparse | (i.mask if cfg.gemv_row_mask else 0))) if cfg.gemv_int8 else 0)),
+                bad1.eq(Cat(
+                    (i.rows == 0) | (i.cols == 0) | (i.log2_group > 16),
+                    i.cols > self._max_cols,
+                    i.sparse & (i.rows[0] | (i.rows > self._max_rows)),
+                    (i.mask & (i.sparse | (i.rows > cfg.gemv_max_cols))) if cfg.gemv_row_mask else 0,
+                    (((i.vecs != 0) & (i.sparse | (i.mask if cfg.gemv_row_mask else 0)))
+                     if cfg.gemv_vectors > 1 else 0) |
+                    ((i.int8 & (i.sparse | (i.mask if cfg.gemv_row_mask else 0))) if cfg.gemv_int8 else 0))),
             ]
         # Step 2: the counts and the fields derived from the registered command.
         lg = c.log2_group
@@ -497,7 +499,7 @@ class CommandDecoder(wiring.Component):
             groups.eq(gsum >> lg),
             rowbytes.eq(Mux(c.int8, c.cols, (c.cols + 1) >> 1) if cfg.gemv_int8 else (c.cols + 1) >> 1),
         ]
-        bad = bad1 | (nsum >= seg_lim)
+        bad = bad1.any() | (nsum >= seg_lim)
         m.d.comb += self.o_good.eq(~bad)
         nvec = c.vecs + 1 if cfg.gemv_vectors > 1 else Const(1)
         # rows x nvec (vecs < 4) as two shifted adds, the first in step 1 (`outs1`: rows + (vecs[0] ? rows : 0)),

@@ -1132,6 +1132,9 @@ class Sfu(wiring.Component):
         xs = Signal(range(LANES + 1))               # bank stride of a cross-bank level (1, 2, ..)
         stride = Signal(range(2 * per + 1))         # slot stride of the tree over bank 0
         wait = Signal(range(latency + 1))
+        # wait == 0 and stride >= per as registers of their own, set where `wait` and `stride` are, so that the
+        # Wait state's exits start from flip-flops
+        wait_zero, stride_done = Signal(name="red_wait_zero"), Signal(name="red_stride_done")
         # the ends of a cross-bank level's last slot (cn = per - 1 and 2 xs >= LANES) and of a tree level (k +
         # 2 stride >= per), each a register of its own set from the next counts, so that the state's and the
         # wait counter's enables start from flip-flops
@@ -1173,14 +1176,15 @@ class Sfu(wiring.Component):
                     with m.If(level_end):
                         m.d.sync += xs.eq(2 * xs)
                     with m.If(cross_end):
-                        m.d.sync += [stride.eq(1), wait.eq(latency)]
+                        m.d.sync += [stride.eq(1), stride_done.eq(1 >= per), wait.eq(latency),
+                                     wait_zero.eq(latency == 0)]
                         m.next = "Wait"
             with m.State("Wait"):
                 with m.If(en):
-                    m.d.sync += [wait.eq(wait - 1), k.eq(0), tree_end.eq(2 * stride >= per)]
-                    with m.If(wait == 0):
+                    m.d.sync += [wait.eq(wait - 1), wait_zero.eq(wait == 1), k.eq(0), tree_end.eq(2 * stride >= per)]
+                    with m.If(wait_zero):
                         m.next = "Tree"
-                        with m.If(stride >= per):
+                        with m.If(stride_done):
                             m.next = "Done"
                             m.d.comb += done_next.eq(1)
             with m.State("Tree"):
@@ -1190,7 +1194,8 @@ class Sfu(wiring.Component):
                 with m.If(en):
                     m.d.sync += [k.eq(k + 2 * stride), tree_end.eq(k + 4 * stride >= per)]
                     with m.If(tree_end):
-                        m.d.sync += [stride.eq(2 * stride), wait.eq(latency)]
+                        m.d.sync += [stride.eq(2 * stride), stride_done.eq(2 * stride >= per), wait.eq(latency),
+                                     wait_zero.eq(latency == 0)]
                         m.next = "Wait"
             with m.State("Done"):
                 with m.If(self.o_data.ready & ~hold):
