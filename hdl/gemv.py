@@ -224,6 +224,11 @@ class SegmentMac(wiring.Component):
     16·128·127), which the low 19 bits hold; the high field is the rest of the word plus the low field's
     borrow (its sign bit). Half the DSP48E2s and half the adder trees, two cycles more (`latency`).
 
+    Rows (``rows`` R > 1, the dense datapath with ``gemv_interleave``): the beats of R rows' segments arrive
+    interleaved, and each vector keeps R segment sums, one per row: ``i_row`` picks the sum a beat adds to,
+    ``i_first`` restarts that row's sum and ``i_last`` sends it out. A beat's row may change every cycle, and
+    the same row may come back in the next cycle (the sums are registers, read and written in one cycle).
+
     Parameters
     ----------
     cfg : HardwareConfig
@@ -234,6 +239,8 @@ class SegmentMac(wiring.Component):
         Build the INT8 weight operand and ``i_int8`` (default False).
     pairs : bool, optional
         Two vectors a DSP48E2 and an adder tree a pair of vectors (V even; default False).
+    rows : int, optional
+        R, the rows whose segment sums are kept apart (default 1).
 
     Members
     -------
@@ -242,20 +249,23 @@ class SegmentMac(wiring.Component):
     i_nlanes : In(range(W + 1)); i_lvl : In(range(log2 W + 1)); i_sel : In(range(W))
     i_tag : In(tag_bits)
     i_int8 : In(1) (with `int8`): the beat is W/2 INT8 weights
+    i_row : In(range(R)) (with R > 1): the row whose segment sum the beat adds to
     o_valid : Out(1); o_isum : Out(ArrayLayout(signed(acc_bits), V)); o_tag : Out(tag_bits)
     """
 
     PAIR_SHIFT = config.GEMV_PAIR_SHIFT     # where the odd vector's field starts in a pair's word
 
     def __init__(self, cfg: HardwareConfig, tag_bits: int = 1, vectors: int = 1, int8: bool = False,
-                 pairs: bool = False):
+                 pairs: bool = False, rows: int = 1):
         with rejecting(self):
+            if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+                raise ValueError(f"SegmentMac rows must be a positive integer, not {rows!r}")
             if pairs:
                 problem = "an even number of vectors" if vectors % 2 else config.gemv_pair_problem(cfg, int8)
                 if problem:
                     raise ValueError(f"SegmentMac pairs need {problem}: {vectors} vectors of {cfg.act_bits} bits, "
                                      f"{cfg.weights_per_beat} lanes")
-        self._cfg, self._V, self._int8, self._pairs = cfg, vectors, int8, bool(pairs)
+        self._cfg, self._V, self._int8, self._pairs, self._rows = cfg, vectors, int8, bool(pairs), rows
         W = cfg.weights_per_beat
         self._W = W
         super().__init__({
@@ -265,6 +275,7 @@ class SegmentMac(wiring.Component):
             "i_nlanes": In(range(W + 1)), "i_lvl": In(range(ceil_log2(W) + 1)), "i_sel": In(range(W)),
             "i_tag": In(tag_bits),
             **({"i_int8": In(1)} if int8 else {}),
+            **({"i_row": In(range(rows))} if rows > 1 else {}),
             "o_valid": Out(1), "o_isum": Out(data.ArrayLayout(signed(cfg.acc_bits), vectors)),
             "o_tag": Out(tag_bits),
         })
@@ -301,6 +312,8 @@ class SegmentMac(wiring.Component):
                     m.d.comb += sub.eq(Cat(self.i_sel == (i >> lvl) for i in range(W)))
         m.d.sync += [below0.eq(Cat(i < self.i_nlanes for i in range(W))), sub0.eq(sub), take1.eq(below0 & sub0)]
         ctrl = Cat(self.i_valid, self.i_first, self.i_last, self.i_tag)
+        if self._rows > 1:
+            ctrl = Cat(ctrl, self.i_row)
         c = _delay(m, ctrl, DspPairMul.LATENCY + 2 if self._pairs else 3, "ctrl")
         totals = []
         if self._int8:
@@ -327,15 +340,25 @@ class SegmentMac(wiring.Component):
                 prods.append(p)
             totals.append(self._tree(m, prods, pbits, vn))
         c = _delay(m, c, self.tree_stages, "ctrl_t")
-        valid, first, last, tag = c[0], c[1], c[2], c[3:]
-        # Segment accumulation, per vector.
+        R = self._rows
+        valid, first, last, tag = c[0], c[1], c[2], c[3:3 + len(self.i_tag)]
+        row = c[3 + len(self.i_tag):] if R > 1 else None
+        # Segment accumulation, per vector (and per row: R sums, the beat's row read and written).
         for v, total in enumerate(totals):
             vn = f"v{v}_" if V > 1 else ""
-            acc = Signal(signed(cfg.acc_bits), name=f"{vn}acc")
-            nxt = Signal(signed(cfg.acc_bits), name=f"{vn}acc_next")
-            m.d.comb += nxt.eq(Mux(first, 0, acc) + total)
-            with m.If(valid):
-                m.d.sync += acc.eq(nxt)
+            if R > 1:
+                accs = [Signal(signed(cfg.acc_bits), name=f"{vn}acc_{r}") for r in range(R)]
+                nxt = Signal(signed(cfg.acc_bits), name=f"{vn}acc_next")
+                m.d.comb += nxt.eq(Mux(first, 0, Array(accs)[row]) + total)
+                for r, acc in enumerate(accs):
+                    with m.If(valid & (row == r)):
+                        m.d.sync += acc.eq(nxt)
+            else:
+                acc = Signal(signed(cfg.acc_bits), name=f"{vn}acc")
+                nxt = Signal(signed(cfg.acc_bits), name=f"{vn}acc_next")
+                m.d.comb += nxt.eq(Mux(first, 0, acc) + total)
+                with m.If(valid):
+                    m.d.sync += acc.eq(nxt)
             m.d.sync += self.o_isum[v].eq(nxt)
         m.d.sync += [self.o_valid.eq(valid & last), self.o_tag.eq(tag)]
         return m
