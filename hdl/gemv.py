@@ -757,6 +757,7 @@ class GemvPort(wiring.Component):
         # ``gemv_int8`` also in INT8 weights (B = W/2 a beat).
         self._chunk_beats = max(cfg.axi_max_burst_beats, cfg.act_block // (W // 2 if cfg.gemv_int8 else W), 1)
         self._max_beats = max_row_beats(cfg, max_cols)
+        self._interleave = cfg.gemv_interleave
         members = _datapath_members(cfg, max_cols, max_segments, scale_words)
         members["i_rows"] = In(20)
         if cfg.gemv_row_mask:
@@ -1110,21 +1111,34 @@ class GemvPort(wiring.Component):
                 m.d.sync += [fe_sw.eq(fe_sw1), fe_sw1.eq(fe_sw1 + 1), sw_rem.eq(sw_rem - 1), sw_last.eq(sw_rem == 1)]
                 with m.If(sw_last):
                     m.d.sync += [fe_scale.eq(0), fe_sw.eq(0), fe_sw1.eq(1)]
-        # Weight beats: the beat is presented `subs` times (once when a segment spans whole beats).
+        # Weight beats: the beat is presented `subs` times (once when a segment spans whole beats). With
+        # `gemv_interleave` it is taken once, into the half of the round reorder memory that the round's beats are
+        # written to (`w_half`) while that half is free (`h_full`: the halves holding a complete round), and the
+        # round reader presents it (`_round_reader`).
         mac_valid = Signal()
-        with m.If(row_phase):
-            m.d.comb += [beat.ready.eq(last_sel), mac_valid.eq(beat.valid)]
+        if self._interleave:
+            w_half, h_full = Signal(), Signal(2)
+            w_free = ~h_full.bit_select(w_half, 1)
+            with m.If(row_phase):
+                m.d.comb += [beat.ready.eq(w_free), mac_valid.eq(beat.valid & w_free)]
+        else:
+            with m.If(row_phase):
+                m.d.comb += [beat.ready.eq(last_sel), mac_valid.eq(beat.valid)]
         # the activation word of the beat: an INT8 beat is half of word fe_beat >> 1 (`half_sel` selects it)
         int8 = d.cmd.int8 if cfg.gemv_int8 else Const(0)
-        abeat = Mux(int8, fe_beat >> 1, fe_beat) if cfg.gemv_int8 else fe_beat
-        m.d.comb += self.o_act_addr.eq(abeat)
+        if not self._interleave:
+            abeat = Mux(int8, fe_beat >> 1, fe_beat) if cfg.gemv_int8 else fe_beat
+            m.d.comb += self.o_act_addr.eq(abeat)
         tile_end = Signal()
         round_end = Signal()
         with m.If(mac_valid):
-            m.d.sync += [fe_sel.eq(fe_sel + 1), last_sel.eq(fe_sel == subs_m2)]
-            with m.If(last_sel):
-                m.d.sync += [fe_sel.eq(0), last_sel.eq(subs_m1 == 0), fe_k.eq(fe_k + 1),
-                             last_beat.eq((fe_c == c_end) & (fe_k + 1 == k_end)), k_last.eq(fe_k + 1 == CB - 1)]
+            if not self._interleave:
+                m.d.sync += [fe_sel.eq(fe_sel + 1), last_sel.eq(fe_sel == subs_m2)]
+            with m.If(Const(1) if self._interleave else last_sel):     # the beat's last presentation
+                if not self._interleave:
+                    m.d.sync += [fe_sel.eq(0), last_sel.eq(subs_m1 == 0)]
+                m.d.sync += [fe_k.eq(fe_k + 1), last_beat.eq((fe_c == c_end) & (fe_k + 1 == k_end)),
+                             k_last.eq(fe_k + 1 == CB - 1)]
                 with m.If(last_k):
                     m.d.sync += [fe_k.eq(0), fe_t.eq(fe_t + 1), last_beat.eq((fe_c == c_end) & (k_end == 0)),
                                  k_last.eq(CB == 1), t_last.eq(fe_t + 1 == fe_tlast)]
@@ -1139,6 +1153,109 @@ class GemvPort(wiring.Component):
                                          last_beat.eq(nwb_m1 == 0), c_last.eq(nch_m1 == 0)]
                             with m.If(fe_final):
                                 m.d.sync += fe_active.eq(0)
+        if self._interleave:
+            x, busy = self._round_reader(m, SimpleNamespace(
+                take=mac_valid, data=beat.p.data, k=fe_k, t=fe_t, c=fe_c, tlast=fe_tlast, bank=fe_bank, c_last=c_last,
+                k_end=k_end, round_end=round_end, half=w_half, full=h_full, subs_m1=subs_m1, subs_m2=subs_m2), int8)
+        else:
+            x = SimpleNamespace(valid=mac_valid, w=beat.p.data, beat=fe_beat, sel=fe_sel, last_beat=last_beat, t=fe_t,
+                                bank=fe_bank, abeat=abeat, round_end=round_end, tile_end=tile_end)
+        self._mac_stage(m, x, int8, banks, isum_w)
+        return fe_active | busy if self._interleave else fe_active
+
+    def _round_reader(self, m, w, int8):
+        """The round reorder memory of the interleaved dense datapath (``gemv_interleave``) and its reader.
+
+        The front end writes a chunk round's weight beats as they arrive, row after row (`w`: ``take``, ``data``,
+        beat ``k`` of the chunk, tile row ``t``), at ``t * CB + k`` of half ``half`` (two halves, a round each);
+        with the round's last beat (``round_end``) the half is marked full (``full``) with what the reader needs
+        of the round: its chunk ``c``, its rows less one (``tlast``), its beats less one (``CB - 1``, or ``k_end``
+        for the row's last chunk, ``c_last``) and its bank, and the writer moves on to the other half. The reader
+        takes the full halves in turn and reads each round beat-major, ``(k, t, sel)``: beat k of each of the
+        round's rows (each presented ``subs`` times, as the front end presents it without the reorder), then beat
+        k + 1, so that the activation word ``c * CB + k`` (an INT8 beat: half of word ``(c * CB + k) >> 1``)
+        serves ``trows * subs`` consecutive presentations; it frees the half with the round's last read and starts
+        on the other half in the next cycle if that one is full. Its counters address the memory; the
+        presentation's control is registered beside the memory's output (stage r1) and goes on to `_mac_stage`,
+        the row's beat index addressing the activation words from that register. The round's last presentation
+        carries ``round_end`` (and ``tile_end`` for the tile's last round), so the bank's rounds count as the
+        front end counts them without the reorder. Returns the presentations and the reader's busy flag."""
+        cfg, T = self._cfg, self._T
+        W, B = cfg.weights_per_beat, cfg.bytes_per_beat
+        CB = self._chunk_beats
+        lCB = ceil_log2(CB)
+        m.submodules.round_mem = mem = Memory(shape=unsigned(8 * B), depth=2 * T * CB, init=[])
+        wp, rp = mem.write_port(), mem.read_port()
+        m.d.comb += [wp.en.eq(w.take), wp.addr.eq(Cat(w.k, w.t, w.half)), wp.data.eq(w.data)]
+        # The rounds the halves hold, written with the round's last beat.
+        h_c = [Signal.like(w.c, name=f"half{h}_c") for h in range(2)]
+        h_tl = [Signal(range(T), name=f"half{h}_tlast") for h in range(2)]
+        h_klm1 = [Signal(range(CB), name=f"half{h}_klast") for h in range(2)]
+        h_bank = [Signal(name=f"half{h}_bank") for h in range(2)]
+        h_clast = [Signal(name=f"half{h}_clast") for h in range(2)]
+        with m.If(w.round_end):
+            m.d.sync += w.half.eq(~w.half)
+            for h in range(2):
+                with m.If(w.half == h):
+                    m.d.sync += [w.full[h].eq(1), h_c[h].eq(w.c), h_tl[h].eq(w.tlast), h_bank[h].eq(w.bank),
+                                 h_klm1[h].eq(Mux(w.c_last, w.k_end, CB - 1)), h_clast[h].eq(w.c_last)]
+        # The reader: its half, its round's fields and counters, and the counters' end flags as registers
+        # (sel == subs - 1, t == tlast, k == klast), set where the counters step.
+        r_busy, r_half = Signal(), Signal()
+        r_c, r_tl, r_klm1 = Signal.like(w.c), Signal(range(T)), Signal(range(CB))
+        r_bank, r_clast = Signal(), Signal()
+        r_k, r_t, r_sel = Signal(range(CB)), Signal(range(T)), Signal(range(W))
+        sel_last, t_last, k_last = Signal(), Signal(), Signal()
+        r_end = Signal()                             # the round's last presentation
+        m.d.comb += r_end.eq(r_busy & sel_last & t_last & k_last)
+        with m.If(r_busy):
+            m.d.sync += [r_sel.eq(r_sel + 1), sel_last.eq(r_sel == w.subs_m2)]
+            with m.If(sel_last):
+                m.d.sync += [r_sel.eq(0), sel_last.eq(w.subs_m1 == 0), r_t.eq(r_t + 1), t_last.eq(r_t + 1 == r_tl)]
+                with m.If(t_last):
+                    m.d.sync += [r_t.eq(0), t_last.eq(r_tl == 0), r_k.eq(r_k + 1), k_last.eq(r_k + 1 == r_klm1)]
+                    with m.If(k_last):
+                        m.d.sync += [r_busy.eq(0), r_half.eq(~r_half)]
+                        for h in range(2):
+                            with m.If(r_half == h):
+                                m.d.sync += w.full[h].eq(0)
+        # The next round: the other half once this round ends, this half while idle.
+        nh = r_half ^ r_busy
+        with m.If((~r_busy | r_end) & w.full.bit_select(nh, 1)):
+            tl, klm1 = Array(h_tl)[nh], Array(h_klm1)[nh]
+            m.d.sync += [r_busy.eq(1), r_c.eq(Array(h_c)[nh]), r_tl.eq(tl), r_klm1.eq(klm1),
+                         r_bank.eq(Array(h_bank)[nh]), r_clast.eq(Array(h_clast)[nh]),
+                         r_k.eq(0), r_t.eq(0), r_sel.eq(0),
+                         sel_last.eq(w.subs_m1 == 0), t_last.eq(tl == 0), k_last.eq(klm1 == 0)]
+        with m.If(self.i_start):
+            m.d.sync += [r_busy.eq(0), r_half.eq(0), w.half.eq(0), w.full.eq(0)]
+        # Stage r1: the presentation's control beside the memory's output.
+        r1 = Signal(data.StructLayout({
+            "valid": 1, "beat": range(self._max_beats + 2), "sel": range(W), "last_beat": 1, "t": range(T),
+            "bank": 1, "round_end": 1, "tile_end": 1}))
+        m.d.comb += rp.addr.eq(Cat(r_k, r_t, r_half))
+        m.d.sync += [r1.valid.eq(r_busy), r1.beat.eq((r_c << lCB) | r_k), r1.sel.eq(r_sel),
+                     r1.last_beat.eq(r_clast & k_last), r1.t.eq(r_t), r1.bank.eq(r_bank),
+                     r1.round_end.eq(r_end), r1.tile_end.eq(r_end & r_clast)]
+        abeat = Mux(int8, r1.beat >> 1, r1.beat) if cfg.gemv_int8 else r1.beat
+        m.d.comb += self.o_act_addr.eq(abeat)
+        x = SimpleNamespace(valid=r1.valid, w=rp.data, beat=r1.beat, sel=r1.sel, last_beat=r1.last_beat, t=r1.t,
+                            bank=r1.bank, abeat=abeat, round_end=r1.round_end, tile_end=r1.tile_end)
+        return x, r_busy | w.full.any() | r1.valid
+
+    def _mac_stage(self, m, x, int8, banks, isum_w):
+        """The beats' way through the `SegmentMac` into the isum bank: each presentation ``x`` (``valid``, the
+        beat's data ``w``, its index in the row ``beat`` and sub-sum ``sel``, ``last_beat``, its tile row ``t``
+        and ``bank``, its activation word ``abeat``, whose address the caller drives) gets its lane mask and
+        segment flags, is registered (stage f1) while the activation word is read, and enters the MAC; the
+        segment sums are written to the isum bank at ``[t, s]``. ``round_end`` / ``tile_end`` (with the round's
+        last presentation) count the bank's rounds and mark it FULL once their sums have left the MAC."""
+        cfg, T = self._cfg, self._T
+        W, B = cfg.weights_per_beat, cfg.bytes_per_beat
+        lS, lT = ceil_log2(self._max_segments), ceil_log2(T)
+        d = self.dec
+        bank_state, bank_rows, bank_rounds = banks
+        fe_beat, fe_sel, last_beat, abeat = x.beat, x.sel, x.last_beat, x.abeat
         # Segment bookkeeping of this beat/pass.
         spb_mask = Signal(range(self._max_cols + 1))    # registered from the decoder's, like nwb_m1
         m.d.sync += spb_mask.eq((Const(1, 16) << d.lspb) - 1)
@@ -1186,15 +1303,15 @@ class GemvPort(wiring.Component):
 
         # Stage f1: the beat and control, registered while the activation word is read.
         m.submodules.mac = mac = SegmentMac(cfg, tag_bits=1 + lT + lS, vectors=cfg.gemv_vectors, int8=cfg.gemv_int8,
-                                            pairs=cfg.gemv_pairs)
+                                            pairs=cfg.gemv_pairs, rows=T if self._interleave else 1)
         f1 = Signal(data.StructLayout({
             "valid": 1, "w": 8 * B, "nl": range(W + 1), "sel": range(W), "first": 1, "last": 1,
             "seg_sub": lS, "beat_hi": lS + 3, "tb": 1 + lT}))
         m.d.sync += [
-            f1.valid.eq(mac_valid & sub_live), f1.w.eq(beat.p.data),
+            f1.valid.eq(x.valid & sub_live), f1.w.eq(x.w),
             f1.nl.eq(nlanes), f1.sel.eq(sel),
             f1.first.eq(seg_first | sub_seg), f1.last.eq(seg_last | sub_seg),
-            f1.seg_sub.eq(seg_sub), f1.beat_hi.eq(beat_hi), f1.tb.eq(Cat(fe_t, fe_bank)),
+            f1.seg_sub.eq(seg_sub), f1.beat_hi.eq(beat_hi), f1.tb.eq(Cat(x.t, x.bank)),
         ]
         seg_idx = Mux(sub_seg, f1.seg_sub, (f1.beat_hi >> d.lspb[:2])[:lS])
         m.d.comb += [
@@ -1204,6 +1321,8 @@ class GemvPort(wiring.Component):
         ]
         if cfg.gemv_int8:
             m.d.comb += mac.i_int8.eq(int8)
+        if self._interleave:
+            m.d.comb += mac.i_row.eq(f1.tb[:lT])
         for v in range(1, cfg.gemv_vectors):
             m.d.comb += mac.i_a[v].eq(self.i_act_more[v - 1])
         m.d.comb += [isum_w.en.eq(mac.o_valid), isum_w.addr.eq(mac.o_tag)]
@@ -1211,13 +1330,12 @@ class GemvPort(wiring.Component):
             m.d.comb += isum_w.data[v].eq(mac.o_isum[v])
         # A chunk round is complete once its last segment sum has left the MAC pipeline; the tile's bank is
         # full after its last round.
-        end_d = _delay(m, Cat(round_end, tile_end, fe_bank), 1 + mac.latency, "round_end")
+        end_d = _delay(m, Cat(x.round_end, x.tile_end, x.bank), 1 + mac.latency, "round_end")
         for b in range(2):
             with m.If(end_d[0] & (end_d[2] == b)):
                 m.d.sync += bank_rounds[b].eq(bank_rounds[b] + 1)
                 with m.If(end_d[1]):
                     m.d.sync += bank_state[b].eq(self.FULL)
-        return fe_active
 
     def _back_end(self, m, banks, isum_r, scale_r, hpw, swords):
         """Walks a FILLING or FULL bank segment by segment (each over the tile's rows) as far as its sums are
