@@ -21,7 +21,9 @@ Dataflow (docs/gemv.md has the full design and the measurements)::
   with the W INT8 activations of the same columns (a per-port copy of the activation memory), masked past
   the row's end, and summed exactly; a segment (``min(group, act_block)`` columns) is ``seg / W`` beats
   (its sums are accumulated) or, when narrower than a beat, one of ``W / seg`` sub-sums (the beat is then
-  presented ``W / seg`` times). Each segment sum is written to the tile's isum bank at ``[t, s]``.
+  presented ``W / seg`` times). Each segment sum is written to the tile's isum bank at ``[t, s]``. With
+  ``gemv_interleave`` a round reorder memory a port turns each chunk round around: its beats reach the MACs
+  beat-major (beat k of every row of the tile, then beat k + 1), one activation word for consecutive cycles.
 - **Binary32 side.** The contract adds the parts of a row strictly in segment order, and an adder has
   a latency of several cycles, so the back end walks a complete tile *segment-major*: ``(s, t)`` for t in
   0..T-1, so that consecutive additions into the same row are T cycles apart (T > FpAdd latency + 1). It starts
@@ -746,6 +748,12 @@ class GemvPort(wiring.Component):
     With `mask` (``dec.cmd.mask``) its tiles are its gathered rows, T at a time: a scale transfer per row and
     each row's chunks at the row's own address (`_masked_sequencer`); the bank's scales then keep a whole
     number of beats per row.
+
+    With ``gemv_interleave`` the front end writes each chunk round's weight beats, as they arrive row after row,
+    into a round reorder memory of two rounds, and its reader presents a complete round beat-major, beat k of
+    each of the round's rows before beat k + 1 (`_round_reader`), so that one activation word serves as many
+    consecutive cycles as the round has rows; the MAC keeps a segment sum per tile row (`SegmentMac` ``rows``).
+    The isum bank's ``[t, s]``, the rounds counted per bank and the back end are the same in either order.
     """
 
     def __init__(self, cfg: HardwareConfig, index: int, *, max_cols: int, max_segments: int, tile_rows: int,
@@ -1024,13 +1032,13 @@ class GemvPort(wiring.Component):
 
     def _front_end(self, m, g2, nch_m1, nwb_m1, banks, isum_w, scale_w, swords):
         """Takes the DMA data: a tile's scale beats into its bank, then its weight beats through the
-        `SegmentMac` (against the activation words), whose segment sums go to the tile's isum bank. Claims a
-        free bank per tile (FILLING), counts the finished chunk rounds and marks the bank FULL after the
-        last. Returns the front end's active flag."""
+        `SegmentMac` (against the activation words, `_mac_stage`), whose segment sums go to the tile's isum bank;
+        with ``gemv_interleave`` the weight beats go into the round reorder memory, and its reader presents them
+        beat-major (`_round_reader`). Claims a free bank per tile (FILLING), counts the finished chunk rounds and
+        marks the bank FULL after the last. Returns the front end's active flag (with the reader's)."""
         cfg, T, N = self._cfg, self._T, self._cfg.axi_ports
         W, B = cfg.weights_per_beat, cfg.bytes_per_beat
         S = self._max_segments
-        lS, lT = ceil_log2(S), ceil_log2(T)
         d = self.dec
         p = self._index
         CB = self._chunk_beats
@@ -1254,7 +1262,7 @@ class GemvPort(wiring.Component):
         W, B = cfg.weights_per_beat, cfg.bytes_per_beat
         lS, lT = ceil_log2(self._max_segments), ceil_log2(T)
         d = self.dec
-        bank_state, bank_rows, bank_rounds = banks
+        bank_state, _, bank_rounds = banks
         fe_beat, fe_sel, last_beat, abeat = x.beat, x.sel, x.last_beat, x.abeat
         # Segment bookkeeping of this beat/pass.
         spb_mask = Signal(range(self._max_cols + 1))    # registered from the decoder's, like nwb_m1
