@@ -151,7 +151,7 @@ class HardwareConfig:
         lane pairs summed through the slices' P cascade (`hdl.gemv.SegmentMac` ``pairs``; docs/gemv.md "Vector
         pairs"). The activations must lie in the quantiser's [-127, 127].
     gemv_interleave : GEMV block: the dense datapath takes each chunk round's weight beats with the tile's rows
-        interleaved per beat, beat k of every row before beat k + 1, through a reorder memory of two rounds a port
+        interleaved per beat, beat k of every row before beat k + 1, through a round reorder memory a port
         (`hdl.gemv.GemvPort`; docs/gemv.md "Rows interleaved per beat"), so that one activation word serves as many
         consecutive cycles as the tile has rows (the first step to one copy of the activations shared by the
         ports).

@@ -750,8 +750,8 @@ class GemvPort(wiring.Component):
     number of beats per row.
 
     With ``gemv_interleave`` the front end writes each chunk round's weight beats, as they arrive row after row,
-    into a round reorder memory of two rounds, and its reader presents a complete round beat-major, beat k of
-    each of the round's rows before beat k + 1 (`_round_reader`), so that one activation word serves as many
+    into a round reorder memory of `ROUND_SLOTS` rounds, and its reader presents a complete round beat-major, beat
+    k of each of the round's rows before beat k + 1 (`_round_reader`), so that one activation word serves as many
     consecutive cycles as the round has rows; the MAC keeps a segment sum per tile row (`SegmentMac` ``rows``).
     The isum bank's ``[t, s]``, the rounds counted per bank and the back end are the same in either order.
     """
@@ -782,6 +782,11 @@ class GemvPort(wiring.Component):
 
     # Bank states: FREE -> FILLING (front end) -> FULL (last isum written) -> FREE (back end done).
     FREE, FILLING, FULL = 0, 1, 2
+
+    #: Chunk rounds the round reorder memory holds (``gemv_interleave``, `_round_reader`): with two, the writer
+    #: waits a cycle for the round the reader frees and the reader a cycle for the writer's next round, once a
+    #: round at the stream rate; four keep the writer a round ahead, in the same block RAMs on both presets.
+    ROUND_SLOTS = 4
 
     def elaborate(self, platform):
         m = Module()
@@ -1120,13 +1125,13 @@ class GemvPort(wiring.Component):
                 with m.If(sw_last):
                     m.d.sync += [fe_scale.eq(0), fe_sw.eq(0), fe_sw1.eq(1)]
         # Weight beats: the beat is presented `subs` times (once when a segment spans whole beats). With
-        # `gemv_interleave` it is taken once, into the half of the round reorder memory that the round's beats are
-        # written to (`w_half`) while that half is free (`h_full`: the halves holding a complete round), and the
+        # `gemv_interleave` it is taken once, into the slot of the round reorder memory that the round's beats are
+        # written to (`w_slot`) while that slot is free (`h_full`: the slots holding a complete round), and the
         # round reader presents it (`_round_reader`).
         mac_valid = Signal()
         if self._interleave:
-            w_half, h_full = Signal(), Signal(2)
-            w_free = ~h_full.bit_select(w_half, 1)
+            w_slot, h_full = Signal(range(self.ROUND_SLOTS)), Signal(self.ROUND_SLOTS)
+            w_free = ~h_full.bit_select(w_slot, 1)
             with m.If(row_phase):
                 m.d.comb += [beat.ready.eq(w_free), mac_valid.eq(beat.valid & w_free)]
         else:
@@ -1164,7 +1169,7 @@ class GemvPort(wiring.Component):
         if self._interleave:
             x, busy = self._round_reader(m, SimpleNamespace(
                 take=mac_valid, data=beat.p.data, k=fe_k, t=fe_t, c=fe_c, tlast=fe_tlast, bank=fe_bank, c_last=c_last,
-                k_end=k_end, round_end=round_end, half=w_half, full=h_full, subs_m1=subs_m1, subs_m2=subs_m2), int8)
+                k_end=k_end, round_end=round_end, slot=w_slot, full=h_full, subs_m1=subs_m1, subs_m2=subs_m2), int8)
         else:
             x = SimpleNamespace(valid=mac_valid, w=beat.p.data, beat=fe_beat, sel=fe_sel, last_beat=last_beat, t=fe_t,
                                 bank=fe_bank, abeat=abeat, round_end=round_end, tile_end=tile_end)
@@ -1175,41 +1180,43 @@ class GemvPort(wiring.Component):
         """The round reorder memory of the interleaved dense datapath (``gemv_interleave``) and its reader.
 
         The front end writes a chunk round's weight beats as they arrive, row after row (`w`: ``take``, ``data``,
-        beat ``k`` of the chunk, tile row ``t``), at ``t * CB + k`` of half ``half`` (two halves, a round each);
-        with the round's last beat (``round_end``) the half is marked full (``full``) with what the reader needs
-        of the round: its chunk ``c``, its rows less one (``tlast``), its beats less one (``CB - 1``, or ``k_end``
-        for the row's last chunk, ``c_last``) and its bank, and the writer moves on to the other half. The reader
-        takes the full halves in turn and reads each round beat-major, ``(k, t, sel)``: beat k of each of the
-        round's rows (each presented ``subs`` times, as the front end presents it without the reorder), then beat
-        k + 1, so that the activation word ``c * CB + k`` (an INT8 beat: half of word ``(c * CB + k) >> 1``)
-        serves ``trows * subs`` consecutive presentations; it frees the half with the round's last read and starts
-        on the other half in the next cycle if that one is full. Its counters address the memory; the
-        presentation's control is registered beside the memory's output (stage r1) and goes on to `_mac_stage`,
-        the row's beat index addressing the activation words from that register. The round's last presentation
-        carries ``round_end`` (and ``tile_end`` for the tile's last round), so the bank's rounds count as the
-        front end counts them without the reorder. Returns the presentations and the reader's busy flag."""
+        beat ``k`` of the chunk, tile row ``t``), at ``t * CB + k`` of slot ``slot`` (`ROUND_SLOTS` slots, a round
+        each, taken in turn); with the round's last beat (``round_end``) the slot is marked full (``full``) with
+        what the reader needs of the round: its chunk ``c``, its rows less one (``tlast``), its beats less one
+        (``CB - 1``, or ``k_end`` for the row's last chunk, ``c_last``) and its bank, and the writer moves on to
+        the next slot. The reader takes the full slots in turn and reads each round beat-major, ``(k, t, sel)``:
+        beat k of each of the round's rows (each presented ``subs`` times, as the front end presents it without
+        the reorder), then beat k + 1, so that the activation word ``c * CB + k`` (an INT8 beat: half of word
+        ``(c * CB + k) >> 1``) serves ``trows * subs`` consecutive presentations; it frees the slot with the
+        round's last read and goes on with the next slot in the next cycle if that one is full. Its counters
+        address the memory; the presentation's control is registered beside the memory's output (stage r1) and
+        goes on to `_mac_stage`, the row's beat index addressing the activation words from that register. The
+        round's last presentation carries ``round_end`` (and ``tile_end`` for the tile's last round), so the
+        bank's rounds count as the front end counts them without the reorder. Returns the presentations and the
+        reader's busy flag."""
         cfg, T = self._cfg, self._T
         W, B = cfg.weights_per_beat, cfg.bytes_per_beat
         CB = self._chunk_beats
         lCB = ceil_log2(CB)
-        m.submodules.round_mem = mem = Memory(shape=unsigned(8 * B), depth=2 * T * CB, init=[])
+        R = self.ROUND_SLOTS
+        m.submodules.round_mem = mem = Memory(shape=unsigned(8 * B), depth=R * T * CB, init=[])
         wp, rp = mem.write_port(), mem.read_port()
-        m.d.comb += [wp.en.eq(w.take), wp.addr.eq(Cat(w.k, w.t, w.half)), wp.data.eq(w.data)]
-        # The rounds the halves hold, written with the round's last beat.
-        h_c = [Signal.like(w.c, name=f"half{h}_c") for h in range(2)]
-        h_tl = [Signal(range(T), name=f"half{h}_tlast") for h in range(2)]
-        h_klm1 = [Signal(range(CB), name=f"half{h}_klast") for h in range(2)]
-        h_bank = [Signal(name=f"half{h}_bank") for h in range(2)]
-        h_clast = [Signal(name=f"half{h}_clast") for h in range(2)]
+        m.d.comb += [wp.en.eq(w.take), wp.addr.eq(Cat(w.k, w.t, w.slot)), wp.data.eq(w.data)]
+        # The rounds the slots hold, written with the round's last beat.
+        h_c = [Signal.like(w.c, name=f"slot{h}_c") for h in range(R)]
+        h_tl = [Signal(range(T), name=f"slot{h}_tlast") for h in range(R)]
+        h_klm1 = [Signal(range(CB), name=f"slot{h}_klast") for h in range(R)]
+        h_bank = [Signal(name=f"slot{h}_bank") for h in range(R)]
+        h_clast = [Signal(name=f"slot{h}_clast") for h in range(R)]
         with m.If(w.round_end):
-            m.d.sync += w.half.eq(~w.half)
-            for h in range(2):
-                with m.If(w.half == h):
+            m.d.sync += w.slot.eq(w.slot + 1)
+            for h in range(R):
+                with m.If(w.slot == h):
                     m.d.sync += [w.full[h].eq(1), h_c[h].eq(w.c), h_tl[h].eq(w.tlast), h_bank[h].eq(w.bank),
                                  h_klm1[h].eq(Mux(w.c_last, w.k_end, CB - 1)), h_clast[h].eq(w.c_last)]
-        # The reader: its half, its round's fields and counters, and the counters' end flags as registers
+        # The reader: its slot, its round's fields and counters, and the counters' end flags as registers
         # (sel == subs - 1, t == tlast, k == klast), set where the counters step.
-        r_busy, r_half = Signal(), Signal()
+        r_busy, r_slot = Signal(), Signal(range(R))
         r_c, r_tl, r_klm1 = Signal.like(w.c), Signal(range(T)), Signal(range(CB))
         r_bank, r_clast = Signal(), Signal()
         r_k, r_t, r_sel = Signal(range(CB)), Signal(range(T)), Signal(range(W))
@@ -1223,12 +1230,13 @@ class GemvPort(wiring.Component):
                 with m.If(t_last):
                     m.d.sync += [r_t.eq(0), t_last.eq(r_tl == 0), r_k.eq(r_k + 1), k_last.eq(r_k + 1 == r_klm1)]
                     with m.If(k_last):
-                        m.d.sync += [r_busy.eq(0), r_half.eq(~r_half)]
-                        for h in range(2):
-                            with m.If(r_half == h):
+                        m.d.sync += [r_busy.eq(0), r_slot.eq(r_slot + 1)]
+                        for h in range(R):
+                            with m.If(r_slot == h):
                                 m.d.sync += w.full[h].eq(0)
-        # The next round: the other half once this round ends, this half while idle.
-        nh = r_half ^ r_busy
+        # The next round: the next slot once this round ends, this slot while idle.
+        nh = Signal.like(r_slot)
+        m.d.comb += nh.eq(r_slot + r_busy)
         with m.If((~r_busy | r_end) & w.full.bit_select(nh, 1)):
             tl, klm1 = Array(h_tl)[nh], Array(h_klm1)[nh]
             m.d.sync += [r_busy.eq(1), r_c.eq(Array(h_c)[nh]), r_tl.eq(tl), r_klm1.eq(klm1),
@@ -1236,12 +1244,12 @@ class GemvPort(wiring.Component):
                          r_k.eq(0), r_t.eq(0), r_sel.eq(0),
                          sel_last.eq(w.subs_m1 == 0), t_last.eq(tl == 0), k_last.eq(klm1 == 0)]
         with m.If(self.i_start):
-            m.d.sync += [r_busy.eq(0), r_half.eq(0), w.half.eq(0), w.full.eq(0)]
+            m.d.sync += [r_busy.eq(0), r_slot.eq(0), w.slot.eq(0), w.full.eq(0)]
         # Stage r1: the presentation's control beside the memory's output.
         r1 = Signal(data.StructLayout({
             "valid": 1, "beat": range(self._max_beats + 2), "sel": range(W), "last_beat": 1, "t": range(T),
             "bank": 1, "round_end": 1, "tile_end": 1}))
-        m.d.comb += rp.addr.eq(Cat(r_k, r_t, r_half))
+        m.d.comb += rp.addr.eq(Cat(r_k, r_t, r_slot))
         m.d.sync += [r1.valid.eq(r_busy), r1.beat.eq((r_c << lCB) | r_k), r1.sel.eq(r_sel),
                      r1.last_beat.eq(r_clast & k_last), r1.t.eq(r_t), r1.bank.eq(r_bank),
                      r1.round_end.eq(r_end), r1.tile_end.eq(r_end & r_clast)]
