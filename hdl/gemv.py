@@ -1126,12 +1126,11 @@ class GemvPort(wiring.Component):
                     m.d.sync += [fe_scale.eq(0), fe_sw.eq(0), fe_sw1.eq(1)]
         # Weight beats: the beat is presented `subs` times (once when a segment spans whole beats). With
         # `gemv_interleave` it is taken once, into the slot of the round reorder memory that the round's beats are
-        # written to (`w_slot`) while that slot is free (`h_full`: the slots holding a complete round), and the
-        # round reader presents it (`_round_reader`).
+        # written to (`w_slot`) while that slot is free (`w_free`, a register: `_round_reader`), and the round
+        # reader presents it.
         mac_valid = Signal()
         if self._interleave:
-            w_slot, h_full = Signal(range(self.ROUND_SLOTS)), Signal(self.ROUND_SLOTS)
-            w_free = ~h_full.bit_select(w_slot, 1)
+            w_slot, w_free = Signal(range(self.ROUND_SLOTS)), Signal(init=1)
             with m.If(row_phase):
                 m.d.comb += [beat.ready.eq(w_free), mac_valid.eq(beat.valid & w_free)]
         else:
@@ -1144,32 +1143,48 @@ class GemvPort(wiring.Component):
             m.d.comb += self.o_act_addr.eq(abeat)
         tile_end = Signal()
         round_end = Signal()
-        with m.If(mac_valid):
-            if not self._interleave:
-                m.d.sync += [fe_sel.eq(fe_sel + 1), last_sel.eq(fe_sel == subs_m2)]
-            with m.If(Const(1) if self._interleave else last_sel):     # the beat's last presentation
-                if not self._interleave:
-                    m.d.sync += [fe_sel.eq(0), last_sel.eq(subs_m1 == 0)]
-                m.d.sync += [fe_k.eq(fe_k + 1), last_beat.eq((fe_c == c_end) & (fe_k + 1 == k_end)),
-                             k_last.eq(fe_k + 1 == CB - 1)]
-                with m.If(last_k):
-                    m.d.sync += [fe_k.eq(0), fe_t.eq(fe_t + 1), last_beat.eq((fe_c == c_end) & (k_end == 0)),
-                                 k_last.eq(CB == 1), t_last.eq(fe_t + 1 == fe_tlast)]
+        # the tile's last chunk round is in: on to the next tile
+        next_tile = [fe_c.eq(0), fe_bank.eq(~fe_bank), fe_wait.eq(1), fe_scale.eq(1), fe_left.eq(fe_left - N * T),
+                     fe_settle.eq(4), fe_settled.eq(0)]
+        if self._interleave:
+            # The writer, a beat a cycle: each row's chunk is a DMA transfer of its own, so its last beat is the
+            # transfer's (`last`).
+            with m.If(mac_valid):
+                m.d.sync += fe_k.eq(fe_k + 1)
+                with m.If(beat.p.last):
+                    m.d.sync += [fe_k.eq(0), fe_t.eq(fe_t + 1), t_last.eq(fe_t + 1 == fe_tlast)]
                     with m.If(last_row):
                         m.d.comb += round_end.eq(1)
-                        m.d.sync += [fe_t.eq(0), fe_c.eq(fe_c + 1), last_beat.eq((fe_c + 1 == c_end) & (k_end == 0)),
-                                     t_last.eq(fe_tlast == 0), c_last.eq(fe_c + 1 == nch_m1)]
+                        m.d.sync += [fe_t.eq(0), fe_c.eq(fe_c + 1), t_last.eq(fe_tlast == 0),
+                                     c_last.eq(fe_c + 1 == nch_m1)]
                         with m.If(c_last):
                             m.d.comb += tile_end.eq(1)
-                            m.d.sync += [fe_c.eq(0), fe_bank.eq(~fe_bank), fe_wait.eq(1), fe_scale.eq(1),
-                                         fe_left.eq(fe_left - N * T), fe_settle.eq(4), fe_settled.eq(0),
-                                         last_beat.eq(nwb_m1 == 0), c_last.eq(nch_m1 == 0)]
+                            m.d.sync += [*next_tile, c_last.eq(nch_m1 == 0)]
                             with m.If(fe_final):
                                 m.d.sync += fe_active.eq(0)
+        else:
+            with m.If(mac_valid):
+                m.d.sync += [fe_sel.eq(fe_sel + 1), last_sel.eq(fe_sel == subs_m2)]
+                with m.If(last_sel):
+                    m.d.sync += [fe_sel.eq(0), last_sel.eq(subs_m1 == 0), fe_k.eq(fe_k + 1),
+                                 last_beat.eq((fe_c == c_end) & (fe_k + 1 == k_end)), k_last.eq(fe_k + 1 == CB - 1)]
+                    with m.If(last_k):
+                        m.d.sync += [fe_k.eq(0), fe_t.eq(fe_t + 1), last_beat.eq((fe_c == c_end) & (k_end == 0)),
+                                     k_last.eq(CB == 1), t_last.eq(fe_t + 1 == fe_tlast)]
+                        with m.If(last_row):
+                            m.d.comb += round_end.eq(1)
+                            m.d.sync += [fe_t.eq(0), fe_c.eq(fe_c + 1),
+                                         last_beat.eq((fe_c + 1 == c_end) & (k_end == 0)),
+                                         t_last.eq(fe_tlast == 0), c_last.eq(fe_c + 1 == nch_m1)]
+                            with m.If(c_last):
+                                m.d.comb += tile_end.eq(1)
+                                m.d.sync += [*next_tile, last_beat.eq(nwb_m1 == 0), c_last.eq(nch_m1 == 0)]
+                                with m.If(fe_final):
+                                    m.d.sync += fe_active.eq(0)
         if self._interleave:
             x, busy = self._round_reader(m, SimpleNamespace(
                 take=mac_valid, data=beat.p.data, k=fe_k, t=fe_t, c=fe_c, tlast=fe_tlast, bank=fe_bank, c_last=c_last,
-                k_end=k_end, round_end=round_end, slot=w_slot, full=h_full, subs_m1=subs_m1, subs_m2=subs_m2), int8)
+                round_end=round_end, slot=w_slot, free=w_free, subs_m1=subs_m1, subs_m2=subs_m2), int8)
         else:
             x = SimpleNamespace(valid=mac_valid, w=beat.p.data, beat=fe_beat, sel=fe_sel, last_beat=last_beat, t=fe_t,
                                 bank=fe_bank, abeat=abeat, round_end=round_end, tile_end=tile_end)
@@ -1180,40 +1195,52 @@ class GemvPort(wiring.Component):
         """The round reorder memory of the interleaved dense datapath (``gemv_interleave``) and its reader.
 
         The front end writes a chunk round's weight beats as they arrive, row after row (`w`: ``take``, ``data``,
-        beat ``k`` of the chunk, tile row ``t``), at ``t * CB + k`` of slot ``slot`` (`ROUND_SLOTS` slots, a round
-        each, taken in turn); with the round's last beat (``round_end``) the slot is marked full (``full``) with
-        what the reader needs of the round: its chunk ``c``, its rows less one (``tlast``), its beats less one
-        (``CB - 1``, or ``k_end`` for the row's last chunk, ``c_last``) and its bank, and the writer moves on to
-        the next slot. The reader takes the full slots in turn and reads each round beat-major, ``(k, t, sel)``:
+        beat ``k`` of the chunk, tile row ``t``), at ``t * CB + k`` of slot ``slot`` (`ROUND_SLOTS` slots, a
+        round each, taken in turn, each while it is ``free``); after the round's last beat (``round_end``) the
+        slot is full and holds what the reader needs of the round: its chunk ``c``, its rows less one
+        (``tlast``), its beats less one (the last beat's ``k``), whether it is the row's last chunk (``c_last``)
+        and its bank. The reader takes the full slots in turn and reads each round beat-major, ``(k, t, sel)``:
         beat k of each of the round's rows (each presented ``subs`` times, as the front end presents it without
         the reorder), then beat k + 1, so that the activation word ``c * CB + k`` (an INT8 beat: half of word
-        ``(c * CB + k) >> 1``) serves ``trows * subs`` consecutive presentations; it frees the slot with the
-        round's last read and goes on with the next slot in the next cycle if that one is full. Its counters
-        address the memory; the presentation's control is registered beside the memory's output (stage r1) and
-        goes on to `_mac_stage`, the row's beat index addressing the activation words from that register. The
-        round's last presentation carries ``round_end`` (and ``tile_end`` for the tile's last round), so the
-        bank's rounds count as the front end counts them without the reorder. Returns the presentations and the
-        reader's busy flag."""
+        ``(c * CB + k) >> 1``) serves ``trows * subs`` consecutive presentations; it goes on with the next slot
+        in the cycle after a round's last read if that slot is full, and the slot it leaves is free a cycle
+        later. Its counters address the memory; the presentation's control is registered beside the memory's
+        output (stage r1) and goes on to `_mac_stage`, the row's beat index addressing the activation words from
+        that register. The round's last presentation carries ``round_end`` (and ``tile_end`` for the tile's last
+        round), so the bank's rounds count as the front end counts them without the reorder. Returns the
+        presentations and the reader's busy flag."""
         cfg, T = self._cfg, self._T
         W, B = cfg.weights_per_beat, cfg.bytes_per_beat
         CB = self._chunk_beats
         lCB = ceil_log2(CB)
         R = self.ROUND_SLOTS
+        assert R >= 3 and R & (R - 1) == 0, R       # (`w.free` below: the slot set full is never the writer's next)
         m.submodules.round_mem = mem = Memory(shape=unsigned(8 * B), depth=R * T * CB, init=[])
         wp, rp = mem.write_port(), mem.read_port()
         m.d.comb += [wp.en.eq(w.take), wp.addr.eq(Cat(w.k, w.t, w.slot)), wp.data.eq(w.data)]
-        # The rounds the slots hold, written with the round's last beat.
+        # The slots holding a complete round (`full`), set in the cycle after the round's last beat and cleared in
+        # the cycle after the reader's last read of it, each from a register (`w_done`, `r_done` and their slots).
+        full = Signal(R)
+        # The rounds the slots hold: the writer's fields written into its slot in every cycle it is free, so that
+        # they are the round's last beat's once the writer moves on (its beats less one: that beat's k).
         h_c = [Signal.like(w.c, name=f"slot{h}_c") for h in range(R)]
         h_tl = [Signal(range(T), name=f"slot{h}_tlast") for h in range(R)]
         h_klm1 = [Signal(range(CB), name=f"slot{h}_klast") for h in range(R)]
         h_bank = [Signal(name=f"slot{h}_bank") for h in range(R)]
         h_clast = [Signal(name=f"slot{h}_clast") for h in range(R)]
+        for h in range(R):
+            with m.If(w.free & (w.slot == h)):
+                m.d.sync += [h_c[h].eq(w.c), h_tl[h].eq(w.tlast), h_bank[h].eq(w.bank), h_klm1[h].eq(w.k),
+                             h_clast[h].eq(w.c_last)]
+        w_slot1 = Signal.like(w.slot)
+        m.d.comb += w_slot1.eq(w.slot + 1)
         with m.If(w.round_end):
-            m.d.sync += w.slot.eq(w.slot + 1)
-            for h in range(R):
-                with m.If(w.slot == h):
-                    m.d.sync += [w.full[h].eq(1), h_c[h].eq(w.c), h_tl[h].eq(w.tlast), h_bank[h].eq(w.bank),
-                                 h_klm1[h].eq(Mux(w.c_last, w.k_end, CB - 1)), h_clast[h].eq(w.c_last)]
+            m.d.sync += w.slot.eq(w_slot1)
+        # `w.free`: the slot the writer is at in the next cycle is not full in this one (never free when full; a
+        # cycle late when the reader frees it, which four slots hide).
+        m.d.sync += w.free.eq(~Mux(w.round_end, full.bit_select(w_slot1, 1), full.bit_select(w.slot, 1)))
+        w_done, w_done_slot = Signal(), Signal.like(w.slot)
+        m.d.sync += [w_done.eq(w.round_end), w_done_slot.eq(w.slot)]
         # The reader: its slot, its round's fields and counters, and the counters' end flags as registers
         # (sel == subs - 1, t == tlast, k == klast), set where the counters step.
         r_busy, r_slot = Signal(), Signal(range(R))
@@ -1231,20 +1258,25 @@ class GemvPort(wiring.Component):
                     m.d.sync += [r_t.eq(0), t_last.eq(r_tl == 0), r_k.eq(r_k + 1), k_last.eq(r_k + 1 == r_klm1)]
                     with m.If(k_last):
                         m.d.sync += [r_busy.eq(0), r_slot.eq(r_slot + 1)]
-                        for h in range(R):
-                            with m.If(r_slot == h):
-                                m.d.sync += w.full[h].eq(0)
+        r_done, r_done_slot = Signal(), Signal.like(r_slot)
+        m.d.sync += [r_done.eq(r_end), r_done_slot.eq(r_slot)]
+        for h in range(R):
+            with m.If(w_done & (w_done_slot == h)):
+                m.d.sync += full[h].eq(1)
+            with m.If(r_done & (r_done_slot == h)):
+                m.d.sync += full[h].eq(0)
         # The next round: the next slot once this round ends, this slot while idle.
         nh = Signal.like(r_slot)
         m.d.comb += nh.eq(r_slot + r_busy)
-        with m.If((~r_busy | r_end) & w.full.bit_select(nh, 1)):
+        with m.If((~r_busy | r_end) & full.bit_select(nh, 1)):
             tl, klm1 = Array(h_tl)[nh], Array(h_klm1)[nh]
             m.d.sync += [r_busy.eq(1), r_c.eq(Array(h_c)[nh]), r_tl.eq(tl), r_klm1.eq(klm1),
                          r_bank.eq(Array(h_bank)[nh]), r_clast.eq(Array(h_clast)[nh]),
                          r_k.eq(0), r_t.eq(0), r_sel.eq(0),
                          sel_last.eq(w.subs_m1 == 0), t_last.eq(tl == 0), k_last.eq(klm1 == 0)]
         with m.If(self.i_start):
-            m.d.sync += [r_busy.eq(0), r_slot.eq(0), w.slot.eq(0), w.full.eq(0)]
+            m.d.sync += [r_busy.eq(0), r_slot.eq(0), w.slot.eq(0), w.free.eq(1), full.eq(0), w_done.eq(0),
+                         r_done.eq(0)]
         # Stage r1: the presentation's control beside the memory's output.
         r1 = Signal(data.StructLayout({
             "valid": 1, "beat": range(self._max_beats + 2), "sel": range(W), "last_beat": 1, "t": range(T),
@@ -1257,7 +1289,7 @@ class GemvPort(wiring.Component):
         m.d.comb += self.o_act_addr.eq(abeat)
         x = SimpleNamespace(valid=r1.valid, w=rp.data, beat=r1.beat, sel=r1.sel, last_beat=r1.last_beat, t=r1.t,
                             bank=r1.bank, abeat=abeat, round_end=r1.round_end, tile_end=r1.tile_end)
-        return x, r_busy | w.full.any() | r1.valid
+        return x, r_busy | full.any() | w_done | r1.valid
 
     def _mac_stage(self, m, x, int8, banks, isum_w):
         """The beats' way through the `SegmentMac` into the isum bank: each presentation ``x`` (``valid``, the
