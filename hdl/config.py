@@ -150,6 +150,11 @@ class HardwareConfig:
         weight times both activations packed 19 bits apart by the slice's pre-adder, and one adder tree, with
         lane pairs summed through the slices' P cascade (`hdl.gemv.SegmentMac` ``pairs``; docs/gemv.md "Vector
         pairs"). The activations must lie in the quantiser's [-127, 127].
+    gemv_interleave : GEMV block: the dense datapath takes each chunk round's weight beats with the tile's rows
+        interleaved per beat, beat k of every row before beat k + 1, through a round reorder memory a port
+        (`hdl.gemv.GemvPort`; docs/gemv.md "Rows interleaved per beat"), so that one activation word serves as many
+        consecutive cycles as the tile has rows (the first step to one copy of the activations shared by the
+        ports).
     kv_format : the KV cache format: ``"fp16"`` (binary16 K and V; ATTN runs on the SFU, one element per
         cycle) or ``"int8"`` (power-of-two scaled INT8 K and V held as two INT4 planes; ATTN's dot products
         run on the GEMV engine at the weight-stream rate). docs/numerics.md, "KV cache".
@@ -188,6 +193,7 @@ class HardwareConfig:
     gemv_row_mask: bool = False
     gemv_vectors: int = 1
     gemv_pairs: bool = False
+    gemv_interleave: bool = False
     # --- KV cache (sim/iss.py ATTN/KVST, firmware/pack.py, docs/numerics.md "KV cache") ---
     kv_format: str = "fp16"
     kv_v_layout: str = "planes"
@@ -261,6 +267,8 @@ class HardwareConfig:
             raise ValueError(f"gemv_vectors must be 1 to 4, not {self.gemv_vectors!r}")
         if not isinstance(self.gemv_pairs, bool):
             raise ValueError(f"gemv_pairs must be True or False, not {self.gemv_pairs!r}")
+        if not isinstance(self.gemv_interleave, bool):
+            raise ValueError(f"gemv_interleave must be True or False, not {self.gemv_interleave!r}")
         if self.gemv_pairs:
             problem = "an even gemv_vectors" if self.gemv_vectors % 2 else gemv_pair_problem(self, self.gemv_int8)
             if problem:

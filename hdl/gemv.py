@@ -21,7 +21,9 @@ Dataflow (docs/gemv.md has the full design and the measurements)::
   with the W INT8 activations of the same columns (a per-port copy of the activation memory), masked past
   the row's end, and summed exactly; a segment (``min(group, act_block)`` columns) is ``seg / W`` beats
   (its sums are accumulated) or, when narrower than a beat, one of ``W / seg`` sub-sums (the beat is then
-  presented ``W / seg`` times). Each segment sum is written to the tile's isum bank at ``[t, s]``.
+  presented ``W / seg`` times). Each segment sum is written to the tile's isum bank at ``[t, s]``. With
+  ``gemv_interleave`` a round reorder memory a port turns each chunk round around: its beats reach the MACs
+  beat-major (beat k of every row of the tile, then beat k + 1), one activation word for consecutive cycles.
 - **Binary32 side.** The contract adds the parts of a row strictly in segment order, and an adder has
   a latency of several cycles, so the back end walks a complete tile *segment-major*: ``(s, t)`` for t in
   0..T-1, so that consecutive additions into the same row are T cycles apart (T > FpAdd latency + 1). It starts
@@ -224,6 +226,11 @@ class SegmentMac(wiring.Component):
     16·128·127), which the low 19 bits hold; the high field is the rest of the word plus the low field's
     borrow (its sign bit). Half the DSP48E2s and half the adder trees, two cycles more (`latency`).
 
+    Rows (``rows`` R > 1, the dense datapath with ``gemv_interleave``): the beats of R rows' segments arrive
+    interleaved, and each vector keeps R segment sums, one per row: ``i_row`` picks the sum a beat adds to,
+    ``i_first`` restarts that row's sum and ``i_last`` sends it out. A beat's row may change every cycle, and
+    the same row may come back in the next cycle (the sums are registers, read and written in one cycle).
+
     Parameters
     ----------
     cfg : HardwareConfig
@@ -234,6 +241,8 @@ class SegmentMac(wiring.Component):
         Build the INT8 weight operand and ``i_int8`` (default False).
     pairs : bool, optional
         Two vectors a DSP48E2 and an adder tree a pair of vectors (V even; default False).
+    rows : int, optional
+        R, the rows whose segment sums are kept apart (default 1).
 
     Members
     -------
@@ -242,20 +251,23 @@ class SegmentMac(wiring.Component):
     i_nlanes : In(range(W + 1)); i_lvl : In(range(log2 W + 1)); i_sel : In(range(W))
     i_tag : In(tag_bits)
     i_int8 : In(1) (with `int8`): the beat is W/2 INT8 weights
+    i_row : In(range(R)) (with R > 1): the row whose segment sum the beat adds to
     o_valid : Out(1); o_isum : Out(ArrayLayout(signed(acc_bits), V)); o_tag : Out(tag_bits)
     """
 
     PAIR_SHIFT = config.GEMV_PAIR_SHIFT     # where the odd vector's field starts in a pair's word
 
     def __init__(self, cfg: HardwareConfig, tag_bits: int = 1, vectors: int = 1, int8: bool = False,
-                 pairs: bool = False):
+                 pairs: bool = False, rows: int = 1):
         with rejecting(self):
+            if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+                raise ValueError(f"SegmentMac rows must be a positive integer, not {rows!r}")
             if pairs:
                 problem = "an even number of vectors" if vectors % 2 else config.gemv_pair_problem(cfg, int8)
                 if problem:
                     raise ValueError(f"SegmentMac pairs need {problem}: {vectors} vectors of {cfg.act_bits} bits, "
                                      f"{cfg.weights_per_beat} lanes")
-        self._cfg, self._V, self._int8, self._pairs = cfg, vectors, int8, bool(pairs)
+        self._cfg, self._V, self._int8, self._pairs, self._rows = cfg, vectors, int8, bool(pairs), rows
         W = cfg.weights_per_beat
         self._W = W
         super().__init__({
@@ -265,6 +277,7 @@ class SegmentMac(wiring.Component):
             "i_nlanes": In(range(W + 1)), "i_lvl": In(range(ceil_log2(W) + 1)), "i_sel": In(range(W)),
             "i_tag": In(tag_bits),
             **({"i_int8": In(1)} if int8 else {}),
+            **({"i_row": In(range(rows))} if rows > 1 else {}),
             "o_valid": Out(1), "o_isum": Out(data.ArrayLayout(signed(cfg.acc_bits), vectors)),
             "o_tag": Out(tag_bits),
         })
@@ -301,6 +314,8 @@ class SegmentMac(wiring.Component):
                     m.d.comb += sub.eq(Cat(self.i_sel == (i >> lvl) for i in range(W)))
         m.d.sync += [below0.eq(Cat(i < self.i_nlanes for i in range(W))), sub0.eq(sub), take1.eq(below0 & sub0)]
         ctrl = Cat(self.i_valid, self.i_first, self.i_last, self.i_tag)
+        if self._rows > 1:
+            ctrl = Cat(ctrl, self.i_row)
         c = _delay(m, ctrl, DspPairMul.LATENCY + 2 if self._pairs else 3, "ctrl")
         totals = []
         if self._int8:
@@ -327,15 +342,25 @@ class SegmentMac(wiring.Component):
                 prods.append(p)
             totals.append(self._tree(m, prods, pbits, vn))
         c = _delay(m, c, self.tree_stages, "ctrl_t")
-        valid, first, last, tag = c[0], c[1], c[2], c[3:]
-        # Segment accumulation, per vector.
+        R = self._rows
+        valid, first, last, tag = c[0], c[1], c[2], c[3:3 + len(self.i_tag)]
+        row = c[3 + len(self.i_tag):] if R > 1 else None
+        # Segment accumulation, per vector (and per row: R sums, the beat's row read and written).
         for v, total in enumerate(totals):
             vn = f"v{v}_" if V > 1 else ""
-            acc = Signal(signed(cfg.acc_bits), name=f"{vn}acc")
-            nxt = Signal(signed(cfg.acc_bits), name=f"{vn}acc_next")
-            m.d.comb += nxt.eq(Mux(first, 0, acc) + total)
-            with m.If(valid):
-                m.d.sync += acc.eq(nxt)
+            if R > 1:
+                accs = [Signal(signed(cfg.acc_bits), name=f"{vn}acc_{r}") for r in range(R)]
+                nxt = Signal(signed(cfg.acc_bits), name=f"{vn}acc_next")
+                m.d.comb += nxt.eq(Mux(first, 0, Array(accs)[row]) + total)
+                for r, acc in enumerate(accs):
+                    with m.If(valid & (row == r)):
+                        m.d.sync += acc.eq(nxt)
+            else:
+                acc = Signal(signed(cfg.acc_bits), name=f"{vn}acc")
+                nxt = Signal(signed(cfg.acc_bits), name=f"{vn}acc_next")
+                m.d.comb += nxt.eq(Mux(first, 0, acc) + total)
+                with m.If(valid):
+                    m.d.sync += acc.eq(nxt)
             m.d.sync += self.o_isum[v].eq(nxt)
         m.d.sync += [self.o_valid.eq(valid & last), self.o_tag.eq(tag)]
         return m
@@ -725,6 +750,12 @@ class GemvPort(wiring.Component):
     With `mask` (``dec.cmd.mask``) its tiles are its gathered rows, T at a time: a scale transfer per row and
     each row's chunks at the row's own address (`_masked_sequencer`); the bank's scales then keep a whole
     number of beats per row.
+
+    With ``gemv_interleave`` the front end writes each chunk round's weight beats, as they arrive row after row,
+    into a round reorder memory of `ROUND_SLOTS` rounds, and its reader presents a complete round beat-major, beat
+    k of each of the round's rows before beat k + 1 (`_round_reader`), so that one activation word serves as many
+    consecutive cycles as the round has rows; the MAC keeps a segment sum per tile row (`SegmentMac` ``rows``).
+    The isum bank's ``[t, s]``, the rounds counted per bank and the back end are the same in either order.
     """
 
     def __init__(self, cfg: HardwareConfig, index: int, *, max_cols: int, max_segments: int, tile_rows: int,
@@ -736,6 +767,7 @@ class GemvPort(wiring.Component):
         # ``gemv_int8`` also in INT8 weights (B = W/2 a beat).
         self._chunk_beats = max(cfg.axi_max_burst_beats, cfg.act_block // (W // 2 if cfg.gemv_int8 else W), 1)
         self._max_beats = max_row_beats(cfg, max_cols)
+        self._interleave = cfg.gemv_interleave
         members = _datapath_members(cfg, max_cols, max_segments, scale_words)
         members["i_rows"] = In(20)
         if cfg.gemv_row_mask:
@@ -752,6 +784,11 @@ class GemvPort(wiring.Component):
 
     # Bank states: FREE -> FILLING (front end) -> FULL (last isum written) -> FREE (back end done).
     FREE, FILLING, FULL = 0, 1, 2
+
+    #: Chunk rounds the round reorder memory holds (``gemv_interleave``, `_round_reader`): with two, the writer
+    #: waits a cycle for the round the reader frees and the reader a cycle for the writer's next round, once a
+    #: round at the stream rate; four keep the writer a round ahead, in the same block RAMs on both presets.
+    ROUND_SLOTS = 4
 
     def elaborate(self, platform):
         m = Module()
@@ -1002,13 +1039,13 @@ class GemvPort(wiring.Component):
 
     def _front_end(self, m, g2, nch_m1, nwb_m1, banks, isum_w, scale_w, swords):
         """Takes the DMA data: a tile's scale beats into its bank, then its weight beats through the
-        `SegmentMac` (against the activation words), whose segment sums go to the tile's isum bank. Claims a
-        free bank per tile (FILLING), counts the finished chunk rounds and marks the bank FULL after the
-        last. Returns the front end's active flag."""
+        `SegmentMac` (against the activation words, `_mac_stage`), whose segment sums go to the tile's isum bank;
+        with ``gemv_interleave`` the weight beats go into the round reorder memory, and its reader presents them
+        beat-major (`_round_reader`). Claims a free bank per tile (FILLING), counts the finished chunk rounds and
+        marks the bank FULL after the last. Returns the front end's active flag (with the reader's)."""
         cfg, T, N = self._cfg, self._T, self._cfg.axi_ports
         W, B = cfg.weights_per_beat, cfg.bytes_per_beat
         S = self._max_segments
-        lS, lT = ceil_log2(S), ceil_log2(T)
         d = self.dec
         p = self._index
         CB = self._chunk_beats
@@ -1089,35 +1126,186 @@ class GemvPort(wiring.Component):
                 m.d.sync += [fe_sw.eq(fe_sw1), fe_sw1.eq(fe_sw1 + 1), sw_rem.eq(sw_rem - 1), sw_last.eq(sw_rem == 1)]
                 with m.If(sw_last):
                     m.d.sync += [fe_scale.eq(0), fe_sw.eq(0), fe_sw1.eq(1)]
-        # Weight beats: the beat is presented `subs` times (once when a segment spans whole beats).
+        # Weight beats: the beat is presented `subs` times (once when a segment spans whole beats). With
+        # `gemv_interleave` it is taken once, into the slot of the round reorder memory that the round's beats are
+        # written to (`w_slot`) while that slot is free (`w_free`, a register: `_round_reader`), and the round
+        # reader presents it.
         mac_valid = Signal()
-        with m.If(row_phase):
-            m.d.comb += [beat.ready.eq(last_sel), mac_valid.eq(beat.valid)]
+        if self._interleave:
+            w_slot, w_free = Signal(range(self.ROUND_SLOTS)), Signal(init=1)
+            with m.If(row_phase):
+                m.d.comb += [beat.ready.eq(w_free), mac_valid.eq(beat.valid & w_free)]
+        else:
+            with m.If(row_phase):
+                m.d.comb += [beat.ready.eq(last_sel), mac_valid.eq(beat.valid)]
         # the activation word of the beat: an INT8 beat is half of word fe_beat >> 1 (`half_sel` selects it)
         int8 = d.cmd.int8 if cfg.gemv_int8 else Const(0)
-        abeat = Mux(int8, fe_beat >> 1, fe_beat) if cfg.gemv_int8 else fe_beat
-        m.d.comb += self.o_act_addr.eq(abeat)
+        if not self._interleave:
+            abeat = Mux(int8, fe_beat >> 1, fe_beat) if cfg.gemv_int8 else fe_beat
+            m.d.comb += self.o_act_addr.eq(abeat)
         tile_end = Signal()
         round_end = Signal()
-        with m.If(mac_valid):
-            m.d.sync += [fe_sel.eq(fe_sel + 1), last_sel.eq(fe_sel == subs_m2)]
-            with m.If(last_sel):
-                m.d.sync += [fe_sel.eq(0), last_sel.eq(subs_m1 == 0), fe_k.eq(fe_k + 1),
-                             last_beat.eq((fe_c == c_end) & (fe_k + 1 == k_end)), k_last.eq(fe_k + 1 == CB - 1)]
-                with m.If(last_k):
-                    m.d.sync += [fe_k.eq(0), fe_t.eq(fe_t + 1), last_beat.eq((fe_c == c_end) & (k_end == 0)),
-                                 k_last.eq(CB == 1), t_last.eq(fe_t + 1 == fe_tlast)]
+        # the tile's last chunk round is in: on to the next tile
+        next_tile = [fe_c.eq(0), fe_bank.eq(~fe_bank), fe_wait.eq(1), fe_scale.eq(1), fe_left.eq(fe_left - N * T),
+                     fe_settle.eq(4), fe_settled.eq(0)]
+        if self._interleave:
+            # The writer, a beat a cycle: each row's chunk is a DMA transfer of its own, so its last beat is the
+            # transfer's (`last`).
+            with m.If(mac_valid):
+                m.d.sync += fe_k.eq(fe_k + 1)
+                with m.If(beat.p.last):
+                    m.d.sync += [fe_k.eq(0), fe_t.eq(fe_t + 1), t_last.eq(fe_t + 1 == fe_tlast)]
                     with m.If(last_row):
                         m.d.comb += round_end.eq(1)
-                        m.d.sync += [fe_t.eq(0), fe_c.eq(fe_c + 1), last_beat.eq((fe_c + 1 == c_end) & (k_end == 0)),
-                                     t_last.eq(fe_tlast == 0), c_last.eq(fe_c + 1 == nch_m1)]
+                        m.d.sync += [fe_t.eq(0), fe_c.eq(fe_c + 1), t_last.eq(fe_tlast == 0),
+                                     c_last.eq(fe_c + 1 == nch_m1)]
                         with m.If(c_last):
                             m.d.comb += tile_end.eq(1)
-                            m.d.sync += [fe_c.eq(0), fe_bank.eq(~fe_bank), fe_wait.eq(1), fe_scale.eq(1),
-                                         fe_left.eq(fe_left - N * T), fe_settle.eq(4), fe_settled.eq(0),
-                                         last_beat.eq(nwb_m1 == 0), c_last.eq(nch_m1 == 0)]
+                            m.d.sync += [*next_tile, c_last.eq(nch_m1 == 0)]
                             with m.If(fe_final):
                                 m.d.sync += fe_active.eq(0)
+        else:
+            with m.If(mac_valid):
+                m.d.sync += [fe_sel.eq(fe_sel + 1), last_sel.eq(fe_sel == subs_m2)]
+                with m.If(last_sel):
+                    m.d.sync += [fe_sel.eq(0), last_sel.eq(subs_m1 == 0), fe_k.eq(fe_k + 1),
+                                 last_beat.eq((fe_c == c_end) & (fe_k + 1 == k_end)), k_last.eq(fe_k + 1 == CB - 1)]
+                    with m.If(last_k):
+                        m.d.sync += [fe_k.eq(0), fe_t.eq(fe_t + 1), last_beat.eq((fe_c == c_end) & (k_end == 0)),
+                                     k_last.eq(CB == 1), t_last.eq(fe_t + 1 == fe_tlast)]
+                        with m.If(last_row):
+                            m.d.comb += round_end.eq(1)
+                            m.d.sync += [fe_t.eq(0), fe_c.eq(fe_c + 1),
+                                         last_beat.eq((fe_c + 1 == c_end) & (k_end == 0)),
+                                         t_last.eq(fe_tlast == 0), c_last.eq(fe_c + 1 == nch_m1)]
+                            with m.If(c_last):
+                                m.d.comb += tile_end.eq(1)
+                                m.d.sync += [*next_tile, last_beat.eq(nwb_m1 == 0), c_last.eq(nch_m1 == 0)]
+                                with m.If(fe_final):
+                                    m.d.sync += fe_active.eq(0)
+        if self._interleave:
+            x, busy = self._round_reader(m, SimpleNamespace(
+                take=mac_valid, data=beat.p.data, k=fe_k, t=fe_t, c=fe_c, tlast=fe_tlast, bank=fe_bank, c_last=c_last,
+                round_end=round_end, slot=w_slot, free=w_free, subs_m1=subs_m1, subs_m2=subs_m2), int8)
+        else:
+            x = SimpleNamespace(valid=mac_valid, w=beat.p.data, beat=fe_beat, sel=fe_sel, last_beat=last_beat, t=fe_t,
+                                bank=fe_bank, abeat=abeat, round_end=round_end, tile_end=tile_end)
+        self._mac_stage(m, x, int8, banks, isum_w)
+        return fe_active | busy if self._interleave else fe_active
+
+    def _round_reader(self, m, w, int8):
+        """The round reorder memory of the interleaved dense datapath (``gemv_interleave``) and its reader.
+
+        The front end writes a chunk round's weight beats as they arrive, row after row (`w`: ``take``, ``data``,
+        beat ``k`` of the chunk, tile row ``t``), at ``t * CB + k`` of slot ``slot`` (`ROUND_SLOTS` slots, a
+        round each, taken in turn, each while it is ``free``); after the round's last beat (``round_end``) the
+        slot is full and holds what the reader needs of the round: its chunk ``c``, its rows less one
+        (``tlast``), its beats less one (the last beat's ``k``), whether it is the row's last chunk (``c_last``)
+        and its bank. The reader takes the full slots in turn and reads each round beat-major, ``(k, t, sel)``:
+        beat k of each of the round's rows (each presented ``subs`` times, as the front end presents it without
+        the reorder), then beat k + 1, so that the activation word ``c * CB + k`` (an INT8 beat: half of word
+        ``(c * CB + k) >> 1``) serves ``trows * subs`` consecutive presentations; it goes on with the next slot
+        in the cycle after a round's last read if that slot is full, and the slot it leaves is free a cycle
+        later. Its counters address the memory; the presentation's control is registered beside the memory's
+        output (stage r1) and goes on to `_mac_stage`, the row's beat index addressing the activation words from
+        that register. The round's last presentation carries ``round_end`` (and ``tile_end`` for the tile's last
+        round), so the bank's rounds count as the front end counts them without the reorder. Returns the
+        presentations and the reader's busy flag."""
+        cfg, T = self._cfg, self._T
+        W, B = cfg.weights_per_beat, cfg.bytes_per_beat
+        CB = self._chunk_beats
+        lCB = ceil_log2(CB)
+        R = self.ROUND_SLOTS
+        assert R >= 3 and R & (R - 1) == 0, R       # (`w.free` below: the slot set full is never the writer's next)
+        m.submodules.round_mem = mem = Memory(shape=unsigned(8 * B), depth=R * T * CB, init=[])
+        wp, rp = mem.write_port(), mem.read_port()
+        m.d.comb += [wp.en.eq(w.take), wp.addr.eq(Cat(w.k, w.t, w.slot)), wp.data.eq(w.data)]
+        # The slots holding a complete round (`full`), set in the cycle after the round's last beat and cleared in
+        # the cycle after the reader's last read of it, each from a register (`w_done`, `r_done` and their slots).
+        full = Signal(R)
+        # The rounds the slots hold: the writer's fields written into its slot in every cycle it is free, so that
+        # they are the round's last beat's once the writer moves on (its beats less one: that beat's k).
+        h_c = [Signal.like(w.c, name=f"slot{h}_c") for h in range(R)]
+        h_tl = [Signal(range(T), name=f"slot{h}_tlast") for h in range(R)]
+        h_klm1 = [Signal(range(CB), name=f"slot{h}_klast") for h in range(R)]
+        h_bank = [Signal(name=f"slot{h}_bank") for h in range(R)]
+        h_clast = [Signal(name=f"slot{h}_clast") for h in range(R)]
+        for h in range(R):
+            with m.If(w.free & (w.slot == h)):
+                m.d.sync += [h_c[h].eq(w.c), h_tl[h].eq(w.tlast), h_bank[h].eq(w.bank), h_klm1[h].eq(w.k),
+                             h_clast[h].eq(w.c_last)]
+        w_slot1 = Signal.like(w.slot)
+        m.d.comb += w_slot1.eq(w.slot + 1)
+        with m.If(w.round_end):
+            m.d.sync += w.slot.eq(w_slot1)
+        # `w.free`: the slot the writer is at in the next cycle is not full in this one (never free when full; a
+        # cycle late when the reader frees it, which four slots hide).
+        m.d.sync += w.free.eq(~Mux(w.round_end, full.bit_select(w_slot1, 1), full.bit_select(w.slot, 1)))
+        w_done, w_done_slot = Signal(), Signal.like(w.slot)
+        m.d.sync += [w_done.eq(w.round_end), w_done_slot.eq(w.slot)]
+        # The reader: its slot, its round's fields and counters, and the counters' end flags as registers
+        # (sel == subs - 1, t == tlast, k == klast), set where the counters step.
+        r_busy, r_slot = Signal(), Signal(range(R))
+        r_c, r_tl, r_klm1 = Signal.like(w.c), Signal(range(T)), Signal(range(CB))
+        r_bank, r_clast = Signal(), Signal()
+        r_k, r_t, r_sel = Signal(range(CB)), Signal(range(T)), Signal(range(W))
+        sel_last, t_last, k_last = Signal(), Signal(), Signal()
+        r_end = Signal()                             # the round's last presentation
+        m.d.comb += r_end.eq(r_busy & sel_last & t_last & k_last)
+        with m.If(r_busy):
+            m.d.sync += [r_sel.eq(r_sel + 1), sel_last.eq(r_sel == w.subs_m2)]
+            with m.If(sel_last):
+                m.d.sync += [r_sel.eq(0), sel_last.eq(w.subs_m1 == 0), r_t.eq(r_t + 1), t_last.eq(r_t + 1 == r_tl)]
+                with m.If(t_last):
+                    m.d.sync += [r_t.eq(0), t_last.eq(r_tl == 0), r_k.eq(r_k + 1), k_last.eq(r_k + 1 == r_klm1)]
+                    with m.If(k_last):
+                        m.d.sync += [r_busy.eq(0), r_slot.eq(r_slot + 1)]
+        r_done, r_done_slot = Signal(), Signal.like(r_slot)
+        m.d.sync += [r_done.eq(r_end), r_done_slot.eq(r_slot)]
+        for h in range(R):
+            with m.If(w_done & (w_done_slot == h)):
+                m.d.sync += full[h].eq(1)
+            with m.If(r_done & (r_done_slot == h)):
+                m.d.sync += full[h].eq(0)
+        # The next round: the next slot once this round ends, this slot while idle.
+        nh = Signal.like(r_slot)
+        m.d.comb += nh.eq(r_slot + r_busy)
+        with m.If((~r_busy | r_end) & full.bit_select(nh, 1)):
+            tl, klm1 = Array(h_tl)[nh], Array(h_klm1)[nh]
+            m.d.sync += [r_busy.eq(1), r_c.eq(Array(h_c)[nh]), r_tl.eq(tl), r_klm1.eq(klm1),
+                         r_bank.eq(Array(h_bank)[nh]), r_clast.eq(Array(h_clast)[nh]),
+                         r_k.eq(0), r_t.eq(0), r_sel.eq(0),
+                         sel_last.eq(w.subs_m1 == 0), t_last.eq(tl == 0), k_last.eq(klm1 == 0)]
+        with m.If(self.i_start):
+            m.d.sync += [r_busy.eq(0), r_slot.eq(0), w.slot.eq(0), w.free.eq(1), full.eq(0), w_done.eq(0),
+                         r_done.eq(0)]
+        # Stage r1: the presentation's control beside the memory's output.
+        r1 = Signal(data.StructLayout({
+            "valid": 1, "beat": range(self._max_beats + 2), "sel": range(W), "last_beat": 1, "t": range(T),
+            "bank": 1, "round_end": 1, "tile_end": 1}))
+        m.d.comb += rp.addr.eq(Cat(r_k, r_t, r_slot))
+        m.d.sync += [r1.valid.eq(r_busy), r1.beat.eq((r_c << lCB) | r_k), r1.sel.eq(r_sel),
+                     r1.last_beat.eq(r_clast & k_last), r1.t.eq(r_t), r1.bank.eq(r_bank),
+                     r1.round_end.eq(r_end), r1.tile_end.eq(r_end & r_clast)]
+        abeat = Mux(int8, r1.beat >> 1, r1.beat) if cfg.gemv_int8 else r1.beat
+        m.d.comb += self.o_act_addr.eq(abeat)
+        x = SimpleNamespace(valid=r1.valid, w=rp.data, beat=r1.beat, sel=r1.sel, last_beat=r1.last_beat, t=r1.t,
+                            bank=r1.bank, abeat=abeat, round_end=r1.round_end, tile_end=r1.tile_end)
+        return x, r_busy | full.any() | w_done | r1.valid
+
+    def _mac_stage(self, m, x, int8, banks, isum_w):
+        """The beats' way through the `SegmentMac` into the isum bank: each presentation ``x`` (``valid``, the
+        beat's data ``w``, its index in the row ``beat`` and sub-sum ``sel``, ``last_beat``, its tile row ``t``
+        and ``bank``, its activation word ``abeat``, whose address the caller drives) gets its lane mask and
+        segment flags, is registered (stage f1) while the activation word is read, and enters the MAC; the
+        segment sums are written to the isum bank at ``[t, s]``. ``round_end`` / ``tile_end`` (with the round's
+        last presentation) count the bank's rounds and mark it FULL once their sums have left the MAC."""
+        cfg, T = self._cfg, self._T
+        W, B = cfg.weights_per_beat, cfg.bytes_per_beat
+        lS, lT = ceil_log2(self._max_segments), ceil_log2(T)
+        d = self.dec
+        bank_state, _, bank_rounds = banks
+        fe_beat, fe_sel, last_beat, abeat = x.beat, x.sel, x.last_beat, x.abeat
         # Segment bookkeeping of this beat/pass.
         spb_mask = Signal(range(self._max_cols + 1))    # registered from the decoder's, like nwb_m1
         m.d.sync += spb_mask.eq((Const(1, 16) << d.lspb) - 1)
@@ -1165,15 +1353,15 @@ class GemvPort(wiring.Component):
 
         # Stage f1: the beat and control, registered while the activation word is read.
         m.submodules.mac = mac = SegmentMac(cfg, tag_bits=1 + lT + lS, vectors=cfg.gemv_vectors, int8=cfg.gemv_int8,
-                                            pairs=cfg.gemv_pairs)
+                                            pairs=cfg.gemv_pairs, rows=T if self._interleave else 1)
         f1 = Signal(data.StructLayout({
             "valid": 1, "w": 8 * B, "nl": range(W + 1), "sel": range(W), "first": 1, "last": 1,
             "seg_sub": lS, "beat_hi": lS + 3, "tb": 1 + lT}))
         m.d.sync += [
-            f1.valid.eq(mac_valid & sub_live), f1.w.eq(beat.p.data),
+            f1.valid.eq(x.valid & sub_live), f1.w.eq(x.w),
             f1.nl.eq(nlanes), f1.sel.eq(sel),
             f1.first.eq(seg_first | sub_seg), f1.last.eq(seg_last | sub_seg),
-            f1.seg_sub.eq(seg_sub), f1.beat_hi.eq(beat_hi), f1.tb.eq(Cat(fe_t, fe_bank)),
+            f1.seg_sub.eq(seg_sub), f1.beat_hi.eq(beat_hi), f1.tb.eq(Cat(x.t, x.bank)),
         ]
         seg_idx = Mux(sub_seg, f1.seg_sub, (f1.beat_hi >> d.lspb[:2])[:lS])
         m.d.comb += [
@@ -1183,6 +1371,8 @@ class GemvPort(wiring.Component):
         ]
         if cfg.gemv_int8:
             m.d.comb += mac.i_int8.eq(int8)
+        if self._interleave:
+            m.d.comb += mac.i_row.eq(f1.tb[:lT])
         for v in range(1, cfg.gemv_vectors):
             m.d.comb += mac.i_a[v].eq(self.i_act_more[v - 1])
         m.d.comb += [isum_w.en.eq(mac.o_valid), isum_w.addr.eq(mac.o_tag)]
@@ -1190,13 +1380,12 @@ class GemvPort(wiring.Component):
             m.d.comb += isum_w.data[v].eq(mac.o_isum[v])
         # A chunk round is complete once its last segment sum has left the MAC pipeline; the tile's bank is
         # full after its last round.
-        end_d = _delay(m, Cat(round_end, tile_end, fe_bank), 1 + mac.latency, "round_end")
+        end_d = _delay(m, Cat(x.round_end, x.tile_end, x.bank), 1 + mac.latency, "round_end")
         for b in range(2):
             with m.If(end_d[0] & (end_d[2] == b)):
                 m.d.sync += bank_rounds[b].eq(bank_rounds[b] + 1)
                 with m.If(end_d[1]):
                     m.d.sync += bank_state[b].eq(self.FULL)
-        return fe_active
 
     def _back_end(self, m, banks, isum_r, scale_r, hpw, swords):
         """Walks a FILLING or FULL bank segment by segment (each over the tile's rows) as far as its sums are

@@ -571,9 +571,10 @@ def unit_config(preset: str, kv_v_layout: str | None = None):
 
 
 def main(argv=None) -> int:
-    """``python -m hdl.timing UNIT [--hw PRESET] [--kv-v-layout LAYOUT] [--no-gemv-pairs] [--act-block N]``: synthesise one unit
-    alone as the NPU builds it (Yosys ``synth_xilinx -family xcup``, its parts kept as blocks) and print its utilisation and timing
-    estimate against the preset's clock. Bad input: one line on stderr, exit status 2."""
+    """``python -m hdl.timing UNIT [--hw PRESET] [--kv-v-layout LAYOUT] [--no-gemv-pairs] [--act-block N]
+    [--interleave]``: synthesise one unit alone as the NPU builds it (Yosys ``synth_xilinx -family xcup``, its parts
+    kept as blocks) and print its utilisation and timing estimate against the preset's clock. Bad input: one line on
+    stderr, exit status 2."""
     import argparse
     import sys
 
@@ -590,6 +591,8 @@ def main(argv=None) -> int:
                    help="the preset without gemv_pairs (a DSP48E2 and an adder tree for every vector)")
     p.add_argument("--act-block", type=int, default=None, metavar="N",
                    help="the preset's act_block replaced (activations sharing one scale; the GEMV engine's segments)")
+    p.add_argument("--interleave", action="store_true",
+                   help="the preset with gemv_interleave (the dense GEMV datapath's rows interleaved per beat)")
     args = p.parse_args(argv)
     try:
         hw = unit_config(args.hw, args.kv_v_layout)
@@ -602,6 +605,8 @@ def main(argv=None) -> int:
             hw = hw.replace(act_block=args.act_block)
         except ValueError as e:
             p.error(f"argument --act-block: {e}")
+    if args.interleave:
+        hw = hw.replace(gemv_interleave=True)
     component, depth = _unit(args.unit, hw)
     name = f"timing_{args.unit.replace('-', '_')}"
     text = None
@@ -616,7 +621,8 @@ def main(argv=None) -> int:
     mhz = hw.clock_hz / 1e6
     label = args.hw + (f", kv_v_layout {args.kv_v_layout}" if args.kv_v_layout else "") + \
         (", no gemv_pairs" if args.no_gemv_pairs else "") + \
-        (f", act_block {args.act_block}" if args.act_block is not None else "")
+        (f", act_block {args.act_block}" if args.act_block is not None else "") + \
+        (", gemv_interleave" if args.interleave else "")
     print(f"{args.unit} ({type(component).__name__}, {label}): {util.lut} LUT, {util.ff} FF, {util.dsp} DSP48E2, "
           f"{util.bram36:g} BRAM36, {util.uram} URAM288; target {mhz:g} MHz: a path of at most "
           f"{budget_ns(mhz):.2f} ns")

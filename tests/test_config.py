@@ -137,6 +137,7 @@ def test_hardware_presets():
     ({"axi_data_bits": 256, "gemv_pairs": True}, ValueError, r"gemv_pairs needs a beat's sum of products below "
                                                              r"2\*\*18 \(the pair's low field\), not up to 520192"),
     ({"gemv_pairs": 1}, ValueError, "gemv_pairs must be True or False, not 1"),
+    ({"gemv_interleave": "yes"}, ValueError, "gemv_interleave must be True or False, not 'yes'"),
 ])
 def test_hardware_config_errors(change, exc, message):
     with pytest.raises(exc, match=message):

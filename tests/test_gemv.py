@@ -16,11 +16,12 @@ TINY = HardwareConfig.preset("tiny")
 KV260 = HardwareConfig.preset("kv260")
 
 
-def rtl_segment_mac(cfg, steps, vectors=1, int8=False, pairs=False):
+def rtl_segment_mac(cfg, steps, vectors=1, int8=False, pairs=False, rows=1):
     """Runs `steps` (dicts of packed weight bytes, int8 activations, nlanes, lvl, sel, first, last; with `int8`
-    also ``int8``: the beat's bytes are INT8 weights) through SegmentMac; returns the segment sums in output
-    order. With `vectors` V > 1 each step's ``a`` is [V, W] and each output a tuple of V sums."""
-    dut = SegmentMac(cfg, tag_bits=8, vectors=vectors, int8=int8, pairs=pairs)
+    also ``int8``: the beat's bytes are INT8 weights; with `rows` > 1 also ``row``) through SegmentMac; returns
+    the segment sums in output order. With `vectors` V > 1 each step's ``a`` is [V, W] and each output a tuple
+    of V sums."""
+    dut = SegmentMac(cfg, tag_bits=8, vectors=vectors, int8=int8, pairs=pairs, rows=rows)
     W = cfg.weights_per_beat
     got = []
 
@@ -39,6 +40,8 @@ def rtl_segment_mac(cfg, steps, vectors=1, int8=False, pairs=False):
                 ctx.set(dut.i_last, st["last"])
                 if int8:
                     ctx.set(dut.i_int8, int(st.get("int8", 0)))
+                if rows > 1:
+                    ctx.set(dut.i_row, st["row"])
                 ctx.set(dut.i_tag, k & 0xFF)
             await ctx.tick()
             if ctx.get(dut.o_valid):
@@ -55,8 +58,8 @@ def rtl_segment_mac(cfg, steps, vectors=1, int8=False, pairs=False):
 
 def ref_segment_mac(cfg, steps):
     """Independent reference: unpack with sim.numerics (an ``int8`` step: lane i takes the beat's signed byte
-    i mod B), mask the lanes, sum exactly in int64."""
-    out, acc = [], 0
+    i mod B), mask the lanes, sum exactly in int64; a step's ``row`` (default 0) picks its own running sum."""
+    out, acc = [], {}
     W, B = cfg.weights_per_beat, cfg.bytes_per_beat
     for st in steps:
         if st.get("int8"):
@@ -68,9 +71,10 @@ def ref_segment_mac(cfg, steps):
         lanes = np.arange(len(w))
         take = (lanes < st["nl"]) & (lanes >= lo) & (lanes < hi)
         s = int(np.sum(w * a * take))
-        acc = s if st["first"] else acc + s
+        r = st.get("row", 0)
+        acc[r] = s if st["first"] else acc.get(r, 0) + s
         if st["last"]:
-            out.append(acc)
+            out.append(acc[r])
     return out
 
 
@@ -200,6 +204,48 @@ def test_segment_mac_vector_pairs(base, vectors):
     assert {most, -most} <= set(want[0]) & set(want[1])
     with pytest.raises(ValueError, match="SegmentMac pairs need an even number of vectors"):
         SegmentMac(cfg, vectors=3, pairs=True)
+
+
+def interleave_rows(rng, streams):
+    """The steps of every row's stream (each in its own order) merged in a random order, each tagged with its
+    row: runs of one row (the same row in consecutive cycles) and changes of row every cycle."""
+    left = [list(s) for s in streams]
+    out = []
+    while any(left):
+        r = int(rng.choice([k for k, s in enumerate(left) if s]))
+        for _ in range(int(rng.integers(1, 4)) if rng.random() < 0.3 else 1):
+            if left[r]:
+                out.append(dict(left[r].pop(0), row=r))
+    return out
+
+
+@pytest.mark.parametrize("base, vectors, pairs", [(TINY, 1, False), (TINY, 3, False), (KV260, 4, True)],
+                         ids=["tiny", "tiny-3", "kv260-pairs"])
+def test_segment_mac_rows(base, vectors, pairs):
+    """``rows`` R = 8 (the interleaved dense datapath): the segments of eight rows' beats interleaved at random
+    (INT4 and INT8 beats, sub-sums, masks), each row's sums its own; the sums leave in the order of the beats
+    that end them, each the reference's for that row alone, bit for bit; and a segment of each row at the
+    extremes (all -8 x -128, or -127 with pairs), interleaved row by row."""
+    cfg = base.replace(kv_v_layout="rows")
+    W, R = cfg.weights_per_beat, 8
+    rng = np.random.default_rng(41 + vectors)
+    steps = interleave_rows(rng, [int8_steps(cfg, rng, int(rng.integers(10, 40))) for _ in range(R)])
+    amax = 127 if pairs else 128
+    av = [rng.integers(-amax + (not pairs), amax, W) for _ in steps for _ in range(vectors)]
+    multi = [dict(st, a=np.stack(av[vectors * k:vectors * (k + 1)]) if vectors > 1 else av[k])
+             for k, st in enumerate(steps)]
+    n = 4
+    multi += [dict(w=pack_int4(np.full(W, -8)), a=np.full((vectors, W), -amax) if vectors > 1 else np.full(W, -amax),
+                   nl=W, lvl=W.bit_length() - 1, sel=0, first=k == 0, last=k == n - 1, int8=0, row=r)
+              for k in range(n) for r in range(R)]
+    if vectors > 1:
+        want = list(zip(*[ref_segment_mac(cfg, [dict(st, a=st["a"][v]) for st in multi]) for v in range(vectors)]))
+    else:
+        want = ref_segment_mac(cfg, multi)
+    assert rtl_segment_mac(cfg, multi, vectors=vectors, int8=True, pairs=pairs, rows=R) == want
+    assert (want[-1][0] if vectors > 1 else want[-1]) == n * W * 8 * amax
+    with pytest.raises(ValueError, match="SegmentMac rows must be a positive integer, not 0"):
+        SegmentMac(cfg, rows=0)
 
 
 def test_unpack_order_is_low_nibble_first():

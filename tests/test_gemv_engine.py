@@ -66,6 +66,38 @@ def test_engine_vector_pairs(flow):
          build="gemv_tiny_pairs", SEED=61 + flow, FLOW=flow, VECTORS=4, KV_V_LAYOUT="rows", PAIRS=1)
 
 
+TINY_IL = TINY.replace(gemv_interleave=True)
+
+
+@pytest.mark.parametrize("flow", [1, pytest.param(0, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
+def test_engine_interleave(flow):
+    """`gemv_interleave` (each chunk round's beats presented beat-major, the tile's rows interleaved per beat,
+    through a round reorder memory a port; a segment sum per row in `SegmentMac`) on the tiny engine: the random
+    dense GEMVs (sub-sums among them) and the masked ones, bit-exact with the dense ones between them; flow 1 also
+    the corners, the rejected commands and read errors, the sparse mode between dense commands, and the
+    throughput case, at least 91 % of the port rate (the round the reader takes after a port's last beat, T x 16
+    cycles, is 2.8 % of this 128 x 1024 GEMV)."""
+    extra = ["corner_cases", "bad_command_and_read_error", "sparse_random", "throughput"] if flow == 1 else []
+    _run(["random_gemvs", "masked_random"] + extra, TINY_IL, build="gemv_tiny_il", SEED=111 + flow, FLOW=flow,
+         INTERLEAVE=1, MIN_EFFICIENCY=0.91)
+
+
+@pytest.mark.parametrize("cfg, build", [
+    (TINY_PAIRS.replace(gemv_interleave=True), "gemv_tiny_il_pairs"),
+    pytest.param(TINY.replace(gemv_vectors=4, gemv_interleave=True), "gemv_tiny_il_v4", marks=pytest.mark.slow),
+    pytest.param(TINY_ROWS.replace(gemv_interleave=True), "gemv_tiny_il_rows", marks=pytest.mark.slow),
+], ids=["pairs", "v4", "rows-v4"])
+def test_engine_interleave_vectors_int8(cfg, build):
+    """`gemv_interleave` with four activation vectors (each row's segment sums kept per vector, the walk's
+    (s, v, t) order unchanged): dense GEMVs of 1 to 4 vectors among the other modes, each vector bit-exact, every
+    beat read once, the multi-vector throughput within its bounds; with V rows (vector pairs; without them under
+    ``-m slow``) also the INT8 commands among INT4 ones (a beat half an activation word: order (k, t, sel)), the
+    INT8 corners and the INT8 port rate."""
+    int8 = ["int8_random", "int8_corners", "int8_port_rate"] if cfg.gemv_int8 else []
+    _run(["multi_vector_random", "multi_vector_throughput"] + int8, cfg, build=build, SEED=121, FLOW=1, VECTORS=4,
+         KV_V_LAYOUT=cfg.kv_v_layout, PAIRS=int(cfg.gemv_pairs), INTERLEAVE=1)
+
+
 @pytest.mark.slow
 def test_engine_int8_kv260():
     """The kv260 engine with V rows (4 x 128-bit ports, four vectors, 22-bit segment sums): the random int8
@@ -136,6 +168,18 @@ def test_engine_random_kv260(flow):
     cfg = HardwareConfig.preset("kv260")
     run(GemvEngine(cfg), toplevel="gemv", test_module="tb.gemv.test_gemv", build_name="gemv_kv260",
         testcase="random_gemvs", extra_env={"NPU_HW": "kv260", "SEED": str(41 + flow), "FLOW": str(flow)})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flow", [1, 2])
+def test_engine_interleave_kv260(flow):
+    """The kv260 engine with `gemv_interleave` (4 x 128-bit ports, four vectors in pairs, V rows; rounds of 8 rows
+    x 16 beats): the random dense GEMVs and the INT8 ones among INT4 ones with 1 to 4 vectors, bit-exact."""
+    cfg = HardwareConfig.preset("kv260").replace(gemv_interleave=True)
+    run(GemvEngine(cfg), toplevel="gemv", test_module="tb.gemv.test_gemv", build_name="gemv_kv260_il",
+        testcase=["random_gemvs", "int8_random"],
+        extra_env={"NPU_HW": "kv260", "INTERLEAVE": "1", "SEED": str(131 + flow), "FLOW": str(flow), "CASES": "8",
+                   "MEM_SIZE": str(1 << 21)})
 
 
 @pytest.mark.parametrize("argv, message", [

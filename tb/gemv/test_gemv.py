@@ -21,12 +21,13 @@ MEM = 1 << 18
 
 def make_bench(dut, seed, **kw):
     cfg = HardwareConfig.preset(bench_env("NPU_HW", "tiny"))
-    # the engine's row mask, activation vectors and V layout as built (ROW_MASK, VECTORS, KV_V_LAYOUT), else the
-    # preset's
+    # the engine's row mask, activation vectors, V layout, vector pairs and interleaved rows as built (ROW_MASK,
+    # VECTORS, KV_V_LAYOUT, PAIRS, INTERLEAVE), else the preset's
     cfg = cfg.replace(gemv_row_mask=bench_env("ROW_MASK", str(int(cfg.gemv_row_mask))) == "1",
                       gemv_vectors=int(bench_env("VECTORS", str(cfg.gemv_vectors))),
                       kv_v_layout=bench_env("KV_V_LAYOUT", cfg.kv_v_layout),
-                      gemv_pairs=bench_env("PAIRS", str(int(cfg.gemv_pairs))) == "1")
+                      gemv_pairs=bench_env("PAIRS", str(int(cfg.gemv_pairs))) == "1",
+                      gemv_interleave=bench_env("INTERLEAVE", str(int(cfg.gemv_interleave))) == "1")
     return cfg, GemvBench(dut, cfg, mem_size=int(bench_env("MEM_SIZE", str(MEM))), seed=seed,
                           max_cols=cfg.gemv_max_cols, **kw)
 
