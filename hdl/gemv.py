@@ -348,18 +348,11 @@ class SegmentMac(wiring.Component):
         # Segment accumulation, per vector (and per row: R sums, the beat's row read and written).
         for v, total in enumerate(totals):
             vn = f"v{v}_" if V > 1 else ""
-            if R > 1:
-                accs = [Signal(signed(cfg.acc_bits), name=f"{vn}acc_{r}") for r in range(R)]
-                nxt = Signal(signed(cfg.acc_bits), name=f"{vn}acc_next")
-                m.d.comb += nxt.eq(Mux(first, 0, Array(accs)[row]) + total)
-                for r, acc in enumerate(accs):
-                    with m.If(valid & (row == r)):
-                        m.d.sync += acc.eq(nxt)
-            else:
-                acc = Signal(signed(cfg.acc_bits), name=f"{vn}acc")
-                nxt = Signal(signed(cfg.acc_bits), name=f"{vn}acc_next")
-                m.d.comb += nxt.eq(Mux(first, 0, acc) + total)
-                with m.If(valid):
+            accs = [Signal(signed(cfg.acc_bits), name=f"{vn}acc_{r}" if R > 1 else f"{vn}acc") for r in range(R)]
+            nxt = Signal(signed(cfg.acc_bits), name=f"{vn}acc_next")
+            m.d.comb += nxt.eq(Mux(first, 0, Array(accs)[row] if R > 1 else accs[0]) + total)
+            for r, acc in enumerate(accs):
+                with m.If(valid & (row == r) if R > 1 else valid):
                     m.d.sync += acc.eq(nxt)
             m.d.sync += self.o_isum[v].eq(nxt)
         m.d.sync += [self.o_valid.eq(valid & last), self.o_tag.eq(tag)]
